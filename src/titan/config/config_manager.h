@@ -1,0 +1,35 @@
+// Turns a command line (and the TOML file it names) into a validated JobConfig.
+//
+// Precedence: command line > TOML file > defaults. Overrides are `--section.key value`,
+// `--section.key=value`, bare boolean switches (`--job.print_config`, or `--section.key=false`),
+// and comma-separated lists. Every problem is a ConfigError whose message names the key, the bad
+// value and, for unknown names, the nearest valid one; the app turns it into exit code 2.
+#pragma once
+
+#include "titan/config/job_config.h"
+
+#include <string>
+#include <vector>
+
+namespace titan {
+
+// Parses `args` (the arguments after the subcommand, e.g. {"--job.config_file", "x.toml",
+// "--training.steps", "10"}): loads job.config_file if given, applies overrides on top, then
+// runs validate_job_config(). Throws ConfigError.
+JobConfig parse_job_config(const std::vector<std::string>& args);
+
+// Range and cross-field checks that need no model or data (e.g. log_freq >= 1,
+// global_batch_size divisible by local_batch_size * dp, decay_type known). Throws ConfigError
+// showing the arithmetic.
+void validate_job_config(const JobConfig& config);
+
+// `titan <command> --help`: every section and key with its type, default and description.
+std::string render_help(const std::string& command);
+
+// The full config as TOML (for --job.print_config and for saving next to outputs).
+std::string render_config_toml(const JobConfig& config);
+
+// The candidate closest to `name` by edit distance (empty if `candidates` is empty).
+std::string nearest_name(const std::string& name, const std::vector<std::string>& candidates);
+
+}  // namespace titan

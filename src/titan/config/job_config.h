@@ -1,0 +1,219 @@
+// The job configuration: one struct per TOML section, with TorchTitan's section and key names.
+//
+// Each section lists its fields once, in `visit`, with the key name and a one-line description;
+// the default is the member initializer. Parsing (TOML + command line), `--help`,
+// `--job.print_config` and validation are all driven by these visit functions, so adding a key is
+// one member plus one `v(...)` line. Cross-field checks live in validate_job_config().
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace titan {
+
+struct JobSection {
+  static constexpr const char* kName = "job";
+  std::string config_file = "";
+  std::string dump_folder = "./outputs";
+  std::string description = "default job";
+  bool print_config = false;
+
+  template <class V>
+  void visit(V& v) {
+    v("config_file", config_file, "TOML job config file to load");
+    v("dump_folder", dump_folder, "Folder for metrics, logs and other outputs");
+    v("description", description, "Description of the job");
+    v("print_config", print_config, "Print the final config (after TOML and overrides) at start");
+  }
+};
+
+struct MetricsSection {
+  static constexpr const char* kName = "metrics";
+  int64_t log_freq = 10;
+  bool disable_color_printing = false;
+  bool save_for_all_ranks = false;
+  double peak_flops = 0.0;
+
+  template <class V>
+  void visit(V& v) {
+    v("log_freq", log_freq, "Log metrics every N steps (>= 1)");
+    v("disable_color_printing", disable_color_printing, "Disable ANSI colors in the metrics line");
+    v("save_for_all_ranks", save_for_all_ranks, "Write metrics.jsonl on every rank, not only rank 0");
+    v("peak_flops", peak_flops,
+      "Peak FLOP/s per rank used for MFU; 0 measures it with a short GEMM probe at start");
+  }
+};
+
+struct ModelSection {
+  static constexpr const char* kName = "model";
+  std::string name = "llama3";
+  std::string flavor = "debugmodel";
+  std::string hf_assets_path = "";
+
+  template <class V>
+  void visit(V& v) {
+    v("name", name, "Model name from the model registry (e.g. llama3)");
+    v("flavor", flavor, "Model flavor (size) registered by the model, e.g. debugmodel, 8B");
+    v("hf_assets_path", hf_assets_path,
+      "Folder with tokenizer files; empty uses the built-in byte-level tokenizer");
+  }
+};
+
+struct OptimizerSection {
+  static constexpr const char* kName = "optimizer";
+  std::string name = "AdamW";
+  double lr = 8e-4;
+  double beta1 = 0.9;
+  double beta2 = 0.95;
+  double eps = 1e-8;
+  double weight_decay = 0.1;
+  std::string implementation = "fused";
+
+  template <class V>
+  void visit(V& v) {
+    v("name", name, "Optimizer: AdamW or Adam");
+    v("lr", lr, "Peak learning rate (> 0)");
+    v("beta1", beta1, "Adam beta1 in [0, 1)");
+    v("beta2", beta2, "Adam beta2 in [0, 1)");
+    v("eps", eps, "Adam epsilon (> 0)");
+    v("weight_decay", weight_decay, "Decoupled weight decay (>= 0)");
+    v("implementation", implementation, "Update kernel: fused, foreach or for-loop (same math)");
+  }
+};
+
+struct LRSchedulerSection {
+  static constexpr const char* kName = "lr_scheduler";
+  int64_t warmup_steps = 200;
+  double decay_ratio = -1.0;  // < 0: unset (decay over all steps after warmup)
+  std::string decay_type = "linear";
+  double min_lr_factor = 0.0;
+
+  template <class V>
+  void visit(V& v) {
+    v("warmup_steps", warmup_steps, "Steps of linear warmup from ~0 to optimizer.lr (>= 0)");
+    v("decay_ratio", decay_ratio,
+      "Fraction of steps spent decaying at the end (warmup-stable-decay); unset (-1) decays "
+      "right after warmup");
+    v("decay_type", decay_type, "Decay shape: linear, sqrt or cosine");
+    v("min_lr_factor", min_lr_factor, "Final lr as a fraction of optimizer.lr, in [0, 1]");
+  }
+};
+
+struct TrainingSection {
+  static constexpr const char* kName = "training";
+  std::string dataset = "sotu";
+  std::string dataset_path = "";
+  int64_t local_batch_size = 8;
+  int64_t global_batch_size = -1;
+  int64_t seq_len = 2048;
+  double max_norm = 1.0;
+  int64_t steps = 10000;
+  std::string mixed_precision_param = "bfloat16";
+  std::string mixed_precision_reduce = "float32";
+  int64_t num_threads = 0;
+
+  template <class V>
+  void visit(V& v) {
+    v("dataset", dataset, "Dataset name: sotu (built-in corpus)");
+    v("dataset_path", dataset_path,
+      "Where the dataset lives; empty uses the cache filled by scripts/setup.sh");
+    v("local_batch_size", local_batch_size, "Sequences per rank per micro-batch (>= 1)");
+    v("global_batch_size", global_batch_size,
+      "Sequences per optimizer step over all ranks; -1 = local_batch_size * dp degree. A "
+      "multiple larger than that accumulates gradients");
+    v("seq_len", seq_len, "Tokens per sequence (>= 1)");
+    v("max_norm", max_norm, "Clip gradients to this global L2 norm; <= 0 disables clipping");
+    v("steps", steps, "Optimizer steps to train (>= 1)");
+    v("mixed_precision_param", mixed_precision_param,
+      "Compute dtype of matmuls: bfloat16 or float32 (master weights stay float32)");
+    v("mixed_precision_reduce", mixed_precision_reduce,
+      "Dtype of gradient reductions across ranks: float32");
+    v("num_threads", num_threads,
+      "CPU threads per rank for ATen and BLAS; 0 = cores / local ranks");
+  }
+};
+
+struct ParallelismSection {
+  static constexpr const char* kName = "parallelism";
+  int64_t data_parallel_replicate_degree = 1;
+  int64_t data_parallel_shard_degree = -1;
+  int64_t tensor_parallel_degree = 1;
+  int64_t pipeline_parallel_degree = 1;
+  int64_t context_parallel_degree = 1;
+  int64_t expert_parallel_degree = 1;
+
+  template <class V>
+  void visit(V& v) {
+    v("data_parallel_replicate_degree", data_parallel_replicate_degree,
+      "Replicated data-parallel degree (DDP / HSDP replicas)");
+    v("data_parallel_shard_degree", data_parallel_shard_degree,
+      "Sharded data-parallel (FSDP) degree; -1 takes the remaining ranks");
+    v("tensor_parallel_degree", tensor_parallel_degree, "Tensor-parallel degree");
+    v("pipeline_parallel_degree", pipeline_parallel_degree, "Pipeline-parallel degree");
+    v("context_parallel_degree", context_parallel_degree, "Context-parallel degree");
+    v("expert_parallel_degree", expert_parallel_degree, "Expert-parallel degree");
+  }
+};
+
+struct ValidationSection {
+  static constexpr const char* kName = "validation";
+  bool enable = false;
+  std::string dataset = "sotu_validation";
+  std::string dataset_path = "";
+  int64_t local_batch_size = 8;
+  int64_t seq_len = 2048;
+  int64_t freq = 10;
+  int64_t steps = -1;
+
+  template <class V>
+  void visit(V& v) {
+    v("enable", enable, "Run validation during training");
+    v("dataset", dataset, "Validation dataset name: sotu_validation");
+    v("dataset_path", dataset_path, "Where the validation dataset lives; empty uses the cache");
+    v("local_batch_size", local_batch_size, "Sequences per rank per validation batch (>= 1)");
+    v("seq_len", seq_len, "Tokens per validation sequence (>= 1)");
+    v("freq", freq, "Validate every N training steps (>= 1)");
+    v("steps", steps, "Validation batches per run; -1 consumes the whole validation set");
+  }
+};
+
+struct DebugSection {
+  static constexpr const char* kName = "debug";
+  int64_t seed = -1;
+  bool deterministic = false;
+
+  template <class V>
+  void visit(V& v) {
+    v("seed", seed, "Random seed for init and data; -1 picks one from the clock (printed)");
+    v("deterministic", deterministic, "Use deterministic algorithms only");
+  }
+};
+
+struct JobConfig {
+  JobSection job;
+  MetricsSection metrics;
+  ModelSection model;
+  OptimizerSection optimizer;
+  LRSchedulerSection lr_scheduler;
+  TrainingSection training;
+  ParallelismSection parallelism;
+  ValidationSection validation;
+  DebugSection debug;
+
+  // Calls v.section(name, section) for each section, in the order `--help` shows them.
+  template <class V>
+  void visit_sections(V& v) {
+    v.section(JobSection::kName, job);
+    v.section(MetricsSection::kName, metrics);
+    v.section(ModelSection::kName, model);
+    v.section(OptimizerSection::kName, optimizer);
+    v.section(LRSchedulerSection::kName, lr_scheduler);
+    v.section(TrainingSection::kName, training);
+    v.section(ParallelismSection::kName, parallelism);
+    v.section(ValidationSection::kName, validation);
+    v.section(DebugSection::kName, debug);
+  }
+};
+
+}  // namespace titan

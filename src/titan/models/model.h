@@ -1,0 +1,45 @@
+// What the trainer knows about a model: an nn::Module that maps token ids to logits, plus the
+// numbers (parameter counts, FLOPs, activation memory) that can be computed without allocating
+// it. Models register themselves in the registry (registry.h); the trainer never names a model.
+#pragma once
+
+#include <ATen/ATen.h>
+#include <torch/nn/module.h>
+
+#include <cstdint>
+#include <string>
+
+namespace titan {
+
+// Sizes that describe a model configuration analytically (no weights allocated).
+struct ModelStats {
+  int64_t n_params = 0;            // all trainable parameters (tied weights counted once)
+  int64_t n_embedding_params = 0;  // token embedding parameters
+  int64_t n_layers = 0;
+  int64_t n_heads = 0;
+  int64_t head_dim = 0;
+  int64_t dim = 0;
+  int64_t vocab_size = 0;
+  // TorchTitan's formula: 6 * (n_params - n_embedding_params) + 12 * L * H * head_dim * seq_len.
+  double flops_per_token(int64_t seq_len) const;
+  // Bytes of activations kept for backward by one training micro-batch of (batch, seq_len) tokens
+  // when matmuls run in `compute_dtype` (an estimate; attention scores are materialised on CPU).
+  int64_t activation_bytes = 0;
+};
+
+// Options that apply when building a model instance.
+struct ModelBuildOptions {
+  int64_t max_seq_len = 2048;                    // RoPE table length (training.seq_len)
+  at::ScalarType compute_dtype = at::kFloat;     // matmul dtype; parameters stay float32
+};
+
+// A trainable decoder: forward(tokens (bs, seqlen) int64) -> logits (bs, seqlen, vocab) float32.
+class Model : public torch::nn::Module {
+ public:
+  virtual at::Tensor forward(const at::Tensor& tokens) = 0;
+  // Re-initializes every parameter in place from the current global RNG state.
+  virtual void init_weights() = 0;
+  virtual ModelStats stats(int64_t batch, int64_t seq_len) const = 0;
+};
+
+}  // namespace titan
