@@ -1,8 +1,59 @@
-// The `titan` command: train, inspect, bench. Each subcommand parses a TorchTitan-style job config.
+// The `titan` command: train, inspect, bench. Every subcommand reads a TorchTitan-style job config
+// (--job.config_file plus --section.key overrides). Exit codes: 0 ok, 1 runtime failure (data,
+// divergence, internal error), 2 bad configuration or usage.
+#include "commands.h"
+
+#include "titan/common/check.h"
+#include "titan/common/logging.h"
+
 #include <cstdio>
+#include <cstring>
 #include <string>
+#include <vector>
+
+namespace {
+
+void print_usage() {
+  std::printf(
+      "usage: titan <command> [--job.config_file FILE] [--section.key value ...]\n"
+      "\n"
+      "commands:\n"
+      "  train     train a model (see `titan train --help` for every config key)\n"
+      "  inspect   parameter counts, FLOPs per token and per-rank memory, without allocating\n"
+      "  bench     time training steps of the benchmark models (tokens/s, MFU, peak memory)\n");
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
-  std::printf("usage: titan <train|inspect|bench> [--section.key value ...]\n");
-  return argc > 1 ? 2 : 0;
+  if (argc < 2 || std::strcmp(argv[1], "--help") == 0 || std::strcmp(argv[1], "-h") == 0) {
+    print_usage();
+    return argc < 2 ? 2 : 0;
+  }
+  const std::string command = argv[1];
+  std::vector<std::string> args(argv + 2, argv + argc);
+  try {
+    if (titan::maybe_print_help(command, args)) return 0;
+    if (command == "train") return titan::run_train(args);
+    if (command == "inspect") return titan::run_inspect(args);
+    if (command == "bench") return titan::run_bench(args);
+    std::fprintf(stderr, "titan: unknown command '%s'\n\n", command.c_str());
+    print_usage();
+    return 2;
+  } catch (const titan::ConfigError& e) {
+    std::fprintf(stderr, "titan %s: config error: %s\n", command.c_str(), e.what());
+    return 2;
+  } catch (const titan::DataError& e) {
+    std::fprintf(stderr, "titan %s: data error: %s\n", command.c_str(), e.what());
+    return 1;
+  } catch (const titan::TrainingError& e) {
+    std::fprintf(stderr, "titan %s: training error: %s\n", command.c_str(), e.what());
+    return 1;
+  } catch (const c10::Error& e) {
+    std::fprintf(stderr, "titan %s: error: %s\n", command.c_str(), e.what_without_backtrace());
+    return 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "titan %s: error: %s\n", command.c_str(), e.what());
+    return 1;
+  }
 }

@@ -1,0 +1,17 @@
+// The `titan` subcommands. Each takes the arguments after its name and returns an exit code;
+// ConfigError escapes to main(), which prints it and exits with code 2.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace titan {
+
+int run_train(const std::vector<std::string>& args);
+int run_inspect(const std::vector<std::string>& args);
+int run_bench(const std::vector<std::string>& args);
+
+// True (and prints help for `command`) when args ask for --help / -h.
+bool maybe_print_help(const std::string& command, const std::vector<std::string>& args);
+
+}  // namespace titan

@@ -1,0 +1,90 @@
+// `titan train` and `titan inspect`.
+#include "commands.h"
+
+#include "titan/common/logging.h"
+#include "titan/config/config_manager.h"
+#include "titan/models/registry.h"
+#include "titan/trainer/trainer.h"
+
+#include <algorithm>
+#include <cstdio>
+
+namespace titan {
+
+bool maybe_print_help(const std::string& command, const std::vector<std::string>& args) {
+  const bool wants = std::any_of(args.begin(), args.end(),
+                                 [](const std::string& a) { return a == "--help" || a == "-h"; });
+  if (!wants) return false;
+  std::fputs(render_help(command).c_str(), stdout);
+  if (command == "train" || command == "inspect") {
+    std::printf("\nmodels and flavors:\n");
+    for (const auto& name : registered_models()) {
+      const ModelSpec& spec = get_model_spec(name);
+      for (const auto& flavor : spec.flavors) {
+        std::printf("  %s %-14s %s\n", name.c_str(), flavor.c_str(),
+                    spec.describe_flavor(flavor).c_str());
+      }
+    }
+  }
+  return true;
+}
+
+int run_train(const std::vector<std::string>& args) {
+  JobConfig config = parse_job_config(args);
+  if (config.job.print_config) std::fputs(render_config_toml(config).c_str(), stdout);
+  log_info("job: ", config.job.description, " (config ",
+           config.job.config_file.empty() ? "defaults" : config.job.config_file, ")");
+  Trainer trainer(std::move(config));
+  trainer.train();
+  return 0;
+}
+
+static std::string commas(int64_t v) {
+  std::string s = std::to_string(v);
+  for (int i = static_cast<int>(s.size()) - 3; i > 0; i -= 3) s.insert(static_cast<size_t>(i), ",");
+  return s;
+}
+
+static std::string gib(double bytes) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%8.3f GiB", bytes / (1024.0 * 1024.0 * 1024.0));
+  return buf;
+}
+
+int run_inspect(const std::vector<std::string>& args) {
+  JobConfig config = parse_job_config(args);
+  if (config.job.print_config) std::fputs(render_config_toml(config).c_str(), stdout);
+  const ModelSpec& spec = get_model_spec(config.model.name);
+  check_flavor(spec, config.model.flavor);
+  const auto& t = config.training;
+  const at::ScalarType dtype = t.mixed_precision_param == "bfloat16" ? at::kBFloat16 : at::kFloat;
+  const ModelStats s = spec.describe(config.model.flavor, t.local_batch_size, t.seq_len, dtype);
+  const double n = static_cast<double>(s.n_params);
+  const double flops = s.flops_per_token(t.seq_len);
+
+  std::printf("model            %s %s: %s\n", config.model.name.c_str(), config.model.flavor.c_str(),
+              spec.describe_flavor(config.model.flavor).c_str());
+  std::printf("parameters       %s total, %s non-embedding\n", commas(s.n_params).c_str(),
+              commas(s.n_params - s.n_embedding_params).c_str());
+  std::printf("FLOPs per token  %.4g (seq_len %lld; 6*(N - N_emb) + 12*L*H*head_dim*T)\n", flops,
+              (long long)t.seq_len);
+  std::printf("FLOPs per step   %.4g per rank (local_batch_size %lld x seq_len %lld)\n",
+              flops * static_cast<double>(t.local_batch_size * t.seq_len),
+              (long long)t.local_batch_size, (long long)t.seq_len);
+  // One rank holds everything until data/tensor parallelism shards it.
+  const double weights = 4 * n, grads = 4 * n, optim = 8 * n;
+  const double compute_copies = dtype == at::kBFloat16 ? 2 * n : 0.0;
+  const double activations = static_cast<double>(s.activation_bytes);
+  std::printf("memory per rank (training step, 1 rank, %s compute):\n", t.mixed_precision_param.c_str());
+  std::printf("  weights (fp32)          %s\n", gib(weights).c_str());
+  std::printf("  gradients (fp32)        %s\n", gib(grads).c_str());
+  std::printf("  optimizer (AdamW fp32)  %s\n", gib(optim).c_str());
+  if (compute_copies > 0) std::printf("  bf16 weight copies      %s\n", gib(compute_copies).c_str());
+  std::printf("  activations (estimate)  %s  (local_batch_size %lld, seq_len %lld)\n",
+              gib(activations).c_str(), (long long)t.local_batch_size, (long long)t.seq_len);
+  std::printf("  total                   %s\n",
+              gib(weights + grads + optim + compute_copies + activations).c_str());
+  return 0;
+}
+
+}  // namespace titan

@@ -1,0 +1,38 @@
+// Thread setup. OpenBLAS is reached through libtorch's BLAS dependency; its threading model is
+// queried with dlsym so no OpenBLAS headers or link flags are needed.
+#include "titan/common/cpu.h"
+
+#include <ATen/Parallel.h>
+
+#include <dlfcn.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <sstream>
+
+namespace titan {
+
+std::string configure_threads(int64_t num_threads, int64_t local_ranks) {
+  const int64_t cores = std::max<long>(1, sysconf(_SC_NPROCESSORS_ONLN));
+  int64_t n = num_threads > 0 ? num_threads : std::max<int64_t>(1, cores / std::max<int64_t>(1, local_ranks));
+  at::set_num_threads(static_cast<int>(n));
+
+  std::ostringstream desc;
+  desc << n << " intra-op thread" << (n == 1 ? "" : "s") << " (" << cores << " cores)";
+  using GetParallel = int (*)();
+  using SetThreads = void (*)(int);
+  auto get_parallel = reinterpret_cast<GetParallel>(dlsym(RTLD_DEFAULT, "openblas_get_parallel"));
+  auto set_threads = reinterpret_cast<SetThreads>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads"));
+  if (get_parallel != nullptr) {
+    const int mode = get_parallel();  // 0 sequential, 1 pthreads, 2 OpenMP
+    if (set_threads != nullptr) set_threads(static_cast<int>(n));
+    desc << ", OpenBLAS " << (mode == 2 ? "openmp" : mode == 1 ? "pthreads" : "sequential");
+    if (mode == 1) {
+      desc << " (WARNING: the pthreads build of OpenBLAS competes with ATen's OpenMP threads; "
+              "run scripts/setup.sh as root to select openblas-openmp)";
+    }
+  }
+  return desc.str();
+}
+
+}  // namespace titan

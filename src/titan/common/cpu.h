@@ -1,0 +1,14 @@
+// CPU thread configuration. ATen's intra-op pool and BLAS must agree on one thread count per
+// rank; two pools spinning side by side (OpenBLAS pthreads next to OpenMP) run ~3x slower.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace titan {
+
+// Sets ATen's intra-op threads (and OpenBLAS's, when it has its own pool) to `num_threads`;
+// 0 means hardware cores / local_ranks. Returns a one-line description for the log.
+std::string configure_threads(int64_t num_threads, int64_t local_ranks = 1);
+
+}  // namespace titan

@@ -1,0 +1,50 @@
+// Warmup-stable-decay schedule with TorchTitan's step indexing: the factor for 0-indexed step s
+// in warmup is (s + 1) / (warmup + 1); decay progress is (s + 1 - (warmup + stable)) /
+// (decay + 1), so the lr never reaches exactly 0 before the run ends.
+#include "titan/components/lr_scheduler.h"
+
+#include "titan/common/check.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace titan {
+
+LRScheduler::LRScheduler(const LRSchedulerSection& config, double base_lr, int64_t training_steps)
+    : base_lr_(base_lr), decay_type_(config.decay_type), min_lr_factor_(config.min_lr_factor) {
+  warmup_steps_ = std::min(config.warmup_steps, training_steps);
+  if (config.decay_ratio >= 0) {
+    decay_steps_ = std::llround(static_cast<double>(training_steps) * config.decay_ratio);
+    decay_steps_ = std::min(decay_steps_, training_steps - warmup_steps_);
+  } else {
+    decay_steps_ = training_steps - warmup_steps_;
+  }
+  stable_steps_ = training_steps - warmup_steps_ - decay_steps_;
+  TITAN_CHECK(decay_type_ == "linear" || decay_type_ == "sqrt" || decay_type_ == "cosine",
+              "unknown lr_scheduler.decay_type '", decay_type_, "'");
+}
+
+double LRScheduler::factor(int64_t step) const {
+  const int64_t warmup_stable = warmup_steps_ + stable_steps_;
+  // Past the last step the schedule is undefined; hold the final value.
+  step = std::min(step, warmup_stable + decay_steps_);
+  if (step < warmup_steps_) {
+    return static_cast<double>(step + 1) / static_cast<double>(warmup_steps_ + 1);
+  }
+  if (step < warmup_stable || decay_steps_ == 0) {
+    return 1.0;
+  }
+  const double progress =
+      static_cast<double>(step + 1 - warmup_stable) / static_cast<double>(decay_steps_ + 1);
+  double adjustment = 0.0;
+  if (decay_type_ == "linear") {
+    adjustment = 1.0 - progress;
+  } else if (decay_type_ == "sqrt") {
+    adjustment = 1.0 - std::sqrt(progress);
+  } else {
+    adjustment = 0.5 * (1.0 + std::cos(M_PI * progress));
+  }
+  return min_lr_factor_ + (1.0 - min_lr_factor_) * adjustment;
+}
+
+}  // namespace titan

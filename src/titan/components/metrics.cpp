@@ -1,0 +1,151 @@
+// Metrics: one line per logged step and one JSON object per line of metrics.jsonl.
+// Throughput covers the steps since the previous log (the first window includes warm-up).
+#include "titan/components/metrics.h"
+
+#include "titan/common/check.h"
+#include "titan/common/logging.h"
+
+#include <nlohmann/json.hpp>
+
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+
+namespace titan {
+
+int64_t peak_rss_bytes() {
+  struct rusage usage {};
+  getrusage(RUSAGE_SELF, &usage);
+  return static_cast<int64_t>(usage.ru_maxrss) * 1024;  // ru_maxrss is KiB on Linux
+}
+
+int64_t total_ram_bytes() {
+  return static_cast<int64_t>(sysconf(_SC_PHYS_PAGES)) * static_cast<int64_t>(sysconf(_SC_PAGE_SIZE));
+}
+
+double probe_peak_flops(at::ScalarType dtype, double budget_s) {
+  at::NoGradGuard no_grad;
+  const int64_t n = 1024;
+  auto opts = at::TensorOptions().dtype(dtype);
+  at::Tensor a = at::randn({n, n}, opts), b = at::randn({n, n}, opts), c = at::empty({n, n}, opts);
+  at::mm_out(c, a, b);  // warm-up (first call initialises BLAS / oneDNN)
+  const double flops = 2.0 * n * n * n;
+  double best = 0.0;
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(budget_s);
+  int iters = 0;
+  while (iters < 3 || std::chrono::steady_clock::now() < deadline) {
+    auto t0 = std::chrono::steady_clock::now();
+    at::mm_out(c, a, b);
+    double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    best = std::max(best, flops / dt);
+    if (++iters >= 200) break;
+  }
+  return best;
+}
+
+MetricsLogger::MetricsLogger(const MetricsSection& config, const std::string& dump_folder,
+                             double flops_per_token, double peak_flops, int64_t total_steps,
+                             bool write_file)
+    : config_(config),
+      flops_per_token_(flops_per_token),
+      peak_flops_(peak_flops),
+      total_steps_(total_steps),
+      colors_(!config.disable_color_printing && isatty(fileno(stdout))) {
+  TITAN_CHECK(peak_flops > 0, "peak FLOP/s must be positive for MFU, got ", peak_flops);
+  if (write_file) {
+    std::filesystem::create_directories(dump_folder);
+    jsonl_path_ = (std::filesystem::path(dump_folder) / "metrics.jsonl").string();
+    jsonl_.open(jsonl_path_, std::ios::out | std::ios::trunc);
+    if (!jsonl_) throw DataError("cannot write metrics file " + jsonl_path_);
+  }
+  start_ = last_log_ = std::chrono::steady_clock::now();
+}
+
+std::string MetricsLogger::color(const char* code) const { return colors_ ? code : ""; }
+
+static std::string format_duration(double s) {
+  int64_t t = static_cast<int64_t>(std::llround(s));
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%lld:%02lld:%02lld", (long long)(t / 3600),
+                (long long)(t / 60 % 60), (long long)(t % 60));
+  return buf;
+}
+
+static std::string with_commas(int64_t v) {
+  std::string s = std::to_string(v);
+  for (int i = static_cast<int>(s.size()) - 3; i > 0; i -= 3) s.insert(static_cast<size_t>(i), ",");
+  return s;
+}
+
+std::optional<StepMetrics> MetricsLogger::on_step(int64_t step, int64_t tokens,
+                                                  const at::Tensor& loss, double grad_norm,
+                                                  double lr) {
+  tokens_since_log_ += tokens;
+  if (step % config_.log_freq != 0 && step != total_steps_ && step != 1) return std::nullopt;
+
+  auto now = std::chrono::steady_clock::now();
+  const double window = std::chrono::duration<double>(now - last_log_).count();
+  StepMetrics m;
+  m.step = step;
+  m.loss = loss.item<double>();
+  m.grad_norm = grad_norm;
+  m.lr = lr;
+  m.tps = window > 0 ? static_cast<double>(tokens_since_log_) / window : 0.0;
+  m.tflops = flops_per_token_ * m.tps / 1e12;
+  m.mfu = 100.0 * flops_per_token_ * m.tps / peak_flops_;
+  const int64_t rss = peak_rss_bytes();
+  m.memory_gib = static_cast<double>(rss) / (1024.0 * 1024.0 * 1024.0);
+  m.memory_pct = 100.0 * static_cast<double>(rss) / static_cast<double>(total_ram_bytes());
+  m.elapsed_s = std::chrono::duration<double>(now - start_).count();
+  const double per_step = window / static_cast<double>(std::max<int64_t>(1, step - last_log_step_));
+  m.eta_s = per_step * static_cast<double>(total_steps_ - step);
+
+  char line[512];
+  std::snprintf(line, sizeof(line),
+                "%sstep: %*lld  %sloss: %7.4f  %sgrad_norm: %7.4f  %slr: %.2e  %smemory: %5.2fGiB"
+                "(%.2f%%)  %stps: %s  %stflops: %.2f  %smfu: %.2f%%%s  elapsed: %s  eta: %s",
+                color("\033[31m").c_str(), static_cast<int>(std::to_string(total_steps_).size()),
+                (long long)step, color("\033[32m").c_str(), m.loss, color("\033[33m").c_str(),
+                m.grad_norm, color("\033[35m").c_str(), m.lr, color("\033[36m").c_str(),
+                m.memory_gib, m.memory_pct, color("\033[34m").c_str(),
+                with_commas(std::llround(m.tps)).c_str(), color("\033[36m").c_str(), m.tflops,
+                color("\033[33m").c_str(), m.mfu, color("\033[0m").c_str(),
+                format_duration(m.elapsed_s).c_str(), format_duration(m.eta_s).c_str());
+  log_info(line);
+  write_json(m);
+
+  tokens_since_log_ = 0;
+  last_log_ = std::chrono::steady_clock::now();
+  last_log_step_ = step;
+  return m;
+}
+
+void MetricsLogger::log_validation(int64_t step, double loss, int64_t tokens, double seconds) {
+  char line[256];
+  std::snprintf(line, sizeof(line), "%svalidate step: %lld  %svalidation_loss: %7.4f  "
+                "perplexity: %.3f  tokens: %s  (%.1fs)%s",
+                color("\033[33m").c_str(), (long long)step, color("\033[32m").c_str(), loss,
+                std::exp(loss), with_commas(tokens).c_str(), seconds, color("\033[0m").c_str());
+  log_info(line);
+  if (jsonl_.is_open()) {
+    nlohmann::json j = {{"step", step}, {"validation_loss", loss},
+                        {"validation_perplexity", std::exp(loss)}};
+    jsonl_ << j.dump() << "\n";
+    jsonl_.flush();
+  }
+}
+
+void MetricsLogger::write_json(const StepMetrics& m) {
+  if (!jsonl_.is_open()) return;
+  nlohmann::json j = {{"step", m.step},       {"loss", m.loss},       {"grad_norm", m.grad_norm},
+                      {"lr", m.lr},           {"tps", m.tps},         {"tflops", m.tflops},
+                      {"mfu", m.mfu},         {"memory_gib", m.memory_gib},
+                      {"elapsed_s", m.elapsed_s}};
+  jsonl_ << j.dump() << "\n";
+  jsonl_.flush();
+}
+
+}  // namespace titan

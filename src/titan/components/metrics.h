@@ -1,0 +1,72 @@
+// Training metrics: the per-step log line (TorchTitan's fields plus lr and ETA), the same numbers
+// as JSON lines in <dump_folder>/metrics.jsonl, peak memory, and the peak-FLOP/s used for MFU.
+#pragma once
+
+#include "titan/config/job_config.h"
+
+#include <ATen/ATen.h>
+
+#include <chrono>
+#include <cstdint>
+#include <fstream>
+#include <optional>
+#include <string>
+
+namespace titan {
+
+// Peak resident set size of this process so far, in bytes.
+int64_t peak_rss_bytes();
+// Physical memory of the machine, in bytes.
+int64_t total_ram_bytes();
+
+// Measures the FLOP/s of a square GEMM in `dtype` on this CPU with the current thread settings:
+// the best of several timed multiplies over about `budget_s` seconds.
+double probe_peak_flops(at::ScalarType dtype, double budget_s = 0.3);
+
+struct StepMetrics {
+  int64_t step = 0;
+  double loss = 0.0;
+  double grad_norm = 0.0;
+  double lr = 0.0;
+  double tps = 0.0;          // tokens/s per rank since the previous log
+  double tflops = 0.0;       // achieved TFLOP/s per rank
+  double mfu = 0.0;          // percent of peak
+  double memory_gib = 0.0;   // peak RSS
+  double memory_pct = 0.0;   // peak RSS as % of RAM
+  double elapsed_s = 0.0;
+  double eta_s = 0.0;
+  std::optional<double> validation_loss;
+};
+
+class MetricsLogger {
+ public:
+  // `flops_per_token` per TorchTitan's formula; `peak_flops` per rank (> 0).
+  MetricsLogger(const MetricsSection& config, const std::string& dump_folder,
+                double flops_per_token, double peak_flops, int64_t total_steps, bool write_file);
+
+  // Called every step with the tokens this rank processed; logs on log_freq boundaries (and on
+  // the last step). Returns the metrics when a line was logged.
+  std::optional<StepMetrics> on_step(int64_t step, int64_t tokens, const at::Tensor& loss,
+                                     double grad_norm, double lr);
+  void log_validation(int64_t step, double loss, int64_t tokens, double seconds);
+
+  const std::string& jsonl_path() const { return jsonl_path_; }
+
+ private:
+  void write_json(const StepMetrics& m);
+  std::string color(const char* code) const;
+
+  MetricsSection config_;
+  double flops_per_token_;
+  double peak_flops_;
+  int64_t total_steps_;
+  std::string jsonl_path_;
+  std::ofstream jsonl_;
+  bool colors_;
+  std::chrono::steady_clock::time_point start_;
+  std::chrono::steady_clock::time_point last_log_;
+  int64_t tokens_since_log_ = 0;
+  int64_t last_log_step_ = 0;
+};
+
+}  // namespace titan

@@ -1,0 +1,48 @@
+// AdamW / Adam over float32 master parameters, and gradient clipping by global norm.
+//
+// The optimizer only ever sees the tensors it is given (later: FSDP shards), keeps its state
+// (exp_avg, exp_avg_sq, step) per parameter, and exposes it by name for checkpointing.
+#pragma once
+
+#include "titan/config/job_config.h"
+
+#include <ATen/ATen.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace titan {
+
+struct NamedParam {
+  std::string name;
+  at::Tensor param;  // float32 leaf tensor with requires_grad
+};
+
+class Optimizer {
+ public:
+  Optimizer(std::vector<NamedParam> params, const OptimizerSection& config);
+
+  // One update with learning rate `lr`; parameters without a gradient are skipped.
+  void step(double lr);
+  void zero_grad();
+
+  int64_t step_count() const { return step_count_; }
+  const std::vector<NamedParam>& params() const { return params_; }
+  // State tensors by "<param name>.exp_avg" / ".exp_avg_sq" (for checkpoints and tests).
+  std::vector<std::pair<std::string, at::Tensor>> state_tensors() const;
+
+ private:
+  std::vector<NamedParam> params_;
+  std::vector<at::Tensor> exp_avg_;
+  std::vector<at::Tensor> exp_avg_sq_;
+  OptimizerSection config_;
+  bool decoupled_;  // AdamW (decoupled weight decay) vs Adam (L2 added to the gradient)
+  int64_t step_count_ = 0;
+};
+
+// Total L2 norm of all gradients (before clipping). When max_norm > 0 and the norm exceeds it,
+// scales every gradient by max_norm / (norm + 1e-6), as torch.nn.utils.clip_grad_norm_.
+double clip_grad_norm(const std::vector<at::Tensor>& params, double max_norm);
+
+}  // namespace titan

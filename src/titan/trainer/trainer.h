@@ -1,0 +1,81 @@
+// The training loop: train() -> train_step() -> forward_backward_step(), with construction split
+// into small build_* steps. The trainer knows models only through the registry (ModelSpec) and
+// the Model interface; it never names a model.
+#pragma once
+
+#include "titan/components/lr_scheduler.h"
+#include "titan/components/metrics.h"
+#include "titan/components/optimizer.h"
+#include "titan/config/job_config.h"
+#include "titan/models/registry.h"
+
+#include <ATen/ATen.h>
+
+#include <memory>
+#include <optional>
+#include <vector>
+
+namespace titan {
+
+class Tokenizer;
+class DataLoader;
+struct Document;
+
+// What train() reports back (also used by tests).
+struct TrainResult {
+  std::vector<double> losses;             // loss of every step
+  std::vector<double> grad_norms;         // pre-clip grad norm of every step
+  std::vector<double> validation_losses;  // one per validation run
+  int64_t steps = 0;
+  double seconds = 0.0;
+};
+
+class Trainer {
+ public:
+  explicit Trainer(JobConfig config);
+  ~Trainer();
+
+  TrainResult train();
+
+  // One optimizer step over `accumulation_steps()` micro-batches from the data loader. Returns
+  // the mean loss over the micro-batches (a 0-d float tensor).
+  at::Tensor train_step(int64_t step, double* grad_norm);
+
+  // Mean loss over `loss` micro-batch inputs/labels (bs, seqlen) int64, after backward.
+  at::Tensor forward_backward_step(const at::Tensor& inputs, const at::Tensor& labels,
+                                   double loss_scale);
+
+  // Mean next-token loss over the validation set (validation.steps batches, or all).
+  double validate(int64_t* tokens = nullptr);
+
+  Model& model() { return *model_; }
+  Optimizer& optimizer() { return *optimizer_; }
+  int64_t accumulation_steps() const { return accumulation_steps_; }
+  const JobConfig& config() const { return config_; }
+
+ private:
+  void build_model();
+  void build_data();
+  void build_optimizer();
+  void build_metrics();
+
+  JobConfig config_;
+  at::ScalarType compute_dtype_ = at::kFloat;
+  int64_t seed_ = 0;
+  int64_t accumulation_steps_ = 1;
+  const ModelSpec* spec_ = nullptr;
+  std::shared_ptr<Model> model_;
+  std::unique_ptr<Tokenizer> tokenizer_;
+  std::unique_ptr<DataLoader> train_loader_;
+  std::shared_ptr<std::vector<Document>> validation_docs_;
+  std::unique_ptr<Optimizer> optimizer_;
+  std::unique_ptr<LRScheduler> lr_scheduler_;
+  std::unique_ptr<MetricsLogger> metrics_;
+  std::vector<at::Tensor> params_;
+};
+
+// Cross-entropy of logits (bs, seqlen, vocab) float32 against labels (bs, seqlen), mean over
+// tokens.
+at::Tensor cross_entropy_loss(const at::Tensor& logits, const at::Tensor& labels);
+
+}  // namespace titan

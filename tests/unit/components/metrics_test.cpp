@@ -1,0 +1,62 @@
+// Metrics: the JSON lines carry every documented key with the MFU arithmetic, and the GEMM probe
+// reports a plausible positive FLOP/s.
+#include "titan/components/metrics.h"
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <filesystem>
+#include <fstream>
+
+namespace titan {
+namespace {
+
+TEST(Metrics, JsonLinesHaveEveryKeyAndConsistentMfu) {
+  auto dir = std::filesystem::temp_directory_path() / "titan_metrics_test";
+  std::filesystem::remove_all(dir);
+  MetricsSection cfg;
+  cfg.log_freq = 2;
+  cfg.disable_color_printing = true;
+  const double flops_per_token = 1e6, peak = 1e12;
+  {
+    MetricsLogger logger(cfg, dir.string(), flops_per_token, peak, /*total_steps=*/4, true);
+    for (int64_t step = 1; step <= 4; ++step) {
+      auto m = logger.on_step(step, 1000, at::scalar_tensor(2.5), 0.7, 1e-3);
+      EXPECT_EQ(m.has_value(), step != 3) << step;  // step 1, every log_freq, and the last
+    }
+    logger.log_validation(4, 2.0, 123, 0.1);
+  }
+  std::ifstream in(dir / "metrics.jsonl");
+  std::string line;
+  int n = 0;
+  while (std::getline(in, line)) {
+    auto j = nlohmann::json::parse(line);
+    ++n;
+    if (j.contains("validation_loss")) {
+      EXPECT_DOUBLE_EQ(j["validation_loss"].get<double>(), 2.0);
+      continue;
+    }
+    for (const char* key : {"step", "loss", "grad_norm", "lr", "tps", "tflops", "mfu",
+                            "memory_gib", "elapsed_s"}) {
+      EXPECT_TRUE(j.contains(key)) << key;
+    }
+    EXPECT_DOUBLE_EQ(j["loss"].get<double>(), 2.5);
+    const double tps = j["tps"].get<double>();
+    EXPECT_GT(tps, 0);
+    EXPECT_NEAR(j["mfu"].get<double>(), 100.0 * flops_per_token * tps / peak, 1e-9);
+    EXPECT_GT(j["memory_gib"].get<double>(), 0.0);
+  }
+  EXPECT_EQ(n, 4);  // steps 1, 2, 4 and one validation line
+}
+
+TEST(Metrics, GemmProbeIsPositive) {
+  EXPECT_GT(probe_peak_flops(at::kFloat, 0.05), 1e8);
+}
+
+TEST(Metrics, PeakRssIsBelowRam) {
+  EXPECT_GT(peak_rss_bytes(), 0);
+  EXPECT_LT(peak_rss_bytes(), total_ram_bytes());
+}
+
+}  // namespace
+}  // namespace titan
