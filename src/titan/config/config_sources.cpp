@@ -1,0 +1,250 @@
+// Filling a FieldTable from a TOML file (toml++) and from command-line overrides.
+#include "titan/config/config_sources.h"
+
+#include "titan/common/check.h"
+
+#include <toml++/toml.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+namespace titan::detail {
+
+namespace {
+
+constexpr const char* kFromCommandLine = "from the command line";
+
+bool starts_with(const std::string& text, const std::string& prefix) {
+  return text.compare(0, prefix.size(), prefix) == 0;
+}
+
+std::string where_in_file(const std::string& path, const toml::source_region& source) {
+  return path + ":" + std::to_string(source.begin.line) + ":" + std::to_string(source.begin.column);
+}
+
+// "'ten' (a string" / "an array (": how a TOML value is shown after "got" in a type error; the
+// caller closes the parenthesis after adding where it is.
+std::string describe_value(const toml::node& node) {
+  switch (node.type()) {
+    case toml::node_type::string:
+      return "'" + node.as_string()->get() + "' (a string";
+    case toml::node_type::integer:
+      return "'" + std::to_string(node.as_integer()->get()) + "' (an integer";
+    case toml::node_type::floating_point:
+      return "'" + format_number(node.as_floating_point()->get()) + "' (a float";
+    case toml::node_type::boolean:
+      return std::string("'") + (node.as_boolean()->get() ? "true" : "false") + "' (a boolean";
+    case toml::node_type::array:
+      return "an array (";
+    case toml::node_type::table:
+      return "a table (";
+    case toml::node_type::date:
+      return "a date (";
+    case toml::node_type::time:
+      return "a time (";
+    case toml::node_type::date_time:
+      return "a date-time (";
+    default:
+      return "an empty value (";
+  }
+}
+
+[[noreturn]] void throw_toml_type_error(
+    const FieldRef& field,
+    const toml::node& node,
+    const std::string& path) {
+  std::string got = describe_value(node);
+  std::string where = "in TOML file " + where_in_file(path, node.source());
+  bool open_paren_only = got.back() == '(';
+  throw ConfigError(
+      "config key '" + field.name() + "' expects " + expected_phrase(field.type) + ", got " + got +
+      (open_paren_only ? "" : " ") + where + ")");
+}
+
+// A TOML float that is a whole number in int64 range (steps = 1e4 or 10.0).
+bool integral_double(double value, int64_t* out) {
+  if (!std::isfinite(value) || std::floor(value) != value || value < -9.2e18 || value > 9.2e18) {
+    return false;
+  }
+  *out = static_cast<int64_t>(value);
+  return true;
+}
+
+// Stores a TOML value in `field`. Integers are fine for floats, whole floats for integers.
+void set_from_toml(const FieldRef& field, const toml::node& node, const std::string& path) {
+  switch (field.type) {
+    case FieldType::kBool:
+      if (const auto* b = node.as_boolean()) {
+        *static_cast<bool*>(field.value) = b->get();
+        return;
+      }
+      break;
+    case FieldType::kInt:
+      if (const auto* i = node.as_integer()) {
+        *static_cast<int64_t*>(field.value) = i->get();
+        return;
+      }
+      if (const auto* d = node.as_floating_point()) {
+        if (integral_double(d->get(), static_cast<int64_t*>(field.value))) {
+          return;
+        }
+      }
+      break;
+    case FieldType::kDouble:
+      if (const auto* d = node.as_floating_point()) {
+        *static_cast<double*>(field.value) = d->get();
+        return;
+      }
+      if (const auto* i = node.as_integer()) {
+        *static_cast<double*>(field.value) = static_cast<double>(i->get());
+        return;
+      }
+      break;
+    case FieldType::kString:
+      if (const auto* s = node.as_string()) {
+        *static_cast<std::string*>(field.value) = s->get();
+        return;
+      }
+      break;
+    case FieldType::kStringList:
+      if (const auto* array = node.as_array()) {
+        std::vector<std::string> items;
+        for (const toml::node& item : *array) {
+          const auto* s = item.as_string();
+          if (s == nullptr) {
+            throw_toml_type_error(field, item, path);
+          }
+          items.push_back(s->get());
+        }
+        *static_cast<std::vector<std::string>*>(field.value) = std::move(items);
+        return;
+      }
+      break;
+  }
+  throw_toml_type_error(field, node, path);
+}
+
+std::string read_file(const std::string& path) {
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec)) {
+    throw ConfigError(
+        "config file '" + path + "' (job.config_file) does not exist (a relative path is "
+        "taken from the current directory)");
+  }
+  if (std::filesystem::is_directory(path, ec)) {
+    throw ConfigError("config file '" + path + "' (job.config_file) is a directory, not a file");
+  }
+  std::ifstream in(path, std::ios::binary);
+  if (!in.is_open()) {
+    throw ConfigError("cannot open config file '" + path + "' (job.config_file) for reading");
+  }
+  std::ostringstream content;
+  content << in.rdbuf();
+  return content.str();
+}
+
+[[noreturn]] void throw_unexpected_argument(const FieldTable& table, const std::string& arg) {
+  std::string message = "unexpected command-line argument '" + arg +
+      "'; overrides look like --section.key value or --section.key=value";
+  // "--steps 10": a key without its section.
+  if (starts_with(arg, "--")) {
+    std::string key = arg.substr(2, arg.find('=') == std::string::npos ? std::string::npos
+                                                                       : arg.find('=') - 2);
+    std::vector<std::string> names = table.names_with_key(key);
+    if (!names.empty()) {
+      message += "; did you mean '--" + names.front() + "'";
+      for (size_t i = 1; i < names.size(); ++i) {
+        message += " or '--" + names[i] + "'";
+      }
+      message += "?";
+    }
+  }
+  throw ConfigError(message);
+}
+
+}  // namespace
+
+std::vector<Override> parse_overrides(
+    const FieldTable& table,
+    const std::vector<std::string>& args) {
+  std::vector<Override> overrides;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& arg = args[i];
+    if (!starts_with(arg, "--")) {
+      throw_unexpected_argument(table, arg);
+    }
+    std::string name = arg.substr(2);
+    size_t eq = name.find('=');
+    bool has_inline_value = eq != std::string::npos;
+    std::string inline_value = has_inline_value ? name.substr(eq + 1) : "";
+    name = name.substr(0, eq);
+    size_t dot = name.find('.');
+    if (dot == std::string::npos || dot == 0 || dot + 1 == name.size()) {
+      throw_unexpected_argument(table, arg);
+    }
+    const FieldRef& field = table.lookup(
+        name.substr(0, dot), name.substr(dot + 1), std::string(kFromCommandLine) + ": " + arg);
+
+    if (has_inline_value) {
+      overrides.push_back({&field, inline_value});
+    } else if (field.type == FieldType::kBool) {
+      bool explicit_value = i + 1 < args.size() && is_bool_text(args[i + 1]);
+      overrides.push_back({&field, explicit_value ? args[++i] : "true"});
+    } else if (i + 1 < args.size() && !starts_with(args[i + 1], "--")) {
+      overrides.push_back({&field, args[++i]});
+    } else {
+      throw ConfigError(
+          "config key '" + field.name() + "' is given no value on the command line; write --" +
+          field.name() + " " + type_label(field.type) + " (or --" + field.name() +
+          "=VALUE for a value that starts with --)");
+    }
+  }
+  return overrides;
+}
+
+void apply_overrides(const std::vector<Override>& overrides) {
+  for (const Override& o : overrides) {
+    set_from_text(*o.field, o.text, kFromCommandLine);
+  }
+}
+
+void apply_toml_file(const FieldTable& table, const std::string& path) {
+  std::string content = read_file(path);
+  toml::table document;
+  try {
+    document = toml::parse(content, path);
+  } catch (const toml::parse_error& e) {
+    throw ConfigError(
+        "cannot parse TOML config file " + where_in_file(path, e.source()) + ": " +
+        std::string(e.description()));
+  }
+
+  for (auto&& [section_key, section_node] : document) {
+    std::string section(section_key.str());
+    std::string at = "in TOML file " + where_in_file(path, section_key.source());
+    const toml::table* section_table = section_node.as_table();
+    if (section_table == nullptr) {
+      // `steps = 10` before any [section] header.
+      if (table.has_section(section)) {
+        throw ConfigError(
+            "config section '" + section + "' must be a table ([" + section + "]) (" + at + ")");
+      }
+      std::vector<std::string> names = table.names_with_key(section);
+      std::string message = "config key '" + section + "' is outside any [section]";
+      if (!names.empty()) {
+        message += "; did you mean '" + names.front() + "'?";
+      }
+      throw ConfigError(message + " (" + at + ")");
+    }
+    table.require_section(section, at);
+    for (auto&& [key, node] : *section_table) {
+      const FieldRef& field = table.lookup(
+          section, std::string(key.str()), "in TOML file " + where_in_file(path, key.source()));
+      set_from_toml(field, node, path);
+    }
+  }
+}
+
+}  // namespace titan::detail

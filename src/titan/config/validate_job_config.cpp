@@ -1,0 +1,168 @@
+// validate_job_config(): per-key ranges and the cross-field checks (batch sizes against the
+// data-parallel degree, warmup + decay against the step count), each failure a ConfigError that
+// states the rule, the value and, for cross-field checks, the arithmetic.
+#include "titan/common/check.h"
+#include "titan/config/config_manager.h"
+#include "titan/config/field_table.h"
+
+#include <cmath>
+#include <initializer_list>
+
+namespace titan {
+
+namespace {
+
+using detail::format_number;
+
+[[noreturn]] void fail(const std::string& message) {
+  throw ConfigError(message);
+}
+
+void check_at_least(const char* name, int64_t value, int64_t min) {
+  if (value < min) {
+    fail(std::string(name) + " must be >= " + std::to_string(min) + ", got " +
+         std::to_string(value));
+  }
+}
+
+// -1 is a sentinel ("take the rest", "all of it"); anything else must be >= 1.
+void check_minus_one_or_positive(const char* name, int64_t value, const char* meaning) {
+  if (value != -1 && value < 1) {
+    fail(std::string(name) + " must be -1 (" + meaning + ") or >= 1, got " +
+         std::to_string(value));
+  }
+}
+
+// The comparisons are written so that NaN fails them.
+void check_positive(const char* name, double value) {
+  if (!(value > 0)) {
+    fail(std::string(name) + " must be > 0, got " + format_number(value));
+  }
+}
+
+void check_non_negative(const char* name, double value) {
+  if (!(value >= 0)) {
+    fail(std::string(name) + " must be >= 0, got " + format_number(value));
+  }
+}
+
+void check_unit_interval(const char* name, double value, bool include_one) {
+  if (!(value >= 0 && (include_one ? value <= 1 : value < 1))) {
+    fail(std::string(name) + " must be in [0, 1" + (include_one ? "]" : ")") + ", got " +
+         format_number(value));
+  }
+}
+
+void check_one_of(
+    const char* name,
+    const std::string& value,
+    std::initializer_list<const char*> allowed) {
+  std::string listed;
+  for (const char* option : allowed) {
+    if (value == option) {
+      return;
+    }
+    listed += (listed.empty() ? "" : ", ") + std::string(option);
+  }
+  fail(std::string(name) + " must be one of " + listed + "; got '" + value + "'");
+}
+
+void validate_ranges(const JobConfig& c) {
+  check_at_least("metrics.log_freq", c.metrics.log_freq, 1);
+  check_non_negative("metrics.peak_flops", c.metrics.peak_flops);
+
+  check_one_of("optimizer.name", c.optimizer.name, {"AdamW", "Adam"});
+  check_positive("optimizer.lr", c.optimizer.lr);
+  check_unit_interval("optimizer.beta1", c.optimizer.beta1, /*include_one=*/false);
+  check_unit_interval("optimizer.beta2", c.optimizer.beta2, /*include_one=*/false);
+  check_positive("optimizer.eps", c.optimizer.eps);
+  check_non_negative("optimizer.weight_decay", c.optimizer.weight_decay);
+  check_one_of("optimizer.implementation", c.optimizer.implementation,
+               {"fused", "foreach", "for-loop"});
+
+  check_at_least("lr_scheduler.warmup_steps", c.lr_scheduler.warmup_steps, 0);
+  double decay_ratio = c.lr_scheduler.decay_ratio;
+  if (decay_ratio != -1.0 && !(decay_ratio >= 0 && decay_ratio <= 1)) {
+    fail("lr_scheduler.decay_ratio must be -1 (unset: decay right after warmup) or in [0, 1], "
+         "got " + format_number(decay_ratio));
+  }
+  check_one_of("lr_scheduler.decay_type", c.lr_scheduler.decay_type, {"linear", "sqrt", "cosine"});
+  check_unit_interval("lr_scheduler.min_lr_factor", c.lr_scheduler.min_lr_factor,
+                      /*include_one=*/true);
+
+  check_at_least("training.local_batch_size", c.training.local_batch_size, 1);
+  check_at_least("training.seq_len", c.training.seq_len, 1);
+  check_at_least("training.steps", c.training.steps, 1);
+  check_one_of("training.mixed_precision_param", c.training.mixed_precision_param,
+               {"bfloat16", "float32"});
+  check_one_of("training.mixed_precision_reduce", c.training.mixed_precision_reduce, {"float32"});
+  check_at_least("training.num_threads", c.training.num_threads, 0);
+
+  const ParallelismSection& p = c.parallelism;
+  check_at_least("parallelism.data_parallel_replicate_degree", p.data_parallel_replicate_degree, 1);
+  check_minus_one_or_positive("parallelism.data_parallel_shard_degree",
+                              p.data_parallel_shard_degree, "use the remaining ranks");
+  check_at_least("parallelism.tensor_parallel_degree", p.tensor_parallel_degree, 1);
+  check_at_least("parallelism.pipeline_parallel_degree", p.pipeline_parallel_degree, 1);
+  check_at_least("parallelism.context_parallel_degree", p.context_parallel_degree, 1);
+  check_at_least("parallelism.expert_parallel_degree", p.expert_parallel_degree, 1);
+
+  check_at_least("validation.local_batch_size", c.validation.local_batch_size, 1);
+  check_at_least("validation.seq_len", c.validation.seq_len, 1);
+  check_at_least("validation.freq", c.validation.freq, 1);
+  check_minus_one_or_positive("validation.steps", c.validation.steps,
+                              "consume the whole validation set");
+}
+
+// global_batch_size = local_batch_size * dp * gradient accumulation steps. The shard degree -1
+// is only resolved against the world size later, so it counts as 1 here.
+void validate_batch_sizes(const TrainingSection& t, const ParallelismSection& p) {
+  if (t.global_batch_size == -1) {
+    return;
+  }
+  int64_t shard = p.data_parallel_shard_degree == -1 ? 1 : p.data_parallel_shard_degree;
+  int64_t dp = p.data_parallel_replicate_degree * shard;
+  int64_t per_step = t.local_batch_size * dp;
+  std::string product = "local_batch_size(" + std::to_string(t.local_batch_size) + ") * dp(" +
+      std::to_string(dp) + ") = " + std::to_string(per_step);
+  if (t.global_batch_size <= 0) {
+    fail("training.global_batch_size must be -1 (= local_batch_size * dp) or a positive multiple "
+         "of " + product + ", got " + std::to_string(t.global_batch_size));
+  }
+  if (t.global_batch_size % per_step != 0) {
+    int64_t below = (t.global_batch_size / per_step) * per_step;
+    std::string nearby = below > 0 ? std::to_string(below) + " or " : "";
+    fail("training.global_batch_size " + std::to_string(t.global_batch_size) +
+         " must be a multiple of " + product + " (gives " + std::to_string(t.global_batch_size) +
+         " / " + std::to_string(per_step) + " = " +
+         format_number(static_cast<double>(t.global_batch_size) / per_step) +
+         " accumulation steps); use -1 or e.g. " + nearby + std::to_string(below + per_step));
+  }
+}
+
+// With decay_ratio set (warmup-stable-decay) the last round(steps * decay_ratio) steps decay,
+// and they must not overlap the warmup.
+void validate_schedule(const LRSchedulerSection& s, const TrainingSection& t) {
+  if (s.decay_ratio < 0) {
+    return;
+  }
+  int64_t decay_steps = std::llround(static_cast<double>(t.steps) * s.decay_ratio);
+  int64_t total = s.warmup_steps + decay_steps;
+  if (total > t.steps) {
+    fail("lr_scheduler.warmup_steps(" + std::to_string(s.warmup_steps) + ") + decay steps(round(" +
+         "steps(" + std::to_string(t.steps) + ") * decay_ratio(" + format_number(s.decay_ratio) +
+         ")) = " + std::to_string(decay_steps) + ") = " + std::to_string(total) +
+         " > training.steps(" + std::to_string(t.steps) +
+         "); lower lr_scheduler.warmup_steps or lr_scheduler.decay_ratio");
+  }
+}
+
+}  // namespace
+
+void validate_job_config(const JobConfig& config) {
+  validate_ranges(config);
+  validate_batch_sizes(config.training, config.parallelism);
+  validate_schedule(config.lr_scheduler, config.training);
+}
+
+}  // namespace titan

@@ -1,0 +1,34 @@
+# Shared helpers for the end-to-end tests: each test_*.sh gets the titan binary as $1 and runs
+# from the repository root. Outputs go to a fresh temporary folder removed on exit.
+set -euo pipefail
+TITAN="${1:?usage: $0 path/to/titan}"
+WORK="$(mktemp -d)"
+trap 'rm -rf "$WORK"' EXIT
+
+fail() { echo "FAIL: $*" >&2; exit 1; }
+
+# expect_exit CODE CMD...: runs CMD, captures output in $WORK/out, checks the exit code.
+expect_exit() {
+  local want="$1"; shift
+  set +e
+  "$@" >"$WORK/out" 2>&1
+  local got=$?
+  set -e
+  if [ "$got" != "$want" ]; then
+    cat "$WORK/out" >&2
+    fail "expected exit $want, got $got: $*"
+  fi
+}
+
+# expect_output PATTERN: grep -E PATTERN in the last captured output.
+expect_output() {
+  grep -qE -- "$1" "$WORK/out" || { cat "$WORK/out" >&2; fail "output lacks /$1/"; }
+}
+
+# json_field FILE KEY N: value of KEY in the N-th line (1-based; -1 = last) of a JSONL file that
+# has KEY, using only awk.
+json_field() {
+  local file="$1" key="$2" n="$3"
+  grep "\"$key\":" "$file" | { if [ "$n" = "-1" ]; then tail -n 1; else sed -n "${n}p"; fi; } |
+    sed -E "s/.*\"$key\":(-?[0-9.eE+-]+).*/\1/"
+}

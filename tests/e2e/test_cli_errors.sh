@@ -1,0 +1,47 @@
+# Bad configuration gives exit code 2 and a message that names the problem; --help lists every
+# section; inspect prints the 8B parameter count without allocating it.
+source "$(dirname "$0")/lib.sh"
+cfg=configs/llama3/debug_model.toml
+
+expect_exit 2 "$TITAN" train --job.config_file $cfg --training.stesp 5
+expect_output "training.stesp"
+expect_output "training.steps"
+
+expect_exit 2 "$TITAN" train --job.config_file $cfg --trainig.steps 5
+expect_output "did you mean 'training'"
+
+expect_exit 2 "$TITAN" train --job.config_file $cfg --training.steps ten
+expect_output "integer"
+
+expect_exit 2 "$TITAN" train --job.config_file $cfg --training.global_batch_size 12
+expect_output "multiple"
+
+expect_exit 2 "$TITAN" train --job.config_file $cfg --model.flavor debugmodl
+expect_output "debugmodel"
+
+expect_exit 2 "$TITAN" train --job.config_file $cfg --parallelism.tensor_parallel_degree 2
+expect_output "tp\(2\)"
+
+expect_exit 2 "$TITAN" train --job.config_file "$WORK/missing.toml"
+expect_output "missing.toml"
+
+printf '[training]\nsteps = \n' > "$WORK/broken.toml"
+expect_exit 2 "$TITAN" train --job.config_file "$WORK/broken.toml"
+expect_output "broken.toml"
+
+expect_exit 2 "$TITAN" frobnicate
+
+expect_exit 0 "$TITAN" train --help
+for section in job metrics model optimizer lr_scheduler training parallelism validation debug; do
+  expect_output "\[$section\]"
+done
+expect_output "--training.seq_len"
+
+expect_exit 0 "$TITAN" inspect --job.config_file configs/llama3/llama3_8b.toml
+expect_output "8,030,261,248 total"
+expect_output "FLOPs per token"
+expect_output "activations"
+
+expect_exit 0 "$TITAN" inspect --job.config_file configs/llama3/llama3_405b.toml --job.print_config
+expect_output "flavor = \"405B\""
+echo "ok"

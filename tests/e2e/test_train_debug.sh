@@ -1,0 +1,25 @@
+# The real binary trains the default debug config for a few dozen steps and the loss falls;
+# validation runs and lands in metrics.jsonl.
+source "$(dirname "$0")/lib.sh"
+
+expect_exit 0 "$TITAN" train --job.config_file configs/llama3/debug_model.toml \
+  --job.dump_folder "$WORK/run" --training.steps 40 --training.seq_len 128 \
+  --lr_scheduler.warmup_steps 5 --metrics.log_freq 5 --validation.freq 40 --validation.steps 4 \
+  --metrics.disable_color_printing
+expect_output "model parameters: "
+expect_output "peak FLOP/s for MFU: .* measured"
+expect_output "step: 40 .*loss: .*grad_norm: .*lr: .*memory: .*GiB.*tps: .*tflops: .*mfu: .*%"
+expect_output "validation_loss: "
+metrics="$WORK/run/metrics.jsonl"
+[ -f "$metrics" ] || fail "no metrics.jsonl"
+first=$(json_field "$metrics" loss 1)
+last=$(json_field "$metrics" loss -1)
+vloss=$(json_field "$metrics" validation_loss -1)
+echo "loss: first $first last $last; validation $vloss"
+awk -v a="$first" -v b="$last" 'BEGIN { exit !(b < a - 1.0) }' ||
+  fail "loss did not fall by > 1.0 nat: $first -> $last"
+awk -v v="$vloss" 'BEGIN { exit !(v > 0 && v < 4.0) }' || fail "validation loss $vloss out of range"
+for key in step loss grad_norm lr tps tflops mfu memory_gib elapsed_s; do
+  grep -q "\"$key\":" "$metrics" || fail "metrics.jsonl lacks $key"
+done
+echo "ok"
