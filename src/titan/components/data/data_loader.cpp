@@ -1,0 +1,162 @@
+// Packs tokenized documents into (batch, seq_len) input/label batches; see data_loader.h.
+#include "titan/components/data/data_loader.h"
+
+#include "titan/common/check.h"
+#include "titan/common/logging.h"
+
+#include <algorithm>
+
+namespace titan {
+
+DataLoader::DataLoader(
+    std::shared_ptr<const std::vector<Document>> docs,
+    const Tokenizer& tokenizer,
+    int64_t seq_len,
+    int64_t batch_size,
+    int64_t dp_rank,
+    int64_t dp_world,
+    bool infinite)
+    : docs_(std::move(docs)),
+      tokenizer_(tokenizer),
+      seq_len_(seq_len),
+      batch_size_(batch_size),
+      dp_rank_(dp_rank),
+      dp_world_(dp_world),
+      infinite_(infinite) {
+  TITAN_CHECK(docs_ != nullptr, "DataLoader: documents must not be null");
+  TITAN_CHECK(seq_len_ >= 1, "DataLoader: seq_len must be >= 1, got ", seq_len_);
+  TITAN_CHECK(batch_size_ >= 1, "DataLoader: batch_size must be >= 1, got ", batch_size_);
+  TITAN_CHECK(dp_world_ >= 1 && dp_rank_ >= 0 && dp_rank_ < dp_world_,
+              "DataLoader: need 0 <= dp_rank < dp_world, got dp_rank ", dp_rank_,
+              " and dp_world ", dp_world_);
+  const auto num_docs = static_cast<int64_t>(docs_->size());
+  num_local_docs_ = num_docs > dp_rank_ ? (num_docs - dp_rank_ + dp_world_ - 1) / dp_world_ : 0;
+  if (infinite_ && num_local_docs_ == 0) {
+    throw DataError("DataLoader: the dataset has " + std::to_string(num_docs) +
+                    " documents, so dp rank " + std::to_string(dp_rank_) + " of " +
+                    std::to_string(dp_world_) +
+                    " gets none. HINT: use a larger dataset or fewer data-parallel ranks");
+  }
+}
+
+DataLoader::DataLoader(
+    std::vector<Document> docs,
+    const Tokenizer& tokenizer,
+    int64_t seq_len,
+    int64_t batch_size,
+    int64_t dp_rank,
+    int64_t dp_world,
+    bool infinite)
+    : DataLoader(
+          std::make_shared<const std::vector<Document>>(std::move(docs)),
+          tokenizer,
+          seq_len,
+          batch_size,
+          dp_rank,
+          dp_world,
+          infinite) {}
+
+std::optional<Batch> DataLoader::next() {
+  const int64_t window = seq_len_ + 1;
+  at::Tensor windows = at::empty({batch_size_, window}, at::kLong);  // (batch_size, seq_len + 1)
+  int64_t* data = windows.data_ptr<int64_t>();
+  for (int64_t b = 0; b < batch_size_; ++b) {
+    if (!fill_window(data + b * window)) {
+      return std::nullopt;  // drop_last: a partial batch is never returned
+    }
+  }
+  Batch batch;
+  batch.inputs = windows.slice(/*dim=*/1, /*start=*/0, /*end=*/seq_len_).contiguous();
+  batch.labels = windows.slice(/*dim=*/1, /*start=*/1, /*end=*/window).contiguous();
+  return batch;
+}
+
+bool DataLoader::fill_window(int64_t* out) {
+  const auto window = static_cast<size_t>(seq_len_ + 1);
+  while (buffer_.size() < window) {
+    if (!doc_loaded_) {
+      if (doc_index_ == num_local_docs_) {
+        if (!infinite_) {
+          return false;
+        }
+        ++epoch_;
+        doc_index_ = 0;
+        log_warning("DataLoader (dp rank ", dp_rank_, "/", dp_world_, "): dataset is being ",
+                    "re-looped after ", num_local_docs_, " documents; starting epoch ", epoch_);
+      }
+      load_current_document();
+    }
+    const size_t take = std::min(
+        window - buffer_.size(), doc_tokens_.size() - static_cast<size_t>(token_offset_));
+    const auto first = doc_tokens_.begin() + token_offset_;
+    buffer_.insert(buffer_.end(), first, first + static_cast<std::ptrdiff_t>(take));
+    token_offset_ += static_cast<int64_t>(take);
+    if (token_offset_ == static_cast<int64_t>(doc_tokens_.size())) {
+      ++doc_index_;
+      token_offset_ = 0;
+      doc_loaded_ = false;
+      doc_tokens_.clear();
+    }
+  }
+  std::copy(buffer_.begin(), buffer_.end(), out);
+  buffer_.clear();
+  return true;
+}
+
+void DataLoader::load_current_document() {
+  const Document& doc = (*docs_)[dp_rank_ + doc_index_ * dp_world_];
+  std::vector<int64_t> ids = tokenizer_.encode(doc.text);
+  doc_tokens_.clear();
+  doc_tokens_.reserve(ids.size() + 2);
+  doc_tokens_.push_back(tokenizer_.bos_id());
+  doc_tokens_.insert(doc_tokens_.end(), ids.begin(), ids.end());
+  doc_tokens_.push_back(tokenizer_.eos_id());
+  if (token_offset_ > static_cast<int64_t>(doc_tokens_.size())) {
+    throw DataError("DataLoader: saved state points at token " + std::to_string(token_offset_) +
+                    " of document '" + doc.name + "', which has only " +
+                    std::to_string(doc_tokens_.size()) +
+                    " tokens. HINT: the dataset, tokenizer or dp layout changed since the "
+                    "checkpoint was written");
+  }
+  doc_loaded_ = true;
+}
+
+DataLoaderState DataLoader::state() const {
+  return DataLoaderState{epoch_, doc_index_, token_offset_, buffer_};
+}
+
+void DataLoader::load_state(const DataLoaderState& state) {
+  const auto fail = [&](const std::string& what) {
+    throw DataError("DataLoader::load_state: " + what +
+                    ". HINT: the checkpoint was written with another dataset, seq_len or dp "
+                    "layout; resume with the same settings");
+  };
+  if (state.epoch < 0 || state.token_offset < 0) {
+    fail("negative epoch or token offset");
+  }
+  if (state.doc_index < 0 || state.doc_index > num_local_docs_ ||
+      (state.doc_index == num_local_docs_ && state.token_offset != 0)) {
+    fail("document index " + std::to_string(state.doc_index) + " (offset " +
+         std::to_string(state.token_offset) + ") does not fit this rank's " +
+         std::to_string(num_local_docs_) + " documents");
+  }
+  if (static_cast<int64_t>(state.buffer.size()) > seq_len_) {
+    fail("buffer holds " + std::to_string(state.buffer.size()) +
+         " tokens, more than a partial window of seq_len + 1 = " + std::to_string(seq_len_ + 1));
+  }
+  const int64_t vocab = tokenizer_.vocab_size();
+  for (int64_t id : state.buffer) {
+    if (id < 0 || id >= vocab) {
+      fail("buffer holds token id " + std::to_string(id) + " outside the vocabulary [0, " +
+           std::to_string(vocab) + ")");
+    }
+  }
+  epoch_ = state.epoch;
+  doc_index_ = state.doc_index;
+  token_offset_ = state.token_offset;
+  buffer_ = state.buffer;
+  doc_tokens_.clear();
+  doc_loaded_ = false;
+}
+
+}  // namespace titan

@@ -1,0 +1,106 @@
+// Packed causal-LM batches with TorchTitan's semantics (HuggingFaceDataset): every document
+// becomes BOS + tokens + EOS, the documents are concatenated into one stream, and the stream is
+// cut into consecutive, non-overlapping windows of seq_len + 1 tokens; a window gives
+// inputs = window[:-1] and labels = window[1:]. Windows span document boundaries; no padding.
+//
+// Data parallelism follows split_dataset_by_node: dp rank r reads documents i with
+// i % dp_world == r. Documents are tokenized one at a time as the stream reaches them, so memory
+// is the documents plus one document's tokens plus one batch.
+#pragma once
+
+#include "titan/components/data/dataset.h"
+#include "titan/components/tokenizer/tokenizer.h"
+
+#include <ATen/ATen.h>
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <vector>
+
+namespace titan {
+
+struct Batch {
+  at::Tensor inputs;  // (batch_size, seq_len) int64
+  at::Tensor labels;  // (batch_size, seq_len) int64, inputs shifted left by one token
+};
+
+// Where a DataLoader stands in its stream, for checkpoints. Positions are local to the dp rank.
+struct DataLoaderState {
+  int64_t epoch = 0;         // completed passes over this rank's documents
+  int64_t doc_index = 0;     // this rank's document being consumed (index into its shard)
+  int64_t token_offset = 0;  // tokens of that document (counting its BOS) already consumed
+  std::vector<int64_t> buffer;  // tokens of the window being filled (< seq_len + 1)
+
+  bool operator==(const DataLoaderState& other) const {
+    return epoch == other.epoch && doc_index == other.doc_index &&
+        token_offset == other.token_offset && buffer == other.buffer;
+  }
+};
+
+class DataLoader {
+ public:
+  // `tokenizer` must outlive the loader. `infinite` (training) re-loops over the documents,
+  // logging a warning each time; otherwise (validation) next() returns nullopt once fewer than
+  // batch_size full windows remain, dropping the remainder.
+  DataLoader(
+      std::shared_ptr<const std::vector<Document>> docs,
+      const Tokenizer& tokenizer,
+      int64_t seq_len,
+      int64_t batch_size,
+      int64_t dp_rank = 0,
+      int64_t dp_world = 1,
+      bool infinite = true);
+  DataLoader(
+      std::vector<Document> docs,
+      const Tokenizer& tokenizer,
+      int64_t seq_len,
+      int64_t batch_size,
+      int64_t dp_rank = 0,
+      int64_t dp_world = 1,
+      bool infinite = true);
+
+  // The next batch, or nullopt when a finite loader is exhausted (and on every later call).
+  std::optional<Batch> next();
+
+  DataLoaderState state() const;
+  // Resumes from state(); the next batches equal those the saved loader would have produced,
+  // given the same documents, tokenizer, seq_len and dp layout. Throws DataError if the state
+  // does not fit them.
+  void load_state(const DataLoaderState& state);
+
+  // Documents read by this dp rank.
+  int64_t num_local_documents() const {
+    return num_local_docs_;
+  }
+  int64_t seq_len() const {
+    return seq_len_;
+  }
+  int64_t batch_size() const {
+    return batch_size_;
+  }
+
+ private:
+  // Fills `out` with the next seq_len + 1 tokens; false if a finite stream ran out.
+  bool fill_window(int64_t* out);
+  // Makes doc_tokens_ hold BOS + tokens + EOS of local document doc_index_.
+  void load_current_document();
+
+  std::shared_ptr<const std::vector<Document>> docs_;
+  const Tokenizer& tokenizer_;
+  int64_t seq_len_;
+  int64_t batch_size_;
+  int64_t dp_rank_;
+  int64_t dp_world_;
+  bool infinite_;
+  int64_t num_local_docs_;
+
+  int64_t epoch_ = 0;
+  int64_t doc_index_ = 0;
+  int64_t token_offset_ = 0;
+  std::vector<int64_t> buffer_;
+  std::vector<int64_t> doc_tokens_;  // valid when doc_loaded_
+  bool doc_loaded_ = false;
+};
+
+}  // namespace titan

@@ -1,0 +1,130 @@
+// The dataset registry, seeded with the built-in corpora.
+#include "titan/components/data/dataset.h"
+
+#include "titan/common/check.h"
+#include "titan/components/data/sotu.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <map>
+#include <mutex>
+
+namespace titan {
+
+namespace {
+
+struct Registry {
+  std::mutex mutex;
+  std::map<std::string, DatasetSpec> specs;
+};
+
+// Built-ins are added here rather than by static initializers, which a static library drops.
+Registry& registry() {
+  static Registry* r = [] {
+    auto* reg = new Registry;
+    for (DatasetSpec& spec : sotu_dataset_specs()) {
+      reg->specs.emplace(spec.name, std::move(spec));
+    }
+    return reg;
+  }();
+  return *r;
+}
+
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) {
+    prev[j] = j;
+  }
+  for (size_t i = 1; i <= a.size(); ++i) {
+    cur[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t substitute = prev[j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1);
+      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, substitute});
+    }
+    std::swap(prev, cur);
+  }
+  return prev[b.size()];
+}
+
+DatasetSpec find_spec(const std::string& name) {
+  Registry& reg = registry();
+  std::lock_guard<std::mutex> lock(reg.mutex);
+  auto it = reg.specs.find(name);
+  if (it != reg.specs.end()) {
+    return it->second;
+  }
+  // Closest known name: one the input is a prefix of ("sotu_val"), else the smallest edit
+  // distance if it is small enough to be a typo.
+  std::string known;
+  std::string closest;
+  size_t best = SIZE_MAX;
+  for (const auto& entry : reg.specs) {
+    const std::string& candidate = entry.first;
+    known += (known.empty() ? "" : ", ") + candidate;
+    const bool is_prefix = !name.empty() && candidate.compare(0, name.size(), name) == 0;
+    const size_t d = is_prefix ? 0 : edit_distance(name, candidate);
+    if (d < best && (is_prefix || d <= std::max<size_t>(2, candidate.size() / 3))) {
+      best = d;
+      closest = candidate;
+    }
+  }
+  std::string msg = "unknown dataset '" + name + "'";
+  if (!closest.empty()) {
+    msg += "; did you mean '" + closest + "'?";
+  }
+  throw ConfigError(msg + " Known datasets: " + known + ".");
+}
+
+}  // namespace
+
+void register_dataset(DatasetSpec spec) {
+  TITAN_CHECK(!spec.name.empty() && spec.load,
+              "register_dataset: a dataset needs a name and a load function");
+  Registry& reg = registry();
+  std::lock_guard<std::mutex> lock(reg.mutex);
+  const std::string name = spec.name;
+  if (!reg.specs.emplace(name, std::move(spec)).second) {
+    throw ConfigError("register_dataset: dataset '" + name + "' is already registered");
+  }
+}
+
+std::vector<std::string> dataset_names() {
+  Registry& reg = registry();
+  std::lock_guard<std::mutex> lock(reg.mutex);
+  std::vector<std::string> names;
+  for (const auto& entry : reg.specs) {
+    names.push_back(entry.first);
+  }
+  return names;
+}
+
+std::string titan_cache_dir() {
+  // Same rule as the scripts' ${TITAN_CACHE:-$HOME/.cache/titan}: empty counts as unset.
+  const char* cache = std::getenv("TITAN_CACHE");
+  if (cache != nullptr && *cache != '\0') {
+    return cache;
+  }
+  const char* home = std::getenv("HOME");
+  if (home == nullptr || *home == '\0') {
+    throw ConfigError(
+        "cannot locate the titan cache: neither TITAN_CACHE nor HOME is set. HINT: set "
+        "TITAN_CACHE, or give training.dataset_path explicitly");
+  }
+  return std::string(home) + "/.cache/titan";
+}
+
+std::string default_dataset_path(const std::string& name) {
+  const DatasetSpec spec = find_spec(name);
+  if (spec.cache_subdir.empty()) {
+    throw ConfigError("dataset '" + name + "' has no default location; set its dataset_path");
+  }
+  return titan_cache_dir() + "/datasets/" + spec.cache_subdir;
+}
+
+std::vector<Document> load_dataset(const std::string& name, const std::string& path) {
+  const DatasetSpec spec = find_spec(name);
+  const std::string where = path.empty() ? default_dataset_path(name) : path;
+  return spec.load(where);
+}
+
+}  // namespace titan

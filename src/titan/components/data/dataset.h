@@ -1,0 +1,46 @@
+// Dataset registry: a dataset is a name plus a function that reads its documents from a path.
+// Callers only use load_dataset(name, path); a new source (user text files, jsonl, ...) is added
+// with register_dataset() or to the built-in list in dataset.cpp without touching them.
+#pragma once
+
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace titan {
+
+// One unit of text; the data loader wraps each in BOS ... EOS.
+struct Document {
+  std::string name;  // where it came from, e.g. the file name
+  std::string text;
+};
+
+struct DatasetSpec {
+  std::string name;
+  // One line for error messages and listings.
+  std::string description;
+  // Default location when the config leaves dataset_path empty: cache_dir()/datasets/<this>.
+  // Several datasets may share one folder (splits of one corpus).
+  std::string cache_subdir;
+  // Reads the documents, in a fixed order, from a folder or file. Throws DataError.
+  std::function<std::vector<Document>(const std::string& path)> load;
+};
+
+// Adds a dataset; throws ConfigError if the name is already taken.
+void register_dataset(DatasetSpec spec);
+
+// Names of all registered datasets, sorted.
+std::vector<std::string> dataset_names();
+
+// ${TITAN_CACHE:-$HOME/.cache/titan}, the folder scripts/setup.sh fills.
+std::string titan_cache_dir();
+
+// Where `name` lives when no path is configured: titan_cache_dir()/datasets/<cache_subdir>.
+// Throws ConfigError for an unknown name.
+std::string default_dataset_path(const std::string& name);
+
+// The documents of dataset `name` read from `path` (empty: default_dataset_path(name)).
+// Unknown name -> ConfigError naming the closest known one; missing or corrupt data -> DataError.
+std::vector<Document> load_dataset(const std::string& name, const std::string& path);
+
+}  // namespace titan
