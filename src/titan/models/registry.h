@@ -33,6 +33,9 @@ const ModelSpec& get_model_spec(const std::string& name);
 
 // Throws ConfigError naming the nearest flavor of `spec` if `flavor` is unknown.
 void check_flavor(const ModelSpec& spec, const std::string& flavor);
+// The same check against a plain list, for code that has the flavors but not the spec.
+void check_flavor(const std::string& model, const std::vector<std::string>& flavors,
+                  const std::string& flavor);
 
 std::vector<std::string> registered_models();
 

@@ -1,0 +1,45 @@
+// Causal self-attention with grouped-query attention (GQA): n_kv_heads key/value heads, each
+// shared by n_heads / n_kv_heads consecutive query heads. Head counts are read from tensor
+// shapes, so a tensor-parallel plan can shard heads (wq/wk/wv by rows, wo by columns) without
+// this code knowing.
+#pragma once
+
+#include "titan/models/common/linear.h"
+#include "titan/models/common/rope.h"
+
+#include <ATen/ATen.h>
+#include <torch/nn/module.h>
+
+#include <cstdint>
+#include <memory>
+
+namespace titan {
+
+// softmax(q k^T / sqrt(head_dim) + causal mask) v, with the softmax in float32 (or wider).
+// q (bs, seqlen, n_heads, head_dim), k and v (bs, seqlen, n_kv_heads, head_dim), n_kv_heads
+// dividing n_heads; query head h reads kv head h / (n_heads / n_kv_heads).
+// Returns (bs, seqlen, n_heads, head_dim), contiguous, in v's dtype.
+at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v);
+
+// Entries of the probability matrix that causal_attention keeps for backward per (sequence,
+// query head) at `seqlen`, for activation-memory estimates: about seqlen^2 / 2 (the causal
+// triangle at chunk granularity) on libtorch 1.13, 0 with the fused kernel of libtorch >= 2.0
+// (which keeps O(seqlen) statistics). The entries are float32, or the 16-bit compute dtype.
+int64_t causal_attention_saved_probs(int64_t seqlen);
+
+// Multi-head causal self-attention with RoPE on q and k. Parameters: wq (n_heads * head_dim, dim),
+// wk and wv (n_kv_heads * head_dim, dim), wo (dim, n_heads * head_dim).
+class Attention : public torch::nn::Module {
+ public:
+  Attention(int64_t dim, int64_t n_heads, int64_t n_kv_heads, int64_t head_dim,
+            at::ScalarType compute_dtype = at::kFloat);
+
+  // x (bs, seqlen, dim) -> (bs, seqlen, dim) in the compute dtype.
+  at::Tensor forward(const at::Tensor& x, const RotaryEmbedding& rope);
+
+  std::shared_ptr<Linear> wq, wk, wv, wo;
+  int64_t head_dim;
+  at::ScalarType compute_dtype;
+};
+
+}  // namespace titan

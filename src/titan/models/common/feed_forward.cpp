@@ -1,0 +1,19 @@
+// SwiGLU feed-forward (see feed_forward.h).
+#include "titan/models/common/feed_forward.h"
+
+namespace titan {
+
+FeedForward::FeedForward(int64_t dim, int64_t hidden_dim, at::ScalarType compute_dtype)
+    : compute_dtype(compute_dtype) {
+  w1 = register_module("w1", std::make_shared<Linear>(dim, hidden_dim, compute_dtype));
+  w2 = register_module("w2", std::make_shared<Linear>(hidden_dim, dim, compute_dtype));
+  w3 = register_module("w3", std::make_shared<Linear>(dim, hidden_dim, compute_dtype));
+}
+
+at::Tensor FeedForward::forward(const at::Tensor& x) {
+  const at::Tensor xc = to_compute(x, compute_dtype);  // one cast for both w1 and w3
+  return w2->forward(at::silu(w1->forward(xc)) *
+                     w3->forward(xc));  // hidden: (bs, seqlen, hidden_dim)
+}
+
+}  // namespace titan

@@ -1,0 +1,27 @@
+// SwiGLU feed-forward block: w2(silu(w1 x) * w3 x).
+#pragma once
+
+#include "titan/models/common/linear.h"
+
+#include <ATen/ATen.h>
+#include <torch/nn/module.h>
+
+#include <cstdint>
+#include <memory>
+
+namespace titan {
+
+// Parameters: w1 and w3 (hidden_dim, dim), w2 (dim, hidden_dim). A tensor-parallel plan shards
+// w1/w3 by rows and w2 by columns; nothing here depends on hidden_dim.
+class FeedForward : public torch::nn::Module {
+ public:
+  FeedForward(int64_t dim, int64_t hidden_dim, at::ScalarType compute_dtype = at::kFloat);
+
+  // x (bs, seqlen, dim) -> (bs, seqlen, dim) in the compute dtype.
+  at::Tensor forward(const at::Tensor& x);
+
+  std::shared_ptr<Linear> w1, w2, w3;
+  at::ScalarType compute_dtype;
+};
+
+}  // namespace titan

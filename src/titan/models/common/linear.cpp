@@ -1,0 +1,25 @@
+// Mixed-precision dense layers (see linear.h).
+#include "titan/models/common/linear.h"
+
+namespace titan {
+
+at::Tensor mixed_linear(const at::Tensor& x, const at::Tensor& weight,
+                        at::ScalarType compute_dtype) {
+  return at::linear(to_compute(x, compute_dtype), to_compute(weight, compute_dtype));
+}
+
+Linear::Linear(int64_t in_features, int64_t out_features, at::ScalarType compute_dtype)
+    : compute_dtype(compute_dtype) {
+  // Values are set by the owning model's init_weights(); empty keeps construction cheap.
+  weight = register_parameter("weight", at::empty({out_features, in_features}));
+}
+
+at::Tensor Linear::forward(const at::Tensor& x) { return mixed_linear(x, weight, compute_dtype); }
+
+Embedding::Embedding(int64_t num_embeddings, int64_t dim) {
+  weight = register_parameter("weight", at::empty({num_embeddings, dim}));
+}
+
+at::Tensor Embedding::forward(const at::Tensor& tokens) { return at::embedding(weight, tokens); }
+
+}  // namespace titan

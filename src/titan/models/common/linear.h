@@ -1,0 +1,59 @@
+// Dense layers with float32 master parameters whose matmuls may run in a lower precision.
+// Under mixed precision the weight is cast to the compute dtype inside the forward, so autograd
+// carries the gradient back to the float32 master. Layers read sizes from their weight tensors,
+// never from cached constructor arguments, so a parallelism plan can shard them in place.
+#pragma once
+
+#include <ATen/ATen.h>
+#include <torch/nn/module.h>
+
+#include <cstdint>
+
+namespace titan {
+
+// True for the 16-bit float types used as a compute dtype (bf16, fp16).
+inline bool is_reduced_float(at::ScalarType dtype) {
+  return dtype == at::kBFloat16 || dtype == at::kHalf;
+}
+
+// The dtype for numerically sensitive math (norms, softmax, RoPE) on an input of `dtype`:
+// float32 for 16-bit inputs, otherwise the input's own dtype (float32, or float64 in tests).
+inline at::ScalarType upcast_dtype(at::ScalarType dtype) {
+  return is_reduced_float(dtype) ? at::kFloat : dtype;
+}
+
+// `x` in `compute_dtype` when that is a 16-bit type; otherwise `x` unchanged (full precision runs
+// in the parameters' own dtype).
+inline at::Tensor to_compute(const at::Tensor& x, at::ScalarType compute_dtype) {
+  return is_reduced_float(compute_dtype) ? x.to(compute_dtype) : x;
+}
+
+// x @ weight^T with both operands in `compute_dtype` (see to_compute); the result stays in the
+// compute dtype. x (..., in), weight (out, in) -> (..., out).
+at::Tensor mixed_linear(const at::Tensor& x, const at::Tensor& weight,
+                        at::ScalarType compute_dtype);
+
+// A bias-free linear layer. Parameter: weight (out_features, in_features).
+class Linear : public torch::nn::Module {
+ public:
+  Linear(int64_t in_features, int64_t out_features, at::ScalarType compute_dtype = at::kFloat);
+
+  // x (..., in_features) -> (..., out_features) in the compute dtype.
+  at::Tensor forward(const at::Tensor& x);
+
+  at::Tensor weight;
+  at::ScalarType compute_dtype;
+};
+
+// A token embedding table. Parameter: weight (num_embeddings, dim).
+class Embedding : public torch::nn::Module {
+ public:
+  Embedding(int64_t num_embeddings, int64_t dim);
+
+  // tokens (...) int64 -> (..., dim) in the parameter dtype.
+  at::Tensor forward(const at::Tensor& tokens);
+
+  at::Tensor weight;
+};
+
+}  // namespace titan

@@ -1,0 +1,26 @@
+// Normalization layers.
+#pragma once
+
+#include <ATen/ATen.h>
+#include <torch/nn/module.h>
+
+#include <cstdint>
+
+namespace titan {
+
+// Root-mean-square norm: y = x * rsqrt(mean(x^2, -1) + eps) * weight, computed in float32 (or
+// the input's dtype if wider) and returned in the input's dtype. Parameter: weight (dim).
+class RMSNorm : public torch::nn::Module {
+ public:
+  explicit RMSNorm(int64_t dim, double eps = 1e-5);
+
+  // x (..., dim) -> (..., dim), same dtype as x.
+  at::Tensor forward(const at::Tensor& x);
+  // weight <- ones.
+  void reset_parameters();
+
+  at::Tensor weight;
+  double eps;
+};
+
+}  // namespace titan

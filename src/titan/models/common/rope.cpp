@@ -1,0 +1,71 @@
+// RoPE tables and rotation (see rope.h).
+#include "titan/models/common/rope.h"
+
+#include "titan/common/check.h"
+#include "titan/models/common/linear.h"
+
+#include <cmath>
+
+namespace titan {
+
+at::Tensor rope_frequencies(int64_t head_dim, double theta, const RopeScaling* scaling) {
+  TITAN_CHECK(head_dim > 0 && head_dim % 2 == 0, "RoPE needs an even head_dim, got ", head_dim);
+  const at::Tensor exponent =
+      at::arange(0, head_dim, 2, at::kFloat) / static_cast<double>(head_dim);
+  // `scalar / tensor` in Python is reciprocal(tensor) * scalar; written the same way here so the
+  // float32 tables match TorchTitan's bit for bit.
+  at::Tensor freqs = at::pow(theta, exponent).reciprocal();  // (head_dim / 2)
+  if (scaling == nullptr) {
+    return freqs;
+  }
+  const double orig = static_cast<double>(scaling->original_max_position_embeddings);
+  const double low = scaling->low_freq_factor;
+  const double high = scaling->high_freq_factor;
+  const double factor = scaling->scaling_factor;
+  const at::Tensor wavelen = freqs.reciprocal() * (2 * M_PI);
+  const double high_freq_wavelen = orig / high;
+  const double low_freq_wavelen = orig / low;
+  // Long wavelengths (low frequencies) are slowed down by the scaling factor.
+  freqs = at::where(wavelen > low_freq_wavelen, freqs / factor, freqs);
+  // The band between the two wavelengths blends the slowed and the original frequency.
+  const at::Tensor smooth = (wavelen.reciprocal() * orig - low) / (high - low);
+  const at::Tensor smoothed = (1 - smooth) * freqs / factor + smooth * freqs;
+  const at::Tensor is_medium =
+      (wavelen >= high_freq_wavelen).logical_and(wavelen <= low_freq_wavelen);
+  return at::where(is_medium, smoothed, freqs);
+}
+
+at::Tensor apply_rotary_emb(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  const int64_t bs = x.size(0);
+  const int64_t seqlen = x.size(1);
+  const int64_t n_heads = x.size(2);
+  const int64_t half = x.size(3) / 2;
+  TITAN_CHECK(seqlen <= cos.size(0), "sequence length ", seqlen, " exceeds the RoPE table (",
+              cos.size(0), " positions). HINT: build the model with max_seq_len >= seq_len");
+  TITAN_CHECK(half == cos.size(1), "RoPE table is for head_dim ", 2 * cos.size(1),
+              ", input has head_dim ", x.size(3));
+  const at::Tensor c = cos.narrow(0, 0, seqlen).unsqueeze(1);  // (seqlen, 1, head_dim / 2)
+  const at::Tensor s = sin.narrow(0, 0, seqlen).unsqueeze(1);
+  const at::Tensor pairs =
+      x.to(upcast_dtype(x.scalar_type())).reshape({bs, seqlen, n_heads, half, 2});
+  const at::Tensor x0 = pairs.select(-1, 0);  // (bs, seqlen, n_heads, head_dim / 2)
+  const at::Tensor x1 = pairs.select(-1, 1);
+  // (x0 + i x1) * (c + i s): the complex rotation of each pair.
+  const at::Tensor out = at::stack({x0 * c - x1 * s, x0 * s + x1 * c}, -1);
+  return out.view({bs, seqlen, n_heads, 2 * half}).to(x.scalar_type());
+}
+
+RotaryEmbedding::RotaryEmbedding(int64_t head_dim, int64_t max_seq_len, double theta,
+                                 const RopeScaling* scaling) {
+  const at::Tensor freqs = rope_frequencies(head_dim, theta, scaling);
+  // float32 angles, like TorchTitan's torch.outer(t, freqs).
+  const at::Tensor angles = at::outer(at::arange(max_seq_len, at::kFloat), freqs);
+  cos = register_buffer("cos", angles.cos());
+  sin = register_buffer("sin", angles.sin());
+}
+
+at::Tensor RotaryEmbedding::forward(const at::Tensor& x) const {
+  return apply_rotary_emb(x, cos, sin);
+}
+
+}  // namespace titan

@@ -1,0 +1,46 @@
+// Rotary position embeddings (RoPE) with Llama 3.1 frequency scaling, applied to interleaved
+// pairs (x[..., 2i], x[..., 2i+1]) as a rotation by angle pos * freq_i. The rotation is done with
+// real cos/sin tables rather than complex tensors, so it runs on any backend and dtype.
+#pragma once
+
+#include <ATen/ATen.h>
+#include <torch/nn/module.h>
+
+#include <cstdint>
+
+namespace titan {
+
+// Llama 3.1 frequency scaling: wavelengths longer than original_max_position_embeddings /
+// low_freq_factor are slowed by scaling_factor, those shorter than
+// original_max_position_embeddings / high_freq_factor are kept, and the band in between is
+// interpolated linearly (in 1/wavelength) between the two.
+struct RopeScaling {
+  double scaling_factor = 8.0;
+  double low_freq_factor = 1.0;
+  double high_freq_factor = 4.0;
+  int64_t original_max_position_embeddings = 8192;
+};
+
+// The head_dim / 2 rotation frequencies theta^(-2i / head_dim), float32, scaled as above when
+// `scaling` is non-null. Mirrors TorchTitan's precompute_freqs_cis (float32 arithmetic).
+at::Tensor rope_frequencies(int64_t head_dim, double theta, const RopeScaling* scaling);
+
+// Rotates x by the tables: x (bs, seqlen, n_heads, head_dim), cos/sin (>= seqlen, head_dim / 2)
+// -> (bs, seqlen, n_heads, head_dim) in x's dtype; the math runs in float32 (or wider).
+at::Tensor apply_rotary_emb(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
+
+// Holds the cos/sin tables for positions [0, max_seq_len) as buffers `cos` and `sin`
+// (max_seq_len, head_dim / 2), so they follow the module across devices. They are derived
+// values, rebuilt at construction; checkpoints need not store them.
+class RotaryEmbedding : public torch::nn::Module {
+ public:
+  RotaryEmbedding(int64_t head_dim, int64_t max_seq_len, double theta, const RopeScaling* scaling);
+
+  // x (bs, seqlen, n_heads, head_dim) with seqlen <= max_seq_len.
+  at::Tensor forward(const at::Tensor& x) const;
+
+  at::Tensor cos;
+  at::Tensor sin;
+};
+
+}  // namespace titan

@@ -1,0 +1,167 @@
+// Llama 3 flavors and analytic sizes (see args.h).
+#include "titan/models/llama3/args.h"
+
+#include "titan/common/check.h"
+#include "titan/models/common/attention.h"
+#include "titan/models/common/linear.h"
+#include "titan/models/registry.h"
+
+#include <sstream>
+
+namespace titan::llama3 {
+namespace {
+
+Llama3Args make_args(int64_t dim, int64_t n_layers, int64_t n_heads, int64_t n_kv_heads,
+                     int64_t vocab_size, int64_t multiple_of, double ffn_dim_multiplier,
+                     bool tie_embeddings) {
+  Llama3Args args;
+  args.dim = dim;
+  args.n_layers = n_layers;
+  args.n_heads = n_heads;
+  args.n_kv_heads = n_kv_heads;
+  args.vocab_size = vocab_size;
+  args.multiple_of = multiple_of;
+  args.ffn_dim_multiplier = ffn_dim_multiplier;
+  args.rope_theta = 500000.0;
+  args.tie_embeddings = tie_embeddings;
+  return args;
+}
+
+int64_t dtype_bytes(at::ScalarType dtype) { return static_cast<int64_t>(c10::elementSize(dtype)); }
+
+std::vector<std::string> flavor_names() {
+  std::vector<std::string> names;
+  for (const auto& [name, args] : flavors()) {
+    names.push_back(name);
+  }
+  return names;
+}
+
+}  // namespace
+
+int64_t Llama3Args::ffn_hidden_dim() const {
+  int64_t hidden = 2 * (4 * dim) / 3;  // int(2 * hidden_dim / 3) with hidden_dim = 4 * dim
+  if (ffn_dim_multiplier > 0) {
+    hidden = static_cast<int64_t>(ffn_dim_multiplier * static_cast<double>(hidden));
+  }
+  return multiple_of * ((hidden + multiple_of - 1) / multiple_of);
+}
+
+void Llama3Args::validate() const {
+  if (dim <= 0 || n_layers <= 0 || n_heads <= 0 || vocab_size <= 0 || multiple_of <= 0) {
+    throw ConfigError("llama3: dim, n_layers, n_heads, vocab_size and multiple_of must be > 0");
+  }
+  if (dim % n_heads != 0 || head_dim() % 2 != 0) {
+    std::ostringstream os;
+    os << "llama3: dim (" << dim << ") must be divisible by n_heads (" << n_heads
+       << ") into an even head_dim (RoPE rotates pairs)";
+    throw ConfigError(os.str());
+  }
+  if (n_heads % kv_heads() != 0) {
+    std::ostringstream os;
+    os << "llama3: n_kv_heads (" << kv_heads() << ") must divide n_heads (" << n_heads << ")";
+    throw ConfigError(os.str());
+  }
+}
+
+const std::vector<std::pair<std::string, Llama3Args>>& flavors() {
+  // (dim, n_layers, n_heads, n_kv_heads, vocab_size, multiple_of, ffn_dim_multiplier, tied)
+  static const std::vector<std::pair<std::string, Llama3Args>> kFlavors = {
+      // For unit tests: a few milliseconds per step.
+      {"tiny", make_args(64, 2, 4, 2, 300, 32, 0.0, false)},
+      {"debugmodel", make_args(256, 6, 16, 0, 2048, 256, 0.0, false)},
+      // CPU benchmark sizes.
+      {"bench_small", make_args(256, 6, 8, 4, 8192, 256, 0.0, false)},
+      {"bench_medium", make_args(512, 8, 8, 8, 32000, 256, 0.0, false)},
+      {"1B", make_args(2048, 16, 32, 8, 128256, 256, 1.5, true)},
+      {"3B", make_args(3072, 28, 24, 8, 128256, 256, 1.0, true)},
+      {"8B", make_args(4096, 32, 32, 8, 128256, 1024, 1.3, false)},
+      {"70B", make_args(8192, 80, 64, 8, 128256, 4096, 1.3, false)},
+      {"405B", make_args(16384, 126, 128, 8, 128256, 4096, 1.2, false)},
+  };
+  return kFlavors;
+}
+
+Llama3Args args_for_flavor(const std::string& flavor) {
+  for (const auto& [name, args] : flavors()) {
+    if (name == flavor) {
+      return args;
+    }
+  }
+  check_flavor("llama3", flavor_names(), flavor);  // throws, naming the nearest flavor
+  throw ConfigError("unknown llama3 flavor '" + flavor + "'");
+}
+
+at::ScalarType residual_dtype(at::ScalarType compute_dtype) {
+  // Under bf16 compute the residual stream is bf16 too, as in TorchTitan's FSDP mixed precision.
+  // Measured on the 2-core CPU (bench_small and bench_medium, alternating steps in one process):
+  // a float32 residual stream was no faster (within 1-2%), gave the same loss to 4 digits, and
+  // keeps twice the bytes per residual activation.
+  return is_reduced_float(compute_dtype) ? compute_dtype : at::kFloat;
+}
+
+// Activation memory: the tensors autograd keeps for backward, for T = batch * seq_len tokens,
+// with c = bytes of the compute dtype, r = bytes of the residual stream (c under bf16, else 4),
+// P = causal_attention_saved_probs(seq_len) probability entries per (sequence, head):
+//   per layer:
+//     2 RMSNorms            2 * (r * T * dim + 4 * T)                 input and 1/rms
+//     norm outputs          2 * c * T * dim                           inputs of wq/wk/wv, w1/w3
+//     q, k, v               c * T * (n_heads + 2 * n_kv_heads) * head_dim
+//     attention probs       c * batch * n_heads * P                   float32, or 16-bit under bf16
+//     attention output      c * T * dim                               input of wo
+//     SwiGLU                4 * c * T * ffn_hidden                    w1 out, silu, w3 out, product
+//     weight copies         c * params_per_layer when c < 4           cast weights kept for grads
+//   final norm + head:      r * T * dim + 4 * T + c * T * dim (+ c * vocab * dim when c < 4)
+//   logits + log-softmax    2 * 4 * T * vocab                         float32 for the loss
+//   token ids               8 * T
+ModelStats compute_stats(const Llama3Args& args, int64_t batch, int64_t seq_len,
+                         at::ScalarType compute_dtype) {
+  const int64_t dim = args.dim;
+  const int64_t head_dim = args.head_dim();
+  const int64_t n_kv = args.kv_heads();
+  const int64_t ffn = args.ffn_hidden_dim();
+  const int64_t vocab = args.vocab_size;
+
+  const int64_t attention_params = dim * args.n_heads * head_dim * 2 + dim * n_kv * head_dim * 2;
+  const int64_t ffn_params = 3 * dim * ffn;
+  const int64_t layer_params = attention_params + ffn_params + 2 * dim;
+
+  ModelStats stats;
+  stats.n_embedding_params = vocab * dim;
+  stats.n_params = stats.n_embedding_params + args.n_layers * layer_params + dim +
+                   (args.tie_embeddings ? 0 : vocab * dim);
+  stats.n_layers = args.n_layers;
+  stats.n_heads = args.n_heads;
+  stats.head_dim = head_dim;
+  stats.dim = dim;
+  stats.vocab_size = vocab;
+
+  const bool reduced = is_reduced_float(compute_dtype);
+  const int64_t c = reduced ? dtype_bytes(compute_dtype) : 4;
+  const int64_t r = dtype_bytes(residual_dtype(reduced ? compute_dtype : at::kFloat));
+  const int64_t tokens = batch * seq_len;
+  const int64_t probs = batch * args.n_heads * causal_attention_saved_probs(seq_len);
+  int64_t per_layer = 2 * (r * tokens * dim + 4 * tokens) + 2 * c * tokens * dim +
+                      c * tokens * (args.n_heads + 2 * n_kv) * head_dim + c * probs +
+                      c * tokens * dim + 4 * c * tokens * ffn;
+  if (reduced) {
+    per_layer += c * layer_params;
+  }
+  stats.activation_bytes = args.n_layers * per_layer + r * tokens * dim + 4 * tokens +
+                           c * tokens * dim + (reduced ? c * vocab * dim : 0) +
+                           2 * 4 * tokens * vocab + 8 * tokens;
+  return stats;
+}
+
+std::string describe(const Llama3Args& args) {
+  std::ostringstream os;
+  os << "dim " << args.dim << ", " << args.n_layers << " layers, " << args.n_heads << " heads, "
+     << args.kv_heads() << " kv heads, ffn " << args.ffn_hidden_dim() << ", vocab "
+     << args.vocab_size;
+  if (args.tie_embeddings) {
+    os << ", tied embeddings";
+  }
+  return os.str();
+}
+
+}  // namespace titan::llama3

@@ -1,0 +1,107 @@
+// Llama 3 decoder modules and TorchTitan's weight init (see model.h).
+#include "titan/models/llama3/model.h"
+
+#include "titan/models/common/init.h"
+
+#include <ATen/core/grad_mode.h>
+
+#include <cmath>
+#include <string>
+
+namespace titan::llama3 {
+
+TransformerBlock::TransformerBlock(int64_t layer_id, const Llama3Args& args,
+                                   at::ScalarType compute_dtype) {
+  attention = register_module("attention",
+                              std::make_shared<Attention>(args.dim, args.n_heads, args.kv_heads(),
+                                                          args.head_dim(), compute_dtype));
+  feed_forward = register_module(
+      "feed_forward",
+      std::make_shared<FeedForward>(args.dim, args.ffn_hidden_dim(), compute_dtype));
+  attention_norm =
+      register_module("attention_norm", std::make_shared<RMSNorm>(args.dim, args.norm_eps));
+  ffn_norm = register_module("ffn_norm", std::make_shared<RMSNorm>(args.dim, args.norm_eps));
+  const double depth = args.depth_init ? 2.0 * (layer_id + 1) : 2.0 * args.n_layers;
+  weight_init_std = 0.02 / std::sqrt(depth);
+}
+
+at::Tensor TransformerBlock::forward(const at::Tensor& x, const RotaryEmbedding& rope) {
+  // x is in residual_dtype(compute_dtype); were it float32 under bf16 compute, the sums would
+  // promote and keep it float32.
+  const at::Tensor h = x + attention->forward(attention_norm->forward(x), rope);
+  return h + feed_forward->forward(ffn_norm->forward(h));
+}
+
+void TransformerBlock::init_weights() {
+  attention_norm->reset_parameters();
+  ffn_norm->reset_parameters();
+  for (const auto& linear : {attention->wq, attention->wk, attention->wv}) {
+    trunc_normal_(linear->weight, /*mean=*/0.0, /*std=*/0.02);
+  }
+  trunc_normal_(attention->wo->weight, /*mean=*/0.0, /*std=*/weight_init_std);
+  trunc_normal_(feed_forward->w1->weight, /*mean=*/0.0, /*std=*/0.02);
+  for (const auto& linear : {feed_forward->w2, feed_forward->w3}) {
+    trunc_normal_(linear->weight, /*mean=*/0.0, /*std=*/weight_init_std);
+  }
+}
+
+Transformer::Transformer(const Llama3Args& args, at::ScalarType compute_dtype)
+    : args_(args), compute_dtype_(compute_dtype) {
+  args_.validate();
+  tok_embeddings =
+      register_module("tok_embeddings", std::make_shared<Embedding>(args.vocab_size, args.dim));
+  rope = register_module("rope", std::make_shared<RotaryEmbedding>(
+                                     args.head_dim(), args.max_seq_len, args.rope_theta,
+                                     args.use_rope_scaling ? &args.rope_scaling : nullptr));
+  auto layer_list = register_module("layers", std::make_shared<torch::nn::Module>());
+  for (int64_t i = 0; i < args.n_layers; ++i) {
+    layers.push_back(layer_list->register_module(
+        std::to_string(i), std::make_shared<TransformerBlock>(i, args, compute_dtype)));
+  }
+  norm = register_module("norm", std::make_shared<RMSNorm>(args.dim, args.norm_eps));
+  if (!args.tie_embeddings) {
+    output = register_module("output",
+                             std::make_shared<Linear>(args.dim, args.vocab_size, compute_dtype));
+  }
+}
+
+at::Tensor Transformer::embed(const at::Tensor& tokens) {
+  const at::Tensor h = tok_embeddings->forward(tokens);  // (bs, seqlen, dim)
+  const at::ScalarType residual = residual_dtype(compute_dtype_);
+  return is_reduced_float(residual) ? h.to(residual) : h;
+}
+
+at::Tensor Transformer::head(const at::Tensor& h) {
+  const at::Tensor& weight = output ? output->weight : tok_embeddings->weight;
+  const at::Tensor logits =
+      mixed_linear(norm->forward(h), weight, compute_dtype_);  // (bs, seqlen, vocab)
+  return is_reduced_float(logits.scalar_type()) ? logits.to(at::kFloat) : logits;
+}
+
+at::Tensor Transformer::forward(const at::Tensor& tokens) {
+  at::Tensor h = embed(tokens);
+  for (const auto& layer : layers) {
+    h = layer->forward(h, *rope);
+  }
+  return head(h);
+}
+
+void Transformer::init_weights() {
+  at::NoGradGuard no_grad;
+  tok_embeddings->weight.normal_(/*mean=*/0.0, /*std=*/1.0);
+  for (const auto& layer : layers) {
+    layer->init_weights();
+  }
+  norm->reset_parameters();
+  // The head gets a small, truncated std; with tied embeddings this overwrites the embedding
+  // init, as in TorchTitan.
+  at::Tensor& head_weight = output ? output->weight : tok_embeddings->weight;
+  const double std = 1.0 / std::sqrt(static_cast<double>(args_.dim));
+  trunc_normal_(head_weight, /*mean=*/0.0, /*std=*/std, /*a=*/-3 * std, /*b=*/3 * std);
+}
+
+ModelStats Transformer::stats(int64_t batch, int64_t seq_len) const {
+  return compute_stats(args_, batch, seq_len, compute_dtype_);
+}
+
+}  // namespace titan::llama3

@@ -1,0 +1,76 @@
+// The Llama 3 decoder: tok_embeddings -> layers -> norm -> output. Module and parameter names
+// match TorchTitan's (tok_embeddings.weight, layers.0.attention.wq.weight, ...,
+// layers.0.feed_forward.w1.weight, layers.0.attention_norm.weight, norm.weight, output.weight)
+// because checkpoints and parallelism plans address parameters by these names. The model holds
+// no parallelism code; plans act on the public submodules below.
+#pragma once
+
+#include "titan/models/common/attention.h"
+#include "titan/models/common/feed_forward.h"
+#include "titan/models/common/linear.h"
+#include "titan/models/common/norms.h"
+#include "titan/models/common/rope.h"
+#include "titan/models/llama3/args.h"
+#include "titan/models/model.h"
+
+#include <ATen/ATen.h>
+#include <torch/nn/module.h>
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+namespace titan::llama3 {
+
+// h = x + attention(attention_norm(x)); out = h + feed_forward(ffn_norm(h)).
+class TransformerBlock : public torch::nn::Module {
+ public:
+  TransformerBlock(int64_t layer_id, const Llama3Args& args, at::ScalarType compute_dtype);
+
+  // x (bs, seqlen, dim) -> (bs, seqlen, dim), in x's dtype.
+  at::Tensor forward(const at::Tensor& x, const RotaryEmbedding& rope);
+  // TorchTitan's init: norms to ones; wq/wk/wv/w1 trunc_normal(0.02); wo/w2/w3
+  // trunc_normal(weight_init_std).
+  void init_weights();
+
+  std::shared_ptr<Attention> attention;
+  std::shared_ptr<FeedForward> feed_forward;
+  std::shared_ptr<RMSNorm> attention_norm;
+  std::shared_ptr<RMSNorm> ffn_norm;
+  double weight_init_std;  // 0.02 / sqrt(2 * (layer_id + 1)) with depth_init, else / sqrt(2 L)
+};
+
+// The whole decoder. With tie_embeddings there is no `output` module: the head multiplies by
+// tok_embeddings.weight, and the shared tensor is listed once by parameters().
+class Transformer : public Model {
+ public:
+  // Parameters are allocated but not initialized; call init_weights() (build() in the spec does).
+  Transformer(const Llama3Args& args, at::ScalarType compute_dtype = at::kFloat);
+
+  // tokens (bs, seqlen) int64 -> logits (bs, seqlen, vocab), float32 (float64 if the
+  // parameters were cast to float64).
+  at::Tensor forward(const at::Tensor& tokens) override;
+  void init_weights() override;
+  ModelStats stats(int64_t batch, int64_t seq_len) const override;
+
+  // The stages of forward, for callers that run layers themselves (pipeline stages,
+  // activation checkpointing). embed: (bs, seqlen) -> h (bs, seqlen, dim) in the residual dtype;
+  // head: h -> logits as forward returns them.
+  at::Tensor embed(const at::Tensor& tokens);
+  at::Tensor head(const at::Tensor& h);
+
+  const Llama3Args& args() const { return args_; }
+  at::ScalarType compute_dtype() const { return compute_dtype_; }
+
+  std::shared_ptr<Embedding> tok_embeddings;
+  std::shared_ptr<RotaryEmbedding> rope;                  // buffers rope.cos / rope.sin (derived)
+  std::vector<std::shared_ptr<TransformerBlock>> layers;  // registered as layers.<i>
+  std::shared_ptr<RMSNorm> norm;
+  std::shared_ptr<Linear> output;  // null when tie_embeddings
+
+ private:
+  Llama3Args args_;
+  at::ScalarType compute_dtype_;
+};
+
+}  // namespace titan::llama3

@@ -1,0 +1,33 @@
+// Llama 3's ModelSpec: flavors, builder and analytic description.
+#include "titan/models/llama3/spec.h"
+
+#include "titan/models/llama3/args.h"
+#include "titan/models/llama3/model.h"
+
+namespace titan {
+
+ModelSpec make_llama3_spec() {
+  ModelSpec spec;
+  spec.name = "llama3";
+  for (const auto& [name, args] : llama3::flavors()) {
+    spec.flavors.push_back(name);
+  }
+  spec.describe = [](const std::string& flavor, int64_t batch, int64_t seq_len,
+                     at::ScalarType compute_dtype) {
+    return llama3::compute_stats(llama3::args_for_flavor(flavor), batch, seq_len, compute_dtype);
+  };
+  spec.build = [](const std::string& flavor,
+                  const ModelBuildOptions& options) -> std::shared_ptr<Model> {
+    llama3::Llama3Args args = llama3::args_for_flavor(flavor);
+    args.max_seq_len = options.max_seq_len;
+    auto model = std::make_shared<llama3::Transformer>(args, options.compute_dtype);
+    model->init_weights();
+    return model;
+  };
+  spec.describe_flavor = [](const std::string& flavor) {
+    return llama3::describe(llama3::args_for_flavor(flavor));
+  };
+  return spec;
+}
+
+}  // namespace titan

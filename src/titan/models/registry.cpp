@@ -1,0 +1,124 @@
+// The model registry (see registry.h). Builtin models are registered explicitly the first time
+// the registry is touched: static-initializer registration would be dropped by the linker, since
+// nothing references those objects in a static library.
+#include "titan/models/registry.h"
+
+#include "titan/common/check.h"
+#include "titan/models/llama3/spec.h"
+
+#include <algorithm>
+#include <mutex>
+#include <sstream>
+
+namespace titan {
+namespace {
+
+// Specs by registration order; unique_ptr keeps references stable as the list grows.
+struct Registry {
+  std::mutex mutex;
+  std::vector<std::unique_ptr<ModelSpec>> specs;
+};
+
+Registry& registry_storage() {
+  static Registry registry;
+  return registry;
+}
+
+void add_spec(ModelSpec spec) {
+  Registry& registry = registry_storage();
+  std::lock_guard<std::mutex> lock(registry.mutex);
+  for (const auto& existing : registry.specs) {
+    TITAN_CHECK(existing->name != spec.name, "model '", spec.name, "' is registered twice");
+  }
+  registry.specs.push_back(std::make_unique<ModelSpec>(std::move(spec)));
+}
+
+Registry& registry() {
+  static std::once_flag builtins;
+  std::call_once(builtins, [] { add_spec(make_llama3_spec()); });
+  return registry_storage();
+}
+
+// Levenshtein distance: insertions, deletions and substitutions each cost 1.
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) {
+    row[j] = j;
+  }
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diagonal = row[0];  // distance(a[:i-1], b[:j-1])
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t above = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diagonal = above;
+    }
+  }
+  return row[b.size()];
+}
+
+// "; did you mean 'x'? (<kind>: a, b, c)" for the candidate nearest to `name`.
+std::string suggestion(const std::string& name, const std::vector<std::string>& candidates,
+                       const std::string& kind) {
+  std::ostringstream os;
+  if (!candidates.empty()) {
+    const auto nearest = std::min_element(candidates.begin(), candidates.end(),
+                                          [&](const std::string& x, const std::string& y) {
+                                            return edit_distance(name, x) < edit_distance(name, y);
+                                          });
+    os << "; did you mean '" << *nearest << "'?";
+  }
+  os << " (" << kind << ": ";
+  for (size_t i = 0; i < candidates.size(); ++i) {
+    os << (i ? ", " : "") << candidates[i];
+  }
+  os << ")";
+  return os.str();
+}
+
+}  // namespace
+
+void register_model(ModelSpec spec) {
+  registry();  // builtins first, so a clash with one is reported here
+  add_spec(std::move(spec));
+}
+
+const ModelSpec& get_model_spec(const std::string& name) {
+  Registry& reg = registry();
+  std::lock_guard<std::mutex> lock(reg.mutex);
+  for (const auto& spec : reg.specs) {
+    if (spec->name == name) {
+      return *spec;
+    }
+  }
+  std::vector<std::string> names;
+  for (const auto& spec : reg.specs) {
+    names.push_back(spec->name);
+  }
+  throw ConfigError("unknown model.name '" + name + "'" + suggestion(name, names, "models"));
+}
+
+void check_flavor(const std::string& model, const std::vector<std::string>& flavors,
+                  const std::string& flavor) {
+  if (std::find(flavors.begin(), flavors.end(), flavor) != flavors.end()) {
+    return;
+  }
+  throw ConfigError("unknown model.flavor '" + flavor + "' for model '" + model + "'" +
+                    suggestion(flavor, flavors, "flavors"));
+}
+
+void check_flavor(const ModelSpec& spec, const std::string& flavor) {
+  check_flavor(spec.name, spec.flavors, flavor);
+}
+
+std::vector<std::string> registered_models() {
+  Registry& reg = registry();
+  std::lock_guard<std::mutex> lock(reg.mutex);
+  std::vector<std::string> names;
+  for (const auto& spec : reg.specs) {
+    names.push_back(spec->name);
+  }
+  return names;
+}
+
+}  // namespace titan
