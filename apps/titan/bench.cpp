@@ -6,6 +6,7 @@
 
 #include "titan/common/cpu.h"
 #include "titan/common/logging.h"
+#include "titan/components/loss.h"
 #include "titan/components/metrics.h"
 #include "titan/components/optimizer.h"
 #include "titan/config/config_manager.h"
@@ -44,7 +45,7 @@ int run_bench(const std::vector<std::string>& args) {
     at::Tensor tokens = at::randint(stats.vocab_size, {t.local_batch_size, t.seq_len + 1}, at::kLong);
     at::Tensor inputs = tokens.narrow(1, 0, t.seq_len), labels = tokens.narrow(1, 1, t.seq_len);
     optimizer.zero_grad();
-    at::Tensor loss = cross_entropy_loss(model->forward(inputs), labels);
+    at::Tensor loss = lm_cross_entropy_loss(model->forward(inputs), labels);
     loss.backward();
     clip_grad_norm(params, t.max_norm);
     optimizer.step(config.optimizer.lr);

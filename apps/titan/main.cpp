@@ -4,6 +4,7 @@
 #include "commands.h"
 
 #include "titan/common/check.h"
+#include "titan/common/cpu.h"
 #include "titan/common/logging.h"
 
 #include <cstdio>
@@ -26,6 +27,7 @@ void print_usage() {
 }  // namespace
 
 int main(int argc, char** argv) {
+  titan::configure_cpu_allocator();
   if (argc < 2 || std::strcmp(argv[1], "--help") == 0 || std::strcmp(argv[1], "-h") == 0) {
     print_usage();
     return argc < 2 ? 2 : 0;

@@ -5,9 +5,13 @@
 #include <ATen/Parallel.h>
 
 #include <dlfcn.h>
+#ifdef __GLIBC__
+#include <malloc.h>
+#endif
 #include <unistd.h>
 
 #include <algorithm>
+#include <climits>
 #include <sstream>
 
 namespace titan {
@@ -33,6 +37,16 @@ std::string configure_threads(int64_t num_threads, int64_t local_ranks) {
     }
   }
   return desc.str();
+}
+
+void configure_cpu_allocator() {
+#ifdef __GLIBC__
+  // Serve large blocks from the heap (not fresh mmaps), never trim it, and grow it in big steps.
+  // M_MMAP_MAX=0 instead was measured to give erratic 7-33 s steps; these three do not.
+  mallopt(M_MMAP_THRESHOLD, 1 << 30);
+  mallopt(M_TRIM_THRESHOLD, INT_MAX);
+  mallopt(M_TOP_PAD, 1 << 30);
+#endif
 }
 
 }  // namespace titan

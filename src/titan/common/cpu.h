@@ -11,4 +11,10 @@ namespace titan {
 // 0 means hardware cores / local_ranks. Returns a one-line description for the log.
 std::string configure_threads(int64_t num_threads, int64_t local_ranks = 1);
 
+// Keeps freed memory in the process heap instead of returning it to the kernel. glibc maps every
+// block over ~32 MB afresh and unmaps it on free, so each step pays first-touch page faults on its
+// large activations (measured: cross-entropy over 2048 x 32000 logits 2.9 s -> 35 ms). Call once
+// at start-up, before threads exist.
+void configure_cpu_allocator();
+
 }  // namespace titan

@@ -4,6 +4,7 @@
 #include "titan/components/lr_scheduler.h"
 
 #include "titan/common/check.h"
+#include "titan/common/logging.h"
 
 #include <algorithm>
 #include <cmath>
@@ -12,10 +13,22 @@ namespace titan {
 
 LRScheduler::LRScheduler(const LRSchedulerSection& config, double base_lr, int64_t training_steps)
     : base_lr_(base_lr), decay_type_(config.decay_type), min_lr_factor_(config.min_lr_factor) {
+  // A short run of a long config (e.g. --training.steps 10) shrinks warmup, then decay, to fit,
+  // with a warning, as TorchTitan does.
   warmup_steps_ = std::min(config.warmup_steps, training_steps);
+  if (warmup_steps_ < config.warmup_steps) {
+    log_warning("lr_scheduler.warmup_steps(", config.warmup_steps, ") > training.steps(",
+                training_steps, "); warming up over all ", training_steps, " steps");
+  }
   if (config.decay_ratio >= 0) {
     decay_steps_ = std::llround(static_cast<double>(training_steps) * config.decay_ratio);
-    decay_steps_ = std::min(decay_steps_, training_steps - warmup_steps_);
+    if (warmup_steps_ + decay_steps_ > training_steps) {
+      log_warning("lr_scheduler.warmup_steps(", warmup_steps_, ") + decay steps(round(steps(",
+                  training_steps, ") * decay_ratio(", config.decay_ratio, ")) = ", decay_steps_,
+                  ") > training.steps(", training_steps, "); decaying over the last ",
+                  training_steps - warmup_steps_, " steps instead");
+      decay_steps_ = training_steps - warmup_steps_;
+    }
   } else {
     decay_steps_ = training_steps - warmup_steps_;
   }

@@ -140,29 +140,11 @@ void validate_batch_sizes(const TrainingSection& t, const ParallelismSection& p)
   }
 }
 
-// With decay_ratio set (warmup-stable-decay) the last round(steps * decay_ratio) steps decay,
-// and they must not overlap the warmup.
-void validate_schedule(const LRSchedulerSection& s, const TrainingSection& t) {
-  if (s.decay_ratio < 0) {
-    return;
-  }
-  int64_t decay_steps = std::llround(static_cast<double>(t.steps) * s.decay_ratio);
-  int64_t total = s.warmup_steps + decay_steps;
-  if (total > t.steps) {
-    fail("lr_scheduler.warmup_steps(" + std::to_string(s.warmup_steps) + ") + decay steps(round(" +
-         "steps(" + std::to_string(t.steps) + ") * decay_ratio(" + format_number(s.decay_ratio) +
-         ")) = " + std::to_string(decay_steps) + ") = " + std::to_string(total) +
-         " > training.steps(" + std::to_string(t.steps) +
-         "); lower lr_scheduler.warmup_steps or lr_scheduler.decay_ratio");
-  }
-}
-
 }  // namespace
 
 void validate_job_config(const JobConfig& config) {
   validate_ranges(config);
   validate_batch_sizes(config.training, config.parallelism);
-  validate_schedule(config.lr_scheduler, config.training);
 }
 
 }  // namespace titan

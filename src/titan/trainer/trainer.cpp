@@ -5,20 +5,18 @@
 #include "titan/common/check.h"
 #include "titan/common/cpu.h"
 #include "titan/common/logging.h"
-#include "titan/components/data/dataloader.h"
+#include "titan/components/data/data_loader.h"
+#include "titan/components/loss.h"
 #include "titan/components/data/dataset.h"
 #include "titan/components/tokenizer/tokenizer.h"
+
+#include <ATen/Parallel.h>
 
 #include <chrono>
 #include <cmath>
 #include <random>
 
 namespace titan {
-
-at::Tensor cross_entropy_loss(const at::Tensor& logits, const at::Tensor& labels) {
-  // logits (bs, seqlen, vocab) float32, labels (bs, seqlen) int64
-  return at::cross_entropy_loss(logits.flatten(0, 1).to(at::kFloat), labels.flatten(0, 1));
-}
 
 static std::string human_count(int64_t n) {
   char buf[32];
@@ -144,7 +142,7 @@ void Trainer::build_metrics() {
 at::Tensor Trainer::forward_backward_step(const at::Tensor& inputs, const at::Tensor& labels,
                                           double loss_scale) {
   at::Tensor logits = model_->forward(inputs);  // (bs, seqlen, vocab) float32
-  at::Tensor loss = cross_entropy_loss(logits, labels);
+  at::Tensor loss = lm_cross_entropy_loss(logits, labels);
   (loss * loss_scale).backward();
   return loss.detach();
 }
@@ -181,7 +179,7 @@ double Trainer::validate(int64_t* tokens) {
   while (config_.validation.steps < 0 || n < config_.validation.steps) {
     auto batch = loader.next();
     if (!batch) break;
-    at::Tensor loss = cross_entropy_loss(model_->forward(batch->inputs), batch->labels);
+    at::Tensor loss = lm_cross_entropy_loss(model_->forward(batch->inputs), batch->labels);
     sum += loss.item<double>();
     ++n;
     count += batch->inputs.numel();

@@ -74,8 +74,4 @@ class Trainer {
   std::vector<at::Tensor> params_;
 };
 
-// Cross-entropy of logits (bs, seqlen, vocab) float32 against labels (bs, seqlen), mean over
-// tokens.
-at::Tensor cross_entropy_loss(const at::Tensor& logits, const at::Tensor& labels);
-
 }  // namespace titan

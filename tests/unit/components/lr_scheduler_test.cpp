@@ -66,5 +66,14 @@ TEST(LRScheduler, WarmupLongerThanTrainingIsClamped) {
   EXPECT_DOUBLE_EQ(s.lr_at(10), 10.0 / 11.0);
 }
 
+TEST(LRScheduler, DecayThatOverlapsWarmupIsShrunk) {
+  // warmup 20 + round(30 * 0.8) = 24 > 30: decay over the last 10 steps.
+  LRScheduler s(section(20, 0.8, "linear", 0.0), 1.0, 30);
+  EXPECT_EQ(s.warmup_steps(), 20);
+  EXPECT_EQ(s.decay_steps(), 10);
+  EXPECT_EQ(s.stable_steps(), 0);
+  EXPECT_DOUBLE_EQ(s.lr_at(21), 1.0 - 1.0 / 11.0);
+}
+
 }  // namespace
 }  // namespace titan

@@ -150,28 +150,6 @@ TEST(ConfigValidate, GlobalBatchSizeMustBeMultipleOfLocalTimesDp) {
   EXPECT_NO_THROW(validate_job_config(ok));
 }
 
-TEST(ConfigValidate, WarmupPlusDecayMustFitInSteps) {
-  std::string message = validation_error([](JobConfig& c) {
-    c.training.steps = 1000;
-    c.lr_scheduler.warmup_steps = 200;
-    c.lr_scheduler.decay_ratio = 0.9;
-  });
-  EXPECT_TRUE(contains(message,
-                       "lr_scheduler.warmup_steps(200) + decay steps(round(steps(1000) * "
-                       "decay_ratio(0.9)) = 900) = 1100 > training.steps(1000)"));
-
-  JobConfig fits;
-  fits.training.steps = 1000;
-  fits.lr_scheduler.warmup_steps = 200;
-  fits.lr_scheduler.decay_ratio = 0.8;  // 200 + 800 = 1000
-  EXPECT_NO_THROW(validate_job_config(fits));
-
-  // Unset decay_ratio: a long warmup on a short run is allowed (the scheduler clamps it).
-  JobConfig short_run;
-  short_run.training.steps = 10;
-  EXPECT_NO_THROW(validate_job_config(short_run));
-}
-
 TEST(ConfigValidate, NumbersPrintWithoutFloatNoise) {
   std::string message = validation_error([](JobConfig& c) { c.optimizer.lr = -(0.1 + 0.2); });
   EXPECT_TRUE(contains(message, "got -0.3")) << message;
