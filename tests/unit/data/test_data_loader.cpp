@@ -150,8 +150,7 @@ TEST(DataLoader, RejectsBadArguments) {
 
 TEST(DataLoader, ResumesFromSavedState) {
   ByteTokenizer tok;
-  auto docs = std::make_shared<const std::vector<Document>>(
-      make_docs({"The quick brown fox", "jumps", "over the lazy dog.", "", "Fin"}));
+  auto docs = make_docs({"The quick brown fox", "jumps", "over the lazy dog.", "", "Fin"});
   for (int64_t rank = 0; rank < 2; ++rank) {
     DataLoader original(docs, tok, /*seq_len=*/7, /*batch_size=*/2, rank, /*dp_world=*/2);
     for (int i = 0; i < 3; ++i) {
