@@ -5,6 +5,7 @@
 #include "commands.h"
 
 #include "titan/common/cpu.h"
+#include "titan/common/format.h"
 #include "titan/common/logging.h"
 #include "titan/components/loss.h"
 #include "titan/components/metrics.h"
@@ -23,7 +24,7 @@ int run_bench(const std::vector<std::string>& args) {
   const auto& t = config.training;
   const std::string threads = configure_threads(t.num_threads);
   at::manual_seed(static_cast<uint64_t>(config.debug.seed < 0 ? 0 : config.debug.seed));
-  const at::ScalarType dtype = t.mixed_precision_param == "bfloat16" ? at::kBFloat16 : at::kFloat;
+  const at::ScalarType dtype = dtype_from_name(t.mixed_precision_param);
 
   const ModelSpec& spec = get_model_spec(config.model.name);
   check_flavor(spec, config.model.flavor);

@@ -1,6 +1,7 @@
 // `titan train` and `titan inspect`.
 #include "commands.h"
 
+#include "titan/common/format.h"
 #include "titan/common/logging.h"
 #include "titan/config/config_manager.h"
 #include "titan/models/registry.h"
@@ -39,12 +40,6 @@ int run_train(const std::vector<std::string>& args) {
   return 0;
 }
 
-static std::string commas(int64_t v) {
-  std::string s = std::to_string(v);
-  for (int i = static_cast<int>(s.size()) - 3; i > 0; i -= 3) s.insert(static_cast<size_t>(i), ",");
-  return s;
-}
-
 static std::string gib(double bytes) {
   char buf[32];
   std::snprintf(buf, sizeof(buf), "%8.3f GiB", bytes / (1024.0 * 1024.0 * 1024.0));
@@ -57,15 +52,15 @@ int run_inspect(const std::vector<std::string>& args) {
   const ModelSpec& spec = get_model_spec(config.model.name);
   check_flavor(spec, config.model.flavor);
   const auto& t = config.training;
-  const at::ScalarType dtype = t.mixed_precision_param == "bfloat16" ? at::kBFloat16 : at::kFloat;
+  const at::ScalarType dtype = dtype_from_name(t.mixed_precision_param);
   const ModelStats s = spec.describe(config.model.flavor, t.local_batch_size, t.seq_len, dtype);
   const double n = static_cast<double>(s.n_params);
   const double flops = s.flops_per_token(t.seq_len);
 
   std::printf("model            %s %s: %s\n", config.model.name.c_str(), config.model.flavor.c_str(),
               spec.describe_flavor(config.model.flavor).c_str());
-  std::printf("parameters       %s total, %s non-embedding\n", commas(s.n_params).c_str(),
-              commas(s.n_params - s.n_embedding_params).c_str());
+  std::printf("parameters       %s total, %s non-embedding\n", with_commas(s.n_params).c_str(),
+              with_commas(s.n_params - s.n_embedding_params).c_str());
   std::printf("FLOPs per token  %.4g (seq_len %lld; 6*(N - N_emb) + 12*L*H*head_dim*T)\n", flops,
               (long long)t.seq_len);
   std::printf("FLOPs per step   %.4g per rank (local_batch_size %lld x seq_len %lld)\n",

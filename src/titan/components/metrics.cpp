@@ -3,6 +3,7 @@
 #include "titan/components/metrics.h"
 
 #include "titan/common/check.h"
+#include "titan/common/format.h"
 #include "titan/common/logging.h"
 
 #include <nlohmann/json.hpp>
@@ -72,12 +73,6 @@ static std::string format_duration(double s) {
   std::snprintf(buf, sizeof(buf), "%lld:%02lld:%02lld", (long long)(t / 3600),
                 (long long)(t / 60 % 60), (long long)(t % 60));
   return buf;
-}
-
-static std::string with_commas(int64_t v) {
-  std::string s = std::to_string(v);
-  for (int i = static_cast<int>(s.size()) - 3; i > 0; i -= 3) s.insert(static_cast<size_t>(i), ",");
-  return s;
 }
 
 std::optional<StepMetrics> MetricsLogger::on_step(int64_t step, int64_t tokens,

@@ -4,6 +4,7 @@
 
 #include "titan/common/check.h"
 #include "titan/common/cpu.h"
+#include "titan/common/format.h"
 #include "titan/common/logging.h"
 #include "titan/components/data/data_loader.h"
 #include "titan/components/loss.h"
@@ -17,18 +18,6 @@
 #include <random>
 
 namespace titan {
-
-static std::string human_count(int64_t n) {
-  char buf[32];
-  if (n >= 1000000000) {
-    std::snprintf(buf, sizeof(buf), "%.2fB", n / 1e9);
-  } else if (n >= 1000000) {
-    std::snprintf(buf, sizeof(buf), "%.2fM", n / 1e6);
-  } else {
-    std::snprintf(buf, sizeof(buf), "%.1fK", n / 1e3);
-  }
-  return buf;
-}
 
 Trainer::Trainer(JobConfig config) : config_(std::move(config)) {
   log_info("threads: ", configure_threads(config_.training.num_threads));
@@ -56,7 +45,7 @@ Trainer::Trainer(JobConfig config) : config_(std::move(config)) {
   }
   at::manual_seed(static_cast<uint64_t>(seed_));
   if (config_.debug.deterministic) at::globalContext().setDeterministicAlgorithms(true, false);
-  compute_dtype_ = config_.training.mixed_precision_param == "bfloat16" ? at::kBFloat16 : at::kFloat;
+  compute_dtype_ = dtype_from_name(config_.training.mixed_precision_param);
 
   const int64_t per_step = config_.training.local_batch_size;  // times dp degree (1)
   const int64_t global = config_.training.global_batch_size < 0 ? per_step : config_.training.global_batch_size;
@@ -83,8 +72,8 @@ void Trainer::build_model() {
   const ModelStats stats = model_->stats(config_.training.local_batch_size, config_.training.seq_len);
   log_info("model ", config_.model.name, " ", config_.model.flavor, ": ",
            spec_->describe_flavor(config_.model.flavor));
-  log_info("model parameters: ", stats.n_params, " (", human_count(stats.n_params),
-           "), non-embedding ", stats.n_params - stats.n_embedding_params, "; built in ",
+  log_info("model parameters: ", with_commas(stats.n_params), " (", human_count(stats.n_params),
+           "), non-embedding ", with_commas(stats.n_params - stats.n_embedding_params), "; built in ",
            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), "s");
   for (const auto& p : model_->parameters()) params_.push_back(p);
 }

@@ -1,0 +1,34 @@
+#include "titan/common/format.h"
+
+#include "titan/common/check.h"
+
+#include <cstdio>
+
+namespace titan {
+
+std::string with_commas(int64_t value) {
+  std::string s = std::to_string(value < 0 ? -value : value);
+  for (int i = static_cast<int>(s.size()) - 3; i > 0; i -= 3) s.insert(static_cast<size_t>(i), ",");
+  return value < 0 ? "-" + s : s;
+}
+
+std::string human_count(int64_t value) {
+  char buf[32];
+  const double v = static_cast<double>(value);
+  if (value >= 1000000000) {
+    std::snprintf(buf, sizeof(buf), "%.2fB", v / 1e9);
+  } else if (value >= 1000000) {
+    std::snprintf(buf, sizeof(buf), "%.2fM", v / 1e6);
+  } else {
+    std::snprintf(buf, sizeof(buf), "%.1fK", v / 1e3);
+  }
+  return buf;
+}
+
+c10::ScalarType dtype_from_name(const std::string& name) {
+  if (name == "bfloat16") return c10::kBFloat16;
+  if (name == "float32") return c10::kFloat;
+  throw ConfigError("unknown dtype '" + name + "' (bfloat16, float32)");
+}
+
+}  // namespace titan

@@ -1,0 +1,21 @@
+// Small helpers shared by everything that prints numbers or reads dtype names.
+#pragma once
+
+#include <c10/core/ScalarType.h>
+
+#include <cstdint>
+#include <string>
+
+namespace titan {
+
+// 8030261248 -> "8,030,261,248".
+std::string with_commas(int64_t value);
+
+// 8030261248 -> "8.03B", 6163712 -> "6.16M", 2048 -> "2.0K".
+std::string human_count(int64_t value);
+
+// "bfloat16" -> kBFloat16, "float32" -> kFloat (the values training.mixed_precision_param takes;
+// the config layer has already rejected anything else).
+c10::ScalarType dtype_from_name(const std::string& name);
+
+}  // namespace titan
