@@ -10,6 +10,8 @@ namespace titan {
 int run_train(const std::vector<std::string>& args);
 int run_inspect(const std::vector<std::string>& args);
 int run_bench(const std::vector<std::string>& args);
+int run_tokenizer(const std::vector<std::string>& args);
+int run_data(const std::vector<std::string>& args);
 
 // True (and prints help for `command`) when args ask for --help / -h.
 bool maybe_print_help(const std::string& command, const std::vector<std::string>& args);

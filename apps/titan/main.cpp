@@ -21,7 +21,9 @@ void print_usage() {
       "commands:\n"
       "  train     train a model (see `titan train --help` for every config key)\n"
       "  inspect   parameter counts, FLOPs per token and per-rank memory, without allocating\n"
-      "  bench     time training steps of the benchmark models (tokens/s, MFU, peak memory)\n");
+      "  bench     time training steps of the benchmark models (tokens/s, MFU, peak memory)\n"
+      "  data      corpus tools: `titan data prepare` pre-tokenizes text into token files\n"
+      "  tokenizer encode / decode / bench with tokenizer files (`titan tokenizer --help`)\n");
 }
 
 }  // namespace
@@ -35,6 +37,8 @@ int main(int argc, char** argv) {
   const std::string command = argv[1];
   std::vector<std::string> args(argv + 2, argv + argc);
   try {
+    if (command == "data") return titan::run_data(args);  // own arguments, not a job config
+    if (command == "tokenizer") return titan::run_tokenizer(args);
     if (titan::maybe_print_help(command, args)) return 0;
     if (command == "train") return titan::run_train(args);
     if (command == "inspect") return titan::run_inspect(args);

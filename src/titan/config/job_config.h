@@ -104,6 +104,8 @@ struct TrainingSection {
   static constexpr const char* kName = "training";
   std::string dataset = "sotu";
   std::string dataset_path = "";
+  std::string dataset_text_field = "text";
+  bool dataset_shuffle = true;
   int64_t local_batch_size = 8;
   int64_t global_batch_size = -1;
   int64_t seq_len = 2048;
@@ -115,9 +117,15 @@ struct TrainingSection {
 
   template <class V>
   void visit(V& v) {
-    v("dataset", dataset, "Dataset name: sotu (built-in corpus)");
+    v("dataset", dataset,
+      "Dataset name: sotu (built-in corpus), or your files at dataset_path: text (.txt, one "
+      "document per file), jsonl (.jsonl/.json, one per line), tokens (.bin from `titan data "
+      "prepare`), auto (by extension)");
     v("dataset_path", dataset_path,
-      "Where the dataset lives; empty uses the cache filled by scripts/setup.sh");
+      "Where the dataset lives (file or folder); empty uses the cache filled by scripts/setup.sh");
+    v("dataset_text_field", dataset_text_field, "JSON key holding a document's text (jsonl)");
+    v("dataset_shuffle", dataset_shuffle,
+      "Shuffle the document order every epoch, seeded by debug.seed + epoch");
     v("local_batch_size", local_batch_size, "Sequences per rank per micro-batch (>= 1)");
     v("global_batch_size", global_batch_size,
       "Sequences per optimizer step over all ranks; -1 = local_batch_size * dp degree. A "
@@ -161,6 +169,7 @@ struct ValidationSection {
   bool enable = false;
   std::string dataset = "sotu_validation";
   std::string dataset_path = "";
+  std::string dataset_text_field = "text";
   int64_t local_batch_size = 8;
   int64_t seq_len = 2048;
   int64_t freq = 10;
@@ -169,8 +178,11 @@ struct ValidationSection {
   template <class V>
   void visit(V& v) {
     v("enable", enable, "Run validation during training");
-    v("dataset", dataset, "Validation dataset name: sotu_validation");
+    v("dataset", dataset,
+      "Validation dataset name: sotu_validation, or text/jsonl/tokens/auto (as training.dataset); "
+      "read once in order");
     v("dataset_path", dataset_path, "Where the validation dataset lives; empty uses the cache");
+    v("dataset_text_field", dataset_text_field, "JSON key holding a document's text (jsonl)");
     v("local_batch_size", local_batch_size, "Sequences per rank per validation batch (>= 1)");
     v("seq_len", seq_len, "Tokens per validation sequence (>= 1)");
     v("freq", freq, "Validate every N training steps (>= 1)");

@@ -86,20 +86,19 @@ void Trainer::build_data() {
                       " exceeds the model's vocab_size " + std::to_string(stats.vocab_size) +
                       " for flavor '" + config_.model.flavor + "'; pick a flavor with a larger vocab");
   }
-  auto docs = std::make_shared<std::vector<Document>>(
-      load_dataset(config_.training.dataset, config_.training.dataset_path));
-  int64_t bytes = 0;
-  for (const auto& d : *docs) bytes += static_cast<int64_t>(d.text.size());
-  log_info("dataset ", config_.training.dataset, ": ", docs->size(), " documents, ",
-           human_count(bytes), " bytes; tokenizer vocab ", tokenizer_->vocab_size());
-  train_loader_ = std::make_unique<DataLoader>(docs, *tokenizer_, config_.training.seq_len,
-                                               config_.training.local_batch_size,
-                                               /*dp_rank=*/0, /*dp_world=*/1, /*infinite=*/true);
+  const auto& t = config_.training;
+  std::shared_ptr<const DocumentSource> docs =
+      open_dataset(t.dataset, t.dataset_path, t.dataset_text_field);
+  log_info("dataset ", t.dataset, ": ", docs->size(), " documents",
+           t.dataset_shuffle ? ", shuffled each epoch" : ", in order", "; tokenizer vocab ",
+           tokenizer_->vocab_size());
+  train_loader_ = std::make_unique<DataLoader>(docs, *tokenizer_, t.seq_len, t.local_batch_size,
+                                               /*dp_rank=*/0, /*dp_world=*/1, /*infinite=*/true,
+                                               /*shuffle_seed=*/t.dataset_shuffle ? seed_ : -1);
   if (config_.validation.enable) {
-    validation_docs_ = std::make_shared<std::vector<Document>>(
-        load_dataset(config_.validation.dataset, config_.validation.dataset_path));
-    log_info("validation dataset ", config_.validation.dataset, ": ", validation_docs_->size(),
-             " documents");
+    const auto& v = config_.validation;
+    validation_docs_ = open_dataset(v.dataset, v.dataset_path, v.dataset_text_field);
+    log_info("validation dataset ", v.dataset, ": ", validation_docs_->size(), " documents");
   }
 }
 

@@ -19,7 +19,7 @@ namespace titan {
 
 class Tokenizer;
 class DataLoader;
-struct Document;
+class DocumentSource;
 
 // What train() reports back (also used by tests).
 struct TrainResult {
@@ -67,7 +67,7 @@ class Trainer {
   std::shared_ptr<Model> model_;
   std::unique_ptr<Tokenizer> tokenizer_;
   std::unique_ptr<DataLoader> train_loader_;
-  std::shared_ptr<std::vector<Document>> validation_docs_;
+  std::shared_ptr<const DocumentSource> validation_docs_;
   std::unique_ptr<Optimizer> optimizer_;
   std::unique_ptr<LRScheduler> lr_scheduler_;
   std::unique_ptr<MetricsLogger> metrics_;

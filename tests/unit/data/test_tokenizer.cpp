@@ -63,7 +63,7 @@ TEST(BuildTokenizer, EmptyPathGivesByteTokenizer) {
   EXPECT_EQ(tok->vocab_size(), 258);
 }
 
-TEST(BuildTokenizer, AssetsPathIsNotSupportedYet) {
+TEST(BuildTokenizer, MissingAssetsPathNamesTheKey) {
   try {
     build_tokenizer("/models/llama3");
     FAIL() << "expected ConfigError";

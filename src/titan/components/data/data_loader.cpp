@@ -5,8 +5,30 @@
 #include "titan/common/logging.h"
 
 #include <algorithm>
+#include <limits>
+#include <random>
 
 namespace titan {
+
+std::vector<int64_t> shuffled_order(int64_t n, uint64_t seed) {
+  std::vector<int64_t> order(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) {
+    order[i] = i;
+  }
+  std::mt19937_64 rng(seed);
+  constexpr uint64_t kMax = std::numeric_limits<uint64_t>::max();
+  for (int64_t i = n - 1; i > 0; --i) {
+    // Uniform in [0, i] without modulo bias: reject draws from the incomplete last block.
+    const auto bound = static_cast<uint64_t>(i) + 1;
+    const uint64_t limit = kMax - kMax % bound;
+    uint64_t r = rng();
+    while (r >= limit) {
+      r = rng();
+    }
+    std::swap(order[i], order[r % bound]);
+  }
+  return order;
+}
 
 DataLoader::DataLoader(
     std::shared_ptr<const std::vector<Document>> docs,
@@ -16,20 +38,47 @@ DataLoader::DataLoader(
     int64_t dp_rank,
     int64_t dp_world,
     bool infinite)
-    : docs_(std::move(docs)),
+    : DataLoader(
+          std::make_shared<MemoryDocumentSource>(std::move(docs)),
+          tokenizer,
+          seq_len,
+          batch_size,
+          dp_rank,
+          dp_world,
+          infinite) {}
+
+DataLoader::DataLoader(
+    std::shared_ptr<const DocumentSource> source,
+    const Tokenizer& tokenizer,
+    int64_t seq_len,
+    int64_t batch_size,
+    int64_t dp_rank,
+    int64_t dp_world,
+    bool infinite,
+    int64_t shuffle_seed)
+    : source_(std::move(source)),
       tokenizer_(tokenizer),
       seq_len_(seq_len),
       batch_size_(batch_size),
       dp_rank_(dp_rank),
       dp_world_(dp_world),
-      infinite_(infinite) {
-  TITAN_CHECK(docs_ != nullptr, "DataLoader: documents must not be null");
+      infinite_(infinite),
+      shuffle_seed_(shuffle_seed) {
+  TITAN_CHECK(source_ != nullptr, "DataLoader: document source must not be null");
   TITAN_CHECK(seq_len_ >= 1, "DataLoader: seq_len must be >= 1, got ", seq_len_);
   TITAN_CHECK(batch_size_ >= 1, "DataLoader: batch_size must be >= 1, got ", batch_size_);
   TITAN_CHECK(dp_world_ >= 1 && dp_rank_ >= 0 && dp_rank_ < dp_world_,
               "DataLoader: need 0 <= dp_rank < dp_world, got dp_rank ", dp_rank_,
               " and dp_world ", dp_world_);
-  const auto num_docs = static_cast<int64_t>(docs_->size());
+  const int64_t written_vocab = source_->token_vocab_size();
+  if (written_vocab != 0 && written_vocab != tokenizer_.vocab_size()) {
+    throw DataError("DataLoader: the pre-tokenized data was written by a tokenizer with vocab " +
+                    std::to_string(written_vocab) + ", but training uses one with vocab " +
+                    std::to_string(tokenizer_.vocab_size()) +
+                    ". HINT: prepare the data with the model's tokenizer (titan data prepare "
+                    "--tokenizer = model.hf_assets_path)");
+  }
+  const int64_t num_docs = source_->size();
   num_local_docs_ = num_docs > dp_rank_ ? (num_docs - dp_rank_ + dp_world_ - 1) / dp_world_ : 0;
   if (infinite_ && num_local_docs_ == 0) {
     throw DataError("DataLoader: the dataset has " + std::to_string(num_docs) +
@@ -86,9 +135,21 @@ bool DataLoader::fill_window(int64_t* out) {
   return true;
 }
 
+int64_t DataLoader::current_source_index() {
+  const int64_t position = dp_rank_ + doc_index_ * dp_world_;
+  if (shuffle_seed_ < 0) {
+    return position;
+  }
+  if (order_epoch_ != epoch_) {
+    order_ = shuffled_order(source_->size(), static_cast<uint64_t>(shuffle_seed_ + epoch_));
+    order_epoch_ = epoch_;
+  }
+  return order_[position];
+}
+
 void DataLoader::load_current_document() {
-  const Document& doc = (*docs_)[dp_rank_ + doc_index_ * dp_world_];
-  std::vector<int64_t> ids = tokenizer_.encode(doc.text);
+  const int64_t index = current_source_index();
+  std::vector<int64_t> ids = source_->encode(index, tokenizer_);
   doc_tokens_.clear();
   doc_tokens_.reserve(ids.size() + 2);
   doc_tokens_.push_back(tokenizer_.bos_id());
@@ -96,7 +157,7 @@ void DataLoader::load_current_document() {
   doc_tokens_.push_back(tokenizer_.eos_id());
   if (token_offset_ > static_cast<int64_t>(doc_tokens_.size())) {
     throw DataError("DataLoader: saved state points at token " + std::to_string(token_offset_) +
-                    " of document '" + doc.name + "', which has only " +
+                    " of document '" + source_->describe(index) + "', which has only " +
                     std::to_string(doc_tokens_.size()) +
                     " tokens. HINT: the dataset, tokenizer or dp layout changed since the "
                     "checkpoint was written");
@@ -105,7 +166,7 @@ void DataLoader::load_current_document() {
 }
 
 DataLoaderState DataLoader::state() const {
-  return DataLoaderState{epoch_, doc_index_, token_offset_, buffer_};
+  return DataLoaderState{epoch_, doc_index_, token_offset_, buffer_, shuffle_seed_};
 }
 
 void DataLoader::load_state(const DataLoaderState& state) {
@@ -134,6 +195,12 @@ void DataLoader::load_state(const DataLoaderState& state) {
            std::to_string(vocab) + ")");
     }
   }
+  if (state.shuffle_seed != shuffle_seed_) {
+    log_warning("DataLoader::load_state: resuming with the saved document order (shuffle seed ",
+                state.shuffle_seed, ") instead of the configured one (", shuffle_seed_, ")");
+  }
+  shuffle_seed_ = state.shuffle_seed;
+  order_epoch_ = -1;
   epoch_ = state.epoch;
   doc_index_ = state.doc_index;
   token_offset_ = state.token_offset;

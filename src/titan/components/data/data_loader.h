@@ -3,12 +3,20 @@
 // cut into consecutive, non-overlapping windows of seq_len + 1 tokens; a window gives
 // inputs = window[:-1] and labels = window[1:]. Windows span document boundaries; no padding.
 //
-// Data parallelism follows split_dataset_by_node: dp rank r reads documents i with
-// i % dp_world == r. Documents are tokenized one at a time as the stream reaches them, so memory
-// is the documents plus one document's tokens plus one batch.
+// Documents come from a DocumentSource, pulled one at a time as the stream reaches them, so memory
+// is the source's index plus one document's tokens plus one batch (plus, when shuffling, one
+// int64 per document for the epoch's order).
+//
+// Order: the loader loops over the documents forever (training) or once (validation). With a
+// shuffle seed, epoch e visits the documents in a permutation drawn from seed + e (Fisher-Yates
+// over mt19937_64, identical on every platform); without one, in source order. Data parallelism
+// follows split_dataset_by_node: dp rank r reads positions i of the epoch's order with
+// i % dp_world == r. Every rank draws the same permutation, so the ranks' documents are disjoint
+// and together complete in every epoch.
 #pragma once
 
 #include "titan/components/data/dataset.h"
+#include "titan/components/data/document_source.h"
 #include "titan/components/tokenizer/tokenizer.h"
 
 #include <ATen/ATen.h>
@@ -31,18 +39,36 @@ struct DataLoaderState {
   int64_t doc_index = 0;     // this rank's document being consumed (index into its shard)
   int64_t token_offset = 0;  // tokens of that document (counting its BOS) already consumed
   std::vector<int64_t> buffer;  // tokens of the window being filled (< seq_len + 1)
+  int64_t shuffle_seed = -1;  // seed of the per-epoch document order; < 0: source order
 
   bool operator==(const DataLoaderState& other) const {
     return epoch == other.epoch && doc_index == other.doc_index &&
-        token_offset == other.token_offset && buffer == other.buffer;
+        token_offset == other.token_offset && buffer == other.buffer &&
+        shuffle_seed == other.shuffle_seed;
   }
 };
+
+// A permutation of [0, n) drawn from `seed`: Fisher-Yates with mt19937_64 and rejection
+// sampling, so the order is the same with every standard library.
+std::vector<int64_t> shuffled_order(int64_t n, uint64_t seed);
 
 class DataLoader {
  public:
   // `tokenizer` must outlive the loader. `infinite` (training) re-loops over the documents,
   // logging a warning each time; otherwise (validation) next() returns nullopt once fewer than
   // batch_size full windows remain, dropping the remainder.
+  // `shuffle_seed` >= 0 shuffles the document order of each epoch (see above). A pre-tokenized
+  // source must have been written by a tokenizer of the same vocab_size (DataError otherwise).
+  DataLoader(
+      std::shared_ptr<const DocumentSource> source,
+      const Tokenizer& tokenizer,
+      int64_t seq_len,
+      int64_t batch_size,
+      int64_t dp_rank = 0,
+      int64_t dp_world = 1,
+      bool infinite = true,
+      int64_t shuffle_seed = -1);
+  // Documents in memory, in order.
   DataLoader(
       std::shared_ptr<const std::vector<Document>> docs,
       const Tokenizer& tokenizer,
@@ -57,8 +83,8 @@ class DataLoader {
 
   DataLoaderState state() const;
   // Resumes from state(); the next batches equal those the saved loader would have produced,
-  // given the same documents, tokenizer, seq_len and dp layout. Throws DataError if the state
-  // does not fit them.
+  // given the same documents, tokenizer, seq_len and dp layout. The saved shuffle seed replaces
+  // the loader's (with a warning when they differ). Throws DataError if the state does not fit.
   void load_state(const DataLoaderState& state);
 
   // Documents read by this dp rank.
@@ -77,8 +103,10 @@ class DataLoader {
   bool fill_window(int64_t* out);
   // Makes doc_tokens_ hold BOS + tokens + EOS of local document doc_index_.
   void load_current_document();
+  // Index into the source of this rank's document doc_index_ in epoch epoch_.
+  int64_t current_source_index();
 
-  std::shared_ptr<const std::vector<Document>> docs_;
+  std::shared_ptr<const DocumentSource> source_;
   const Tokenizer& tokenizer_;
   int64_t seq_len_;
   int64_t batch_size_;
@@ -86,6 +114,9 @@ class DataLoader {
   int64_t dp_world_;
   bool infinite_;
   int64_t num_local_docs_;
+  int64_t shuffle_seed_;
+  std::vector<int64_t> order_;  // the epoch's document order, when shuffling
+  int64_t order_epoch_ = -1;    // epoch that order_ was drawn for
 
   int64_t epoch_ = 0;
   int64_t doc_index_ = 0;

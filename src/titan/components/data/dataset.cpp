@@ -2,6 +2,7 @@
 #include "titan/components/data/dataset.h"
 
 #include "titan/common/check.h"
+#include "titan/components/data/document_source.h"
 #include "titan/components/data/sotu.h"
 
 #include <algorithm>
@@ -13,6 +14,28 @@ namespace titan {
 
 namespace {
 
+// The user's own corpora at dataset_path, one entry per format; streamed, never in memory.
+std::vector<DatasetSpec> user_corpus_specs() {
+  const std::vector<std::pair<std::string, std::string>> formats{
+      {"text", "your .txt files at dataset_path (one document per file)"},
+      {"jsonl", "your .jsonl/.json files at dataset_path (one document per line)"},
+      {"tokens", "your .bin token files at dataset_path (from `titan data prepare`)"},
+      {"auto", "your .txt/.jsonl/.json/.bin files at dataset_path, format by extension"},
+  };
+  std::vector<DatasetSpec> specs;
+  for (const auto& [name, description] : formats) {
+    const CorpusFormat format = corpus_format_from_name(name);
+    DatasetSpec spec;
+    spec.name = name;
+    spec.description = description;
+    spec.open = [format](const std::string& path, const std::string& text_field) {
+      return open_corpus(path, format, text_field);
+    };
+    specs.push_back(std::move(spec));
+  }
+  return specs;
+}
+
 struct Registry {
   std::mutex mutex;
   std::map<std::string, DatasetSpec> specs;
@@ -23,6 +46,9 @@ Registry& registry() {
   static Registry* r = [] {
     auto* reg = new Registry;
     for (DatasetSpec& spec : sotu_dataset_specs()) {
+      reg->specs.emplace(spec.name, std::move(spec));
+    }
+    for (DatasetSpec& spec : user_corpus_specs()) {
       reg->specs.emplace(spec.name, std::move(spec));
     }
     return reg;
@@ -78,8 +104,8 @@ DatasetSpec find_spec(const std::string& name) {
 }  // namespace
 
 void register_dataset(DatasetSpec spec) {
-  TITAN_CHECK(!spec.name.empty() && spec.load,
-              "register_dataset: a dataset needs a name and a load function");
+  TITAN_CHECK(!spec.name.empty() && (spec.load || spec.open),
+              "register_dataset: a dataset needs a name and a load or open function");
   Registry& reg = registry();
   std::lock_guard<std::mutex> lock(reg.mutex);
   const std::string name = spec.name;
@@ -116,7 +142,8 @@ std::string titan_cache_dir() {
 std::string default_dataset_path(const std::string& name) {
   const DatasetSpec spec = find_spec(name);
   if (spec.cache_subdir.empty()) {
-    throw ConfigError("dataset '" + name + "' has no default location; set its dataset_path");
+    throw ConfigError("dataset '" + name + "' reads your own files and has no default "
+                      "location; set its dataset_path (e.g. --training.dataset_path DIR)");
   }
   return titan_cache_dir() + "/datasets/" + spec.cache_subdir;
 }
@@ -124,7 +151,28 @@ std::string default_dataset_path(const std::string& name) {
 std::vector<Document> load_dataset(const std::string& name, const std::string& path) {
   const DatasetSpec spec = find_spec(name);
   const std::string where = path.empty() ? default_dataset_path(name) : path;
-  return spec.load(where);
+  if (spec.load) {
+    return spec.load(where);
+  }
+  const std::shared_ptr<const DocumentSource> source = spec.open(where, "text");
+  std::vector<Document> docs;
+  for (int64_t i = 0; i < source->size(); ++i) {
+    docs.push_back(Document{source->describe(i), source->text(i)});
+  }
+  return docs;
+}
+
+std::shared_ptr<const DocumentSource> open_dataset(
+    const std::string& name,
+    const std::string& path,
+    const std::string& text_field) {
+  const DatasetSpec spec = find_spec(name);
+  const std::string where = path.empty() ? default_dataset_path(name) : path;
+  if (spec.open) {
+    return spec.open(where, text_field);
+  }
+  return std::make_shared<MemoryDocumentSource>(
+      std::make_shared<const std::vector<Document>>(spec.load(where)));
 }
 
 }  // namespace titan

@@ -1,13 +1,20 @@
 // Dataset registry: a dataset is a name plus a function that reads its documents from a path.
-// Callers only use load_dataset(name, path); a new source (user text files, jsonl, ...) is added
-// with register_dataset() or to the built-in list in dataset.cpp without touching them.
+// Callers use open_dataset(name, options) (or load_dataset for the whole text in memory); a new
+// source is added with register_dataset() or to the built-in list in dataset.cpp.
+//
+// Built-in names: sotu, sotu_validation (the bundled corpus) and, for the user's own data at
+// dataset_path, text (.txt files, one document each), jsonl (.jsonl/.json, one document per
+// line), tokens (.bin files from `titan data prepare`) and auto (format from the extensions).
 #pragma once
 
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
 namespace titan {
+
+class DocumentSource;
 
 // One unit of text; the data loader wraps each in BOS ... EOS.
 struct Document {
@@ -24,9 +31,14 @@ struct DatasetSpec {
   std::string cache_subdir;
   // Reads the documents, in a fixed order, from a folder or file. Throws DataError.
   std::function<std::vector<Document>(const std::string& path)> load;
+  // Alternatively, streams them: a source that reads documents on demand. `text_field` is the
+  // JSON key holding the text, for sources that read JSON. Used instead of `load` when set.
+  std::function<std::shared_ptr<const DocumentSource>(
+      const std::string& path, const std::string& text_field)>
+      open;
 };
 
-// Adds a dataset; throws ConfigError if the name is already taken.
+// Adds a dataset (it needs `load` or `open`); throws ConfigError if the name is already taken.
 void register_dataset(DatasetSpec spec);
 
 // Names of all registered datasets, sorted.
@@ -42,5 +54,12 @@ std::string default_dataset_path(const std::string& name);
 // The documents of dataset `name` read from `path` (empty: default_dataset_path(name)).
 // Unknown name -> ConfigError naming the closest known one; missing or corrupt data -> DataError.
 std::vector<Document> load_dataset(const std::string& name, const std::string& path);
+
+// Dataset `name` at `path` (empty: its default location) as a source the DataLoader pulls from:
+// streamed from disk for user corpora, in memory for the built-ins. Errors as load_dataset.
+std::shared_ptr<const DocumentSource> open_dataset(
+    const std::string& name,
+    const std::string& path,
+    const std::string& text_field = "text");
 
 }  // namespace titan

@@ -1,7 +1,9 @@
-// The byte-level tokenizer and the factory that chooses a tokenizer from the model config.
+// The byte-level tokenizer and the factory that chooses a tokenizer from the model config
+// (BPE files are read by tokenizer_files.cpp).
 #include "titan/components/tokenizer/tokenizer.h"
 
 #include "titan/common/check.h"
+#include "titan/components/tokenizer/tokenizer_files.h"
 
 namespace titan {
 
@@ -28,13 +30,8 @@ std::string ByteTokenizer::decode(const std::vector<int64_t>& ids) const {
 }
 
 std::unique_ptr<Tokenizer> build_tokenizer(const std::string& hf_assets_path) {
-  if (!hf_assets_path.empty()) {
-    throw ConfigError(
-        "model.hf_assets_path: loading tokenizer files is not supported yet; leave it empty for "
-        "the byte-level tokenizer (got '" +
-        hf_assets_path + "')");
-  }
-  return std::make_unique<ByteTokenizer>();
+  if (hf_assets_path.empty()) return std::make_unique<ByteTokenizer>();
+  return load_bpe_tokenizer(hf_assets_path);
 }
 
 }  // namespace titan

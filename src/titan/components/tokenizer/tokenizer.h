@@ -1,7 +1,7 @@
 // Tokenizers turn text into token ids and back. The data loader and generation only see the
 // `Tokenizer` interface; `build_tokenizer` picks the implementation from model.hf_assets_path.
-// Today that is always the byte-level tokenizer (no files needed); BPE from tokenizer files
-// arrives later behind the same interface.
+// An empty path gives the byte-level tokenizer (no files needed); otherwise byte-level BPE
+// (bpe.h) is read from tokenizer.json, GPT-2 vocab.json + merges.txt, or a tiktoken file.
 #pragma once
 
 #include <cstdint>
@@ -49,8 +49,9 @@ class ByteTokenizer final : public Tokenizer {
   }
 };
 
-// The tokenizer for model.hf_assets_path: empty -> ByteTokenizer. A non-empty path throws
-// ConfigError until tokenizer files are supported.
+// The tokenizer for model.hf_assets_path: empty -> ByteTokenizer; else a BpeTokenizer from the
+// file or folder (see load_bpe_tokenizer in tokenizer_files.h). A missing path or unsupported
+// format throws ConfigError; an unreadable or corrupt file throws DataError; both name the file.
 std::unique_ptr<Tokenizer> build_tokenizer(const std::string& hf_assets_path);
 
 }  // namespace titan

@@ -1,0 +1,382 @@
+// Tokenizer file readers. Byte-level vocabularies (tokenizer.json, vocab.json) spell each byte as
+// one printable character (GPT-2's bytes_to_unicode table); tokens are converted back to raw
+// bytes here so BpeTokenizer only ever sees bytes.
+#include "titan/components/tokenizer/tokenizer_files.h"
+
+#include "titan/common/check.h"
+#include "titan/components/tokenizer/unicode.h"
+
+#include <nlohmann/json.hpp>
+
+#include <array>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+namespace titan {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+std::string read_text_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw DataError(path + ": cannot open the tokenizer file");
+  std::ostringstream buf;
+  buf << in.rdbuf();
+  if (in.bad()) throw DataError(path + ": read error");
+  return buf.str();
+}
+
+json parse_json(const std::string& path) {
+  try {
+    return json::parse(read_text_file(path));
+  } catch (const json::exception& e) {
+    throw DataError(path + ": not valid JSON (" + e.what() + ")");
+  }
+}
+
+// GPT-2's byte <-> printable character table: printable Latin-1 bytes stand for themselves, the
+// other 68 bytes take the code points 256, 257, ... in byte order.
+const std::array<int, 324>& unicode_to_byte() {
+  static const std::array<int, 324> table = [] {
+    std::array<int, 324> t;
+    t.fill(-1);
+    int next = 256;
+    for (int b = 0; b < 256; ++b) {
+      const bool printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || b >= 0xAE;
+      t[printable ? b : next++] = b;
+    }
+    return t;
+  }();
+  return table;
+}
+
+// Raw bytes of a byte-level token; nullopt if it uses a character outside the table.
+std::optional<std::string> byte_level_to_bytes(std::string_view token) {
+  std::string bytes;
+  size_t pos = 0;
+  while (pos < token.size()) {
+    size_t len;
+    const uint32_t cp = decode_utf8(token, pos, &len);
+    if (cp >= unicode_to_byte().size() || unicode_to_byte()[cp] < 0) return std::nullopt;
+    bytes.push_back(static_cast<char>(unicode_to_byte()[cp]));
+    pos += len;
+  }
+  return bytes;
+}
+
+// Fills model->tokens from a {"token": id} object of byte-level tokens.
+void read_byte_level_vocab(const json& vocab, const std::string& path, BpeModel* model) {
+  if (!vocab.is_object()) throw DataError(path + ": the vocabulary is not a JSON object");
+  for (const auto& [token, id_json] : vocab.items()) {
+    if (!id_json.is_number_integer() || id_json.get<int64_t>() < 0 ||
+        id_json.get<int64_t>() > (int64_t{1} << 30)) {
+      throw DataError(path + ": token '" + token + "' has an invalid id " + id_json.dump());
+    }
+    const int64_t id = id_json.get<int64_t>();
+    std::optional<std::string> bytes = byte_level_to_bytes(token);
+    if (!bytes || bytes->empty()) {
+      throw DataError(path + ": token '" + token + "' (id " + std::to_string(id) +
+                      ") is not a byte-level BPE token");
+    }
+    if (id >= static_cast<int64_t>(model->tokens.size())) model->tokens.resize(id + 1);
+    if (!model->tokens[id].empty()) {
+      throw DataError(path + ": id " + std::to_string(id) + " appears twice in the vocabulary");
+    }
+    model->tokens[id] = std::move(*bytes);
+  }
+}
+
+int32_t token_id(const std::unordered_map<std::string, int32_t>& ids, const std::string& token,
+                 const std::string& path, size_t rank) {
+  auto it = ids.find(token);
+  if (it == ids.end()) {
+    throw DataError(path + ": merge " + std::to_string(rank) + " uses '" + token +
+                    "', which is not in the vocabulary");
+  }
+  return it->second;
+}
+
+void add_merge(const std::unordered_map<std::string, int32_t>& ids, const std::string& left,
+               const std::string& right, const std::string& path, BpeModel* model) {
+  const size_t rank = model->merges.size();
+  model->merges.emplace_back(token_id(ids, left, path, rank), token_id(ids, right, path, rank));
+}
+
+std::unordered_map<std::string, int32_t> byte_level_ids(const json& vocab) {
+  std::unordered_map<std::string, int32_t> ids;
+  for (const auto& [token, id] : vocab.items()) ids.emplace(token, id.get<int32_t>());
+  return ids;
+}
+
+// BOS/EOS from the special tokens: Llama 3's names, else GPT-2's <|endoftext|> for both.
+void pick_bos_eos(const std::unordered_map<std::string, int64_t>& named, BpeModel* model) {
+  auto find = [&](const char* name) -> std::optional<int64_t> {
+    auto it = named.find(name);
+    return it == named.end() ? std::nullopt : std::optional<int64_t>(it->second);
+  };
+  model->bos_id = find("<|begin_of_text|>");
+  model->eos_id = find("<|end_of_text|>");
+  if (!model->bos_id) model->bos_id = find("<|endoftext|>");
+  if (!model->eos_id) model->eos_id = find("<|endoftext|>");
+}
+
+// Reads a pre_tokenizer object into *model; ConfigError for what we do not implement.
+void read_pre_tokenizer(const json& pt, const std::string& path, bool* byte_level,
+                        std::optional<PreTokenizer>* split, BpeModel* model) {
+  const std::string type = pt.value("type", "");
+  if (type == "Sequence") {
+    for (const json& inner : pt.at("pretokenizers")) {
+      read_pre_tokenizer(inner, path, byte_level, split, model);
+    }
+  } else if (type == "ByteLevel") {
+    *byte_level = true;
+    model->add_prefix_space = pt.value("add_prefix_space", false);
+    if (pt.value("use_regex", true)) {
+      if (*split) throw ConfigError(path + ": two pre-tokenizer regexes are not supported");
+      *split = PreTokenizer::kGpt2;
+    }
+  } else if (type == "Split") {
+    const json& pattern = pt.at("pattern");
+    const std::string regex = pattern.contains("Regex") ? pattern.at("Regex").get<std::string>()
+                                                        : std::string();
+    std::optional<PreTokenizer> kind = pre_tokenizer_from_pattern(regex);
+    if (!kind || pt.value("behavior", "") != "Isolated" || pt.value("invert", false)) {
+      throw ConfigError(path + ": unsupported Split pre-tokenizer " + pt.dump() +
+                        "; only the GPT-2 and Llama-3 regexes with behavior Isolated are "
+                        "implemented");
+    }
+    if (*split) throw ConfigError(path + ": two pre-tokenizer regexes are not supported");
+    *split = kind;
+  } else {
+    throw ConfigError(path + ": unsupported pre-tokenizer type '" + type +
+                      "'; supported: ByteLevel, Split (GPT-2 / Llama-3 regex), Sequence");
+  }
+}
+
+// Decodes standard base64 (with optional '=' padding); nullopt on any other character.
+std::optional<std::string> decode_base64(std::string_view text) {
+  const auto value = [](char c) -> int {
+    if (c >= 'A' && c <= 'Z') return c - 'A';
+    if (c >= 'a' && c <= 'z') return c - 'a' + 26;
+    if (c >= '0' && c <= '9') return c - '0' + 52;
+    if (c == '+') return 62;
+    if (c == '/') return 63;
+    return -1;
+  };
+  while (!text.empty() && text.back() == '=') text.remove_suffix(1);
+  std::string out;
+  uint32_t acc = 0;
+  int bits = 0;
+  for (char c : text) {
+    const int v = value(c);
+    if (v < 0) return std::nullopt;
+    acc = (acc << 6) | static_cast<uint32_t>(v);
+    bits += 6;
+    if (bits >= 8) {
+      bits -= 8;
+      out.push_back(static_cast<char>((acc >> bits) & 0xFF));
+    }
+  }
+  return out;
+}
+
+// Llama 3's special tokens, in id order after its 128000 ranks (as in TorchTitan / Meta's
+// tokenizer.py): 10 named ones, then reserved tokens up to 256 in all.
+std::vector<std::string> llama3_special_tokens() {
+  std::vector<std::string> names = {
+      "<|begin_of_text|>", "<|end_of_text|>", "<|reserved_special_token_0|>",
+      "<|reserved_special_token_1|>", "<|reserved_special_token_2|>",
+      "<|reserved_special_token_3|>", "<|start_header_id|>", "<|end_header_id|>",
+      "<|reserved_special_token_4|>", "<|eot_id|>"};
+  for (int i = 5; names.size() < 256; ++i) {
+    names.push_back("<|reserved_special_token_" + std::to_string(i) + "|>");
+  }
+  return names;
+}
+
+constexpr int64_t kLlama3NumRanks = 128000;
+
+}  // namespace
+
+BpeModel read_hf_tokenizer_json(const std::string& path) {
+  const json root = parse_json(path);
+  BpeModel model;
+  model.source = path;
+  try {
+    const json& m = root.at("model");
+    if (m.value("type", "BPE") != "BPE") {
+      throw ConfigError(path + ": model.type is '" + m.value("type", "") +
+                        "'; only byte-level BPE tokenizers are supported");
+    }
+    if (!m.value("continuing_subword_prefix", json()).is_null() &&
+        !m["continuing_subword_prefix"].get<std::string>().empty()) {
+      throw ConfigError(path + ": continuing_subword_prefix is not supported");
+    }
+    if (!m.value("end_of_word_suffix", json()).is_null() &&
+        !m["end_of_word_suffix"].get<std::string>().empty()) {
+      throw ConfigError(path + ": end_of_word_suffix is not supported");
+    }
+    if (!root.value("normalizer", json()).is_null()) {
+      throw ConfigError(path + ": normalizer " + root["normalizer"].dump() + " is not supported");
+    }
+    model.ignore_merges = m.value("ignore_merges", false);
+    const json& vocab = m.at("vocab");
+    read_byte_level_vocab(vocab, path, &model);
+    const auto ids = byte_level_ids(vocab);
+    for (const json& merge : m.at("merges")) {
+      if (merge.is_string()) {
+        const std::string s = merge.get<std::string>();
+        const size_t space = s.find(' ', 1);
+        if (space == std::string::npos) throw DataError(path + ": bad merge '" + s + "'");
+        add_merge(ids, s.substr(0, space), s.substr(space + 1), path, &model);
+      } else if (merge.is_array() && merge.size() == 2) {
+        add_merge(ids, merge[0].get<std::string>(), merge[1].get<std::string>(), path, &model);
+      } else {
+        throw DataError(path + ": bad merge " + merge.dump());
+      }
+    }
+    const json pt = root.value("pre_tokenizer", json());
+    if (pt.is_null()) throw ConfigError(path + ": a byte-level BPE needs a pre_tokenizer");
+    bool byte_level = false;
+    std::optional<PreTokenizer> split;
+    read_pre_tokenizer(pt, path, &byte_level, &split, &model);
+    if (!byte_level || !split) {
+      throw ConfigError(path + ": the pre-tokenizer must be ByteLevel with a GPT-2 or Llama-3 "
+                        "regex; got " + pt.dump());
+    }
+    model.pre_tokenizer = *split;
+    std::unordered_map<std::string, int64_t> named;
+    for (const json& added : root.value("added_tokens", json::array())) {
+      const std::string content = added.at("content").get<std::string>();
+      const int64_t id = added.at("id").get<int64_t>();
+      model.special_tokens.emplace_back(content, id);
+      named.emplace(content, id);
+    }
+    model.match_special_tokens = true;
+    if (ids.count("<|endoftext|>")) named.emplace("<|endoftext|>", ids.at("<|endoftext|>"));
+    pick_bos_eos(named, &model);
+  } catch (const json::exception& e) {
+    throw DataError(path + ": unexpected tokenizer.json layout (" + e.what() + ")");
+  }
+  return model;
+}
+
+BpeModel read_gpt2_vocab(const std::string& vocab_path, const std::string& merges_path) {
+  const json vocab = parse_json(vocab_path);
+  BpeModel model;
+  model.source = vocab_path;
+  std::unordered_map<std::string, int32_t> ids;
+  try {
+    read_byte_level_vocab(vocab, vocab_path, &model);
+    ids = byte_level_ids(vocab);
+  } catch (const json::exception& e) {
+    throw DataError(vocab_path + ": unexpected vocabulary layout (" + e.what() + ")");
+  }
+  std::istringstream lines(read_text_file(merges_path));
+  std::string line;
+  while (std::getline(lines, line)) {
+    if (line.rfind("#version", 0) == 0) continue;
+    std::istringstream fields(line);
+    std::string left, right, extra;
+    if (!(fields >> left)) continue;  // blank line
+    if (!(fields >> right) || (fields >> extra)) {
+      throw DataError(merges_path + ": bad merge line '" + line + "' (want 'left right')");
+    }
+    add_merge(ids, left, right, merges_path, &model);
+  }
+  if (model.merges.empty()) throw DataError(merges_path + ": no merge rules");
+  std::unordered_map<std::string, int64_t> named;
+  if (ids.count("<|endoftext|>")) named.emplace("<|endoftext|>", ids.at("<|endoftext|>"));
+  pick_bos_eos(named, &model);
+  return model;
+}
+
+BpeModel read_tiktoken(const std::string& path) {
+  BpeModel model;
+  model.source = path;
+  model.merges_from_ranks = true;
+  model.ignore_merges = true;
+  model.pre_tokenizer = PreTokenizer::kLlama3;
+  std::istringstream lines(read_text_file(path));
+  std::string line;
+  int64_t line_no = 0;
+  int64_t num_ranks = 0;
+  while (std::getline(lines, line)) {
+    ++line_no;
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    if (line.empty()) continue;
+    const size_t space = line.find(' ');
+    std::optional<std::string> bytes =
+        space == std::string::npos ? std::nullopt : decode_base64(line.substr(0, space));
+    int64_t rank = -1;
+    try {
+      size_t used = 0;
+      if (space != std::string::npos) rank = std::stoll(line.substr(space + 1), &used);
+      if (used != line.size() - space - 1) rank = -1;
+    } catch (const std::exception&) {
+      rank = -1;
+    }
+    if (!bytes || bytes->empty() || rank < 0 || rank > (int64_t{1} << 30)) {
+      throw DataError(path + ":" + std::to_string(line_no) +
+                      ": not a tiktoken rank line (want '<base64 token> <rank>')");
+    }
+    if (rank >= static_cast<int64_t>(model.tokens.size())) model.tokens.resize(rank + 1);
+    if (!model.tokens[rank].empty()) {
+      throw DataError(path + ":" + std::to_string(line_no) + ": rank " + std::to_string(rank) +
+                      " appears twice");
+    }
+    model.tokens[rank] = std::move(*bytes);
+    ++num_ranks;
+  }
+  if (num_ranks == 0) throw DataError(path + ": no tiktoken ranks in the file");
+  if (num_ranks == kLlama3NumRanks) {
+    std::unordered_map<std::string, int64_t> named;
+    const std::vector<std::string> names = llama3_special_tokens();
+    for (size_t i = 0; i < names.size(); ++i) {
+      model.special_tokens.emplace_back(names[i], kLlama3NumRanks + static_cast<int64_t>(i));
+      named.emplace(names[i], kLlama3NumRanks + static_cast<int64_t>(i));
+    }
+    pick_bos_eos(named, &model);
+  }
+  return model;
+}
+
+std::unique_ptr<BpeTokenizer> load_bpe_tokenizer(const std::string& path) {
+  std::error_code ec;
+  if (!fs::exists(path, ec)) {
+    throw ConfigError("model.hf_assets_path: '" + path +
+                      "' does not exist; point it at a tokenizer.json, a tiktoken file or a "
+                      "folder holding one, or leave it empty for the byte-level tokenizer");
+  }
+  if (!fs::is_directory(path, ec)) {
+    if (fs::path(path).extension() == ".json") {
+      return std::make_unique<BpeTokenizer>(read_hf_tokenizer_json(path));
+    }
+    return std::make_unique<BpeTokenizer>(read_tiktoken(path));
+  }
+  const fs::path dir(path);
+  const auto has = [&](const char* name) { return fs::is_regular_file(dir / name, ec); };
+  if (has("tokenizer.json")) {
+    return std::make_unique<BpeTokenizer>(
+        read_hf_tokenizer_json((dir / "tokenizer.json").string()));
+  }
+  if (has("vocab.json") && has("merges.txt")) {
+    return std::make_unique<BpeTokenizer>(
+        read_gpt2_vocab((dir / "vocab.json").string(), (dir / "merges.txt").string()));
+  }
+  if (has("encoder.json") && has("vocab.bpe")) {
+    return std::make_unique<BpeTokenizer>(
+        read_gpt2_vocab((dir / "encoder.json").string(), (dir / "vocab.bpe").string()));
+  }
+  for (const char* name : {"tokenizer.model", "original/tokenizer.model"}) {
+    if (has(name)) return std::make_unique<BpeTokenizer>(read_tiktoken((dir / name).string()));
+  }
+  throw ConfigError("model.hf_assets_path: '" + path +
+                    "' holds no tokenizer files (looked for tokenizer.json, vocab.json + "
+                    "merges.txt, encoder.json + vocab.bpe, tokenizer.model); leave it empty for "
+                    "the byte-level tokenizer");
+}
+
+}  // namespace titan

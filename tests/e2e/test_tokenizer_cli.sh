@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# `titan tokenizer`: usage errors exit 2, file errors name the file, and encode/decode round-trip
+# arbitrary bytes line by line through a small tiktoken file written here (256 byte ranks plus a
+# few merges), so this test needs no download.
+source "$(dirname "$0")/lib.sh"
+
+# Ranks 0..255: the bytes; 256 "ab", 257 "abc", 258 " x".
+tok="$WORK/tiny.tiktoken"
+for b in $(seq 0 255); do
+  printf "%s %d\n" "$(printf "\\x$(printf %02x "$b")" | base64)" "$b"
+done >"$tok"
+printf "%s 256\n%s 257\n%s 258\n" "$(printf ab | base64)" "$(printf abc | base64)" \
+  "$(printf ' x' | base64)" >>"$tok"
+[ "$(wc -l <"$tok")" = 259 ] || fail "tiny tokenizer has $(wc -l <"$tok") lines"
+
+# Usage errors.
+expect_exit 2 "$TITAN" tokenizer
+expect_output "missing action"
+expect_exit 2 "$TITAN" tokenizer frobnicate --tokenizer "$tok"
+expect_output "unknown action 'frobnicate'"
+expect_exit 2 "$TITAN" tokenizer encode
+expect_output "--tokenizer is required"
+expect_exit 2 "$TITAN" tokenizer encode --tokenizer
+expect_output "needs a value"
+expect_exit 2 "$TITAN" tokenizer encode --tokenizer "$tok" --bogus
+expect_output "unknown argument '--bogus'"
+expect_exit 2 "$TITAN" tokenizer encode --tokenizer "$WORK/missing"
+expect_output "$WORK/missing' does not exist"
+expect_exit 2 "$TITAN" tokenizer encode --tokenizer "$tok" --input "$WORK/nope.txt"
+expect_output "nope.txt"
+expect_exit 0 "$TITAN" tokenizer --help
+expect_output "usage: titan tokenizer encode"
+
+# Corrupt files: exit 1, message names the file and line.
+printf 'QQ== 0\n%%%% 1\n' >"$WORK/bad.model"
+expect_exit 1 "$TITAN" tokenizer encode --tokenizer "$WORK/bad.model" --input /dev/null
+expect_output "bad.model:2"
+echo '{"model": ' >"$WORK/tokenizer.json"
+expect_exit 1 "$TITAN" tokenizer encode --tokenizer "$WORK/tokenizer.json" --input /dev/null
+expect_output "tokenizer.json: not valid JSON"
+
+# Known ids; stdin by default; one output line per input line (empty lines included).
+printf 'abc x\n\nab!\n' >"$WORK/in.txt"
+expect_exit 0 "$TITAN" tokenizer encode --tokenizer "$tok" --input "$WORK/in.txt"
+printf '257 258\n\n256 33\n' >"$WORK/want.txt"
+cmp "$WORK/out" "$WORK/want.txt" || { cat "$WORK/out" >&2; fail "encode ids differ"; }
+"$TITAN" tokenizer encode --tokenizer "$tok" <"$WORK/in.txt" >"$WORK/stdin_ids.txt"
+cmp "$WORK/stdin_ids.txt" "$WORK/want.txt" || fail "encode from stdin differs"
+expect_exit 0 "$TITAN" tokenizer decode --tokenizer "$tok" --input "$WORK/want.txt"
+cmp "$WORK/out" "$WORK/in.txt" || fail "decode did not restore the text"
+echo '1 2 x' >"$WORK/bad_ids.txt"
+expect_exit 1 "$TITAN" tokenizer decode --tokenizer "$tok" --input "$WORK/bad_ids.txt"
+expect_output "'x' is not a token id"
+echo '999999' >"$WORK/bad_ids.txt"
+expect_exit 1 "$TITAN" tokenizer decode --tokenizer "$tok" --input "$WORK/bad_ids.txt"
+expect_output "999999 is not in the vocabulary"
+
+# Random bytes (invalid UTF-8 included) survive encode + decode, line by line.
+head -c 20000 /dev/urandom >"$WORK/random.bin"
+echo >>"$WORK/random.bin"
+"$TITAN" tokenizer encode --tokenizer "$tok" --input "$WORK/random.bin" >"$WORK/random.ids"
+"$TITAN" tokenizer decode --tokenizer "$tok" --input "$WORK/random.ids" >"$WORK/random.back"
+cmp "$WORK/random.bin" "$WORK/random.back" || fail "random bytes did not round-trip"
+echo "tokenizer cli: ok"
