@@ -5,6 +5,8 @@
 #include "titan/components/data/manifest.h"
 #include "titan/components/data/sotu.h"
 
+#include "data_test_util.h"
+
 #include <gtest/gtest.h>
 
 #include <unistd.h>
@@ -18,24 +20,9 @@ namespace titan {
 namespace {
 
 namespace fs = std::filesystem;
-
-void write_file(const fs::path& path, const std::string& text) {
-  std::ofstream out(path, std::ios::binary);
-  out << text;
-}
-
-std::string message_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "";
-}
-
-bool contains(const std::string& haystack, const std::string& needle) {
-  return haystack.find(needle) != std::string::npos;
-}
+using test::contains;
+using test::message_of;
+using test::write_file;
 
 // A temporary dataset folder with three small addresses and a manifest describing them.
 class FakeSotu : public ::testing::Test {

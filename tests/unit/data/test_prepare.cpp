@@ -6,6 +6,8 @@
 #include "titan/components/data/prepare.h"
 #include "titan/components/data/token_file.h"
 
+#include "data_test_util.h"
+
 #include <gtest/gtest.h>
 
 #include <unistd.h>
@@ -17,25 +19,9 @@ namespace titan {
 namespace {
 
 namespace fs = std::filesystem;
-
-void write_file(const fs::path& path, const std::string& text) {
-  fs::create_directories(path.parent_path());
-  std::ofstream out(path, std::ios::binary);
-  out << text;
-}
-
-std::string message_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "";
-}
-
-bool contains(const std::string& haystack, const std::string& needle) {
-  return haystack.find(needle) != std::string::npos;
-}
+using test::contains;
+using test::message_of;
+using test::write_file;
 
 // Resident set size of this process, in bytes (Linux).
 int64_t resident_bytes() {

@@ -1,0 +1,32 @@
+// Helpers shared by the data tests: writing files and reading an exception's message.
+#pragma once
+
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <string>
+
+namespace titan::test {
+
+// Writes `text` to `path`, creating parent folders.
+inline void write_file(const std::filesystem::path& path, const std::string& text) {
+  if (path.has_parent_path()) std::filesystem::create_directories(path.parent_path());
+  std::ofstream out(path, std::ios::binary);
+  out << text;
+}
+
+// The what() of the exception `fn` throws, or "" if it throws nothing.
+inline std::string message_of(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "";
+}
+
+inline bool contains(const std::string& haystack, const std::string& needle) {
+  return haystack.find(needle) != std::string::npos;
+}
+
+}  // namespace titan::test
