@@ -61,4 +61,20 @@ echo >>"$WORK/random.bin"
 "$TITAN" tokenizer encode --tokenizer "$tok" --input "$WORK/random.bin" >"$WORK/random.ids"
 "$TITAN" tokenizer decode --tokenizer "$tok" --input "$WORK/random.ids" >"$WORK/random.back"
 cmp "$WORK/random.bin" "$WORK/random.back" || fail "random bytes did not round-trip"
+
+# Train a small BPE on the corpus, round-trip with it, and train the model on it for a few steps.
+cache="${TITAN_CACHE:-$HOME/.cache/titan}/datasets/sotu"
+expect_exit 0 "$TITAN" tokenizer train --input "$cache" --vocab-size 1024 --output "$WORK/bpe"
+expect_output "vocab 1024"
+printf 'Fellow-Citizens of the Senate and House of Representatives\n' >"$WORK/line.txt"
+"$TITAN" tokenizer encode --tokenizer "$WORK/bpe" --input "$WORK/line.txt" >"$WORK/line.ids"
+"$TITAN" tokenizer decode --tokenizer "$WORK/bpe" --input "$WORK/line.ids" >"$WORK/line.back"
+cmp "$WORK/line.txt" "$WORK/line.back" || fail "trained tokenizer did not round-trip"
+[ "$(wc -w <"$WORK/line.ids")" -lt 40 ] || fail "trained tokenizer did not compress: $(cat "$WORK/line.ids")"
+expect_exit 0 "$TITAN" train --job.config_file configs/llama3/debug_model.toml \
+  --model.hf_assets_path "$WORK/bpe" --job.dump_folder "$WORK/run" --training.steps 3 \
+  --training.seq_len 64 --validation.enable=false --metrics.log_freq 1
+expect_output "tokenizer vocab 1024"
+expect_exit 2 "$TITAN" tokenizer train --input "$cache" --vocab-size 100 --output "$WORK/bad"
+expect_output "vocab"
 echo "tokenizer cli: ok"
