@@ -4,6 +4,9 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+
+#include <gtest/gtest.h>
+#include <unistd.h>
 #include <string>
 
 namespace titan::test {
@@ -23,6 +26,16 @@ inline std::string message_of(const std::function<void()>& fn) {
     return e.what();
   }
   return "";
+}
+
+// An empty folder unique to this process and the running test: <tmp>/<prefix>_<pid>_<test>.
+inline std::filesystem::path fresh_test_dir(const std::string& prefix) {
+  const auto dir = std::filesystem::temp_directory_path() /
+      (prefix + "_" + std::to_string(getpid()) + "_" +
+       ::testing::UnitTest::GetInstance()->current_test_info()->name());
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  return dir;
 }
 
 inline bool contains(const std::string& haystack, const std::string& needle) {

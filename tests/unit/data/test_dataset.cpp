@@ -28,11 +28,7 @@ using test::write_file;
 class FakeSotu : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = fs::temp_directory_path() /
-        ("titan_test_data_" + std::to_string(getpid()) + "_" +
-         ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
+    dir_ = test::fresh_test_dir("titan_test_data");
     const std::vector<std::pair<std::string, std::string>> files{
         {"1795_george_washington_n.txt", "Fellow-Citizens, 1795."},
         {"1796_george_washington_n.txt", "Fellow-Citizens, 1796!"},

@@ -34,11 +34,7 @@ std::vector<std::string> texts_of(const DocumentSource& source) {
 class CorpusDir : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = fs::temp_directory_path() /
-        ("titan_test_corpus_" + std::to_string(getpid()) + "_" +
-         ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
+    dir_ = test::fresh_test_dir("titan_test_corpus");
   }
   void TearDown() override {
     fs::remove_all(dir_);

@@ -38,11 +38,7 @@ int64_t resident_bytes() {
 class PrepareDir : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = fs::temp_directory_path() /
-        ("titan_test_prepare_" + std::to_string(getpid()) + "_" +
-         ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
+    dir_ = test::fresh_test_dir("titan_test_prepare");
   }
   void TearDown() override {
     fs::remove_all(dir_);
