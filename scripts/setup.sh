@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Sets up a fresh Debian 12 machine for titan.cpp and builds it: installs the Debian packages we
 # need (only what is missing), selects the OpenMP build of OpenBLAS, fetches the built-in `sotu`
-# corpus into the cache, and builds build/titan in Release. Idempotent; quick when nothing changed.
+# corpus into the cache, builds build/titan in Release, and trains the default tokenizer
+# (assets/tokenizer/sotu_2k, scripts/build_tokenizer.sh). Idempotent; quick when nothing changed.
 #
 #   scripts/setup.sh            # everything
 #   TITAN_BUILD_DIR=build-x scripts/setup.sh
@@ -58,4 +59,5 @@ if [ ! -f "$build_dir/build.ninja" ]; then
   cmake -S "$root" -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=Release
 fi
 cmake --build "$build_dir" -j "$(nproc)"
+bash "$root/scripts/build_tokenizer.sh" "$build_dir/titan"
 echo "[setup] ready: $build_dir/titan"

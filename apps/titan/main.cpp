@@ -1,6 +1,7 @@
-// The `titan` command: train, inspect, bench. Every subcommand reads a TorchTitan-style job config
-// (--job.config_file plus --section.key overrides). Exit codes: 0 ok, 1 runtime failure (data,
-// divergence, internal error), 2 bad configuration or usage.
+// The `titan` command: train, inspect, bench, data, tokenizer, generate, convert. train, inspect
+// and bench read a TorchTitan-style job config (--job.config_file plus --section.key overrides);
+// the others take their own arguments. Exit codes: 0 ok, 1 runtime failure (data, divergence,
+// internal error), 2 bad configuration or usage.
 #include "commands.h"
 
 #include "titan/common/check.h"
@@ -8,6 +9,7 @@
 #include "titan/common/logging.h"
 
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -23,13 +25,20 @@ void print_usage() {
       "  inspect   parameter counts, FLOPs per token and per-rank memory, without allocating\n"
       "  bench     time training steps of the benchmark models (tokens/s, MFU, peak memory)\n"
       "  data      corpus tools: `titan data prepare` pre-tokenizes text into token files\n"
-      "  tokenizer encode / decode / bench with tokenizer files (`titan tokenizer --help`)\n");
+      "  tokenizer encode / decode / bench with tokenizer files (`titan tokenizer --help`)\n"
+      "  convert   Hugging Face interop: to-hf, from-hf (`titan convert --help`)\n"
+      "  generate  continue a prompt with a checkpoint or HF model, KV-cached (`titan generate "
+      "--help`)\n"
+      "  run       launch N ranks of a command: `titan run --nproc_per_node N -- train ...` "
+      "(`titan run --help`)\n");
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
   titan::configure_cpu_allocator();
+  // Under `titan run` stdout is a pipe to the launcher: flush per line so ranks print live.
+  if (std::getenv("TITAN_RUN") != nullptr) std::setvbuf(stdout, nullptr, _IOLBF, 0);
   if (argc < 2 || std::strcmp(argv[1], "--help") == 0 || std::strcmp(argv[1], "-h") == 0) {
     print_usage();
     return argc < 2 ? 2 : 0;
@@ -39,6 +48,10 @@ int main(int argc, char** argv) {
   try {
     if (command == "data") return titan::run_data(args);  // own arguments, not a job config
     if (command == "tokenizer") return titan::run_tokenizer(args);
+    if (command == "convert") return titan::run_convert(args);
+    if (command == "generate") return titan::run_generate(args);
+    if (command == "run") return titan::run_launch(args);
+    if (command == "selftest") return titan::run_selftest(args);
     if (titan::maybe_print_help(command, args)) return 0;
     if (command == "train") return titan::run_train(args);
     if (command == "inspect") return titan::run_inspect(args);

@@ -4,6 +4,7 @@
 #include "titan/common/format.h"
 #include "titan/common/logging.h"
 #include "titan/config/config_manager.h"
+#include "titan/distributed/init.h"
 #include "titan/models/registry.h"
 #include "titan/trainer/trainer.h"
 
@@ -32,6 +33,15 @@ bool maybe_print_help(const std::string& command, const std::vector<std::string>
 
 int run_train(const std::vector<std::string>& args) {
   JobConfig config = parse_job_config(args);
+  // Joins the job when launched with several ranks (titan run, torchrun, srun, mpirun).
+  DistributedContext dist = init_distributed(config.comm);
+  if (dist.world_size() > 1) {
+    throw ConfigError("this job has " + std::to_string(dist.world_size()) + " ranks (launched by " +
+                      dist.env.source +
+                      "), but training on more than one rank arrives with FSDP/DDP; train with "
+                      "one process for now (`titan run ... -- selftest` checks a multi-rank "
+                      "launch)");
+  }
   if (config.job.print_config) std::fputs(render_config_toml(config).c_str(), stdout);
   log_info("job: ", config.job.description, " (config ",
            config.job.config_file.empty() ? "defaults" : config.job.config_file, ")");

@@ -22,9 +22,22 @@ train=(train --job.config_file configs/llama3/debug_model.toml --training.steps 
        --training.seq_len 64 --training.local_batch_size 2 --metrics.log_freq 1
        --metrics.peak_flops 1e12 --metrics.disable_color_printing)
 
-expect_exit 0 "$TITAN" "${train[@]}" --job.dump_folder "$WORK/run_tokens" \
+# Shards of the byte tokenizer do not fit the config's tokenizer (sotu_2k, vocab 2048) ...
+expect_exit 1 "$TITAN" "${train[@]}" --job.dump_folder "$WORK/run_tokens" \
   --training.dataset tokens --training.dataset_path "$WORK/tokens" --validation.enable=false
-expect_output "dataset tokens: 52 documents, shuffled each epoch"
+expect_output "written by a tokenizer with vocab 258, but training uses one with vocab 2048"
+# ... so they train with the byte tokenizer, and shards of the config's tokenizer with the config.
+expect_exit 0 "$TITAN" "${train[@]}" --job.dump_folder "$WORK/run_tokens" \
+  --training.dataset tokens --training.dataset_path "$WORK/tokens" --validation.enable=false \
+  --model.hf_assets_path ""
+expect_output "dataset tokens: 52 documents, shuffled each epoch; tokenizer vocab 258"
+expect_output "step: 3 .*loss: "
+expect_exit 0 "$TITAN" data prepare --input "$corpus" --output "$WORK/tokens_2k" \
+  --tokenizer assets/tokenizer/sotu_2k
+expect_output "data prepare: done: 52 documents, [0-9,]+ tokens \(vocab 2048\)"
+expect_exit 0 "$TITAN" "${train[@]}" --job.dump_folder "$WORK/run_tokens_2k" \
+  --training.dataset tokens --training.dataset_path "$WORK/tokens_2k" --validation.enable=false
+expect_output "tokenizer vocab 2048"
 expect_output "step: 3 .*loss: "
 
 # JSON lines with another text field, read directly; validation on a text file in fixed order.

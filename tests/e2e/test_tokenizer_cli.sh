@@ -77,4 +77,40 @@ expect_exit 0 "$TITAN" train --job.config_file configs/llama3/debug_model.toml \
 expect_output "tokenizer vocab 1024"
 expect_exit 2 "$TITAN" tokenizer train --input "$cache" --vocab-size 100 --output "$WORK/bad"
 expect_output "vocab"
+
+# From a registered dataset, as training reads it: sotu is the training split only (210 of the
+# 233 addresses), and the result does not depend on anything but the documents.
+expect_exit 0 "$TITAN" tokenizer train --dataset sotu_validation --vocab-size 400 \
+  --output "$WORK/val"
+expect_output "read 23 documents of dataset 'sotu_validation'"
+expect_exit 0 "$TITAN" tokenizer train --dataset sotu_validation --dataset-path "$cache" \
+  --vocab-size 400 --output "$WORK/val2"
+cmp "$WORK/val/tokenizer.json" "$WORK/val2/tokenizer.json" || fail "dataset training not deterministic"
+expect_exit 0 "$TITAN" tokenizer train --dataset sotu --vocab-size 300 --output "$WORK/train"
+expect_output "read 210 documents of dataset 'sotu'"
+expect_exit 2 "$TITAN" tokenizer train --dataset sotu --input "$cache" --vocab-size 300 \
+  --output "$WORK/bad"
+expect_output "either --input PATH... or --dataset NAME"
+expect_exit 2 "$TITAN" tokenizer train --dataset sotuu --vocab-size 300 --output "$WORK/bad"
+expect_output "did you mean 'sotu'"
+expect_exit 2 "$TITAN" tokenizer train --dataset text --vocab-size 300 --output "$WORK/bad"
+expect_output "--dataset-path"
+
+# The default config names ./assets/tokenizer/sotu_2k (built by scripts/setup.sh); run from
+# elsewhere, the error says so.
+root="$PWD"
+titan_abs="$(realpath "$TITAN")"
+(cd "$WORK" && expect_exit 2 "$titan_abs" train --job.config_file \
+  "$root/configs/llama3/debug_model.toml" --job.dump_folder "$WORK/elsewhere")
+expect_output "'./assets/tokenizer/sotu_2k' does not exist \(relative to the current directory"
+expect_output "scripts/setup.sh"
+
+# bench: one thread, then N threads, same token counts.
+expect_exit 0 "$TITAN" tokenizer bench --tokenizer "$WORK/bpe" --input "$cache" --threads 2
+expect_output "encode, 1 thread, cold cache: 233 docs"
+n1=$(grep "1 thread, cold" "$WORK/out" | sed -E 's/.* ([0-9]+) tokens .*/\1/')
+n2=$(grep "2 threads, warm" "$WORK/out" | sed -E 's/.* ([0-9]+) tokens .*/\1/')
+[ -n "$n1" ] && [ "$n1" = "$n2" ] || { cat "$WORK/out" >&2; fail "bench token counts differ"; }
+expect_exit 2 "$TITAN" tokenizer bench --tokenizer "$WORK/bpe" --input "$cache" --threads -1
+expect_output "--threads expects a non-negative integer"
 echo "tokenizer cli: ok"

@@ -1,5 +1,5 @@
-# The real binary trains the default debug config for a few dozen steps and the loss falls;
-# validation runs and lands in metrics.jsonl.
+# The real binary trains the default debug config (with its trained 2,048-id tokenizer) for a few
+# dozen steps and the loss falls; validation runs and lands in metrics.jsonl.
 source "$(dirname "$0")/lib.sh"
 
 expect_exit 0 "$TITAN" train --job.config_file configs/llama3/debug_model.toml \
@@ -7,6 +7,8 @@ expect_exit 0 "$TITAN" train --job.config_file configs/llama3/debug_model.toml \
   --lr_scheduler.warmup_steps 5 --metrics.log_freq 5 --validation.freq 40 --validation.steps 4 \
   --metrics.disable_color_printing
 expect_output "model parameters: "
+# The config's tokenizer: the 2,048-id BPE trained on sotu by scripts/setup.sh, not the bytes.
+expect_output "tokenizer vocab 2048"
 expect_output "peak FLOP/s for MFU: .* measured"
 expect_output "step: 40 .*loss: .*grad_norm: .*lr: .*memory: .*GiB.*tps: .*tflops: .*mfu: .*%"
 expect_output "validation_loss: "
@@ -18,7 +20,8 @@ vloss=$(json_field "$metrics" validation_loss -1)
 echo "loss: first $first last $last; validation $vloss"
 awk -v a="$first" -v b="$last" 'BEGIN { exit !(b < a - 1.0) }' ||
   fail "loss did not fall by > 1.0 nat: $first -> $last"
-awk -v v="$vloss" 'BEGIN { exit !(v > 0 && v < 4.0) }' || fail "validation loss $vloss out of range"
+# A uniform guess over 2,048 ids scores ln 2048 = 7.62 nats; 40 short steps reach about 5.9.
+awk -v v="$vloss" 'BEGIN { exit !(v > 0 && v < 6.6) }' || fail "validation loss $vloss out of range"
 for key in step loss grad_norm lr tps tflops mfu memory_gib elapsed_s; do
   grep -q "\"$key\":" "$metrics" || fail "metrics.jsonl lacks $key"
 done
@@ -30,6 +33,7 @@ expect_exit 0 env TITAN="$TITAN" CONFIG_FILE=configs/llama3/debug_model.toml NGP
 expect_output "seq_len = 64"
 expect_output "step: 3 "
 [ "$(grep -c '"loss":' "$WORK/launcher/metrics.jsonl")" = 3 ] || fail "launcher run logged != 3 steps"
-expect_exit 2 env TITAN="$TITAN" NGPU=2 bash scripts/run_train.sh
-expect_output "NGPU=2"
+# NGPU=2 goes through `titan run`; both ranks join, then refuse until FSDP/DDP land.
+expect_exit 2 env TITAN="$TITAN" NGPU=2 timeout 60 bash scripts/run_train.sh
+expect_output "this job has 2 ranks"
 echo "ok"

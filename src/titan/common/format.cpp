@@ -12,6 +12,19 @@ std::string with_commas(int64_t value) {
   return value < 0 ? "-" + s : s;
 }
 
+std::string human_bytes(uint64_t bytes) {
+  static const char* kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  double v = static_cast<double>(bytes);
+  int u = 0;
+  while (v >= 1024.0 && u < 4) {
+    v /= 1024.0;
+    ++u;
+  }
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), u == 0 ? "%.0f %s" : "%.2f %s", v, kUnits[u]);
+  return buf;
+}
+
 std::string human_count(int64_t value) {
   char buf[32];
   const double v = static_cast<double>(value);
@@ -28,7 +41,8 @@ std::string human_count(int64_t value) {
 c10::ScalarType dtype_from_name(const std::string& name) {
   if (name == "bfloat16") return c10::kBFloat16;
   if (name == "float32") return c10::kFloat;
-  throw ConfigError("unknown dtype '" + name + "' (bfloat16, float32)");
+  if (name == "float16") return c10::kHalf;
+  throw ConfigError("unknown dtype '" + name + "' (bfloat16, float32, float16)");
 }
 
 }  // namespace titan

@@ -14,6 +14,9 @@ std::string with_commas(int64_t value);
 // 8030261248 -> "8.03B", 6163712 -> "6.16M", 2048 -> "2.0K".
 std::string human_count(int64_t value);
 
+// 1536 -> "1.5 KiB", 3.2e9 -> "2.98 GiB".
+std::string human_bytes(uint64_t bytes);
+
 // "bfloat16" -> kBFloat16, "float32" -> kFloat (the values training.mixed_precision_param takes;
 // the config layer has already rejected anything else).
 c10::ScalarType dtype_from_name(const std::string& name);

@@ -11,6 +11,11 @@ enum class LogLevel { kInfo, kWarning, kError };
 
 void log_message(LogLevel level, const std::string& msg);
 
+// For ranks of a multi-process job whose launcher does not prefix their output (torchrun, srun,
+// mpirun): every line starts with `prefix` (e.g. "[rank 3] "), and info lines print only when
+// `print_info` (the rank is in LOG_RANK). Warnings and errors always print.
+void set_log_rank_filter(const std::string& prefix, bool print_info);
+
 namespace detail {
 template <typename... Args>
 std::string concat(const Args&... args) {

@@ -49,7 +49,7 @@ double probe_peak_flops(at::ScalarType dtype, double budget_s) {
 
 MetricsLogger::MetricsLogger(const MetricsSection& config, const std::string& dump_folder,
                              double flops_per_token, double peak_flops, int64_t total_steps,
-                             bool write_file)
+                             bool write_file, int64_t start_step)
     : config_(config),
       flops_per_token_(flops_per_token),
       peak_flops_(peak_flops),
@@ -59,10 +59,12 @@ MetricsLogger::MetricsLogger(const MetricsSection& config, const std::string& du
   if (write_file) {
     std::filesystem::create_directories(dump_folder);
     jsonl_path_ = (std::filesystem::path(dump_folder) / "metrics.jsonl").string();
-    jsonl_.open(jsonl_path_, std::ios::out | std::ios::trunc);
+    jsonl_.open(jsonl_path_, start_step > 0 ? std::ios::out | std::ios::app
+                                            : std::ios::out | std::ios::trunc);
     if (!jsonl_) throw DataError("cannot write metrics file " + jsonl_path_);
   }
   start_ = last_log_ = std::chrono::steady_clock::now();
+  last_log_step_ = start_step;
 }
 
 std::string MetricsLogger::color(const char* code) const { return colors_ ? code : ""; }

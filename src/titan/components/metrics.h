@@ -40,9 +40,11 @@ struct StepMetrics {
 
 class MetricsLogger {
  public:
-  // `flops_per_token` per TorchTitan's formula; `peak_flops` per rank (> 0).
+  // `flops_per_token` per TorchTitan's formula; `peak_flops` per rank (> 0). A run resumed after
+  // `start_step` appends to metrics.jsonl instead of truncating it.
   MetricsLogger(const MetricsSection& config, const std::string& dump_folder,
-                double flops_per_token, double peak_flops, int64_t total_steps, bool write_file);
+                double flops_per_token, double peak_flops, int64_t total_steps, bool write_file,
+                int64_t start_step = 0);
 
   // Called every step with the tokens this rank processed; logs on log_freq boundaries (and on
   // the last step). Returns the metrics when a line was logged.

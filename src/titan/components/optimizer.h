@@ -30,7 +30,10 @@ class Optimizer {
   int64_t step_count() const { return step_count_; }
   const std::vector<NamedParam>& params() const { return params_; }
   // State tensors by "<param name>.exp_avg" / ".exp_avg_sq" (for checkpoints and tests).
+  // The tensors are the optimizer's own: copying into them restores a checkpoint.
   std::vector<std::pair<std::string, at::Tensor>> state_tensors() const;
+  // Restores the step count (bias correction) from a checkpoint.
+  void set_step_count(int64_t steps) { step_count_ = steps; }
 
  private:
   std::vector<NamedParam> params_;

@@ -150,6 +150,7 @@ struct ParallelismSection {
   int64_t pipeline_parallel_degree = 1;
   int64_t context_parallel_degree = 1;
   int64_t expert_parallel_degree = 1;
+  std::string fsdp_reshard_after_forward = "default";
 
   template <class V>
   void visit(V& v) {
@@ -161,6 +162,27 @@ struct ParallelismSection {
     v("pipeline_parallel_degree", pipeline_parallel_degree, "Pipeline-parallel degree");
     v("context_parallel_degree", context_parallel_degree, "Context-parallel degree");
     v("expert_parallel_degree", expert_parallel_degree, "Expert-parallel degree");
+    v("fsdp_reshard_after_forward", fsdp_reshard_after_forward,
+      "Free gathered FSDP parameters after forward: default (yes unless pipelining), always, never");
+  }
+};
+
+struct CommSection {
+  static constexpr const char* kName = "comm";
+  int64_t init_timeout_seconds = 300;
+  int64_t train_timeout_seconds = 100;
+  int64_t trace_buf_size = 20000;
+  std::string save_traces_folder = "comm_traces";
+
+  template <class V>
+  void visit(V& v) {
+    v("init_timeout_seconds", init_timeout_seconds,
+      "Timeout for rendezvous and the first collectives, in seconds");
+    v("train_timeout_seconds", train_timeout_seconds,
+      "Timeout for every collective after the first training step, in seconds");
+    v("trace_buf_size", trace_buf_size, "Collectives kept by the flight recorder (0 disables it)");
+    v("save_traces_folder", save_traces_folder,
+      "Folder (under job.dump_folder) for flight-recorder dumps");
   }
 };
 
@@ -190,6 +212,53 @@ struct ValidationSection {
   }
 };
 
+struct CheckpointSection {
+  static constexpr const char* kName = "checkpoint";
+  bool enable = false;
+  std::string folder = "checkpoint";
+  int64_t interval = 500;
+  int64_t keep_latest_k = 10;
+  int64_t load_step = -1;
+  std::vector<std::string> exclude_from_loading = {};
+  bool last_save_model_only = true;
+  std::string export_dtype = "float32";
+  std::string initial_load_path = "";
+  bool initial_load_model_only = true;
+  bool initial_load_in_hf = false;
+  bool last_save_in_hf = false;
+  bool create_seed_checkpoint = false;
+  bool enable_first_step_checkpoint = false;
+  std::string async_mode = "disabled";
+
+  template <class V>
+  void visit(V& v) {
+    v("enable", enable, "Save checkpoints and resume from the latest complete one in the folder");
+    v("folder", folder, "Checkpoint folder, relative to job.dump_folder; holds step-N directories");
+    v("interval", interval, "Save every N steps (a final checkpoint is always saved at the end)");
+    v("keep_latest_k", keep_latest_k, "Keep the newest K checkpoints, delete older ones; 0 keeps all");
+    v("load_step", load_step, "Resume from this step's checkpoint; -1 takes the latest");
+    v("exclude_from_loading", exclude_from_loading,
+      "State to skip when resuming: model, optimizer, lr_scheduler, dataloader, train_state, rng");
+    v("last_save_model_only", last_save_model_only,
+      "The final checkpoint holds only the model weights (in checkpoint.export_dtype)");
+    v("export_dtype", export_dtype, "dtype of model-only checkpoints: float32, bfloat16 or float16");
+    v("initial_load_path", initial_load_path,
+      "Checkpoint (or Hugging Face folder) to start from when the folder has no checkpoint");
+    v("initial_load_model_only", initial_load_model_only,
+      "Load only the model weights from initial_load_path");
+    v("initial_load_in_hf", initial_load_in_hf, "initial_load_path is a Hugging Face model folder");
+    v("last_save_in_hf", last_save_in_hf,
+      "Also write the final model as a Hugging Face folder (step-N-hf); needs last_save_model_only");
+    v("create_seed_checkpoint", create_seed_checkpoint,
+      "Write the initialized model as step-0 and exit (no training)");
+    v("enable_first_step_checkpoint", enable_first_step_checkpoint,
+      "Also save after step 1");
+    v("async_mode", async_mode,
+      "disabled: save in the training loop; async (or async_with_pinned_mem): snapshot the "
+      "state, write it on a background thread while training goes on");
+  }
+};
+
 struct DebugSection {
   static constexpr const char* kName = "debug";
   int64_t seed = -1;
@@ -211,6 +280,8 @@ struct JobConfig {
   TrainingSection training;
   ParallelismSection parallelism;
   ValidationSection validation;
+  CheckpointSection checkpoint;
+  CommSection comm;
   DebugSection debug;
 
   // Calls v.section(name, section) for each section, in the order `--help` shows them.
@@ -224,6 +295,8 @@ struct JobConfig {
     v.section(TrainingSection::kName, training);
     v.section(ParallelismSection::kName, parallelism);
     v.section(ValidationSection::kName, validation);
+    v.section(CheckpointSection::kName, checkpoint);
+    v.section(CommSection::kName, comm);
     v.section(DebugSection::kName, debug);
   }
 };

@@ -71,6 +71,32 @@ void validate_ranges(const JobConfig& c) {
   check_at_least("metrics.log_freq", c.metrics.log_freq, 1);
   check_non_negative("metrics.peak_flops", c.metrics.peak_flops);
 
+  check_at_least("comm.init_timeout_seconds", c.comm.init_timeout_seconds, 1);
+  check_at_least("comm.train_timeout_seconds", c.comm.train_timeout_seconds, 1);
+  check_at_least("comm.trace_buf_size", c.comm.trace_buf_size, 0);
+  check_one_of("parallelism.fsdp_reshard_after_forward", c.parallelism.fsdp_reshard_after_forward,
+               {"default", "always", "never"});
+  check_at_least("checkpoint.interval", c.checkpoint.interval, 1);
+  check_at_least("checkpoint.keep_latest_k", c.checkpoint.keep_latest_k, 0);
+  check_minus_one_or_positive("checkpoint.load_step", c.checkpoint.load_step, "the latest");
+  check_one_of("checkpoint.export_dtype", c.checkpoint.export_dtype,
+               {"float32", "bfloat16", "float16"});
+  check_one_of("checkpoint.async_mode", c.checkpoint.async_mode, {"disabled", "async", "async_with_pinned_mem"});
+  for (const std::string& item : c.checkpoint.exclude_from_loading) {
+    check_one_of("checkpoint.exclude_from_loading entry", item,
+                 {"model", "optimizer", "lr_scheduler", "dataloader", "train_state", "rng"});
+  }
+  if (c.checkpoint.last_save_in_hf && !c.checkpoint.last_save_model_only) {
+    fail("checkpoint.last_save_in_hf needs checkpoint.last_save_model_only = true (a Hugging "
+         "Face folder holds only model weights)");
+  }
+  if (c.checkpoint.create_seed_checkpoint && !c.checkpoint.enable) {
+    fail("checkpoint.create_seed_checkpoint needs checkpoint.enable = true");
+  }
+  if (c.checkpoint.initial_load_in_hf && c.checkpoint.initial_load_path.empty()) {
+    fail("checkpoint.initial_load_in_hf is set but checkpoint.initial_load_path is empty");
+  }
+
   check_one_of("optimizer.name", c.optimizer.name, {"AdamW", "Adam"});
   check_positive("optimizer.lr", c.optimizer.lr);
   check_unit_interval("optimizer.beta1", c.optimizer.beta1, /*include_one=*/false);

@@ -1,7 +1,11 @@
 // What the trainer knows about a model: an nn::Module that maps token ids to logits, plus the
 // numbers (parameter counts, FLOPs, activation memory) that can be computed without allocating
 // it. Models register themselves in the registry (registry.h); the trainer never names a model.
+// Inference (titan generate) additionally runs models incrementally over a KV cache.
 #pragma once
+
+#include "titan/common/check.h"
+#include "titan/models/common/kv_cache.h"
 
 #include <ATen/ATen.h>
 #include <torch/nn/module.h>
@@ -40,6 +44,17 @@ class Model : public torch::nn::Module {
   // Re-initializes every parameter in place from the current global RNG state.
   virtual void init_weights() = 0;
   virtual ModelStats stats(int64_t batch, int64_t seq_len) const = 0;
+
+  // Incremental inference without autograd: tokens (bs, n) int64 are positions
+  // [start_pos, start_pos + n) of sequences whose positions [0, start_pos) are already in
+  // `cache` (start_pos <= cache.length; a smaller start_pos rewinds). Returns their logits
+  // (bs, n, vocab) as forward() would compute them for the whole sequence, and leaves
+  // cache.length = start_pos + n. A model without a cached path says so.
+  virtual at::Tensor forward_cached(const at::Tensor& tokens, KVCache& cache, int64_t start_pos) {
+    TITAN_CHECK(false, "this model has no KV-cache inference path. HINT: generate without the "
+                "cache (--no_kv_cache)");
+    return {};
+  }
 };
 
 }  // namespace titan

@@ -57,7 +57,8 @@ size_t edit_distance(const std::string& a, const std::string& b) {
   return row[b.size()];
 }
 
-// "; did you mean 'x'? (<kind>: a, b, c)" for the candidate nearest to `name`.
+}  // namespace
+
 std::string suggestion(const std::string& name, const std::vector<std::string>& candidates,
                        const std::string& kind) {
   std::ostringstream os;
@@ -75,8 +76,6 @@ std::string suggestion(const std::string& name, const std::vector<std::string>& 
   os << ")";
   return os.str();
 }
-
-}  // namespace
 
 void register_model(ModelSpec spec) {
   registry();  // builtins first, so a clash with one is reported here
@@ -109,6 +108,31 @@ void check_flavor(const std::string& model, const std::vector<std::string>& flav
 
 void check_flavor(const ModelSpec& spec, const std::string& flavor) {
   check_flavor(spec.name, spec.flavors, flavor);
+}
+
+const ModelSpec& spec_for_description(const nlohmann::json& model) {
+  if (!model.is_object() || !model.contains("name") || !model["name"].is_string()) {
+    throw ConfigError("model description " + model.dump() +
+                      " has no \"name\" (want {\"name\": \"llama3\", \"flavor\": ...})");
+  }
+  return get_model_spec(model["name"].get<std::string>());
+}
+
+const ModelSpec& spec_for_hf_model_type(const std::string& model_type) {
+  Registry& reg = registry();
+  std::lock_guard<std::mutex> lock(reg.mutex);
+  std::vector<std::string> types;
+  for (const auto& spec : reg.specs) {
+    if (spec->hf.model_type.empty()) {
+      continue;
+    }
+    if (spec->hf.model_type == model_type) {
+      return *spec;
+    }
+    types.push_back(spec->hf.model_type);
+  }
+  throw ConfigError("Hugging Face model_type '" + model_type + "' is not supported" +
+                    suggestion(model_type, types, "supported"));
 }
 
 std::vector<std::string> registered_models() {

@@ -1,16 +1,45 @@
 // The model registry. Each model (e.g. models/llama3) provides a `make_<model>_spec()` that
 // registry.cpp registers on first use (explicitly, since static-init registration is dropped by
 // the linker from static libraries); the trainer and `inspect` look models up by name.
+//
+// A *model description* is the JSON a checkpoint stores under state["model"]:
+//   {"name": "llama3", "flavor": "debugmodel"}                      a registered flavor, or
+//   {"name": "llama3", "flavor": "custom", "args": {"dim": 512, ...}}  dims of no flavor (e.g.
+//                                                                    from a Hugging Face config).
+// "args" keys override the flavor's arguments (or the model's defaults when the flavor is not
+// registered); each model documents its keys (llama3: args.h).
 #pragma once
 
 #include "titan/models/model.h"
 
+#include <ATen/ATen.h>
+#include <nlohmann/json.hpp>
+
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
 
 namespace titan {
+
+// Named tensors (parameter FQN or Hugging Face name -> tensor).
+using TensorMap = std::map<std::string, at::Tensor>;
+
+// Conversion between our parameters and a Hugging Face transformers model folder (what
+// TorchTitan calls a state-dict adapter). Every function is pure: no files, no model instance.
+struct HfAdapter {
+  std::string model_type;  // config.json "model_type" this adapter reads, e.g. "llama"
+  // The config.json for a model description (architectures, model_type, dims; no dtype or
+  // token ids, which the caller adds).
+  std::function<nlohmann::json(const nlohmann::json& model)> to_hf_config;
+  // The model description for a config.json; ConfigError naming the key it cannot represent.
+  std::function<nlohmann::json(const nlohmann::json& hf_config)> from_hf_config;
+  // Our parameters (FQN -> tensor) to HF names and layouts; DataError on a name it does not know.
+  std::function<TensorMap(const TensorMap& ours, const nlohmann::json& model)> to_hf;
+  // The inverse; HF tensors that hold no parameter (e.g. rotary inv_freq buffers) are dropped.
+  std::function<TensorMap(const TensorMap& hf, const nlohmann::json& model)> from_hf;
+};
 
 struct ModelSpec {
   std::string name;
@@ -23,6 +52,16 @@ struct ModelSpec {
   std::function<std::shared_ptr<Model>(const std::string& flavor, const ModelBuildOptions&)> build;
   // One line per flavor (dims) for `--help`-style listings.
   std::function<std::string(const std::string& flavor)> describe_flavor;
+
+  // Every architecture argument of a model description (see the top of this file), resolved:
+  // two descriptions with equal resolve_args() build models with identical parameter layouts.
+  // ConfigError for an unknown flavor without "args", an unknown or invalid args key.
+  std::function<nlohmann::json(const nlohmann::json& model)> resolve_args;
+  // The model of a description with parameters allocated but NOT initialized (for loading).
+  std::function<std::shared_ptr<Model>(const nlohmann::json& model, const ModelBuildOptions&)>
+      build_uninitialized;
+  // Hugging Face conversion; functions are empty when the model has none.
+  HfAdapter hf;
 };
 
 // Registers a spec; a duplicate name is a programming error.
@@ -38,5 +77,16 @@ void check_flavor(const std::string& model, const std::vector<std::string>& flav
                   const std::string& flavor);
 
 std::vector<std::string> registered_models();
+
+// "; did you mean 'x'? (<kind>: a, b, c)" with x the candidate nearest to `name` (edit distance).
+std::string suggestion(const std::string& name, const std::vector<std::string>& candidates,
+                       const std::string& kind);
+
+// The spec for a model description's "name" (ConfigError if missing or unknown).
+const ModelSpec& spec_for_description(const nlohmann::json& model);
+
+// The spec whose HF adapter reads config.json's "model_type" `model_type`; ConfigError listing
+// the supported types otherwise.
+const ModelSpec& spec_for_hf_model_type(const std::string& model_type);
 
 }  // namespace titan

@@ -2,6 +2,7 @@
 // loaders), optimizer + lr schedule, metrics (which needs the model's FLOPs and the peak FLOP/s).
 #include "titan/trainer/trainer.h"
 
+#include "titan/checkpoint/checkpoint_manager.h"
 #include "titan/common/check.h"
 #include "titan/common/cpu.h"
 #include "titan/common/format.h"
@@ -55,6 +56,7 @@ Trainer::Trainer(JobConfig config) : config_(std::move(config)) {
   build_model();
   build_data();
   build_optimizer();
+  build_checkpoint();
   build_metrics();
 }
 
@@ -124,7 +126,8 @@ void Trainer::build_metrics() {
   }
   metrics_ = std::make_unique<MetricsLogger>(config_.metrics, config_.job.dump_folder,
                                              stats.flops_per_token(config_.training.seq_len), peak,
-                                             config_.training.steps, /*write_file=*/true);
+                                             config_.training.steps, /*write_file=*/true,
+                                             /*start_step=*/train_state_.step);
 }
 
 at::Tensor Trainer::forward_backward_step(const at::Tensor& inputs, const at::Tensor& labels,
@@ -182,13 +185,26 @@ double Trainer::validate(int64_t* tokens) {
 TrainResult Trainer::train() {
   TrainResult result;
   const auto& t = config_.training;
+  if (config_.checkpoint.create_seed_checkpoint) {
+    checkpointer_->save(/*step=*/0, /*model_only=*/true, /*keep_dtype=*/true);
+    log_info("seed checkpoint written; start training with checkpoint.enable and the same folder");
+    result.steps = 0;
+    return result;
+  }
+  if (already_complete_) {
+    result.steps = t.steps;
+    result.start_step = t.steps + 1;
+    return result;
+  }
   log_info("training ", t.steps, " steps: local_batch_size ", t.local_batch_size, " x ",
            accumulation_steps_, " accumulation = global batch ",
            t.local_batch_size * accumulation_steps_, " sequences of ", t.seq_len,
            " tokens; compute dtype ", t.mixed_precision_param, "; seed ", seed_);
   auto start = std::chrono::steady_clock::now();
   const int64_t tokens_per_step = t.local_batch_size * accumulation_steps_ * t.seq_len;
-  for (int64_t step = 1; step <= t.steps; ++step) {
+  result.start_step = train_state_.step + 1;
+  result.steps = train_state_.step;
+  for (int64_t step = train_state_.step + 1; step <= t.steps; ++step) {
     double grad_norm = 0.0;
     at::Tensor loss = train_step(step, &grad_norm);
     result.losses.push_back(loss.item<double>());
@@ -204,8 +220,13 @@ TrainResult Trainer::train() {
           step, vloss, tokens,
           std::chrono::duration<double>(std::chrono::steady_clock::now() - v0).count());
     }
+    train_state_.step = step;
+    train_state_.tokens_seen += tokens_per_step;
     result.steps = step;
+    checkpointer_->maybe_save(step, t.steps);
+    if (step == t.steps) save_final_hf(step);
   }
+  checkpointer_->wait();
   result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   log_info("training done: ", result.steps, " steps in ", result.seconds, "s; metrics in ",
            metrics_->jsonl_path());

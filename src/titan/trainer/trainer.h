@@ -20,13 +20,23 @@ namespace titan {
 class Tokenizer;
 class DataLoader;
 class DocumentSource;
+namespace ckpt {
+class CheckpointManager;
+}
+
+// Progress that checkpoints carry (TorchTitan's TrainState).
+struct TrainState {
+  int64_t step = 0;         // last completed step
+  int64_t tokens_seen = 0;  // training tokens consumed by this rank
+};
 
 // What train() reports back (also used by tests).
 struct TrainResult {
   std::vector<double> losses;             // loss of every step
   std::vector<double> grad_norms;         // pre-clip grad norm of every step
   std::vector<double> validation_losses;  // one per validation run
-  int64_t steps = 0;
+  int64_t steps = 0;       // last step reached (== training.steps when done)
+  int64_t start_step = 1;  // first step this run executed (> 1 after resuming)
   double seconds = 0.0;
 };
 
@@ -52,11 +62,17 @@ class Trainer {
   Optimizer& optimizer() { return *optimizer_; }
   int64_t accumulation_steps() const { return accumulation_steps_; }
   const JobConfig& config() const { return config_; }
+  const TrainState& train_state() const { return train_state_; }
+  ckpt::CheckpointManager& checkpointer() { return *checkpointer_; }
 
  private:
   void build_model();
   void build_data();
   void build_optimizer();
+  // The checkpoint manager with the state entries; resumes (or loads initial_load_path).
+  void build_checkpoint();
+  // checkpoint.last_save_in_hf: the final model as a Hugging Face folder <folder>/step-N-hf.
+  void save_final_hf(int64_t step);
   void build_metrics();
 
   JobConfig config_;
@@ -70,8 +86,11 @@ class Trainer {
   std::shared_ptr<const DocumentSource> validation_docs_;
   std::unique_ptr<Optimizer> optimizer_;
   std::unique_ptr<LRScheduler> lr_scheduler_;
+  std::unique_ptr<ckpt::CheckpointManager> checkpointer_;
   std::unique_ptr<MetricsLogger> metrics_;
   std::vector<at::Tensor> params_;
+  TrainState train_state_;
+  bool already_complete_ = false;  // the folder holds this run's final model-only checkpoint
 };
 
 }  // namespace titan

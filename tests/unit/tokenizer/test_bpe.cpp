@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <fstream>
 #include <random>
+#include <thread>
 
 namespace titan {
 namespace {
@@ -260,6 +261,55 @@ TEST(BpeTokenizer, FileErrorsNameTheFile) {
   no_byte["model"]["vocab"].erase("A");
   const std::string missing = dir.write("d/tokenizer.json", no_byte.dump());
   EXPECT_NE(message_of(missing, false).find(missing), std::string::npos);
+}
+
+// Threads sharing one tokenizer (and its per-piece cache, cold at the start) get the ids that one
+// thread gets.
+TEST(BpeTokenizer, ConcurrentEncodingMatchesSerial) {
+  TempDir dir;
+  dir.write("tokenizer.json", hf_json(false, kByteLevel).dump());
+  const std::vector<std::string> words = {"hello", " world", " hell", "o", " 12", "3", " wo",
+                                          "rld", "\n", "  ", "ll", " x"};
+  std::mt19937 rng(7);
+  std::vector<std::string> texts(300);
+  for (std::string& text : texts) {
+    for (int i = rng() % 40; i > 0; --i) text += words[rng() % words.size()];
+  }
+  std::vector<Ids> serial;
+  for (const std::string& text : texts) serial.push_back(build_tokenizer(dir.path())->encode(text));
+  const std::unique_ptr<Tokenizer> shared = build_tokenizer(dir.path());
+  std::vector<std::vector<Ids>> got(4, std::vector<Ids>(texts.size()));
+  std::vector<std::thread> threads;
+  for (size_t t = 0; t < got.size(); ++t) {
+    threads.emplace_back([&, t] {
+      for (size_t i = 0; i < texts.size(); ++i) {
+        // Each thread in its own order: strides coprime to 300 visit every text once.
+        const size_t stride[] = {1, 7, 11, 13};
+        const size_t k = (i * stride[t] + t) % texts.size();
+        got[t][k] = shared->encode(texts[k]);
+      }
+    });
+  }
+  for (std::thread& th : threads) th.join();
+  for (size_t t = 0; t < got.size(); ++t) EXPECT_EQ(got[t], serial) << "thread " << t;
+}
+
+// Piece caches are per thread: tokenizers with different merges taking turns on one thread
+// never see each other's entries.
+TEST(BpeTokenizer, TokenizersTakingTurnsKeepTheirOwnIds) {
+  TempDir merged_dir;
+  merged_dir.write("tokenizer.json", hf_json(false, kByteLevel).dump());
+  json no_merges = hf_json(false, kByteLevel);
+  no_merges["model"]["merges"] = json::array();
+  TempDir bytes_dir;
+  bytes_dir.write("tokenizer.json", no_merges.dump());
+  const std::unique_ptr<Tokenizer> merged = build_tokenizer(merged_dir.path());
+  const std::unique_ptr<Tokenizer> bytes = build_tokenizer(bytes_dir.path());
+  for (int turn = 0; turn < 3; ++turn) {
+    EXPECT_EQ(merged->encode("hello world"), (Ids{259, 264}));
+    EXPECT_EQ(bytes->encode("hello world"),
+              (Ids{'h', 'e', 'l', 'l', 'o', ' ', 'w', 'o', 'r', 'l', 'd'}));
+  }
 }
 
 // The real GPT-2 vocabulary, when scripts/fetch_gpt2_tokenizer.sh has fetched it.

@@ -5,6 +5,7 @@
 #include "titan/common/check.h"
 
 #include <algorithm>
+#include <atomic>
 #include <climits>
 
 namespace titan {
@@ -13,9 +14,29 @@ namespace {
 constexpr size_t kMaxCacheEntries = size_t{1} << 18;
 constexpr int32_t kNoRank = INT32_MAX;
 
+std::atomic<uint64_t> next_cache_owner{1};
+
+// Piece -> ids cache: most words repeat, so most pieces skip merging entirely. One per thread,
+// for the tokenizer that thread used last: no locks, and threads encoding in parallel never
+// share cache lines (a cache shared under locks made two threads no faster than one).
+struct PieceCache {
+  uint64_t owner = 0;
+  std::unordered_map<std::string, std::vector<int32_t>> pieces;
+};
+
+PieceCache& piece_cache(uint64_t owner) {
+  thread_local PieceCache cache;
+  if (cache.owner != owner) {
+    cache.pieces.clear();
+    cache.owner = owner;
+  }
+  return cache;
+}
+
 }  // namespace
 
-BpeTokenizer::BpeTokenizer(BpeModel model) : model_(std::move(model)) {
+BpeTokenizer::BpeTokenizer(BpeModel model)
+    : model_(std::move(model)), cache_owner_(next_cache_owner++) {
   const std::string& src = model_.source;
   int64_t size = static_cast<int64_t>(model_.tokens.size());
   for (const auto& [text, id] : model_.special_tokens) size = std::max(size, id + 1);
@@ -151,13 +172,11 @@ void BpeTokenizer::encode_piece(std::string_view piece, std::vector<int64_t>* id
     return;
   }
   const std::string key(piece);
-  {
-    std::lock_guard<std::mutex> lock(cache_mutex_);
-    auto it = cache_.find(key);
-    if (it != cache_.end()) {
-      ids->insert(ids->end(), it->second.begin(), it->second.end());
-      return;
-    }
+  PieceCache& cache = piece_cache(cache_owner_);
+  auto it = cache.pieces.find(key);
+  if (it != cache.pieces.end()) {
+    ids->insert(ids->end(), it->second.begin(), it->second.end());
+    return;
   }
   std::vector<int32_t> parts;
   auto whole = model_.ignore_merges ? token_to_id_.find(key) : token_to_id_.end();
@@ -167,9 +186,8 @@ void BpeTokenizer::encode_piece(std::string_view piece, std::vector<int64_t>* id
     merge_piece(piece, &parts);
   }
   ids->insert(ids->end(), parts.begin(), parts.end());
-  std::lock_guard<std::mutex> lock(cache_mutex_);
-  if (cache_.size() >= kMaxCacheEntries) cache_.clear();
-  cache_.emplace(key, std::move(parts));
+  if (cache.pieces.size() >= kMaxCacheEntries) cache.pieces.clear();
+  cache.pieces.emplace(key, std::move(parts));
 }
 
 void BpeTokenizer::merge_piece(std::string_view piece, std::vector<int32_t>* parts) const {

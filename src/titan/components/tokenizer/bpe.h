@@ -7,7 +7,7 @@
 #include "titan/components/tokenizer/tokenizer.h"
 
 #include <array>
-#include <mutex>
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <unordered_map>
@@ -87,9 +87,8 @@ class BpeTokenizer final : public Tokenizer {
   // Special tokens grouped by first byte, longest first, for matching inside text.
   std::array<std::vector<std::pair<std::string, int64_t>>, 256> specials_by_byte_;
 
-  // Per-piece cache: most words repeat, so most pieces skip merging entirely.
-  mutable std::mutex cache_mutex_;
-  mutable std::unordered_map<std::string, std::vector<int32_t>> cache_;
+  // Names this tokenizer's entries in the per-thread piece cache (bpe.cpp); never reused.
+  uint64_t cache_owner_ = 0;
 };
 
 }  // namespace titan

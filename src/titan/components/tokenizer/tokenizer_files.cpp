@@ -346,9 +346,18 @@ BpeModel read_tiktoken(const std::string& path) {
 std::unique_ptr<BpeTokenizer> load_bpe_tokenizer(const std::string& path) {
   std::error_code ec;
   if (!fs::exists(path, ec)) {
-    throw ConfigError("model.hf_assets_path: '" + path +
-                      "' does not exist; point it at a tokenizer.json, a tiktoken file or a "
-                      "folder holding one, or leave it empty for the byte-level tokenizer");
+    std::string where;
+    if (fs::path(path).is_relative()) {
+      where = " (relative to the current directory " + fs::current_path(ec).string() + ")";
+    }
+    // The default configs name a tokenizer that scripts/setup.sh trains and links.
+    const std::string hint = path.find("assets/tokenizer") == std::string::npos
+        ? ""
+        : ". HINT: assets/tokenizer/sotu_2k is built by scripts/setup.sh "
+          "(scripts/build_tokenizer.sh); run it, and run titan from the repository root";
+    throw ConfigError("model.hf_assets_path: '" + path + "' does not exist" + where +
+                      "; point it at a tokenizer.json, a tiktoken file or a folder holding one, "
+                      "or leave it empty for the byte-level tokenizer" + hint);
   }
   if (!fs::is_directory(path, ec)) {
     if (fs::path(path).extension() == ".json") {

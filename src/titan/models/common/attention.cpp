@@ -1,9 +1,11 @@
 // Causal GQA self-attention (see attention.h). With libtorch >= 2.0 the fused
-// scaled_dot_product_attention kernel is used. On 1.13 the scores are materialised, with three
-// economies: the query heads that share a kv head are folded into the row dimension, so one
-// batched matmul serves all of them without copying K and V n_rep times; the queries are
+// scaled_dot_product_attention kernel is used for training. On 1.13 the scores are materialised,
+// with three economies: the query heads that share a kv head are folded into the row dimension,
+// so one batched matmul serves all of them without copying K and V n_rep times; the queries are
 // processed in chunks that skip the fully masked part of the score matrix; and under 16-bit
-// compute only the 16-bit probabilities are kept for backward.
+// compute only the 16-bit probabilities are kept for backward. The inference path (KV cache)
+// always materialises the scores, on any libtorch: a decode step has one query per head, so the
+// scores are a (n_rep, L) row block per kv head and a fused kernel would gain nothing.
 #include "titan/models/common/attention.h"
 
 #include "titan/common/check.h"
@@ -23,7 +25,6 @@ namespace {
 // smaller matmuls; on the 2-core AVX-512 CPU 128 beat 64 and unchunked at seq_len 256 and 512.
 constexpr int64_t kQueryChunk = 128;
 
-#if !TITAN_HAS_SDPA
 // Additive causal mask for query positions [t0, t1) against keys [0, t1), with each position
 // repeated n_rep times (rows ordered (position, rep)): 0 where key <= query, -inf above.
 at::Tensor chunk_causal_mask(int64_t t0, int64_t t1, int64_t n_rep,
@@ -36,6 +37,7 @@ at::Tensor chunk_causal_mask(int64_t t0, int64_t t1, int64_t n_rep,
       .masked_fill_(key_pos.gt(query_pos), -std::numeric_limits<double>::infinity());
 }
 
+#if !TITAN_HAS_SDPA
 // softmax(scores) computed in float32 and returned in the scores' 16-bit dtype. Backward
 // rebuilds the float32 gradient from the 16-bit probabilities, the same tensor the value matmul
 // keeps, so no float32 copy of the (rows, keys) matrix outlives the forward.
@@ -133,6 +135,58 @@ int64_t causal_attention_saved_probs(int64_t seqlen) {
 #endif
 }
 
+at::Tensor cached_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                            int64_t start_pos) {
+  const int64_t bs = q.size(0);
+  const int64_t n = q.size(1);
+  const int64_t n_heads = q.size(2);
+  const int64_t head_dim = q.size(3);
+  const int64_t n_kv_heads = k.size(1);
+  const int64_t end = start_pos + n;
+  TITAN_CHECK(n_kv_heads > 0 && n_heads % n_kv_heads == 0, "n_kv_heads (", n_kv_heads,
+              ") must divide n_heads (", n_heads, ")");
+  TITAN_CHECK(k.size(2) >= end && v.size(2) >= end, "the cache holds ", k.size(2),
+              " positions, attention needs ", end);
+  const int64_t n_rep = n_heads / n_kv_heads;
+  const int64_t batch = bs * n_kv_heads;
+  const double scale = 1.0 / std::sqrt(static_cast<double>(head_dim));
+  // The same row folding as causal_attention: row i * n_rep + r is (new position i, query head
+  // g * n_rep + r) of kv head g. (batch, n * n_rep, head_dim)
+  const at::Tensor q_rows = q.view({bs, n, n_kv_heads, n_rep, head_dim})
+                                .permute({0, 2, 1, 3, 4})
+                                .reshape({batch, n * n_rep, head_dim});
+  // Views into the cache buffers, no copies: (bs, n_kv_heads, end, head_dim) merges its first two
+  // dimensions because each head's block is max_len positions long.
+  const at::Tensor k_rows = k.narrow(2, 0, end).reshape({batch, end, head_dim});
+  const at::Tensor v_rows = v.narrow(2, 0, end).reshape({batch, end, head_dim});
+  std::vector<at::Tensor> chunks;
+  // Chunked like training so that a long prompt never materialises all (n, end) scores at once.
+  for (int64_t t0 = 0; t0 < n; t0 += kQueryChunk) {
+    const int64_t t1 = std::min(n, t0 + kQueryChunk);
+    const int64_t keys = start_pos + t1;  // queries up to position start_pos + t1 - 1
+    const at::Tensor q_chunk = q_rows.narrow(1, t0 * n_rep, (t1 - t0) * n_rep);
+    const at::Tensor k_t = k_rows.narrow(1, 0, keys).transpose(1, 2);  // (batch, hd, keys)
+    at::Tensor scores;  // (batch, (t1 - t0) * n_rep, keys)
+    if (t1 - t0 == 1) {
+      // One new position sees every cached key: no mask (the usual decode step).
+      scores = at::bmm(q_chunk, k_t).mul_(scale);
+    } else {
+      const at::Tensor mask = chunk_causal_mask(start_pos + t0, keys, n_rep, q.options());
+      scores = at::baddbmm(mask, q_chunk, k_t, /*beta=*/1.0, /*alpha=*/scale);
+    }
+    // float32 softmax, probabilities back in the compute dtype as in training.
+    const at::Tensor probs = is_reduced_float(scores.scalar_type())
+                                 ? at::softmax(scores, -1, at::kFloat).to(scores.scalar_type())
+                                 : at::softmax(scores, -1);
+    chunks.push_back(at::bmm(probs, v_rows.narrow(1, 0, keys)));
+  }
+  const at::Tensor out = chunks.size() == 1 ? chunks[0] : at::cat(chunks, 1);
+  return out.view({bs, n_kv_heads, n, n_rep, head_dim})
+      .permute({0, 2, 1, 3, 4})
+      .contiguous()
+      .view({bs, n, n_heads, head_dim});
+}
+
 Attention::Attention(int64_t dim, int64_t n_heads, int64_t n_kv_heads, int64_t head_dim,
                      at::ScalarType compute_dtype)
     : head_dim(head_dim), compute_dtype(compute_dtype) {
@@ -153,6 +207,37 @@ at::Tensor Attention::forward(const at::Tensor& x, const RotaryEmbedding& rope) 
   const at::Tensor v = wv->forward(xc).view({bs, seqlen, -1, head_dim});
   const at::Tensor out = causal_attention(q, k, v);  // (bs, seqlen, n_local_heads, head_dim)
   return wo->forward(out.view({bs, seqlen, -1}));
+}
+
+at::Tensor Attention::forward_cached(const at::Tensor& x, const RotaryEmbedding& rope,
+                                     LayerKVCache& cache, int64_t start_pos, int64_t max_len) {
+  const int64_t bs = x.size(0);
+  const int64_t n = x.size(1);
+  TITAN_CHECK(start_pos >= 0 && start_pos + n <= max_len, "positions [", start_pos, ", ",
+              start_pos + n, ") do not fit a KV cache of ", max_len, " positions");
+  TITAN_CHECK(start_pos + n <= rope.cos.size(0), "position ", start_pos + n - 1,
+              " is past the RoPE table (", rope.cos.size(0),
+              " positions). HINT: build the model with a larger max_seq_len");
+  const at::Tensor xc = to_compute(x, compute_dtype);
+  // RoPE at the absolute positions of the new tokens: the tables from row start_pos on.
+  const at::Tensor cos = rope.cos.narrow(0, start_pos, n);
+  const at::Tensor sin = rope.sin.narrow(0, start_pos, n);
+  const at::Tensor q = apply_rotary_emb(wq->forward(xc).view({bs, n, -1, head_dim}), cos, sin);
+  const at::Tensor k = apply_rotary_emb(wk->forward(xc).view({bs, n, -1, head_dim}), cos, sin);
+  const at::Tensor v = wv->forward(xc).view({bs, n, -1, head_dim});  // (bs, n, n_kv, head_dim)
+  const bool fits = cache.k.defined() && cache.k.size(0) == bs && cache.k.size(1) == k.size(2) &&
+                    cache.k.size(2) == max_len && cache.k.scalar_type() == k.scalar_type();
+  if (!fits) {
+    TITAN_CHECK(start_pos == 0, "the KV cache does not match this input (batch ", bs,
+                ", kv heads ", k.size(2), ", ", k.scalar_type(),
+                ") past position 0. HINT: start a new sequence at start_pos 0");
+    cache.k = at::empty({bs, k.size(2), max_len, head_dim}, k.options());
+    cache.v = at::empty({bs, v.size(2), max_len, head_dim}, v.options());
+  }
+  cache.k.narrow(2, start_pos, n).copy_(k.transpose(1, 2));
+  cache.v.narrow(2, start_pos, n).copy_(v.transpose(1, 2));
+  const at::Tensor out = cached_attention(q, cache.k, cache.v, start_pos);  // (bs, n, nh, hd)
+  return wo->forward(out.view({bs, n, -1}));
 }
 
 }  // namespace titan

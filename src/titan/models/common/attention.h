@@ -4,6 +4,7 @@
 // this code knowing.
 #pragma once
 
+#include "titan/models/common/kv_cache.h"
 #include "titan/models/common/linear.h"
 #include "titan/models/common/rope.h"
 
@@ -27,6 +28,14 @@ at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::
 // (which keeps O(seqlen) statistics). The entries are float32, or the 16-bit compute dtype.
 int64_t causal_attention_saved_probs(int64_t seqlen);
 
+// Inference attention of n new queries at positions [start_pos, start_pos + n) over the keys and
+// values of positions [0, start_pos + n), causal within the new block. q (bs, n, n_heads,
+// head_dim); k and v in the cache layout (bs, n_kv_heads, >= start_pos + n, head_dim), of which
+// only the first start_pos + n positions are read. Returns (bs, n, n_heads, head_dim),
+// contiguous, in v's dtype. Not differentiable (no autograd bookkeeping for inference).
+at::Tensor cached_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                            int64_t start_pos);
+
 // Multi-head causal self-attention with RoPE on q and k. Parameters: wq (n_heads * head_dim, dim),
 // wk and wv (n_kv_heads * head_dim, dim), wo (dim, n_heads * head_dim).
 class Attention : public torch::nn::Module {
@@ -36,6 +45,13 @@ class Attention : public torch::nn::Module {
 
   // x (bs, seqlen, dim) -> (bs, seqlen, dim) in the compute dtype.
   at::Tensor forward(const at::Tensor& x, const RotaryEmbedding& rope);
+
+  // Incremental inference: x (bs, n, dim) holds positions [start_pos, start_pos + n). Their keys
+  // and values are written into `cache` (allocated here, with room for max_len positions, on
+  // first use or when bs / heads / dtype change at start_pos 0), and the queries attend over
+  // positions [0, start_pos + n) of it. Returns (bs, n, dim) in the compute dtype.
+  at::Tensor forward_cached(const at::Tensor& x, const RotaryEmbedding& rope, LayerKVCache& cache,
+                            int64_t start_pos, int64_t max_len);
 
   std::shared_ptr<Linear> wq, wk, wv, wo;
   int64_t head_dim;

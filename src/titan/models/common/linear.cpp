@@ -5,7 +5,16 @@ namespace titan {
 
 at::Tensor mixed_linear(const at::Tensor& x, const at::Tensor& weight,
                         at::ScalarType compute_dtype) {
-  return at::linear(to_compute(x, compute_dtype), to_compute(weight, compute_dtype));
+  const at::Tensor xc = to_compute(x, compute_dtype);
+  const at::Tensor wc = to_compute(weight, compute_dtype);
+  if (xc.numel() == xc.size(-1) && xc.dim() > 1 && !is_reduced_float(xc.scalar_type())) {
+    // A single row (a decode step of one sequence): a matrix-vector product. As a 1-row GEMM,
+    // BLAS would repack the whole weight matrix on every call, which dominated decoding.
+    std::vector<int64_t> sizes = xc.sizes().vec();
+    sizes.back() = wc.size(0);
+    return at::mv(wc, xc.reshape({-1})).view(sizes);
+  }
+  return at::linear(xc, wc);
 }
 
 Linear::Linear(int64_t in_features, int64_t out_features, at::ScalarType compute_dtype)

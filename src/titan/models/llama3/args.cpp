@@ -6,6 +6,7 @@
 #include "titan/models/common/linear.h"
 #include "titan/models/registry.h"
 
+#include <algorithm>
 #include <sstream>
 
 namespace titan::llama3 {
@@ -40,6 +41,9 @@ std::vector<std::string> flavor_names() {
 }  // namespace
 
 int64_t Llama3Args::ffn_hidden_dim() const {
+  if (ffn_dim > 0) {
+    return ffn_dim;
+  }
   int64_t hidden = 2 * (4 * dim) / 3;  // int(2 * hidden_dim / 3) with hidden_dim = 4 * dim
   if (ffn_dim_multiplier > 0) {
     hidden = static_cast<int64_t>(ffn_dim_multiplier * static_cast<double>(hidden));
@@ -162,6 +166,196 @@ std::string describe(const Llama3Args& args) {
     os << ", tied embeddings";
   }
   return os.str();
+}
+
+// ---- Model descriptions ---------------------------------------------------------------------
+
+namespace {
+
+const std::vector<std::string>& arg_keys() {
+  static const std::vector<std::string> kKeys = {
+      "dim", "n_layers", "n_heads", "n_kv_heads", "vocab_size", "multiple_of",
+      "ffn_dim_multiplier", "ffn_dim", "norm_eps", "rope_theta", "use_rope_scaling",
+      "rope_scaling", "depth_init", "tie_embeddings", "max_seq_len"};
+  return kKeys;
+}
+
+const std::vector<std::string>& rope_scaling_keys() {
+  static const std::vector<std::string> kKeys = {"scaling_factor", "low_freq_factor",
+                                                 "high_freq_factor",
+                                                 "original_max_position_embeddings"};
+  return kKeys;
+}
+
+void check_keys(const nlohmann::json& object, const std::vector<std::string>& keys,
+                const std::string& where) {
+  for (const auto& item : object.items()) {
+    if (std::find(keys.begin(), keys.end(), item.key()) == keys.end()) {
+      throw ConfigError("unknown key '" + item.key() + "' in " + where +
+                        suggestion(item.key(), keys, "keys"));
+    }
+  }
+}
+
+int64_t get_int(const nlohmann::json& object, const std::string& key, const std::string& where) {
+  const nlohmann::json& value = object.at(key);
+  if (!value.is_number_integer()) {
+    throw ConfigError(where + "." + key + " must be an integer, got " + value.dump());
+  }
+  return value.get<int64_t>();
+}
+
+double get_double(const nlohmann::json& object, const std::string& key, const std::string& where) {
+  const nlohmann::json& value = object.at(key);
+  if (!value.is_number()) {
+    throw ConfigError(where + "." + key + " must be a number, got " + value.dump());
+  }
+  return value.get<double>();
+}
+
+bool get_bool(const nlohmann::json& object, const std::string& key, const std::string& where) {
+  const nlohmann::json& value = object.at(key);
+  if (!value.is_boolean()) {
+    throw ConfigError(where + "." + key + " must be true or false, got " + value.dump());
+  }
+  return value.get<bool>();
+}
+
+// Applies the keys present in `json` to `args`.
+void apply_args_json(const nlohmann::json& json, Llama3Args& args) {
+  const std::string where = "llama3 args";
+  if (!json.is_object()) {
+    throw ConfigError(where + " must be a JSON object, got " + json.dump());
+  }
+  check_keys(json, arg_keys(), where);
+  const auto set_int = [&](const char* key, int64_t& field) {
+    if (json.contains(key)) field = get_int(json, key, where);
+  };
+  const auto set_double = [&](const char* key, double& field) {
+    if (json.contains(key)) field = get_double(json, key, where);
+  };
+  const auto set_bool = [&](const char* key, bool& field) {
+    if (json.contains(key)) field = get_bool(json, key, where);
+  };
+  set_int("dim", args.dim);
+  set_int("n_layers", args.n_layers);
+  set_int("n_heads", args.n_heads);
+  set_int("n_kv_heads", args.n_kv_heads);
+  set_int("vocab_size", args.vocab_size);
+  set_int("multiple_of", args.multiple_of);
+  set_double("ffn_dim_multiplier", args.ffn_dim_multiplier);
+  set_int("ffn_dim", args.ffn_dim);
+  set_double("norm_eps", args.norm_eps);
+  set_double("rope_theta", args.rope_theta);
+  set_bool("use_rope_scaling", args.use_rope_scaling);
+  set_bool("depth_init", args.depth_init);
+  set_bool("tie_embeddings", args.tie_embeddings);
+  set_int("max_seq_len", args.max_seq_len);
+  if (json.contains("rope_scaling")) {
+    const nlohmann::json& scaling = json["rope_scaling"];
+    if (scaling.is_null()) {
+      args.use_rope_scaling = false;
+    } else {
+      const std::string sub = where + ".rope_scaling";
+      if (!scaling.is_object()) {
+        throw ConfigError(sub + " must be an object or null, got " + scaling.dump());
+      }
+      check_keys(scaling, rope_scaling_keys(), sub);
+      RopeScaling& rs = args.rope_scaling;
+      if (scaling.contains("scaling_factor")) {
+        rs.scaling_factor = get_double(scaling, "scaling_factor", sub);
+      }
+      if (scaling.contains("low_freq_factor")) {
+        rs.low_freq_factor = get_double(scaling, "low_freq_factor", sub);
+      }
+      if (scaling.contains("high_freq_factor")) {
+        rs.high_freq_factor = get_double(scaling, "high_freq_factor", sub);
+      }
+      if (scaling.contains("original_max_position_embeddings")) {
+        rs.original_max_position_embeddings =
+            get_int(scaling, "original_max_position_embeddings", sub);
+      }
+    }
+  }
+  if (args.n_kv_heads < 0 || args.ffn_dim < 0 || args.max_seq_len <= 0 || !(args.norm_eps > 0) ||
+      !(args.rope_theta > 0)) {
+    throw ConfigError(where + ": n_kv_heads and ffn_dim must be >= 0; max_seq_len, norm_eps and " +
+                      "rope_theta > 0 (got " + args_to_json(args).dump() + ")");
+  }
+}
+
+nlohmann::json rope_scaling_json(const RopeScaling& rs) {
+  return {{"scaling_factor", rs.scaling_factor},
+          {"low_freq_factor", rs.low_freq_factor},
+          {"high_freq_factor", rs.high_freq_factor},
+          {"original_max_position_embeddings", rs.original_max_position_embeddings}};
+}
+
+}  // namespace
+
+Llama3Args args_from_description(const nlohmann::json& model) {
+  if (!model.is_object() || !model.contains("flavor") || !model["flavor"].is_string()) {
+    throw ConfigError("llama3 model description " + model.dump() + " has no \"flavor\"");
+  }
+  const std::string flavor = model["flavor"].get<std::string>();
+  const auto names = flavor_names();
+  const bool registered = std::find(names.begin(), names.end(), flavor) != names.end();
+  const bool has_args = model.contains("args");
+  if (!registered && !has_args) {
+    check_flavor("llama3", names, flavor);  // throws, naming the nearest flavor
+  }
+  Llama3Args args = registered ? args_for_flavor(flavor) : Llama3Args{};
+  if (has_args) {
+    apply_args_json(model["args"], args);
+  }
+  args.validate();
+  return args;
+}
+
+nlohmann::json args_to_json(const Llama3Args& args) {
+  return {{"dim", args.dim},
+          {"n_layers", args.n_layers},
+          {"n_heads", args.n_heads},
+          {"n_kv_heads", args.n_kv_heads},
+          {"vocab_size", args.vocab_size},
+          {"multiple_of", args.multiple_of},
+          {"ffn_dim_multiplier", args.ffn_dim_multiplier},
+          {"ffn_dim", args.ffn_dim},
+          {"norm_eps", args.norm_eps},
+          {"rope_theta", args.rope_theta},
+          {"use_rope_scaling", args.use_rope_scaling},
+          {"rope_scaling", rope_scaling_json(args.rope_scaling)},
+          {"depth_init", args.depth_init},
+          {"tie_embeddings", args.tie_embeddings},
+          {"max_seq_len", args.max_seq_len}};
+}
+
+nlohmann::json resolved_args(const Llama3Args& args) {
+  return {{"dim", args.dim},
+          {"n_layers", args.n_layers},
+          {"n_heads", args.n_heads},
+          {"n_kv_heads", args.kv_heads()},
+          {"vocab_size", args.vocab_size},
+          {"ffn_dim", args.ffn_hidden_dim()},
+          {"norm_eps", args.norm_eps},
+          {"rope_theta", args.rope_theta},
+          {"rope_scaling", args.use_rope_scaling ? rope_scaling_json(args.rope_scaling)
+                                                 : nlohmann::json(nullptr)},
+          {"tie_embeddings", args.tie_embeddings}};
+}
+
+nlohmann::json describe_args(const Llama3Args& args) {
+  const nlohmann::json resolved = resolved_args(args);
+  for (const auto& [name, flavor_args] : flavors()) {
+    if (resolved_args(flavor_args) == resolved) {
+      nlohmann::json model = {{"name", "llama3"}, {"flavor", name}};
+      if (flavor_args.max_seq_len != args.max_seq_len) {
+        model["args"] = {{"max_seq_len", args.max_seq_len}};
+      }
+      return model;
+    }
+  }
+  return {{"name", "llama3"}, {"flavor", "custom"}, {"args", args_to_json(args)}};
 }
 
 }  // namespace titan::llama3

@@ -6,6 +6,7 @@
 #include "titan/models/model.h"
 
 #include <ATen/ATen.h>
+#include <nlohmann/json.hpp>
 
 #include <cstdint>
 #include <string>
@@ -22,6 +23,8 @@ struct Llama3Args {
   int64_t vocab_size = 128256;
   int64_t multiple_of = 256;        // the SwiGLU hidden size is rounded up to a multiple of this
   double ffn_dim_multiplier = 0.0;  // <= 0: none
+  int64_t ffn_dim = 0;  // > 0: the SwiGLU hidden size as given (HF's intermediate_size), else
+                        // derived from multiple_of and ffn_dim_multiplier
   double norm_eps = 1e-5;
   double rope_theta = 10000.0;
   RopeScaling rope_scaling;  // Llama 3.1 scaling, applied when use_rope_scaling
@@ -32,8 +35,8 @@ struct Llama3Args {
 
   int64_t kv_heads() const { return n_kv_heads > 0 ? n_kv_heads : n_heads; }
   int64_t head_dim() const { return dim / n_heads; }
-  // TorchTitan's integer arithmetic: h = int(2 * 4 * dim / 3); h = int(ffn_dim_multiplier * h)
-  // if set; then rounded up to a multiple of multiple_of.
+  // ffn_dim if set; else TorchTitan's integer arithmetic: h = int(2 * 4 * dim / 3);
+  // h = int(ffn_dim_multiplier * h) if set; then rounded up to a multiple of multiple_of.
   int64_t ffn_hidden_dim() const;
   // Checks that the heads divide evenly; throws ConfigError saying which.
   void validate() const;
@@ -52,6 +55,23 @@ ModelStats compute_stats(const Llama3Args& args, int64_t batch, int64_t seq_len,
 
 // "dim 4096, 32 layers, 32 heads, 8 kv heads, ffn 14336, vocab 128256"
 std::string describe(const Llama3Args& args);
+
+// Model descriptions (registry.h). The "args" keys are the fields above, by name, with
+// rope_scaling as {"scaling_factor", "low_freq_factor", "high_freq_factor",
+// "original_max_position_embeddings"} (null: use_rope_scaling = false).
+//
+// The arguments of a description: the flavor's (defaults when it is not registered, which needs
+// "args"), overridden by "args". ConfigError for unknown flavors or keys, with the nearest name.
+Llama3Args args_from_description(const nlohmann::json& model);
+// Every field of `args` as "args" JSON (args_from_description inverts it exactly).
+nlohmann::json args_to_json(const Llama3Args& args);
+// The architecture of `args`, normalized (resolved ffn_dim and n_kv_heads, rope_scaling null
+// when unused; no init or RoPE table length): equal JSON <=> identical parameter layouts and math.
+nlohmann::json resolved_args(const Llama3Args& args);
+// The shortest description of `args`: {"name": "llama3", "flavor": F} when a registered flavor
+// has the same resolved_args (plus "args": {"max_seq_len": ..} if that differs), else
+// {"name": "llama3", "flavor": "custom", "args": args_to_json(args)}.
+nlohmann::json describe_args(const Llama3Args& args);
 
 // The dtype of the residual stream between blocks when matmuls run in `compute_dtype`.
 at::ScalarType residual_dtype(at::ScalarType compute_dtype);

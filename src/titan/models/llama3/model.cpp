@@ -1,6 +1,7 @@
 // Llama 3 decoder modules and TorchTitan's weight init (see model.h).
 #include "titan/models/llama3/model.h"
 
+#include "titan/common/check.h"
 #include "titan/models/common/init.h"
 
 #include <ATen/core/grad_mode.h>
@@ -29,6 +30,14 @@ at::Tensor TransformerBlock::forward(const at::Tensor& x, const RotaryEmbedding&
   // x is in residual_dtype(compute_dtype); were it float32 under bf16 compute, the sums would
   // promote and keep it float32.
   const at::Tensor h = x + attention->forward(attention_norm->forward(x), rope);
+  return h + feed_forward->forward(ffn_norm->forward(h));
+}
+
+at::Tensor TransformerBlock::forward_cached(const at::Tensor& x, const RotaryEmbedding& rope,
+                                           LayerKVCache& cache, int64_t start_pos,
+                                           int64_t max_len) {
+  const at::Tensor h =
+      x + attention->forward_cached(attention_norm->forward(x), rope, cache, start_pos, max_len);
   return h + feed_forward->forward(ffn_norm->forward(h));
 }
 
@@ -83,6 +92,20 @@ at::Tensor Transformer::forward(const at::Tensor& tokens) {
   for (const auto& layer : layers) {
     h = layer->forward(h, *rope);
   }
+  return head(h);
+}
+
+at::Tensor Transformer::forward_cached(const at::Tensor& tokens, KVCache& cache,
+                                      int64_t start_pos) {
+  // The cache is written in place; autograd must not record (or keep alive) any of it.
+  at::NoGradGuard no_grad;
+  TITAN_CHECK(start_pos >= 0 && start_pos <= cache.length, "start_pos ", start_pos,
+              " would leave a gap after the ", cache.length, " cached positions");
+  at::Tensor h = embed(tokens);  // (bs, n, dim)
+  for (size_t i = 0; i < layers.size(); ++i) {
+    h = layers[i]->forward_cached(h, *rope, cache.layer(i), start_pos, cache.max_len);
+  }
+  cache.length = start_pos + tokens.size(1);
   return head(h);
 }
 

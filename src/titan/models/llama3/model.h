@@ -29,6 +29,10 @@ class TransformerBlock : public torch::nn::Module {
 
   // x (bs, seqlen, dim) -> (bs, seqlen, dim), in x's dtype.
   at::Tensor forward(const at::Tensor& x, const RotaryEmbedding& rope);
+  // The same block over a KV cache (Attention::forward_cached); x holds positions
+  // [start_pos, start_pos + n).
+  at::Tensor forward_cached(const at::Tensor& x, const RotaryEmbedding& rope, LayerKVCache& cache,
+                            int64_t start_pos, int64_t max_len);
   // TorchTitan's init: norms to ones; wq/wk/wv/w1 trunc_normal(0.02); wo/w2/w3
   // trunc_normal(weight_init_std).
   void init_weights();
@@ -50,6 +54,8 @@ class Transformer : public Model {
   // tokens (bs, seqlen) int64 -> logits (bs, seqlen, vocab), float32 (float64 if the
   // parameters were cast to float64).
   at::Tensor forward(const at::Tensor& tokens) override;
+  // tokens (bs, n) -> logits (bs, n, vocab) for positions [start_pos, start_pos + n); see Model.
+  at::Tensor forward_cached(const at::Tensor& tokens, KVCache& cache, int64_t start_pos) override;
   void init_weights() override;
   ModelStats stats(int64_t batch, int64_t seq_len) const override;
 

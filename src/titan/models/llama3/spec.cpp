@@ -1,7 +1,8 @@
-// Llama 3's ModelSpec: flavors, builder and analytic description.
+// Llama 3's ModelSpec: flavors, builders, analytic description and the Hugging Face adapter.
 #include "titan/models/llama3/spec.h"
 
 #include "titan/models/llama3/args.h"
+#include "titan/models/llama3/hf_adapter.h"
 #include "titan/models/llama3/model.h"
 
 namespace titan {
@@ -27,6 +28,16 @@ ModelSpec make_llama3_spec() {
   spec.describe_flavor = [](const std::string& flavor) {
     return llama3::describe(llama3::args_for_flavor(flavor));
   };
+  spec.resolve_args = [](const nlohmann::json& model) {
+    return llama3::resolved_args(llama3::args_from_description(model));
+  };
+  spec.build_uninitialized = [](const nlohmann::json& model,
+                                const ModelBuildOptions& options) -> std::shared_ptr<Model> {
+    llama3::Llama3Args args = llama3::args_from_description(model);
+    args.max_seq_len = options.max_seq_len;
+    return std::make_shared<llama3::Transformer>(args, options.compute_dtype);
+  };
+  spec.hf = llama3::make_hf_adapter();
   return spec;
 }
 

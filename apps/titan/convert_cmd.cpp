@@ -1,0 +1,295 @@
+// `titan convert`: Hugging Face interop for trained models.
+//   to-hf    our checkpoint -> a transformers LlamaForCausalLM folder (config.json, safetensors,
+//            tokenizer files)
+//   from-hf  a transformers folder -> a model-only checkpoint step directory
+//   logits   one forward pass of a checkpoint or HF folder on given token ids, written as float32
+//            (used by tests/e2e/test_hf_interop.sh against an independent Python reference)
+//   diff     compares the model tensors of two checkpoints / HF folders bit for bit
+// Usage errors throw ConfigError (exit 2); unreadable or corrupt inputs DataError (exit 1).
+#include "commands.h"
+
+#include "titan/checkpoint/checkpoint_files.h"
+#include "titan/checkpoint/hf_convert.h"
+#include "titan/checkpoint/hf_folder.h"
+#include "titan/checkpoint/model_loader.h"
+#include "titan/checkpoint/safetensors.h"
+#include "titan/common/check.h"
+#include "titan/components/tokenizer/tokenizer.h"
+
+#include <ATen/core/grad_mode.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cstdio>
+#include <cstring>
+#include <map>
+#include <sstream>
+
+namespace titan {
+namespace {
+
+constexpr const char* kUsage =
+    "usage: titan convert to-hf CHECKPOINT OUT [--dtype float32|bfloat16|float16]\n"
+    "                           [--max_shard_size BYTES] [--tokenizer PATH]\n"
+    "       titan convert from-hf HF_DIR OUT\n"
+    "       titan convert logits MODEL --ids \"1 2 3\" [--out FILE]\n"
+    "       titan convert diff MODEL_A MODEL_B\n"
+    "\n"
+    "to-hf writes the model of CHECKPOINT (a step-N directory, or a checkpoint folder: its\n"
+    "latest step) as a Hugging Face Llama folder OUT: config.json, model.safetensors (or\n"
+    "model-0000k-of-0000n.safetensors + model.safetensors.index.json above --max_shard_size,\n"
+    "default 5GB; suffixes KB, MB, GB = powers of 1000) and the tokenizer files the model was\n"
+    "trained with (--tokenizer overrides the path recorded in the checkpoint).\n"
+    "from-hf writes a model-only checkpoint step directory OUT, loadable by\n"
+    "--checkpoint.initial_load_path and `titan generate --checkpoint`. Float32 weights survive\n"
+    "to-hf + from-hf bit for bit.\n"
+    "logits runs MODEL (checkpoint or HF folder) in float32 on the ids and writes the logits\n"
+    "(seqlen, vocab) as tensor \"logits\" of a safetensors FILE, or prints the argmax per "
+    "position.\n"
+    "diff compares the model tensors (our names, stored dtypes) of two models; exit 0 if all are\n"
+    "bit-identical, 1 otherwise.\n";
+
+struct Args {
+  std::string action;
+  std::vector<std::string> positional;
+  std::map<std::string, std::string> options;
+};
+
+Args parse_args(const std::vector<std::string>& args,
+                const std::map<std::string, std::vector<std::string>>& allowed) {
+  Args out;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    if (out.action.empty()) {
+      if (allowed.count(a) == 0) {
+        throw ConfigError(
+            (a.empty() || a[0] == '-' ? "missing action" : "unknown action '" + a + "'") +
+            std::string(" (want to-hf, from-hf, logits or diff)\n") + kUsage);
+      }
+      out.action = a;
+      continue;
+    }
+    if (a.rfind("--", 0) == 0) {
+      const auto& known = allowed.at(out.action);
+      if (std::find(known.begin(), known.end(), a) == known.end()) {
+        throw ConfigError("unknown argument '" + a + "' for convert " + out.action + "\n" + kUsage);
+      }
+      if (i + 1 >= args.size()) throw ConfigError(a + " needs a value\n" + kUsage);
+      out.options[a] = args[++i];
+    } else {
+      out.positional.push_back(a);
+    }
+  }
+  if (out.action.empty()) {
+    throw ConfigError(std::string("missing action (want to-hf, from-hf, logits or diff)\n") +
+                      kUsage);
+  }
+  return out;
+}
+
+void expect_positional(const Args& args, size_t n, const char* names) {
+  if (args.positional.size() != n) {
+    throw ConfigError("convert " + args.action + " takes " + names + " (got " +
+                      std::to_string(args.positional.size()) + " arguments)\n" + kUsage);
+  }
+}
+
+uint64_t parse_size(const std::string& text) {
+  size_t used = 0;
+  long double value = -1;
+  try {
+    value = std::stold(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  std::string suffix = text.substr(used);
+  for (char& c : suffix) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  const std::map<std::string, long double> scale = {
+      {"", 1}, {"B", 1}, {"KB", 1e3}, {"MB", 1e6}, {"GB", 1e9}, {"K", 1e3}, {"M", 1e6}, {"G", 1e9}};
+  if (used == 0 || !(value > 0) || scale.count(suffix) == 0) {
+    throw ConfigError("--max_shard_size expects a positive size such as 1000000 or 5GB, got '" +
+                      text + "'");
+  }
+  return static_cast<uint64_t>(value * scale.at(suffix));
+}
+
+at::ScalarType parse_dtype(const std::string& text) {
+  if (text == "float32") return at::kFloat;
+  if (text == "bfloat16") return at::kBFloat16;
+  if (text == "float16") return at::kHalf;
+  throw ConfigError("--dtype must be float32, bfloat16 or float16, got '" + text + "'");
+}
+
+// A step directory itself, or the latest complete one in a checkpoint folder.
+std::string resolve_checkpoint_dir(const std::string& path) {
+  if (ckpt::is_checkpoint_dir(path)) return path;
+  const auto steps = ckpt::list_step_dirs(path);
+  if (steps.empty()) {
+    throw ConfigError("'" + path +
+                      "' is not a titan checkpoint (no index.json, no step-N "
+                      "directories)");
+  }
+  return steps.back().second;
+}
+
+int to_hf(const Args& args) {
+  expect_positional(args, 2, "CHECKPOINT OUT");
+  ckpt::HfWriteOptions options;
+  if (args.options.count("--dtype")) options.dtype = parse_dtype(args.options.at("--dtype"));
+  options.max_shard_bytes = args.options.count("--max_shard_size")
+                                ? parse_size(args.options.at("--max_shard_size"))
+                                : 5'000'000'000ull;
+  const std::string dir = resolve_checkpoint_dir(args.positional[0]);
+  if (args.options.count("--tokenizer")) {
+    options.tokenizer_path = args.options.at("--tokenizer");
+  } else {
+    const ckpt::CheckpointReader reader(dir, /*verify=*/false);
+    options.tokenizer_path = reader.state().value("tokenizer_path", std::string());
+  }
+  const std::unique_ptr<Tokenizer> tokenizer = build_tokenizer(options.tokenizer_path);
+  options.bos_id = tokenizer->bos_id();
+  options.eos_id = tokenizer->eos_id();
+  ckpt::checkpoint_to_hf(dir, args.positional[1], options);
+  std::printf("wrote Hugging Face folder %s from %s\n", args.positional[1].c_str(), dir.c_str());
+  return 0;
+}
+
+int from_hf(const Args& args) {
+  expect_positional(args, 2, "HF_DIR OUT");
+  if (!ckpt::is_hf_folder(args.positional[0])) {
+    throw ConfigError("'" + args.positional[0] + "' is not a Hugging Face folder (no config.json)");
+  }
+  ckpt::hf_to_checkpoint(args.positional[0], args.positional[1]);
+  std::printf("wrote checkpoint %s from %s\n", args.positional[1].c_str(),
+              args.positional[0].c_str());
+  return 0;
+}
+
+std::vector<int64_t> parse_ids(const std::string& text) {
+  std::vector<int64_t> ids;
+  std::istringstream fields(text);
+  std::string field;
+  while (fields >> field) {
+    size_t used = 0;
+    int64_t id = -1;
+    try {
+      id = std::stoll(field, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used == 0 || used != field.size() || id < 0) {
+      throw ConfigError("--ids: '" + field + "' is not a token id");
+    }
+    ids.push_back(id);
+  }
+  if (ids.empty()) throw ConfigError("--ids needs at least one token id");
+  return ids;
+}
+
+int logits(const Args& args) {
+  expect_positional(args, 1, "MODEL");
+  if (!args.options.count("--ids")) throw ConfigError(std::string("logits needs --ids\n") + kUsage);
+  const std::vector<int64_t> ids = parse_ids(args.options.at("--ids"));
+  const auto n = static_cast<int64_t>(ids.size());
+  const ckpt::LoadedModel loaded = ckpt::load_model(args.positional[0], at::kFloat, n);
+  at::NoGradGuard no_grad;
+  const at::Tensor tokens = at::tensor(ids, at::kLong).view({1, n});
+  const int64_t vocab = loaded.model->stats(1, n).vocab_size;
+  for (int64_t id : ids) {
+    if (id >= vocab) {
+      throw ConfigError("--ids: " + std::to_string(id) + " is outside the vocabulary (" +
+                        std::to_string(vocab) + " tokens)");
+    }
+  }
+  const at::Tensor out = loaded.model->forward(tokens)[0].to(at::kFloat).contiguous();
+  if (args.options.count("--out")) {
+    ckpt::write_safetensors(args.options.at("--out"), {{"logits", out}});
+    std::printf("wrote logits (%lld, %lld) of %s to %s\n", static_cast<long long>(out.size(0)),
+                static_cast<long long>(out.size(1)), loaded.source.c_str(),
+                args.options.at("--out").c_str());
+  } else {
+    const auto [values, indices] = out.max(-1);
+    for (int64_t t = 0; t < n; ++t) {
+      std::printf("%lld %lld %.6f\n", static_cast<long long>(t),
+                  static_cast<long long>(indices[t].item<int64_t>()), values[t].item<float>());
+    }
+  }
+  return 0;
+}
+
+// The model tensors of a checkpoint or HF folder, in our names and their stored dtypes.
+TensorMap tensors_of(const std::string& path) {
+  if (ckpt::is_hf_folder(path)) {
+    const ckpt::HfFolderReader reader(path);
+    const nlohmann::json description =
+        ckpt::hf_model_description(reader.config(), path + "/config.json");
+    return spec_for_description(description)
+        .hf.from_hf(reader.read_all(at::ScalarType::Undefined), description);
+  }
+  return ckpt::read_model_tensors(ckpt::CheckpointReader(resolve_checkpoint_dir(path)));
+}
+
+bool bit_equal(const at::Tensor& a, const at::Tensor& b) {
+  if (a.scalar_type() != b.scalar_type() || a.sizes() != b.sizes()) return false;
+  const at::Tensor x = a.contiguous();
+  const at::Tensor y = b.contiguous();
+  return std::memcmp(x.data_ptr(), y.data_ptr(), x.numel() * x.element_size()) == 0;
+}
+
+int diff(const Args& args) {
+  expect_positional(args, 2, "MODEL_A MODEL_B");
+  const TensorMap a = tensors_of(args.positional[0]);
+  const TensorMap b = tensors_of(args.positional[1]);
+  int64_t differing = 0;
+  for (const auto& [name, ta] : a) {
+    const auto it = b.find(name);
+    if (it == b.end()) {
+      std::printf("only in A: %s\n", name.c_str());
+      ++differing;
+    } else if (!bit_equal(ta, it->second)) {
+      std::ostringstream os;
+      os << name << ": A " << ta.scalar_type() << " " << ta.sizes() << ", B "
+         << it->second.scalar_type() << " " << it->second.sizes();
+      if (ta.sizes() == it->second.sizes()) {
+        os << ", max |A - B| = "
+           << (ta.to(at::kDouble) - it->second.to(at::kDouble)).abs().max().item<double>();
+      }
+      std::printf("differs: %s\n", os.str().c_str());
+      ++differing;
+    }
+  }
+  for (const auto& [name, tb] : b) {
+    if (a.count(name) == 0) {
+      std::printf("only in B: %s\n", name.c_str());
+      ++differing;
+    }
+  }
+  if (differing == 0) {
+    std::printf("identical: %zu tensors\n", a.size());
+    return 0;
+  }
+  std::printf("%lld of %zu tensors differ\n", static_cast<long long>(differing),
+              std::max(a.size(), b.size()));
+  return 1;
+}
+
+}  // namespace
+
+int run_convert(const std::vector<std::string>& argv) {
+  for (const std::string& a : argv) {
+    if (a == "--help" || a == "-h") {
+      std::printf("%s", kUsage);
+      return 0;
+    }
+  }
+  const Args args = parse_args(argv, {{"to-hf", {"--dtype", "--max_shard_size", "--tokenizer"}},
+                                      {"from-hf", {}},
+                                      {"logits", {"--ids", "--out"}},
+                                      {"diff", {}}});
+  if (args.action == "to-hf") return to_hf(args);
+  if (args.action == "from-hf") return from_hf(args);
+  if (args.action == "logits") return logits(args);
+  return diff(args);
+}
+
+}  // namespace titan

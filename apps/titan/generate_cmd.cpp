@@ -1,0 +1,290 @@
+// `titan generate`: continue a prompt with a trained model (a titan checkpoint or a Hugging Face
+// folder), streaming the text to stdout as it is produced. stdout carries only the text (or,
+// with --print_ids, one line of ids) so that scripts can compare runs; the model description,
+// notes and tokens/s go to stderr. Bad usage throws ConfigError (exit 2).
+#include "commands.h"
+
+#include "titan/checkpoint/model_loader.h"
+#include "titan/common/check.h"
+#include "titan/common/cpu.h"
+#include "titan/components/tokenizer/tokenizer.h"
+#include "titan/inference/generator.h"
+#include "titan/inference/text_stream.h"
+#include "titan/models/registry.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <optional>
+#include <sstream>
+
+namespace titan {
+namespace {
+
+constexpr const char* kUsage =
+    "usage: titan generate --checkpoint PATH (--prompt TEXT | --prompt_ids \"ID ...\") [options]\n"
+    "\n"
+    "  --checkpoint PATH      a titan checkpoint (a step-N folder, or the checkpoint folder: its\n"
+    "                         latest complete step) or a Hugging Face model folder\n"
+    "  --prompt TEXT          text to continue; encoded with the tokenizer after a BOS token\n"
+    "  --prompt_ids \"ID ...\"  token ids to continue, used as given (no BOS added)\n"
+    "  --max_new_tokens N     tokens to generate at most (default 128); generation also stops\n"
+    "                         at the tokenizer's EOS token and at --max_seq_len\n"
+    "  --temperature T        softmax temperature; 0 = greedy (default 1.0)\n"
+    "  --top_k K              sample among the K most likely tokens; 0 = all (default 0)\n"
+    "  --top_p P              sample among the fewest most likely tokens whose probability sums\n"
+    "                         to P; 1 = all (default 1.0)\n"
+    "  --seed S               sampling seed (default 0): the same seed gives the same tokens\n"
+    "  --tokenizer PATH       tokenizer files (default: the checkpoint's; \"\" = byte tokenizer)\n"
+    "  --dtype float32|bfloat16  compute dtype (default float32)\n"
+    "  --max_seq_len N        longest sequence, prompt included (default 2048)\n"
+    "  --threads N            CPU threads; 0 = one per core (default 0)\n"
+    "  --print_ids            print the whole sequence (prompt and generated) as one line of\n"
+    "                         space-separated ids instead of streaming text\n"
+    "  --no_kv_cache          re-run the whole sequence every step instead of using the KV\n"
+    "                         cache (slow; for checking the cache: greedy output is the same)\n"
+    "  --flavor NAME          instead of --checkpoint: a randomly initialized llama3 of this\n"
+    "                         flavor, seeded by --seed (timing and smoke tests)\n"
+    "\n"
+    "Text (or the ids) goes to stdout; the model, notes and tokens/s go to stderr.\n";
+
+struct Options {
+  std::string checkpoint;
+  std::string flavor;
+  std::optional<std::string> prompt;
+  std::optional<std::string> prompt_ids;
+  std::optional<std::string> tokenizer;
+  std::string dtype = "float32";
+  int64_t max_seq_len = 2048;
+  int64_t threads = 0;
+  bool print_ids = false;
+  GenerationOptions generation;
+};
+
+int64_t parse_int(const std::string& name, const std::string& text) {
+  size_t used = 0;
+  int64_t value = 0;
+  try {
+    value = std::stoll(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used == 0 || used != text.size()) {
+    throw ConfigError(name + " expects an integer, got '" + text + "'");
+  }
+  return value;
+}
+
+double parse_double(const std::string& name, const std::string& text) {
+  size_t used = 0;
+  double value = 0;
+  try {
+    value = std::stod(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used == 0 || used != text.size()) {
+    throw ConfigError(name + " expects a number, got '" + text + "'");
+  }
+  return value;
+}
+
+Options parse_options(const std::vector<std::string>& args) {
+  Options opts;
+  SamplerOptions& sampler = opts.generation.sampler;
+  for (size_t i = 0; i < args.size(); ++i) {
+    std::string a = args[i];
+    std::optional<std::string> inline_value;  // --key=value
+    if (const size_t eq = a.find('='); a.rfind("--", 0) == 0 && eq != std::string::npos) {
+      inline_value = a.substr(eq + 1);
+      a = a.substr(0, eq);
+    }
+    const auto value = [&]() -> std::string {
+      if (inline_value) return *inline_value;
+      if (i + 1 >= args.size()) throw ConfigError(a + " needs a value\n" + kUsage);
+      return args[++i];
+    };
+    if (a == "--checkpoint") {
+      opts.checkpoint = value();
+    } else if (a == "--flavor") {
+      opts.flavor = value();
+    } else if (a == "--prompt") {
+      opts.prompt = value();
+    } else if (a == "--prompt_ids") {
+      opts.prompt_ids = value();
+    } else if (a == "--tokenizer") {
+      opts.tokenizer = value();
+    } else if (a == "--max_new_tokens") {
+      opts.generation.max_new_tokens = parse_int(a, value());
+    } else if (a == "--temperature") {
+      sampler.temperature = parse_double(a, value());
+    } else if (a == "--top_k") {
+      sampler.top_k = parse_int(a, value());
+    } else if (a == "--top_p") {
+      sampler.top_p = parse_double(a, value());
+    } else if (a == "--seed") {
+      const int64_t seed = parse_int(a, value());
+      if (seed < 0) throw ConfigError("--seed must be >= 0, got " + std::to_string(seed));
+      sampler.seed = static_cast<uint64_t>(seed);
+    } else if (a == "--dtype") {
+      opts.dtype = value();
+    } else if (a == "--max_seq_len") {
+      opts.max_seq_len = parse_int(a, value());
+    } else if (a == "--threads") {
+      opts.threads = parse_int(a, value());
+      if (opts.threads < 0) throw ConfigError("--threads must be >= 0, got " + args[i]);
+    } else if (a == "--print_ids" && !inline_value) {
+      opts.print_ids = true;
+    } else if (a == "--no_kv_cache" && !inline_value) {
+      opts.generation.use_kv_cache = false;
+    } else {
+      throw ConfigError("unknown argument '" + args[i] + "'\n" + kUsage);
+    }
+  }
+  if (opts.checkpoint.empty() == opts.flavor.empty()) {
+    throw ConfigError(std::string(opts.checkpoint.empty() ? "--checkpoint is required"
+                                                          : "--checkpoint and --flavor exclude "
+                                                            "each other") +
+                      "\n" + kUsage);
+  }
+  if (opts.prompt.has_value() == opts.prompt_ids.has_value()) {
+    throw ConfigError(std::string("give exactly one of --prompt and --prompt_ids\n") + kUsage);
+  }
+  if (opts.dtype != "float32" && opts.dtype != "bfloat16") {
+    throw ConfigError("--dtype must be float32 or bfloat16, got '" + opts.dtype + "'");
+  }
+  if (opts.max_seq_len < 2) {
+    throw ConfigError("--max_seq_len must be >= 2, got " + std::to_string(opts.max_seq_len));
+  }
+  if (opts.generation.max_new_tokens < 0) {
+    throw ConfigError("--max_new_tokens must be >= 0, got " +
+                      std::to_string(opts.generation.max_new_tokens));
+  }
+  if (!opts.checkpoint.empty() && !std::filesystem::exists(opts.checkpoint)) {
+    throw ConfigError("--checkpoint " + opts.checkpoint +
+                      ": no such file or directory. HINT: pass a checkpoint folder written by "
+                      "`titan train --checkpoint.enable` (or one of its step-N folders), or a "
+                      "Hugging Face model folder");
+  }
+  opts.generation.max_seq_len = opts.max_seq_len;
+  Sampler check_sampler_options(sampler);  // rejects bad sampling options before loading
+  return opts;
+}
+
+// "1 2 3" -> {1, 2, 3}; each id must be in [0, vocab_size).
+std::vector<int64_t> parse_prompt_ids(const std::string& text, int64_t vocab_size) {
+  std::vector<int64_t> ids;
+  std::istringstream fields(text);
+  std::string field;
+  while (fields >> field) {
+    const int64_t id = parse_int("--prompt_ids", field);
+    if (id < 0 || id >= vocab_size) {
+      throw ConfigError("--prompt_ids: id " + field +
+                        " is outside the tokenizer's vocabulary [0, " + std::to_string(vocab_size) +
+                        "). HINT: --tokenizer PATH selects the model's tokenizer");
+    }
+    ids.push_back(id);
+  }
+  if (ids.empty()) throw ConfigError("--prompt_ids has no ids");
+  return ids;
+}
+
+// A tokenizer's special id, or -1 when it defines none (BPE files may lack BOS or EOS).
+template <typename Getter>
+int64_t optional_id(Getter getter) {
+  try {
+    return getter();
+  } catch (const ConfigError&) {
+    return -1;
+  }
+}
+
+void write_out(const std::string& text) {
+  std::fwrite(text.data(), 1, text.size(), stdout);
+  std::fflush(stdout);
+}
+
+}  // namespace
+
+int run_generate(const std::vector<std::string>& args) {
+  if (std::any_of(args.begin(), args.end(),
+                  [](const std::string& a) { return a == "--help" || a == "-h"; })) {
+    std::fputs(kUsage, stdout);
+    return 0;
+  }
+  Options opts = parse_options(args);
+  const std::string threads = configure_threads(opts.threads);
+  const at::ScalarType dtype = opts.dtype == "bfloat16" ? at::kBFloat16 : at::kFloat;
+
+  std::shared_ptr<Model> model;
+  std::string description;
+  std::string tokenizer_path;
+  if (!opts.checkpoint.empty()) {
+    ckpt::LoadedModel loaded = ckpt::load_model(opts.checkpoint, dtype, opts.max_seq_len);
+    model = loaded.model;
+    description = loaded.model_name + " " + loaded.flavor + " from " + loaded.source;
+    tokenizer_path = loaded.tokenizer_path;
+  } else {
+    const ModelSpec& spec = get_model_spec("llama3");
+    check_flavor(spec, opts.flavor);
+    ModelBuildOptions build;
+    build.max_seq_len = opts.max_seq_len;
+    build.compute_dtype = dtype;
+    at::manual_seed(opts.generation.sampler.seed);
+    model = spec.build(opts.flavor, build);
+    description = "llama3 " + opts.flavor + " (random init)";
+  }
+  cast_parameters_for_inference(*model, dtype);
+  if (opts.tokenizer) tokenizer_path = *opts.tokenizer;
+  const std::unique_ptr<Tokenizer> tokenizer = build_tokenizer(tokenizer_path);
+
+  std::vector<int64_t> prompt;
+  if (opts.prompt_ids) {
+    prompt = parse_prompt_ids(*opts.prompt_ids, tokenizer->vocab_size());
+  } else {
+    // Training documents start with BOS (the data loader adds it), so prompts do too.
+    const int64_t bos = optional_id([&] { return tokenizer->bos_id(); });
+    if (bos >= 0) prompt.push_back(bos);
+    const std::vector<int64_t> text_ids = tokenizer->encode(*opts.prompt);
+    prompt.insert(prompt.end(), text_ids.begin(), text_ids.end());
+  }
+  opts.generation.eos_id = optional_id([&] { return tokenizer->eos_id(); });
+  opts.generation.vocab_limit = tokenizer->vocab_size();
+
+  std::fprintf(stderr, "generate: %s, %s compute, %s, KV cache %s, %zu prompt tokens\n",
+               description.c_str(), opts.dtype.c_str(), threads.c_str(),
+               opts.generation.use_kv_cache ? "on" : "off", prompt.size());
+  TextStream stream(*tokenizer);
+  std::function<void(int64_t)> on_token;
+  if (!opts.print_ids) {
+    write_out(opts.prompt ? *opts.prompt : tokenizer->decode(prompt));
+    on_token = [&](int64_t id) { write_out(stream.put(id)); };
+  }
+  const GenerationResult result = generate(*model, prompt, opts.generation, on_token);
+  if (opts.print_ids) {
+    std::string line;
+    for (size_t i = 0; i < result.tokens.size(); ++i) {
+      if (i > 0) line.push_back(' ');
+      line += std::to_string(result.tokens[i]);
+    }
+    write_out(line + "\n");
+  } else {
+    write_out(stream.flush() + "\n");
+  }
+  if (result.stop_reason == StopReason::kMaxSeqLen) {
+    std::fprintf(stderr,
+                 "note: stopped after %lld new tokens: the sequence reached --max_seq_len %lld. "
+                 "HINT: raise --max_seq_len\n",
+                 static_cast<long long>(result.n_generated),
+                 static_cast<long long>(opts.max_seq_len));
+  }
+  std::fprintf(stderr,
+               "generated %lld tokens (stop: %s) | prefill %lld tokens %.3f s (%.1f tokens/s) | "
+               "decode %.1f tokens/s\n",
+               static_cast<long long>(result.n_generated), to_string(result.stop_reason),
+               static_cast<long long>(result.n_prompt), result.prefill_seconds,
+               result.prefill_tokens_per_second(), result.decode_tokens_per_second());
+  return 0;
+}
+
+}  // namespace titan

@@ -1,0 +1,225 @@
+// Checkpoint / model <-> Hugging Face folder conversions (see hf_convert.h).
+#include "titan/checkpoint/hf_convert.h"
+
+#include "titan/common/check.h"
+#include "titan/common/logging.h"
+
+#include <ATen/core/grad_mode.h>
+
+#include <filesystem>
+#include <sstream>
+
+namespace titan::ckpt {
+namespace {
+
+std::string shape_str(at::IntArrayRef shape) {
+  std::ostringstream os;
+  os << shape;
+  return os.str();
+}
+
+const HfAdapter& adapter_of(const ModelSpec& spec) {
+  if (!spec.hf.to_hf || !spec.hf.from_hf) {
+    throw ConfigError("model '" + spec.name + "' has no Hugging Face adapter");
+  }
+  return spec.hf;
+}
+
+// An empty model of `description` whose parameter names and shapes say what to load.
+std::shared_ptr<Model> empty_model(const nlohmann::json& description) {
+  const ModelSpec& spec = spec_for_description(description);
+  ModelBuildOptions options;
+  options.max_seq_len = 2;  // RoPE tables are derived, not loaded
+  return spec.build_uninitialized(description, options);
+}
+
+const nlohmann::json& checkpoint_model(const CheckpointReader& reader) {
+  const nlohmann::json& state = reader.state();
+  if (!state.is_object() || !state.contains("model") || !state["model"].is_object()) {
+    throw DataError(reader.dir() + "/index.json: state has no \"model\" description");
+  }
+  return state["model"];
+}
+
+// "key: model A, config.json B" for each argument that differs, joined by "; ".
+std::string args_difference(const nlohmann::json& model, const nlohmann::json& config) {
+  std::string out;
+  const auto add = [&](const std::string& key) {
+    const nlohmann::json a = model.contains(key) ? model[key] : nlohmann::json();
+    const nlohmann::json b = config.contains(key) ? config[key] : nlohmann::json();
+    if (a != b) {
+      out += (out.empty() ? "" : "; ") + key + ": model " + a.dump() + ", config.json " + b.dump();
+    }
+  };
+  for (const auto& item : model.items()) add(item.key());
+  for (const auto& item : config.items()) {
+    if (!model.contains(item.key())) add(item.key());
+  }
+  return out;
+}
+
+}  // namespace
+
+TensorMap model_tensors(const Model& model) {
+  TensorMap out;
+  for (const auto& item : model.named_parameters()) {
+    out.emplace(item.key(), item.value());
+  }
+  return out;
+}
+
+void copy_into_model(Model& model, const TensorMap& tensors, const std::string& source) {
+  const auto params = model.named_parameters();
+  for (const auto& item : params) {
+    const auto it = tensors.find(item.key());
+    if (it == tensors.end()) {
+      throw DataError(source + ": no tensor for parameter '" + item.key() + "'");
+    }
+    if (it->second.sizes() != item.value().sizes()) {
+      throw DataError(source + ": tensor '" + item.key() + "' has shape " +
+                      shape_str(it->second.sizes()) + ", the model expects " +
+                      shape_str(item.value().sizes()));
+    }
+  }
+  for (const auto& [name, tensor] : tensors) {
+    if (params.find(name) == nullptr) {
+      throw DataError(source + ": tensor '" + name + "' is not a parameter of the model");
+    }
+  }
+  at::NoGradGuard no_grad;
+  for (const auto& item : params) {
+    item.value().copy_(tensors.at(item.key()));
+  }
+}
+
+void load_checkpoint_parameters(Model& model, const CheckpointReader& reader) {
+  at::NoGradGuard no_grad;
+  for (const auto& item : model.named_parameters()) {
+    if (!reader.has(item.key())) {
+      throw DataError(reader.dir() + ": checkpoint has no tensor for parameter '" + item.key() +
+                      "'");
+    }
+    const TensorMeta& meta = reader.meta(item.key());
+    if (at::IntArrayRef(meta.shape) != item.value().sizes()) {
+      throw DataError(reader.dir() + ": tensor '" + item.key() + "' has shape " +
+                      shape_str(meta.shape) + ", the model expects " +
+                      shape_str(item.value().sizes()));
+    }
+    item.value().copy_(reader.read(item.key()));
+  }
+}
+
+TensorMap read_model_tensors(const CheckpointReader& reader) {
+  const auto model = empty_model(checkpoint_model(reader));
+  TensorMap out;
+  for (const auto& item : model->named_parameters()) {
+    if (!reader.has(item.key())) {
+      throw DataError(reader.dir() + ": checkpoint has no tensor for parameter '" + item.key() +
+                      "'");
+    }
+    at::Tensor t = reader.read(item.key());
+    if (t.sizes() != item.value().sizes()) {
+      throw DataError(reader.dir() + ": tensor '" + item.key() + "' has shape " +
+                      shape_str(t.sizes()) + ", the model expects " +
+                      shape_str(item.value().sizes()));
+    }
+    out.emplace(item.key(), t);
+  }
+  return out;
+}
+
+nlohmann::json hf_model_description(const nlohmann::json& config, const std::string& config_path) {
+  if (!config.contains("model_type") || !config["model_type"].is_string()) {
+    throw DataError(config_path + ": no \"model_type\" string");
+  }
+  try {
+    const ModelSpec& spec = spec_for_hf_model_type(config["model_type"].get<std::string>());
+    return adapter_of(spec).from_hf_config(config);
+  } catch (const ConfigError& e) {
+    throw DataError(config_path + ": " + e.what());
+  }
+}
+
+void checkpoint_to_hf(const std::string& checkpoint_dir, const std::string& out_dir,
+                      const HfWriteOptions& options) {
+  const CheckpointReader reader(checkpoint_dir);
+  const nlohmann::json& description = checkpoint_model(reader);
+  const HfAdapter& adapter = adapter_of(spec_for_description(description));
+  const TensorMap ours = read_model_tensors(reader);
+  write_hf_folder(out_dir, adapter.to_hf_config(description), adapter.to_hf(ours, description),
+                  options);
+}
+
+void hf_to_checkpoint(const std::string& hf_dir, const std::string& out_dir) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (fs::exists(out_dir, ec)) {
+    throw ConfigError("output " + out_dir + " already exists; remove it or pick another");
+  }
+  const HfFolderReader reader(hf_dir);
+  const nlohmann::json description =
+      hf_model_description(reader.config(), (fs::path(hf_dir) / "config.json").string());
+  const ModelSpec& spec = spec_for_description(description);
+  const TensorMap ours = adapter_of(spec).from_hf(reader.read_all(at::kFloat), description);
+  // Check against the model the description builds, and save in its parameter order.
+  const auto model = empty_model(description);
+  std::vector<SavedTensor> saved;
+  for (const auto& item : model->named_parameters()) {
+    const auto it = ours.find(item.key());
+    if (it == ours.end()) {
+      throw DataError(hf_dir + ": no Hugging Face tensor for parameter '" + item.key() + "'");
+    }
+    if (it->second.sizes() != item.value().sizes()) {
+      throw DataError(hf_dir + ": tensor for '" + item.key() + "' has shape " +
+                      shape_str(it->second.sizes()) + ", config.json implies " +
+                      shape_str(item.value().sizes()));
+    }
+    saved.push_back(SavedTensor{item.key(), it->second, {}, {}});
+  }
+  for (const auto& [name, tensor] : ours) {
+    if (model->named_parameters().find(name) == nullptr) {
+      throw DataError(hf_dir + ": tensor '" + name + "' is not a parameter of the model");
+    }
+  }
+  const std::string tokenizer = hf_tokenizer_path(hf_dir);
+  // "model_only" and "entries" as the checkpoint manager writes a model-only save, so that
+  // checkpoint.initial_load_path restores it like one.
+  const nlohmann::json state = {
+      {"model", description},
+      {"tokenizer_path",
+       tokenizer.empty() ? "" : fs::absolute(tokenizer).lexically_normal().string()},
+      {"model_only", true},
+      {"entries", {{"model", nlohmann::json::object()}}},
+  };
+  write_checkpoint(out_dir, saved, state);
+}
+
+void load_hf_weights(Model& model, const nlohmann::json& model_description,
+                     const std::string& hf_dir) {
+  const HfFolderReader reader(hf_dir);
+  const std::string config_path = (std::filesystem::path(hf_dir) / "config.json").string();
+  const ModelSpec& spec = spec_for_description(model_description);
+  const HfAdapter& adapter = adapter_of(spec);
+  const nlohmann::json hf_description = hf_model_description(reader.config(), config_path);
+  if (spec_for_description(hf_description).name != spec.name) {
+    throw ConfigError(config_path + " describes model '" +
+                      hf_description["name"].get<std::string>() + "', not '" + spec.name + "'");
+  }
+  const nlohmann::json ours = spec.resolve_args(model_description);
+  const nlohmann::json theirs = spec.resolve_args(hf_description);
+  if (ours != theirs) {
+    throw ConfigError(config_path + " describes another architecture than the model " +
+                      model_description.dump() + " (" + args_difference(ours, theirs) +
+                      "). HINT: pick the model.flavor that matches the Hugging Face config");
+  }
+  copy_into_model(model, adapter.from_hf(reader.read_all(at::kFloat), model_description), hf_dir);
+}
+
+void save_hf_weights(const Model& model, const nlohmann::json& model_description,
+                     const std::string& out_dir, const HfWriteOptions& options) {
+  const HfAdapter& adapter = adapter_of(spec_for_description(model_description));
+  write_hf_folder(out_dir, adapter.to_hf_config(model_description),
+                  adapter.to_hf(model_tensors(model), model_description), options);
+}
+
+}  // namespace titan::ckpt

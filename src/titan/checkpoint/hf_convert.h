@@ -1,0 +1,64 @@
+// Conversions between our checkpoints (or a live Model) and Hugging Face model folders, through
+// the model's HfAdapter (registry.h) and the folder I/O of hf_folder.h:
+//   `titan convert to-hf` -> checkpoint_to_hf,  `titan convert from-hf` -> hf_to_checkpoint,
+//   checkpoint.initial_load_in_hf -> load_hf_weights, checkpoint.last_save_in_hf ->
+//   save_hf_weights.
+// Float32 weights go ours -> HF -> ours bit-identically (renames and row permutations only).
+#pragma once
+
+#include "titan/checkpoint/checkpoint_files.h"
+#include "titan/checkpoint/hf_folder.h"
+#include "titan/models/model.h"
+#include "titan/models/registry.h"
+
+#include <nlohmann/json.hpp>
+
+#include <string>
+
+namespace titan::ckpt {
+
+// The parameters of `model` by FQN (tied weights once), sharing storage with the model.
+TensorMap model_tensors(const Model& model);
+
+// Copies `tensors` into the parameters of `model` (casting to the parameter dtype). Everything
+// is checked before anything is copied: DataError "<source>: ..." naming the first parameter
+// that is missing or has another shape, or the first tensor that is no parameter.
+void copy_into_model(Model& model, const TensorMap& tensors, const std::string& source);
+
+// Loads the parameters of `model` from a checkpoint one tensor at a time (other entries, such as
+// optimizer state, are ignored); DataError naming the checkpoint and the first missing or
+// mis-shaped parameter.
+void load_checkpoint_parameters(Model& model, const CheckpointReader& reader);
+
+// The model tensors of a checkpoint (the parameters of its state["model"] description, in the
+// stored dtype), checked as above.
+TensorMap read_model_tensors(const CheckpointReader& reader);
+
+// The model description (registry.h) for an HF folder's config.json, through the adapter of
+// its "model_type". DataError naming `config_path` when the config is unsupported or malformed.
+nlohmann::json hf_model_description(const nlohmann::json& config, const std::string& config_path);
+
+// Writes the model of checkpoint `checkpoint_dir` as an HF folder `out_dir` (see
+// write_hf_folder for options; tokenizer_path is copied as given, so callers usually pass the
+// checkpoint's state["tokenizer_path"]).
+void checkpoint_to_hf(const std::string& checkpoint_dir, const std::string& out_dir,
+                      const HfWriteOptions& options);
+
+// Writes HF folder `hf_dir` as a model-only checkpoint step directory `out_dir` (float32 tensors
+// under our names; state {"model": description, "tokenizer_path": absolute hf_dir if it holds
+// tokenizer files, else "", "model_only": true, "entries": {"model": {}}}, as the checkpoint
+// manager writes a model-only save), loadable by checkpoint.initial_load_path and load_model.
+void hf_to_checkpoint(const std::string& hf_dir, const std::string& out_dir);
+
+// checkpoint.initial_load_in_hf: loads the weights of HF folder `hf_dir` into `model`, which was
+// built from `model_description`. ConfigError if the folder's config.json describes another
+// architecture (naming the differing arguments); DataError for missing or mis-shaped tensors.
+void load_hf_weights(Model& model, const nlohmann::json& model_description,
+                     const std::string& hf_dir);
+
+// checkpoint.last_save_in_hf: writes the parameters of `model` (built from `model_description`)
+// as an HF folder `out_dir` (which must not exist).
+void save_hf_weights(const Model& model, const nlohmann::json& model_description,
+                     const std::string& out_dir, const HfWriteOptions& options);
+
+}  // namespace titan::ckpt

@@ -1,0 +1,181 @@
+// Process groups and collectives: one small interface over c10d's backends, so that FSDP, DDP and
+// (later) TP/PP/CP/EP are written once and run on Gloo (CPU) and NCCL (CUDA).
+//
+//   auto world = dist::Group::create(store, rank, world_size, options);   // every rank
+//   dist::Work w = world->all_reduce(grad, dist::ReduceOp::kAvg);         // issued, async
+//   ...overlap compute...
+//   w.wait();                                  // result valid; throws CommError on failure
+//
+// What the backends lack is built here on what they have:
+//   Gloo (libtorch 1.13)   no bf16, no AVG, no reduce_scatter, no _allgather_base.
+//     - bf16/fp16 reductions (all_reduce) run in fp32: one cast each way plus twice the bytes on
+//       the wire; a bf16 reduce-scatter moves bf16 bits and sums locally in fp32 (no extra wire
+//       bytes). Pure data movement (all_gather, all_to_all, broadcast, send/recv) moves any
+//       2-byte dtype as fp16 bits and bool as uint8 bits: no cast, no rounding.
+//     - AVG = SUM, then a local divide by the group size (integer AVG is refused).
+//     - reduce_scatter_tensor = all_to_all_single of the size chunks + a local reduction of the
+//       chunks received, in rank order: the same bytes on the wire as a ring reduce-scatter,
+//       plus a receive buffer as large as the input.
+//     - all_gather_into_tensor = all_to_all_single of `size` copies of the input straight into
+//       the output: the same bytes on the wire as a ring all-gather, plus a send buffer as large
+//       as the output (c10d's list allgather would allocate a fresh one on every call).
+//     Those buffers come from a per-group pool and are reused (see ScratchPool): fresh large
+//     allocations cost page faults on every call. Measured (bench/comm_bench.cpp, 2 ranks,
+//     16 MB): all_gather and reduce_scatter within ~1.5-2x of a bare all_to_all; a bf16
+//     all_reduce ~4x an fp32 one of the same bytes.
+//   NCCL (CUDA builds)     every op is native (AVG needs NCCL >= 2.10). wait() makes the
+//     current CUDA stream wait for the op instead of blocking the CPU, and c10d's NCCL watchdog
+//     enforces the timeout. The CPU test suite does not exercise this path.
+//
+// Misuse is caught before anything is issued, because a failed Gloo collective leaves the group
+// unusable. Checked locally, always, for free: tensors defined, contiguous, on the backend's
+// device, dtype supported by the op, output/input shapes consistent with the group size, splits
+// well formed, roots/peers in range. Checked across ranks:
+//   - at creation (always): every member agrees on the group's name, size, backend and the
+//     caller's `fingerprint` (e.g. the parallelism config), through the store;
+//   - per collective, only with GroupOptions::check_agreement (or TITAN_COMM_CHECK=1): before
+//     each collective the ranks all-gather a small descriptor (sequence number, op, dtype, numel,
+//     root / reduce op, all-to-all splits) and every rank throws the same clear error on any
+//     disagreement; the group stays usable. It costs one small extra collective per op and makes
+//     issuing synchronous with the peers, so it is a debugging and testing aid, off by default.
+//   Not checked: send/recv pairing (a recv with no matching send waits for the timeout).
+// A collective that fails or outlives the group's timeout throws CommError naming the op, the
+// group and the rank, and marks the group broken: later ops on it throw at once.
+//
+// Threading: like c10d, one thread issues a group's ops, in the same order on every member.
+#pragma once
+
+#include <ATen/Tensor.h>
+#include <c10/util/intrusive_ptr.h>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace titan::dist {
+
+enum class ReduceOp { kSum, kAvg, kMax, kMin };
+const char* to_string(ReduceOp op);
+
+enum class Backend { kGloo, kNccl };
+const char* to_string(Backend backend);
+// True when this build can make NCCL groups (TITAN_HAS_NCCL in titan/common/torch_compat.h).
+bool nccl_available();
+
+// A collective failed: a peer crashed, hung or called a different collective, or the transport
+// broke. The message names the op, the group and the rank. Fatal for the group.
+struct CommError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+class Work;
+
+struct GroupOptions {
+  // Shown in errors ("world", "dp_shard", ...); also the store prefix, so create a top-level
+  // group of a given name once per store.
+  std::string name = "world";
+  Backend backend = Backend::kGloo;
+  // Bounds the rendezvous and every collective (comm.init_timeout_seconds at start-up).
+  std::chrono::milliseconds timeout{std::chrono::seconds(300)};
+  // Every member must pass the same string, or creation fails with both values in the message.
+  std::string fingerprint;
+  // Per-collective cross-rank agreement check (see above). TITAN_COMM_CHECK=1 also turns it on.
+  bool check_agreement = false;
+  // Gloo: the address this rank's sockets bind to. Empty: the interfaces in GLOO_SOCKET_IFNAME
+  // (comma-separated) when set, else c10d's default device (this host's name, else loopback).
+  // Single-node jobs and tests pass "127.0.0.1".
+  std::string gloo_hostname;
+  // Gloo worker threads (each can run one collective at a time).
+  int gloo_threads = 2;
+};
+
+// One process group: `size` ranks that run collectives together. Create with Group::create on
+// every rank (or new_subgroup). Tensors passed to an op must stay alive, and must not be written,
+// until its Work has been waited for.
+class Group {
+ public:
+  // Rendezvous through `store` (TCPStore for jobs; HashStore or FileStore in tests) and build the
+  // backend. Blocks until all `size` ranks have called it, at most options.timeout; throws
+  // CommError naming the ranks that did not arrive, and c10::Error listing every member's view
+  // when they disagree (size, backend, fingerprint).
+  static std::shared_ptr<Group> create(const c10::intrusive_ptr<c10d::Store>& store, int rank,
+                                       int size, GroupOptions options = {});
+
+  // A group of `ranks` (ranks of this group, strictly increasing), named `name`. Only members
+  // rendezvous (the store prefix is derived from name and ranks), so non-members may call it or
+  // not; they get nullptr. Members must create their shared sub-groups in the same order.
+  std::shared_ptr<Group> new_subgroup(const std::string& name, const std::vector<int>& ranks);
+
+  ~Group();
+  Group(const Group&) = delete;
+  Group& operator=(const Group&) = delete;
+
+  int rank() const;
+  int size() const;
+  const std::string& name() const;
+  Backend backend() const;
+  // This group's members as ranks of the world group it was created from: ranks()[rank()] is
+  // this process's world rank.
+  const std::vector<int>& ranks() const;
+  std::chrono::milliseconds timeout() const;
+  // Bounds waits from now on (e.g. comm.train_timeout_seconds after the first step). Gloo keeps
+  // its own transport timeout from creation; a wait that passes the new bound throws as a
+  // failure of the op.
+  void set_timeout(std::chrono::milliseconds timeout);
+  // "'dp_shard' (rank 1 of 2, world ranks [2, 3], gloo)"
+  std::string describe() const;
+  // False once an op on this group failed; ops then throw CommError at once.
+  bool healthy() const;
+
+  // In place over the group. AVG divides the sum by size() (floating dtypes only).
+  Work all_reduce(const at::Tensor& tensor, ReduceOp op = ReduceOp::kSum);
+  // output = the inputs of ranks 0..size-1 concatenated along dim 0: output is (size * n0, ...)
+  // for an input (n0, ...), or (size, n0, ...). Same dtype.
+  Work all_gather_into_tensor(const at::Tensor& output, const at::Tensor& input);
+  // The converse: input is (size * n0, ...) or (size, n0, ...), output (n0, ...); rank r gets
+  // op over ranks of chunk r.
+  Work reduce_scatter_tensor(const at::Tensor& output, const at::Tensor& input,
+                             ReduceOp op = ReduceOp::kSum);
+  // Rows (dim 0) of `input` go to ranks in order: input_splits[j] rows to rank j; output receives
+  // output_splits[j] rows from rank j. Empty splits mean equal splits. Rank i's input_splits[j]
+  // must equal rank j's output_splits[i]; trailing dims of input and output must match.
+  Work all_to_all_single(const at::Tensor& output, const at::Tensor& input,
+                         const std::vector<int64_t>& output_splits = {},
+                         const std::vector<int64_t>& input_splits = {});
+  // `tensor` of rank `root` (a rank of this group) is copied to every rank's `tensor`.
+  Work broadcast(const at::Tensor& tensor, int root);
+  // Point to point with a group rank; `tag` tells apart concurrent messages between two ranks.
+  Work send(const at::Tensor& tensor, int dst, int tag = 0);
+  Work recv(const at::Tensor& tensor, int src, int tag = 0);
+  // Completes when every rank has reached it (and this rank's earlier ops have finished).
+  Work barrier();
+
+  struct State;  // implementation, shared with the Work handles
+
+ private:
+  explicit Group(std::shared_ptr<State> state);
+  std::shared_ptr<State> state_;
+};
+
+// An issued op. wait() blocks until it has completed (at most the group's timeout), finishes the
+// local part of emulated ops (cast back, divide, local reduction) and throws CommError on failure.
+// Results are only valid after wait(). Waiting twice is a no-op; a default Work is complete.
+class Work {
+ public:
+  Work();
+  void wait();
+  // True once wait() has returned (or for a default Work).
+  bool done() const;
+
+  struct Impl;
+  explicit Work(std::shared_ptr<Impl> impl);
+
+ private:
+  std::shared_ptr<Impl> impl_;
+};
+
+}  // namespace titan::dist

@@ -1,0 +1,291 @@
+// The collectives: validate, agree (optionally), issue on the backend, and hand back a Work whose
+// wait() finishes the local part of an emulated op. See comm.h for what Gloo lacks and how each
+// gap is filled.
+#include "titan/common/check.h"
+#include "titan/distributed/comm_internal.h"
+
+#include <ATen/ATen.h>
+
+namespace titan::dist {
+
+namespace {
+
+bool is_gloo(const Group::State& s) { return s.options.backend == Backend::kGloo; }
+
+bool low_precision(const at::Tensor& t) {
+  return t.scalar_type() == at::kBFloat16 || t.scalar_type() == at::kHalf;
+}
+
+// Gloo (1.13) moves fp16 but not bf16 or int16, and not bool: data movement needs no arithmetic,
+// so move those as fp16 / uint8 bits of the same size. Bit-exact, no copy.
+at::Tensor gloo_wire(const at::Tensor& t) {
+  switch (t.scalar_type()) {
+    case at::kBFloat16:
+    case at::kShort: return t.view(at::kHalf);
+    case at::kBool: return t.view(at::kByte);
+    default: return t;
+  }
+}
+
+c10d::ReduceOp to_c10d(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum: return c10d::ReduceOp::SUM;
+    case ReduceOp::kAvg: return c10d::ReduceOp::AVG;
+    case ReduceOp::kMax: return c10d::ReduceOp::MAX;
+    case ReduceOp::kMin: return c10d::ReduceOp::MIN;
+  }
+  return c10d::ReduceOp::SUM;
+}
+
+// Reduces the (size, n) chunks received by a Gloo reduce-scatter into `output` (n elements), in
+// rank order with element-wise ops into existing memory (no fresh allocation). Low-precision
+// chunks accumulate in an fp32 scratch buffer and round once.
+void reduce_chunks(ScratchPool& pool, const at::Tensor& chunks, const at::Tensor& output,
+                   ReduceOp op, int size) {
+  at::Tensor out = output.view({-1});
+  const int64_t n = out.numel();
+  if (op == ReduceOp::kMax || op == ReduceOp::kMin) {
+    out.copy_(chunks[0]);
+    for (int r = 1; r < size; ++r) {
+      if (op == ReduceOp::kMax) {
+        at::maximum_out(out, out, chunks[r]);
+      } else {
+        at::minimum_out(out, out, chunks[r]);
+      }
+    }
+    return;
+  }
+  if (!low_precision(output)) {
+    out.copy_(chunks[0]);
+    for (int r = 1; r < size; ++r) out.add_(chunks[r]);
+    if (op == ReduceOp::kAvg) out.div_(size);
+    return;
+  }
+  // Each chunk is widened into `wide` first: a mixed-dtype add_ would allocate a temporary.
+  at::Tensor acc = pool.get(n, at::kFloat);
+  at::Tensor wide = pool.get(n, at::kFloat);
+  acc.copy_(chunks[0]);
+  for (int r = 1; r < size; ++r) {
+    wide.copy_(chunks[r]);
+    acc.add_(wide);
+  }
+  if (op == ReduceOp::kAvg) acc.div_(size);
+  out.copy_(acc);
+}
+
+}  // namespace
+
+at::Tensor ScratchPool::get(int64_t numel, at::ScalarType dtype) {
+  const int64_t bytes = std::max<int64_t>(1, numel * static_cast<int64_t>(at::elementSize(dtype)));
+  std::lock_guard<std::mutex> lock(mutex_);
+  // The smallest idle buffer that fits; else grow an idle one, else add one, else a one-off.
+  int best = -1;
+  int idle = -1;
+  for (size_t i = 0; i < buffers_.size(); ++i) {
+    if (buffers_[i].storage().use_count() != 1) continue;  // still referenced: busy
+    idle = static_cast<int>(i);
+    if (buffers_[i].numel() >= bytes &&
+        (best < 0 || buffers_[i].numel() < buffers_[best].numel())) {
+      best = static_cast<int>(i);
+    }
+  }
+  at::Tensor buffer;
+  if (best >= 0) {
+    buffer = buffers_[best];
+  } else {
+    buffer = at::empty({bytes}, at::kByte);
+    if (idle >= 0) {
+      buffers_[idle] = buffer;
+    } else if (buffers_.size() < kMaxBuffers) {
+      buffers_.push_back(buffer);
+    }
+  }
+  return buffer.narrow(0, 0, numel * static_cast<int64_t>(at::elementSize(dtype))).view(dtype);
+}
+
+Work Group::all_reduce(const at::Tensor& tensor, ReduceOp op) {
+  State& s = *state_;
+  const char* name = "all_reduce";
+  check_tensor(s, name, "tensor", tensor);
+  check_dtype(s, name, tensor, /*reduction=*/true, op);
+  std::string label = begin_collective(
+      s, {OpKind::kAllReduce, tensor.scalar_type(), tensor.numel(), static_cast<int64_t>(op)});
+  if (tensor.numel() == 0) return make_work(state_, label, {});
+
+  c10d::AllreduceOptions opts;
+  opts.timeout = s.timeout();
+  if (!is_gloo(s)) {
+    opts.reduceOp = to_c10d(op);
+    std::vector<at::Tensor> v{tensor};
+    return make_work(state_, label, s.pg->allreduce(v, opts));
+  }
+  // Gloo: no AVG (sum, then divide) and no bf16 (reduce an fp32 copy, round once at the end).
+  opts.reduceOp = to_c10d(op == ReduceOp::kAvg ? ReduceOp::kSum : op);
+  at::Tensor buffer = tensor;
+  if (low_precision(tensor)) {
+    buffer = s.scratch.get(tensor.numel(), at::kFloat).view(tensor.sizes());
+    buffer.copy_(tensor);
+  }
+  std::vector<at::Tensor> v{buffer};
+  auto work = s.pg->allreduce(v, opts);
+  const int size = s.size;
+  return make_work(state_, label, work, [tensor, buffer, op, size] {
+    if (op == ReduceOp::kAvg) buffer.div_(size);
+    if (!buffer.is_same(tensor)) tensor.copy_(buffer);
+  });
+}
+
+Work Group::all_gather_into_tensor(const at::Tensor& output, const at::Tensor& input) {
+  State& s = *state_;
+  const char* name = "all_gather_into_tensor";
+  check_tensor(s, name, "output", output);
+  check_tensor(s, name, "input", input);
+  check_same_dtype(s, name, output, input);
+  check_dtype(s, name, input, /*reduction=*/false, ReduceOp::kSum);
+  check_gathered_shape(s, name, "output", output, "input", input);
+  std::string label =
+      begin_collective(s, {OpKind::kAllGather, input.scalar_type(), input.numel(), 0});
+  if (input.numel() == 0) return make_work(state_, label, {});
+
+  c10d::AllgatherOptions opts;
+  opts.timeout = s.timeout();
+  at::Tensor out = output;
+  at::Tensor in = input;
+  if (!is_gloo(s)) return make_work(state_, label, s.pg->_allgather_base(out, in, opts));
+
+  // Gloo has no _allgather_base, and its list allgather allocates a fresh flat buffer per call:
+  // send this rank's input to every rank with an all-to-all straight into the output instead
+  // (the same bytes on the wire; locally, size copies of the input into a scratch buffer).
+  at::Tensor flat_in = gloo_wire(input).view({-1});
+  at::Tensor flat_out = gloo_wire(output).view({-1});
+  const int64_t n = flat_in.numel();
+  at::Tensor send = s.scratch.get(s.size * n, flat_in.scalar_type());
+  send.view({s.size, n}).copy_(flat_in.unsqueeze(0).expand({s.size, n}));
+  std::vector<int64_t> equal_splits;
+  c10d::AllToAllOptions a2a;
+  a2a.timeout = s.timeout();
+  return make_work(state_, label, s.pg->alltoall_base(flat_out, send, equal_splits, equal_splits, a2a));
+}
+
+Work Group::reduce_scatter_tensor(const at::Tensor& output, const at::Tensor& input,
+                                  ReduceOp op) {
+  State& s = *state_;
+  const char* name = "reduce_scatter_tensor";
+  check_tensor(s, name, "output", output);
+  check_tensor(s, name, "input", input);
+  check_same_dtype(s, name, output, input);
+  check_dtype(s, name, input, /*reduction=*/true, op);
+  check_gathered_shape(s, name, "input", input, "output", output);
+  std::string label = begin_collective(
+      s, {OpKind::kReduceScatter, output.scalar_type(), output.numel(), static_cast<int64_t>(op)});
+  if (output.numel() == 0) return make_work(state_, label, {});
+
+  if (!is_gloo(s)) {
+    c10d::ReduceScatterOptions opts;
+    opts.timeout = s.timeout();
+    opts.reduceOp = to_c10d(op);
+    at::Tensor out = output;
+    at::Tensor in = input;
+    return make_work(state_, label, s.pg->_reduce_scatter_base(out, in, opts));
+  }
+  // Gloo has no reduce-scatter: chunk j of every rank goes to rank j (an all-to-all, the same
+  // bytes as a ring reduce-scatter), and each rank reduces the size chunks it received. The bits
+  // travel in the input dtype; the sum is in fp32 for bf16/fp16.
+  at::Tensor send = gloo_wire(input).view({-1});
+  at::Tensor recv = s.scratch.get(send.numel(), send.scalar_type());
+  std::vector<int64_t> equal_splits;  // empty: equal splits
+  c10d::AllToAllOptions opts;
+  opts.timeout = s.timeout();
+  auto work = s.pg->alltoall_base(recv, send, equal_splits, equal_splits, opts);
+  const int size = s.size;
+  const int64_t n = output.numel();
+  const at::ScalarType dtype = input.scalar_type();
+  std::shared_ptr<State> state = state_;
+  return make_work(state_, label, work, [state, recv, output, op, size, n, dtype] {
+    reduce_chunks(state->scratch, recv.view(dtype).view({size, n}), output, op, size);
+  });
+}
+
+Work Group::all_to_all_single(const at::Tensor& output, const at::Tensor& input,
+                              const std::vector<int64_t>& output_splits,
+                              const std::vector<int64_t>& input_splits) {
+  State& s = *state_;
+  const char* name = "all_to_all_single";
+  check_tensor(s, name, "output", output);
+  check_tensor(s, name, "input", input);
+  check_same_dtype(s, name, output, input);
+  check_dtype(s, name, input, /*reduction=*/false, ReduceOp::kSum);
+  std::vector<int64_t> in_splits = resolve_splits(s, "input", input_splits, input);
+  std::vector<int64_t> out_splits = resolve_splits(s, "output", output_splits, output);
+  TITAN_CHECK(input.sizes().slice(1) == output.sizes().slice(1), name, " on ", s.describe(),
+              ": input ", input.sizes(), " and output ", output.sizes(),
+              " must have the same trailing dims (rows are exchanged along dim 0)");
+  const int64_t row = input.numel() / std::max<int64_t>(1, input.size(0));
+  OpDesc desc{OpKind::kAllToAll, input.scalar_type(), row, 0, &in_splits, &out_splits};
+  // Never skipped, even with nothing to move here: the peers' exchange may still need this rank.
+  std::string label = begin_collective(s, desc);
+
+  at::Tensor out = is_gloo(s) ? gloo_wire(output) : output;
+  at::Tensor in = is_gloo(s) ? gloo_wire(input) : input;
+  // Equal splits go to the backend as "empty" (its fast path).
+  bool equal = input_splits.empty() && output_splits.empty();
+  auto in_arg = std::make_shared<std::vector<int64_t>>(equal ? std::vector<int64_t>{} : in_splits);
+  auto out_arg =
+      std::make_shared<std::vector<int64_t>>(equal ? std::vector<int64_t>{} : out_splits);
+  c10d::AllToAllOptions opts;
+  opts.timeout = s.timeout();
+  auto work = s.pg->alltoall_base(out, in, *out_arg, *in_arg, opts);
+  return make_work(state_, label, work, [in_arg, out_arg] {});
+}
+
+Work Group::broadcast(const at::Tensor& tensor, int root) {
+  State& s = *state_;
+  const char* name = "broadcast";
+  check_tensor(s, name, "tensor", tensor);
+  check_dtype(s, name, tensor, /*reduction=*/false, ReduceOp::kSum);
+  check_peer(s, name, "root", root, /*allow_self=*/true);
+  std::string label =
+      begin_collective(s, {OpKind::kBroadcast, tensor.scalar_type(), tensor.numel(), root});
+  if (tensor.numel() == 0) return make_work(state_, label, {});
+  c10d::BroadcastOptions opts;
+  opts.rootRank = root;
+  opts.rootTensor = 0;
+  opts.timeout = s.timeout();
+  std::vector<at::Tensor> v{is_gloo(s) ? gloo_wire(tensor) : tensor};
+  return make_work(state_, label, s.pg->broadcast(v, opts));
+}
+
+Work Group::send(const at::Tensor& tensor, int dst, int tag) {
+  State& s = *state_;
+  check_tensor(s, "send", "tensor", tensor);
+  check_dtype(s, "send", tensor, /*reduction=*/false, ReduceOp::kSum);
+  check_peer(s, "send", "dst", dst, /*allow_self=*/false);
+  std::string label = "send to rank " + std::to_string(dst) + " (tag " + std::to_string(tag) + ")";
+  s.check_healthy(label);
+  if (tensor.numel() == 0) return make_work(state_, label, {});
+  std::vector<at::Tensor> v{is_gloo(s) ? gloo_wire(tensor) : tensor};
+  return make_work(state_, label, s.pg->send(v, dst, tag));
+}
+
+Work Group::recv(const at::Tensor& tensor, int src, int tag) {
+  State& s = *state_;
+  check_tensor(s, "recv", "tensor", tensor);
+  check_dtype(s, "recv", tensor, /*reduction=*/false, ReduceOp::kSum);
+  check_peer(s, "recv", "src", src, /*allow_self=*/false);
+  std::string label =
+      "recv from rank " + std::to_string(src) + " (tag " + std::to_string(tag) + ")";
+  s.check_healthy(label);
+  if (tensor.numel() == 0) return make_work(state_, label, {});
+  std::vector<at::Tensor> v{is_gloo(s) ? gloo_wire(tensor) : tensor};
+  return make_work(state_, label, s.pg->recv(v, src, tag));
+}
+
+Work Group::barrier() {
+  State& s = *state_;
+  std::string label = begin_collective(s, {OpKind::kBarrier, at::kFloat, 0, 0});
+  c10d::BarrierOptions opts;
+  opts.timeout = s.timeout();
+  return make_work(state_, label, s.pg->barrier(opts));
+}
+
+}  // namespace titan::dist

@@ -1,0 +1,241 @@
+// Rendezvous over c10d's TCPStore. The store is created without c10d's own worker count so that
+// arrivals are counted here: on a timeout each rank can then say which ranks never registered
+// (their "titan/rdzv/rank/<r>" key is missing) instead of c10d's bare "timed out".
+#include "titan/distributed/init.h"
+
+#include "titan/common/check.h"
+#include "titan/common/logging.h"
+
+#include <c10/util/Exception.h>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cctype>
+#include <sstream>
+#include <stdexcept>
+#include <thread>
+
+namespace titan {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+constexpr const char* kArrived = "titan/rdzv/arrived";
+constexpr const char* kWorld = "titan/rdzv/world_size";
+constexpr const char* kOutcome = "titan/rdzv/outcome";  // "ok" or why the rendezvous failed
+constexpr const char* kVerdictRead = "titan/rdzv/outcome_read";
+constexpr auto kVerdictGrace = std::chrono::seconds(2);
+constexpr const char* kExited = "titan/rdzv/exited";
+constexpr auto kPoll = std::chrono::milliseconds(20);
+constexpr int64_t kMaxMissingListed = 16;
+
+std::string rank_key(int64_t rank) { return "titan/rdzv/rank/" + std::to_string(rank); }
+
+std::vector<uint8_t> bytes(const std::string& s) { return {s.begin(), s.end()}; }
+std::string text(const std::vector<uint8_t>& b) { return {b.begin(), b.end()}; }
+
+// c10::Error's what() carries a C++ backtrace; the message alone is what a user needs.
+// Without a trailing period, since our messages go on after it.
+std::string error_text(const std::exception& e) {
+  const auto* c10_error = dynamic_cast<const c10::Error*>(&e);
+  std::string msg = c10_error != nullptr ? c10_error->what_without_backtrace() : e.what();
+  while (!msg.empty() && (msg.back() == '.' || std::isspace(static_cast<unsigned char>(msg.back())))) {
+    msg.pop_back();
+  }
+  return msg;
+}
+
+std::string this_host() {
+  char name[256] = {0};
+  if (gethostname(name, sizeof(name) - 1) != 0) return "?";
+  return name;
+}
+
+std::string seconds(std::chrono::milliseconds t) {
+  std::ostringstream os;
+  os << t.count() / 1000.0 << " s";
+  return os.str();
+}
+
+c10::intrusive_ptr<c10d::Store> connect_store(const LaunchEnv& env, std::chrono::milliseconds timeout) {
+  c10d::TCPStoreOptions opts;
+  opts.port = static_cast<uint16_t>(env.master_port);
+  opts.isServer = env.rank == 0 && !env.agent_store;
+  // numWorkers stays unset: arrivals are counted by join() below, which can name the missing.
+  opts.waitWorkers = false;
+  opts.timeout = timeout;
+  c10::intrusive_ptr<c10d::Store> store;
+  try {
+    store = c10::make_intrusive<c10d::TCPStore>(env.master_addr, opts);
+  } catch (const std::exception& e) {
+    const std::string where = env.master_addr + ":" + std::to_string(env.master_port);
+    if (opts.isServer) {
+      throw RendezvousError("rank 0 could not host the store on port " +
+                               std::to_string(env.master_port) + ": " + error_text(e) +
+                               ". HINT: another job may hold the port; choose another MASTER_PORT");
+    }
+    throw RendezvousError(
+        "rank " + std::to_string(env.rank) + " could not reach the store at " + where + " within " +
+        seconds(timeout) + " (comm.init_timeout_seconds): " + error_text(e) +
+        ". HINT: check that rank 0 started and that every rank has the same MASTER_ADDR and "
+        "MASTER_PORT");
+  }
+  if (env.agent_store) store = c10::make_intrusive<c10d::PrefixStore>(env.store_prefix, store);
+  return store;
+}
+
+// "ranks 2, 5 (and 3 more)" for the ranks whose registration key is absent.
+std::string missing_ranks(c10d::Store& store, int64_t world_size) {
+  std::vector<int64_t> missing;
+  int64_t extra = 0;
+  for (int64_t r = 0; r < world_size; ++r) {
+    if (store.check({rank_key(r)})) continue;
+    if (static_cast<int64_t>(missing.size()) < kMaxMissingListed) {
+      missing.push_back(r);
+    } else {
+      ++extra;
+    }
+  }
+  if (missing.empty()) return "";
+  std::ostringstream os;
+  os << (missing.size() + extra == 1 ? "rank " : "ranks ");
+  for (size_t i = 0; i < missing.size(); ++i) os << (i ? ", " : "") << missing[i];
+  if (extra > 0) os << " (and " << extra << " more)";
+  return os.str();
+}
+
+// The timeout message, with the ranks whose registration key is missing.
+std::string timeout_message(c10d::Store& store, const LaunchEnv& env, std::chrono::milliseconds timeout) {
+  const int64_t arrived = store.add(kArrived, 0);
+  const std::string missing = missing_ranks(store, env.world_size);
+  return "rendezvous timed out after " + seconds(timeout) + " (comm.init_timeout_seconds): " +
+         std::to_string(arrived) + " of " + std::to_string(env.world_size) + " ranks arrived at " +
+         env.master_addr + ":" + std::to_string(env.master_port) +
+         (missing.empty() ? "" : "; missing: " + missing) +
+         ". HINT: check that every rank was started (same MASTER_ADDR, MASTER_PORT, WORLD_SIZE) "
+         "and did not fail before joining";
+}
+
+// Registers this rank and waits for the others. Rank 0 counts arrivals and writes the outcome
+// ("ok" or the timeout message) to kOutcome; the other ranks wait for that one key, so a large
+// job does not poll the store from every rank, and every rank reports the same missing ranks.
+void join(c10d::Store& store, const LaunchEnv& env, std::chrono::milliseconds timeout,
+          Clock::time_point deadline) {
+  // Every rank must agree on the world size: the first to arrive records it.
+  const std::string world = std::to_string(env.world_size);
+  const std::string recorded = text(store.compareSet(kWorld, {}, bytes(world)));
+  if (recorded != world) {
+    throw RendezvousError("rank " + std::to_string(env.rank) + " was started with world size " +
+                          world + " but another rank registered world size " + recorded +
+                          ". HINT: every rank needs the same WORLD_SIZE (or SLURM_NTASKS)");
+  }
+  // A rank registers once; a second process with the same rank is a launch mistake.
+  if (store.add(rank_key(env.rank) + "/claims", 1) != 1) {
+    throw RendezvousError("two processes were started as rank " + std::to_string(env.rank) +
+                          ". HINT: check RANK / SLURM_PROCID / OMPI_COMM_WORLD_RANK");
+  }
+  store.set(rank_key(env.rank), bytes(this_host() + " pid " + std::to_string(getpid())));
+  store.add(kArrived, 1);
+
+  if (env.rank == 0) {
+    int64_t arrived = 0;
+    while ((arrived = store.add(kArrived, 0)) < env.world_size && Clock::now() < deadline) {
+      std::this_thread::sleep_for(kPoll);
+    }
+    if (arrived >= env.world_size) {
+      store.set(kOutcome, bytes("ok"));
+      return;
+    }
+    const std::string message = timeout_message(store, env, timeout);
+    store.set(kOutcome, bytes(message));
+    // Rank 0 may host the store: let the ranks that arrived read the verdict before it goes.
+    const auto until = Clock::now() + kVerdictGrace;
+    while (store.add(kVerdictRead, 0) < arrived - 1 && Clock::now() < until) {
+      std::this_thread::sleep_for(kPoll);
+    }
+    throw RendezvousError(message);
+  }
+  const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+  try {
+    store.wait({kOutcome}, std::max(left, std::chrono::milliseconds(0)) + kVerdictGrace);
+  } catch (const std::exception&) {
+    // No verdict: rank 0 never arrived (possible when torchrun's agent hosts the store).
+    throw RendezvousError(timeout_message(store, env, timeout));
+  }
+  const std::string outcome = text(store.get(kOutcome));
+  store.add(kVerdictRead, 1);
+  if (outcome != "ok") throw RendezvousError(outcome);
+}
+
+}  // namespace
+
+c10::intrusive_ptr<c10d::Store> rendezvous(const LaunchEnv& env, std::chrono::milliseconds timeout) {
+  const auto deadline = Clock::now() + timeout;
+  c10::intrusive_ptr<c10d::Store> store = connect_store(env, timeout);
+  store->setTimeout(timeout + kVerdictGrace);
+  try {
+    join(*store, env, timeout, deadline);
+  } catch (const RendezvousError&) {
+    throw;
+  } catch (const std::exception& e) {
+    throw RendezvousError("rank " + std::to_string(env.rank) + " lost the store at " +
+                          env.master_addr + ":" + std::to_string(env.master_port) +
+                          " during the rendezvous (" + error_text(e) +
+                          "). HINT: the rank hosting it (rank 0) probably failed; see its output");
+  }
+  return store;
+}
+
+DistributedContext init_distributed(const CommSection& comm) {
+  return init_distributed(comm, detect_launch_env());
+}
+
+DistributedContext init_distributed(const CommSection& comm, const LaunchEnv& env) {
+  DistributedContext dist;
+  dist.env = env;
+  if (!env.distributed()) return dist;
+  if (env.source != "titan run") {
+    // titan run prefixes and filters child output itself; other launchers do not by default.
+    const auto log_rank = process_env()("LOG_RANK").value_or("0");
+    const bool print_info = parse_log_ranks(log_rank, env.world_size)[static_cast<size_t>(env.rank)];
+    set_log_rank_filter("[rank " + std::to_string(env.rank) + "] ", print_info);
+  }
+  const auto start = Clock::now();
+  dist.store = rendezvous(env, std::chrono::seconds(comm.init_timeout_seconds));
+  const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start);
+  log_info("distributed: ", env.describe(), "; all ", env.world_size, " ranks joined in ",
+           seconds(ms));
+  return dist;
+}
+
+void finalize_distributed(DistributedContext& dist, const CommSection& comm) {
+  if (!dist.store) return;
+  dist.store->add(kExited, 1);
+  if (dist.rank() == 0 && !dist.env.agent_store) {
+    const auto deadline = Clock::now() + std::chrono::seconds(comm.init_timeout_seconds);
+    while (dist.store->add(kExited, 0) < dist.world_size() && Clock::now() < deadline) {
+      std::this_thread::sleep_for(kPoll);
+    }
+  }
+  dist.store.reset();
+}
+
+int64_t rank_num_threads(int64_t configured, const LaunchEnv& env, const EnvLookup& lookup) {
+  if (configured > 0) return configured;
+  if (!env.distributed()) return 0;
+  if (auto omp = lookup("OMP_NUM_THREADS")) {
+    try {
+      size_t pos = 0;
+      const int64_t n = std::stoll(*omp, &pos);
+      if (pos == omp->size() && n > 0) return n;
+    } catch (const std::exception&) {
+    }
+    throw ConfigError("OMP_NUM_THREADS='" + *omp + "' is not a positive integer");
+  }
+  return 0;
+}
+
+}  // namespace titan

@@ -1,0 +1,61 @@
+// Joining a multi-process job: read the launch environment, rendezvous through c10d's TCPStore
+// (rank 0 hosts it, or torchrun's agent does), and hand the store to the process-group layer.
+//
+//   DistributedContext dist = init_distributed(config.comm);   // every rank, early
+//   ... build process groups on dist.store ...
+//   finalize_distributed(dist, config.comm);                   // before a clean exit
+//
+// Everything here is bounded by comm.init_timeout_seconds: a rank that never arrives makes the
+// others fail with a message naming it, never hang.
+#pragma once
+
+#include "titan/config/job_config.h"
+#include "titan/distributed/launch_env.h"
+
+#include <c10/util/intrusive_ptr.h>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
+#include <chrono>
+#include <stdexcept>
+
+namespace titan {
+
+struct DistributedContext {
+  LaunchEnv env;
+  // The job's store once every rank has arrived; null for a single process.
+  c10::intrusive_ptr<c10d::Store> store;
+
+  int64_t rank() const { return env.rank; }
+  int64_t world_size() const { return env.world_size; }
+  int64_t local_rank() const { return env.local_rank; }
+  int64_t local_world_size() const { return env.local_world_size; }
+};
+
+// The rendezvous failed: a timeout (naming the ranks that did not arrive), two processes with
+// the same rank, disagreeing world sizes, or the store's host going away.
+struct RendezvousError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+// Connects to (rank 0: hosts) the TCPStore at env.master_addr:master_port and waits until all
+// env.world_size ranks have registered. Throws RendezvousError on timeout, saying which ranks
+// did not arrive (the same message on every rank), and when two processes claim the same rank,
+// disagree on the world size or lose the store.
+c10::intrusive_ptr<c10d::Store> rendezvous(const LaunchEnv& env, std::chrono::milliseconds timeout);
+
+// detect_launch_env() + rendezvous() when the world has more than one rank. Also makes log lines
+// rank-aware when the launcher does not prefix them (see set_log_rank_filter; LOG_RANK).
+DistributedContext init_distributed(const CommSection& comm);
+DistributedContext init_distributed(const CommSection& comm, const LaunchEnv& env);
+
+// Exit barrier: rank 0 hosts the store, so it waits (up to comm.init_timeout_seconds) until every
+// rank has reached this point before returning and letting its process end. No-op for one rank.
+void finalize_distributed(DistributedContext& dist, const CommSection& comm);
+
+// Intra-op threads for this rank, to pass to configure_threads(n, local_world_size):
+// `configured` (training.num_threads) when > 0; else, in a multi-process job, OMP_NUM_THREADS
+// when set (titan run sets cores / local ranks unless the user set it; torchrun sets 1);
+// else 0, which makes configure_threads divide the cores by the local ranks.
+int64_t rank_num_threads(int64_t configured, const LaunchEnv& env, const EnvLookup& lookup);
+
+}  // namespace titan

@@ -1,0 +1,47 @@
+// Llama 3 <-> Hugging Face transformers' LlamaForCausalLM: tensor names, the q/k row layout and
+// config.json (TorchTitan's llama3 state-dict adapter, in C++).
+//
+//   ours (TorchTitan FQN)                 Hugging Face
+//   tok_embeddings.weight                 model.embed_tokens.weight
+//   layers.N.attention.wq/wk/wv/wo        model.layers.N.self_attn.q_proj/k_proj/v_proj/o_proj
+//   layers.N.feed_forward.w1/w3/w2        model.layers.N.mlp.gate_proj/up_proj/down_proj
+//   layers.N.attention_norm               model.layers.N.input_layernorm
+//   layers.N.ffn_norm                     model.layers.N.post_attention_layernorm
+//   norm.weight, output.weight            model.norm.weight, lm_head.weight (absent when tied)
+//
+// RoPE layout: we rotate interleaved pairs (2i, 2i+1) of each head (Meta's layout); HF's
+// rotate_half rotates (i, i + head_dim / 2). So the rows of wq and wk are permuted per head:
+// HF row p * head_dim / 2 + i = our row 2i + p (p in {0, 1}). wv, wo and the rest are unchanged.
+// The permutation only moves values, so ours -> HF -> ours is bit-identical.
+#pragma once
+
+#include "titan/models/llama3/args.h"
+#include "titan/models/registry.h"
+
+#include <ATen/ATen.h>
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+
+namespace titan::llama3 {
+
+// w (n_heads * head_dim, in) with interleaved rotary pairs -> the same rows in HF's half layout.
+at::Tensor permute_to_hf(const at::Tensor& w, int64_t n_heads);
+// The inverse of permute_to_hf.
+at::Tensor permute_from_hf(const at::Tensor& w, int64_t n_heads);
+
+// config.json of `args` (LlamaForCausalLM; dims, norm eps, rope theta and llama3 rope scaling,
+// tie_word_embeddings, max_position_embeddings = max_seq_len).
+nlohmann::json hf_config(const Llama3Args& args);
+// The arguments of a Hugging Face Llama config.json; ConfigError naming any key we cannot
+// represent (another hidden_act, biases, a head_dim other than hidden_size / heads, a rope
+// scaling other than "llama3").
+Llama3Args args_from_hf_config(const nlohmann::json& config);
+
+TensorMap to_hf_tensors(const TensorMap& ours, const Llama3Args& args);
+TensorMap from_hf_tensors(const TensorMap& hf, const Llama3Args& args);
+
+// The adapter registered in the llama3 ModelSpec.
+HfAdapter make_hf_adapter();
+
+}  // namespace titan::llama3

@@ -1,0 +1,232 @@
+// What the trainer puts in a checkpoint: the state entries (model, optimizer, lr_scheduler,
+// dataloader, train_state, rng) handed to the CheckpointManager, and resuming at construction.
+#include "titan/checkpoint/checkpoint_manager.h"
+#include "titan/checkpoint/hf_convert.h"
+#include "titan/common/check.h"
+#include "titan/common/logging.h"
+#include "titan/components/data/data_loader.h"
+#include "titan/components/tokenizer/tokenizer.h"
+#include "titan/common/format.h"
+#include "titan/config/config_manager.h"
+#include "titan/trainer/trainer.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+
+#include <filesystem>
+#include <set>
+
+namespace titan {
+
+namespace {
+
+using ckpt::CheckpointReader;
+using ckpt::SavedTensor;
+using ckpt::StateEntry;
+using nlohmann::json;
+
+std::string shape_str(at::IntArrayRef shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
+// Copies checkpoint tensor `name` into `dst` (casting the dtype), checking the shape.
+void restore_tensor(const CheckpointReader& reader, const std::string& name, at::Tensor dst) {
+  if (!reader.has(name)) {
+    throw DataError("checkpoint '" + reader.dir() + "' lacks tensor '" + name + "'");
+  }
+  const auto& meta = reader.meta(name);
+  if (at::IntArrayRef(meta.shape) != dst.sizes()) {
+    throw DataError("checkpoint '" + reader.dir() + "': tensor '" + name + "' has shape " +
+                    shape_str(meta.shape) + ", the model expects " + shape_str(dst.sizes()) +
+                    " (a different model flavor?)");
+  }
+  at::NoGradGuard no_grad;
+  dst.copy_(reader.read(name));
+}
+
+StateEntry model_entry(Model& model) {
+  StateEntry e;
+  e.name = "model";
+  e.is_model = true;
+  e.save = [&model](std::vector<SavedTensor>& tensors, json& state) {
+    for (const auto& item : model.named_parameters()) {
+      tensors.push_back({item.key(), item.value().detach(), {}, {}});
+    }
+  };
+  e.load = [&model](const CheckpointReader& reader, const json&) {
+    for (const auto& item : model.named_parameters()) {
+      restore_tensor(reader, item.key(), item.value());
+    }
+  };
+  return e;
+}
+
+StateEntry optimizer_entry(Optimizer& optimizer) {
+  StateEntry e;
+  e.name = "optimizer";
+  e.save = [&optimizer](std::vector<SavedTensor>& tensors, json& state) {
+    for (const auto& [name, t] : optimizer.state_tensors()) {
+      tensors.push_back({"optimizer." + name, t, {}, {}});
+    }
+    state["step_count"] = optimizer.step_count();
+  };
+  e.load = [&optimizer](const CheckpointReader& reader, const json& state) {
+    for (const auto& [name, t] : optimizer.state_tensors()) {
+      restore_tensor(reader, "optimizer." + name, t);
+    }
+    optimizer.set_step_count(state.at("step_count").get<int64_t>());
+  };
+  return e;
+}
+
+StateEntry train_state_entry(TrainState& ts) {
+  StateEntry e;
+  e.name = "train_state";
+  e.save = [&ts](std::vector<SavedTensor>&, json& state) {
+    state["step"] = ts.step;
+    state["tokens_seen"] = ts.tokens_seen;
+  };
+  e.load = [&ts](const CheckpointReader&, const json& state) {
+    ts.step = state.at("step").get<int64_t>();
+    ts.tokens_seen = state.at("tokens_seen").get<int64_t>();
+  };
+  return e;
+}
+
+// The schedule is a function of the step (restored by train_state); its settings are recorded
+// so a resumed run with a different schedule can be noticed.
+StateEntry lr_scheduler_entry(const LRScheduler& scheduler, const TrainState& ts) {
+  StateEntry e;
+  e.name = "lr_scheduler";
+  e.save = [&scheduler, &ts](std::vector<SavedTensor>&, json& state) {
+    state["last_step"] = ts.step;
+    state["warmup_steps"] = scheduler.warmup_steps();
+    state["stable_steps"] = scheduler.stable_steps();
+    state["decay_steps"] = scheduler.decay_steps();
+  };
+  e.load = [&scheduler](const CheckpointReader& reader, const json& state) {
+    if (state.value("warmup_steps", int64_t{-1}) != scheduler.warmup_steps() ||
+        state.value("decay_steps", int64_t{-1}) != scheduler.decay_steps()) {
+      log_warning("checkpoint ", reader.dir(), " was saved with lr warmup/decay steps ",
+                  state.value("warmup_steps", int64_t{-1}), "/",
+                  state.value("decay_steps", int64_t{-1}), "; this run uses ",
+                  scheduler.warmup_steps(), "/", scheduler.decay_steps());
+    }
+  };
+  return e;
+}
+
+json loader_state_to_json(const DataLoaderState& s) {
+  return {{"epoch", s.epoch},         {"doc_index", s.doc_index},
+          {"token_offset", s.token_offset}, {"buffer", s.buffer},
+          {"shuffle_seed", s.shuffle_seed}};
+}
+
+DataLoaderState loader_state_from_json(const json& j) {
+  DataLoaderState s;
+  s.epoch = j.at("epoch").get<int64_t>();
+  s.doc_index = j.at("doc_index").get<int64_t>();
+  s.token_offset = j.at("token_offset").get<int64_t>();
+  s.buffer = j.at("buffer").get<std::vector<int64_t>>();
+  s.shuffle_seed = j.at("shuffle_seed").get<int64_t>();
+  return s;
+}
+
+// One state per data-parallel rank, keyed "dp_rank_<r>" (each rank restores its own).
+StateEntry dataloader_entry(DataLoader& loader, int64_t dp_rank) {
+  StateEntry e;
+  e.name = "dataloader";
+  const std::string key = "dp_rank_" + std::to_string(dp_rank);
+  e.save = [&loader, key](std::vector<SavedTensor>&, json& state) {
+    state[key] = loader_state_to_json(loader.state());
+  };
+  e.load = [&loader, key](const CheckpointReader& reader, const json& state) {
+    if (!state.contains(key)) {
+      throw DataError("checkpoint '" + reader.dir() + "' has no data loader state for " + key +
+                      " (saved with a different data-parallel degree?)");
+    }
+    loader.load_state(loader_state_from_json(state.at(key)));
+  };
+  return e;
+}
+
+StateEntry rng_entry() {
+  StateEntry e;
+  e.name = "rng";
+  e.save = [](std::vector<SavedTensor>& tensors, json&) {
+    auto gen = at::detail::getDefaultCPUGenerator();
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    tensors.push_back({"rng.cpu", gen.get_state(), {}, {}});
+  };
+  e.load = [](const CheckpointReader& reader, const json&) {
+    at::Tensor state = reader.read("rng.cpu");
+    auto gen = at::detail::getDefaultCPUGenerator();
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    gen.set_state(state);
+  };
+  return e;
+}
+
+}  // namespace
+
+void Trainer::build_checkpoint() {
+  std::vector<StateEntry> states = {
+      model_entry(*model_),
+      optimizer_entry(*optimizer_),
+      lr_scheduler_entry(*lr_scheduler_, train_state_),
+      dataloader_entry(*train_loader_, /*dp_rank=*/0),
+      train_state_entry(train_state_),
+      rng_entry(),
+  };
+  json describe = {{"model", {{"name", config_.model.name}, {"flavor", config_.model.flavor}}},
+                   {"tokenizer_path", config_.model.hf_assets_path},
+                   {"job_config", render_config_toml(config_)}};
+  checkpointer_ = std::make_unique<ckpt::CheckpointManager>(
+      config_.checkpoint, config_.job.dump_folder, std::move(states), std::move(describe));
+  const auto& c = config_.checkpoint;
+  if (c.create_seed_checkpoint) return;  // train() writes step 0 and stops
+  if (c.enable) {
+    const int64_t final_step = checkpointer_->final_model_only_step();
+    if (final_step >= config_.training.steps) {
+      already_complete_ = true;
+      log_info("checkpoint folder ", checkpointer_->folder(), " holds the final model of step ",
+               final_step, " >= training.steps ", config_.training.steps,
+               ": training is complete (raise training.steps or use a new folder to go on)");
+      return;
+    }
+  }
+  const json model_description = {{"name", config_.model.name}, {"flavor", config_.model.flavor}};
+  const ckpt::LoadResult loaded = checkpointer_->load([&](const std::string& hf_dir) {
+    ckpt::load_hf_weights(*model_, model_description, hf_dir);
+  });
+  if (loaded.loaded && !loaded.model_only) {
+    if (train_state_.step >= config_.training.steps) {
+      log_warning("resumed at step ", train_state_.step, ", which is >= training.steps ",
+                  config_.training.steps, "; nothing to train");
+    }
+    log_info("resuming training after step ", train_state_.step, " (", train_state_.tokens_seen,
+             " tokens seen)");
+  }
+}
+
+void Trainer::save_final_hf(int64_t step) {
+  const auto& c = config_.checkpoint;
+  if (!c.enable || !c.last_save_in_hf) return;
+  const std::string dir = checkpointer_->folder() + "/step-" + std::to_string(step) + "-hf";
+  std::error_code ec;
+  if (std::filesystem::exists(dir)) {
+    log_warning("replacing the Hugging Face export ", dir);
+    std::filesystem::remove_all(dir, ec);
+  }
+  ckpt::HfWriteOptions options;
+  options.dtype = dtype_from_name(c.export_dtype);
+  options.tokenizer_path = config_.model.hf_assets_path;
+  options.bos_id = tokenizer_->bos_id();
+  options.eos_id = tokenizer_->eos_id();
+  ckpt::save_hf_weights(*model_, {{"name", config_.model.name}, {"flavor", config_.model.flavor}},
+                        dir, options);
+  log_info("final model written as a Hugging Face folder: ", dir);
+}
+
+}  // namespace titan

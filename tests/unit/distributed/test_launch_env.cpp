@@ -1,0 +1,392 @@
+// Launch-environment detection with fake environments (titan run, torchrun, hand-written env://,
+// SLURM, OpenMPI, none), the SLURM hostlist and tasks-per-node parsers, LOG_RANK, `titan run`
+// argument parsing, and the TCPStore rendezvous with one thread per rank.
+#include "titan/common/check.h"
+#include "titan/distributed/init.h"
+#include "titan/distributed/launch_env.h"
+#include "titan/distributed/launcher.h"
+
+#include <gtest/gtest.h>
+
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <map>
+#include <thread>
+
+namespace titan {
+namespace {
+
+EnvLookup fake(std::map<std::string, std::string> vars) {
+  return [vars](const std::string& name) -> std::optional<std::string> {
+    auto it = vars.find(name);
+    if (it == vars.end()) return std::nullopt;
+    return it->second;
+  };
+}
+
+// The message of the ConfigError that `fn` throws ("" when it does not throw).
+template <class Fn>
+std::string config_error(Fn fn) {
+  try {
+    fn();
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+bool contains(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
+
+TEST(LaunchEnv, NoLauncherIsOneProcess) {
+  LaunchEnv e = detect_launch_env(fake({{"HOME", "/root"}}));
+  EXPECT_EQ(e.source, "single process");
+  EXPECT_EQ(e.rank, 0);
+  EXPECT_EQ(e.world_size, 1);
+  EXPECT_FALSE(e.distributed());
+}
+
+TEST(LaunchEnv, TitanRunChild) {
+  LaunchEnv e = detect_launch_env(fake({{"RANK", "5"}, {"LOCAL_RANK", "1"}, {"WORLD_SIZE", "8"},
+                                        {"LOCAL_WORLD_SIZE", "4"}, {"GROUP_RANK", "1"},
+                                        {"MASTER_ADDR", "node0"}, {"MASTER_PORT", "29600"},
+                                        {"TITAN_RUN", "1"}}));
+  EXPECT_EQ(e.source, "titan run");
+  EXPECT_EQ(e.rank, 5);
+  EXPECT_EQ(e.local_rank, 1);
+  EXPECT_EQ(e.world_size, 8);
+  EXPECT_EQ(e.local_world_size, 4);
+  EXPECT_EQ(e.node_rank, 1);
+  EXPECT_EQ(e.master_addr, "node0");
+  EXPECT_EQ(e.master_port, 29600);
+  EXPECT_FALSE(e.agent_store);
+  EXPECT_TRUE(contains(e.describe(), "rank 5/8 (local 1/4, node 1), launched by titan run"));
+}
+
+TEST(LaunchEnv, Torchrun) {
+  LaunchEnv e = detect_launch_env(fake({{"RANK", "2"}, {"LOCAL_RANK", "2"}, {"WORLD_SIZE", "4"},
+                                        {"LOCAL_WORLD_SIZE", "4"}, {"GROUP_RANK", "0"},
+                                        {"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", "29500"},
+                                        {"TORCHELASTIC_RUN_ID", "none"}}));
+  EXPECT_EQ(e.source, "torchrun");
+  EXPECT_EQ(e.rank, 2);
+  EXPECT_FALSE(e.agent_store);
+}
+
+TEST(LaunchEnv, TorchrunAgentStore) {
+  LaunchEnv e = detect_launch_env(fake({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "h"},
+                                        {"MASTER_PORT", "29400"}, {"TORCHELASTIC_RUN_ID", "x"},
+                                        {"TORCHELASTIC_USE_AGENT_STORE", "True"},
+                                        {"TORCHELASTIC_RESTART_COUNT", "3"}}));
+  EXPECT_TRUE(e.agent_store);
+  EXPECT_EQ(e.store_prefix, "/worker/attempt_3");
+}
+
+TEST(LaunchEnv, HandWrittenEnvDefaultsToOneNode) {
+  LaunchEnv e = detect_launch_env(fake({{"RANK", "1"}, {"WORLD_SIZE", "2"}, {"MASTER_PORT", "1234"}}));
+  EXPECT_EQ(e.source, "env");
+  EXPECT_EQ(e.local_rank, 1);
+  EXPECT_EQ(e.local_world_size, 2);
+  EXPECT_EQ(e.node_rank, 0);
+  EXPECT_EQ(e.master_addr, "127.0.0.1");
+}
+
+TEST(LaunchEnv, TorchStyleErrorsNameTheVariable) {
+  EXPECT_TRUE(contains(config_error([] { detect_launch_env(fake({{"RANK", "0"}})); }),
+                       "WORLD_SIZE is not set"));
+  EXPECT_TRUE(contains(config_error([] { detect_launch_env(fake({{"WORLD_SIZE", "2"}})); }),
+                       "RANK is not set"));
+  EXPECT_TRUE(contains(config_error([] {
+                         detect_launch_env(fake({{"RANK", "x1"}, {"WORLD_SIZE", "2"}}));
+                       }),
+                       "RANK='x1' is not an integer"));
+  EXPECT_TRUE(contains(config_error([] {
+                         detect_launch_env(fake({{"RANK", "4"}, {"WORLD_SIZE", "4"},
+                                                 {"MASTER_PORT", "1"}}));
+                       }),
+                       "RANK=4 is not in [0, WORLD_SIZE=4)"));
+  EXPECT_TRUE(contains(config_error([] {
+                         detect_launch_env(fake({{"RANK", "0"}, {"WORLD_SIZE", "2"}}));
+                       }),
+                       "MASTER_PORT is not set"));
+  EXPECT_TRUE(contains(config_error([] {
+                         detect_launch_env(fake({{"RANK", "0"}, {"WORLD_SIZE", "4"},
+                                                 {"LOCAL_WORLD_SIZE", "2"}, {"MASTER_PORT", "1"}}));
+                       }),
+                       "MASTER_ADDR is not set"));
+  EXPECT_TRUE(contains(config_error([] {
+                         detect_launch_env(fake({{"RANK", "0"}, {"WORLD_SIZE", "2"},
+                                                 {"LOCAL_RANK", "2"}, {"LOCAL_WORLD_SIZE", "2"},
+                                                 {"MASTER_PORT", "1"}}));
+                       }),
+                       "LOCAL_RANK=2 is not in [0, LOCAL_WORLD_SIZE=2)"));
+  EXPECT_TRUE(contains(config_error([] {
+                         detect_launch_env(fake({{"RANK", "0"}, {"WORLD_SIZE", "2"},
+                                                 {"MASTER_PORT", "70000"}}));
+                       }),
+                       "MASTER_PORT=70000"));
+}
+
+TEST(LaunchEnv, Slurm) {
+  LaunchEnv e = detect_launch_env(fake({{"SLURM_PROCID", "9"}, {"SLURM_NTASKS", "16"},
+                                        {"SLURM_LOCALID", "1"}, {"SLURM_NODEID", "1"},
+                                        {"SLURM_STEP_TASKS_PER_NODE", "8(x2)"},
+                                        {"SLURM_JOB_NODELIST", "gpu[007-008]"},
+                                        {"SLURM_JOB_ID", "123456"}}));
+  EXPECT_EQ(e.source, "slurm");
+  EXPECT_EQ(e.rank, 9);
+  EXPECT_EQ(e.world_size, 16);
+  EXPECT_EQ(e.local_rank, 1);
+  EXPECT_EQ(e.local_world_size, 8);
+  EXPECT_EQ(e.node_rank, 1);
+  EXPECT_EQ(e.master_addr, "gpu007");
+  EXPECT_EQ(e.master_port, 15000 + 123456 % 20000);
+}
+
+TEST(LaunchEnv, SlurmMasterOverridesAndUnevenNodes) {
+  LaunchEnv e = detect_launch_env(fake({{"SLURM_PROCID", "4"}, {"SLURM_NTASKS", "5"},
+                                        {"SLURM_LOCALID", "0"}, {"SLURM_NODEID", "2"},
+                                        {"SLURM_TASKS_PER_NODE", "2(x2),1"},
+                                        {"SLURM_NODELIST", "a,b,c"}, {"MASTER_ADDR", "10.0.0.1"},
+                                        {"MASTER_PORT", "29999"}}));
+  EXPECT_EQ(e.local_world_size, 1);
+  EXPECT_EQ(e.master_addr, "10.0.0.1");
+  EXPECT_EQ(e.master_port, 29999);
+}
+
+TEST(LaunchEnv, SlurmErrors) {
+  EXPECT_TRUE(contains(config_error([] { detect_launch_env(fake({{"SLURM_PROCID", "0"}})); }),
+                       "SLURM_NTASKS is not set"));
+  EXPECT_TRUE(contains(config_error([] {
+                         detect_launch_env(fake({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "2"}}));
+                       }),
+                       "SLURM_LOCALID is not set"));
+  EXPECT_TRUE(contains(config_error([] {
+                         detect_launch_env(fake({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "2"},
+                                                 {"SLURM_LOCALID", "0"}}));
+                       }),
+                       "SLURM_JOB_NODELIST is not set"));
+  EXPECT_TRUE(contains(config_error([] {
+                         detect_launch_env(fake({{"SLURM_PROCID", "3"}, {"SLURM_NTASKS", "2"},
+                                                 {"SLURM_LOCALID", "0"}, {"SLURM_NODELIST", "n1"}}));
+                       }),
+                       "SLURM_PROCID=3 is not in [0, SLURM_NTASKS=2)"));
+  EXPECT_TRUE(contains(config_error([] {
+                         detect_launch_env(fake({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "2"},
+                                                 {"SLURM_LOCALID", "0"}, {"SLURM_NODEID", "3"},
+                                                 {"SLURM_TASKS_PER_NODE", "1(x2)"},
+                                                 {"SLURM_NODELIST", "n[1-2]"}}));
+                       }),
+                       "SLURM_NODEID=3 but SLURM_TASKS_PER_NODE='1(x2)' lists 2 node(s)"));
+  EXPECT_TRUE(contains(config_error([] {
+                         detect_launch_env(fake({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "2"},
+                                                 {"SLURM_LOCALID", "0"},
+                                                 {"SLURM_JOB_NODELIST", "n[1-2"}}));
+                       }),
+                       "unbalanced '['"));
+}
+
+TEST(LaunchEnv, OpenMpi) {
+  LaunchEnv e = detect_launch_env(fake({{"OMPI_COMM_WORLD_RANK", "3"}, {"OMPI_COMM_WORLD_SIZE", "4"},
+                                        {"OMPI_COMM_WORLD_LOCAL_RANK", "1"},
+                                        {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"},
+                                        {"MASTER_ADDR", "host0"}}));
+  EXPECT_EQ(e.source, "openmpi");
+  EXPECT_EQ(e.rank, 3);
+  EXPECT_EQ(e.local_rank, 1);
+  EXPECT_EQ(e.local_world_size, 2);
+  EXPECT_EQ(e.node_rank, 1);
+  EXPECT_EQ(e.master_addr, "host0");
+  EXPECT_EQ(e.master_port, 29500);
+  EXPECT_TRUE(contains(config_error([] {
+                         detect_launch_env(fake({{"OMPI_COMM_WORLD_RANK", "0"},
+                                                 {"OMPI_COMM_WORLD_SIZE", "4"},
+                                                 {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"}}));
+                       }),
+                       "mpirun -x MASTER_ADDR"));
+  EXPECT_TRUE(contains(config_error([] {
+                         detect_launch_env(fake({{"OMPI_COMM_WORLD_RANK", "0"}}));
+                       }),
+                       "OMPI_COMM_WORLD_SIZE is not set"));
+}
+
+TEST(LaunchEnv, TorchVariablesWinOverSlurm) {
+  // `titan run` (or torchrun) inside an allocation: the children's RANK describes them.
+  LaunchEnv e = detect_launch_env(fake({{"RANK", "1"}, {"WORLD_SIZE", "2"}, {"MASTER_PORT", "5"},
+                                        {"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "1"}}));
+  EXPECT_EQ(e.source, "env");
+  EXPECT_EQ(e.rank, 1);
+}
+
+TEST(Hostlist, Expands) {
+  using V = std::vector<std::string>;
+  EXPECT_EQ(expand_hostlist("node[01-03,07],gpu5"), (V{"node01", "node02", "node03", "node07", "gpu5"}));
+  EXPECT_EQ(expand_hostlist("single"), (V{"single"}));
+  EXPECT_EQ(expand_hostlist("n[8-11]"), (V{"n8", "n9", "n10", "n11"}));
+  EXPECT_EQ(expand_hostlist("n[098-100]"), (V{"n098", "n099", "n100"}));
+  EXPECT_EQ(expand_hostlist("rack[1-2]-n[1,3]"), (V{"rack1-n1", "rack1-n3", "rack2-n1", "rack2-n3"}));
+  EXPECT_EQ(expand_hostlist("a,b[2],c.d.e"), (V{"a", "b2", "c.d.e"}));
+  EXPECT_EQ(expand_hostlist(""), V{});
+}
+
+TEST(Hostlist, RejectsMalformed) {
+  EXPECT_TRUE(contains(config_error([] { expand_hostlist("n[1-2"); }), "unbalanced '['"));
+  EXPECT_TRUE(contains(config_error([] { expand_hostlist("n1-2]"); }), "unbalanced ']'"));
+  EXPECT_TRUE(contains(config_error([] { expand_hostlist("n[3-1]"); }), "bad range '3-1'"));
+  EXPECT_TRUE(contains(config_error([] { expand_hostlist("n[a-b]"); }), "'a-b' is not a number"));
+  EXPECT_TRUE(contains(config_error([] { expand_hostlist("n[]"); }), "empty brackets"));
+}
+
+TEST(TasksPerNode, Expands) {
+  using V = std::vector<int64_t>;
+  EXPECT_EQ(expand_tasks_per_node("8"), (V{8}));
+  EXPECT_EQ(expand_tasks_per_node("2(x3),1"), (V{2, 2, 2, 1}));
+  EXPECT_TRUE(contains(config_error([] { expand_tasks_per_node("2(3)"); }), "expected N or N(xM)"));
+  EXPECT_TRUE(contains(config_error([] { expand_tasks_per_node("x"); }), "is not an integer"));
+}
+
+TEST(LogRank, Parses) {
+  using V = std::vector<bool>;
+  EXPECT_EQ(parse_log_ranks("", 3), (V{true, false, false}));
+  EXPECT_EQ(parse_log_ranks("0,2", 3), (V{true, false, true}));
+  EXPECT_EQ(parse_log_ranks("1-3", 4), (V{false, true, true, true}));
+  EXPECT_EQ(parse_log_ranks("all", 2), (V{true, true}));
+  EXPECT_TRUE(contains(config_error([] { parse_log_ranks("3", 3); }), "LOG_RANK='3'"));
+  EXPECT_TRUE(contains(config_error([] { parse_log_ranks("a", 3); }), "LOG_RANK='a' is not an integer"));
+}
+
+TEST(LaunchArgs, Parses) {
+  LaunchOptions o = parse_launch_args({"--nproc_per_node", "4", "--nnodes=2", "--node-rank", "1",
+                                       "--master_addr", "n0", "--master_port=1234", "--", "train",
+                                       "--training.steps", "5"});
+  EXPECT_EQ(o.nproc_per_node, 4);
+  EXPECT_EQ(o.nnodes, 2);
+  EXPECT_EQ(o.node_rank, 1);
+  EXPECT_EQ(o.master_addr, "n0");
+  EXPECT_EQ(o.master_port, 1234);
+  EXPECT_EQ(o.world_size(), 8);
+  EXPECT_EQ(o.command, (std::vector<std::string>{"train", "--training.steps", "5"}));
+  // Without "--" the first non-option starts the command.
+  o = parse_launch_args({"--nproc_per_node=2", "selftest", "--fail_rank", "1"});
+  EXPECT_EQ(o.command.front(), "selftest");
+  EXPECT_EQ(o.master_port, 0);
+  EXPECT_TRUE(parse_launch_args({"--help"}).help);
+  EXPECT_TRUE(is_titan_command("train"));
+  EXPECT_FALSE(is_titan_command("/bin/sh"));
+}
+
+TEST(LaunchArgs, Errors) {
+  EXPECT_TRUE(contains(config_error([] { parse_launch_args({"--nproc_per_node", "2"}); }), "no command"));
+  EXPECT_TRUE(contains(config_error([] { parse_launch_args({"--nproc", "2", "--", "train"}); }),
+                       "unknown option '--nproc'"));
+  EXPECT_TRUE(contains(config_error([] { parse_launch_args({"--nproc_per_node", "0", "--", "x"}); }),
+                       "--nproc_per_node 0 is not in [1, 1024]"));
+  EXPECT_TRUE(contains(config_error([] { parse_launch_args({"--nproc_per_node", "two", "--", "x"}); }),
+                       "'two' is not an integer"));
+  EXPECT_TRUE(contains(config_error([] {
+                         parse_launch_args({"--nnodes", "2", "--node_rank", "2", "--", "x"});
+                       }),
+                       "--node_rank 2 is not below --nnodes 2"));
+  EXPECT_TRUE(contains(config_error([] { parse_launch_args({"--nnodes", "2", "--", "x"}); }),
+                       "needs --master_addr"));
+  EXPECT_TRUE(contains(config_error([] { parse_launch_args({"--nnodes"}); }), "needs a value"));
+}
+
+TEST(Threads, RankBudget) {
+  LaunchEnv one;
+  LaunchEnv four;
+  four.world_size = 4;
+  four.local_world_size = 4;
+  EXPECT_EQ(rank_num_threads(3, four, fake({{"OMP_NUM_THREADS", "1"}})), 3);
+  EXPECT_EQ(rank_num_threads(0, four, fake({{"OMP_NUM_THREADS", "2"}})), 2);
+  EXPECT_EQ(rank_num_threads(0, four, fake({})), 0);
+  EXPECT_EQ(rank_num_threads(0, one, fake({{"OMP_NUM_THREADS", "2"}})), 0);
+  EXPECT_TRUE(contains(config_error([&] { rank_num_threads(0, four, fake({{"OMP_NUM_THREADS", "0"}})); }),
+                       "OMP_NUM_THREADS='0'"));
+}
+
+// ---- rendezvous over a real TCPStore, one thread per rank ----
+
+int64_t unused_port() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(addr);
+  EXPECT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  EXPECT_EQ(getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len), 0);
+  close(fd);
+  return ntohs(addr.sin_port);
+}
+
+LaunchEnv rank_env(int64_t rank, int64_t world, int64_t port) {
+  LaunchEnv e;
+  e.source = "test";
+  e.rank = rank;
+  e.world_size = world;
+  e.local_rank = rank;
+  e.local_world_size = world;
+  e.master_port = port;
+  return e;
+}
+
+// Runs rendezvous for `ranks` (each with world size `worlds[i]`) in threads; returns each
+// rank's error message ("" on success).
+std::vector<std::string> run_ranks(const std::vector<int64_t>& ranks, const std::vector<int64_t>& worlds,
+                                   std::chrono::milliseconds timeout) {
+  const int64_t port = unused_port();
+  std::vector<std::string> errors(ranks.size());
+  std::vector<c10::intrusive_ptr<c10d::Store>> stores(ranks.size());
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    threads.emplace_back([&, i] {
+      // Rank 0 hosts the store; give it a head start so clients do not race its bind.
+      if (ranks[i] != 0) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      try {
+        stores[i] = rendezvous(rank_env(ranks[i], worlds[i], port), timeout);
+      } catch (const std::exception& e) {
+        errors[i] = e.what();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  return errors;
+}
+
+TEST(Rendezvous, AllRanksJoin) {
+  auto errors = run_ranks({0, 1, 2}, {3, 3, 3}, std::chrono::seconds(20));
+  for (const auto& e : errors) EXPECT_EQ(e, "");
+}
+
+TEST(Rendezvous, TimeoutNamesMissingRank) {
+  auto errors = run_ranks({0, 2}, {3, 3}, std::chrono::milliseconds(1500));
+  for (const auto& e : errors) {
+    EXPECT_TRUE(contains(e, "rendezvous timed out after 1.5 s")) << e;
+    EXPECT_TRUE(contains(e, "2 of 3 ranks arrived")) << e;
+    EXPECT_TRUE(contains(e, "missing: rank 1")) << e;
+  }
+}
+
+TEST(Rendezvous, DuplicateRankAndWorldMismatch) {
+  auto errors = run_ranks({0, 1, 1}, {3, 3, 3}, std::chrono::milliseconds(1500));
+  int duplicates = 0;
+  for (const auto& e : errors) duplicates += contains(e, "two processes were started as rank 1");
+  EXPECT_EQ(duplicates, 1);
+  errors = run_ranks({0, 1}, {2, 3}, std::chrono::milliseconds(1500));
+  EXPECT_TRUE(contains(errors[1], "started with world size 3 but another rank registered world size 2"))
+      << errors[1];
+}
+
+TEST(Rendezvous, UnreachableStoreIsBounded) {
+  const auto start = std::chrono::steady_clock::now();
+  auto errors = run_ranks({1}, {2}, std::chrono::milliseconds(1000));
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_TRUE(contains(errors[0], "rank 1 could not reach the store")) << errors[0];
+  EXPECT_LT(s, 15.0);
+}
+
+}  // namespace
+}  // namespace titan
