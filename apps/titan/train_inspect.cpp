@@ -36,6 +36,7 @@ int run_train(const std::vector<std::string>& args) {
   // Joins the job when launched with several ranks (titan run, torchrun, srun, mpirun).
   DistributedContext dist = init_distributed(config.comm);
   if (dist.world_size() > 1) {
+    finalize_distributed(dist, config.comm);  // leave together: rank 0 hosts the store
     throw ConfigError("this job has " + std::to_string(dist.world_size()) + " ranks (launched by " +
                       dist.env.source +
                       "), but training on more than one rank arrives with FSDP/DDP; train with "
