@@ -178,9 +178,8 @@ int run_selftest(const std::vector<std::string>& args) {
   log_info("selftest: store all-gather of r^2+1 over ", world, " ranks: ", sum, " (expected ",
            expected, ")");
 
-  dist::GroupOptions options;
+  dist::GroupOptions options = world_group_options(dist, config.comm);
   options.timeout = timeout;
-  if (env.master_addr == "127.0.0.1" || env.master_addr == "localhost") options.gloo_hostname = "127.0.0.1";
   auto group = dist::Group::create(dist.store, static_cast<int>(rank), static_cast<int>(world), options);
   at::Tensor t = at::full({4}, static_cast<double>(rank + 1), at::kFloat);
   group->all_reduce(t).wait();

@@ -35,19 +35,17 @@ int run_train(const std::vector<std::string>& args) {
   JobConfig config = parse_job_config(args);
   // Joins the job when launched with several ranks (titan run, torchrun, srun, mpirun).
   DistributedContext dist = init_distributed(config.comm);
-  if (dist.world_size() > 1) {
-    finalize_distributed(dist, config.comm);  // leave together: rank 0 hosts the store
-    throw ConfigError("this job has " + std::to_string(dist.world_size()) + " ranks (launched by " +
-                      dist.env.source +
-                      "), but training on more than one rank arrives with FSDP/DDP; train with "
-                      "one process for now (`titan run ... -- selftest` checks a multi-rank "
-                      "launch)");
+  if (config.job.print_config && dist.rank() == 0) {
+    std::fputs(render_config_toml(config).c_str(), stdout);
   }
-  if (config.job.print_config) std::fputs(render_config_toml(config).c_str(), stdout);
   log_info("job: ", config.job.description, " (config ",
            config.job.config_file.empty() ? "defaults" : config.job.config_file, ")");
-  Trainer trainer(std::move(config));
-  trainer.train();
+  const CommSection comm = config.comm;
+  {
+    Trainer trainer(std::move(config), &dist);
+    trainer.train();
+  }
+  finalize_distributed(dist, comm);  // leave together: rank 0 hosts the store
   return 0;
 }
 

@@ -238,4 +238,15 @@ int64_t rank_num_threads(int64_t configured, const LaunchEnv& env, const EnvLook
   return 0;
 }
 
+dist::GroupOptions world_group_options(const DistributedContext& dist, const CommSection& comm,
+                                       const std::string& fingerprint) {
+  dist::GroupOptions options;
+  options.name = "world";
+  options.timeout = std::chrono::milliseconds(comm.init_timeout_seconds * 1000);
+  options.fingerprint = fingerprint;
+  const std::string& addr = dist.env.master_addr;
+  if (addr == "127.0.0.1" || addr == "localhost") options.gloo_hostname = "127.0.0.1";
+  return options;
+}
+
 }  // namespace titan

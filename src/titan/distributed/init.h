@@ -10,6 +10,7 @@
 #pragma once
 
 #include "titan/config/job_config.h"
+#include "titan/distributed/comm.h"
 #include "titan/distributed/launch_env.h"
 
 #include <c10/util/intrusive_ptr.h>
@@ -51,6 +52,12 @@ DistributedContext init_distributed(const CommSection& comm, const LaunchEnv& en
 // Exit barrier: rank 0 hosts the store, so it waits (up to comm.init_timeout_seconds) until every
 // rank has reached this point before returning and letting its process end. No-op for one rank.
 void finalize_distributed(DistributedContext& dist, const CommSection& comm);
+
+// Options of the job's world group: comm.init_timeout_seconds, Gloo on loopback for single-node
+// jobs whose master is this host (127.0.0.1 / localhost), GLOO_SOCKET_IFNAME or the host name
+// otherwise; `fingerprint` must agree on every rank (e.g. a digest of the job config).
+dist::GroupOptions world_group_options(const DistributedContext& dist, const CommSection& comm,
+                                       const std::string& fingerprint = "");
 
 // Intra-op threads for this rank, to pass to configure_threads(n, local_world_size):
 // `configured` (training.num_threads) when > 0; else, in a multi-process job, OMP_NUM_THREADS

@@ -11,7 +11,9 @@
 #include <torch/nn/module.h>
 
 #include <cstdint>
+#include <functional>
 #include <string>
+#include <vector>
 
 namespace titan {
 
@@ -37,6 +39,26 @@ struct ModelBuildOptions {
   at::ScalarType compute_dtype = at::kFloat;     // matmul dtype; parameters stay float32
 };
 
+// A group of parameters that a parallelism treats as one piece (an FSDP unit: all-gathered
+// together before the piece runs, reduce-scattered together after its backward).
+struct ModelUnit {
+  std::string name;                 // "tok_embeddings", "layers.0", "norm, output"
+  std::vector<std::string> params;  // parameter FQNs, each in exactly one unit
+  // The unit runs more than once per forward (e.g. tied embeddings: lookup and head), so its
+  // parameters must stay gathered until the forward is over.
+  bool reused_in_forward = false;
+};
+
+// Runs a model's units. Models call it around each unit of forward (see Model::run_unit), so a
+// parallelism can act before and after a unit (gather parameters, wrap outputs with backward
+// hooks) without the model knowing which one.
+class UnitRunner {
+ public:
+  virtual ~UnitRunner() = default;
+  // Runs unit `index` (a position in Model::units()) by calling `fn` and returns its output.
+  virtual at::Tensor run(int64_t index, const std::function<at::Tensor()>& fn) = 0;
+};
+
 // A trainable decoder: forward(tokens (bs, seqlen) int64) -> logits (bs, seqlen, vocab) float32.
 class Model : public torch::nn::Module {
  public:
@@ -44,6 +66,13 @@ class Model : public torch::nn::Module {
   // Re-initializes every parameter in place from the current global RNG state.
   virtual void init_weights() = 0;
   virtual ModelStats stats(int64_t batch, int64_t seq_len) const = 0;
+
+  // The units of forward, in the order forward first runs them; together they hold every
+  // parameter once.
+  virtual std::vector<ModelUnit> units() const = 0;
+  // Routes forward's units through `runner` (null: run them directly). The runner must outlive
+  // its use.
+  void set_unit_runner(UnitRunner* runner) { runner_ = runner; }
 
   // Incremental inference without autograd: tokens (bs, n) int64 are positions
   // [start_pos, start_pos + n) of sequences whose positions [0, start_pos) are already in
@@ -55,6 +84,15 @@ class Model : public torch::nn::Module {
                 "cache (--no_kv_cache)");
     return {};
   }
+
+ protected:
+  // Forward implementations call this for each unit.
+  at::Tensor run_unit(int64_t index, const std::function<at::Tensor()>& fn) {
+    return runner_ != nullptr ? runner_->run(index, fn) : fn();
+  }
+
+ private:
+  UnitRunner* runner_ = nullptr;
 };
 
 }  // namespace titan

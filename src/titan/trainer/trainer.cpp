@@ -11,6 +11,10 @@
 #include "titan/components/loss.h"
 #include "titan/components/data/dataset.h"
 #include "titan/components/tokenizer/tokenizer.h"
+#include "titan/config/config_manager.h"
+#include "titan/distributed/init.h"
+#include "titan/distributed/parallel_dims.h"
+#include "titan/parallel/data_parallel.h"
 
 #include <ATen/Parallel.h>
 
@@ -20,27 +24,16 @@
 
 namespace titan {
 
-Trainer::Trainer(JobConfig config) : config_(std::move(config)) {
-  log_info("threads: ", configure_threads(config_.training.num_threads));
-  const auto& p = config_.parallelism;
-  const int64_t world = p.data_parallel_replicate_degree *
-                        std::max<int64_t>(1, p.data_parallel_shard_degree) *
-                        p.tensor_parallel_degree * p.pipeline_parallel_degree *
-                        p.context_parallel_degree;
-  if (world != 1 || p.expert_parallel_degree != 1) {
-    throw ConfigError(
-        "parallel degrees multiply to dp_replicate(" +
-        std::to_string(p.data_parallel_replicate_degree) + ") * dp_shard(" +
-        std::to_string(p.data_parallel_shard_degree) + ") * tp(" +
-        std::to_string(p.tensor_parallel_degree) + ") * pp(" +
-        std::to_string(p.pipeline_parallel_degree) + ") * cp(" +
-        std::to_string(p.context_parallel_degree) + ") = " + std::to_string(world) +
-        " != world_size 1; this build runs a single rank, so every degree must be 1 (or -1 "
-        "for data_parallel_shard_degree)");
-  }
+Trainer::Trainer(JobConfig config, const DistributedContext* dist) : config_(std::move(config)) {
+  build_parallelism(dist);
   seed_ = config_.debug.seed;
   if (seed_ < 0) {
     seed_ = static_cast<int64_t>(std::random_device{}() & 0x7fffffff);
+    if (world_) {  // every rank must initialize the same weights
+      at::Tensor s = at::full({1}, seed_, at::kLong);
+      world_->broadcast(s, 0).wait();
+      seed_ = s.item<int64_t>();
+    }
     log_info("debug.seed not set; using seed ", seed_, " (pass --debug.seed ", seed_,
              " to reproduce)");
   }
@@ -48,9 +41,16 @@ Trainer::Trainer(JobConfig config) : config_(std::move(config)) {
   if (config_.debug.deterministic) at::globalContext().setDeterministicAlgorithms(true, false);
   compute_dtype_ = dtype_from_name(config_.training.mixed_precision_param);
 
-  const int64_t per_step = config_.training.local_batch_size;  // times dp degree (1)
-  const int64_t global = config_.training.global_batch_size < 0 ? per_step : config_.training.global_batch_size;
-  TITAN_CHECK(global % per_step == 0, "global_batch_size must be a multiple of local_batch_size");
+  const auto& t = config_.training;
+  const int64_t per_step = t.local_batch_size * dp_size_;
+  const int64_t global = t.global_batch_size < 0 ? per_step : t.global_batch_size;
+  if (global % per_step != 0) {
+    throw ConfigError("training.global_batch_size " + std::to_string(global) +
+                      " must be a multiple of local_batch_size(" +
+                      std::to_string(t.local_batch_size) + ") * data-parallel degree(" +
+                      std::to_string(dp_size_) + ") = " + std::to_string(per_step) +
+                      " (the rest is gradient accumulation)");
+  }
   accumulation_steps_ = global / per_step;
 
   build_model();
@@ -58,6 +58,33 @@ Trainer::Trainer(JobConfig config) : config_(std::move(config)) {
   build_optimizer();
   build_checkpoint();
   build_metrics();
+}
+
+void Trainer::build_parallelism(const DistributedContext* dist) {
+  world_size_ = dist != nullptr ? dist->world_size() : 1;
+  rank_ = dist != nullptr ? dist->rank() : 0;
+  if (world_size_ > 1) {
+    const int64_t threads =
+        rank_num_threads(config_.training.num_threads, dist->env, process_env());
+    log_info("rank ", rank_, " of ", world_size_, "; threads: ",
+             configure_threads(threads, dist->local_world_size()));
+  } else {
+    log_info("threads: ", configure_threads(config_.training.num_threads));
+  }
+  // Validates the degrees against the world (showing the arithmetic) and refuses parallelisms
+  // that are not implemented yet.
+  dims_ = std::make_unique<ParallelDims>(ParallelDims::from_config(config_.parallelism, world_size_));
+  dp_size_ = dims_->dp_size();
+  dp_rank_ = dims_->dp_rank(rank_);
+  if (world_size_ == 1) return;
+  // Ranks must run the same job: a digest of the whole config is compared at the rendezvous.
+  const std::string toml = render_config_toml(config_);
+  char digest[32];
+  std::snprintf(digest, sizeof(digest), "config-%016zx", std::hash<std::string>{}(toml));
+  world_ = dist::Group::create(dist->store, static_cast<int>(rank_), static_cast<int>(world_size_),
+                               world_group_options(*dist, config_.comm, digest));
+  dims_->build_groups(world_);
+  log_info("parallelism: ", dims_->describe(), "; data-parallel rank ", dp_rank_, " of ", dp_size_);
 }
 
 Trainer::~Trainer() = default;
@@ -77,7 +104,35 @@ void Trainer::build_model() {
   log_info("model parameters: ", with_commas(stats.n_params), " (", human_count(stats.n_params),
            "), non-embedding ", with_commas(stats.n_params - stats.n_embedding_params), "; built in ",
            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), "s");
-  for (const auto& p : model_->parameters()) params_.push_back(p);
+  if (dims_->dp_enabled()) {
+    DataParallelOptions o;
+    if (dims_->dp_shard_enabled()) o.shard_group = dims_->group_ptr("dp_shard");
+    if (dims_->dp_replicate_enabled()) o.replicate_group = dims_->group_ptr("dp_replicate");
+    o.param_dtype = compute_dtype_;
+    o.reduce_dtype = dtype_from_name(config_.training.mixed_precision_reduce);
+    o.reshard_after_forward = config_.parallelism.fsdp_reshard_after_forward;
+    dp_ = std::make_unique<DataParallel>(*model_, o);
+    const DataParallelMemory m = dp_->memory();
+    log_info(dp_->describe());
+    log_info("memory per rank: parameters ", human_bytes(m.shard_param_bytes), " + gradients ",
+             human_bytes(m.shard_param_bytes), " + AdamW states ",
+             human_bytes(2 * m.shard_param_bytes), " (fp32 shards; the model's parameters are ",
+             human_bytes(m.total_param_bytes), ", 1/",
+             static_cast<double>(m.total_param_bytes) / static_cast<double>(m.shard_param_bytes),
+             "); largest gathered unit ", human_bytes(m.max_unit_unsharded_bytes));
+    for (const auto& p : dp_->params()) params_.push_back(p.local);
+  } else {
+    for (const auto& p : model_->parameters()) params_.push_back(p);
+  }
+}
+
+std::shared_ptr<Model> Trainer::build_whole_model() const {
+  ModelBuildOptions opts;
+  opts.max_seq_len = config_.training.seq_len;
+  if (config_.validation.enable) opts.max_seq_len = std::max(opts.max_seq_len, config_.validation.seq_len);
+  opts.compute_dtype = compute_dtype_;
+  return spec_->build_uninitialized({{"name", config_.model.name}, {"flavor", config_.model.flavor}},
+                                    opts);
 }
 
 void Trainer::build_data() {
@@ -94,7 +149,9 @@ void Trainer::build_data() {
   log_info("dataset ", t.dataset, ": ", docs->size(), " documents",
            t.dataset_shuffle ? ", shuffled each epoch" : ", in order", "; tokenizer vocab ",
            tokenizer_->vocab_size());
-  train_loader_ = std::make_unique<DataLoader>(docs, *tokenizer_, t.seq_len, t.local_batch_size,
+  // The global stream: every rank reads it whole and keeps its slice (see trainer.h).
+  train_loader_ = std::make_unique<DataLoader>(docs, *tokenizer_, t.seq_len,
+                                               t.local_batch_size * dp_size_,
                                                /*dp_rank=*/0, /*dp_world=*/1, /*infinite=*/true,
                                                /*shuffle_seed=*/t.dataset_shuffle ? seed_ : -1);
   if (config_.validation.enable) {
@@ -106,7 +163,11 @@ void Trainer::build_data() {
 
 void Trainer::build_optimizer() {
   std::vector<NamedParam> named;
-  for (const auto& item : model_->named_parameters()) named.push_back({item.key(), item.value()});
+  if (dp_) {
+    for (const auto& p : dp_->params()) named.push_back({p.name, p.local});
+  } else {
+    for (const auto& item : model_->named_parameters()) named.push_back({item.key(), item.value()});
+  }
   optimizer_ = std::make_unique<Optimizer>(std::move(named), config_.optimizer);
   lr_scheduler_ = std::make_unique<LRScheduler>(config_.lr_scheduler, config_.optimizer.lr,
                                                 config_.training.steps);
@@ -126,7 +187,7 @@ void Trainer::build_metrics() {
   }
   metrics_ = std::make_unique<MetricsLogger>(config_.metrics, config_.job.dump_folder,
                                              stats.flops_per_token(config_.training.seq_len), peak,
-                                             config_.training.steps, /*write_file=*/true,
+                                             config_.training.steps, /*write_file=*/rank_ == 0,
                                              /*start_step=*/train_state_.step);
 }
 
@@ -135,19 +196,42 @@ at::Tensor Trainer::forward_backward_step(const at::Tensor& inputs, const at::Te
   at::Tensor logits = model_->forward(inputs);  // (bs, seqlen, vocab) float32
   at::Tensor loss = lm_cross_entropy_loss(logits, labels);
   (loss * loss_scale).backward();
+  if (dp_) dp_->finish_backward();
   return loss.detach();
 }
 
+std::optional<Batch> Trainer::next_local_batch(DataLoader& loader) {
+  std::optional<Batch> batch = loader.next();
+  if (batch && dp_size_ > 1) {
+    const int64_t b = batch->inputs.size(0) / dp_size_;
+    batch->inputs = batch->inputs.narrow(0, dp_rank_ * b, b).contiguous();
+    batch->labels = batch->labels.narrow(0, dp_rank_ * b, b).contiguous();
+  }
+  return batch;
+}
+
+double Trainer::dp_mean(double value) {
+  if (dp_size_ == 1) return value;
+  at::Tensor t = at::full({1}, value, at::kDouble);
+  dims_->group("dp").all_reduce(t, dist::ReduceOp::kAvg).wait();
+  return t.item<double>();
+}
+
 at::Tensor Trainer::train_step(int64_t step, double* grad_norm) {
-  optimizer_->zero_grad();
+  if (dp_) {
+    dp_->zero_grad();
+  } else {
+    optimizer_->zero_grad();
+  }
   at::Tensor total = at::zeros({}, at::kFloat);
   const double scale = 1.0 / static_cast<double>(accumulation_steps_);
   for (int64_t micro = 0; micro < accumulation_steps_; ++micro) {
-    auto batch = train_loader_->next();
+    auto batch = next_local_batch(*train_loader_);
     TITAN_CHECK(batch.has_value(), "training data loader ran dry at step ", step);
     total += forward_backward_step(batch->inputs, batch->labels, scale) * scale;
   }
-  const double loss_value = total.item<double>();
+  const double loss_value = dp_mean(total.item<double>());
+  total.fill_(loss_value);
   if (!std::isfinite(loss_value)) {
     throw TrainingError("loss is " + std::string(std::isnan(loss_value) ? "NaN" : "Inf") +
                         " at step " + std::to_string(step) +
@@ -155,7 +239,8 @@ at::Tensor Trainer::train_step(int64_t step, double* grad_norm) {
                         "lr_scheduler.warmup_steps, or use training.mixed_precision_param = "
                         "\"float32\"");
   }
-  *grad_norm = clip_grad_norm(params_, config_.training.max_norm);
+  *grad_norm = dp_ ? dp_->clip_grad_norm(config_.training.max_norm)
+                   : clip_grad_norm(params_, config_.training.max_norm);
   optimizer_->step(lr_scheduler_->lr_at(step));
   return total;
 }
@@ -163,12 +248,14 @@ at::Tensor Trainer::train_step(int64_t step, double* grad_norm) {
 double Trainer::validate(int64_t* tokens) {
   TITAN_CHECK(validation_docs_ != nullptr, "validation is not enabled");
   at::NoGradGuard no_grad;
+  // Like training, every rank reads the whole stream and keeps its slice, so all ranks run the
+  // same number of batches.
   DataLoader loader(validation_docs_, *tokenizer_, config_.validation.seq_len,
-                    config_.validation.local_batch_size, 0, 1, /*infinite=*/false);
+                    config_.validation.local_batch_size * dp_size_, 0, 1, /*infinite=*/false);
   double sum = 0.0;
   int64_t n = 0, count = 0;
   while (config_.validation.steps < 0 || n < config_.validation.steps) {
-    auto batch = loader.next();
+    auto batch = next_local_batch(loader);
     if (!batch) break;
     at::Tensor loss = lm_cross_entropy_loss(model_->forward(batch->inputs), batch->labels);
     sum += loss.item<double>();
@@ -178,8 +265,8 @@ double Trainer::validate(int64_t* tokens) {
   TITAN_CHECK(n > 0, "validation set '", config_.validation.dataset, "' yields no full batch of ",
               config_.validation.local_batch_size, " x ", config_.validation.seq_len + 1,
               " tokens; lower validation.local_batch_size or validation.seq_len");
-  if (tokens != nullptr) *tokens = count;
-  return sum / static_cast<double>(n);
+  if (tokens != nullptr) *tokens = count * dp_size_;
+  return dp_mean(sum / static_cast<double>(n));
 }
 
 TrainResult Trainer::train() {
@@ -197,11 +284,13 @@ TrainResult Trainer::train() {
     return result;
   }
   log_info("training ", t.steps, " steps: local_batch_size ", t.local_batch_size, " x ",
-           accumulation_steps_, " accumulation = global batch ",
-           t.local_batch_size * accumulation_steps_, " sequences of ", t.seq_len,
+           dp_size_, " data-parallel ranks x ", accumulation_steps_, " accumulation = global batch ",
+           t.local_batch_size * accumulation_steps_ * dp_size_, " sequences of ", t.seq_len,
            " tokens; compute dtype ", t.mixed_precision_param, "; seed ", seed_);
   auto start = std::chrono::steady_clock::now();
+  // Per rank (throughput and MFU are per device, as in TorchTitan) and for the whole job.
   const int64_t tokens_per_step = t.local_batch_size * accumulation_steps_ * t.seq_len;
+  const int64_t global_tokens_per_step = tokens_per_step * dp_size_;
   result.start_step = train_state_.step + 1;
   result.steps = train_state_.step;
   for (int64_t step = train_state_.step + 1; step <= t.steps; ++step) {
@@ -220,8 +309,13 @@ TrainResult Trainer::train() {
           step, vloss, tokens,
           std::chrono::duration<double>(std::chrono::steady_clock::now() - v0).count());
     }
+    if (step == result.start_step && world_) {
+      const std::chrono::milliseconds timeout(config_.comm.train_timeout_seconds * 1000);
+      dims_->set_timeout(timeout);
+      world_->set_timeout(timeout);
+    }
     train_state_.step = step;
-    train_state_.tokens_seen += tokens_per_step;
+    train_state_.tokens_seen += global_tokens_per_step;
     result.steps = step;
     checkpointer_->maybe_save(step, t.steps);
     if (step == t.steps) save_final_hf(step);

@@ -7,6 +7,7 @@
 #include "titan/components/metrics.h"
 #include "titan/components/optimizer.h"
 #include "titan/config/job_config.h"
+#include "titan/distributed/comm.h"
 #include "titan/models/registry.h"
 
 #include <ATen/ATen.h>
@@ -20,6 +21,10 @@ namespace titan {
 class Tokenizer;
 class DataLoader;
 class DocumentSource;
+class DataParallel;
+struct Batch;
+class ParallelDims;
+struct DistributedContext;
 namespace ckpt {
 class CheckpointManager;
 }
@@ -27,12 +32,12 @@ class CheckpointManager;
 // Progress that checkpoints carry (TorchTitan's TrainState).
 struct TrainState {
   int64_t step = 0;         // last completed step
-  int64_t tokens_seen = 0;  // training tokens consumed by this rank
+  int64_t tokens_seen = 0;  // training tokens consumed by the whole job (every data rank)
 };
 
 // What train() reports back (also used by tests).
 struct TrainResult {
-  std::vector<double> losses;             // loss of every step
+  std::vector<double> losses;             // loss of every step (mean over the global batch)
   std::vector<double> grad_norms;         // pre-clip grad norm of every step
   std::vector<double> validation_losses;  // one per validation run
   int64_t steps = 0;       // last step reached (== training.steps when done)
@@ -40,9 +45,14 @@ struct TrainResult {
   double seconds = 0.0;
 };
 
+// Data parallelism: every rank reads the same global stream of sequences and takes its slice of
+// each micro-batch (dp rank r of D: rows [r * B, (r + 1) * B) of D * B), so a step's global batch
+// is the same for every layout (1 process, FSDP, HSDP, DDP) with the same global batch size, and
+// the loader state in a checkpoint fits any layout.
 class Trainer {
  public:
-  explicit Trainer(JobConfig config);
+  // `dist`: the job's ranks (init_distributed); null or one rank trains in this process alone.
+  explicit Trainer(JobConfig config, const DistributedContext* dist = nullptr);
   ~Trainer();
 
   TrainResult train();
@@ -63,6 +73,9 @@ class Trainer {
   int64_t accumulation_steps() const { return accumulation_steps_; }
   const JobConfig& config() const { return config_; }
   const TrainState& train_state() const { return train_state_; }
+  // Null unless data parallelism is on.
+  DataParallel* data_parallel() { return dp_.get(); }
+  int64_t rank() const { return rank_; }
   ckpt::CheckpointManager& checkpointer() { return *checkpointer_; }
 
  private:
@@ -74,6 +87,14 @@ class Trainer {
   // checkpoint.last_save_in_hf: the final model as a Hugging Face folder <folder>/step-N-hf.
   void save_final_hf(int64_t step);
   void build_metrics();
+  void build_parallelism(const DistributedContext* dist);
+  // A fresh, unsharded instance of the configured model (for whole-model imports/exports when
+  // the trained one is sharded).
+  std::shared_ptr<Model> build_whole_model() const;
+  // This rank's rows of a global micro-batch from `loader` (batch dp_size * local).
+  std::optional<Batch> next_local_batch(DataLoader& loader);
+  // Mean of `value` over the data-parallel ranks (itself with one rank).
+  double dp_mean(double value);
 
   JobConfig config_;
   at::ScalarType compute_dtype_ = at::kFloat;
@@ -89,6 +110,13 @@ class Trainer {
   std::unique_ptr<ckpt::CheckpointManager> checkpointer_;
   std::unique_ptr<MetricsLogger> metrics_;
   std::vector<at::Tensor> params_;
+  int64_t rank_ = 0;
+  int64_t world_size_ = 1;
+  int64_t dp_size_ = 1;
+  int64_t dp_rank_ = 0;
+  std::shared_ptr<dist::Group> world_;
+  std::unique_ptr<ParallelDims> dims_;
+  std::unique_ptr<DataParallel> dp_;
   TrainState train_state_;
   bool already_complete_ = false;  // the folder holds this run's final model-only checkpoint
 };

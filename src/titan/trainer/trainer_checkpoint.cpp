@@ -9,10 +9,14 @@
 #include "titan/common/format.h"
 #include "titan/config/config_manager.h"
 #include "titan/trainer/trainer.h"
+#include "titan/distributed/parallel_dims.h"
+#include "titan/parallel/data_parallel.h"
 
 #include <ATen/CPUGeneratorImpl.h>
 
 #include <filesystem>
+#include <functional>
+#include <map>
 #include <set>
 
 namespace titan {
@@ -30,50 +34,73 @@ std::string shape_str(at::IntArrayRef shape) {
   return s + "]";
 }
 
-// Copies checkpoint tensor `name` into `dst` (casting the dtype), checking the shape.
-void restore_tensor(const CheckpointReader& reader, const std::string& name, at::Tensor dst) {
+// Where a rank's tensor sits in the global tensor: the whole of it (one process) or a row block
+// of an FSDP shard.
+struct Box {
+  std::vector<int64_t> global_shape;
+  std::vector<int64_t> offsets;
+};
+using LayoutFn = std::function<Box(const std::string& param, const at::Tensor& local)>;
+
+// Copies the box of checkpoint tensor `name` that `dst` holds into `dst` (casting the dtype),
+// checking the global shape.
+void restore_tensor(const CheckpointReader& reader, const std::string& name, at::Tensor dst,
+                    const Box& box) {
   if (!reader.has(name)) {
     throw DataError("checkpoint '" + reader.dir() + "' lacks tensor '" + name + "'");
   }
   const auto& meta = reader.meta(name);
-  if (at::IntArrayRef(meta.shape) != dst.sizes()) {
+  if (meta.shape != box.global_shape) {
     throw DataError("checkpoint '" + reader.dir() + "': tensor '" + name + "' has shape " +
-                    shape_str(meta.shape) + ", the model expects " + shape_str(dst.sizes()) +
-                    " (a different model flavor?)");
+                    shape_str(meta.shape) + ", the model expects " +
+                    shape_str(box.global_shape) + " (a different model flavor?)");
   }
+  if (dst.numel() == 0) return;
   at::NoGradGuard no_grad;
-  dst.copy_(reader.read(name));
+  dst.copy_(reader.read_slice(name, box.offsets, dst.sizes().vec()));
 }
 
-StateEntry model_entry(Model& model) {
+// Parameters (and their optimizer state) as (name, tensor) with their boxes; `owner` false on
+// ranks whose copy another rank writes (data-parallel replicas).
+StateEntry model_entry(std::vector<std::pair<std::string, at::Tensor>> params, LayoutFn layout,
+                       bool owner) {
   StateEntry e;
   e.name = "model";
   e.is_model = true;
-  e.save = [&model](std::vector<SavedTensor>& tensors, json& state) {
-    for (const auto& item : model.named_parameters()) {
-      tensors.push_back({item.key(), item.value().detach(), {}, {}});
+  e.save = [params, layout, owner](std::vector<SavedTensor>& tensors, json&) {
+    if (!owner) return;
+    for (const auto& [name, t] : params) {
+      if (t.numel() == 0 && t.dim() > 0) continue;
+      const Box box = layout(name, t);
+      tensors.push_back({name, t.detach(), box.global_shape, box.offsets});
     }
   };
-  e.load = [&model](const CheckpointReader& reader, const json&) {
-    for (const auto& item : model.named_parameters()) {
-      restore_tensor(reader, item.key(), item.value());
-    }
+  e.load = [params, layout](const CheckpointReader& reader, const json&) {
+    for (const auto& [name, t] : params) restore_tensor(reader, name, t, layout(name, t));
   };
   return e;
 }
 
-StateEntry optimizer_entry(Optimizer& optimizer) {
+StateEntry optimizer_entry(Optimizer& optimizer, LayoutFn layout, bool owner) {
+  // State tensors are named "<param>.exp_avg" / ".exp_avg_sq" and shaped like the parameter.
+  const auto param_of = [](const std::string& state_name) {
+    return state_name.substr(0, state_name.rfind('.'));
+  };
   StateEntry e;
   e.name = "optimizer";
-  e.save = [&optimizer](std::vector<SavedTensor>& tensors, json& state) {
-    for (const auto& [name, t] : optimizer.state_tensors()) {
-      tensors.push_back({"optimizer." + name, t, {}, {}});
+  e.save = [&optimizer, layout, owner, param_of](std::vector<SavedTensor>& tensors, json& state) {
+    if (owner) {
+      for (const auto& [name, t] : optimizer.state_tensors()) {
+        if (t.numel() == 0 && t.dim() > 0) continue;
+        const Box box = layout(param_of(name), t);
+        tensors.push_back({"optimizer." + name, t, box.global_shape, box.offsets});
+      }
     }
     state["step_count"] = optimizer.step_count();
   };
-  e.load = [&optimizer](const CheckpointReader& reader, const json& state) {
+  e.load = [&optimizer, layout, param_of](const CheckpointReader& reader, const json& state) {
     for (const auto& [name, t] : optimizer.state_tensors()) {
-      restore_tensor(reader, "optimizer." + name, t);
+      restore_tensor(reader, "optimizer." + name, t, layout(param_of(name), t));
     }
     optimizer.set_step_count(state.at("step_count").get<int64_t>());
   };
@@ -151,10 +178,12 @@ StateEntry dataloader_entry(DataLoader& loader, int64_t dp_rank) {
   return e;
 }
 
-StateEntry rng_entry() {
+// Rank 0's generator (every rank seeds the same way).
+StateEntry rng_entry(bool owner) {
   StateEntry e;
   e.name = "rng";
-  e.save = [](std::vector<SavedTensor>& tensors, json&) {
+  e.save = [owner](std::vector<SavedTensor>& tensors, json&) {
+    if (!owner) return;
     auto gen = at::detail::getDefaultCPUGenerator();
     std::lock_guard<std::mutex> lock(gen.mutex());
     tensors.push_back({"rng.cpu", gen.get_state(), {}, {}});
@@ -171,13 +200,34 @@ StateEntry rng_entry() {
 }  // namespace
 
 void Trainer::build_checkpoint() {
+  std::vector<std::pair<std::string, at::Tensor>> params;
+  LayoutFn layout;
+  bool owner = true;
+  if (dp_) {
+    std::map<std::string, Box> boxes;
+    for (const auto& p : dp_->params()) {
+      Box box{p.global_shape, std::vector<int64_t>(p.global_shape.size(), 0)};
+      if (!box.offsets.empty()) box.offsets[0] = p.row_offset;
+      boxes[p.name] = box;
+      params.emplace_back(p.name, p.local);
+    }
+    layout = [boxes](const std::string& name, const at::Tensor&) { return boxes.at(name); };
+    // Replicas (HSDP, DDP) hold equal shards: the first replica writes them.
+    owner = dims_->coordinate(rank_).dp_replicate == 0;
+  } else {
+    for (const auto& item : model_->named_parameters()) params.emplace_back(item.key(), item.value());
+    layout = [](const std::string&, const at::Tensor& t) {
+      return Box{t.sizes().vec(), std::vector<int64_t>(t.dim(), 0)};
+    };
+  }
+  // The loader reads the global stream (identical on every rank): its state is one entry.
   std::vector<StateEntry> states = {
-      model_entry(*model_),
-      optimizer_entry(*optimizer_),
+      model_entry(params, layout, owner),
+      optimizer_entry(*optimizer_, layout, owner),
       lr_scheduler_entry(*lr_scheduler_, train_state_),
       dataloader_entry(*train_loader_, /*dp_rank=*/0),
       train_state_entry(train_state_),
-      rng_entry(),
+      rng_entry(/*owner=*/rank_ == 0),
   };
   json describe = {{"model", {{"name", config_.model.name}, {"flavor", config_.model.flavor}}},
                    {"tokenizer_path", config_.model.hf_assets_path},
@@ -198,7 +248,15 @@ void Trainer::build_checkpoint() {
   }
   const json model_description = {{"name", config_.model.name}, {"flavor", config_.model.flavor}};
   const ckpt::LoadResult loaded = checkpointer_->load([&](const std::string& hf_dir) {
-    ckpt::load_hf_weights(*model_, model_description, hf_dir);
+    if (!dp_) {
+      ckpt::load_hf_weights(*model_, model_description, hf_dir);
+      return;
+    }
+    // Sharded: load whole into a scratch model, keep this rank's rows.
+    std::shared_ptr<Model> whole = build_whole_model();
+    ckpt::load_hf_weights(*whole, model_description, hf_dir);
+    const auto named = whole->named_parameters();
+    dp_->load_full_parameters([&](const std::string& name) { return named[name]; });
   });
   if (loaded.loaded && !loaded.model_only) {
     if (train_state_.step >= config_.training.steps) {
@@ -215,7 +273,7 @@ void Trainer::save_final_hf(int64_t step) {
   if (!c.enable || !c.last_save_in_hf) return;
   const std::string dir = checkpointer_->folder() + "/step-" + std::to_string(step) + "-hf";
   std::error_code ec;
-  if (std::filesystem::exists(dir)) {
+  if (rank_ == 0 && std::filesystem::exists(dir)) {
     log_warning("replacing the Hugging Face export ", dir);
     std::filesystem::remove_all(dir, ec);
   }
@@ -224,7 +282,17 @@ void Trainer::save_final_hf(int64_t step) {
   options.tokenizer_path = config_.model.hf_assets_path;
   options.bos_id = tokenizer_->bos_id();
   options.eos_id = tokenizer_->eos_id();
-  ckpt::save_hf_weights(*model_, {{"name", config_.model.name}, {"flavor", config_.model.flavor}},
+  std::shared_ptr<Model> model = model_;
+  if (dp_) {
+    // Every rank takes part in gathering the parameters; rank 0 writes them.
+    const auto full = dp_->gather_full_parameters();
+    if (rank_ != 0) return;
+    model = build_whole_model();
+    at::NoGradGuard no_grad;
+    auto named = model->named_parameters();
+    for (const auto& [name, t] : full) named[name].copy_(t);
+  }
+  ckpt::save_hf_weights(*model, {{"name", config_.model.name}, {"flavor", config_.model.flavor}},
                         dir, options);
   log_info("final model written as a Hugging Face folder: ", dir);
 }

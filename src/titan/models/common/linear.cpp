@@ -1,7 +1,31 @@
 // Mixed-precision dense layers (see linear.h).
 #include "titan/models/common/linear.h"
 
+#include "titan/common/check.h"
+
+#include <map>
+
 namespace titan {
+
+std::vector<ParamSlot> parameter_slots(torch::nn::Module& root) {
+  std::map<std::string, at::Tensor*> by_name;
+  for (const auto& item : root.named_modules()) {
+    if (auto* layer = dynamic_cast<WeightLayer*>(item.value().get())) {
+      const std::string prefix = item.key().empty() ? "" : item.key() + ".";
+      by_name[prefix + "weight"] = &layer->weight;
+    }
+  }
+  std::vector<ParamSlot> slots;
+  for (const auto& item : root.named_parameters()) {
+    auto it = by_name.find(item.key());
+    TITAN_CHECK(it != by_name.end() && it->second->unsafeGetTensorImpl() ==
+                                           item.value().unsafeGetTensorImpl(),
+                "parameter ", item.key(), " is not the weight member of a WeightLayer, so a ",
+                "parallelism cannot rebind it; hold parameters in WeightLayer subclasses");
+    slots.push_back({item.key(), it->second});
+  }
+  return slots;
+}
 
 at::Tensor mixed_linear(const at::Tensor& x, const at::Tensor& weight,
                         at::ScalarType compute_dtype) {

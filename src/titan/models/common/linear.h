@@ -8,6 +8,8 @@
 #include <torch/nn/module.h>
 
 #include <cstdint>
+#include <string>
+#include <vector>
 
 namespace titan {
 
@@ -33,27 +35,41 @@ inline at::Tensor to_compute(const at::Tensor& x, at::ScalarType compute_dtype) 
 at::Tensor mixed_linear(const at::Tensor& x, const at::Tensor& weight,
                         at::ScalarType compute_dtype);
 
+// A layer whose one parameter, `weight`, is registered under that name and read through this
+// member by forward. A parallelism may rebind the member (FSDP installs the all-gathered tensor
+// there before the layer runs) without the layer knowing; see parameter_slots().
+class WeightLayer : public torch::nn::Module {
+ public:
+  at::Tensor weight;
+};
+
+// Where forward reads each parameter of a module tree: "<fqn>" -> the WeightLayer member.
+struct ParamSlot {
+  std::string name;
+  at::Tensor* slot;
+};
+// The slots of every parameter of `root`, in named_parameters() order. Throws if a parameter is
+// not the `weight` of a WeightLayer (a layer a parallelism could not rebind).
+std::vector<ParamSlot> parameter_slots(torch::nn::Module& root);
+
 // A bias-free linear layer. Parameter: weight (out_features, in_features).
-class Linear : public torch::nn::Module {
+class Linear : public WeightLayer {
  public:
   Linear(int64_t in_features, int64_t out_features, at::ScalarType compute_dtype = at::kFloat);
 
   // x (..., in_features) -> (..., out_features) in the compute dtype.
   at::Tensor forward(const at::Tensor& x);
 
-  at::Tensor weight;
   at::ScalarType compute_dtype;
 };
 
 // A token embedding table. Parameter: weight (num_embeddings, dim).
-class Embedding : public torch::nn::Module {
+class Embedding : public WeightLayer {
  public:
   Embedding(int64_t num_embeddings, int64_t dim);
 
   // tokens (...) int64 -> (..., dim) in the parameter dtype.
   at::Tensor forward(const at::Tensor& tokens);
-
-  at::Tensor weight;
 };
 
 }  // namespace titan

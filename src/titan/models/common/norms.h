@@ -1,8 +1,9 @@
 // Normalization layers.
 #pragma once
 
+#include "titan/models/common/linear.h"
+
 #include <ATen/ATen.h>
-#include <torch/nn/module.h>
 
 #include <cstdint>
 
@@ -10,7 +11,7 @@ namespace titan {
 
 // Root-mean-square norm: y = x * rsqrt(mean(x^2, -1) + eps) * weight, computed in float32 (or
 // the input's dtype if wider) and returned in the input's dtype. Parameter: weight (dim).
-class RMSNorm : public torch::nn::Module {
+class RMSNorm : public WeightLayer {
  public:
   explicit RMSNorm(int64_t dim, double eps = 1e-5);
 
@@ -19,7 +20,6 @@ class RMSNorm : public torch::nn::Module {
   // weight <- ones.
   void reset_parameters();
 
-  at::Tensor weight;
   double eps;
 };
 

@@ -88,11 +88,31 @@ at::Tensor Transformer::head(const at::Tensor& h) {
 }
 
 at::Tensor Transformer::forward(const at::Tensor& tokens) {
-  at::Tensor h = embed(tokens);
-  for (const auto& layer : layers) {
-    h = layer->forward(h, *rope);
+  at::Tensor h = run_unit(0, [&] { return embed(tokens); });
+  for (size_t i = 0; i < layers.size(); ++i) {
+    h = run_unit(static_cast<int64_t>(i) + 1, [&] { return layers[i]->forward(h, *rope); });
   }
-  return head(h);
+  const int64_t head_unit = output ? static_cast<int64_t>(layers.size()) + 1 : 0;
+  return run_unit(head_unit, [&] { return head(h); });
+}
+
+std::vector<ModelUnit> Transformer::units() const {
+  std::vector<ModelUnit> out;
+  out.push_back({"tok_embeddings", {"tok_embeddings.weight"}});
+  for (size_t i = 0; i < layers.size(); ++i) {
+    const std::string prefix = "layers." + std::to_string(i) + ".";
+    ModelUnit unit{"layers." + std::to_string(i), {}};
+    for (const auto& item : layers[i]->named_parameters()) unit.params.push_back(prefix + item.key());
+    out.push_back(std::move(unit));
+  }
+  if (output) {
+    out.push_back({"norm, output", {"norm.weight", "output.weight"}});
+  } else {
+    out[0].name = "tok_embeddings, norm (tied output)";
+    out[0].params.push_back("norm.weight");
+    out[0].reused_in_forward = true;
+  }
+  return out;
 }
 
 at::Tensor Transformer::forward_cached(const at::Tensor& tokens, KVCache& cache,

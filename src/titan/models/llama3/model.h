@@ -58,6 +58,10 @@ class Transformer : public Model {
   at::Tensor forward_cached(const at::Tensor& tokens, KVCache& cache, int64_t start_pos) override;
   void init_weights() override;
   ModelStats stats(int64_t batch, int64_t seq_len) const override;
+  // tok_embeddings, layers.0 .. layers.{L-1}, "norm, output" (TorchTitan's FSDP units). With tied
+  // embeddings the head's weight is the embedding's, so the first unit also holds the final norm
+  // and runs twice per forward.
+  std::vector<ModelUnit> units() const override;
 
   // The stages of forward, for callers that run layers themselves (pipeline stages,
   // activation checkpointing). embed: (bs, seqlen) -> h (bs, seqlen, dim) in the residual dtype;

@@ -1,0 +1,541 @@
+// FSDP / HSDP / DDP over a model's units (see data_parallel.h).
+//
+// Per unit, three buffers:
+//   shard      float32 (shard_numel): the concatenation over the unit's parameters of this rank's
+//              chunk of c_i rows, zero-padded to c_i rows. The optimizer updates views of it.
+//   unsharded  param dtype (N * shard_numel): parameter i occupies N * c_i rows at its offset, its
+//              first R_i rows are the parameter. Its storage is freed while the unit is
+//              resharded; the tensors installed in the model (and saved by autograd) share that
+//              storage object, so re-allocating it and gathering again revives them all.
+//   grad       float32 (shard_numel): the reduced gradients, accumulated over micro-batches.
+// The all-gather output is rank-major (N x shard_numel); copying it into `unsharded` reorders it
+// to parameter-major. The reduce-scatter input is built the other way round.
+#include "titan/parallel/data_parallel.h"
+
+#include "titan/common/check.h"
+#include "titan/common/logging.h"
+#include "titan/models/common/linear.h"
+
+#include <ATen/core/grad_mode.h>
+#include <c10/core/StorageImpl.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include <cmath>
+#include <deque>
+#include <map>
+#include <set>
+
+namespace titan {
+
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+const char* dtype_short(at::ScalarType t) {
+  switch (t) {
+    case at::kFloat: return "fp32";
+    case at::kBFloat16: return "bf16";
+    case at::kHalf: return "fp16";
+    case at::kDouble: return "fp64";
+    default: return "?";
+  }
+}
+
+int64_t numel_of(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+void free_storage(const at::Tensor& t) {
+  c10::StorageImpl* s = t.storage().unsafeGetStorageImpl();
+  s->set_data_ptr_noswap(at::DataPtr(nullptr, s->device()));
+}
+
+void allocate_storage(const at::Tensor& t) {
+  c10::StorageImpl* s = t.storage().unsafeGetStorageImpl();
+  s->set_data_ptr_noswap(s->allocator()->allocate(s->nbytes()));
+}
+
+}  // namespace
+
+struct DataParallel::Impl {
+  struct Param {
+    std::string name;
+    at::Tensor* slot = nullptr;
+    std::vector<int64_t> shape;         // as sharded (a 0-d parameter as {1})
+    std::vector<int64_t> global_shape;  // as the model declares it
+    int64_t rows = 0, rest = 1;  // shape[0], product of the other dims
+    int64_t chunk = 0;           // rows per rank, ceil(rows / N)
+    int64_t local_rows = 0;      // rows this rank holds
+    int64_t offset = 0;          // element offset of its chunk in the unit's shard
+  };
+  enum class State { kSharded, kGathering, kGathered };
+  struct Unit {
+    std::string name;
+    std::vector<int64_t> params;  // indices into params
+    bool reused = false;
+    bool reshard_after_forward = true;
+    int64_t shard_numel = 0;
+    at::Tensor shard;      // float32 (shard_numel)
+    at::Tensor unsharded;  // param dtype (N * shard_numel)
+    bool allocated = true;
+    at::Tensor grad;       // float32 (shard_numel), undefined until the first reduction
+    State state = State::kSharded;
+    at::Tensor gather_in, gather_out;
+    dist::Work gather_work;
+    int64_t uses = 0;      // runs in the current forward
+    std::vector<at::Tensor> installed;  // what the slots hold, from this unit's last install
+  };
+  struct Pending {
+    int64_t unit;
+    dist::Work work;
+    at::Tensor buffer;  // reduce-scatter input (kept alive until done)
+    at::Tensor out;     // this rank's reduced shard
+  };
+
+  DataParallelOptions options;
+  int64_t N = 1, rank = 0, R = 1;
+  double divide_factor = 1.0;
+  std::vector<Param> params;
+  std::vector<Unit> units;
+  int64_t runs_per_forward = 0;
+  int64_t forward_pos = 0;
+  std::deque<Pending> pending;
+  at::Tensor anchor;  // a leaf that requires grad: gives GatherParams a backward
+
+  bool sharded() const { return N > 1; }
+  // Unsharded parameters alias the float32 shard itself (one rank, full precision).
+  bool aliased() const { return N == 1 && options.param_dtype == at::kFloat; }
+
+  // Tensors of the unit's unsharded parameters (sharing `unsharded`'s storage, own TensorImpl).
+  std::vector<at::Tensor> param_tensors(const Unit& u) {
+    std::vector<at::Tensor> out;
+    int64_t offset = 0;
+    for (int64_t pi : u.params) {
+      const Param& p = params[pi];
+      at::Tensor t = at::empty({0}, u.unsharded.options());
+      const std::vector<int64_t>& shape = p.global_shape;
+      std::vector<int64_t> strides(shape.size(), 1);
+      for (int64_t i = static_cast<int64_t>(shape.size()) - 2; i >= 0; --i) {
+        strides[i] = strides[i + 1] * shape[i + 1];
+      }
+      t.set_(u.unsharded.storage(), u.unsharded.storage_offset() + offset, shape, strides);
+      out.push_back(t);
+      offset += N * p.chunk * p.rest;
+    }
+    return out;
+  }
+
+  void gather_start(int64_t ui) {
+    Unit& u = units[ui];
+    if (u.state != State::kSharded) return;
+    if (!u.allocated) {
+      allocate_storage(u.unsharded);
+      u.allocated = true;
+    }
+    if (aliased()) {
+      u.state = State::kGathered;
+      return;
+    }
+    at::NoGradGuard no_grad;
+    if (N == 1) {
+      u.unsharded.copy_(u.shard);  // cast to the param dtype; nothing to communicate
+      u.state = State::kGathered;
+      return;
+    }
+    u.gather_in = options.param_dtype == at::kFloat ? u.shard : u.shard.to(options.param_dtype);
+    u.gather_out = at::empty({N * u.shard_numel}, u.unsharded.options());
+    u.gather_work = options.shard_group->all_gather_into_tensor(u.gather_out, u.gather_in);
+    u.state = State::kGathering;
+  }
+
+  void gather_finish(int64_t ui) {
+    Unit& u = units[ui];
+    if (u.state == State::kGathered) return;
+    if (u.state == State::kSharded) gather_start(ui);
+    if (u.state == State::kGathered) return;
+    u.gather_work.wait();
+    at::NoGradGuard no_grad;
+    const at::Tensor by_rank = u.gather_out.view({N, u.shard_numel});
+    int64_t offset = 0;
+    for (int64_t pi : u.params) {
+      const Param& p = params[pi];
+      const int64_t n = p.chunk * p.rest;
+      u.unsharded.narrow(0, offset, N * n).view({N, n}).copy_(by_rank.narrow(1, p.offset, n));
+      offset += N * n;
+    }
+    u.gather_in = at::Tensor();
+    u.gather_out = at::Tensor();
+    u.state = State::kGathered;
+  }
+
+  void reshard(int64_t ui) {
+    Unit& u = units[ui];
+    if (!sharded() || u.state != State::kGathered) return;
+    free_storage(u.unsharded);
+    u.allocated = false;
+    u.state = State::kSharded;
+  }
+
+  void pre_backward(int64_t ui) {
+    gather_finish(ui);
+    if (options.prefetch && ui >= 1) gather_start(ui - 1);
+  }
+
+  // The unit's backward is complete: start reducing its gradients.
+  void post_backward(int64_t ui, const variable_list& grads) {
+    Unit& u = units[ui];
+    reshard(ui);
+    u.uses = 0;
+    at::NoGradGuard no_grad;
+    at::Tensor buffer = at::zeros({N * u.shard_numel}, at::TensorOptions().dtype(options.reduce_dtype));
+    const at::Tensor by_rank = buffer.view({N, u.shard_numel});
+    for (size_t k = 0; k < u.params.size(); ++k) {
+      if (k >= grads.size() || !grads[k].defined()) continue;
+      const Param& p = params[u.params[k]];
+      const int64_t n = p.chunk * p.rest;
+      at::Tensor g = grads[k].reshape({-1});
+      if (p.rows != N * p.chunk) {
+        at::Tensor padded = at::zeros({N * n}, g.options());
+        padded.narrow(0, 0, p.rows * p.rest).copy_(g);
+        g = padded;
+      }
+      by_rank.narrow(1, p.offset, n).copy_(g.view({N, n}));
+    }
+    Pending job{ui, {}, buffer, {}};
+    if (N > 1) {
+      job.out = at::empty({u.shard_numel}, buffer.options());
+      job.work = options.shard_group->reduce_scatter_tensor(job.out, buffer);
+    } else {
+      job.out = buffer;
+      if (R > 1) job.work = options.replicate_group->all_reduce(buffer);
+    }
+    pending.push_back(std::move(job));
+    while (pending.size() > 1) complete_front();
+  }
+
+  void complete_front() {
+    Pending job = std::move(pending.front());
+    pending.pop_front();
+    job.work.wait();
+    if (N > 1 && R > 1) options.replicate_group->all_reduce(job.out).wait();
+    at::NoGradGuard no_grad;
+    at::Tensor g = job.out.to(at::kFloat);
+    g.mul_(1.0 / divide_factor);
+    Unit& u = units[job.unit];
+    if (u.grad.defined()) {
+      u.grad.add_(g);
+    } else {
+      u.grad = g;  // a fresh buffer of this micro-batch
+    }
+  }
+};
+
+namespace {
+
+// Outputs: the unit's unsharded parameters (installed in the model). Backward: the unit's
+// gradients arrive together, once all its uses are done; they are handed to the reduction.
+struct GatherParams : public torch::autograd::Function<GatherParams> {
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& anchor,
+                               DataParallel::Impl* impl, int64_t unit) {
+    ctx->saved_data["impl"] = reinterpret_cast<int64_t>(impl);
+    ctx->saved_data["unit"] = unit;
+    return impl->param_tensors(impl->units[unit]);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    auto* impl = reinterpret_cast<DataParallel::Impl*>(ctx->saved_data["impl"].toInt());
+    impl->post_backward(ctx->saved_data["unit"].toInt(), grads);
+    return {at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
+// Identity on a unit's output; its backward runs before the unit's own backward: re-gather the
+// unit if it was resharded, and prefetch the one before it.
+struct PreBackward : public torch::autograd::Function<PreBackward> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, DataParallel::Impl* impl,
+                            int64_t unit) {
+    ctx->saved_data["impl"] = reinterpret_cast<int64_t>(impl);
+    ctx->saved_data["unit"] = unit;
+    return x;
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    auto* impl = reinterpret_cast<DataParallel::Impl*>(ctx->saved_data["impl"].toInt());
+    impl->pre_backward(ctx->saved_data["unit"].toInt());
+    return {grads[0], at::Tensor(), at::Tensor()};
+  }
+};
+
+}  // namespace
+
+DataParallel::DataParallel(Model& model, DataParallelOptions options)
+    : model_(model), impl_(std::make_unique<Impl>()) {
+  Impl& d = *impl_;
+  d.options = std::move(options);
+  const auto& o = d.options;
+  d.N = o.shard_group ? o.shard_group->size() : 1;
+  d.rank = o.shard_group ? o.shard_group->rank() : 0;
+  d.R = o.replicate_group ? o.replicate_group->size() : 1;
+  d.divide_factor = static_cast<double>(d.N * d.R);
+  TITAN_CHECK(o.reshard_after_forward == "default" || o.reshard_after_forward == "always" ||
+                  o.reshard_after_forward == "never",
+              "fsdp_reshard_after_forward must be default, always or never, got '",
+              o.reshard_after_forward, "'");
+  TITAN_CHECK(o.param_dtype == at::kFloat || o.param_dtype == at::kBFloat16 ||
+                  o.param_dtype == at::kHalf,
+              "FSDP param dtype must be float32, bfloat16 or float16");
+  TITAN_CHECK(o.reduce_dtype == at::kFloat || o.reduce_dtype == at::kBFloat16,
+              "FSDP reduce dtype must be float32 or bfloat16");
+
+  // Parameters by name, with the layer members forward reads them from.
+  std::map<std::string, at::Tensor*> slots;
+  for (const ParamSlot& s : parameter_slots(model)) slots[s.name] = s.slot;
+  std::map<std::string, int64_t> index_of;
+  const auto named = model.named_parameters();
+  for (const auto& item : named) {
+    Impl::Param p;
+    p.name = item.key();
+    p.slot = slots.at(p.name);
+    const at::Tensor& t = item.value();
+    TITAN_CHECK(t.scalar_type() == at::kFloat, "FSDP expects float32 parameters; ", p.name,
+                " is ", t.scalar_type());
+    p.global_shape = t.sizes().vec();
+    p.shape = p.global_shape.empty() ? std::vector<int64_t>{1} : p.global_shape;
+    p.rows = p.shape[0];
+    p.rest = numel_of(p.shape) / std::max<int64_t>(1, p.rows);
+    p.chunk = (p.rows + d.N - 1) / d.N;
+    p.local_rows = std::max<int64_t>(0, std::min(p.chunk, p.rows - d.rank * p.chunk));
+    index_of[p.name] = static_cast<int64_t>(d.params.size());
+    d.params.push_back(p);
+  }
+
+  // Units, as the model declares them; every parameter in exactly one.
+  const std::vector<ModelUnit> declared = model.units();
+  std::set<std::string> seen;
+  for (size_t ui = 0; ui < declared.size(); ++ui) {
+    const ModelUnit& mu = declared[ui];
+    Impl::Unit u;
+    u.name = mu.name;
+    u.reused = mu.reused_in_forward;
+    for (const std::string& name : mu.params) {
+      auto it = index_of.find(name);
+      TITAN_CHECK(it != index_of.end(), "model unit '", mu.name, "' names unknown parameter ", name);
+      TITAN_CHECK(seen.insert(name).second, "parameter ", name, " is in two model units");
+      Impl::Param& p = d.params[it->second];
+      p.offset = u.shard_numel;
+      u.shard_numel += p.chunk * p.rest;
+      u.params.push_back(it->second);
+    }
+    const bool last = ui + 1 == declared.size();
+    if (d.N == 1 || u.reused || o.reshard_after_forward == "never") {
+      u.reshard_after_forward = false;
+    } else {
+      u.reshard_after_forward = o.reshard_after_forward == "always" || !last;
+    }
+    d.runs_per_forward += u.reused ? 2 : 1;
+    d.units.push_back(std::move(u));
+  }
+  for (const auto& p : d.params) {
+    TITAN_CHECK(seen.count(p.name) != 0, "parameter ", p.name, " is in no model unit");
+  }
+
+  // Shards from the (identical) full parameters; then the full ones are released.
+  at::NoGradGuard no_grad;
+  for (auto& u : d.units) {
+    u.shard = at::zeros({u.shard_numel}, at::kFloat);
+    for (int64_t pi : u.params) {
+      const Impl::Param& p = d.params[pi];
+      const at::Tensor full = named[p.name].reshape({p.rows, p.rest});
+      if (p.local_rows > 0) {
+        u.shard.narrow(0, p.offset, p.local_rows * p.rest)
+            .view({p.local_rows, p.rest})
+            .copy_(full.narrow(0, d.rank * p.chunk, p.local_rows));
+      }
+    }
+    if (d.aliased()) {
+      u.unsharded = u.shard;
+    } else {
+      u.unsharded = at::empty({d.N * u.shard_numel}, at::TensorOptions().dtype(o.param_dtype));
+      if (d.sharded()) {
+        free_storage(u.unsharded);
+        u.allocated = false;
+      }
+    }
+  }
+  for (const auto& item : named) {
+    at::Tensor t = item.value();
+    t.set_data(at::empty({0}, t.options()));
+  }
+  for (const auto& p : d.params) *p.slot = at::Tensor();
+
+  // Public per-parameter shards (views of the flat shards), in named_parameters() order.
+  params_.resize(d.params.size());
+  for (const auto& u : d.units) {
+    for (int64_t pi : u.params) {
+      const Impl::Param& p = d.params[pi];
+      std::vector<int64_t> local_shape = p.shape;
+      local_shape[0] = p.local_rows;
+      ShardedParam& sp = params_[pi];
+      sp.name = p.name;
+      sp.global_shape = p.global_shape;
+      sp.row_offset = std::min(d.rank * p.chunk, p.rows);
+      sp.local = u.shard.narrow(0, p.offset, p.local_rows * p.rest).view(local_shape);
+      if (sp.global_shape.empty()) sp.local = sp.local.view({});
+    }
+  }
+  d.anchor = at::zeros({}, at::kFloat).requires_grad_(true);
+  model.set_unit_runner(this);
+}
+
+DataParallel::~DataParallel() { model_.set_unit_runner(nullptr); }
+
+int64_t DataParallel::shard_size() const { return impl_->N; }
+int64_t DataParallel::shard_rank() const { return impl_->rank; }
+
+at::Tensor DataParallel::run(int64_t index, const std::function<at::Tensor()>& fn) {
+  Impl& d = *impl_;
+  TITAN_CHECK(index >= 0 && index < static_cast<int64_t>(d.units.size()), "unit ", index,
+              " out of range");
+  const int64_t pos = d.forward_pos;
+  d.forward_pos = (d.forward_pos + 1) % d.runs_per_forward;
+  if (pos == 0) {
+    for (auto& u : d.units) u.uses = 0;
+  }
+  Impl::Unit& u = d.units[index];
+  d.gather_finish(index);
+  if (d.options.prefetch && pos + 1 < static_cast<int64_t>(d.units.size()) &&
+      index + 1 < static_cast<int64_t>(d.units.size())) {
+    d.gather_start(index + 1);
+  }
+  const bool grad = at::GradMode::is_enabled();
+  if (u.uses == 0) {
+    u.installed = grad ? GatherParams::apply(d.anchor, &d, index) : d.param_tensors(u);
+    for (size_t k = 0; k < u.params.size(); ++k) *d.params[u.params[k]].slot = u.installed[k];
+  }
+  ++u.uses;
+  at::Tensor out = fn();
+  if (grad) {
+    out = PreBackward::apply(out, &d, index);
+    if (u.reshard_after_forward) d.reshard(index);
+  } else if (!u.reused || u.uses == 2) {
+    d.reshard(index);  // no backward will need it
+  }
+  return out;
+}
+
+void DataParallel::finish_backward() {
+  Impl& d = *impl_;
+  while (!d.pending.empty()) d.complete_front();
+  for (const auto& u : d.units) {
+    if (!u.grad.defined()) continue;
+    for (int64_t pi : u.params) {
+      const Impl::Param& p = d.params[pi];
+      ShardedParam& sp = params_[pi];
+      sp.local.mutable_grad() =
+          u.grad.narrow(0, p.offset, p.local_rows * p.rest).view(sp.local.sizes());
+    }
+  }
+}
+
+void DataParallel::zero_grad() {
+  TITAN_CHECK(impl_->pending.empty(), "zero_grad with gradient reductions in flight");
+  for (auto& u : impl_->units) u.grad = at::Tensor();
+  for (auto& sp : params_) {
+    if (sp.local.grad().defined()) sp.local.mutable_grad() = at::Tensor();
+  }
+}
+
+double DataParallel::clip_grad_norm(double max_norm) {
+  Impl& d = *impl_;
+  at::NoGradGuard no_grad;
+  at::Tensor sq = at::zeros({1}, at::kDouble);
+  bool any = false;
+  for (const auto& u : d.units) {
+    if (!u.grad.defined()) continue;
+    sq += u.grad.to(at::kDouble).pow(2).sum();  // padding rows hold zeros
+    any = true;
+  }
+  if (d.N > 1) d.options.shard_group->all_reduce(sq).wait();
+  const double total = std::sqrt(sq.item<double>());
+  if (!any && d.N == 1) return 0.0;
+  if (max_norm > 0 && std::isfinite(total)) {
+    const double coef = max_norm / (total + 1e-6);
+    if (coef < 1.0) {
+      for (auto& u : d.units) {
+        if (u.grad.defined()) u.grad.mul_(coef);
+      }
+    }
+  }
+  return total;
+}
+
+std::vector<std::pair<std::string, at::Tensor>> DataParallel::gather_full_parameters() {
+  Impl& d = *impl_;
+  at::NoGradGuard no_grad;
+  std::vector<at::Tensor> full(d.params.size());
+  for (auto& u : d.units) {
+    at::Tensor by_rank;
+    if (d.N > 1) {
+      at::Tensor out = at::empty({d.N * u.shard_numel}, at::kFloat);
+      d.options.shard_group->all_gather_into_tensor(out, u.shard).wait();
+      by_rank = out.view({d.N, u.shard_numel});
+    } else {
+      by_rank = u.shard.view({1, u.shard_numel});
+    }
+    for (int64_t pi : u.params) {
+      const Impl::Param& p = d.params[pi];
+      const int64_t n = p.chunk * p.rest;
+      at::Tensor whole = by_rank.narrow(1, p.offset, n).reshape({d.N * p.chunk, p.rest});
+      full[pi] = whole.narrow(0, 0, p.rows).reshape(params_[pi].global_shape).clone();
+    }
+  }
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  for (size_t i = 0; i < d.params.size(); ++i) out.emplace_back(d.params[i].name, full[i]);
+  return out;
+}
+
+void DataParallel::load_full_parameters(
+    const std::function<at::Tensor(const std::string&)>& full) {
+  at::NoGradGuard no_grad;
+  for (auto& sp : params_) {
+    at::Tensor t = full(sp.name);
+    TITAN_CHECK(t.sizes().vec() == sp.global_shape, "parameter ", sp.name, " has shape ",
+                t.sizes(), ", expected ", at::IntArrayRef(sp.global_shape));
+    if (sp.local.numel() == 0) continue;
+    at::Tensor rows = sp.global_shape.empty() ? t : t.narrow(0, sp.row_offset, sp.local.size(0));
+    sp.local.copy_(rows);
+  }
+}
+
+DataParallelMemory DataParallel::memory() const {
+  const Impl& d = *impl_;
+  DataParallelMemory m;
+  m.units = static_cast<int64_t>(d.units.size());
+  const int64_t param_bytes = static_cast<int64_t>(at::elementSize(d.options.param_dtype));
+  for (const auto& u : d.units) {
+    m.shard_param_bytes += u.shard_numel * 4;
+    m.max_unit_unsharded_bytes = std::max(m.max_unit_unsharded_bytes, d.N * u.shard_numel * param_bytes);
+  }
+  for (const auto& p : d.params) m.total_param_bytes += p.rows * p.rest * 4;
+  return m;
+}
+
+std::string DataParallel::describe() const {
+  const Impl& d = *impl_;
+  std::string s;
+  if (d.N > 1 && d.R > 1) {
+    s = "HSDP: sharded over " + std::to_string(d.N) + " ranks, replicated " + std::to_string(d.R) + "x";
+  } else if (d.N > 1) {
+    s = "FSDP: sharded over " + std::to_string(d.N) + " ranks";
+  } else {
+    s = "DDP: replicated over " + std::to_string(d.R) + " ranks";
+  }
+  s += " (" + std::to_string(d.units.size()) + " units";
+  if (d.N > 1) s += ", reshard_after_forward " + d.options.reshard_after_forward;
+  s += std::string(", param ") + dtype_short(d.options.param_dtype) + ", reduce " +
+       dtype_short(d.options.reduce_dtype) + ")";
+  return s;
+}
+
+}  // namespace titan

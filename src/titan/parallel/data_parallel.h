@@ -1,0 +1,113 @@
+// Data parallelism: FSDP (ZeRO-3), HSDP and DDP in one engine, applied to a Model through its
+// units (Model::units(): the token embedding, each transformer block, the final norm + output).
+//
+//   DataParallel dp(model, options);     // shards the model's parameters and frees the full ones
+//   loss = loss_fn(model.forward(x));    // each unit: all-gather its parameters, run, reshard
+//   loss.backward();                     // each unit: re-gather if resharded, backward,
+//                                        // reduce-scatter its gradients (async)
+//   dp.finish_backward();                // wait for the reductions; shard grads are now set
+//   dp.clip_grad_norm(max_norm); optimizer.step();   // on dp.params() (the fp32 shards)
+//
+// Sharding (FSDP2's per-parameter Shard(0)): over the shard group of N ranks, each parameter of
+// R rows is cut into N chunks of ceil(R / N) rows; rank r holds rows [r * c, min(R, (r + 1) * c))
+// (possibly none) as a float32 master shard. A unit's shards live in one flat buffer, so its
+// all-gather and reduce-scatter are one collective each:
+//   - forward: before a unit runs, its shards are cast to the parameter dtype
+//     (training.mixed_precision_param) and all-gathered; the unsharded parameters are installed in
+//     the model's layers (parameter_slots) through an autograd function whose backward is the
+//     unit's gradient reduction. While unit i runs, unit i + 1's all-gather is in flight.
+//   - reshard after forward (parallelism.fsdp_reshard_after_forward): the unsharded storage is
+//     freed, and re-gathered when the unit's backward begins (a hook on the unit's output, which
+//     also prefetches the unit before it). "default" reshards every unit but the last, whose
+//     backward comes right away; "never" keeps them gathered until their backward.
+//   - backward: once a unit's gradients are complete they are reduce-scattered in the reduce
+//     dtype (training.mixed_precision_reduce, float32), asynchronously, overlapping the backward
+//     of the units before it; with a replicate group (HSDP) the result is then all-reduced across
+//     replicas. Sums are divided by the data-parallel size, so gradients are those of the mean
+//     loss over the global batch. Gradient accumulation adds each micro-batch's reduced shard.
+//   - DDP (shard group of 1, replicate group > 1): the same units act as gradient buckets; each is
+//     all-reduced asynchronously as soon as its backward is done. Parameters stay whole.
+#pragma once
+
+#include "titan/distributed/comm.h"
+#include "titan/models/model.h"
+
+#include <ATen/ATen.h>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace titan {
+
+struct DataParallelOptions {
+  std::shared_ptr<dist::Group> shard_group;      // parameters are sharded over it (null: 1 rank)
+  std::shared_ptr<dist::Group> replicate_group;  // gradients are all-reduced over it (null: 1)
+  at::ScalarType param_dtype = at::kFloat;       // unsharded parameters, all-gather
+  at::ScalarType reduce_dtype = at::kFloat;      // gradient reduce-scatter / all-reduce
+  std::string reshard_after_forward = "default";  // default | always | never
+  bool prefetch = true;                           // overlap the next unit's all-gather
+};
+
+// This rank's part of one parameter.
+struct ShardedParam {
+  std::string name;
+  std::vector<int64_t> global_shape;
+  int64_t row_offset = 0;  // first global row (dim 0) held here
+  at::Tensor local;        // (rows held, ...) float32, a view of the unit's flat shard; 0 rows ok
+};
+
+// Bytes per rank (float32 masters), for the memory report.
+struct DataParallelMemory {
+  int64_t total_param_bytes = 0;  // the whole model's parameters
+  int64_t shard_param_bytes = 0;  // this rank's shards, including padding
+  int64_t max_unit_unsharded_bytes = 0;  // the largest unit when gathered, in the param dtype
+  int64_t units = 0;
+};
+
+class DataParallel : public UnitRunner {
+ public:
+  // Shards `model` (whose parameters must be identical on every rank, e.g. same seed) and
+  // installs itself as the model's unit runner. The model must outlive this object.
+  DataParallel(Model& model, DataParallelOptions options);
+  ~DataParallel() override;
+  DataParallel(const DataParallel&) = delete;
+  DataParallel& operator=(const DataParallel&) = delete;
+
+  at::Tensor run(int64_t index, const std::function<at::Tensor()>& fn) override;
+
+  // Completes the gradient reductions of the last backward and adds them to the shards'
+  // gradients (params()[i].local.grad()). Call after every backward.
+  void finish_backward();
+  // Drops the accumulated gradients.
+  void zero_grad();
+
+  // The shards, one per parameter, in the model's named_parameters() order.
+  const std::vector<ShardedParam>& params() const { return params_; }
+  int64_t shard_size() const;
+  int64_t shard_rank() const;
+
+  // Global L2 norm of the gradients (over the shard group; replicas hold equal gradients); when
+  // max_norm > 0 and the norm exceeds it, scales them by max_norm / (norm + 1e-6).
+  double clip_grad_norm(double max_norm);
+
+  // Every parameter whole, float32 (collective over the shard group).
+  std::vector<std::pair<std::string, at::Tensor>> gather_full_parameters();
+  // Sets the shards from whole parameters: full(name) returns the whole tensor.
+  void load_full_parameters(const std::function<at::Tensor(const std::string&)>& full);
+
+  DataParallelMemory memory() const;
+  // "FSDP over dp_shard 2 (12 units, reshard_after_forward default, param bf16, reduce fp32)"
+  std::string describe() const;
+
+  struct Impl;
+
+ private:
+  Model& model_;
+  std::unique_ptr<Impl> impl_;
+  std::vector<ShardedParam> params_;
+};
+
+}  // namespace titan

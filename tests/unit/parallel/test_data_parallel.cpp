@@ -1,0 +1,323 @@
+// FSDP / HSDP / DDP (DataParallel) on 1-4 ranks in threads, against one unsharded model on the
+// whole batch: same losses, gradients, norms and optimizer updates, for every reshard policy,
+// with and without prefetch, tied and untied embeddings, shard sizes that need padding.
+#include "../distributed/multirank.h"
+
+#include "titan/components/loss.h"
+#include "titan/components/optimizer.h"
+#include "titan/models/common/linear.h"
+#include "titan/models/llama3/model.h"
+#include "titan/parallel/data_parallel.h"
+
+#include <gtest/gtest.h>
+
+#include <map>
+#include <mutex>
+
+namespace titan {
+namespace {
+
+using test::run_ranks;
+
+constexpr int64_t kBatchPerRank = 2;
+constexpr int64_t kSeq = 8;
+
+llama3::Llama3Args tiny_args(bool tied) {
+  llama3::Llama3Args a;
+  a.dim = 24;  // rows of 24 or 61 do not split evenly over 3 or 4 ranks: padding is exercised
+  a.n_layers = 2;
+  a.n_heads = 4;
+  a.n_kv_heads = 2;
+  a.vocab_size = 61;
+  a.multiple_of = 16;
+  a.max_seq_len = 16;
+  a.tie_embeddings = tied;
+  return a;
+}
+
+std::shared_ptr<llama3::Transformer> make_model(bool tied, at::ScalarType dtype = at::kFloat) {
+  auto m = std::make_shared<llama3::Transformer>(tiny_args(tied), dtype);
+  at::manual_seed(1234);
+  m->init_weights();
+  return m;
+}
+
+struct Reference {
+  at::Tensor inputs, labels;  // the global batch (ranks * kBatchPerRank rows)
+  double loss = 0;
+  double grad_norm = 0;
+  std::map<std::string, at::Tensor> grads;
+};
+
+// The unsharded model on the whole batch.
+Reference reference(int ranks, bool tied, int64_t micro_batches = 1) {
+  Reference r;
+  at::manual_seed(99);
+  r.inputs = at::randint(0, 61, {ranks * kBatchPerRank * micro_batches, kSeq}, at::kLong);
+  r.labels = at::randint(0, 61, {ranks * kBatchPerRank * micro_batches, kSeq}, at::kLong);
+  auto model = make_model(tied);
+  at::Tensor loss = lm_cross_entropy_loss(model->forward(r.inputs), r.labels);
+  loss.backward();
+  r.loss = loss.item<double>();
+  std::vector<at::Tensor> params;
+  for (const auto& item : model->named_parameters()) {
+    r.grads[item.key()] = item.value().grad().clone();
+    params.push_back(item.value());
+  }
+  r.grad_norm = clip_grad_norm(params, 0.0);
+  return r;
+}
+
+// Rows of `t` for data-parallel rank `dp_rank` of micro-batch `micro` (the trainer's split).
+at::Tensor rows_of(const at::Tensor& t, int64_t dp_rank, int64_t dp_size, int64_t micro) {
+  return t.narrow(0, (micro * dp_size + dp_rank) * kBatchPerRank, kBatchPerRank);
+}
+
+struct Layout {
+  int replicate = 1;
+  int shard = 1;
+};
+
+// Sets up the shard / replicate groups of `world` for `layout` (ranks ordered replicate-major).
+DataParallelOptions options_for(const Layout& layout, const std::shared_ptr<dist::Group>& world) {
+  DataParallelOptions o;
+  const int rank = world->rank();
+  const int rep = rank / layout.shard, sh = rank % layout.shard;
+  std::vector<std::shared_ptr<dist::Group>> shard_groups, replicate_groups;
+  for (int r = 0; r < layout.replicate; ++r) {
+    std::vector<int> ranks;
+    for (int s = 0; s < layout.shard; ++s) ranks.push_back(r * layout.shard + s);
+    auto g = layout.shard > 1 ? world->new_subgroup("dp_shard", ranks) : nullptr;
+    if (r == rep) o.shard_group = g;
+  }
+  for (int s = 0; s < layout.shard; ++s) {
+    std::vector<int> ranks;
+    for (int r = 0; r < layout.replicate; ++r) ranks.push_back(r * layout.shard + s);
+    auto g = layout.replicate > 1 ? world->new_subgroup("dp_replicate", ranks) : nullptr;
+    if (s == sh) o.replicate_group = g;
+  }
+  return o;
+}
+
+// One forward/backward (micro_batches of them) on every rank, checked against the reference.
+void check_gradients(const Layout& layout, bool tied, const std::string& reshard, bool prefetch,
+                     int64_t micro_batches = 1) {
+  const int world_size = layout.replicate * layout.shard;
+  const Reference ref = reference(world_size, tied, micro_batches);
+  std::vector<std::shared_ptr<llama3::Transformer>> models;
+  for (int r = 0; r < world_size; ++r) models.push_back(make_model(tied));
+  run_ranks(world_size, [&](int rank, std::shared_ptr<dist::Group> world) {
+    DataParallelOptions o = options_for(layout, world);
+    o.reshard_after_forward = reshard;
+    o.prefetch = prefetch;
+    DataParallel dp(*models[rank], o);
+    double loss_sum = 0;
+    for (int64_t m = 0; m < micro_batches; ++m) {
+      at::Tensor loss = lm_cross_entropy_loss(
+          models[rank]->forward(rows_of(ref.inputs, rank, world_size, m)),
+          rows_of(ref.labels, rank, world_size, m));
+      (loss / static_cast<double>(micro_batches)).backward();
+      dp.finish_backward();
+      loss_sum += loss.item<double>() / static_cast<double>(micro_batches);
+    }
+    at::Tensor mean = at::full({1}, loss_sum, at::kDouble);
+    world->all_reduce(mean, dist::ReduceOp::kAvg).wait();
+    EXPECT_NEAR(mean.item<double>(), ref.loss, 1e-5 * ref.loss) << "rank " << rank;
+    for (const ShardedParam& p : dp.params()) {
+      const at::Tensor want = ref.grads.at(p.name);
+      ASSERT_EQ(at::IntArrayRef(p.global_shape), want.sizes()) << p.name;
+      if (p.local.numel() == 0) continue;
+      ASSERT_TRUE(p.local.grad().defined()) << p.name << " on rank " << rank;
+      const at::Tensor rows = want.narrow(0, p.row_offset, p.local.size(0));
+      EXPECT_TRUE(at::allclose(p.local.grad(), rows, 1e-4, 1e-6))
+          << p.name << " on rank " << rank << ": max diff "
+          << (p.local.grad() - rows).abs().max().item<double>();
+    }
+    EXPECT_NEAR(dp.clip_grad_norm(0.0), ref.grad_norm, 1e-5 * ref.grad_norm);
+  });
+}
+
+TEST(DataParallel, FsdpTwoRanksMatchesOneProcess) {
+  check_gradients({1, 2}, /*tied=*/false, "default", /*prefetch=*/true);
+}
+
+TEST(DataParallel, FsdpThreeRanksPaddedShards) {
+  check_gradients({1, 3}, /*tied=*/false, "default", /*prefetch=*/true);
+}
+
+TEST(DataParallel, ReshardPoliciesAndNoPrefetch) {
+  check_gradients({1, 2}, false, "always", /*prefetch=*/true);
+  check_gradients({1, 2}, false, "never", /*prefetch=*/true);
+  check_gradients({1, 3}, false, "always", /*prefetch=*/false);
+}
+
+TEST(DataParallel, TiedEmbeddingsUnitRunsTwice) {
+  check_gradients({1, 2}, /*tied=*/true, "always", /*prefetch=*/true);
+  check_gradients({2, 1}, /*tied=*/true, "default", /*prefetch=*/true);
+}
+
+TEST(DataParallel, HsdpTwoByTwo) { check_gradients({2, 2}, false, "default", true); }
+
+TEST(DataParallel, DdpTwoReplicas) { check_gradients({2, 1}, false, "default", true); }
+
+TEST(DataParallel, GradientAccumulationAddsMicroBatches) {
+  check_gradients({1, 2}, false, "default", true, /*micro_batches=*/3);
+}
+
+// A forward without autograd (validation) gives the reference logits and frees every unit.
+TEST(DataParallel, NoGradForwardMatches) {
+  const at::Tensor tokens = at::randint(0, 61, {2, kSeq}, at::kLong);
+  auto ref_model = make_model(false);
+  at::Tensor want;
+  {
+    at::NoGradGuard no_grad;
+    want = ref_model->forward(tokens);
+  }
+  std::vector<std::shared_ptr<llama3::Transformer>> models{make_model(false), make_model(false)};
+  run_ranks(2, [&](int rank, std::shared_ptr<dist::Group> world) {
+    DataParallelOptions o;
+    o.shard_group = world;
+    DataParallel dp(*models[rank], o);
+    at::NoGradGuard no_grad;
+    for (int i = 0; i < 2; ++i) {  // twice: the first must have left the units consistent
+      const at::Tensor got = models[rank]->forward(tokens);
+      EXPECT_TRUE(at::allclose(got, want, 1e-5, 1e-6)) << (got - want).abs().max().item<double>();
+    }
+  });
+}
+
+// Optimizer steps on the shards == steps on the whole model.
+TEST(DataParallel, AdamWStepsOnShardsMatchWholeModel) {
+  OptimizerSection opt;
+  opt.lr = 1e-2;
+  opt.weight_decay = 0.1;
+  const Reference data = reference(3, false);
+  auto ref_model = make_model(false);
+  std::vector<NamedParam> ref_params;
+  std::vector<at::Tensor> ref_tensors;
+  for (const auto& item : ref_model->named_parameters()) {
+    ref_params.push_back({item.key(), item.value()});
+    ref_tensors.push_back(item.value());
+  }
+  Optimizer ref_opt(ref_params, opt);
+  for (int step = 0; step < 3; ++step) {
+    ref_opt.zero_grad();
+    lm_cross_entropy_loss(ref_model->forward(data.inputs), data.labels).backward();
+    clip_grad_norm(ref_tensors, 0.05);
+    ref_opt.step(opt.lr);
+  }
+  std::vector<std::shared_ptr<llama3::Transformer>> models;
+  for (int r = 0; r < 3; ++r) models.push_back(make_model(false));
+  std::mutex mu;
+  run_ranks(3, [&](int rank, std::shared_ptr<dist::Group> world) {
+    DataParallelOptions o;
+    o.shard_group = world;
+    DataParallel dp(*models[rank], o);
+    std::vector<NamedParam> shards;
+    for (const auto& p : dp.params()) shards.push_back({p.name, p.local});
+    Optimizer optimizer(shards, opt);
+    for (int step = 0; step < 3; ++step) {
+      dp.zero_grad();
+      lm_cross_entropy_loss(models[rank]->forward(rows_of(data.inputs, rank, 3, 0)),
+                            rows_of(data.labels, rank, 3, 0))
+          .backward();
+      dp.finish_backward();
+      dp.clip_grad_norm(0.05);
+      optimizer.step(opt.lr);
+    }
+    const auto full = dp.gather_full_parameters();
+    const auto want = ref_model->named_parameters();
+    // Adam divides by sqrt(v): where a gradient is ~0, summation-order noise in it moves the
+    // update by up to ~lr * 1e-3; the bound is far below one step (lr = 1e-2).
+    for (const auto& [name, t] : full) {
+      EXPECT_TRUE(at::allclose(t, want[name], 1e-4, 1e-5))
+          << name << ": " << (t - want[name]).abs().max().item<double>();
+    }
+  });
+}
+
+TEST(DataParallel, GatherAndLoadFullParameters) {
+  auto original = make_model(false);
+  std::map<std::string, at::Tensor> want;
+  for (const auto& item : original->named_parameters()) want[item.key()] = item.value().clone();
+  std::vector<std::shared_ptr<llama3::Transformer>> models;
+  for (int r = 0; r < 4; ++r) models.push_back(make_model(false));
+  run_ranks(4, [&](int rank, std::shared_ptr<dist::Group> world) {
+    DataParallelOptions o;
+    o.shard_group = world;
+    DataParallel dp(*models[rank], o);
+    for (const auto& [name, t] : dp.gather_full_parameters()) {
+      EXPECT_TRUE(at::equal(t, want.at(name))) << name;
+    }
+    dp.load_full_parameters([&](const std::string& name) { return want.at(name) * 2; });
+    for (const auto& [name, t] : dp.gather_full_parameters()) {
+      EXPECT_TRUE(at::equal(t, want.at(name) * 2)) << name;
+    }
+  });
+}
+
+// Per-rank parameter bytes are the model's / shard size, up to padding of < 1 row per parameter.
+TEST(DataParallel, MemoryAccountingIsOneOverShardSize) {
+  auto original = make_model(false);
+  int64_t total = 0, max_row_bytes = 0, n_params = 0;
+  for (const auto& item : original->named_parameters()) {
+    total += item.value().numel() * 4;
+    max_row_bytes = std::max<int64_t>(max_row_bytes, item.value().numel() / item.value().size(0) * 4);
+    ++n_params;
+  }
+  for (int n : {2, 3, 4}) {
+    std::vector<std::shared_ptr<llama3::Transformer>> models;
+    for (int r = 0; r < n; ++r) models.push_back(make_model(false));
+    run_ranks(n, [&](int rank, std::shared_ptr<dist::Group> world) {
+      DataParallelOptions o;
+      o.shard_group = world;
+      DataParallel dp(*models[rank], o);
+      const DataParallelMemory m = dp.memory();
+      EXPECT_EQ(m.total_param_bytes, total);
+      EXPECT_GE(m.shard_param_bytes * n, total);
+      EXPECT_LE(m.shard_param_bytes * n, total + n * n_params * max_row_bytes);
+      // The model itself keeps nothing: its parameters were released.
+      for (const auto& item : models[rank]->named_parameters()) EXPECT_EQ(item.value().numel(), 0);
+      int64_t local = 0;
+      for (const auto& p : dp.params()) local += p.local.numel() * 4;
+      EXPECT_LE(local, m.shard_param_bytes);
+    });
+  }
+}
+
+// bf16 all-gather (mixed_precision_param) tracks the unsharded bf16 model closely.
+TEST(DataParallel, Bf16ParamsCloseToReference) {
+  const Reference data = reference(2, false);
+  auto ref_model = make_model(false, at::kBFloat16);
+  const double want = lm_cross_entropy_loss(ref_model->forward(data.inputs), data.labels).item<double>();
+  std::vector<std::shared_ptr<llama3::Transformer>> models{make_model(false, at::kBFloat16),
+                                                           make_model(false, at::kBFloat16)};
+  run_ranks(2, [&](int rank, std::shared_ptr<dist::Group> world) {
+    DataParallelOptions o;
+    o.shard_group = world;
+    o.param_dtype = at::kBFloat16;
+    DataParallel dp(*models[rank], o);
+    at::Tensor loss = lm_cross_entropy_loss(models[rank]->forward(rows_of(data.inputs, rank, 2, 0)),
+                                            rows_of(data.labels, rank, 2, 0));
+    loss.backward();
+    dp.finish_backward();
+    at::Tensor mean = at::full({1}, loss.item<double>(), at::kDouble);
+    world->all_reduce(mean, dist::ReduceOp::kAvg).wait();
+    EXPECT_NEAR(mean.item<double>(), want, 2e-2 * want);
+    for (const auto& p : dp.params()) {
+      if (p.local.numel() > 0) EXPECT_EQ(p.local.grad().scalar_type(), at::kFloat) << p.name;
+    }
+  });
+}
+
+TEST(DataParallel, ParameterSlotsCoverEveryParameter) {
+  auto model = make_model(true);
+  const auto slots = parameter_slots(*model);
+  EXPECT_EQ(slots.size(), model->named_parameters().size());
+  int64_t in_units = 0;
+  for (const auto& u : model->units()) in_units += static_cast<int64_t>(u.params.size());
+  EXPECT_EQ(in_units, static_cast<int64_t>(slots.size()));
+}
+
+}  // namespace
+}  // namespace titan
