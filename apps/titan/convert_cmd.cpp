@@ -22,6 +22,7 @@
 #include <cctype>
 #include <cstdio>
 #include <cstring>
+#include <cstdlib>
 #include <map>
 #include <sstream>
 
@@ -33,7 +34,7 @@ constexpr const char* kUsage =
     "                           [--max_shard_size BYTES] [--tokenizer PATH]\n"
     "       titan convert from-hf HF_DIR OUT\n"
     "       titan convert logits MODEL --ids \"1 2 3\" [--out FILE]\n"
-    "       titan convert diff MODEL_A MODEL_B\n"
+    "       titan convert diff MODEL_A MODEL_B [--atol A] [--rtol R]\n"
     "\n"
     "to-hf writes the model of CHECKPOINT (a step-N directory, or a checkpoint folder: its\n"
     "latest step) as a Hugging Face Llama folder OUT: config.json, model.safetensors (or\n"
@@ -47,7 +48,8 @@ constexpr const char* kUsage =
     "(seqlen, vocab) as tensor \"logits\" of a safetensors FILE, or prints the argmax per "
     "position.\n"
     "diff compares the model tensors (our names, stored dtypes) of two models; exit 0 if all are\n"
-    "bit-identical, 1 otherwise.\n";
+    "bit-identical (or, with --atol/--rtol, |A - B| <= atol + rtol * |B| elementwise), 1\n"
+    "otherwise.\n";
 
 struct Args {
   std::string action;
@@ -236,17 +238,35 @@ bool bit_equal(const at::Tensor& a, const at::Tensor& b) {
   return std::memcmp(x.data_ptr(), y.data_ptr(), x.numel() * x.element_size()) == 0;
 }
 
+double tolerance_option(const Args& args, const std::string& name) {
+  const auto it = args.options.find(name);
+  if (it == args.options.end()) return 0.0;
+  char* end = nullptr;
+  const double v = std::strtod(it->second.c_str(), &end);
+  if (it->second.empty() || *end != '\0' || !(v >= 0)) {
+    throw ConfigError(name + " must be a non-negative number, got '" + it->second + "'");
+  }
+  return v;
+}
+
 int diff(const Args& args) {
   expect_positional(args, 2, "MODEL_A MODEL_B");
+  const double atol = tolerance_option(args, "--atol");
+  const double rtol = tolerance_option(args, "--rtol");
+  const bool exact = atol == 0 && rtol == 0;
   const TensorMap a = tensors_of(args.positional[0]);
   const TensorMap b = tensors_of(args.positional[1]);
   int64_t differing = 0;
+  double max_diff = 0;
   for (const auto& [name, ta] : a) {
     const auto it = b.find(name);
     if (it == b.end()) {
       std::printf("only in A: %s\n", name.c_str());
       ++differing;
-    } else if (!bit_equal(ta, it->second)) {
+    } else if (exact ? !bit_equal(ta, it->second)
+                     : ta.sizes() != it->second.sizes() ||
+                           !at::allclose(ta.to(at::kDouble), it->second.to(at::kDouble), rtol,
+                                         atol)) {
       std::ostringstream os;
       os << name << ": A " << ta.scalar_type() << " " << ta.sizes() << ", B "
          << it->second.scalar_type() << " " << it->second.sizes();
@@ -265,7 +285,16 @@ int diff(const Args& args) {
     }
   }
   if (differing == 0) {
-    std::printf("identical: %zu tensors\n", a.size());
+    if (exact) {
+      std::printf("identical: %zu tensors\n", a.size());
+    } else {
+      for (const auto& [name, ta] : a) {
+        max_diff = std::max(
+            max_diff, (ta.to(at::kDouble) - b.at(name).to(at::kDouble)).abs().max().item<double>());
+      }
+      std::printf("close: %zu tensors within atol %g + rtol %g (max |A - B| = %g)\n", a.size(),
+                  atol, rtol, max_diff);
+    }
     return 0;
   }
   std::printf("%lld of %zu tensors differ\n", static_cast<long long>(differing),
@@ -285,7 +314,7 @@ int run_convert(const std::vector<std::string>& argv) {
   const Args args = parse_args(argv, {{"to-hf", {"--dtype", "--max_shard_size", "--tokenizer"}},
                                       {"from-hf", {}},
                                       {"logits", {"--ids", "--out"}},
-                                      {"diff", {}}});
+                                      {"diff", {"--atol", "--rtol"}}});
   if (args.action == "to-hf") return to_hf(args);
   if (args.action == "from-hf") return from_hf(args);
   if (args.action == "logits") return logits(args);

@@ -127,9 +127,10 @@ set +e; { wait "$launcher"; } 2>/dev/null; set -e
 kill "$watchdog" 2>/dev/null || true
 no_leftovers
 
-# --- training refuses several ranks until FSDP/DDP land, after joining ---
-expect_exit 2 timeout 60 "$TITAN" run --nproc_per_node 2 -- train --job.config_file configs/llama3/debug_model.toml
-expect_output 'this job has 2 ranks .* arrives with FSDP/DDP'
+# --- training refuses a parallelism that is not implemented yet, on every rank ---
+expect_exit 2 timeout 60 "$TITAN" run --nproc_per_node 2 -- train \
+  --job.config_file configs/llama3/debug_model.toml --parallelism.tensor_parallel_degree 2
+expect_output 'tensor_parallel_degree'
 
 # --- ranks started by hand: torchrun, SLURM and OpenMPI variables ---
 # by_hand NAME VARS...: two background ranks; @R@ in VARS is the rank. Both must pass.

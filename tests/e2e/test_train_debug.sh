@@ -33,7 +33,11 @@ expect_exit 0 env TITAN="$TITAN" CONFIG_FILE=configs/llama3/debug_model.toml NGP
 expect_output "seq_len = 64"
 expect_output "step: 3 "
 [ "$(grep -c '"loss":' "$WORK/launcher/metrics.jsonl")" = 3 ] || fail "launcher run logged != 3 steps"
-# NGPU=2 goes through `titan run`; both ranks join, then refuse until FSDP/DDP land.
-expect_exit 2 env TITAN="$TITAN" NGPU=2 timeout 60 bash scripts/run_train.sh
-expect_output "this job has 2 ranks"
+# NGPU=2 goes through `titan run`: two ranks train with FSDP (the default dp_shard = -1).
+expect_exit 0 env TITAN="$TITAN" NGPU=2 timeout 120 bash scripts/run_train.sh \
+  --job.dump_folder "$WORK/launcher2" --training.steps 3 --training.seq_len 64 \
+  --validation.enable=false --metrics.log_freq 1
+expect_output "FSDP: sharded over 2 ranks"
+expect_output "step: +3 "
+[ "$(grep -c '"loss":' "$WORK/launcher2/metrics.jsonl")" = 3 ] || fail "NGPU=2 run logged != 3 steps"
 echo "ok"

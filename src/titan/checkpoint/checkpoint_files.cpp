@@ -42,11 +42,21 @@ void write_text_file(const std::string& path, const std::string& text) {
   fsync_path(path, /*directory=*/false);
 }
 
-std::string shard_name(int64_t i) {
-  char buf[64];
-  std::snprintf(buf, sizeof(buf), "shard-%05lld.safetensors", static_cast<long long>(i));
+// "<prefix>00042.safetensors": prefix "shard-" for single-writer checkpoints, "shard-r00003-" for
+// rank 3 of a collective save.
+std::string shard_name(const std::string& prefix, int64_t i) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%05lld.safetensors", static_cast<long long>(i));
+  return prefix + buf;
+}
+
+std::string rank_tag(int rank) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "r%05d", rank);
   return buf;
 }
+
+std::string fragment_name(int rank) { return "fragment-" + rank_tag(rank) + ".json"; }
 
 std::string box_str(const std::vector<int64_t>& v) {
   std::string s = "[";
@@ -54,33 +64,31 @@ std::string box_str(const std::vector<int64_t>& v) {
   return s + "]";
 }
 
-}  // namespace
+int64_t volume(const std::vector<int64_t>& lengths) {
+  int64_t n = 1;
+  for (int64_t l : lengths) n *= l;
+  return n;
+}
 
-void write_checkpoint(const std::string& dir, const std::vector<SavedTensor>& tensors,
-                      const nlohmann::json& state, uint64_t max_shard_bytes) {
-  if (fs::exists(dir)) {
-    throw DataError("checkpoint directory '" + dir + "' already exists; not overwriting it");
-  }
-  const std::string tmp = dir + ".tmp-" + std::to_string(::getpid());
-  std::error_code ec;
-  fs::remove_all(tmp, ec);
-  fs::create_directories(tmp, ec);
-  if (ec) throw DataError("cannot create '" + tmp + "': " + ec.message());
-
-  nlohmann::ordered_json index;
-  index["format"] = kFormat;
-  index["version"] = kVersion;
-  index["tensors"] = nlohmann::ordered_json::object();
-  index["files"] = nlohmann::ordered_json::object();
+// Writes `tensors` into `tmp` as "<file_prefix>NNNNN.safetensors" files of about max_shard_bytes
+// each and returns their part of the index: {"tensors": {...}, "files": {...}}. Adds the tensor
+// bytes written to `bytes_written`.
+nlohmann::ordered_json write_tensor_files(const std::string& tmp, const std::string& file_prefix,
+                                          const std::vector<SavedTensor>& tensors,
+                                          uint64_t max_shard_bytes, uint64_t& bytes_written) {
+  nlohmann::ordered_json part;
+  part["tensors"] = nlohmann::ordered_json::object();
+  part["files"] = nlohmann::ordered_json::object();
 
   std::vector<std::pair<std::string, at::Tensor>> batch;
   uint64_t batch_bytes = 0;
   int64_t shard = 0;
   auto flush = [&]() {
     if (batch.empty()) return;
-    const std::string name = shard_name(shard++);
+    const std::string name = shard_name(file_prefix, shard++);
     const uint32_t crc = write_safetensors(tmp + "/" + name, batch);
-    index["files"][name] = {{"bytes", fs::file_size(tmp + "/" + name)}, {"crc32c", crc}};
+    part["files"][name] = {{"bytes", fs::file_size(tmp + "/" + name)}, {"crc32c", crc}};
+    bytes_written += batch_bytes;
     batch.clear();
     batch_bytes = 0;
   };
@@ -101,7 +109,7 @@ void write_checkpoint(const std::string& dir, const std::vector<SavedTensor>& te
       key += "@";
       for (size_t d = 0; d < offsets.size(); ++d) key += (d ? "_" : "") + std::to_string(offsets[d]);
     }
-    auto& entry = index["tensors"][t.name];
+    auto& entry = part["tensors"][t.name];
     if (entry.is_null()) {
       entry = {{"dtype", dtype}, {"shape", global}, {"shards", nlohmann::ordered_json::array()}};
     } else {
@@ -116,17 +124,193 @@ void write_checkpoint(const std::string& dir, const std::vector<SavedTensor>& te
       TITAN_CHECK(existing["offsets"].get<std::vector<int64_t>>() != offsets,
                   "checkpoint tensor '", t.name, "': box ", box_str(offsets), " listed twice");
     }
-    entry["shards"].push_back(
-        {{"file", shard_name(shard)}, {"key", key}, {"offsets", offsets}, {"lengths", local}});
+    entry["shards"].push_back({{"file", shard_name(file_prefix, shard)},
+                               {"key", key},
+                               {"offsets", offsets},
+                               {"lengths", local}});
     batch.emplace_back(key, t.local);
     batch_bytes += nbytes;
   }
   flush();
+  return part;
+}
+
+nlohmann::ordered_json index_header() {
+  nlohmann::ordered_json index;
+  index["format"] = kFormat;
+  index["version"] = kVersion;
+  return index;
+}
+
+}  // namespace
+
+std::string temp_dir_of(const std::string& dir, int64_t nonce) {
+  return dir + ".tmp-" + std::to_string(nonce);
+}
+
+void write_checkpoint(const std::string& dir, const std::vector<SavedTensor>& tensors,
+                      const nlohmann::json& state, uint64_t max_shard_bytes) {
+  if (fs::exists(dir)) {
+    throw DataError("checkpoint directory '" + dir + "' already exists; not overwriting it");
+  }
+  const std::string tmp = temp_dir_of(dir, ::getpid());
+  std::error_code ec;
+  fs::remove_all(tmp, ec);
+  fs::create_directories(tmp, ec);
+  if (ec) throw DataError("cannot create '" + tmp + "': " + ec.message());
+
+  uint64_t bytes = 0;
+  nlohmann::ordered_json part = write_tensor_files(tmp, "shard-", tensors, max_shard_bytes, bytes);
+  nlohmann::ordered_json index = index_header();
+  index["tensors"] = std::move(part["tensors"]);
+  index["files"] = std::move(part["files"]);
   index["state"] = state;
   write_text_file(tmp + "/index.json", index.dump(1));
-  fsync_path(tmp, /*directory=*/true);
-  fs::rename(tmp, dir, ec);
-  if (ec) throw DataError("cannot rename '" + tmp + "' to '" + dir + "': " + ec.message());
+  commit_checkpoint_dir(tmp, dir);
+}
+
+uint64_t write_rank_files(const std::string& tmp_dir, int rank,
+                          const std::vector<SavedTensor>& tensors, uint64_t max_shard_bytes) {
+  uint64_t bytes = 0;
+  nlohmann::ordered_json part =
+      write_tensor_files(tmp_dir, "shard-" + rank_tag(rank) + "-", tensors, max_shard_bytes, bytes);
+  nlohmann::ordered_json fragment;
+  fragment["format"] = "titan-checkpoint-fragment";
+  fragment["rank"] = rank;
+  fragment["tensors"] = std::move(part["tensors"]);
+  fragment["files"] = std::move(part["files"]);
+  write_text_file(tmp_dir + "/" + fragment_name(rank), fragment.dump());
+  return bytes;
+}
+
+namespace {
+
+struct RankBox {
+  int rank;
+  std::vector<int64_t> offsets, lengths;
+};
+
+std::string describe_box(const RankBox& b) {
+  return "rank " + std::to_string(b.rank) + "'s box " + box_str(b.offsets) + " + " +
+         box_str(b.lengths);
+}
+
+bool boxes_overlap(const RankBox& a, const RankBox& b) {
+  for (size_t d = 0; d < a.offsets.size(); ++d) {
+    const int64_t lo = std::max(a.offsets[d], b.offsets[d]);
+    const int64_t hi = std::min(a.offsets[d] + a.lengths[d], b.offsets[d] + b.lengths[d]);
+    if (hi <= lo) return false;
+  }
+  return true;  // also for 0-d tensors: two ranks handed over the same scalar
+}
+
+// Every element of `name` must come from exactly one box: boxes inside the shape, no two
+// overlapping, together covering the whole tensor.
+void check_rank_boxes(const std::string& name, const std::vector<int64_t>& shape,
+                      std::vector<RankBox> boxes) {
+  const std::string what = "checkpoint tensor '" + name + "' " + box_str(shape) + ": ";
+  for (const RankBox& b : boxes) {
+    bool inside = b.offsets.size() == shape.size() && b.lengths.size() == shape.size();
+    for (size_t d = 0; inside && d < shape.size(); ++d) {
+      inside = b.offsets[d] >= 0 && b.lengths[d] >= 0 && b.offsets[d] + b.lengths[d] <= shape[d];
+    }
+    if (!inside) throw DataError(what + describe_box(b) + " is not inside the tensor");
+  }
+  // Sorted by the start in dim 0, a box can only overlap the boxes that start before it ends.
+  if (!shape.empty()) {
+    std::sort(boxes.begin(), boxes.end(), [](const RankBox& a, const RankBox& b) {
+      return a.offsets[0] < b.offsets[0];
+    });
+  }
+  int64_t covered = 0;
+  for (size_t i = 0; i < boxes.size(); ++i) {
+    if (volume(boxes[i].lengths) == 0) continue;
+    covered += volume(boxes[i].lengths);
+    for (size_t j = i + 1; j < boxes.size(); ++j) {
+      if (!shape.empty() && boxes[j].offsets[0] >= boxes[i].offsets[0] + boxes[i].lengths[0]) break;
+      if (volume(boxes[j].lengths) > 0 && boxes_overlap(boxes[i], boxes[j])) {
+        throw DataError(what + describe_box(boxes[i]) + " overlaps " + describe_box(boxes[j]) +
+                        ". HINT: every element must be handed over by exactly one rank; a "
+                        "replicated tensor by one rank only");
+      }
+    }
+  }
+  if (covered != volume(shape)) {
+    throw DataError(what + "the ranks' boxes cover " + std::to_string(covered) + " of its " +
+                    std::to_string(volume(shape)) +
+                    " elements. HINT: some rank did not hand over its part");
+  }
+}
+
+}  // namespace
+
+void merge_rank_fragments(const std::string& tmp_dir, int world_size, const nlohmann::json& state) {
+  nlohmann::ordered_json tensors = nlohmann::ordered_json::object();
+  nlohmann::ordered_json files = nlohmann::ordered_json::object();
+  std::map<std::string, std::vector<RankBox>> boxes;
+  std::map<std::string, int> first_rank;  // the rank that listed a tensor first, for errors
+  for (int r = 0; r < world_size; ++r) {
+    const std::string path = tmp_dir + "/" + fragment_name(r);
+    std::ifstream in(path, std::ios::binary);
+    if (!in) {
+      throw DataError("checkpoint fragment '" + path + "' of rank " + std::to_string(r) +
+                      " is missing (did that rank fail to write its shards?)");
+    }
+    nlohmann::ordered_json fragment;
+    try {
+      fragment = nlohmann::ordered_json::parse(in);
+      if (fragment.at("rank").get<int>() != r) throw DataError(path + ": names another rank");
+      for (const auto& [file, info] : fragment.at("files").items()) {
+        if (files.contains(file)) throw DataError(path + ": file '" + file + "' listed twice");
+        files[file] = info;
+      }
+      for (const auto& [name, t] : fragment.at("tensors").items()) {
+        auto& entry = tensors[name];
+        if (entry.is_null()) {
+          entry = {{"dtype", t.at("dtype")},
+                   {"shape", t.at("shape")},
+                   {"shards", nlohmann::ordered_json::array()}};
+          first_rank[name] = r;
+        } else if (entry["dtype"] != t.at("dtype") || entry["shape"] != t.at("shape")) {
+          throw DataError("checkpoint tensor '" + name + "': rank " +
+                          std::to_string(first_rank[name]) + " saves it as " +
+                          entry["dtype"].get<std::string>() + " " + entry["shape"].dump() +
+                          ", rank " + std::to_string(r) + " as " +
+                          t.at("dtype").get<std::string>() + " " + t.at("shape").dump() +
+                          ". HINT: every rank must agree on a tensor's dtype and global shape");
+        }
+        for (const auto& shard : t.at("shards")) {
+          entry["shards"].push_back(shard);
+          boxes[name].push_back({r, shard.at("offsets").get<std::vector<int64_t>>(),
+                                 shard.at("lengths").get<std::vector<int64_t>>()});
+        }
+      }
+    } catch (const nlohmann::json::exception& e) {
+      throw DataError(path + ": malformed checkpoint fragment: " + e.what());
+    }
+  }
+  for (const auto& [name, entry] : tensors.items()) {
+    check_rank_boxes(name, entry["shape"].get<std::vector<int64_t>>(), boxes[name]);
+  }
+  nlohmann::ordered_json index = index_header();
+  index["tensors"] = std::move(tensors);
+  index["files"] = std::move(files);
+  index["state"] = state;
+  write_text_file(tmp_dir + "/index.json", index.dump(1));
+  for (int r = 0; r < world_size; ++r) {
+    std::error_code ec;
+    fs::remove(tmp_dir + "/" + fragment_name(r), ec);
+  }
+}
+
+void commit_checkpoint_dir(const std::string& tmp_dir, const std::string& dir) {
+  std::error_code ec;
+  if (fs::exists(dir, ec)) {
+    throw DataError("checkpoint directory '" + dir + "' already exists; not overwriting it");
+  }
+  fsync_path(tmp_dir, /*directory=*/true);
+  fs::rename(tmp_dir, dir, ec);
+  if (ec) throw DataError("cannot rename '" + tmp_dir + "' to '" + dir + "': " + ec.message());
   const fs::path parent = fs::path(dir).parent_path();
   fsync_path(parent.empty() ? "." : parent.string(), /*directory=*/true);
 }

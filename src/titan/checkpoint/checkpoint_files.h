@@ -17,6 +17,11 @@
 //
 // Crash safety: everything is written into "<dir>.tmp-<pid>", fsynced, and renamed to <dir>; a
 // directory without a valid index.json is never taken for a checkpoint.
+//
+// Multi-process jobs (checkpoint_manager.h drives the collectives): every rank writes the tensors
+// it owns into the same temporary directory as "shard-r<rank>-<n>.safetensors" plus a fragment
+// "fragment-r<rank>.json" (its part of the index); rank 0 merges the fragments into index.json,
+// removes them and renames the directory. The result has the same format as above.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -42,6 +47,34 @@ struct SavedTensor {
 // must not exist. Tensors are split over shard files of about `max_shard_bytes` each.
 void write_checkpoint(const std::string& dir, const std::vector<SavedTensor>& tensors,
                       const nlohmann::json& state, uint64_t max_shard_bytes = 2ull << 30);
+
+// ---- multi-process writing: the steps of one collective save ----------------------------------
+
+// "<dir>.tmp-<nonce>": the temporary directory a checkpoint is written into before the rename.
+// Every rank of a collective save must use the same nonce (rank 0's pid, broadcast).
+std::string temp_dir_of(const std::string& dir, int64_t nonce);
+
+// Rank `rank` writes `tensors` (the boxes it owns; several ranks may hand over different boxes of
+// one tensor, never overlapping ones) into the existing directory `tmp_dir`, as
+// "shard-r<rank>-<n>.safetensors" files of about max_shard_bytes each, then its fragment
+// "fragment-r<rank>.json" (its tensors' boxes, its files' bytes and CRC32C). Everything is
+// fsynced. Returns the number of tensor bytes written.
+uint64_t write_rank_files(const std::string& tmp_dir, int rank,
+                          const std::vector<SavedTensor>& tensors,
+                          uint64_t max_shard_bytes = 2ull << 30);
+
+// Merges the fragments of ranks 0..world_size-1 in `tmp_dir` into index.json (with `state`, rank
+// 0's), fsyncs it and removes the fragments. A tensor listed by several ranks becomes one entry
+// with every rank's boxes; throws DataError naming the tensor and the ranks when their dtypes or
+// global shapes differ, when boxes of different ranks overlap (a replicated tensor handed over by
+// more than one rank), when the boxes leave part of the tensor uncovered, or when a fragment is
+// missing.
+void merge_rank_fragments(const std::string& tmp_dir, int world_size, const nlohmann::json& state);
+
+// The commit: fsyncs `tmp_dir`, renames it to `dir` (which must not exist) and fsyncs the parent.
+void commit_checkpoint_dir(const std::string& tmp_dir, const std::string& dir);
+
+// ---- reading ------------------------------------------------------------------------------------
 
 struct TensorMeta {
   at::ScalarType dtype = at::kFloat;

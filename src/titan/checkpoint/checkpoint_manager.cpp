@@ -1,13 +1,18 @@
-// CheckpointManager: save scheduling, model-only exports, async writes, retention and resuming.
+// CheckpointManager: save scheduling, model-only exports, async writes, retention and resuming,
+// by one process or collectively by the ranks of a group.
 #include "titan/checkpoint/checkpoint_manager.h"
 
 #include "titan/common/check.h"
 #include "titan/common/format.h"
 #include "titan/common/logging.h"
+#include "titan/distributed/comm.h"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
+#include <cstring>
 #include <filesystem>
+#include <unistd.h>
 
 namespace titan::ckpt {
 
@@ -43,15 +48,152 @@ void remove_stale_temporaries(const std::string& folder) {
   }
 }
 
+// ---- collectives over the group: tiny int64 / uint8 tensors, rank 0 as the root ----------------
+
+// Outcome of one rank's part of a collective step, exchanged so that every rank acts alike.
+enum Status : int64_t { kOk = 0, kDataError = 1, kConfigError = 2, kFailed = 3 };
+
+Status status_of(const std::exception_ptr& error) {
+  if (!error) return kOk;
+  try {
+    std::rethrow_exception(error);
+  } catch (const DataError&) {
+    return kDataError;
+  } catch (const ConfigError&) {
+    return kConfigError;
+  } catch (...) {
+    return kFailed;
+  }
+}
+
+std::string message_of(const std::exception_ptr& error) {
+  try {
+    std::rethrow_exception(error);
+  } catch (const c10::Error& e) {
+    return e.what_without_backtrace();
+  } catch (const std::exception& e) {
+    return e.what();
+  } catch (...) {
+    return "unknown error";
+  }
+}
+
+// NCCL moves CUDA tensors only.
+at::Device comm_device(const dist::Group& g) {
+  return g.backend() == dist::Backend::kNccl ? at::Device(at::kCUDA) : at::Device(at::kCPU);
+}
+
+std::vector<int64_t> to_vector(const at::Tensor& t) {
+  const at::Tensor c = t.cpu().contiguous();
+  return std::vector<int64_t>(c.data_ptr<int64_t>(), c.data_ptr<int64_t>() + c.numel());
+}
+
+// Every rank's `mine` (the same length on every rank), concatenated in rank order.
+std::vector<int64_t> all_gather_ints(dist::Group& g, const std::vector<int64_t>& mine) {
+  const at::Tensor in = at::tensor(mine, at::kLong).to(comm_device(g));
+  const at::Tensor out = at::empty({g.size() * static_cast<int64_t>(mine.size())},
+                                   at::TensorOptions().dtype(at::kLong).device(comm_device(g)));
+  g.all_gather_into_tensor(out, in).wait();
+  return to_vector(out);
+}
+
+// Rank 0's `values` on every rank (values.size() must agree).
+std::vector<int64_t> broadcast_ints(dist::Group& g, const std::vector<int64_t>& values) {
+  const at::Tensor t = at::tensor(values, at::kLong).to(comm_device(g));
+  g.broadcast(t, /*root=*/0).wait();
+  return to_vector(t);
+}
+
+// Rank 0's `text` on every rank: its length, then its bytes.
+std::string broadcast_string(dist::Group& g, const std::string& text) {
+  const int64_t n = broadcast_ints(g, {static_cast<int64_t>(text.size())})[0];
+  at::Tensor bytes = at::empty({n}, at::kByte);
+  if (g.rank() == 0 && n > 0) std::memcpy(bytes.data_ptr<uint8_t>(), text.data(), n);
+  bytes = bytes.to(comm_device(g));
+  g.broadcast(bytes, /*root=*/0).wait();
+  bytes = bytes.cpu();
+  return std::string(reinterpret_cast<const char*>(bytes.data_ptr<uint8_t>()), n);
+}
+
+bool all_ok(const std::vector<int64_t>& statuses) {
+  return std::all_of(statuses.begin(), statuses.end(), [](int64_t s) { return s == kOk; });
+}
+
+// "1, 3": the ranks whose status is not kOk.
+std::string failed_ranks(const std::vector<int64_t>& statuses) {
+  std::string out;
+  for (size_t r = 0; r < statuses.size(); ++r) {
+    if (statuses[r] != kOk) out += (out.empty() ? "" : ", ") + std::to_string(r);
+  }
+  return out;
+}
+
+// After an exchange of statuses: when any rank failed, every rank throws, the failed ones their
+// own error, the others an error of the first failed rank's kind that names the failed ranks.
+void throw_if_any_failed(const std::vector<int64_t>& statuses, const std::exception_ptr& mine,
+                         const std::string& what) {
+  if (all_ok(statuses)) return;
+  if (mine) std::rethrow_exception(mine);
+  const auto first = std::find_if(statuses.begin(), statuses.end(),
+                                  [](int64_t s) { return s != kOk; });
+  const std::string message =
+      what + ": rank(s) " + failed_ranks(statuses) + " failed (their log has the error)";
+  if (*first == kConfigError) throw ConfigError(message);
+  throw DataError(message);
+}
+
+LoadResult hf_load_result(const std::string& path) {
+  LoadResult r;
+  r.loaded = true;
+  r.model_only = true;
+  r.dir = path;
+  return r;
+}
+
+// Before a save: the folder exists and an older `dir` of the same step is gone (a resumed run
+// re-saves a step it saved before, when it resumed from an older checkpoint).
+void prepare_step_dir(const std::string& folder, const std::string& dir) {
+  std::error_code ec;
+  fs::create_directories(folder, ec);
+  if (ec) throw DataError("cannot create the checkpoint folder '" + folder + "': " + ec.message());
+  if (fs::exists(dir)) {
+    log_warning("checkpoint ", dir, " exists; replacing it");
+    fs::remove_all(dir, ec);
+  }
+}
+
+// Rank 0 of a collective save: prepare_step_dir, and `tmp` is a fresh empty directory.
+void prepare_temp_dir(const std::string& folder, const std::string& dir, const std::string& tmp) {
+  prepare_step_dir(folder, dir);
+  std::error_code ec;
+  fs::remove_all(tmp, ec);
+  fs::create_directories(tmp, ec);
+  if (ec) throw DataError("cannot create '" + tmp + "': " + ec.message());
+}
+
 }  // namespace
+
+// A collective save between its writing (possibly on the writer thread) and its commit.
+struct CheckpointManager::PendingSave {
+  std::string dir;
+  std::string tmp;
+  nlohmann::json state;  // rank 0's: stored in index.json at the commit
+  bool model_only = false;
+  std::chrono::steady_clock::time_point t0;
+  uint64_t bytes = 0;          // tensor bytes this rank wrote
+  std::exception_ptr error;    // this rank's writing failed
+  std::atomic<bool> written{false};
+};
 
 CheckpointManager::CheckpointManager(const CheckpointSection& config,
                                      const std::string& dump_folder,
-                                     std::vector<StateEntry> states, nlohmann::json describe)
+                                     std::vector<StateEntry> states, nlohmann::json describe,
+                                     std::shared_ptr<dist::Group> group)
     : config_(config),
       folder_((fs::path(dump_folder) / config.folder).string()),
       states_(std::move(states)),
-      describe_(std::move(describe)) {
+      describe_(std::move(describe)),
+      group_(std::move(group)) {
   for (const std::string& name : config_.exclude_from_loading) {
     const bool known = std::any_of(states_.begin(), states_.end(),
                                    [&](const StateEntry& e) { return e.name == name; });
@@ -63,12 +205,24 @@ CheckpointManager::CheckpointManager(const CheckpointSection& config,
 }
 
 CheckpointManager::~CheckpointManager() {
+  // Committing is a collective: not while an exception unwinds this rank (its peers may never
+  // get here) nor over a broken group, either of which would only hang until the timeout.
+  if (pending_ && (std::uncaught_exceptions() > 0 || !group_->healthy())) {
+    if (writer_.joinable()) writer_.join();
+    log_warning("checkpoint ", pending_->dir, " abandoned before its commit; the next load() ",
+                "removes its temporary directory ", pending_->tmp);
+    return;
+  }
   try {
     wait();
   } catch (const std::exception& e) {
     log_error("checkpoint: the last asynchronous save failed: ", e.what());
   }
 }
+
+bool CheckpointManager::distributed() const { return group_ && group_->size() > 1; }
+
+int CheckpointManager::rank() const { return group_ ? group_->rank() : 0; }
 
 bool CheckpointManager::should_save(int64_t step, int64_t last_step) const {
   if (!config_.enable) return false;
@@ -77,29 +231,25 @@ bool CheckpointManager::should_save(int64_t step, int64_t last_step) const {
 }
 
 bool CheckpointManager::maybe_save(int64_t step, int64_t last_step) {
-  if (!should_save(step, last_step)) return false;
+  const bool save_now = should_save(step, last_step);
+  if (pending_ && !save_now) {
+    // An asynchronous collective save commits as soon as every rank has written its files.
+    const std::vector<int64_t> written = all_gather_ints(*group_, {pending_->written ? 1 : 0});
+    if (std::all_of(written.begin(), written.end(), [](int64_t w) { return w == 1; })) {
+      commit_pending();
+    }
+  }
+  if (!save_now) return false;
   save(step, /*model_only=*/step == last_step && config_.last_save_model_only);
   return true;
 }
 
-void CheckpointManager::save(int64_t step, bool model_only, bool keep_dtype) {
-  wait();
-  const auto t0 = std::chrono::steady_clock::now();
-  const std::string dir = step_dir(folder_, step);
-  std::error_code ec;
-  fs::create_directories(folder_, ec);
-  if (ec) throw DataError("cannot create the checkpoint folder '" + folder_ + "': " + ec.message());
-  if (fs::exists(dir)) {
-    // A resumed run re-saves a step it saved before (it resumed from an older checkpoint).
-    log_warning("checkpoint ", dir, " exists; replacing it");
-    fs::remove_all(dir, ec);
-  }
-
-  nlohmann::json state = describe_;
+void CheckpointManager::collect(int64_t step, bool model_only, bool keep_dtype,
+                                std::vector<SavedTensor>& tensors, nlohmann::json& state) const {
+  state = describe_;
   state["step"] = step;
   state["model_only"] = model_only;
   state["entries"] = nlohmann::json::object();
-  std::vector<SavedTensor> tensors;
   for (const StateEntry& entry : states_) {
     if (model_only && !entry.is_model) continue;
     nlohmann::json entry_state = nlohmann::json::object();
@@ -112,6 +262,21 @@ void CheckpointManager::save(int64_t step, bool model_only, bool keep_dtype) {
       if (t.local.is_floating_point()) t.local = t.local.to(dtype);
     }
   }
+}
+
+void CheckpointManager::save(int64_t step, bool model_only, bool keep_dtype) {
+  wait();
+  if (distributed()) {
+    save_collective(step, model_only, keep_dtype);
+    return;
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::string dir = step_dir(folder_, step);
+  prepare_step_dir(folder_, dir);
+
+  nlohmann::json state;
+  std::vector<SavedTensor> tensors;
+  collect(step, model_only, keep_dtype, tensors, state);
   if (config_.async_mode == "disabled") {
     write_and_purge(dir, tensors, state);
     log_info("checkpoint ", model_only ? "(model only) " : "", dir, " saved: ",
@@ -134,7 +299,106 @@ void CheckpointManager::save(int64_t step, bool model_only, bool keep_dtype) {
   });
 }
 
+void CheckpointManager::save_collective(int64_t step, bool model_only, bool keep_dtype) {
+  auto p = std::make_unique<PendingSave>();
+  p->t0 = std::chrono::steady_clock::now();
+  p->dir = step_dir(folder_, step);
+  p->model_only = model_only;
+  const bool async = config_.async_mode != "disabled";
+  std::vector<SavedTensor> tensors;
+  std::exception_ptr error;
+  int64_t nonce = 0;
+  try {
+    collect(step, model_only, keep_dtype, tensors, p->state);
+    // Snapshot: the training loop changes parameters and optimizer state in place.
+    if (async) {
+      for (auto& t : tensors) t.local = t.local.detach().clone();
+    }
+    if (rank() == 0) {
+      nonce = ::getpid();
+      prepare_temp_dir(folder_, p->dir, temp_dir_of(p->dir, nonce));
+    }
+  } catch (...) {
+    error = std::current_exception();
+  }
+  // One exchange tells every rank whether all are ready and rank 0's nonce, which names the
+  // temporary directory they all write into: (status, nonce) per rank.
+  const std::vector<int64_t> ready = all_gather_ints(*group_, {status_of(error), nonce});
+  std::vector<int64_t> statuses;
+  for (size_t i = 0; i < ready.size(); i += 2) statuses.push_back(ready[i]);
+  p->tmp = temp_dir_of(p->dir, ready[1]);
+  if (!all_ok(statuses) && rank() == 0) {
+    std::error_code ec;
+    fs::remove_all(p->tmp, ec);
+  }
+  throw_if_any_failed(statuses, error, "checkpoint " + p->dir + " not saved");
+  if (rank() != 0) p->state = nullptr;  // only rank 0's goes into the index
+
+  PendingSave* pending = p.get();
+  pending_ = std::move(p);
+  auto write = [pending, rank = rank(), tensors = std::move(tensors)]() {
+    try {
+      pending->bytes = write_rank_files(pending->tmp, rank, tensors);
+    } catch (...) {
+      pending->error = std::current_exception();
+    }
+    pending->written = true;
+  };
+  if (!async) {
+    write();
+    commit_pending();
+    return;
+  }
+  log_info("checkpoint ", model_only ? "(model only) " : "", pending->dir,
+           ": state snapshotted in ", seconds_since(pending->t0),
+           "s; writing this rank's part in the background");
+  writer_ = std::thread(std::move(write));
+}
+
+void CheckpointManager::commit_pending() {
+  if (writer_.joinable()) writer_.join();
+  const std::unique_ptr<PendingSave> p = std::move(pending_);
+  const std::string what = "checkpoint " + p->dir + " not saved";
+  // Every rank's files and fragment are fsynced once it reports kOk here.
+  const std::vector<int64_t> statuses = all_gather_ints(*group_, {status_of(p->error)});
+  if (!all_ok(statuses) && rank() == 0) {
+    std::error_code ec;
+    fs::remove_all(p->tmp, ec);
+  }
+  throw_if_any_failed(statuses, p->error, what);
+  std::exception_ptr error;
+  if (rank() == 0) {
+    try {
+      merge_rank_fragments(p->tmp, group_->size(), p->state);
+      commit_checkpoint_dir(p->tmp, p->dir);  // the commit: the checkpoint exists from here on
+    } catch (...) {
+      error = std::current_exception();
+      std::error_code ec;
+      fs::remove_all(p->tmp, ec);
+    }
+    if (!error) {
+      try {
+        purge_old();
+      } catch (const std::exception& e) {
+        log_warning("checkpoint: cannot purge old checkpoints: ", e.what());
+      }
+    }
+  }
+  // Rank 0's outcome; waiting for it also keeps every rank behind the rename and the purge.
+  if (broadcast_ints(*group_, {status_of(error)})[0] != kOk) {
+    if (error) std::rethrow_exception(error);
+    throw DataError(what + ": rank 0 failed to merge or commit it (its log has the error)");
+  }
+  log_info("checkpoint ", p->model_only ? "(model only) " : "", p->dir, " saved by ",
+           group_->size(), " ranks (", human_bytes(p->bytes), " from this rank) in ",
+           seconds_since(p->t0), "s");
+}
+
 void CheckpointManager::wait() {
+  if (pending_) {
+    commit_pending();
+    return;
+  }
   if (writer_.joinable()) writer_.join();
   if (writer_error_) {
     std::exception_ptr e = writer_error_;
@@ -162,20 +426,26 @@ void CheckpointManager::purge_old() {
 }
 
 int64_t CheckpointManager::final_model_only_step() const {
-  auto steps = list_step_dirs(folder_);
-  if (steps.empty()) return -1;
-  const auto& [step, dir] = steps.back();
-  try {
-    CheckpointReader reader(dir, /*verify=*/false);
-    if (reader.state().value("model_only", false) && step > 0) return step;
-  } catch (const DataError&) {
-  }
-  return -1;
+  auto decide = [&]() -> int64_t {
+    auto steps = list_step_dirs(folder_);
+    if (steps.empty()) return -1;
+    const auto& [step, dir] = steps.back();
+    try {
+      CheckpointReader reader(dir, /*verify=*/false);
+      if (reader.state().value("model_only", false) && step > 0) return step;
+    } catch (const DataError&) {
+    }
+    return -1;
+  };
+  if (!distributed()) return decide();
+  return broadcast_ints(*group_, {rank() == 0 ? decide() : 0})[0];  // rank 0 decides for all
 }
 
-LoadResult CheckpointManager::load_dir(const std::string& dir, bool model_only_requested) {
+LoadResult CheckpointManager::load_dir(const std::string& dir, bool model_only_requested,
+                                       bool verify) {
   const auto t0 = std::chrono::steady_clock::now();
-  CheckpointReader reader(dir);  // verifies sizes and checksums before anything is restored
+  // Verifies sizes (and checksums) before anything is restored.
+  CheckpointReader reader(dir, verify);
   const nlohmann::json& state = reader.state();
   const bool model_only = model_only_requested || state.value("model_only", false);
   const nlohmann::json entries = state.value("entries", nlohmann::json::object());
@@ -212,6 +482,7 @@ LoadResult CheckpointManager::load_dir(const std::string& dir, bool model_only_r
 }
 
 LoadResult CheckpointManager::load(const std::function<void(const std::string&)>& hf_loader) {
+  if (distributed()) return load_collective(hf_loader);
   if (config_.enable) {
     remove_stale_temporaries(folder_);
     const auto steps = list_step_dirs(folder_);
@@ -252,11 +523,7 @@ LoadResult CheckpointManager::load(const std::function<void(const std::string&)>
     TITAN_CHECK(static_cast<bool>(hf_loader), "checkpoint.initial_load_in_hf: no Hugging Face loader");
     hf_loader(path);
     log_info("loaded the model from the Hugging Face folder ", path);
-    LoadResult r;
-    r.loaded = true;
-    r.model_only = true;
-    r.dir = path;
-    return r;
+    return hf_load_result(path);
   }
   std::string dir = path;
   if (!is_checkpoint_dir(path)) {
@@ -269,6 +536,148 @@ LoadResult CheckpointManager::load(const std::function<void(const std::string&)>
     dir = steps.back().second;
   }
   LoadResult r = load_dir(dir, config_.initial_load_model_only);
+  if (r.model_only) r.step = 0;
+  return r;
+}
+
+// ---- collective loading ------------------------------------------------------------------------
+
+LoadResult CheckpointManager::load_dir_everywhere(const std::string& dir,
+                                                  bool model_only_requested,
+                                                  bool fall_back_on_data_error,
+                                                  std::string* data_error) {
+  LoadResult result;
+  std::exception_ptr error;
+  try {
+    // Rank 0 verifies every file's checksum; the others check sizes and read what they need.
+    result = load_dir(dir, model_only_requested, /*verify=*/rank() == 0);
+  } catch (...) {
+    error = std::current_exception();
+  }
+  const std::vector<int64_t> statuses = all_gather_ints(*group_, {status_of(error)});
+  const bool only_data_errors = std::all_of(statuses.begin(), statuses.end(), [](int64_t s) {
+    return s == kOk || s == kDataError;
+  });
+  if (fall_back_on_data_error && only_data_errors && !all_ok(statuses)) {
+    // Every rank falls back together; rank 0 reports why.
+    if (error && rank() != 0) {
+      log_warning("checkpoint ", dir, " cannot be loaded on this rank: ", message_of(error));
+    }
+    *data_error = error && rank() == 0 ? message_of(error)
+                                       : "rank(s) " + failed_ranks(statuses) +
+                                             " cannot load it (their log has the error)";
+    return LoadResult{};
+  }
+  throw_if_any_failed(statuses, error, "loading checkpoint " + dir);
+  return result;
+}
+
+LoadResult CheckpointManager::load_collective(
+    const std::function<void(const std::string&)>& hf_loader) {
+  dist::Group& g = *group_;
+  const bool root = g.rank() == 0;
+  // Rank 0 chooses what to load and broadcasts it as JSON: {"dir": d}, {"none": true} or
+  // {"error": "config" | "data", "message": m}. Every rank then loads that directory.
+  auto receive = [&](const nlohmann::json& choice) {
+    const nlohmann::json c = nlohmann::json::parse(broadcast_string(g, root ? choice.dump() : ""));
+    if (c.contains("error")) {
+      const std::string message = c["message"].get<std::string>();
+      if (c["error"] == "config") throw ConfigError(message);
+      throw DataError(message);
+    }
+    return c;
+  };
+  if (config_.enable) {
+    std::vector<std::pair<int64_t, std::string>> steps;
+    if (root) {
+      remove_stale_temporaries(folder_);
+      steps = list_step_dirs(folder_);
+    }
+    size_t next = steps.size();  // the candidates left: steps[next - 1], steps[next - 2], ...
+    std::string last_error;
+    auto choose = [&]() -> nlohmann::json {
+      if (config_.load_step >= 0) {
+        for (const auto& [step, dir] : steps) {
+          if (step == config_.load_step) return {{"dir", dir}};
+        }
+        std::string have;
+        for (const auto& s : steps) have += (have.empty() ? "" : ", ") + std::to_string(s.first);
+        return {{"error", "config"},
+                {"message", "checkpoint.load_step " + std::to_string(config_.load_step) +
+                                ": no complete checkpoint step-" +
+                                std::to_string(config_.load_step) + " in " + folder_ +
+                                " (have: " + (have.empty() ? "none" : have) + ")"}};
+      }
+      while (next > 0) {
+        const auto& [step, dir] = steps[--next];
+        try {
+          if (step > 0) {
+            // A model-only save (a finished run's final export) cannot resume training.
+            CheckpointReader peek(dir, /*verify=*/false);
+            if (peek.state().value("model_only", false)) continue;
+          }
+          return {{"dir", dir}};
+        } catch (const DataError& e) {
+          last_error = e.what();
+          log_warning("checkpoint ", dir, " cannot be loaded: ", e.what(),
+                      "; falling back to the previous checkpoint");
+        }
+      }
+      if (!last_error.empty()) {
+        return {{"error", "data"},
+                {"message", "no checkpoint in " + folder_ + " can be loaded; the last error: " +
+                                last_error + ". Move the folder away to start from scratch."}};
+      }
+      return {{"none", true}};
+    };
+    while (true) {
+      const nlohmann::json choice = receive(root ? choose() : nlohmann::json());
+      if (choice.contains("none")) break;
+      const std::string dir = choice["dir"].get<std::string>();
+      std::string error;
+      LoadResult r = load_dir_everywhere(dir, /*model_only_requested=*/false,
+                                         /*fall_back_on_data_error=*/config_.load_step < 0, &error);
+      if (r.loaded) return r;
+      if (root) {
+        last_error = error;
+        log_warning("checkpoint ", dir, " cannot be loaded: ", error,
+                    "; falling back to the previous checkpoint");
+      }
+    }
+  }
+  if (config_.initial_load_path.empty()) return {};
+  const std::string& path = config_.initial_load_path;
+  if (config_.initial_load_in_hf) {
+    TITAN_CHECK(static_cast<bool>(hf_loader), "checkpoint.initial_load_in_hf: no Hugging Face loader");
+    std::exception_ptr error;
+    try {
+      hf_loader(path);
+    } catch (...) {
+      error = std::current_exception();
+    }
+    throw_if_any_failed(all_gather_ints(g, {status_of(error)}), error,
+                        "loading the Hugging Face folder " + path);
+    log_info("loaded the model from the Hugging Face folder ", path);
+    return hf_load_result(path);
+  }
+  nlohmann::json choice;
+  if (root) {
+    choice = {{"dir", path}};
+    if (!is_checkpoint_dir(path)) {
+      const auto steps = list_step_dirs(path);
+      if (steps.empty()) {
+        choice = {{"error", "config"},
+                  {"message", "checkpoint.initial_load_path '" + path +
+                                  "' is neither a checkpoint (no index.json) nor a folder of "
+                                  "step-N checkpoints"}};
+      } else {
+        choice = {{"dir", steps.back().second}};
+      }
+    }
+  }
+  const std::string dir = receive(choice)["dir"].get<std::string>();
+  LoadResult r = load_dir_everywhere(dir, config_.initial_load_model_only,
+                                     /*fall_back_on_data_error=*/false, nullptr);
   if (r.model_only) r.step = 0;
   return r;
 }

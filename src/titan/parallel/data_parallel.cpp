@@ -20,6 +20,7 @@
 #include <c10/core/StorageImpl.h>
 #include <torch/csrc/autograd/custom_function.h>
 
+#include <chrono>
 #include <cmath>
 #include <deque>
 #include <map>
@@ -104,6 +105,13 @@ struct DataParallel::Impl {
   int64_t forward_pos = 0;
   std::deque<Pending> pending;
   at::Tensor anchor;  // a leaf that requires grad: gives GatherParams a backward
+  double wait_seconds = 0;  // time blocked in collectives' wait()
+
+  void timed_wait(dist::Work& work) {
+    const auto t0 = std::chrono::steady_clock::now();
+    work.wait();
+    wait_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
 
   bool sharded() const { return N > 1; }
   // Unsharded parameters alias the float32 shard itself (one rank, full precision).
@@ -156,7 +164,7 @@ struct DataParallel::Impl {
     if (u.state == State::kGathered) return;
     if (u.state == State::kSharded) gather_start(ui);
     if (u.state == State::kGathered) return;
-    u.gather_work.wait();
+    timed_wait(u.gather_work);
     at::NoGradGuard no_grad;
     const at::Tensor by_rank = u.gather_out.view({N, u.shard_numel});
     int64_t offset = 0;
@@ -219,8 +227,11 @@ struct DataParallel::Impl {
   void complete_front() {
     Pending job = std::move(pending.front());
     pending.pop_front();
-    job.work.wait();
-    if (N > 1 && R > 1) options.replicate_group->all_reduce(job.out).wait();
+    timed_wait(job.work);
+    if (N > 1 && R > 1) {
+      dist::Work all_reduce = options.replicate_group->all_reduce(job.out);
+      timed_wait(all_reduce);
+    }
     at::NoGradGuard no_grad;
     at::Tensor g = job.out.to(at::kFloat);
     g.mul_(1.0 / divide_factor);
@@ -391,6 +402,7 @@ DataParallel::DataParallel(Model& model, DataParallelOptions options)
 DataParallel::~DataParallel() { model_.set_unit_runner(nullptr); }
 
 int64_t DataParallel::shard_size() const { return impl_->N; }
+double DataParallel::comm_wait_seconds() const { return impl_->wait_seconds; }
 int64_t DataParallel::shard_rank() const { return impl_->rank; }
 
 at::Tensor DataParallel::run(int64_t index, const std::function<at::Tensor()>& fn) {
@@ -456,7 +468,10 @@ double DataParallel::clip_grad_norm(double max_norm) {
     sq += u.grad.to(at::kDouble).pow(2).sum();  // padding rows hold zeros
     any = true;
   }
-  if (d.N > 1) d.options.shard_group->all_reduce(sq).wait();
+  if (d.N > 1) {
+    dist::Work work = d.options.shard_group->all_reduce(sq);
+    d.timed_wait(work);
+  }
   const double total = std::sqrt(sq.item<double>());
   if (!any && d.N == 1) return 0.0;
   if (max_norm > 0 && std::isfinite(total)) {

@@ -99,6 +99,9 @@ class DataParallel : public UnitRunner {
   void load_full_parameters(const std::function<at::Tensor(const std::string&)>& full);
 
   DataParallelMemory memory() const;
+  // Seconds this rank has spent blocked waiting for collectives (the communication that compute
+  // did not hide), since construction.
+  double comm_wait_seconds() const;
   // "FSDP over dp_shard 2 (12 units, reshard_after_forward default, param bf16, reduce fp32)"
   std::string describe() const;
 

@@ -288,6 +288,7 @@ TrainResult Trainer::train() {
            t.local_batch_size * accumulation_steps_ * dp_size_, " sequences of ", t.seq_len,
            " tokens; compute dtype ", t.mixed_precision_param, "; seed ", seed_);
   auto start = std::chrono::steady_clock::now();
+  const double comm_wait_at_start = dp_ ? dp_->comm_wait_seconds() : 0.0;
   // Per rank (throughput and MFU are per device, as in TorchTitan) and for the whole job.
   const int64_t tokens_per_step = t.local_batch_size * accumulation_steps_ * t.seq_len;
   const int64_t global_tokens_per_step = tokens_per_step * dp_size_;
@@ -322,6 +323,12 @@ TrainResult Trainer::train() {
   }
   checkpointer_->wait();
   result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const int64_t ran = result.steps - result.start_step + 1;
+  if (dp_ && ran > 0) {
+    const double wait_ms = 1e3 * (dp_->comm_wait_seconds() - comm_wait_at_start) / ran;
+    log_info("data parallel: blocked in collectives ", wait_ms, " ms per step (",
+             100.0 * wait_ms / (1e3 * result.seconds / ran), "% of the step time)");
+  }
   log_info("training done: ", result.steps, " steps in ", result.seconds, "s; metrics in ",
            metrics_->jsonl_path());
   return result;

@@ -233,7 +233,7 @@ void Trainer::build_checkpoint() {
                    {"tokenizer_path", config_.model.hf_assets_path},
                    {"job_config", render_config_toml(config_)}};
   checkpointer_ = std::make_unique<ckpt::CheckpointManager>(
-      config_.checkpoint, config_.job.dump_folder, std::move(states), std::move(describe));
+      config_.checkpoint, config_.job.dump_folder, std::move(states), std::move(describe), world_);
   const auto& c = config_.checkpoint;
   if (c.create_seed_checkpoint) return;  // train() writes step 0 and stops
   if (c.enable) {

@@ -1,0 +1,133 @@
+# Data parallelism end to end, on CPU over Gloo: 10 float32 steps of the debug model (seq 64,
+# global batch 8, validation every 5 steps) in one process, then with FSDP 2, FSDP 4, HSDP 2x2,
+# DDP 2, FSDP 2 with gradient accumulation, and reshard always / never. Every layout must give
+# the single-process training and validation losses within 1e-5 relative (measured: 1e-6), and
+# final parameters within 3e-4 absolute (measured: 1e-4). Gradients agree to ~1e-7 relative
+# (summation order), but Adam divides by sqrt(v), so in elements whose gradient is ~0 that noise
+# moves a step by a few % of lr (2e-3); a real error (a lost or doubled gradient chunk) moves
+# parameters by ~lr per step and is also visible in the losses.
+# Then: a checkpoint saved by FSDP 4 resumes under FSDP 2, HSDP 2x2, DDP 2 and one process with
+# the uninterrupted run's losses; a rank killed mid-run ends the job non-zero within seconds; a
+# rank with a different config is refused at start-up.
+source "$(dirname "$0")/lib.sh"
+
+common=(--job.config_file configs/llama3/debug_model.toml --training.steps 10
+  --training.seq_len 64 --training.global_batch_size 8 --training.mixed_precision_param float32
+  --metrics.log_freq 1 --metrics.peak_flops 1e12 --validation.freq 5 --validation.steps 3
+  --lr_scheduler.warmup_steps 3 --checkpoint.enable true --checkpoint.interval 5
+  --checkpoint.last_save_model_only false)
+
+# train NAME NPROC ARGS...: one run into $WORK/NAME (metrics.jsonl, checkpoint/step-N).
+train() {
+  local name="$1" n="$2"; shift 2
+  local cmd=("$TITAN" train)
+  [ "$n" = 1 ] || cmd=("$TITAN" run --nproc_per_node "$n" -- train)
+  expect_exit 0 timeout 300 "${cmd[@]}" "${common[@]}" --job.dump_folder "$WORK/$name" "$@"
+  cp "$WORK/out" "$WORK/$name.log"
+}
+
+# same_losses REF NAME KEY: every KEY value of NAME's metrics equals REF's within 1e-5 relative.
+same_losses() {
+  local ref="$WORK/$1/metrics.jsonl" got="$WORK/$2/metrics.jsonl" key="$3"
+  paste -d' ' <(grep "\"$key\":" "$ref" | sed -E "s/.*\"$key\":(-?[0-9.eE+-]+).*/\1/") \
+    <(grep "\"$key\":" "$got" | sed -E "s/.*\"$key\":(-?[0-9.eE+-]+).*/\1/") |
+    awk -v name="$2" -v key="$key" '
+      NF != 2 { print name ": " key " count differs"; bad = 1; next }
+      { d = $1 - $2; if (d < 0) d = -d; r = d / ($1 < 0 ? -$1 : $1); if (r > worst) worst = r
+        if (r > 1e-5) { print name ": " key " line " NR ": " $1 " vs " $2; bad = 1 } n++ }
+      END { if (n == 0) { print name ": no " key; bad = 1 }
+            printf "%s: %d %s values within %.1e relative\n", name, n, key, worst; exit bad }' ||
+    fail "$2 does not reproduce the single-process $key curve"
+}
+
+same_params() {
+  "$TITAN" convert diff "$WORK/$1/checkpoint/step-10" "$WORK/$2/checkpoint/step-10" \
+    --atol 3e-4 --rtol 1e-4 >"$WORK/out" 2>&1 || { cat "$WORK/out" >&2; fail "$2: final parameters"; }
+  echo "$2: final parameters $(tail -n 1 "$WORK/out")"
+}
+
+# --- parity with one process ---
+train single 1 --training.local_batch_size 8 --validation.local_batch_size 4
+declare -A layouts=(
+  [fsdp2]="2 --training.local_batch_size 4 --validation.local_batch_size 2"
+  [fsdp4]="4 --training.local_batch_size 2 --validation.local_batch_size 1"
+  [hsdp2x2]="4 --training.local_batch_size 2 --validation.local_batch_size 1 --parallelism.data_parallel_replicate_degree 2"
+  [ddp2]="2 --training.local_batch_size 4 --validation.local_batch_size 2 --parallelism.data_parallel_replicate_degree 2 --parallelism.data_parallel_shard_degree 1"
+  [fsdp2_accum]="2 --training.local_batch_size 2 --validation.local_batch_size 2"
+  [fsdp2_always]="2 --training.local_batch_size 4 --validation.local_batch_size 2 --parallelism.fsdp_reshard_after_forward always"
+  [fsdp2_never]="2 --training.local_batch_size 4 --validation.local_batch_size 2 --parallelism.fsdp_reshard_after_forward never"
+)
+for name in fsdp2 fsdp4 hsdp2x2 ddp2 fsdp2_accum fsdp2_always fsdp2_never; do
+  # shellcheck disable=SC2086
+  train "$name" ${layouts[$name]}
+  same_losses single "$name" loss
+  same_losses single "$name" validation_loss
+  same_params single "$name"
+done
+grep -q 'FSDP: sharded over 4 ranks' "$WORK/fsdp4.log" || fail "fsdp4 did not shard"
+grep -q 'HSDP: sharded over 2 ranks, replicated 2x' "$WORK/hsdp2x2.log" || fail "hsdp layout"
+grep -q 'DDP: replicated over 2 ranks' "$WORK/ddp2.log" || fail "ddp layout"
+grep -q 'x 2 accumulation' "$WORK/fsdp2_accum.log" || fail "fsdp2_accum did not accumulate"
+grep -qE 'memory per rank: parameters .* 1/(2|1\.9)' "$WORK/fsdp2.log" || fail "memory report"
+
+# --- cross-layout resume: FSDP 4's step-5 checkpoint, resumed four other ways ---
+for name in fsdp2 hsdp2x2 ddp2 single; do
+  rm -rf "$WORK/resume_$name"
+  mkdir -p "$WORK/resume_$name/checkpoint"
+  cp -r "$WORK/fsdp4/checkpoint/step-5" "$WORK/resume_$name/checkpoint/"
+  args=${layouts[$name]:-"1 --training.local_batch_size 8 --validation.local_batch_size 4"}
+  # shellcheck disable=SC2086
+  train "resume_$name" $args
+  grep -q 'resuming training after step 5' "$WORK/resume_$name.log" || fail "$name did not resume"
+  # The resumed run's metrics (steps 6-10) against the uninterrupted run's last five.
+  tail -n 5 <(grep '"loss":' "$WORK/fsdp4/metrics.jsonl") >"$WORK/tail_ref.jsonl"
+  mkdir -p "$WORK/ref_tail_$name"
+  cp "$WORK/tail_ref.jsonl" "$WORK/ref_tail_$name/metrics.jsonl"
+  same_losses "ref_tail_$name" "resume_$name" loss
+done
+
+# --- faults ---
+# A rank killed with SIGKILL in the middle of training: the job ends non-zero, naming the rank.
+start=$(date +%s)
+set +e
+timeout 120 "$TITAN" run --nproc_per_node 2 -- train "${common[@]}" --training.steps 100000 \
+  --training.local_batch_size 4 --checkpoint.enable false --job.dump_folder "$WORK/killed" \
+  >"$WORK/killed.log" 2>&1 &
+launcher=$!
+set -e
+for _ in $(seq 1 600); do
+  grep -qE 'step: +3 ' "$WORK/killed.log" 2>/dev/null && break
+  sleep 0.1
+done
+victim=""
+for pid in $(pgrep -f "dump_folder $WORK/killed" || true); do
+  if tr '\0' '\n' <"/proc/$pid/environ" 2>/dev/null | grep -qx 'RANK=1'; then victim=$pid; fi
+done
+[ -n "$victim" ] || { cat "$WORK/killed.log" >&2; fail "could not find rank 1"; }
+kill -KILL "$victim"
+set +e; wait "$launcher"; code=$?; set -e
+elapsed=$(( $(date +%s) - start ))
+[ "$code" != 0 ] && [ "$code" != 124 ] || { cat "$WORK/killed.log" >&2; fail "killed rank: exit $code"; }
+grep -q 'rank 1 .*killed by signal 9\|rank 1.*SIGKILL\|rank 1 .*signal' "$WORK/killed.log" ||
+  { cat "$WORK/killed.log" >&2; fail "the launcher did not name rank 1"; }
+echo "rank 1 killed mid-training: job exited $code after ${elapsed}s in all"
+
+# A rank whose config differs: refused at the rendezvous with both digests, before training.
+port=$((20000 + RANDOM % 20000))
+pids=()
+for r in 0 1; do
+  extra=()
+  [ $r = 1 ] && extra=(--optimizer.lr 1e-3)
+  RANK=$r LOCAL_RANK=$r WORLD_SIZE=2 LOCAL_WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port \
+    timeout 60 "$TITAN" train "${common[@]}" --checkpoint.enable false \
+    --job.dump_folder "$WORK/mismatch" "${extra[@]}" >"$WORK/mismatch.$r" 2>&1 &
+  pids+=($!)
+done
+for r in 0 1; do
+  set +e; wait "${pids[$r]}"; code=$?; set -e
+  [ "$code" != 0 ] && [ "$code" != 124 ] || { cat "$WORK/mismatch.$r" >&2; fail "mismatched config: rank $r exit $code"; }
+done
+grep -qi 'fingerprint' "$WORK/mismatch.0" "$WORK/mismatch.1" ||
+  { cat "$WORK/mismatch.0" "$WORK/mismatch.1" >&2; fail "mismatch message"; }
+! grep -qE 'step: +1 ' "$WORK/mismatch.0" || fail "mismatched ranks trained"
+echo "mismatched config refused"
