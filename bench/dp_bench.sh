@@ -23,7 +23,7 @@ common=(--job.config_file configs/llama3/debug_model.toml --model.flavor bench_s
 # mean of KEY over the steps after the first two (warm-up) in a metrics file
 mean_of() {
   grep "\"$2\":" "$1" | sed -E "s/.*\"$2\":(-?[0-9.eE+-]+).*/\1/" | tail -n +3 |
-    awk '{ s += $1; n++ } END { printf "%.4g", n ? s / n : 0 }'
+    awk '{ s += $1; n++ } END { printf "%.6g", n ? s / n : 0 }'
 }
 
 printf '%-9s %-22s %10s %7s %8s %14s %9s\n' dtype layout 'tok/s' ratio mfu 'comm_ms/step' 'GiB/rank'

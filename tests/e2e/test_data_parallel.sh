@@ -70,6 +70,20 @@ grep -q 'DDP: replicated over 2 ranks' "$WORK/ddp2.log" || fail "ddp layout"
 grep -q 'x 2 accumulation' "$WORK/fsdp2_accum.log" || fail "fsdp2_accum did not accumulate"
 grep -qE 'memory per rank: parameters .* 1/(2|1\.9)' "$WORK/fsdp2.log" || fail "memory report"
 
+# --- Hugging Face export and import under FSDP: the final export holds the weights of the same
+# run's checkpoint (bit for bit),
+# and a run starting from that folder has the one-process first loss.
+train fsdp2_hf 2 ${layouts[fsdp2]#2 } --checkpoint.last_save_in_hf true \
+  --checkpoint.last_save_model_only true
+"$TITAN" convert diff "$WORK/fsdp2_hf/checkpoint/step-10-hf" "$WORK/fsdp2/checkpoint/step-10" \
+  >"$WORK/out" 2>&1 || { cat "$WORK/out" >&2; fail "FSDP HF export differs from its checkpoint"; }
+hf="$WORK/fsdp2_hf/checkpoint/step-10-hf"
+train hf_single 1 --training.local_batch_size 8 --validation.enable false --training.steps 1 \
+  --checkpoint.initial_load_path "$hf" --checkpoint.initial_load_in_hf true
+train hf_fsdp2 2 --training.local_batch_size 4 --validation.enable false --training.steps 1 \
+  --checkpoint.initial_load_path "$hf" --checkpoint.initial_load_in_hf true
+same_losses hf_single hf_fsdp2 loss
+
 # --- cross-layout resume: FSDP 4's step-5 checkpoint, resumed four other ways ---
 for name in fsdp2 hsdp2x2 ddp2 single; do
   rm -rf "$WORK/resume_$name"

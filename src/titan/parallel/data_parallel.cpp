@@ -106,6 +106,11 @@ struct DataParallel::Impl {
   std::deque<Pending> pending;
   at::Tensor anchor;  // a leaf that requires grad: gives GatherParams a backward
   double wait_seconds = 0;  // time blocked in collectives' wait()
+  at::Device device = at::kCPU;  // the model's
+
+  at::TensorOptions on_device(at::ScalarType dtype) const {
+    return at::TensorOptions().dtype(dtype).device(device);
+  }
 
   void timed_wait(dist::Work& work) {
     const auto t0 = std::chrono::steady_clock::now();
@@ -198,7 +203,7 @@ struct DataParallel::Impl {
     reshard(ui);
     u.uses = 0;
     at::NoGradGuard no_grad;
-    at::Tensor buffer = at::zeros({N * u.shard_numel}, at::TensorOptions().dtype(options.reduce_dtype));
+    at::Tensor buffer = at::zeros({N * u.shard_numel}, on_device(options.reduce_dtype));
     const at::Tensor by_rank = buffer.view({N, u.shard_numel});
     for (size_t k = 0; k < u.params.size(); ++k) {
       if (k >= grads.size() || !grads[k].defined()) continue;
@@ -304,6 +309,8 @@ DataParallel::DataParallel(Model& model, DataParallelOptions options)
   for (const ParamSlot& s : parameter_slots(model)) slots[s.name] = s.slot;
   std::map<std::string, int64_t> index_of;
   const auto named = model.named_parameters();
+  TITAN_CHECK(!named.is_empty(), "the model has no parameters to shard");
+  d.device = named[0].value().device();
   for (const auto& item : named) {
     Impl::Param p;
     p.name = item.key();
@@ -354,7 +361,7 @@ DataParallel::DataParallel(Model& model, DataParallelOptions options)
   // Shards from the (identical) full parameters; then the full ones are released.
   at::NoGradGuard no_grad;
   for (auto& u : d.units) {
-    u.shard = at::zeros({u.shard_numel}, at::kFloat);
+    u.shard = at::zeros({u.shard_numel}, d.on_device(at::kFloat));
     for (int64_t pi : u.params) {
       const Impl::Param& p = d.params[pi];
       const at::Tensor full = named[p.name].reshape({p.rows, p.rest});
@@ -367,7 +374,7 @@ DataParallel::DataParallel(Model& model, DataParallelOptions options)
     if (d.aliased()) {
       u.unsharded = u.shard;
     } else {
-      u.unsharded = at::empty({d.N * u.shard_numel}, at::TensorOptions().dtype(o.param_dtype));
+      u.unsharded = at::empty({d.N * u.shard_numel}, d.on_device(o.param_dtype));
       if (d.sharded()) {
         free_storage(u.unsharded);
         u.allocated = false;
@@ -395,7 +402,7 @@ DataParallel::DataParallel(Model& model, DataParallelOptions options)
       if (sp.global_shape.empty()) sp.local = sp.local.view({});
     }
   }
-  d.anchor = at::zeros({}, at::kFloat).requires_grad_(true);
+  d.anchor = at::zeros({}, d.on_device(at::kFloat)).requires_grad_(true);
   model.set_unit_runner(this);
 }
 
@@ -461,7 +468,7 @@ void DataParallel::zero_grad() {
 double DataParallel::clip_grad_norm(double max_norm) {
   Impl& d = *impl_;
   at::NoGradGuard no_grad;
-  at::Tensor sq = at::zeros({1}, at::kDouble);
+  at::Tensor sq = at::zeros({1}, d.on_device(at::kDouble));
   bool any = false;
   for (const auto& u : d.units) {
     if (!u.grad.defined()) continue;
@@ -492,7 +499,7 @@ std::vector<std::pair<std::string, at::Tensor>> DataParallel::gather_full_parame
   for (auto& u : d.units) {
     at::Tensor by_rank;
     if (d.N > 1) {
-      at::Tensor out = at::empty({d.N * u.shard_numel}, at::kFloat);
+      at::Tensor out = at::empty({d.N * u.shard_numel}, d.on_device(at::kFloat));
       d.options.shard_group->all_gather_into_tensor(out, u.shard).wait();
       by_rank = out.view({d.N, u.shard_numel});
     } else {
