@@ -9,42 +9,8 @@
 # Then: a checkpoint saved by FSDP 4 resumes under FSDP 2, HSDP 2x2, DDP 2 and one process with
 # the uninterrupted run's losses; a rank killed mid-run ends the job non-zero within seconds; a
 # rank with a different config is refused at start-up.
-source "$(dirname "$0")/lib.sh"
 
-common=(--job.config_file configs/llama3/debug_model.toml --training.steps 10
-  --training.seq_len 64 --training.global_batch_size 8 --training.mixed_precision_param float32
-  --metrics.log_freq 1 --metrics.peak_flops 1e12 --validation.freq 5 --validation.steps 3
-  --lr_scheduler.warmup_steps 3 --checkpoint.enable true --checkpoint.interval 5
-  --checkpoint.last_save_model_only false)
-
-# train NAME NPROC ARGS...: one run into $WORK/NAME (metrics.jsonl, checkpoint/step-N).
-train() {
-  local name="$1" n="$2"; shift 2
-  local cmd=("$TITAN" train)
-  [ "$n" = 1 ] || cmd=("$TITAN" run --nproc_per_node "$n" -- train)
-  expect_exit 0 timeout 300 "${cmd[@]}" "${common[@]}" --job.dump_folder "$WORK/$name" "$@"
-  cp "$WORK/out" "$WORK/$name.log"
-}
-
-# same_losses REF NAME KEY: every KEY value of NAME's metrics equals REF's within 1e-5 relative.
-same_losses() {
-  local ref="$WORK/$1/metrics.jsonl" got="$WORK/$2/metrics.jsonl" key="$3"
-  paste -d' ' <(grep "\"$key\":" "$ref" | sed -E "s/.*\"$key\":(-?[0-9.eE+-]+).*/\1/") \
-    <(grep "\"$key\":" "$got" | sed -E "s/.*\"$key\":(-?[0-9.eE+-]+).*/\1/") |
-    awk -v name="$2" -v key="$key" '
-      NF != 2 { print name ": " key " count differs"; bad = 1; next }
-      { d = $1 - $2; if (d < 0) d = -d; r = d / ($1 < 0 ? -$1 : $1); if (r > worst) worst = r
-        if (r > 1e-5) { print name ": " key " line " NR ": " $1 " vs " $2; bad = 1 } n++ }
-      END { if (n == 0) { print name ": no " key; bad = 1 }
-            printf "%s: %d %s values within %.1e relative\n", name, n, key, worst; exit bad }' ||
-    fail "$2 does not reproduce the single-process $key curve"
-}
-
-same_params() {
-  "$TITAN" convert diff "$WORK/$1/checkpoint/step-10" "$WORK/$2/checkpoint/step-10" \
-    --atol 3e-4 --rtol 1e-4 >"$WORK/out" 2>&1 || { cat "$WORK/out" >&2; fail "$2: final parameters"; }
-  echo "$2: final parameters $(tail -n 1 "$WORK/out")"
-}
+source "$(dirname "$0")/parallel_lib.sh"
 
 # --- parity with one process ---
 train single 1 --training.local_batch_size 8 --validation.local_batch_size 4
@@ -86,18 +52,9 @@ same_losses hf_single hf_fsdp2 loss
 
 # --- cross-layout resume: FSDP 4's step-5 checkpoint, resumed four other ways ---
 for name in fsdp2 hsdp2x2 ddp2 single; do
-  rm -rf "$WORK/resume_$name"
-  mkdir -p "$WORK/resume_$name/checkpoint"
-  cp -r "$WORK/fsdp4/checkpoint/step-5" "$WORK/resume_$name/checkpoint/"
   args=${layouts[$name]:-"1 --training.local_batch_size 8 --validation.local_batch_size 4"}
   # shellcheck disable=SC2086
-  train "resume_$name" $args
-  grep -q 'resuming training after step 5' "$WORK/resume_$name.log" || fail "$name did not resume"
-  # The resumed run's metrics (steps 6-10) against the uninterrupted run's last five.
-  tail -n 5 <(grep '"loss":' "$WORK/fsdp4/metrics.jsonl") >"$WORK/tail_ref.jsonl"
-  mkdir -p "$WORK/ref_tail_$name"
-  cp "$WORK/tail_ref.jsonl" "$WORK/ref_tail_$name/metrics.jsonl"
-  same_losses "ref_tail_$name" "resume_$name" loss
+  resume_from fsdp4 5 "resume_$name" $args
 done
 
 # --- faults ---

@@ -151,6 +151,7 @@ struct ParallelismSection {
   int64_t context_parallel_degree = 1;
   int64_t expert_parallel_degree = 1;
   std::string fsdp_reshard_after_forward = "default";
+  bool disable_loss_parallel = false;
 
   template <class V>
   void visit(V& v) {
@@ -164,6 +165,9 @@ struct ParallelismSection {
     v("expert_parallel_degree", expert_parallel_degree, "Expert-parallel degree");
     v("fsdp_reshard_after_forward", fsdp_reshard_after_forward,
       "Free gathered FSDP parameters after forward: default (yes unless pipelining), always, never");
+    v("disable_loss_parallel", disable_loss_parallel,
+      "With tensor parallelism, all-gather the vocabulary-sharded logits before the loss instead "
+      "of computing the cross-entropy on the shards");
   }
 };
 

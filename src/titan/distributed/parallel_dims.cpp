@@ -129,18 +129,17 @@ void check_parallelism_implemented(const ParallelDegrees& d) {
     const char* where;
   };
   const Pending pending[] = {
-      {"tensor parallelism", "tensor_parallel_degree", d.tp,
-       "issue 6 (tensor and sequence parallelism with loss parallel)"},
-      {"context parallelism", "context_parallel_degree", d.cp, "a later issue (after issue 6)"},
-      {"pipeline parallelism", "pipeline_parallel_degree", d.pp, "a later issue (after issue 6)"},
-      {"expert parallelism", "expert_parallel_degree", d.ep, "a later issue (after issue 6)"},
+      {"context parallelism", "context_parallel_degree", d.cp, "a later issue"},
+      {"pipeline parallelism", "pipeline_parallel_degree", d.pp, "a later issue"},
+      {"expert parallelism", "expert_parallel_degree", d.ep, "a later issue"},
   };
   for (const Pending& p : pending) {
     if (p.degree > 1) {
       fail(std::string(p.what) + " is not implemented yet (parallelism." + p.key + " = " +
            std::to_string(p.degree) + "); " + p.where +
            " brings it. HINT: set it to 1; data parallelism (data_parallel_replicate_degree, "
-           "data_parallel_shard_degree) is available.");
+           "data_parallel_shard_degree) and tensor parallelism (tensor_parallel_degree) are "
+           "available.");
     }
   }
 }

@@ -49,6 +49,22 @@ struct ModelUnit {
   bool reused_in_forward = false;
 };
 
+// Tensor parallelism plan (data, applied by src/titan/parallel/tensor_parallel.h), TorchTitan's
+// vocabulary. Activations between layers are sequence-sharded (bs, seqlen / tp, dim).
+enum class TpStyle {
+  kEmbedding,         // weight rows (vocab) sharded; masked lookup, output reduce-scattered on seq
+  kGatherInput,       // the module's input is all-gathered on seq (attention, feed-forward)
+  kColwise,           // weight rows (output features) sharded; no communication
+  kRowwise,           // weight columns (input features) sharded; output reduce-scattered on seq
+  kSequenceParallel,  // weight replicated; runs on the sequence shard (norms)
+  kOutput,            // input all-gathered on seq, weight rows (vocab) sharded: vocab-sharded
+                      // logits for loss parallel (or all-gathered without it)
+};
+struct TpRule {
+  std::string module;  // FQN; "*" matches one component ("layers.*.attention.wq")
+  TpStyle style;
+};
+
 // Runs a model's units. Models call it around each unit of forward (see Model::run_unit), so a
 // parallelism can act before and after a unit (gather parameters, wrap outputs with backward
 // hooks) without the model knowing which one.
@@ -70,6 +86,8 @@ class Model : public torch::nn::Module {
   // The units of forward, in the order forward first runs them; together they hold every
   // parameter once.
   virtual std::vector<ModelUnit> units() const = 0;
+  // How tensor parallelism shards this model (empty: not supported).
+  virtual std::vector<TpRule> tensor_parallel_plan() const { return {}; }
   // Routes forward's units through `runner` (null: run them directly). The runner must outlive
   // its use.
   void set_unit_runner(UnitRunner* runner) { runner_ = runner; }

@@ -396,8 +396,16 @@ DataParallel::DataParallel(Model& model, DataParallelOptions options)
       local_shape[0] = p.local_rows;
       ShardedParam& sp = params_[pi];
       sp.name = p.name;
-      sp.global_shape = p.global_shape;
       sp.row_offset = std::min(d.rank * p.chunk, p.rows);
+      auto placed = o.placements.find(p.name);
+      if (placed != o.placements.end()) {
+        sp.global_shape = placed->second.global_shape;
+        sp.offsets = placed->second.offsets;
+      } else {
+        sp.global_shape = p.global_shape;
+        sp.offsets.assign(p.global_shape.size(), 0);
+      }
+      if (!sp.offsets.empty()) sp.offsets[0] += sp.row_offset;
       sp.local = u.shard.narrow(0, p.offset, p.local_rows * p.rest).view(local_shape);
       if (sp.global_shape.empty()) sp.local = sp.local.view({});
     }
@@ -525,8 +533,10 @@ void DataParallel::load_full_parameters(
     TITAN_CHECK(t.sizes().vec() == sp.global_shape, "parameter ", sp.name, " has shape ",
                 t.sizes(), ", expected ", at::IntArrayRef(sp.global_shape));
     if (sp.local.numel() == 0) continue;
-    at::Tensor rows = sp.global_shape.empty() ? t : t.narrow(0, sp.row_offset, sp.local.size(0));
-    sp.local.copy_(rows);
+    for (size_t dim = 0; dim < sp.offsets.size(); ++dim) {
+      t = t.narrow(static_cast<int64_t>(dim), sp.offsets[dim], sp.local.size(dim));
+    }
+    sp.local.copy_(t);
   }
 }
 

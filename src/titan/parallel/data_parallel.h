@@ -36,11 +36,20 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
 
 namespace titan {
+
+// Where a rank's tensor of a parameter sits in the whole parameter (set by tensor parallelism;
+// absent: the rank holds the whole parameter).
+struct ParamPlacement {
+  std::vector<int64_t> global_shape;
+  std::vector<int64_t> offsets;  // of the local box
+  bool replicated = true;        // every rank of the (tp) group holds the same tensor
+};
 
 struct DataParallelOptions {
   std::shared_ptr<dist::Group> shard_group;      // parameters are sharded over it (null: 1 rank)
@@ -49,14 +58,17 @@ struct DataParallelOptions {
   at::ScalarType reduce_dtype = at::kFloat;      // gradient reduce-scatter / all-reduce
   std::string reshard_after_forward = "default";  // default | always | never
   bool prefetch = true;                           // overlap the next unit's all-gather
+  // The model's parameters are these boxes of larger ones (2D: FSDP over tensor-parallel shards).
+  std::map<std::string, ParamPlacement> placements;
 };
 
 // This rank's part of one parameter.
 struct ShardedParam {
   std::string name;
-  std::vector<int64_t> global_shape;
-  int64_t row_offset = 0;  // first global row (dim 0) held here
-  at::Tensor local;        // (rows held, ...) float32, a view of the unit's flat shard; 0 rows ok
+  std::vector<int64_t> global_shape;  // of the whole parameter
+  std::vector<int64_t> offsets;       // where `local` starts in it
+  int64_t row_offset = 0;             // first row held of the model's (possibly TP-local) tensor
+  at::Tensor local;  // (rows held, ...) float32, a view of the unit's flat shard; 0 rows ok
 };
 
 // Bytes per rank (float32 masters), for the memory report.
@@ -93,9 +105,10 @@ class DataParallel : public UnitRunner {
   // max_norm > 0 and the norm exceeds it, scales them by max_norm / (norm + 1e-6).
   double clip_grad_norm(double max_norm);
 
-  // Every parameter whole, float32 (collective over the shard group).
+  // Every parameter as the model holds it (whole, or its tensor-parallel box), float32
+  // (collective over the shard group).
   std::vector<std::pair<std::string, at::Tensor>> gather_full_parameters();
-  // Sets the shards from whole parameters: full(name) returns the whole tensor.
+  // Sets the shards from whole parameters: full(name) returns the whole (global_shape) tensor.
   void load_full_parameters(const std::function<at::Tensor(const std::string&)>& full);
 
   DataParallelMemory memory() const;

@@ -15,6 +15,7 @@
 #include "titan/distributed/init.h"
 #include "titan/distributed/parallel_dims.h"
 #include "titan/parallel/data_parallel.h"
+#include "titan/parallel/tensor_parallel.h"
 
 #include <ATen/Parallel.h>
 
@@ -104,8 +105,23 @@ void Trainer::build_model() {
   log_info("model parameters: ", with_commas(stats.n_params), " (", human_count(stats.n_params),
            "), non-embedding ", with_commas(stats.n_params - stats.n_embedding_params), "; built in ",
            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), "s");
+  if (dims_->tp_enabled()) {
+    const int64_t t = dims_->tp();
+    for (const auto& [key, len] : {std::pair<std::string, int64_t>{"training.seq_len", config_.training.seq_len},
+                                   {"validation.seq_len", config_.validation.enable ? config_.validation.seq_len : t}}) {
+      if (len % t != 0) {
+        throw ConfigError(key + " " + std::to_string(len) +
+                          " must be divisible by parallelism.tensor_parallel_degree " +
+                          std::to_string(t) + " (sequence parallelism splits the sequence)");
+      }
+    }
+    tp_ = std::make_unique<TensorParallel>(*model_, dims_->group_ptr("tp"),
+                                           !config_.parallelism.disable_loss_parallel);
+    log_info(tp_->describe());
+  }
   if (dims_->dp_enabled()) {
     DataParallelOptions o;
+    if (tp_) o.placements = tp_->placements();
     if (dims_->dp_shard_enabled()) o.shard_group = dims_->group_ptr("dp_shard");
     if (dims_->dp_replicate_enabled()) o.replicate_group = dims_->group_ptr("dp_replicate");
     o.param_dtype = compute_dtype_;
@@ -120,10 +136,18 @@ void Trainer::build_model() {
              human_bytes(m.total_param_bytes), ", 1/",
              static_cast<double>(m.total_param_bytes) / static_cast<double>(m.shard_param_bytes),
              "); largest gathered unit ", human_bytes(m.max_unit_unsharded_bytes));
-    for (const auto& p : dp_->params()) params_.push_back(p.local);
-  } else {
-    for (const auto& p : model_->parameters()) params_.push_back(p);
   }
+  for (const auto& [name, t] : trained_params()) params_.push_back(t);
+}
+
+std::vector<std::pair<std::string, at::Tensor>> Trainer::trained_params() const {
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  if (dp_) {
+    for (const auto& p : dp_->params()) out.emplace_back(p.name, p.local);
+  } else {
+    for (const auto& item : model_->named_parameters()) out.emplace_back(item.key(), item.value());
+  }
+  return out;
 }
 
 std::shared_ptr<Model> Trainer::build_whole_model() const {
@@ -163,11 +187,7 @@ void Trainer::build_data() {
 
 void Trainer::build_optimizer() {
   std::vector<NamedParam> named;
-  if (dp_) {
-    for (const auto& p : dp_->params()) named.push_back({p.name, p.local});
-  } else {
-    for (const auto& item : model_->named_parameters()) named.push_back({item.key(), item.value()});
-  }
+  for (const auto& [name, t] : trained_params()) named.push_back({name, t});
   optimizer_ = std::make_unique<Optimizer>(std::move(named), config_.optimizer);
   lr_scheduler_ = std::make_unique<LRScheduler>(config_.lr_scheduler, config_.optimizer.lr,
                                                 config_.training.steps);
@@ -194,7 +214,7 @@ void Trainer::build_metrics() {
 at::Tensor Trainer::forward_backward_step(const at::Tensor& inputs, const at::Tensor& labels,
                                           double loss_scale) {
   at::Tensor logits = model_->forward(inputs);  // (bs, seqlen, vocab) float32
-  at::Tensor loss = lm_cross_entropy_loss(logits, labels);
+  at::Tensor loss = compute_loss(logits, labels);
   (loss * loss_scale).backward();
   if (dp_) dp_->finish_backward();
   return loss.detach();
@@ -208,6 +228,29 @@ std::optional<Batch> Trainer::next_local_batch(DataLoader& loader) {
     batch->labels = batch->labels.narrow(0, dp_rank_ * b, b).contiguous();
   }
   return batch;
+}
+
+at::Tensor Trainer::compute_loss(const at::Tensor& logits, const at::Tensor& labels) const {
+  return tp_ ? tp_->cross_entropy(logits, labels) : lm_cross_entropy_loss(logits, labels);
+}
+
+double Trainer::clip_gradients() {
+  const double max_norm = config_.training.max_norm;
+  if (!dp_ && !tp_) return clip_grad_norm(params_, max_norm);
+  std::vector<std::pair<std::string, at::Tensor>> grads;
+  for (const auto& [name, t] : trained_params()) grads.emplace_back(name, t.grad());
+  if (tp_) tp_->reduce_replicated_grads(grads);
+  // Squares summed over every shard once: TP-replicated parameters are on every tp rank.
+  std::vector<at::Tensor> tensors;
+  std::vector<double> weights;
+  for (const auto& [name, g] : grads) {
+    tensors.push_back(g);
+    weights.push_back(tp_ && tp_->replicated(name) ? 1.0 / static_cast<double>(tp_->size()) : 1.0);
+  }
+  std::vector<dist::Group*> groups;
+  if (dp_ && dims_->dp_shard_enabled()) groups.push_back(&dims_->group("dp_shard"));
+  if (tp_) groups.push_back(&tp_->group());
+  return clip_grad_norm_sharded(tensors, weights, groups, max_norm);
 }
 
 double Trainer::dp_mean(double value) {
@@ -239,8 +282,7 @@ at::Tensor Trainer::train_step(int64_t step, double* grad_norm) {
                         "lr_scheduler.warmup_steps, or use training.mixed_precision_param = "
                         "\"float32\"");
   }
-  *grad_norm = dp_ ? dp_->clip_grad_norm(config_.training.max_norm)
-                   : clip_grad_norm(params_, config_.training.max_norm);
+  *grad_norm = clip_gradients();
   optimizer_->step(lr_scheduler_->lr_at(step));
   return total;
 }
@@ -257,7 +299,7 @@ double Trainer::validate(int64_t* tokens) {
   while (config_.validation.steps < 0 || n < config_.validation.steps) {
     auto batch = next_local_batch(loader);
     if (!batch) break;
-    at::Tensor loss = lm_cross_entropy_loss(model_->forward(batch->inputs), batch->labels);
+    at::Tensor loss = compute_loss(model_->forward(batch->inputs), batch->labels);
     sum += loss.item<double>();
     ++n;
     count += batch->inputs.numel();
@@ -288,10 +330,15 @@ TrainResult Trainer::train() {
            t.local_batch_size * accumulation_steps_ * dp_size_, " sequences of ", t.seq_len,
            " tokens; compute dtype ", t.mixed_precision_param, "; seed ", seed_);
   auto start = std::chrono::steady_clock::now();
-  const double comm_wait_at_start = dp_ ? dp_->comm_wait_seconds() : 0.0;
-  // Per rank (throughput and MFU are per device, as in TorchTitan) and for the whole job.
-  const int64_t tokens_per_step = t.local_batch_size * accumulation_steps_ * t.seq_len;
-  const int64_t global_tokens_per_step = tokens_per_step * dp_size_;
+  const auto comm_wait = [this] {
+    return (dp_ ? dp_->comm_wait_seconds() : 0.0) + (tp_ ? tp_->comm_wait_seconds() : 0.0);
+  };
+  const double comm_wait_at_start = comm_wait();
+  // Per rank (throughput and MFU are per device, as in TorchTitan: ranks that share a batch, as
+  // tensor-parallel ranks do, split its tokens) and for the whole job.
+  const int64_t batch_tokens = t.local_batch_size * accumulation_steps_ * t.seq_len;
+  const int64_t tokens_per_step = batch_tokens / dims_->non_data_parallel_size();
+  const int64_t global_tokens_per_step = batch_tokens * dp_size_;
   result.start_step = train_state_.step + 1;
   result.steps = train_state_.step;
   for (int64_t step = train_state_.step + 1; step <= t.steps; ++step) {
@@ -324,9 +371,9 @@ TrainResult Trainer::train() {
   checkpointer_->wait();
   result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   const int64_t ran = result.steps - result.start_step + 1;
-  if (dp_ && ran > 0) {
-    const double wait_ms = 1e3 * (dp_->comm_wait_seconds() - comm_wait_at_start) / ran;
-    log_info("data parallel: blocked in collectives ", wait_ms, " ms per step (",
+  if ((dp_ || tp_) && ran > 0) {
+    const double wait_ms = 1e3 * (comm_wait() - comm_wait_at_start) / ran;
+    log_info("parallelism: blocked in collectives ", wait_ms, " ms per step (",
              100.0 * wait_ms / (1e3 * result.seconds / ran), "% of the step time)");
   }
   log_info("training done: ", result.steps, " steps in ", result.seconds, "s; metrics in ",

@@ -22,6 +22,7 @@ class Tokenizer;
 class DataLoader;
 class DocumentSource;
 class DataParallel;
+class TensorParallel;
 struct Batch;
 class ParallelDims;
 struct DistributedContext;
@@ -75,6 +76,11 @@ class Trainer {
   const TrainState& train_state() const { return train_state_; }
   // Null unless data parallelism is on.
   DataParallel* data_parallel() { return dp_.get(); }
+  // Null unless tensor parallelism is on.
+  TensorParallel* tensor_parallel() { return tp_.get(); }
+  // What the optimizer trains, by parameter name: the model's parameters, or this rank's shards
+  // of them under FSDP / tensor parallelism.
+  std::vector<std::pair<std::string, at::Tensor>> trained_params() const;
   int64_t rank() const { return rank_; }
   ckpt::CheckpointManager& checkpointer() { return *checkpointer_; }
 
@@ -95,6 +101,10 @@ class Trainer {
   std::optional<Batch> next_local_batch(DataLoader& loader);
   // Mean of `value` over the data-parallel ranks (itself with one rank).
   double dp_mean(double value);
+  // The training loss of a forward's logits (loss parallel under tensor parallelism).
+  at::Tensor compute_loss(const at::Tensor& logits, const at::Tensor& labels) const;
+  // Sums partial gradients over tensor-parallel ranks, then clips by the global norm; returns it.
+  double clip_gradients();
 
   JobConfig config_;
   at::ScalarType compute_dtype_ = at::kFloat;
@@ -116,6 +126,7 @@ class Trainer {
   int64_t dp_rank_ = 0;
   std::shared_ptr<dist::Group> world_;
   std::unique_ptr<ParallelDims> dims_;
+  std::unique_ptr<TensorParallel> tp_;
   std::unique_ptr<DataParallel> dp_;
   TrainState train_state_;
   bool already_complete_ = false;  // the folder holds this run's final model-only checkpoint

@@ -11,6 +11,7 @@
 #include "titan/trainer/trainer.h"
 #include "titan/distributed/parallel_dims.h"
 #include "titan/parallel/data_parallel.h"
+#include "titan/parallel/tensor_parallel.h"
 
 #include <ATen/CPUGeneratorImpl.h>
 
@@ -60,17 +61,19 @@ void restore_tensor(const CheckpointReader& reader, const std::string& name, at:
   dst.copy_(reader.read_slice(name, box.offsets, dst.sizes().vec()));
 }
 
-// Parameters (and their optimizer state) as (name, tensor) with their boxes; `owner` false on
-// ranks whose copy another rank writes (data-parallel replicas).
+// Whether this rank writes (its box of) a parameter: false where another rank holds the same box
+// (data-parallel replicas, tensor-parallel replicated parameters).
+using OwnerFn = std::function<bool(const std::string& param)>;
+
+// Parameters (and their optimizer state) as (name, tensor) with their boxes.
 StateEntry model_entry(std::vector<std::pair<std::string, at::Tensor>> params, LayoutFn layout,
-                       bool owner) {
+                       OwnerFn owner) {
   StateEntry e;
   e.name = "model";
   e.is_model = true;
   e.save = [params, layout, owner](std::vector<SavedTensor>& tensors, json&) {
-    if (!owner) return;
     for (const auto& [name, t] : params) {
-      if (t.numel() == 0 && t.dim() > 0) continue;
+      if ((t.numel() == 0 && t.dim() > 0) || !owner(name)) continue;
       const Box box = layout(name, t);
       tensors.push_back({name, t.detach(), box.global_shape, box.offsets});
     }
@@ -81,7 +84,7 @@ StateEntry model_entry(std::vector<std::pair<std::string, at::Tensor>> params, L
   return e;
 }
 
-StateEntry optimizer_entry(Optimizer& optimizer, LayoutFn layout, bool owner) {
+StateEntry optimizer_entry(Optimizer& optimizer, LayoutFn layout, OwnerFn owner) {
   // State tensors are named "<param>.exp_avg" / ".exp_avg_sq" and shaped like the parameter.
   const auto param_of = [](const std::string& state_name) {
     return state_name.substr(0, state_name.rfind('.'));
@@ -89,12 +92,10 @@ StateEntry optimizer_entry(Optimizer& optimizer, LayoutFn layout, bool owner) {
   StateEntry e;
   e.name = "optimizer";
   e.save = [&optimizer, layout, owner, param_of](std::vector<SavedTensor>& tensors, json& state) {
-    if (owner) {
-      for (const auto& [name, t] : optimizer.state_tensors()) {
-        if (t.numel() == 0 && t.dim() > 0) continue;
-        const Box box = layout(param_of(name), t);
-        tensors.push_back({"optimizer." + name, t, box.global_shape, box.offsets});
-      }
+    for (const auto& [name, t] : optimizer.state_tensors()) {
+      if ((t.numel() == 0 && t.dim() > 0) || !owner(param_of(name))) continue;
+      const Box box = layout(param_of(name), t);
+      tensors.push_back({"optimizer." + name, t, box.global_shape, box.offsets});
     }
     state["step_count"] = optimizer.step_count();
   };
@@ -200,26 +201,28 @@ StateEntry rng_entry(bool owner) {
 }  // namespace
 
 void Trainer::build_checkpoint() {
-  std::vector<std::pair<std::string, at::Tensor>> params;
+  const std::vector<std::pair<std::string, at::Tensor>> params = trained_params();
   LayoutFn layout;
-  bool owner = true;
-  if (dp_) {
+  if (dp_ || tp_) {
     std::map<std::string, Box> boxes;
-    for (const auto& p : dp_->params()) {
-      Box box{p.global_shape, std::vector<int64_t>(p.global_shape.size(), 0)};
-      if (!box.offsets.empty()) box.offsets[0] = p.row_offset;
-      boxes[p.name] = box;
-      params.emplace_back(p.name, p.local);
+    if (dp_) {
+      for (const auto& p : dp_->params()) boxes[p.name] = {p.global_shape, p.offsets};
+    } else {
+      for (const auto& [name, p] : tp_->placements()) boxes[name] = {p.global_shape, p.offsets};
     }
     layout = [boxes](const std::string& name, const at::Tensor&) { return boxes.at(name); };
-    // Replicas (HSDP, DDP) hold equal shards: the first replica writes them.
-    owner = dims_->coordinate(rank_).dp_replicate == 0;
   } else {
-    for (const auto& item : model_->named_parameters()) params.emplace_back(item.key(), item.value());
     layout = [](const std::string&, const at::Tensor& t) {
       return Box{t.sizes().vec(), std::vector<int64_t>(t.dim(), 0)};
     };
   }
+  // Replicas (HSDP, DDP) hold equal shards: the first replica writes them; parameters that tensor
+  // parallelism replicates are written by tp rank 0.
+  const MeshCoord coord = dims_->coordinate(rank_);
+  const TensorParallel* tp = tp_.get();
+  OwnerFn owner = [coord, tp](const std::string& name) {
+    return coord.dp_replicate == 0 && (tp == nullptr || coord.tp == 0 || !tp->replicated(name));
+  };
   // The loader reads the global stream (identical on every rank): its state is one entry.
   std::vector<StateEntry> states = {
       model_entry(params, layout, owner),
@@ -248,15 +251,27 @@ void Trainer::build_checkpoint() {
   }
   const json model_description = {{"name", config_.model.name}, {"flavor", config_.model.flavor}};
   const ckpt::LoadResult loaded = checkpointer_->load([&](const std::string& hf_dir) {
-    if (!dp_) {
+    if (!dp_ && !tp_) {
       ckpt::load_hf_weights(*model_, model_description, hf_dir);
       return;
     }
-    // Sharded: load whole into a scratch model, keep this rank's rows.
+    // Sharded: load whole into a scratch model, keep this rank's boxes.
     std::shared_ptr<Model> whole = build_whole_model();
     ckpt::load_hf_weights(*whole, model_description, hf_dir);
     const auto named = whole->named_parameters();
-    dp_->load_full_parameters([&](const std::string& name) { return named[name]; });
+    if (dp_) {
+      dp_->load_full_parameters([&](const std::string& name) { return named[name]; });
+      return;
+    }
+    at::NoGradGuard no_grad;
+    for (const auto& [name, t] : trained_params()) {
+      at::Tensor box = named[name];
+      const auto& offsets = tp_->placements().at(name).offsets;
+      for (size_t d = 0; d < offsets.size(); ++d) {
+        box = box.narrow(static_cast<int64_t>(d), offsets[d], t.size(static_cast<int64_t>(d)));
+      }
+      t.copy_(box);
+    }
   });
   if (loaded.loaded && !loaded.model_only) {
     if (train_state_.step >= config_.training.steps) {
@@ -283,9 +298,17 @@ void Trainer::save_final_hf(int64_t step) {
   options.bos_id = tokenizer_->bos_id();
   options.eos_id = tokenizer_->eos_id();
   std::shared_ptr<Model> model = model_;
-  if (dp_) {
+  if (dp_ || tp_) {
     // Every rank takes part in gathering the parameters; rank 0 writes them.
-    const auto full = dp_->gather_full_parameters();
+    std::vector<std::pair<std::string, at::Tensor>> full;
+    if (dp_) {
+      full = dp_->gather_full_parameters();
+    } else {
+      for (const auto& item : model_->named_parameters()) full.emplace_back(item.key(), item.value().detach());
+    }
+    if (tp_) {
+      for (auto& [name, t] : full) t = tp_->gather_whole(name, t);
+    }
     if (rank_ != 0) return;
     model = build_whole_model();
     at::NoGradGuard no_grad;

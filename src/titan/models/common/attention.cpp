@@ -197,16 +197,18 @@ Attention::Attention(int64_t dim, int64_t n_heads, int64_t n_kv_heads, int64_t h
 }
 
 at::Tensor Attention::forward(const at::Tensor& x, const RotaryEmbedding& rope) {
-  const int64_t bs = x.size(0);
-  const int64_t seqlen = x.size(1);
-  // Cast once for the three projections rather than once per projection.
-  const at::Tensor xc = to_compute(x, compute_dtype);
-  // -1 heads: the local head count follows the (possibly sharded) weights.
-  const at::Tensor q = rope.forward(wq->forward(xc).view({bs, seqlen, -1, head_dim}));
-  const at::Tensor k = rope.forward(wk->forward(xc).view({bs, seqlen, -1, head_dim}));
-  const at::Tensor v = wv->forward(xc).view({bs, seqlen, -1, head_dim});
-  const at::Tensor out = causal_attention(q, k, v);  // (bs, seqlen, n_local_heads, head_dim)
-  return wo->forward(out.view({bs, seqlen, -1}));
+  return hooked(x, [&](const at::Tensor& in) {
+    const int64_t bs = in.size(0);
+    const int64_t seqlen = in.size(1);
+    // Cast once for the three projections rather than once per projection.
+    const at::Tensor xc = to_compute(in, compute_dtype);
+    // -1 heads: the local head count follows the (possibly sharded) weights.
+    const at::Tensor q = rope.forward(wq->forward(xc).view({bs, seqlen, -1, head_dim}));
+    const at::Tensor k = rope.forward(wk->forward(xc).view({bs, seqlen, -1, head_dim}));
+    const at::Tensor v = wv->forward(xc).view({bs, seqlen, -1, head_dim});
+    const at::Tensor out = causal_attention(q, k, v);  // (bs, seqlen, n_local_heads, head_dim)
+    return wo->forward(out.view({bs, seqlen, -1}));
+  });
 }
 
 at::Tensor Attention::forward_cached(const at::Tensor& x, const RotaryEmbedding& rope,

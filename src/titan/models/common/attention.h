@@ -38,7 +38,7 @@ at::Tensor cached_attention(const at::Tensor& q, const at::Tensor& k, const at::
 
 // Multi-head causal self-attention with RoPE on q and k. Parameters: wq (n_heads * head_dim, dim),
 // wk and wv (n_kv_heads * head_dim, dim), wo (dim, n_heads * head_dim).
-class Attention : public torch::nn::Module {
+class Attention : public HookedModule {
  public:
   Attention(int64_t dim, int64_t n_heads, int64_t n_kv_heads, int64_t head_dim,
             at::ScalarType compute_dtype = at::kFloat);

@@ -11,9 +11,11 @@ FeedForward::FeedForward(int64_t dim, int64_t hidden_dim, at::ScalarType compute
 }
 
 at::Tensor FeedForward::forward(const at::Tensor& x) {
-  const at::Tensor xc = to_compute(x, compute_dtype);  // one cast for both w1 and w3
-  return w2->forward(at::silu(w1->forward(xc)) *
-                     w3->forward(xc));  // hidden: (bs, seqlen, hidden_dim)
+  return hooked(x, [this](const at::Tensor& in) {
+    const at::Tensor xc = to_compute(in, compute_dtype);  // one cast for both w1 and w3
+    return w2->forward(at::silu(w1->forward(xc)) *
+                       w3->forward(xc));  // hidden: (bs, seqlen, hidden_dim)
+  });
 }
 
 }  // namespace titan

@@ -13,7 +13,7 @@ namespace titan {
 
 // Parameters: w1 and w3 (hidden_dim, dim), w2 (dim, hidden_dim). A tensor-parallel plan shards
 // w1/w3 by rows and w2 by columns; nothing here depends on hidden_dim.
-class FeedForward : public torch::nn::Module {
+class FeedForward : public HookedModule {
  public:
   FeedForward(int64_t dim, int64_t hidden_dim, at::ScalarType compute_dtype = at::kFloat);
 

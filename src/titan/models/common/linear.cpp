@@ -47,12 +47,16 @@ Linear::Linear(int64_t in_features, int64_t out_features, at::ScalarType compute
   weight = register_parameter("weight", at::empty({out_features, in_features}));
 }
 
-at::Tensor Linear::forward(const at::Tensor& x) { return mixed_linear(x, weight, compute_dtype); }
+at::Tensor Linear::forward(const at::Tensor& x) {
+  return hooked(x, [this](const at::Tensor& in) { return mixed_linear(in, weight, compute_dtype); });
+}
 
 Embedding::Embedding(int64_t num_embeddings, int64_t dim) {
   weight = register_parameter("weight", at::empty({num_embeddings, dim}));
 }
 
-at::Tensor Embedding::forward(const at::Tensor& tokens) { return at::embedding(weight, tokens); }
+at::Tensor Embedding::forward(const at::Tensor& tokens) {
+  return hooked(tokens, [this](const at::Tensor& in) { return at::embedding(weight, in); });
+}
 
 }  // namespace titan

@@ -8,6 +8,8 @@
 #include <torch/nn/module.h>
 
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -35,10 +37,36 @@ inline at::Tensor to_compute(const at::Tensor& x, at::ScalarType compute_dtype) 
 at::Tensor mixed_linear(const at::Tensor& x, const at::Tensor& weight,
                         at::ScalarType compute_dtype);
 
+// A module whose forward a parallelism may wrap without the module knowing (as PyTorch's forward
+// hooks): forward calls hooked(x, body), which runs body(x) directly or, when a hook is set,
+// hands both to it. Tensor parallelism uses this to move activations between layouts around a
+// layer (all-gather an input, reduce-scatter an output) or to replace a lookup.
+class HookedModule;
+class ForwardHook {
+ public:
+  virtual ~ForwardHook() = default;
+  virtual at::Tensor run(HookedModule& module, const at::Tensor& x,
+                         const std::function<at::Tensor(const at::Tensor&)>& body) = 0;
+};
+
+class HookedModule : public torch::nn::Module {
+ public:
+  void set_forward_hook(std::shared_ptr<ForwardHook> hook) { hook_ = std::move(hook); }
+  const std::shared_ptr<ForwardHook>& forward_hook() const { return hook_; }
+
+ protected:
+  at::Tensor hooked(const at::Tensor& x, const std::function<at::Tensor(const at::Tensor&)>& body) {
+    return hook_ ? hook_->run(*this, x, body) : body(x);
+  }
+
+ private:
+  std::shared_ptr<ForwardHook> hook_;
+};
+
 // A layer whose one parameter, `weight`, is registered under that name and read through this
 // member by forward. A parallelism may rebind the member (FSDP installs the all-gathered tensor
 // there before the layer runs) without the layer knowing; see parameter_slots().
-class WeightLayer : public torch::nn::Module {
+class WeightLayer : public HookedModule {
  public:
   at::Tensor weight;
 };

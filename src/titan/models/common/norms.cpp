@@ -53,7 +53,9 @@ RMSNorm::RMSNorm(int64_t dim, double eps) : eps(eps) {
   weight = register_parameter("weight", at::ones({dim}));
 }
 
-at::Tensor RMSNorm::forward(const at::Tensor& x) { return RMSNormFunction::apply(x, weight, eps); }
+at::Tensor RMSNorm::forward(const at::Tensor& x) {
+  return hooked(x, [this](const at::Tensor& in) { return RMSNormFunction::apply(in, weight, eps); });
+}
 
 void RMSNorm::reset_parameters() {
   at::NoGradGuard no_grad;

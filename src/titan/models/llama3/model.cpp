@@ -81,9 +81,9 @@ at::Tensor Transformer::embed(const at::Tensor& tokens) {
 }
 
 at::Tensor Transformer::head(const at::Tensor& h) {
-  const at::Tensor& weight = output ? output->weight : tok_embeddings->weight;
-  const at::Tensor logits =
-      mixed_linear(norm->forward(h), weight, compute_dtype_);  // (bs, seqlen, vocab)
+  const at::Tensor hn = norm->forward(h);
+  const at::Tensor logits = output ? output->forward(hn)  // (bs, seqlen, vocab)
+                                   : mixed_linear(hn, tok_embeddings->weight, compute_dtype_);
   return is_reduced_float(logits.scalar_type()) ? logits.to(at::kFloat) : logits;
 }
 

@@ -62,6 +62,9 @@ class Transformer : public Model {
   // embeddings the head's weight is the embedding's, so the first unit also holds the final norm
   // and runs twice per forward.
   std::vector<ModelUnit> units() const override;
+  // TorchTitan's Llama plan (tp_plan.cpp): sequence-parallel norms, column-wise wq/wk/wv/w1/w3,
+  // row-wise wo/w2, row-wise embedding, column-wise output with loss parallel.
+  std::vector<TpRule> tensor_parallel_plan() const override;
 
   // The stages of forward, for callers that run layers themselves (pipeline stages,
   // activation checkpointing). embed: (bs, seqlen) -> h (bs, seqlen, dim) in the residual dtype;

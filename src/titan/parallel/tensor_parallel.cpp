@@ -1,0 +1,386 @@
+// Tensor + sequence parallelism (see tensor_parallel.h).
+#include "titan/parallel/tensor_parallel.h"
+
+#include "titan/common/check.h"
+#include "titan/models/common/attention.h"
+#include "titan/models/common/linear.h"
+
+#include <ATen/core/grad_mode.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include <chrono>
+#include <cmath>
+#include <sstream>
+
+namespace titan {
+
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// Seconds blocked in this thread's tensor-parallel collectives (autograd runs CPU backward on the
+// thread that called backward(), so forward and backward land on the training thread).
+thread_local double t_wait_seconds = 0;
+
+void timed_wait(dist::Work work) {
+  const auto t0 = std::chrono::steady_clock::now();
+  work.wait();
+  t_wait_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+dist::Group* group_of(AutogradContext* ctx) {
+  return reinterpret_cast<dist::Group*>(ctx->saved_data["group"].toInt());
+}
+
+// x (bs, s, ...) sharded on dim 1 over the group -> (bs, size * s, ...), in rank order.
+at::Tensor all_gather_seq(const at::Tensor& x, dist::Group& g) {
+  const int64_t t = g.size();
+  std::vector<int64_t> gathered_shape = x.sizes().vec();
+  gathered_shape.insert(gathered_shape.begin(), t);
+  at::Tensor out = at::empty(gathered_shape, x.options());
+  timed_wait(g.all_gather_into_tensor(out, x.contiguous()));
+  // (t, bs, s, ...) -> (bs, t, s, ...) -> (bs, t * s, ...)
+  std::vector<int64_t> shape = x.sizes().vec();
+  shape[1] *= t;
+  return out.transpose(0, 1).reshape(shape);
+}
+
+// x (bs, size * s, ...) holding partial sums -> this rank's (bs, s, ...) of the sum.
+at::Tensor reduce_scatter_seq(const at::Tensor& x, dist::Group& g) {
+  const int64_t t = g.size();
+  TITAN_CHECK(x.size(1) % t == 0, "tensor parallelism: sequence length ", x.size(1),
+              " is not divisible by tensor_parallel_degree ", t);
+  std::vector<int64_t> split = x.sizes().vec();
+  split[1] /= t;
+  split.insert(split.begin() + 1, t);  // (bs, t, s, ...)
+  const at::Tensor by_rank = x.reshape(split).transpose(0, 1).contiguous();  // (t, bs, s, ...)
+  std::vector<int64_t> out_shape = x.sizes().vec();
+  out_shape[1] /= t;
+  at::Tensor out = at::empty(out_shape, x.options());
+  timed_wait(g.reduce_scatter_tensor(out, by_rank));
+  return out;
+}
+
+struct AllGatherSeq : public torch::autograd::Function<AllGatherSeq> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, dist::Group* g) {
+    ctx->saved_data["group"] = reinterpret_cast<int64_t>(g);
+    return all_gather_seq(x, *g);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    return {reduce_scatter_seq(grads[0], *group_of(ctx)), at::Tensor()};
+  }
+};
+
+struct ReduceScatterSeq : public torch::autograd::Function<ReduceScatterSeq> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, dist::Group* g) {
+    ctx->saved_data["group"] = reinterpret_cast<int64_t>(g);
+    return reduce_scatter_seq(x, *g);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    return {all_gather_seq(grads[0], *group_of(ctx)), at::Tensor()};
+  }
+};
+
+// Vocab-sharded logits (..., V / t) -> whole logits (..., V); backward keeps this rank's slice
+// (every rank computes the same loss from the same whole logits).
+struct AllGatherLastDim : public torch::autograd::Function<AllGatherLastDim> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, dist::Group* g) {
+    ctx->saved_data["group"] = reinterpret_cast<int64_t>(g);
+    const int64_t t = g->size();
+    std::vector<int64_t> gathered_shape = x.sizes().vec();
+    gathered_shape.insert(gathered_shape.begin(), t);
+    at::Tensor out = at::empty(gathered_shape, x.options());
+    timed_wait(g->all_gather_into_tensor(out, x.contiguous()));
+    // (t, ..., v) -> (..., t, v) -> (..., t * v)
+    std::vector<int64_t> shape = x.sizes().vec();
+    shape.back() *= t;
+    return out.movedim(0, -2).reshape(shape);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    dist::Group* g = group_of(ctx);
+    const int64_t v = grads[0].size(-1) / g->size();
+    return {grads[0].narrow(-1, g->rank() * v, v).contiguous(), at::Tensor()};
+  }
+};
+
+// Mean cross-entropy over rows of vocab-sharded logits (n, V / t) float32, labels (n) global ids.
+struct VocabParallelCrossEntropy : public torch::autograd::Function<VocabParallelCrossEntropy> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& logits, const at::Tensor& labels,
+                            dist::Group* g, int64_t vocab_start) {
+    const int64_t v = logits.size(1);
+    at::Tensor max = std::get<0>(logits.max(1)).contiguous();
+    timed_wait(g->all_reduce(max, dist::ReduceOp::kMax));
+    const at::Tensor shifted = logits - max.unsqueeze(1);
+    const at::Tensor exp = shifted.exp();
+    at::Tensor sum_exp = exp.sum(1).contiguous();
+    const at::Tensor local = labels - vocab_start;
+    const at::Tensor mine = local.ge(0).logical_and(local.lt(v));
+    const at::Tensor index = local.clamp(0, v - 1).unsqueeze(1);
+    at::Tensor target = shifted.gather(1, index).squeeze(1).masked_fill(mine.logical_not(), 0.0)
+                            .contiguous();
+    // Both sums in one collective: (2, n).
+    at::Tensor sums = at::stack({sum_exp, target});
+    timed_wait(g->all_reduce(sums, dist::ReduceOp::kSum));
+    sum_exp = sums[0];
+    target = sums[1];
+    const at::Tensor loss = (sum_exp.log() - target).mean();
+    ctx->save_for_backward({exp / sum_exp.unsqueeze(1), index, mine});
+    return loss;
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor& probs = saved[0];
+    const at::Tensor& index = saved[1];
+    const at::Tensor& mine = saved[2];
+    // d mean(loss) / d logits = (softmax - onehot(label)) / n, the one-hot only where it is ours.
+    at::Tensor grad = probs.clone();
+    grad.scatter_add_(1, index, -mine.to(grad.scalar_type()).unsqueeze(1));
+    grad.mul_(grads[0] / static_cast<double>(probs.size(0)));
+    return {grad, at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
+class GatherInputHook : public ForwardHook {
+ public:
+  explicit GatherInputHook(dist::Group* g) : g_(g) {}
+  at::Tensor run(HookedModule&, const at::Tensor& x,
+                 const std::function<at::Tensor(const at::Tensor&)>& body) override {
+    return body(AllGatherSeq::apply(x, g_));
+  }
+
+ private:
+  dist::Group* g_;
+};
+
+class RowwiseHook : public ForwardHook {
+ public:
+  explicit RowwiseHook(dist::Group* g) : g_(g) {}
+  at::Tensor run(HookedModule&, const at::Tensor& x,
+                 const std::function<at::Tensor(const at::Tensor&)>& body) override {
+    return ReduceScatterSeq::apply(body(x), g_);
+  }
+
+ private:
+  dist::Group* g_;
+};
+
+// Tokens outside this rank's vocabulary rows look up row 0 and are zeroed; the partial sums over
+// ranks are reduce-scattered to sequence shards.
+class EmbeddingHook : public ForwardHook {
+ public:
+  EmbeddingHook(dist::Group* g, int64_t start, int64_t rows) : g_(g), start_(start), rows_(rows) {}
+  at::Tensor run(HookedModule&, const at::Tensor& tokens,
+                 const std::function<at::Tensor(const at::Tensor&)>& body) override {
+    const at::Tensor local = tokens - start_;
+    const at::Tensor outside = local.lt(0).logical_or(local.ge(rows_));
+    const at::Tensor h = body(local.masked_fill(outside, 0)).masked_fill(outside.unsqueeze(-1), 0.0);
+    return ReduceScatterSeq::apply(h, g_);
+  }
+
+ private:
+  dist::Group* g_;
+  int64_t start_, rows_;
+};
+
+class OutputHook : public ForwardHook {
+ public:
+  OutputHook(dist::Group* g, bool loss_parallel) : g_(g), loss_parallel_(loss_parallel) {}
+  at::Tensor run(HookedModule&, const at::Tensor& x,
+                 const std::function<at::Tensor(const at::Tensor&)>& body) override {
+    at::Tensor logits = body(AllGatherSeq::apply(x, g_));
+    return loss_parallel_ ? logits : AllGatherLastDim::apply(logits, g_);
+  }
+
+ private:
+  dist::Group* g_;
+  bool loss_parallel_;
+};
+
+bool matches(const std::string& pattern, const std::string& name) {
+  auto split = [](const std::string& s) {
+    std::vector<std::string> parts;
+    std::stringstream ss(s);
+    std::string part;
+    while (std::getline(ss, part, '.')) parts.push_back(part);
+    return parts;
+  };
+  const auto p = split(pattern), n = split(name);
+  if (p.size() != n.size()) return false;
+  for (size_t i = 0; i < p.size(); ++i) {
+    if (p[i] != "*" && p[i] != n[i]) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+TensorParallel::TensorParallel(Model& model, std::shared_ptr<dist::Group> group, bool loss_parallel)
+    : model_(model), group_(std::move(group)), loss_parallel_(loss_parallel) {
+  TITAN_CHECK(group_ != nullptr, "tensor parallelism needs a tp group");
+  const int64_t t = group_->size(), r = group_->rank();
+  const std::vector<TpRule> plan = model.tensor_parallel_plan();
+  if (plan.empty()) throw ConfigError("this model has no tensor-parallel plan");
+  for (const auto& unit : model.units()) {
+    if (unit.reused_in_forward) {
+      throw ConfigError("tensor parallelism does not support tied embeddings (unit '" + unit.name +
+                        "'); set tie_embeddings = false or tensor_parallel_degree = 1");
+    }
+  }
+  for (const auto& item : model.named_parameters()) {
+    placements_[item.key()] = {item.value().sizes().vec(),
+                               std::vector<int64_t>(item.value().dim(), 0), true};
+  }
+  at::NoGradGuard no_grad;
+  // Splits `layer`'s weight along `dim` into t equal parts and keeps part r.
+  auto shard = [&](const std::string& name, WeightLayer& layer, int64_t dim, const char* what) {
+    at::Tensor& w = layer.weight;
+    const int64_t n = w.size(dim);
+    if (n % t != 0) {
+      throw ConfigError("tensor parallelism: " + name + ".weight has " + std::to_string(n) + " " +
+                        what + ", not divisible by tensor_parallel_degree " + std::to_string(t));
+    }
+    ParamPlacement& place = placements_.at(name + ".weight");
+    place.offsets[dim] = r * (n / t);
+    place.replicated = false;
+    w.set_data(w.narrow(dim, r * (n / t), n / t).clone());
+  };
+  std::vector<std::pair<std::string, std::shared_ptr<torch::nn::Module>>> modules;
+  for (const auto& item : model.named_modules()) modules.emplace_back(item.key(), item.value());
+  for (const TpRule& rule : plan) {
+    bool found = false;
+    for (size_t i = 0; i < modules.size(); ++i) {
+      const auto& [name, module] = modules[i];
+      if (!matches(rule.module, name)) continue;
+      found = true;
+      auto* hooked = dynamic_cast<HookedModule*>(module.get());
+      auto* layer = dynamic_cast<WeightLayer*>(module.get());
+      TITAN_CHECK(hooked != nullptr, "tensor-parallel plan: module ", name, " cannot be hooked");
+      const bool needs_weight = rule.style != TpStyle::kGatherInput;
+      TITAN_CHECK(!needs_weight || layer != nullptr, "tensor-parallel plan: module ", name,
+                  " has no weight to shard");
+      switch (rule.style) {
+        case TpStyle::kEmbedding: {
+          const int64_t rows = layer->weight.size(0) / t;
+          shard(name, *layer, 0, "vocabulary rows");
+          hooked->set_forward_hook(std::make_shared<EmbeddingHook>(group_.get(), r * rows, rows));
+          break;
+        }
+        case TpStyle::kGatherInput:
+          if (auto* attention = dynamic_cast<Attention*>(module.get())) {
+            const int64_t heads = attention->wq->weight.size(0) / attention->head_dim;
+            const int64_t kv_heads = attention->wk->weight.size(0) / attention->head_dim;
+            if (heads % t != 0 || kv_heads % t != 0) {
+              throw ConfigError("tensor parallelism: " + name + " has n_heads " +
+                                std::to_string(heads) + " and n_kv_heads " +
+                                std::to_string(kv_heads) +
+                                "; both must be divisible by tensor_parallel_degree " +
+                                std::to_string(t));
+            }
+          }
+          hooked->set_forward_hook(std::make_shared<GatherInputHook>(group_.get()));
+          break;
+        case TpStyle::kColwise:
+          shard(name, *layer, 0, "output features");
+          break;
+        case TpStyle::kRowwise:
+          shard(name, *layer, 1, "input features");
+          hooked->set_forward_hook(std::make_shared<RowwiseHook>(group_.get()));
+          break;
+        case TpStyle::kSequenceParallel:
+          break;  // replicated weight; reduce_replicated_grads sums its partial gradients
+        case TpStyle::kOutput:
+          vocab_start_ = r * (layer->weight.size(0) / t);
+          shard(name, *layer, 0, "vocabulary rows");
+          hooked->set_forward_hook(std::make_shared<OutputHook>(group_.get(), loss_parallel_));
+          break;
+      }
+    }
+    TITAN_CHECK(found, "tensor-parallel plan: no module matches '", rule.module, "'");
+  }
+}
+
+TensorParallel::~TensorParallel() {
+  for (const auto& item : model_.named_modules()) {
+    if (auto* hooked = dynamic_cast<HookedModule*>(item.value().get())) {
+      hooked->set_forward_hook(nullptr);
+    }
+  }
+}
+
+int64_t TensorParallel::size() const { return group_->size(); }
+double TensorParallel::comm_wait_seconds() const { return t_wait_seconds; }
+
+at::Tensor TensorParallel::cross_entropy(const at::Tensor& logits, const at::Tensor& labels) const {
+  if (!loss_parallel_) {
+    return at::cross_entropy_loss(logits.flatten(0, 1).to(at::kFloat), labels.flatten(0, 1));
+  }
+  return VocabParallelCrossEntropy::apply(logits.flatten(0, 1).to(at::kFloat),
+                                          labels.flatten(0, 1), group_.get(), vocab_start_);
+}
+
+void TensorParallel::reduce_replicated_grads(
+    const std::vector<std::pair<std::string, at::Tensor>>& grads) const {
+  std::vector<at::Tensor> parts;
+  for (const auto& [name, g] : grads) {
+    if (replicated(name) && g.defined() && g.numel() > 0) parts.push_back(g);
+  }
+  if (parts.empty()) return;
+  at::NoGradGuard no_grad;
+  std::vector<at::Tensor> flat;
+  for (const auto& g : parts) flat.push_back(g.reshape({-1}).to(at::kFloat));
+  at::Tensor buffer = at::cat(flat);
+  timed_wait(group_->all_reduce(buffer, dist::ReduceOp::kSum));
+  int64_t offset = 0;
+  for (auto& g : parts) {
+    g.copy_(buffer.narrow(0, offset, g.numel()).view(g.sizes()));
+    offset += g.numel();
+  }
+}
+
+at::Tensor TensorParallel::gather_whole(const std::string& param, const at::Tensor& local) const {
+  const ParamPlacement& p = placements_.at(param);
+  if (p.replicated) return local;
+  int64_t dim = 0;
+  while (local.size(dim) == p.global_shape[dim]) ++dim;  // the one split dimension
+  const int64_t t = size();
+  std::vector<int64_t> gathered_shape = local.sizes().vec();
+  gathered_shape.insert(gathered_shape.begin(), t);
+  at::Tensor out = at::empty(gathered_shape, local.options());
+  group_->all_gather_into_tensor(out, local.contiguous()).wait();
+  return at::cat(out.unbind(0), dim);
+}
+
+std::string TensorParallel::describe() const {
+  int64_t sharded = 0;
+  for (const auto& [name, p] : placements_) sharded += p.replicated ? 0 : 1;
+  return "tensor parallel over " + std::to_string(size()) + " ranks (sequence parallel, " +
+         std::to_string(sharded) + " of " + std::to_string(placements_.size()) +
+         " parameters sharded, loss parallel " + (loss_parallel_ ? "on" : "off") + ")";
+}
+
+double clip_grad_norm_sharded(const std::vector<at::Tensor>& grads,
+                              const std::vector<double>& weights,
+                              const std::vector<dist::Group*>& groups, double max_norm) {
+  at::NoGradGuard no_grad;
+  at::Tensor sq = at::zeros({1}, at::kDouble);
+  for (size_t i = 0; i < grads.size(); ++i) {
+    if (!grads[i].defined() || grads[i].numel() == 0) continue;
+    sq += grads[i].to(at::kDouble).pow(2).sum() * weights[i];
+  }
+  for (dist::Group* g : groups) {
+    if (g != nullptr && g->size() > 1) g->all_reduce(sq, dist::ReduceOp::kSum).wait();
+  }
+  const double total = std::sqrt(sq.item<double>());
+  if (max_norm > 0 && std::isfinite(total)) {
+    const double coef = max_norm / (total + 1e-6);
+    if (coef < 1.0) {
+      for (const auto& g : grads) {
+        if (g.defined()) g.mul_(coef);
+      }
+    }
+  }
+  return total;
+}
+
+}  // namespace titan

@@ -1,0 +1,79 @@
+// Tensor + sequence parallelism (Megatron-style, TorchTitan's plan) applied to an unmodified model:
+// the model's plan (Model::tensor_parallel_plan) says how each layer is split over the `tp` group,
+// this file slices the parameters and installs forward hooks (HookedModule) that move
+// activations between layouts with conjugate autograd ops:
+//
+//   all-gather on seq   <->  reduce-scatter on seq   (module inputs / row-wise outputs)
+//   reduce-scatter      <->  all-gather
+//
+// Between layers activations are sequence-sharded, (bs, seqlen / tp, dim): norms run on the shard
+// (their replicated weights receive partial gradients, summed over tp by
+// reduce_replicated_grads). Attention and the feed-forward all-gather their input on seq, run
+// column-wise projections on local heads / hidden features, and reduce-scatter the row-wise
+// output projection back to sequence shards. The embedding holds a vocabulary slice (masked
+// lookup + reduce-scatter) and the output projection a vocabulary slice of the logits; with loss
+// parallel the cross-entropy runs on those vocab-sharded logits (max, sum of exponentials and
+// target logit all-reduced), without it the logits are all-gathered first.
+//
+// Parameters keep their names; each rank holds a box of every sharded parameter (placements()),
+// so checkpoints load into any layout. FSDP composes on top (2D): it shards the TP-local tensors.
+#pragma once
+
+#include "titan/distributed/comm.h"
+#include "titan/models/model.h"
+#include "titan/parallel/data_parallel.h"
+
+#include <ATen/ATen.h>
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace titan {
+
+class TensorParallel {
+ public:
+  // Slices `model`'s parameters (identical on every rank) and installs the hooks. Throws
+  // ConfigError when the plan is empty, a split does not divide (heads, kv heads, hidden, vocab),
+  // or embeddings are tied.
+  TensorParallel(Model& model, std::shared_ptr<dist::Group> group, bool loss_parallel);
+  ~TensorParallel();
+
+  // Mean next-token cross-entropy of the model's output (vocab-sharded logits with loss parallel,
+  // whole logits without), equal to lm_cross_entropy_loss on the whole logits.
+  at::Tensor cross_entropy(const at::Tensor& logits, const at::Tensor& labels) const;
+
+  const std::map<std::string, ParamPlacement>& placements() const { return placements_; }
+  bool replicated(const std::string& param) const { return placements_.at(param).replicated; }
+  // Sums the gradients of replicated parameters over the group (in place; undefined ones are
+  // skipped, consistently on every rank). `grads`: (parameter name, gradient tensor).
+  void reduce_replicated_grads(const std::vector<std::pair<std::string, at::Tensor>>& grads) const;
+
+  dist::Group& group() const { return *group_; }
+  int64_t size() const;
+  bool loss_parallel() const { return loss_parallel_; }
+  std::string describe() const;
+  // Seconds the calling thread has spent blocked in tensor-parallel collectives (they are
+  // synchronous: activations are needed right away).
+  double comm_wait_seconds() const;
+  // The whole parameter from this rank's box `local` (collective over the group).
+  at::Tensor gather_whole(const std::string& param, const at::Tensor& local) const;
+
+ private:
+  Model& model_;
+  std::shared_ptr<dist::Group> group_;
+  bool loss_parallel_;
+  int64_t vocab_start_ = 0;  // first vocabulary id of this rank's output slice
+  std::map<std::string, ParamPlacement> placements_;
+};
+
+// L2 norm of gradients held in pieces across ranks: each rank sums weight * |g|^2 over its pieces
+// (weight < 1 for pieces several ranks of a group hold, e.g. 1 / tp for TP-replicated
+// parameters), the sums are all-reduced over `groups`, and when max_norm > 0 and the norm exceeds
+// it the gradients are scaled by max_norm / (norm + 1e-6) (torch.nn.utils.clip_grad_norm_).
+double clip_grad_norm_sharded(const std::vector<at::Tensor>& grads,
+                              const std::vector<double>& weights,
+                              const std::vector<dist::Group*>& groups, double max_norm);
+
+}  // namespace titan

@@ -1,0 +1,72 @@
+// Shared by the data- and tensor-parallel tests: a tiny Llama built identically on every rank,
+// and the unsharded model's loss and gradients on the global batch as the reference.
+#pragma once
+
+#include "../distributed/multirank.h"
+
+#include "titan/components/loss.h"
+#include "titan/components/optimizer.h"
+#include "titan/models/llama3/model.h"
+
+#include <map>
+#include <memory>
+#include <string>
+
+namespace titan::test {
+
+constexpr int64_t kBatchPerRank = 2;
+constexpr int64_t kSeq = 8;
+
+inline llama3::Llama3Args tiny_args(bool tied, int64_t vocab = 61) {
+  llama3::Llama3Args a;
+  a.dim = 24;  // rows of 24 or 61 do not split evenly over 3 or 4 ranks: padding is exercised
+  a.n_layers = 2;
+  a.n_heads = 4;
+  a.n_kv_heads = 2;
+  a.vocab_size = vocab;
+  a.multiple_of = 16;
+  a.max_seq_len = 16;
+  a.tie_embeddings = tied;
+  return a;
+}
+
+inline std::shared_ptr<llama3::Transformer> make_model(bool tied, at::ScalarType dtype = at::kFloat,
+                                                       int64_t vocab = 61) {
+  auto m = std::make_shared<llama3::Transformer>(tiny_args(tied, vocab), dtype);
+  at::manual_seed(1234);
+  m->init_weights();
+  return m;
+}
+
+struct Reference {
+  at::Tensor inputs, labels;  // the global batch (ranks * kBatchPerRank rows)
+  double loss = 0;
+  double grad_norm = 0;
+  std::map<std::string, at::Tensor> grads;
+};
+
+// The unsharded model on the whole batch.
+inline Reference reference(int ranks, bool tied, int64_t micro_batches = 1, int64_t vocab = 61) {
+  Reference r;
+  at::manual_seed(99);
+  r.inputs = at::randint(0, vocab, {ranks * kBatchPerRank * micro_batches, kSeq}, at::kLong);
+  r.labels = at::randint(0, vocab, {ranks * kBatchPerRank * micro_batches, kSeq}, at::kLong);
+  auto model = make_model(tied, at::kFloat, vocab);
+  at::Tensor loss = lm_cross_entropy_loss(model->forward(r.inputs), r.labels);
+  loss.backward();
+  r.loss = loss.item<double>();
+  std::vector<at::Tensor> params;
+  for (const auto& item : model->named_parameters()) {
+    r.grads[item.key()] = item.value().grad().clone();
+    params.push_back(item.value());
+  }
+  r.grad_norm = clip_grad_norm(params, 0.0);
+  return r;
+}
+
+// Rows of `t` for data-parallel rank `dp_rank` of micro-batch `micro` (the trainer's split).
+inline at::Tensor rows_of(const at::Tensor& t, int64_t dp_rank, int64_t dp_size, int64_t micro) {
+  return t.narrow(0, (micro * dp_size + dp_rank) * kBatchPerRank, kBatchPerRank);
+}
+
+}  // namespace titan::test
