@@ -3,7 +3,8 @@
 # TP 2 without loss parallel, FSDP 2 x TP 2 and HSDP 2 x 2 x TP 2 (8 processes). Every layout
 # must give the single-process loss curves within 1e-5 relative and final parameters within 3e-4
 # (see test_data_parallel.sh for why Adam needs the absolute bound). Checkpoints cross-load:
-# TP 2's step 5 resumes under FSDP 4 and one process, FSDP 4's under TP 2 and FSDP 2 x TP 2.
+# TP 2's step 5 resumes under FSDP 4 and one process, FSDP 4's under TP 2 and FSDP 2 x TP 2;
+# Hugging Face export / import work on TP shards; splits that do not divide are refused.
 source "$(dirname "$0")/parallel_lib.sh"
 
 train single 1 --training.local_batch_size 8 --validation.local_batch_size 4
@@ -40,6 +41,20 @@ for name in tp2 fsdp2_tp2; do
   # shellcheck disable=SC2086
   resume_from fsdp4 5 "fsdp4_to_$name" ${layouts[$name]}
 done
+
+# --- Hugging Face export gathers the shards (bit for bit), import slices them ---
+# shellcheck disable=SC2086
+train tp2_hf ${layouts[tp2]} --checkpoint.last_save_in_hf true --checkpoint.last_save_model_only true
+"$TITAN" convert diff "$WORK/tp2_hf/checkpoint/step-10-hf" "$WORK/tp2/checkpoint/step-10" \
+  >"$WORK/out" 2>&1 || { cat "$WORK/out" >&2; fail "TP HF export differs from its checkpoint"; }
+for name in single tp2; do
+  n=$([ $name = single ] && echo 1 || echo 2)
+  extra=(); [ $name = tp2 ] && extra=(--parallelism.tensor_parallel_degree 2)
+  train "hf_$name" "$n" --training.local_batch_size 8 --validation.enable false --training.steps 1 \
+    --checkpoint.initial_load_path "$WORK/tp2_hf/checkpoint/step-10-hf" \
+    --checkpoint.initial_load_in_hf true "${extra[@]}"
+done
+same_losses hf_single hf_tp2 loss
 
 # --- splits that do not divide are refused on every rank, with the numbers ---
 expect_exit 2 timeout 60 "$TITAN" run --nproc_per_node 3 -- train "${common[@]}" \

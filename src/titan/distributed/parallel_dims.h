@@ -15,9 +15,9 @@
 //   dims.build_groups(world);                         // every rank, same point of start-up
 //   dims.group("dp_shard").all_reduce(grad, dist::ReduceOp::kAvg).wait();
 //
-// Only data parallelism (dp_replicate, dp_shard) is implemented yet: cp, tp, pp and ep above 1
-// are refused with a message naming the issue that brings them; the mesh and the group names
-// already have their places.
+// Data parallelism (dp_replicate, dp_shard) and tensor parallelism (tp) are implemented; cp, pp
+// and ep above 1 are refused with a clear message until their issues land; the mesh and the group
+// names already have their places.
 #pragma once
 
 #include "titan/config/job_config.h"
