@@ -2,6 +2,8 @@
 // ConfigError escapes to main(), which prints it and exits with code 2.
 #pragma once
 
+#include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -19,5 +21,11 @@ int run_selftest(const std::vector<std::string>& args);  // multi-process launch
 
 // True (and prints help for `command`) when args ask for --help / -h.
 bool maybe_print_help(const std::string& command, const std::vector<std::string>& args);
+
+// Strict argument parsing shared by the commands; each caller words its own error.
+// A decimal integer that is the whole of `text` (sign allowed, no spaces); nullopt otherwise.
+std::optional<int64_t> parse_int64(const std::string& text);
+// Whitespace-separated integers; nullopt at the first field that is not one (stored in *bad).
+std::optional<std::vector<int64_t>> parse_int_list(const std::string& text, std::string* bad);
 
 }  // namespace titan

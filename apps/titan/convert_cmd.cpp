@@ -168,24 +168,14 @@ int from_hf(const Args& args) {
 }
 
 std::vector<int64_t> parse_ids(const std::string& text) {
-  std::vector<int64_t> ids;
-  std::istringstream fields(text);
-  std::string field;
-  while (fields >> field) {
-    size_t used = 0;
-    int64_t id = -1;
-    try {
-      id = std::stoll(field, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    if (used == 0 || used != field.size() || id < 0) {
-      throw ConfigError("--ids: '" + field + "' is not a token id");
-    }
-    ids.push_back(id);
+  std::string bad;
+  const auto ids = parse_int_list(text, &bad);
+  if (!ids) throw ConfigError("--ids: '" + bad + "' is not a token id");
+  for (int64_t id : *ids) {
+    if (id < 0) throw ConfigError("--ids: '" + std::to_string(id) + "' is not a token id");
   }
-  if (ids.empty()) throw ConfigError("--ids needs at least one token id");
-  return ids;
+  if (ids->empty()) throw ConfigError("--ids needs at least one token id");
+  return *ids;
 }
 
 int logits(const Args& args) {

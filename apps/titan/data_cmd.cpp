@@ -62,13 +62,11 @@ int run_prepare(const std::vector<std::string>& args) {
       options.text_field = value();
     } else if (flag == "--shard-tokens") {
       const std::string text = value();
-      try {
-        size_t used = 0;
-        options.shard_tokens = std::stoll(text, &used);
-        if (used != text.size()) throw std::invalid_argument(text);
-      } catch (const std::exception&) {
+      const std::optional<int64_t> n = parse_int64(text);
+      if (!n) {
         throw ConfigError("data prepare: --shard-tokens expects an integer, got '" + text + "'");
       }
+      options.shard_tokens = *n;
     } else {
       throw ConfigError("data prepare: unknown argument '" + flag +
                         "'; expected --input, --output, --tokenizer, --shard-tokens or "

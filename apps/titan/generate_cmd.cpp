@@ -62,17 +62,9 @@ struct Options {
 };
 
 int64_t parse_int(const std::string& name, const std::string& text) {
-  size_t used = 0;
-  int64_t value = 0;
-  try {
-    value = std::stoll(text, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  if (used == 0 || used != text.size()) {
-    throw ConfigError(name + " expects an integer, got '" + text + "'");
-  }
-  return value;
+  const std::optional<int64_t> value = parse_int64(text);
+  if (!value) throw ConfigError(name + " expects an integer, got '" + text + "'");
+  return *value;
 }
 
 double parse_double(const std::string& name, const std::string& text) {

@@ -62,11 +62,9 @@ FaultOptions parse_fault_options(const std::vector<std::string>& args, std::vect
       value = args[++i];
     }
     if (name == "--fail_rank") {
-      char* end = nullptr;
-      f.rank = std::strtoll(value.c_str(), &end, 10);
-      if (value.empty() || *end != '\0' || f.rank < 0) {
-        throw ConfigError("--fail_rank '" + value + "' is not a rank");
-      }
+      const std::optional<int64_t> rank = parse_int64(value);
+      if (!rank || *rank < 0) throw ConfigError("--fail_rank '" + value + "' is not a rank");
+      f.rank = *rank;
     } else if (name == "--fail_mode") {
       static const std::set<std::string> kModes = {"exception", "exit", "abort", "segv", "kill9", "hang"};
       if (!kModes.count(value)) {

@@ -57,17 +57,9 @@ struct Options {
 
 // A non-negative integer argument of `flag`; ConfigError otherwise.
 int64_t parse_count(const std::string& flag, const std::string& text) {
-  size_t used = 0;
-  int64_t n = -1;
-  try {
-    n = std::stoll(text, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  if (used == 0 || used != text.size() || n < 0) {
-    throw ConfigError(flag + " expects a non-negative integer, got '" + text + "'");
-  }
-  return n;
+  const std::optional<int64_t> n = parse_int64(text);
+  if (!n || *n < 0) throw ConfigError(flag + " expects a non-negative integer, got '" + text + "'");
+  return *n;
 }
 
 Options parse_options(const std::vector<std::string>& args) {
@@ -142,24 +134,12 @@ void print_ids(const std::vector<int64_t>& ids) {
 }
 
 std::vector<int64_t> parse_ids(std::string_view line, size_t line_no) {
-  std::vector<int64_t> ids;
-  std::istringstream fields{std::string(line)};
-  std::string field;
-  while (fields >> field) {
-    size_t used = 0;
-    int64_t id = -1;
-    try {
-      id = std::stoll(field, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    if (used != field.size()) {
-      throw DataError("input line " + std::to_string(line_no) + ": '" + field +
-                      "' is not a token id");
-    }
-    ids.push_back(id);
+  std::string bad;
+  const auto ids = parse_int_list(std::string(line), &bad);
+  if (!ids) {
+    throw DataError("input line " + std::to_string(line_no) + ": '" + bad + "' is not a token id");
   }
-  return ids;
+  return *ids;
 }
 
 // Encodes every document with `threads` std::threads that take documents from a shared counter;

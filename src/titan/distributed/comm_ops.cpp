@@ -103,6 +103,18 @@ at::Tensor ScratchPool::get(int64_t numel, at::ScalarType dtype) {
   return buffer.narrow(0, 0, numel * static_cast<int64_t>(at::elementSize(dtype))).view(dtype);
 }
 
+namespace {
+
+// An all-to-all of equal chunks: Gloo's building block for the collectives it lacks.
+c10::intrusive_ptr<c10d::Work> equal_all_to_all(Group::State& s, at::Tensor out, at::Tensor in) {
+  std::vector<int64_t> equal_splits;  // empty: equal splits
+  c10d::AllToAllOptions opts;
+  opts.timeout = s.timeout();
+  return s.pg->alltoall_base(out, in, equal_splits, equal_splits, opts);
+}
+
+}  // namespace
+
 Work Group::all_reduce(const at::Tensor& tensor, ReduceOp op) {
   State& s = *state_;
   const char* name = "all_reduce";
@@ -161,10 +173,7 @@ Work Group::all_gather_into_tensor(const at::Tensor& output, const at::Tensor& i
   const int64_t n = flat_in.numel();
   at::Tensor send = s.scratch.get(s.size * n, flat_in.scalar_type());
   send.view({s.size, n}).copy_(flat_in.unsqueeze(0).expand({s.size, n}));
-  std::vector<int64_t> equal_splits;
-  c10d::AllToAllOptions a2a;
-  a2a.timeout = s.timeout();
-  return make_work(state_, label, s.pg->alltoall_base(flat_out, send, equal_splits, equal_splits, a2a));
+  return make_work(state_, label, equal_all_to_all(s, flat_out, send));
 }
 
 Work Group::reduce_scatter_tensor(const at::Tensor& output, const at::Tensor& input,
@@ -193,10 +202,7 @@ Work Group::reduce_scatter_tensor(const at::Tensor& output, const at::Tensor& in
   // travel in the input dtype; the sum is in fp32 for bf16/fp16.
   at::Tensor send = gloo_wire(input).view({-1});
   at::Tensor recv = s.scratch.get(send.numel(), send.scalar_type());
-  std::vector<int64_t> equal_splits;  // empty: equal splits
-  c10d::AllToAllOptions opts;
-  opts.timeout = s.timeout();
-  auto work = s.pg->alltoall_base(recv, send, equal_splits, equal_splits, opts);
+  auto work = equal_all_to_all(s, recv, send);
   const int size = s.size;
   const int64_t n = output.numel();
   const at::ScalarType dtype = input.scalar_type();
