@@ -2,6 +2,8 @@
 // tensor comparison.
 #pragma once
 
+#include "../test_util.h"
+
 #include "titan/models/llama3/args.h"
 #include "titan/models/llama3/model.h"
 #include "titan/models/registry.h"
@@ -56,30 +58,6 @@ inline bool bit_equal(const at::Tensor& a, const at::Tensor& b) {
   const at::Tensor x = a.contiguous();
   const at::Tensor y = b.contiguous();
   return std::memcmp(x.data_ptr(), y.data_ptr(), x.numel() * x.element_size()) == 0;
-}
-
-// The what() of the exception `fn` throws, or "" if it throws nothing.
-inline std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "";
-}
-
-inline bool has(const std::string& haystack, const std::string& needle) {
-  return haystack.find(needle) != std::string::npos;
-}
-
-// An empty folder unique to this process and test: <tmp>/<prefix>_<pid>_<test>.
-inline std::filesystem::path hf_test_dir(const std::string& prefix) {
-  const auto dir = std::filesystem::temp_directory_path() /
-                   (prefix + "_" + std::to_string(getpid()) + "_" +
-                    ::testing::UnitTest::GetInstance()->current_test_info()->name());
-  std::filesystem::remove_all(dir);
-  std::filesystem::create_directories(dir);
-  return dir;
 }
 
 }  // namespace titan::test

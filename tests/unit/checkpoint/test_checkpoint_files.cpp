@@ -5,6 +5,8 @@
 #include "titan/checkpoint/safetensors.h"
 #include "titan/common/check.h"
 
+#include "../test_util.h"
+
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -14,22 +16,13 @@ namespace titan::ckpt {
 namespace {
 
 namespace fs = std::filesystem;
+using test::message_of;
 
 std::string fresh_dir(const std::string& tag) {
   const fs::path dir = fs::temp_directory_path() / ("titan_ckpt_files_" + tag);
   fs::remove_all(dir);
   fs::create_directories(dir);
   return dir.string();
-}
-
-template <class Fn>
-std::string error_of(Fn&& fn) {
-  try {
-    fn();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "";
 }
 
 void flip_byte(const std::string& path, uint64_t offset) {
@@ -81,7 +74,7 @@ TEST(Safetensors, RoundTripsEveryDtypeAndMetadata) {
     EXPECT_TRUE(at::equal(back, t)) << name;
   }
   EXPECT_EQ(reader.find("nope"), nullptr);
-  EXPECT_NE(error_of([&] { reader.read("nope"); }).find("no tensor 'nope'"), std::string::npos);
+  EXPECT_NE(message_of([&] { reader.read("nope"); }).find("no tensor 'nope'"), std::string::npos);
 }
 
 TEST(Safetensors, RejectsDamagedFiles) {
@@ -90,23 +83,23 @@ TEST(Safetensors, RejectsDamagedFiles) {
   write_safetensors(path, {{"w", at::ones({64, 64})}});
   const auto size = fs::file_size(path);
   fs::resize_file(path, size - 100);
-  std::string err = error_of([&] { SafetensorsReader r(path); });
+  std::string err = message_of([&] { SafetensorsReader r(path); });
   EXPECT_NE(err.find(path), std::string::npos) << err;
   EXPECT_NE(err.find("truncated"), std::string::npos) << err;
 
   std::ofstream(dir + "/short.safetensors") << "abc";
-  err = error_of([&] { SafetensorsReader r(dir + "/short.safetensors"); });
+  err = message_of([&] { SafetensorsReader r(dir + "/short.safetensors"); });
   EXPECT_NE(err.find("short.safetensors"), std::string::npos) << err;
 
   // Header length pointing past the end.
   std::ofstream(dir + "/len.safetensors", std::ios::binary) << std::string("\xff\xff\x00\x00\x00\x00\x00\x00{}", 10);
-  err = error_of([&] { SafetensorsReader r(dir + "/len.safetensors"); });
+  err = message_of([&] { SafetensorsReader r(dir + "/len.safetensors"); });
   EXPECT_NE(err.find("header length"), std::string::npos) << err;
 
   // Broken JSON.
   std::string bad = std::string("\x05\x00\x00\x00\x00\x00\x00\x00", 8) + "{\"a\":";
   std::ofstream(dir + "/json.safetensors", std::ios::binary) << bad;
-  err = error_of([&] { SafetensorsReader r(dir + "/json.safetensors"); });
+  err = message_of([&] { SafetensorsReader r(dir + "/json.safetensors"); });
   EXPECT_NE(err.find("not valid JSON"), std::string::npos) << err;
 
   // Offsets that disagree with dtype x shape.
@@ -114,7 +107,7 @@ TEST(Safetensors, RejectsDamagedFiles) {
   std::string len(8, '\0');
   len[0] = static_cast<char>(header.size());
   std::ofstream(dir + "/offsets.safetensors", std::ios::binary) << len << header << "abcd";
-  err = error_of([&] { SafetensorsReader r(dir + "/offsets.safetensors"); });
+  err = message_of([&] { SafetensorsReader r(dir + "/offsets.safetensors"); });
   EXPECT_NE(err.find("do not hold 8 bytes"), std::string::npos) << err;
 }
 
@@ -168,7 +161,7 @@ TEST(CheckpointFiles, ShardedTensorReadsAcrossBoxes) {
   // A box nobody saved is an error, not zeros.
   write_checkpoint(root + "/step-2", {tensors[0], tensors[1]}, nlohmann::json::object());
   CheckpointReader partial(root + "/step-2");
-  const std::string err = error_of([&] { partial.read("w"); });
+  const std::string err = message_of([&] { partial.read("w"); });
   EXPECT_NE(err.find("cover 38 of the 48"), std::string::npos) << err;
 }
 
@@ -180,25 +173,25 @@ TEST(CheckpointFiles, DetectsCorruptionNamingTheFile) {
   const std::string shard = dir + "/shard-00000.safetensors";
 
   flip_byte(shard, fs::file_size(shard) - 1000);  // inside tensor data
-  std::string err = error_of([&] { CheckpointReader r(dir); });
+  std::string err = message_of([&] { CheckpointReader r(dir); });
   EXPECT_NE(err.find(shard), std::string::npos) << err;
   EXPECT_NE(err.find("corrupted"), std::string::npos) << err;
   EXPECT_NO_THROW(CheckpointReader(dir, /*verify=*/false));
 
   fs::resize_file(shard, fs::file_size(shard) - 10);
-  err = error_of([&] { CheckpointReader r(dir); });
+  err = message_of([&] { CheckpointReader r(dir); });
   EXPECT_NE(err.find("truncated"), std::string::npos) << err;
 
   fs::remove(shard);
-  err = error_of([&] { CheckpointReader r(dir); });
+  err = message_of([&] { CheckpointReader r(dir); });
   EXPECT_NE(err.find("missing"), std::string::npos) << err;
 
   std::ofstream(dir + "/index.json", std::ios::trunc) << "{\"format\": \"titan-checkpoint\", ";
-  err = error_of([&] { CheckpointReader r(dir); });
+  err = message_of([&] { CheckpointReader r(dir); });
   EXPECT_NE(err.find("index.json: not valid JSON"), std::string::npos) << err;
 
   fs::remove(dir + "/index.json");
-  err = error_of([&] { CheckpointReader r(dir); });
+  err = message_of([&] { CheckpointReader r(dir); });
   EXPECT_NE(err.find("is not a checkpoint"), std::string::npos) << err;
 }
 

@@ -15,8 +15,8 @@ namespace titan {
 namespace {
 
 using test::bit_equal;
-using test::error_of;
-using test::has;
+using test::message_of;
+using test::contains;
 
 const nlohmann::json kTiny = {{"name", "llama3"}, {"flavor", "tiny"}};
 
@@ -42,7 +42,7 @@ TEST(HfAdapter, PermutationMovesRowsAsHfExpectsAndInverts) {
   }
   EXPECT_TRUE(bit_equal(llama3::permute_from_hf(hf, n_heads), w));
   EXPECT_FALSE(bit_equal(hf, w));
-  EXPECT_TRUE(has(error_of([&] { llama3::permute_to_hf(at::randn({10, 4}), 3); }), "3 heads"));
+  EXPECT_TRUE(contains(message_of([&] { llama3::permute_to_hf(at::randn({10, 4}), 3); }), "3 heads"));
 }
 
 // Our interleaved RoPE on q = x wq^T equals HF's rotate_half RoPE on x (permuted wq)^T, up to
@@ -136,10 +136,10 @@ TEST(HfAdapter, FromHfDropsBuffersAndTiedHeadRejectsUnknownNames) {
   hf["lm_head.weight"] = hf.at("model.embed_tokens.weight");
   EXPECT_EQ(spec.hf.from_hf(hf, tied).size(), n);
   hf["model.layers.0.mlp.extra.weight"] = at::ones({2});
-  EXPECT_TRUE(has(error_of([&] { spec.hf.from_hf(hf, tied); }),
+  EXPECT_TRUE(contains(message_of([&] { spec.hf.from_hf(hf, tied); }),
                   "unexpected tensor 'model.layers.0.mlp.extra.weight'"));
   TensorMap ours = {{"layers.0.attention.wz.weight", at::ones({2})}};
-  EXPECT_TRUE(has(error_of([&] { spec.hf.to_hf(ours, tied); }), "layers.0.attention.wz.weight"));
+  EXPECT_TRUE(contains(message_of([&] { spec.hf.to_hf(ours, tied); }), "layers.0.attention.wz.weight"));
 }
 
 TEST(HfAdapter, ConfigJsonOfAFlavor) {
@@ -226,15 +226,15 @@ TEST(HfAdapter, UnsupportedConfigsAreNamed) {
     } else {
       config[key] = value;
     }
-    return error_of([&] { hf.from_hf_config(config); });
+    return message_of([&] { hf.from_hf_config(config); });
   };
-  EXPECT_TRUE(has(error_with("hidden_act", "gelu"), "\"hidden_act\""));
-  EXPECT_TRUE(has(error_with("attention_bias", true), "\"attention_bias\""));
-  EXPECT_TRUE(has(error_with("head_dim", 32), "head_dim 32"));
-  EXPECT_TRUE(has(error_with("rope_scaling", {{"rope_type", "yarn"}, {"factor", 4.0}}), "'yarn'"));
-  EXPECT_TRUE(has(error_with("hidden_size", nlohmann::json::value_t::discarded), "hidden_size"));
-  EXPECT_TRUE(has(error_with("num_key_value_heads", 3), "n_kv_heads (3) must divide n_heads (4)"));
-  EXPECT_TRUE(has(error_with("vocab_size", "many"), "\"vocab_size\" must be an integer"));
+  EXPECT_TRUE(contains(error_with("hidden_act", "gelu"), "\"hidden_act\""));
+  EXPECT_TRUE(contains(error_with("attention_bias", true), "\"attention_bias\""));
+  EXPECT_TRUE(contains(error_with("head_dim", 32), "head_dim 32"));
+  EXPECT_TRUE(contains(error_with("rope_scaling", {{"rope_type", "yarn"}, {"factor", 4.0}}), "'yarn'"));
+  EXPECT_TRUE(contains(error_with("hidden_size", nlohmann::json::value_t::discarded), "hidden_size"));
+  EXPECT_TRUE(contains(error_with("num_key_value_heads", 3), "n_kv_heads (3) must divide n_heads (4)"));
+  EXPECT_TRUE(contains(error_with("vocab_size", "many"), "\"vocab_size\" must be an integer"));
   // rope_type "default" (and the older "type" key) are understood.
   nlohmann::json config = base;
   config["rope_scaling"] = {{"type", "default"}};
@@ -244,21 +244,21 @@ TEST(HfAdapter, UnsupportedConfigsAreNamed) {
 TEST(HfAdapter, DescriptionErrorsNameTheNearestKey) {
   const ModelSpec& spec = get_model_spec("llama3");
   EXPECT_TRUE(
-      has(error_of([&] {
+      contains(message_of([&] {
             spec.resolve_args({{"name", "llama3"}, {"flavor", "tiny"}, {"args", {{"n_head", 2}}}});
           }),
           "unknown key 'n_head' in llama3 args; did you mean 'n_heads'?"));
-  EXPECT_TRUE(has(error_of([&] {
+  EXPECT_TRUE(contains(message_of([&] {
                     spec.resolve_args({{"name", "llama3"}, {"flavor", "tinyy"}});
                   }),
                   "did you mean 'tiny'?"));
   EXPECT_TRUE(
-      has(error_of([&] {
+      contains(message_of([&] {
             spec.resolve_args({{"name", "llama3"}, {"flavor", "tiny"}, {"args", {{"dim", 1.5}}}});
           }),
           "dim must be an integer"));
-  EXPECT_TRUE(has(error_of([&] { spec_for_description({{"flavor", "tiny"}}); }), "no \"name\""));
-  EXPECT_TRUE(has(error_of([&] { spec_for_hf_model_type("mistral"); }),
+  EXPECT_TRUE(contains(message_of([&] { spec_for_description({{"flavor", "tiny"}}); }), "no \"name\""));
+  EXPECT_TRUE(contains(message_of([&] { spec_for_hf_model_type("mistral"); }),
                   "model_type 'mistral' is not supported"));
   // A description's args are exactly what args_to_json writes.
   const llama3::Llama3Args args = llama3::args_for_flavor("bench_small");

@@ -23,8 +23,8 @@ namespace {
 
 namespace fs = std::filesystem;
 using test::bit_equal;
-using test::error_of;
-using test::has;
+using test::message_of;
+using test::contains;
 
 const nlohmann::json kTiny = {{"name", "llama3"}, {"flavor", "tiny"}};
 
@@ -61,7 +61,7 @@ at::Tensor logits_of(Model& model) {
 }
 
 void expect_checkpoint_round_trip(const nlohmann::json& description, uint64_t max_shard_bytes) {
-  const fs::path dir = test::hf_test_dir("hf_round_trip");
+  const fs::path dir = test::fresh_test_dir("hf_round_trip");
   const auto model = test::seeded_model(description, 3);
   save_checkpoint(*model, description, (dir / "step-5").string());
   ckpt::HfWriteOptions options;
@@ -91,7 +91,7 @@ TEST(HfFolder, CheckpointRoundTripIsBitIdentical) {
 }
 
 TEST(HfFolder, SingleFileLayoutAndConfig) {
-  const fs::path dir = test::hf_test_dir("hf_single");
+  const fs::path dir = test::fresh_test_dir("hf_single");
   const auto model = test::seeded_model(kTiny, 1);
   ckpt::HfWriteOptions options;
   options.bos_id = 256;
@@ -115,12 +115,12 @@ TEST(HfFolder, SingleFileLayoutAndConfig) {
     EXPECT_EQ(entry.path().filename(), "hf");
   }
   EXPECT_TRUE(
-      has(error_of([&] { ckpt::save_hf_weights(*model, kTiny, (dir / "hf").string(), options); }),
+      contains(message_of([&] { ckpt::save_hf_weights(*model, kTiny, (dir / "hf").string(), options); }),
           "already exists"));
 }
 
 TEST(HfFolder, ShardsAboveTheSizeLimit) {
-  const fs::path dir = test::hf_test_dir("hf_sharded");
+  const fs::path dir = test::fresh_test_dir("hf_sharded");
   const auto model = test::seeded_model(kTiny, 2);
   ckpt::HfWriteOptions options;
   options.max_shard_bytes = 50'000;  // tiny: ~150 KB of float32 weights, 77 KB embedding/head
@@ -158,7 +158,7 @@ TEST(HfFolder, ShardsAboveTheSizeLimit) {
 }
 
 TEST(HfFolder, LoadModelFromEveryKindOfPathGivesTheSameLogits) {
-  const fs::path dir = test::hf_test_dir("hf_load_model");
+  const fs::path dir = test::fresh_test_dir("hf_load_model");
   const auto model = test::seeded_model(kTiny, 4);
   const at::Tensor expected = logits_of(*model);
   save_checkpoint(*model, kTiny, (dir / "ckpt" / "step-10").string());
@@ -184,15 +184,15 @@ TEST(HfFolder, LoadModelFromEveryKindOfPathGivesTheSameLogits) {
   }
   EXPECT_EQ(ckpt::load_model((dir / "ckpt").string(), at::kFloat, 16).source,
             (dir / "ckpt" / "step-9").string());
-  EXPECT_TRUE(has(error_of([&] { ckpt::load_model((dir / "nothing").string(), at::kFloat, 16); }),
+  EXPECT_TRUE(contains(message_of([&] { ckpt::load_model((dir / "nothing").string(), at::kFloat, 16); }),
                   "does not exist"));
   fs::create_directories(dir / "empty");
-  EXPECT_TRUE(has(error_of([&] { ckpt::load_model((dir / "empty").string(), at::kFloat, 16); }),
+  EXPECT_TRUE(contains(message_of([&] { ckpt::load_model((dir / "empty").string(), at::kFloat, 16); }),
                   "neither a titan checkpoint"));
 }
 
 TEST(HfFolder, TrainerHooksLoadAndSave) {
-  const fs::path dir = test::hf_test_dir("hf_hooks");
+  const fs::path dir = test::fresh_test_dir("hf_hooks");
   const nlohmann::json tied = test::custom_tied_gqa_description();
   const auto source = test::seeded_model(tied, 6);
   ckpt::save_hf_weights(*source, tied, (dir / "hf").string(), {});
@@ -210,14 +210,14 @@ TEST(HfFolder, TrainerHooksLoadAndSave) {
   other["args"]["n_kv_heads"] = 1;
   const auto wrong = test::seeded_model(other, 0);
   const std::string msg =
-      error_of([&] { ckpt::load_hf_weights(*wrong, other, (dir / "hf").string()); });
-  EXPECT_TRUE(has(msg, "n_heads: model 3, config.json 6")) << msg;
-  EXPECT_TRUE(has(error_of([&] { ckpt::load_hf_weights(*wrong, kTiny, (dir / "hf").string()); }),
+      message_of([&] { ckpt::load_hf_weights(*wrong, other, (dir / "hf").string()); });
+  EXPECT_TRUE(contains(msg, "n_heads: model 3, config.json 6")) << msg;
+  EXPECT_TRUE(contains(message_of([&] { ckpt::load_hf_weights(*wrong, kTiny, (dir / "hf").string()); }),
                   "another architecture"));
 }
 
 TEST(HfFolder, Bfloat16Export) {
-  const fs::path dir = test::hf_test_dir("hf_bf16");
+  const fs::path dir = test::fresh_test_dir("hf_bf16");
   const auto model = test::seeded_model(kTiny, 8);
   ckpt::HfWriteOptions options;
   options.dtype = at::kBFloat16;
@@ -235,7 +235,7 @@ TEST(HfFolder, Bfloat16Export) {
 }
 
 TEST(HfFolder, TokenizerFilesAreCopied) {
-  const fs::path dir = test::hf_test_dir("hf_tokenizer");
+  const fs::path dir = test::fresh_test_dir("hf_tokenizer");
   write_text(dir / "tok.json", "{\"model\": {}}");
   const auto model = test::seeded_model(kTiny, 1);
   ckpt::HfWriteOptions options;
@@ -262,13 +262,13 @@ TEST(HfFolder, TokenizerFilesAreCopied) {
   EXPECT_FALSE(fs::exists(dir / "hf2" / "notes.txt"));
   options.tokenizer_path = (dir / "missing").string();
   EXPECT_TRUE(
-      has(error_of([&] { ckpt::save_hf_weights(*model, kTiny, (dir / "hf3").string(), options); }),
+      contains(message_of([&] { ckpt::save_hf_weights(*model, kTiny, (dir / "hf3").string(), options); }),
           "missing' does not exist"));
   EXPECT_FALSE(fs::exists(dir / "hf3"));
 }
 
 TEST(HfFolder, CorruptFoldersNameTheFile) {
-  const fs::path dir = test::hf_test_dir("hf_corrupt");
+  const fs::path dir = test::fresh_test_dir("hf_corrupt");
   const auto model = test::seeded_model(kTiny, 1);
   ckpt::HfWriteOptions sharded;
   sharded.max_shard_bytes = 50'000;
@@ -276,7 +276,7 @@ TEST(HfFolder, CorruptFoldersNameTheFile) {
   const std::string hf = (dir / "hf").string();
 
   const auto load_error = [&] {
-    return error_of([&] { ckpt::hf_to_checkpoint(hf, (dir / "out").string()); });
+    return message_of([&] { ckpt::hf_to_checkpoint(hf, (dir / "out").string()); });
   };
   // Index points at a tensor its shard lacks.
   nlohmann::json index = read_json(dir / "hf" / "model.safetensors.index.json");
@@ -286,42 +286,42 @@ TEST(HfFolder, CorruptFoldersNameTheFile) {
   ASSERT_NE(first_shard, norm_shard);
   index["weight_map"]["model.extra.weight"] = first_shard;
   write_text(dir / "hf" / "model.safetensors.index.json", index.dump());
-  EXPECT_TRUE(has(load_error(), "lacks tensor 'model.extra.weight'")) << load_error();
+  EXPECT_TRUE(contains(load_error(), "lacks tensor 'model.extra.weight'")) << load_error();
   // A shard missing.
   write_text(dir / "hf" / "model.safetensors.index.json", original_index.dump());
   fs::rename(dir / "hf" / norm_shard, dir / "moved.safetensors");
-  EXPECT_TRUE(has(load_error(), norm_shard)) << load_error();
+  EXPECT_TRUE(contains(load_error(), norm_shard)) << load_error();
   fs::rename(dir / "moved.safetensors", dir / "hf" / norm_shard);
   // A tensor missing from the weights altogether.
   index = original_index;
   index["weight_map"].erase("model.norm.weight");
   write_text(dir / "hf" / "model.safetensors.index.json", index.dump());
-  EXPECT_TRUE(has(load_error(), "no Hugging Face tensor for parameter 'norm.weight'"))
+  EXPECT_TRUE(contains(load_error(), "no Hugging Face tensor for parameter 'norm.weight'"))
       << load_error();
   write_text(dir / "hf" / "model.safetensors.index.json", original_index.dump());
   // config.json: broken JSON, unsupported model type or settings.
   const nlohmann::json config = read_json(dir / "hf" / "config.json");
   write_text(dir / "hf" / "config.json", "{\"hidden_size\": ");
-  EXPECT_TRUE(has(load_error(), "config.json: not valid JSON")) << load_error();
+  EXPECT_TRUE(contains(load_error(), "config.json: not valid JSON")) << load_error();
   nlohmann::json other = config;
   other["model_type"] = "gpt2";
   write_text(dir / "hf" / "config.json", other.dump());
-  EXPECT_TRUE(has(load_error(), "config.json: Hugging Face model_type 'gpt2' is not supported"))
+  EXPECT_TRUE(contains(load_error(), "config.json: Hugging Face model_type 'gpt2' is not supported"))
       << load_error();
   other = config;
   other["num_hidden_layers"] = 3;  // layer 2's tensors are missing
   write_text(dir / "hf" / "config.json", other.dump());
-  EXPECT_TRUE(has(load_error(), "no Hugging Face tensor for parameter 'layers.2.")) << load_error();
+  EXPECT_TRUE(contains(load_error(), "no Hugging Face tensor for parameter 'layers.2.")) << load_error();
   other = config;
   other["hidden_size"] = 128;
   other["head_dim"] = 32;
   write_text(dir / "hf" / "config.json", other.dump());
-  EXPECT_TRUE(has(load_error(), "has shape [300, 64], config.json implies [300, 128]"))
+  EXPECT_TRUE(contains(load_error(), "has shape [300, 64], config.json implies [300, 128]"))
       << load_error();
   write_text(dir / "hf" / "config.json", config.dump());
   // No weights at all.
   fs::remove(dir / "hf" / "model.safetensors.index.json");
-  EXPECT_TRUE(has(load_error(), "has neither model.safetensors nor")) << load_error();
+  EXPECT_TRUE(contains(load_error(), "has neither model.safetensors nor")) << load_error();
   EXPECT_FALSE(fs::exists(dir / "out"));
 }
 

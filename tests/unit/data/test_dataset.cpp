@@ -5,7 +5,7 @@
 #include "titan/components/data/manifest.h"
 #include "titan/components/data/sotu.h"
 
-#include "data_test_util.h"
+#include "../test_util.h"
 
 #include <gtest/gtest.h>
 

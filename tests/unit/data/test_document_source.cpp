@@ -6,7 +6,7 @@
 #include "titan/components/data/document_source.h"
 #include "titan/components/data/token_file.h"
 
-#include "data_test_util.h"
+#include "../test_util.h"
 
 #include <gtest/gtest.h>
 

@@ -1,4 +1,4 @@
-// Helpers shared by the data tests: writing files and reading an exception's message.
+// Helpers shared by the unit tests: writing files, fresh folders, reading an exception's message.
 #pragma once
 
 #include <filesystem>
