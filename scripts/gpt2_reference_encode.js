@@ -8,6 +8,7 @@
 'use strict';
 const fs = require('fs');
 const path = require('path');
+const {writeIds} = require(path.join(__dirname, 'encode_lines.js'));
 
 const [packageDir, input, mode] = process.argv.slice(2);
 if (!packageDir || !input) {
@@ -26,13 +27,4 @@ function ids_of(text) {
   return ids;
 }
 
-const text = fs.readFileSync(input, 'utf-8');
-const out = [];
-if (mode === '--whole') {
-  out.push(ids_of(text).join(' '));
-} else {
-  const lines = text.split('\n');
-  if (lines.length > 0 && lines[lines.length - 1] === '') lines.pop();
-  for (const line of lines) out.push(ids_of(line).join(' '));
-}
-fs.writeSync(1, out.join('\n') + (out.length ? '\n' : ''));
+writeIds(input, mode, ids_of);
