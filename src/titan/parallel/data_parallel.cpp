@@ -475,30 +475,40 @@ void DataParallel::zero_grad() {
 
 double DataParallel::clip_grad_norm(double max_norm) {
   Impl& d = *impl_;
+  std::vector<at::Tensor> grads;
+  for (const auto& u : d.units) grads.push_back(u.grad);  // padding rows hold zeros
+  const std::vector<double> weights(grads.size(), 1.0);
+  return clip_grad_norm_sharded(grads, weights, {d.options.shard_group.get()}, max_norm);
+}
+
+double clip_grad_norm_sharded(const std::vector<at::Tensor>& grads,
+                              const std::vector<double>& weights,
+                              const std::vector<dist::Group*>& groups, double max_norm) {
   at::NoGradGuard no_grad;
-  at::Tensor sq = at::zeros({1}, d.on_device(at::kDouble));
-  bool any = false;
-  for (const auto& u : d.units) {
-    if (!u.grad.defined()) continue;
-    sq += u.grad.to(at::kDouble).pow(2).sum();  // padding rows hold zeros
-    any = true;
+  at::Device device = at::kCPU;
+  for (const auto& g : grads) {
+    if (g.defined()) device = g.device();
   }
-  if (d.N > 1) {
-    dist::Work work = d.options.shard_group->all_reduce(sq);
-    d.timed_wait(work);
+  at::Tensor sq = at::zeros({1}, at::TensorOptions().dtype(at::kDouble).device(device));
+  for (size_t i = 0; i < grads.size(); ++i) {
+    if (!grads[i].defined() || grads[i].numel() == 0) continue;
+    sq += grads[i].to(at::kDouble).pow(2).sum() * weights[i];
+  }
+  for (dist::Group* g : groups) {
+    if (g != nullptr && g->size() > 1) g->all_reduce(sq, dist::ReduceOp::kSum).wait();
   }
   const double total = std::sqrt(sq.item<double>());
-  if (!any && d.N == 1) return 0.0;
   if (max_norm > 0 && std::isfinite(total)) {
     const double coef = max_norm / (total + 1e-6);
     if (coef < 1.0) {
-      for (auto& u : d.units) {
-        if (u.grad.defined()) u.grad.mul_(coef);
+      for (const auto& g : grads) {
+        if (g.defined()) g.mul_(coef);
       }
     }
   }
   return total;
 }
+
 
 std::vector<std::pair<std::string, at::Tensor>> DataParallel::gather_full_parameters() {
   Impl& d = *impl_;
