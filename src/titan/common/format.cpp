@@ -7,9 +7,16 @@
 namespace titan {
 
 std::string with_commas(int64_t value) {
-  std::string s = std::to_string(value < 0 ? -value : value);
-  for (int i = static_cast<int>(s.size()) - 3; i > 0; i -= 3) s.insert(static_cast<size_t>(i), ",");
-  return value < 0 ? "-" + s : s;
+  // The magnitude as unsigned: -INT64_MIN does not fit an int64_t.
+  const uint64_t magnitude =
+      value < 0 ? uint64_t{0} - static_cast<uint64_t>(value) : static_cast<uint64_t>(value);
+  const std::string digits = std::to_string(magnitude);
+  std::string out = value < 0 ? "-" : "";
+  for (size_t i = 0; i < digits.size(); ++i) {
+    if (i > 0 && (digits.size() - i) % 3 == 0) out += ',';
+    out += digits[i];
+  }
+  return out;
 }
 
 std::string human_bytes(uint64_t bytes) {

@@ -130,6 +130,14 @@ std::shared_ptr<Group::State> make_state(const c10::intrusive_ptr<c10d::Store>& 
   s->size = size;
   s->ranks = std::move(world_ranks);
   if (env_flag("TITAN_COMM_CHECK")) options.check_agreement = true;
+  if (const char* ops = std::getenv("TITAN_GLOO_OPS"); ops != nullptr && *ops != '\0') {
+    const std::string v = ops;
+    TITAN_CHECK(v == "native" || v == "built", "TITAN_GLOO_OPS='", v,
+                "' must be 'native' (Gloo's own reduce-scatter, all-gather, AVG and 16-bit "
+                "all-reduce) or 'built' (ours, on all-to-all and fp32 sums); unset: the default "
+                "mix (comm.h)");
+    options.gloo_ops = v == "native" ? GlooOps::all_native() : GlooOps::all_built();
+  }
   s->timeout_ms = options.timeout.count();
   s->options = std::move(options);
   return s;

@@ -6,26 +6,25 @@
 //   ...overlap compute...
 //   w.wait();                                  // result valid; throws CommError on failure
 //
-// What the backends lack is built here on what they have:
-//   Gloo (libtorch 1.13)   no bf16, no AVG, no reduce_scatter, no _allgather_base.
-//     - bf16/fp16 reductions (all_reduce) run in fp32: one cast each way plus twice the bytes on
-//       the wire; a bf16 reduce-scatter moves bf16 bits and sums locally in fp32 (no extra wire
-//       bytes). Pure data movement (all_gather, all_to_all, broadcast, send/recv) moves any
-//       2-byte dtype as fp16 bits and bool as uint8 bits: no cast, no rounding.
-//     - AVG = SUM, then a local divide by the group size (integer AVG is refused).
-//     - reduce_scatter_tensor = all_to_all_single of the size chunks + a local reduction of the
-//       chunks received, in rank order: the same bytes on the wire as a ring reduce-scatter,
-//       plus a receive buffer as large as the input.
-//     - all_gather_into_tensor = all_to_all_single of `size` copies of the input straight into
-//       the output: the same bytes on the wire as a ring all-gather, plus a send buffer as large
-//       as the output (c10d's list allgather would allocate a fresh one on every call).
-//     Those buffers come from a per-group pool and are reused (see ScratchPool): fresh large
-//     allocations cost page faults on every call. Measured (bench/comm_bench.cpp, 2 ranks,
-//     16 MB): all_gather and reduce_scatter within ~1.5-2x of a bare all_to_all; a bf16
-//     all_reduce ~4x an fp32 one of the same bytes.
-//   NCCL (CUDA builds)     every op is native (AVG needs NCCL >= 2.10). wait() makes the
-//     current CUDA stream wait for the op instead of blocking the CPU, and c10d's NCCL watchdog
-//     enforces the timeout. The CPU test suite does not exercise this path.
+// Where Gloo's own implementation of an op is slow or missing, it is built here on what is fast
+// (GlooOps picks, per op, native or built; bench/comm_bench compares the two on this machine):
+//   - reduce_scatter_tensor: Gloo's _reduce_scatter_base is an all-reduce of the whole input
+//     followed by a local chunk (twice the bytes of a reduce-scatter on the wire). Built: an
+//     all_to_all_single of the size chunks + a local reduction of the chunks received, in rank
+//     order (the bytes of a ring reduce-scatter, plus a receive buffer as large as the input);
+//     bf16/fp16 chunks move as 16-bit and sum in fp32.
+//   - all_gather_into_tensor: Gloo's _allgather_base gathers into a list and copies. Built: an
+//     all_to_all_single of `size` copies of the input straight into the output (the bytes of a
+//     ring all-gather, plus a send buffer as large as the output).
+//   - all_reduce AVG (SUM, then a local divide) and bf16/fp16 all_reduce (reduce an fp32 copy,
+//     round once): native in the Gloo of libtorch 2.x, which sums 16-bit values in 16 bits at
+//     each hop (one rounding per rank instead of one in all).
+//   - int16 (Gloo lacks it) moves as fp16 bits: no arithmetic, bit-exact.
+//     Built ops take their buffers from a per-group pool and reuse them (see ScratchPool):
+//     fresh large allocations cost page faults on every call.
+//   NCCL (CUDA builds)     every op is native. wait() makes the current CUDA stream wait for the
+//     op instead of blocking the CPU, and c10d's NCCL watchdog enforces the timeout. The CPU test
+//     suite compiles this path but does not run it.
 //
 // Misuse is caught before anything is issued, because a failed Gloo collective leaves the group
 // unusable. Checked locally, always, for free: tensors defined, contiguous, on the backend's
@@ -74,6 +73,19 @@ struct CommError : std::runtime_error {
 
 class Work;
 
+// Which Gloo ops go to Gloo's own implementation (true) and which are built on others here
+// (false); see the top of this file. The defaults are the faster of the two as measured by
+// bench/comm_bench on 2-core CPUs (the README's "Collectives" table); TITAN_GLOO_OPS=native or
+// =built sets all four for a process (benchmarks, tests).
+struct GlooOps {
+  bool all_reduce_avg = true;
+  bool all_reduce_low_precision = true;
+  bool reduce_scatter = false;
+  bool all_gather = false;
+  static GlooOps all_native() { return {true, true, true, true}; }
+  static GlooOps all_built() { return {false, false, false, false}; }
+};
+
 struct GroupOptions {
   // Shown in errors ("world", "dp_shard", ...); also the store prefix, so create a top-level
   // group of a given name once per store.
@@ -91,6 +103,8 @@ struct GroupOptions {
   std::string gloo_hostname;
   // Gloo worker threads (each can run one collective at a time).
   int gloo_threads = 2;
+  // Gloo: native or built implementation per op. Sub-groups inherit it.
+  GlooOps gloo_ops;
 };
 
 // One process group: `size` ranks that run collectives together. Create with Group::create on

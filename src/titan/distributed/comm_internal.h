@@ -20,8 +20,6 @@ class Device;
 
 namespace titan::dist {
 
-using C10dBackend = TITAN_C10D_BACKEND_CLASS;
-
 // Scratch memory for the local parts of emulated ops (fp32 copies of bf16 tensors, receive
 // buffers, accumulators). Freshly allocated large tensors cost page faults on every call (tens
 // of ms per 16 MB on some machines), so buffers are kept and handed out again once nothing
@@ -41,7 +39,7 @@ class ScratchPool {
 struct Group::State : std::enable_shared_from_this<Group::State> {
   c10::intrusive_ptr<c10d::Store> root_store;  // the job's store, without this group's prefix
   std::string prefix;                          // this group's keys live under it
-  c10::intrusive_ptr<C10dBackend> pg;
+  c10::intrusive_ptr<c10d::Backend> pg;
   std::vector<std::shared_ptr<::gloo::transport::Device>> gloo_devices;  // shared with sub-groups
   GroupOptions options;
   int rank = 0;

@@ -16,15 +16,10 @@ bool low_precision(const at::Tensor& t) {
   return t.scalar_type() == at::kBFloat16 || t.scalar_type() == at::kHalf;
 }
 
-// Gloo (1.13) moves fp16 but not bf16 or int16, and not bool: data movement needs no arithmetic,
-// so move those as fp16 / uint8 bits of the same size. Bit-exact, no copy.
+// Gloo moves no int16: data movement needs no arithmetic, so move it as fp16 bits of the same
+// size. Bit-exact, no copy.
 at::Tensor gloo_wire(const at::Tensor& t) {
-  switch (t.scalar_type()) {
-    case at::kBFloat16:
-    case at::kShort: return t.view(at::kHalf);
-    case at::kBool: return t.view(at::kByte);
-    default: return t;
-  }
+  return t.scalar_type() == at::kShort ? t.view(at::kHalf) : t;
 }
 
 c10d::ReduceOp to_c10d(ReduceOp op) {
@@ -126,23 +121,26 @@ Work Group::all_reduce(const at::Tensor& tensor, ReduceOp op) {
 
   c10d::AllreduceOptions opts;
   opts.timeout = s.timeout();
-  if (!is_gloo(s)) {
+  const GlooOps& native = s.options.gloo_ops;
+  const bool built_avg = is_gloo(s) && op == ReduceOp::kAvg && !native.all_reduce_avg;
+  const bool fp32_copy = is_gloo(s) && low_precision(tensor) && !native.all_reduce_low_precision;
+  if (!built_avg && !fp32_copy) {
     opts.reduceOp = to_c10d(op);
     std::vector<at::Tensor> v{tensor};
     return make_work(state_, label, s.pg->allreduce(v, opts));
   }
-  // Gloo: no AVG (sum, then divide) and no bf16 (reduce an fp32 copy, round once at the end).
-  opts.reduceOp = to_c10d(op == ReduceOp::kAvg ? ReduceOp::kSum : op);
+  // Built: AVG = SUM, then divide; 16-bit = reduce an fp32 copy, round once at the end.
+  opts.reduceOp = to_c10d(built_avg ? ReduceOp::kSum : op);
   at::Tensor buffer = tensor;
-  if (low_precision(tensor)) {
+  if (fp32_copy) {
     buffer = s.scratch.get(tensor.numel(), at::kFloat).view(tensor.sizes());
     buffer.copy_(tensor);
   }
   std::vector<at::Tensor> v{buffer};
   auto work = s.pg->allreduce(v, opts);
   const int size = s.size;
-  return make_work(state_, label, work, [tensor, buffer, op, size] {
-    if (op == ReduceOp::kAvg) buffer.div_(size);
+  return make_work(state_, label, work, [tensor, buffer, built_avg, size] {
+    if (built_avg) buffer.div_(size);
     if (!buffer.is_same(tensor)) tensor.copy_(buffer);
   });
 }
@@ -163,11 +161,16 @@ Work Group::all_gather_into_tensor(const at::Tensor& output, const at::Tensor& i
   opts.timeout = s.timeout();
   at::Tensor out = output;
   at::Tensor in = input;
-  if (!is_gloo(s)) return make_work(state_, label, s.pg->_allgather_base(out, in, opts));
-
-  // Gloo has no _allgather_base, and its list allgather allocates a fresh flat buffer per call:
-  // send this rank's input to every rank with an all-to-all straight into the output instead
-  // (the same bytes on the wire; locally, size copies of the input into a scratch buffer).
+  if (!is_gloo(s) || s.options.gloo_ops.all_gather) {
+    // Flat: backends split the output along dim 0 into `size` pieces shaped like the input, so a
+    // stacked (size, n0, ...) output would not match.
+    out = (is_gloo(s) ? gloo_wire(out) : out).view({-1});
+    in = (is_gloo(s) ? gloo_wire(in) : in).view({-1});
+    return make_work(state_, label, s.pg->_allgather_base(out, in, opts));
+  }
+  // Built: send this rank's input to every rank with an all-to-all straight into the output (the
+  // same bytes on the wire as a ring all-gather; locally, size copies of the input into a
+  // scratch buffer). Gloo's own gathers into a list of fresh tensors and copies.
   at::Tensor flat_in = gloo_wire(input).view({-1});
   at::Tensor flat_out = gloo_wire(output).view({-1});
   const int64_t n = flat_in.numel();
@@ -189,17 +192,17 @@ Work Group::reduce_scatter_tensor(const at::Tensor& output, const at::Tensor& in
       s, {OpKind::kReduceScatter, output.scalar_type(), output.numel(), static_cast<int64_t>(op)});
   if (output.numel() == 0) return make_work(state_, label, {});
 
-  if (!is_gloo(s)) {
+  if (!is_gloo(s) || s.options.gloo_ops.reduce_scatter) {
     c10d::ReduceScatterOptions opts;
     opts.timeout = s.timeout();
     opts.reduceOp = to_c10d(op);
-    at::Tensor out = output;
-    at::Tensor in = input;
+    at::Tensor out = output.view({-1});  // flat, as for all_gather_into_tensor
+    at::Tensor in = input.view({-1});
     return make_work(state_, label, s.pg->_reduce_scatter_base(out, in, opts));
   }
-  // Gloo has no reduce-scatter: chunk j of every rank goes to rank j (an all-to-all, the same
-  // bytes as a ring reduce-scatter), and each rank reduces the size chunks it received. The bits
-  // travel in the input dtype; the sum is in fp32 for bf16/fp16.
+  // Built: chunk j of every rank goes to rank j (an all-to-all, the same bytes as a ring
+  // reduce-scatter; Gloo's own all-reduces the whole input), and each rank reduces the size
+  // chunks it received. The bits travel in the input dtype; the sum is in fp32 for bf16/fp16.
   at::Tensor send = gloo_wire(input).view({-1});
   at::Tensor recv = s.scratch.get(send.numel(), send.scalar_type());
   auto work = equal_all_to_all(s, recv, send);

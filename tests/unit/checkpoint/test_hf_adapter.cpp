@@ -177,6 +177,66 @@ TEST(HfAdapter, PublishedLlama31ConfigIsThe8BFlavor) {
   EXPECT_EQ(description, nlohmann::json({{"name", "llama3"}, {"flavor", "8B"}}));
 }
 
+// transformers >= 5 writes RoPE as one "rope_parameters" object (theta inside, no top-level
+// "rope_theta") and "dtype" for "torch_dtype": LlamaConfig(...).save_pretrained of the tiny
+// flavor's sizes.
+TEST(HfAdapter, Transformers5RopeParametersAreRead) {
+  nlohmann::json config = nlohmann::json::parse(R"({
+    "architectures": ["LlamaForCausalLM"], "attention_bias": false, "attention_dropout": 0.0,
+    "bos_token_id": 1, "dtype": "bfloat16", "eos_token_id": 2, "head_dim": 16,
+    "hidden_act": "silu", "hidden_size": 64, "initializer_range": 0.02, "intermediate_size": 192,
+    "max_position_embeddings": 16384, "mlp_bias": false, "model_type": "llama",
+    "num_attention_heads": 4, "num_hidden_layers": 2, "num_key_value_heads": 2,
+    "pad_token_id": null, "pretraining_tp": 1, "rms_norm_eps": 1e-05,
+    "rope_parameters": {"factor": 8.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
+      "original_max_position_embeddings": 8192, "rope_theta": 500000.0, "rope_type": "llama3"},
+    "tie_word_embeddings": false, "transformers_version": "5.23.0", "use_cache": true,
+    "vocab_size": 300})");
+  const HfAdapter& hf = get_model_spec("llama3").hf;
+  EXPECT_EQ(hf.from_hf_config(config), nlohmann::json({{"name", "llama3"},
+                                                       {"flavor", "tiny"},
+                                                       {"args", {{"max_seq_len", 16384}}}}));
+
+  // Other llama3 parameters and theta; original_max_position_embeddings defaults to
+  // max_position_embeddings, as transformers 5 fills it in.
+  config["rope_parameters"] = {{"rope_type", "llama3"}, {"rope_theta", 20000.0}, {"factor", 4.0},
+                               {"low_freq_factor", 2.0}, {"high_freq_factor", 8.0}};
+  llama3::Llama3Args args = llama3::args_from_hf_config(config);
+  EXPECT_EQ(args.rope_theta, 20000.0);
+  EXPECT_TRUE(args.use_rope_scaling);
+  EXPECT_EQ(args.rope_scaling.scaling_factor, 4.0);
+  EXPECT_EQ(args.rope_scaling.low_freq_factor, 2.0);
+  EXPECT_EQ(args.rope_scaling.high_freq_factor, 8.0);
+  EXPECT_EQ(args.rope_scaling.original_max_position_embeddings, 16384);
+
+  // The default rope type: no scaling, theta from the object.
+  config["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", 123456.0}};
+  args = llama3::args_from_hf_config(config);
+  EXPECT_FALSE(args.use_rope_scaling);
+  EXPECT_EQ(args.rope_theta, 123456.0);
+
+  // A non-empty "rope_scaling" wins, with the top-level "rope_theta" (older files with both).
+  config["rope_theta"] = 7000.0;
+  config["rope_scaling"] = {{"rope_type", "llama3"}, {"factor", 2.0}, {"low_freq_factor", 1.0},
+                            {"high_freq_factor", 4.0}, {"original_max_position_embeddings", 64}};
+  config["rope_parameters"] = {{"rope_type", "default"}};
+  args = llama3::args_from_hf_config(config);
+  EXPECT_TRUE(args.use_rope_scaling);
+  EXPECT_EQ(args.rope_theta, 7000.0);
+  EXPECT_EQ(args.rope_scaling.scaling_factor, 2.0);
+  EXPECT_EQ(args.rope_scaling.original_max_position_embeddings, 64);
+
+  config.erase("rope_scaling");
+  config["rope_parameters"] = {{"rope_type", "yarn"}, {"rope_theta", 1e4}, {"factor", 4.0}};
+  EXPECT_TRUE(contains(message_of([&] { hf.from_hf_config(config); }),
+                       "rope_parameters type 'yarn' is not supported"));
+  config["rope_parameters"] = {{"rope_type", "default"}, {"partial_rotary_factor", 0.5}};
+  EXPECT_TRUE(contains(message_of([&] { hf.from_hf_config(config); }), "partial_rotary_factor"));
+  config["rope_parameters"] = {{"rope_type", 3}};
+  EXPECT_TRUE(contains(message_of([&] { hf.from_hf_config(config); }),
+                       "\"rope_parameters\".rope_type must be a string"));
+}
+
 TEST(HfAdapter, ConfigRoundTripsThroughADescription) {
   const HfAdapter& hf = get_model_spec("llama3").hf;
   for (const nlohmann::json& description :

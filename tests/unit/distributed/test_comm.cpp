@@ -44,11 +44,13 @@ at::Tensor reference_reduce(int size, at::IntArrayRef shape, at::ScalarType dtyp
   return {};
 }
 
-// bf16 results are rounded once from an fp32 accumulation: within one bf16 ulp (2^-8 relative).
-void expect_close(const at::Tensor& actual, const at::Tensor& expected, const std::string& what) {
+// Built ops round 16-bit results once from an fp32 accumulation: within one ulp (bf16: 2^-8
+// relative). Gloo's native 16-bit reductions round at each of the size - 1 hops: `roundings`.
+void expect_close(const at::Tensor& actual, const at::Tensor& expected, const std::string& what,
+                  int roundings = 1) {
   at::ScalarType dt = actual.scalar_type();
-  double rtol = dt == at::kBFloat16 ? 8e-3 : dt == at::kHalf ? 1e-3 : 1e-5;
-  double atol = dt == at::kBFloat16 ? 8e-3 : dt == at::kHalf ? 1e-3 : 1e-5;
+  double rtol = roundings * (dt == at::kBFloat16 ? 8e-3 : dt == at::kHalf ? 1e-3 : 1e-5);
+  double atol = roundings * (dt == at::kBFloat16 ? 8e-3 : dt == at::kHalf ? 1e-3 : 1e-5);
   at::Tensor a = actual.to(at::kDouble);
   at::Tensor e = expected.to(at::kDouble);
   ASSERT_EQ(a.sizes(), e.sizes()) << what;
@@ -60,14 +62,20 @@ void expect_close(const at::Tensor& actual, const at::Tensor& expected, const st
       << what << ": max |diff| " << (a - e).abs().max().item<double>();
 }
 
-// Parameters: world size, and whether the cross-rank agreement check runs before each op (the
-// ops must give the same results either way; off is the production default).
-class CommTest : public ::testing::TestWithParam<std::tuple<int, bool>> {
+// Parameters: world size; whether the cross-rank agreement check runs before each op (the ops
+// must give the same results either way; off is the production default); and whether Gloo's
+// native reduce-scatter / all-gather / AVG / 16-bit all-reduce run, or the ones built here
+// (dist::GlooOps), which must agree.
+class CommTest : public ::testing::TestWithParam<std::tuple<int, bool, bool>> {
  protected:
   int world_size() const { return std::get<0>(GetParam()); }
+  bool native() const { return std::get<2>(GetParam()); }
+  // 16-bit roundings a reduction may accumulate.
+  int roundings() const { return native() ? world_size() - 1 : 1; }
   dist::GroupOptions options() const {
     dist::GroupOptions o = test::loopback_options();
     o.check_agreement = std::get<1>(GetParam());
+    o.gloo_ops = native() ? dist::GlooOps::all_native() : dist::GlooOps::all_built();
     return o;
   }
 };
@@ -86,7 +94,8 @@ TEST_P(CommTest, AllReduceEveryOpAndDtype) {
         at::Tensor expected = reference_reduce(size, shape, dtype, op);
         if (!at::isFloatingType(dtype)) expected = expected.to(dtype);
         expect_close(t, expected,
-                     std::string("all_reduce ") + c10::toString(dtype) + " " + dist::to_string(op));
+                     std::string("all_reduce ") + c10::toString(dtype) + " " + dist::to_string(op),
+                     roundings());
         EXPECT_EQ(t.scalar_type(), dtype);
       }
     }
@@ -135,8 +144,10 @@ TEST_P(CommTest, ReduceScatterTensorEveryOpAndDtype) {
         at::Tensor expected =
             reference_reduce(size, {size * 3, 4}, dtype, op).narrow(0, rank * 3, 3);
         if (dtype == at::kLong) expected = expected.to(dtype);
-        expect_close(out, expected, std::string("reduce_scatter ") + c10::toString(dtype) + " " +
-                                        dist::to_string(op));
+        expect_close(out, expected,
+                     std::string("reduce_scatter ") + c10::toString(dtype) + " " +
+                         dist::to_string(op),
+                     roundings());
       }
     }
     // The stacked form: input (size, n).
@@ -224,10 +235,12 @@ TEST_P(CommTest, BroadcastSendRecvBarrier) {
 }
 
 INSTANTIATE_TEST_SUITE_P(WorldSizes, CommTest,
-                         ::testing::Combine(::testing::Values(2, 3, 4), ::testing::Bool()),
+                         ::testing::Combine(::testing::Values(2, 3, 4), ::testing::Bool(),
+                                            ::testing::Bool()),
                          [](const auto& info) {
                            return "world" + std::to_string(std::get<0>(info.param)) +
-                                  (std::get<1>(info.param) ? "_checked" : "_unchecked");
+                                  (std::get<1>(info.param) ? "_checked" : "_unchecked") +
+                                  (std::get<2>(info.param) ? "_native" : "_built");
                          });
 
 TEST(Comm, SubgroupsByRankList) {

@@ -133,10 +133,15 @@ TEST(Llama3Args, ActivationBytesGrowWithBatchAndShrinkInBf16) {
   EXPECT_GT(two.activation_bytes, one.activation_bytes);
   EXPECT_LT(bf16.activation_bytes, two.activation_bytes);
   EXPECT_GT(bf16.activation_bytes, two.activation_bytes / 3);
-  // More than the attention probabilities (layers * heads * entries, float32) and the float32
-  // logits with their log-softmax.
+  // More than the float32 logits with their log-softmax plus, per layer, the attention inputs
+  // and output (q, k, v, out) and the SwiGLU intermediates.
+  const int64_t tokens = 2048;
+  const llama3::Llama3Args args = llama3::args_for_flavor("debugmodel");
   EXPECT_GT(one.activation_bytes,
-            int64_t{6} * 16 * causal_attention_saved_probs(2048) * 4 + 2 * 4 * 2048 * 2048);
+            2 * 4 * tokens * args.vocab_size +
+                args.n_layers * 4 * tokens *
+                    ((args.n_heads + 2 * args.kv_heads()) * args.head_dim() + args.dim +
+                     4 * args.ffn_hidden_dim()));
 }
 
 TEST(Llama3Args, InvalidHeadsAreConfigErrors) {

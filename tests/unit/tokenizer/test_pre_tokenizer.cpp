@@ -1,6 +1,7 @@
 // Pre-tokenizer scanners against the regexes they implement: the splits of adversarial strings
-// computed by V8 (pre_tokenizer_cases.json, from scripts/gen_pre_tokenizer_cases.js), hand-checked
-// cases, and exact coverage of arbitrary (invalid UTF-8) bytes.
+// computed by Hugging Face tokenizers' regex engine (pre_tokenizer_cases.json, from
+// tests/e2e/tokenizer_reference.py pre-tokenizer-cases), hand-checked cases, and exact coverage of
+// arbitrary (invalid UTF-8) bytes.
 #include "titan/components/tokenizer/pre_tokenizer.h"
 #include "titan/components/tokenizer/unicode.h"
 
@@ -34,6 +35,28 @@ TEST(Unicode, Classes) {
   EXPECT_EQ(char_class(0x0301), 0);         // combining acute accent (Mn)
   EXPECT_EQ(char_class(0x1F642), 0);        // emoji
   EXPECT_EQ(char_class(kInvalidCodePoint), 0);
+}
+
+// \s is Unicode White_Space, as in the regex engines of tokenizers and tiktoken (and Python's):
+// NEL is a space, the byte order mark is not (JavaScript's \s has it the other way round, which
+// the tables once followed). Letters follow the Unicode version of those pinned libraries.
+TEST(Unicode, ClassesFollowTheReferenceRegexEngines) {
+  EXPECT_EQ(char_class(0x85), kSpace);      // NEXT LINE (NEL)
+  EXPECT_EQ(char_class(0xFEFF), 0);         // ZERO WIDTH NO-BREAK SPACE (BOM)
+  EXPECT_EQ(char_class(0x180E), 0);         // MONGOLIAN VOWEL SEPARATOR, no space since 6.3
+  EXPECT_EQ(char_class(0x200B), 0);         // ZERO WIDTH SPACE
+  EXPECT_EQ(char_class(0x1C), 0);           // FILE SEPARATOR (Python's str.isspace() says yes)
+  EXPECT_EQ(char_class(0x10D4A), kLetter);  // a Garay letter (Unicode 16.0)
+  EXPECT_EQ(char_class(0x10940), 0);        // a Sidetic letter (Unicode 17.0, not yet theirs)
+}
+
+TEST(PreTokenizer, NextLineIsSpaceByteOrderMarkIsNot) {
+  const std::string nel = "\xc2\x85";
+  const std::string bom = "\xef\xbb\xbf";
+  EXPECT_EQ(split(PreTokenizer::kGpt2, "a" + nel + nel + "b"), (Pieces{"a", nel, nel, "b"}));
+  EXPECT_EQ(split(PreTokenizer::kGpt2, "x\n\n" + bom + "y"), (Pieces{"x", "\n", "\n", bom, "y"}));
+  EXPECT_EQ(split(PreTokenizer::kLlama3, "a" + nel + nel + "b"), (Pieces{"a", nel, nel + "b"}));
+  EXPECT_EQ(split(PreTokenizer::kLlama3, "x\n\n" + bom + "y"), (Pieces{"x", "\n\n", bom + "y"}));
 }
 
 TEST(Unicode, DecodeUtf8RejectsMalformed) {

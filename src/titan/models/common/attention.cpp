@@ -1,17 +1,13 @@
-// Causal GQA self-attention (see attention.h). With libtorch >= 2.0 the fused
-// scaled_dot_product_attention kernel is used for training. On 1.13 the scores are materialised,
-// with three economies: the query heads that share a kv head are folded into the row dimension,
-// so one batched matmul serves all of them without copying K and V n_rep times; the queries are
-// processed in chunks that skip the fully masked part of the score matrix; and under 16-bit
-// compute only the 16-bit probabilities are kept for backward. The inference path (KV cache)
-// always materialises the scores, on any libtorch: a decode step has one query per head, so the
-// scores are a (n_rep, L) row block per kv head and a fused kernel would gain nothing.
+// Causal GQA self-attention (see attention.h). Training uses libtorch's fused
+// scaled_dot_product_attention (flash attention on CPU: O(seqlen) saved statistics instead of the
+// probability matrix). The inference path (KV cache) materialises the scores: a decode step has
+// one query per head, so the scores are a (n_rep, L) row block per kv head and a fused kernel
+// would gain nothing; the query heads that share a kv head are folded into the row dimension, so
+// one batched matmul serves all of them without copying K and V n_rep times, and long prompts go
+// in query chunks that skip the fully masked part of the score matrix.
 #include "titan/models/common/attention.h"
 
 #include "titan/common/check.h"
-#include "titan/common/torch_compat.h"
-
-#include <torch/csrc/autograd/custom_function.h>
 
 #include <algorithm>
 #include <cmath>
@@ -37,102 +33,21 @@ at::Tensor chunk_causal_mask(int64_t t0, int64_t t1, int64_t n_rep,
       .masked_fill_(key_pos.gt(query_pos), -std::numeric_limits<double>::infinity());
 }
 
-#if !TITAN_HAS_SDPA
-// softmax(scores) computed in float32 and returned in the scores' 16-bit dtype. Backward
-// rebuilds the float32 gradient from the 16-bit probabilities, the same tensor the value matmul
-// keeps, so no float32 copy of the (rows, keys) matrix outlives the forward.
-struct SoftmaxToReduced : public torch::autograd::Function<SoftmaxToReduced> {
-  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& scores) {
-    const at::Tensor probs = at::softmax(scores, -1, at::kFloat).to(scores.scalar_type());
-    ctx->save_for_backward({probs});
-    return probs;
-  }
-
-  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
-                                                 torch::autograd::variable_list grads) {
-    const at::Tensor probs = ctx->get_saved_variables()[0].to(at::kFloat);
-    const at::Tensor grad = grads[0].to(at::kFloat);
-    // d softmax: p * (g - sum(g * p))
-    const at::Tensor grad_scores = probs * (grad - (grad * probs).sum(-1, /*keepdim=*/true));
-    return {grad_scores.to(grads[0].scalar_type())};
-  }
-};
-
-// Probabilities in the dtype of `scores`; the softmax itself always runs in float32 or wider.
-at::Tensor causal_softmax(const at::Tensor& scores) {
-  if (is_reduced_float(scores.scalar_type())) {
-    return SoftmaxToReduced::apply(scores);
-  }
-  return at::softmax(scores, -1);
-}
-#endif
-
 }  // namespace
 
 at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
-  const int64_t bs = q.size(0);
-  const int64_t seqlen = q.size(1);
   const int64_t n_heads = q.size(2);
-  const int64_t head_dim = q.size(3);
   const int64_t n_kv_heads = k.size(2);
   TITAN_CHECK(n_kv_heads > 0 && n_heads % n_kv_heads == 0, "n_kv_heads (", n_kv_heads,
               ") must divide n_heads (", n_heads, ")");
   const int64_t n_rep = n_heads / n_kv_heads;
-#if TITAN_HAS_SDPA
-  at::Tensor keys = k;
-  at::Tensor values = v;
-  if (n_rep > 1) {
-    // (bs, seqlen, n_kv_heads, n_rep, head_dim) -> (bs, seqlen, n_heads, head_dim)
-    keys = k.unsqueeze(3).expand({bs, seqlen, n_kv_heads, n_rep, head_dim}).reshape(q.sizes());
-    values = v.unsqueeze(3).expand({bs, seqlen, n_kv_heads, n_rep, head_dim}).reshape(q.sizes());
-  }
+  // Query head h reads kv head h / n_rep: SDPA's enable_gqa does this inside the kernel, with no
+  // (bs, n_heads, seqlen, head_dim) copies of K and V.
   const at::Tensor out = at::scaled_dot_product_attention(
-      q.transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2), /*attn_mask=*/{},
-      /*dropout_p=*/0.0, /*is_causal=*/true);  // (bs, n_heads, seqlen, head_dim)
+      q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), /*attn_mask=*/{},
+      /*dropout_p=*/0.0, /*is_causal=*/true, /*scale=*/std::nullopt,
+      /*enable_gqa=*/n_rep > 1);  // (bs, n_heads, seqlen, head_dim)
   return out.transpose(1, 2).contiguous();
-#else
-  const double scale = 1.0 / std::sqrt(static_cast<double>(head_dim));
-  const int64_t batch = bs * n_kv_heads;
-  // Query head h = g * n_rep + r reads kv head g: fold r into the rows, position-major, so that
-  // row t * n_rep + r is (position t, head g * n_rep + r) and a range of positions is a range of
-  // rows. (batch, seqlen * n_rep, head_dim)
-  const at::Tensor q_rows = q.view({bs, seqlen, n_kv_heads, n_rep, head_dim})
-                                .permute({0, 2, 1, 3, 4})
-                                .reshape({batch, seqlen * n_rep, head_dim});
-  const at::Tensor k_t = k.permute({0, 2, 3, 1}).reshape({batch, head_dim, seqlen});
-  const at::Tensor v_rows = v.permute({0, 2, 1, 3}).reshape({batch, seqlen, head_dim});
-  // Causality: queries in [t0, t1) only see keys [0, t1), so chunking the queries skips most of
-  // the masked upper triangle (with n chunks, (n + 1) / 2n of the full score matrix is computed).
-  std::vector<at::Tensor> chunks;
-  for (int64_t t0 = 0; t0 < seqlen; t0 += kQueryChunk) {
-    const int64_t t1 = std::min(seqlen, t0 + kQueryChunk);
-    const at::Tensor q_chunk = q_rows.narrow(1, t0 * n_rep, (t1 - t0) * n_rep);
-    const at::Tensor mask = chunk_causal_mask(t0, t1, n_rep, q.options());
-    // scale * q k^T + mask in one kernel: (batch, (t1 - t0) * n_rep, t1)
-    const at::Tensor scores =
-        at::baddbmm(mask, q_chunk, k_t.narrow(2, 0, t1), /*beta=*/1.0, /*alpha=*/scale);
-    chunks.push_back(at::bmm(causal_softmax(scores), v_rows.narrow(1, 0, t1)));
-  }
-  const at::Tensor out =
-      chunks.size() == 1 ? chunks[0] : at::cat(chunks, 1);  // (batch, seqlen * n_rep, hd)
-  return out.view({bs, n_kv_heads, seqlen, n_rep, head_dim})
-      .permute({0, 2, 1, 3, 4})
-      .contiguous()
-      .view({bs, seqlen, n_heads, head_dim});
-#endif
-}
-
-int64_t causal_attention_saved_probs(int64_t seqlen) {
-#if TITAN_HAS_SDPA
-  return 0;
-#else
-  int64_t entries = 0;
-  for (int64_t t0 = 0; t0 < seqlen; t0 += kQueryChunk) {
-    const int64_t t1 = std::min(seqlen, t0 + kQueryChunk);
-    entries += (t1 - t0) * t1;
-  }
-  return entries;
-#endif
 }
 
 at::Tensor cached_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,

@@ -16,17 +16,13 @@
 
 namespace titan {
 
-// softmax(q k^T / sqrt(head_dim) + causal mask) v, with the softmax in float32 (or wider).
+// softmax(q k^T / sqrt(head_dim) + causal mask) v, with the softmax in float32 (or wider), by
+// libtorch's fused kernel. For backward it keeps q, k, v, the output and float32 log-sum-exp
+// statistics (bs, n_heads, seqlen): no probability matrix.
 // q (bs, seqlen, n_heads, head_dim), k and v (bs, seqlen, n_kv_heads, head_dim), n_kv_heads
 // dividing n_heads; query head h reads kv head h / (n_heads / n_kv_heads).
 // Returns (bs, seqlen, n_heads, head_dim), contiguous, in v's dtype.
 at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v);
-
-// Entries of the probability matrix that causal_attention keeps for backward per (sequence,
-// query head) at `seqlen`, for activation-memory estimates: about seqlen^2 / 2 (the causal
-// triangle at chunk granularity) on libtorch 1.13, 0 with the fused kernel of libtorch >= 2.0
-// (which keeps O(seqlen) statistics). The entries are float32, or the 16-bit compute dtype.
-int64_t causal_attention_saved_probs(int64_t seqlen);
 
 // Inference attention of n new queries at positions [start_pos, start_pos + n) over the keys and
 // values of positions [0, start_pos + n), causal within the new block. q (bs, n, n_heads,

@@ -106,12 +106,12 @@ at::ScalarType residual_dtype(at::ScalarType compute_dtype) {
 
 // Activation memory: the tensors autograd keeps for backward, for T = batch * seq_len tokens,
 // with c = bytes of the compute dtype, r = bytes of the residual stream (c under bf16, else 4),
-// P = causal_attention_saved_probs(seq_len) probability entries per (sequence, head):
+// and the fused attention kernel's float32 log-sum-exp per (sequence, head, position):
 //   per layer:
 //     2 RMSNorms            2 * (r * T * dim + 4 * T)                 input and 1/rms
 //     norm outputs          2 * c * T * dim                           inputs of wq/wk/wv, w1/w3
 //     q, k, v               c * T * (n_heads + 2 * n_kv_heads) * head_dim
-//     attention probs       c * batch * n_heads * P                   float32, or 16-bit under bf16
+//     attention statistics  4 * batch * n_heads * seq_len             log-sum-exp, float32
 //     attention output      c * T * dim                               input of wo
 //     SwiGLU                4 * c * T * ffn_hidden                    w1 out, silu, w3 out, product
 //     weight copies         c * params_per_layer when c < 4           cast weights kept for grads
@@ -144,9 +144,9 @@ ModelStats compute_stats(const Llama3Args& args, int64_t batch, int64_t seq_len,
   const int64_t c = reduced ? dtype_bytes(compute_dtype) : 4;
   const int64_t r = dtype_bytes(residual_dtype(reduced ? compute_dtype : at::kFloat));
   const int64_t tokens = batch * seq_len;
-  const int64_t probs = batch * args.n_heads * causal_attention_saved_probs(seq_len);
+  const int64_t attention_stats = 4 * batch * args.n_heads * seq_len;
   int64_t per_layer = 2 * (r * tokens * dim + 4 * tokens) + 2 * c * tokens * dim +
-                      c * tokens * (args.n_heads + 2 * n_kv) * head_dim + c * probs +
+                      c * tokens * (args.n_heads + 2 * n_kv) * head_dim + attention_stats +
                       c * tokens * dim + 4 * c * tokens * ffn;
   if (reduced) {
     per_layer += c * layer_params;

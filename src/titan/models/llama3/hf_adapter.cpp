@@ -111,35 +111,57 @@ double config_double(const nlohmann::json& config, const std::string& key, doubl
   return value.get<double>();
 }
 
-void set_rope_scaling(const nlohmann::json& scaling, Llama3Args& args) {
-  if (scaling.is_null()) {
-    args.use_rope_scaling = false;
-    return;
+// RoPE from config.json. transformers >= 5 writes one "rope_parameters" object (rope_type,
+// rope_theta and the scaling keys); older versions write "rope_theta" plus "rope_scaling" (null
+// without scaling). As in transformers, a non-empty "rope_scaling" wins over "rope_parameters", a
+// rope_theta inside the object over the top-level one, and a llama3 scaling without
+// original_max_position_embeddings uses max_position_embeddings (args.max_seq_len).
+void set_rope(const nlohmann::json& config, Llama3Args& args) {
+  std::string key = "rope_parameters";
+  if (config.contains("rope_scaling") && !config["rope_scaling"].is_null() &&
+      !config["rope_scaling"].empty()) {
+    key = "rope_scaling";
   }
-  if (!scaling.is_object()) {
-    throw ConfigError("config.json \"rope_scaling\" must be an object or null, got " +
-                      scaling.dump());
+  const nlohmann::json rope = config.contains(key) && !config[key].is_null()
+                                  ? config[key]
+                                  : nlohmann::json::object();
+  if (!rope.is_object()) {
+    throw ConfigError("config.json \"" + key + "\" must be an object or null, got " + rope.dump());
   }
-  std::string type = scaling.value("rope_type", std::string());
+  args.rope_theta = config_double(rope, "rope_theta", config_double(config, "rope_theta", 10000.0));
+  const double partial = config_double(rope, "partial_rotary_factor",
+                                       config_double(config, "partial_rotary_factor", 1.0));
+  if (partial != 1.0) {
+    throw ConfigError("config.json partial_rotary_factor " + std::to_string(partial) +
+                      " is not supported (RoPE rotates the whole head: only 1)");
+  }
+  const auto type_of = [&](const char* name) {
+    if (rope.contains(name) && !rope[name].is_string()) {
+      throw ConfigError("config.json \"" + key + "\"." + name + " must be a string, got " +
+                        rope[name].dump());
+    }
+    return rope.value(name, std::string());
+  };
+  std::string type = type_of("rope_type");
   if (type.empty()) {
-    type = scaling.value("type", std::string());
+    type = type_of("type");
   }
-  if (type == "default") {
+  if (type.empty() || type == "default") {
     args.use_rope_scaling = false;
     return;
   }
   if (type != "llama3") {
-    throw ConfigError("config.json rope_scaling type '" + type +
+    throw ConfigError("config.json " + key + " type '" + type +
                       "' is not supported (only \"llama3\" and \"default\")");
   }
   args.use_rope_scaling = true;
-  args.rope_scaling.scaling_factor = config_double(scaling, "factor", 8.0);
-  args.rope_scaling.low_freq_factor = config_double(scaling, "low_freq_factor", 1.0);
-  args.rope_scaling.high_freq_factor = config_double(scaling, "high_freq_factor", 4.0);
+  args.rope_scaling.scaling_factor = config_double(rope, "factor", 8.0);
+  args.rope_scaling.low_freq_factor = config_double(rope, "low_freq_factor", 1.0);
+  args.rope_scaling.high_freq_factor = config_double(rope, "high_freq_factor", 4.0);
   args.rope_scaling.original_max_position_embeddings =
-      scaling.contains("original_max_position_embeddings")
-          ? config_int(scaling, "original_max_position_embeddings")
-          : 8192;
+      rope.contains("original_max_position_embeddings")
+          ? config_int(rope, "original_max_position_embeddings")
+          : args.max_seq_len;
 }
 
 // Keys whose only supported value is `expected` (absent is fine).
@@ -162,6 +184,8 @@ at::Tensor permute_from_hf(const at::Tensor& w, int64_t n_heads) {
 }
 
 nlohmann::json hf_config(const Llama3Args& args) {
+  // RoPE as "rope_theta" + "rope_scaling", the keys every transformers version reads (5.x turns
+  // them into its "rope_parameters" on loading).
   nlohmann::json config = {
       {"architectures", {"LlamaForCausalLM"}},
       {"model_type", "llama"},
@@ -213,7 +237,6 @@ Llama3Args args_from_hf_config(const nlohmann::json& config) {
   args.ffn_dim = config_int(config, "intermediate_size");
   // transformers' LlamaConfig defaults for the optional keys.
   args.norm_eps = config_double(config, "rms_norm_eps", 1e-6);
-  args.rope_theta = config_double(config, "rope_theta", 10000.0);
   args.max_seq_len = config.contains("max_position_embeddings")
                          ? config_int(config, "max_position_embeddings")
                          : 2048;
@@ -225,8 +248,7 @@ Llama3Args args_from_hf_config(const nlohmann::json& config) {
   } else {
     args.tie_embeddings = false;
   }
-  set_rope_scaling(config.contains("rope_scaling") ? config["rope_scaling"] : nlohmann::json(),
-                   args);
+  set_rope(config, args);
   check_fixed(config, "hidden_act", "silu");
   check_fixed(config, "attention_bias", false);
   check_fixed(config, "mlp_bias", false);

@@ -33,9 +33,10 @@ at::Tensor permute_from_hf(const at::Tensor& w, int64_t n_heads);
 // config.json of `args` (LlamaForCausalLM; dims, norm eps, rope theta and llama3 rope scaling,
 // tie_word_embeddings, max_position_embeddings = max_seq_len).
 nlohmann::json hf_config(const Llama3Args& args);
-// The arguments of a Hugging Face Llama config.json; ConfigError naming any key we cannot
-// represent (another hidden_act, biases, a head_dim other than hidden_size / heads, a rope
-// scaling other than "llama3").
+// The arguments of a Hugging Face Llama config.json, RoPE from either "rope_parameters"
+// (transformers >= 5) or "rope_theta" + "rope_scaling"; ConfigError naming any key we cannot
+// represent (another hidden_act, biases, a head_dim other than hidden_size / heads, a rope type
+// other than "llama3" or "default", a partial_rotary_factor).
 Llama3Args args_from_hf_config(const nlohmann::json& config);
 
 TensorMap to_hf_tensors(const TensorMap& ours, const Llama3Args& args);

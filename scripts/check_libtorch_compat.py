@@ -1,0 +1,126 @@
+"""Checks that titan.cpp's sources compile against another libtorch release's headers.
+
+The build uses libtorch 2.15 (the pinned wheel); the GPU machines we check on have torch 2.11, and
+users build against any 2.x release from 2.11 on. A full second build (and a second 6 GB CUDA
+environment) per release is too slow for CI, but the API differences between releases are in the
+headers: this script downloads the torch wheel of RELEASE without its dependencies (about 500 MB,
+cached in ~/.cache/titan/libtorch-headers/RELEASE), unpacks its include/ folder, and runs the
+compiler on every source of the build (src/, apps/, bench/, tests/ from compile_commands.json)
+with -fsyntax-only, those headers in place of the build's libtorch headers and without the
+precompiled header. Any error fails the check with the compiler's output.
+
+    python scripts/check_libtorch_compat.py --build build --release 2.11.0 [--jobs 2]
+
+Run with the project environment's Python (scripts/python_env.sh), whose pip fetches the wheel.
+"""
+import argparse
+import concurrent.futures
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+import zipfile
+
+
+def cache_root():
+    return os.environ.get("TITAN_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "titan")
+
+
+def headers_for(release):
+    """The include/ folder of torch RELEASE's wheel, downloaded and unpacked once."""
+    target = os.path.join(cache_root(), "libtorch-headers", release)
+    stamp = os.path.join(target, ".unpacked")
+    include = os.path.join(target, "include")
+    if os.path.exists(stamp):
+        return include
+    shutil.rmtree(target, ignore_errors=True)
+    staging = target + ".tmp.%d" % os.getpid()
+    os.makedirs(staging)
+    subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-input", "-q",
+                    "-d", staging, "torch==" + release], check=True)
+    wheels = [f for f in os.listdir(staging) if f.endswith(".whl")]
+    if len(wheels) != 1:
+        sys.exit("check_libtorch_compat: expected one torch wheel in %s, found %s" % (staging, wheels))
+    wheel = os.path.join(staging, wheels[0])
+    with zipfile.ZipFile(wheel) as z:
+        members = [m for m in z.namelist() if m.startswith("torch/include/")]
+        z.extractall(staging, members)
+    os.rename(os.path.join(staging, "torch", "include"), os.path.join(staging, "include"))
+    shutil.rmtree(os.path.join(staging, "torch"))
+    os.remove(wheel)
+    with open(os.path.join(staging, ".unpacked"), "w") as f:
+        f.write(wheels[0] + "\n")
+    os.rename(staging, target)
+    return include
+
+
+def rewrite(command, torch_include, new_include):
+    """The compile command with libtorch's include dirs swapped, no PCH, -fsyntax-only."""
+    args = shlex.split(command)
+    out = []
+    i = 0
+    while i < len(args):
+        a = args[i]
+        if a in ("-include", "-o") and i + 1 < len(args):
+            i += 2  # the PCH of the 2.15 build; the object file
+            continue
+        if a in ("-c", "-Winvalid-pch"):
+            i += 1
+            continue
+        if a == "-isystem" and i + 1 < len(args) and args[i + 1].startswith(torch_include):
+            out += ["-isystem", new_include + args[i + 1][len(torch_include):]]
+            i += 2
+            continue
+        out.append(a)
+        i += 1
+    return out + ["-fsyntax-only"]
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--build", default="build", help="a configured build folder (compile_commands.json)")
+    p.add_argument("--release", default="2.11.0", help="torch release whose headers to check against")
+    p.add_argument("--jobs", type=int, default=os.cpu_count() or 2)
+    a = p.parse_args()
+
+    commands = json.load(open(os.path.join(a.build, "compile_commands.json")))
+    torch_include = None
+    for c in commands:
+        for arg in shlex.split(c["command"]):
+            if arg.endswith("/torch/include"):
+                torch_include = arg
+                break
+        if torch_include:
+            break
+    if not torch_include:
+        sys.exit("check_libtorch_compat: no torch/include directory in %s/compile_commands.json"
+                 % a.build)
+    new_include = headers_for(a.release)
+    sources = sorted({c["file"] for c in commands if c["file"].endswith(".cpp")})
+    by_file = {c["file"]: c for c in commands}
+    start = time.time()
+
+    def check(path):
+        c = by_file[path]
+        r = subprocess.run(rewrite(c["command"], torch_include, new_include), cwd=c["directory"],
+                           capture_output=True, text=True)
+        return path, r.returncode, r.stderr
+
+    failures = []
+    with concurrent.futures.ThreadPoolExecutor(max_workers=a.jobs) as pool:
+        for path, code, err in pool.map(check, sources):
+            if code != 0:
+                failures.append((path, err))
+    took = time.time() - start
+    for path, err in failures:
+        print("== %s\n%s" % (path, err[-6000:]), file=sys.stderr)
+    print("check_libtorch_compat: %d of %d sources compile against torch %s headers (%.0f s)"
+          % (len(sources) - len(failures), len(sources), a.release, took))
+    sys.exit(1 if failures else 0)
+
+
+if __name__ == "__main__":
+    main()
