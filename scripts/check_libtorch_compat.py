@@ -5,11 +5,12 @@ users build against any 2.x release from 2.11 on. A full second build (and a sec
 environment) per release is too slow for CI, but the API differences between releases are in the
 headers: this script downloads the torch wheel of RELEASE without its dependencies (about 500 MB,
 cached in ~/.cache/titan/libtorch-headers/RELEASE), unpacks its include/ folder, and runs the
-compiler on every source of the build (src/, apps/, bench/, tests/ from compile_commands.json)
+compiler on every source of the build (src/, apps/, bench/, tests/ from compile_commands.json,
+or those under the folders given)
 with -fsyntax-only, those headers in place of the build's libtorch headers and without the
 precompiled header. Any error fails the check with the compiler's output.
 
-    python scripts/check_libtorch_compat.py --build build --release 2.11.0 [--jobs 2]
+    python scripts/check_libtorch_compat.py --build build --release 2.11.0 [--jobs 2] [src/ apps/]
 
 Run with the project environment's Python (scripts/python_env.sh), whose pip fetches the wheel.
 """
@@ -84,6 +85,8 @@ def main():
     p.add_argument("--build", default="build", help="a configured build folder (compile_commands.json)")
     p.add_argument("--release", default="2.11.0", help="torch release whose headers to check against")
     p.add_argument("--jobs", type=int, default=os.cpu_count() or 2)
+    p.add_argument("only", nargs="*",
+                   help="check only sources under these folders of the repository (src/, apps/)")
     a = p.parse_args()
 
     commands = json.load(open(os.path.join(a.build, "compile_commands.json")))
@@ -99,7 +102,10 @@ def main():
         sys.exit("check_libtorch_compat: no torch/include directory in %s/compile_commands.json"
                  % a.build)
     new_include = headers_for(a.release)
-    sources = sorted({c["file"] for c in commands if c["file"].endswith(".cpp")})
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    sources = sorted({c["file"] for c in commands if c["file"].endswith(".cpp") and
+                      (not a.only or
+                       any(os.path.relpath(c["file"], root).startswith(o) for o in a.only))})
     by_file = {c["file"]: c for c in commands}
     start = time.time()
 

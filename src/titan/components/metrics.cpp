@@ -6,6 +6,8 @@
 #include "titan/common/format.h"
 #include "titan/common/logging.h"
 
+#include <ATen/core/grad_mode.h>
+
 #include <nlohmann/json.hpp>
 
 #include <sys/resource.h>

@@ -5,6 +5,8 @@
 
 #include "titan/common/check.h"
 
+#include <ATen/core/grad_mode.h>
+
 #include <cmath>
 
 namespace titan {
