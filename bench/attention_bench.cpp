@@ -63,9 +63,13 @@ struct Outcome {
 };
 
 std::vector<at::Tensor> run(const AttentionFn& fn, const Inputs& in, at::ScalarType dtype) {
-  at::Tensor q = in.q.to(dtype).requires_grad_();
-  at::Tensor k = in.k.to(dtype).requires_grad_();
-  at::Tensor v = in.v.to(dtype).requires_grad_();
+  // Fresh leaves every run (copy: `to` the same dtype would hand back the shared input itself).
+  auto leaf = [&](const at::Tensor& t) {
+    return t.to(dtype, /*non_blocking=*/false, /*copy=*/true).requires_grad_();
+  };
+  at::Tensor q = leaf(in.q);
+  at::Tensor k = leaf(in.k);
+  at::Tensor v = leaf(in.v);
   at::Tensor out = fn(q, k, v);
   out.backward(in.grad.to(dtype));
   return {out.detach(), q.grad(), k.grad(), v.grad()};
