@@ -280,6 +280,16 @@ TEST(Comm, DeviceFromGlooSocketIfname) {
   ::unsetenv("GLOO_SOCKET_IFNAME");
 }
 
+// Built against a CUDA libtorch (the default: the torch wheel), NCCL process groups are compiled
+// in (USE_C10D_NCCL and <nccl.h> from the wheel's NVIDIA packages); running them needs a GPU.
+TEST(Comm, NcclCompiledInWithCudaLibtorch) {
+#ifdef TITAN_EXPECT_NCCL
+  EXPECT_TRUE(dist::nccl_available());
+#else
+  GTEST_SKIP() << "libtorch without CUDA: no NCCL expected";
+#endif
+}
+
 TEST(Comm, SingleRankGroupIsIdentity) {
   run_ranks(1, [&](int rank, std::shared_ptr<dist::Group> g) {
     at::Tensor t = at::arange(6, at::kFloat);
