@@ -204,5 +204,16 @@ TEST(CommErrors, CreationNamesMissingRanksAndDisagreement) {
   }
 }
 
+// TITAN_GLOO_OPS takes only "native" or "built"; anything else is refused at group creation with
+// the accepted values, never silently ignored.
+TEST(CommErrors, UnknownGlooOpsValueIsRefused) {
+  ::setenv("TITAN_GLOO_OPS", "fast", /*overwrite=*/1);
+  std::vector<std::string> errors =
+      run_ranks_collect(1, [](int, std::shared_ptr<dist::Group>) {});
+  ::unsetenv("TITAN_GLOO_OPS");
+  EXPECT_NE(errors[0].find("TITAN_GLOO_OPS='fast'"), std::string::npos) << errors[0];
+  EXPECT_NE(errors[0].find("'native'"), std::string::npos) << errors[0];
+}
+
 }  // namespace
 }  // namespace titan
