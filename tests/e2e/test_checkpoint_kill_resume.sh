@@ -42,7 +42,7 @@ echo "killed at random: $(ls "$folder" | tr '\n' ' ')"
 
 # Run to completion.
 expect_exit 0 "$TITAN" "${args[@]}" "${ckpt_args[@]}"
-grep -q "removing the unfinished checkpoint" "$WORK/kill2.log" "$WORK/out" ||
+grep -q "a previous run stopped while saving" "$WORK/kill2.log" "$WORK/out" ||
   fail "the unfinished save of kill 1 was not cleaned up"
 expect_output "step: +$steps "
 

@@ -22,7 +22,9 @@ namespace fs = std::filesystem;
 namespace {
 
 constexpr const char* kFormat = "titan-checkpoint";
-constexpr int kVersion = 1;
+// Version 2 added "checksum" (the index protects itself); version 1 indexes still load.
+constexpr int kVersion = 2;
+constexpr const char* kChecksumKey = "checksum";
 
 void fsync_path(const std::string& path, bool directory) {
   const int fd = ::open(path.c_str(), (directory ? O_RDONLY | O_DIRECTORY : O_RDONLY) | O_CLOEXEC);
@@ -57,6 +59,15 @@ std::string rank_tag(int rank) {
 }
 
 std::string fragment_name(int rank) { return "fragment-" + rank_tag(rank) + ".json"; }
+
+// The step in a "step-N" folder name, or -1.
+int64_t step_of_dir_name(const std::string& dir) {
+  const std::string name = fs::path(dir).lexically_normal().filename().string();
+  if (name.rfind("step-", 0) != 0 || name.size() == 5 || name.size() > 23) return -1;
+  const std::string digits = name.substr(5);
+  if (digits.find_first_not_of("0123456789") != std::string::npos) return -1;
+  return std::stoll(digits);
+}
 
 std::string box_str(const std::vector<int64_t>& v) {
   std::string s = "[";
@@ -142,6 +153,21 @@ nlohmann::ordered_json index_header() {
   return index;
 }
 
+// CRC32C of the index without its "checksum" field, over the compact dump with keys sorted, so
+// the writer's key order and the file's whitespace do not matter and every other byte does.
+uint32_t index_checksum(const nlohmann::json& index) {
+  nlohmann::json rest = index;
+  rest.erase(kChecksumKey);
+  const std::string canonical = rest.dump();
+  return crc32c(canonical.data(), canonical.size());
+}
+
+// Writes `index` (fsynced) with its checksum added as the last field.
+void write_index(const std::string& path, nlohmann::ordered_json index) {
+  index[kChecksumKey] = index_checksum(nlohmann::json(index));
+  write_text_file(path, index.dump(1));
+}
+
 }  // namespace
 
 std::string temp_dir_of(const std::string& dir, int64_t nonce) {
@@ -165,7 +191,7 @@ void write_checkpoint(const std::string& dir, const std::vector<SavedTensor>& te
   index["tensors"] = std::move(part["tensors"]);
   index["files"] = std::move(part["files"]);
   index["state"] = state;
-  write_text_file(tmp + "/index.json", index.dump(1));
+  write_index(tmp + "/index.json", std::move(index));
   commit_checkpoint_dir(tmp, dir);
 }
 
@@ -296,7 +322,7 @@ void merge_rank_fragments(const std::string& tmp_dir, int world_size, const nloh
   index["tensors"] = std::move(tensors);
   index["files"] = std::move(files);
   index["state"] = state;
-  write_text_file(tmp_dir + "/index.json", index.dump(1));
+  write_index(tmp_dir + "/index.json", std::move(index));
   for (int r = 0; r < world_size; ++r) {
     std::error_code ec;
     fs::remove(tmp_dir + "/" + fragment_name(r), ec);
@@ -320,20 +346,32 @@ bool is_checkpoint_dir(const std::string& dir) {
   return fs::is_regular_file(fs::path(dir) / "index.json", ec);
 }
 
-std::vector<std::pair<int64_t, std::string>> list_step_dirs(const std::string& folder) {
+namespace {
+
+// The "step-N" directories in `folder` as (N, path), ascending, complete (with index.json) or not.
+std::vector<std::pair<int64_t, std::string>> step_named_dirs(const std::string& folder,
+                                                             bool complete) {
   std::vector<std::pair<int64_t, std::string>> out;
   std::error_code ec;
   if (!fs::is_directory(folder, ec)) return out;
   for (const auto& entry : fs::directory_iterator(folder, ec)) {
-    const std::string name = entry.path().filename().string();
-    if (name.rfind("step-", 0) != 0 || name.size() == 5) continue;
-    const std::string digits = name.substr(5);
-    if (digits.find_first_not_of("0123456789") != std::string::npos || digits.size() > 18) continue;
-    if (!is_checkpoint_dir(entry.path().string())) continue;
-    out.emplace_back(std::stoll(digits), entry.path().string());
+    const int64_t step = step_of_dir_name(entry.path().string());
+    if (step < 0 || !entry.is_directory(ec)) continue;
+    if (is_checkpoint_dir(entry.path().string()) != complete) continue;
+    out.emplace_back(step, entry.path().string());
   }
   std::sort(out.begin(), out.end());
   return out;
+}
+
+}  // namespace
+
+std::vector<std::pair<int64_t, std::string>> list_step_dirs(const std::string& folder) {
+  return step_named_dirs(folder, /*complete=*/true);
+}
+
+std::vector<std::pair<int64_t, std::string>> list_incomplete_step_dirs(const std::string& folder) {
+  return step_named_dirs(folder, /*complete=*/false);
 }
 
 std::string step_dir(const std::string& folder, int64_t step) {
@@ -341,6 +379,42 @@ std::string step_dir(const std::string& folder, int64_t step) {
 }
 
 // ---- reading ------------------------------------------------------------------------------------
+
+namespace {
+
+// A name the index may use for a file: one path component, no way out of the folder.
+bool is_plain_file_name(const std::string& name) {
+  return !name.empty() && name != "." && name != ".." &&
+         name.find_first_of(std::string("/\\\0", 3)) == std::string::npos;
+}
+
+// The folder name, the state's "step" and the train_state entry's "step" must agree: a change to
+// one of them (an edit, a bit flip in an unprotected version-1 index) would make a resumed run
+// repeat or skip steps and overwrite good checkpoints.
+template <typename Fail>
+void check_recorded_steps(const std::string& dir, const nlohmann::json& state, const Fail& fail) {
+  if (!state.is_object() || !state.contains("step")) return;
+  const int64_t step = state.at("step").get<int64_t>();
+  const int64_t named = step_of_dir_name(dir);
+  if (named >= 0 && named != step) {
+    fail("the folder is named step-" + std::to_string(named) + " but its state records step " +
+         std::to_string(step) + " (renamed or corrupted?)");
+  }
+  const nlohmann::json* train_state = nullptr;
+  if (state.contains("entries") && state.at("entries").is_object() &&
+      state.at("entries").contains("train_state")) {
+    train_state = &state.at("entries").at("train_state");
+  }
+  if (train_state != nullptr && train_state->is_object() && train_state->contains("step")) {
+    const int64_t trained = train_state->at("step").get<int64_t>();
+    if (trained != step) {
+      fail("train_state records step " + std::to_string(trained) + " but the checkpoint is of step " +
+           std::to_string(step) + " (corrupted?)");
+    }
+  }
+}
+
+}  // namespace
 
 struct CheckpointReader::Impl {
   struct Shard {
@@ -379,12 +453,27 @@ CheckpointReader::CheckpointReader(const std::string& dir, bool verify)
   }
   auto fail = [&](const std::string& why) -> void { throw DataError(index_path + ": " + why); };
   try {
-    if (index.value("format", "") != kFormat) fail("not a titan checkpoint index (format field)");
-    if (index.value("version", 0) != kVersion) {
+    if (!index.is_object() || index.value("format", "") != kFormat) {
+      fail("not a titan checkpoint index (format field)");
+    }
+    const int version = index.value("version", 0);
+    if (version != 1 && version != kVersion) {
       fail("unsupported checkpoint version " + index.at("version").dump() + " (this build reads " +
-           std::to_string(kVersion) + ")");
+           "1 to " + std::to_string(kVersion) + ")");
+    }
+    if (version >= 2) {
+      if (!index.contains(kChecksumKey)) fail("the index has no checksum (corrupted?)");
+      const uint32_t want = index.at(kChecksumKey).get<uint32_t>();
+      const uint32_t have = index_checksum(index);
+      if (have != want) {
+        fail("the index is corrupted: its CRC32C is " + std::to_string(have) + ", " +
+             std::to_string(want) + " was recorded when it was written (edited or bit rot?)");
+      }
     }
     for (const auto& [file, info] : index.at("files").items()) {
+      if (!is_plain_file_name(file)) {
+        fail("file name '" + file + "' is not a plain file name inside the checkpoint folder");
+      }
       const std::string path = dir + "/" + file;
       std::error_code ec;
       const uint64_t want = info.at("bytes").get<uint64_t>();
@@ -432,6 +521,7 @@ CheckpointReader::CheckpointReader(const std::string& dir, bool verify)
       impl_->entries.emplace(name, std::move(e));
     }
     state_ = index.value("state", nlohmann::json::object());
+    check_recorded_steps(dir, state_, fail);
   } catch (const nlohmann::json::exception& e) {
     fail(std::string("malformed index: ") + e.what());
   }

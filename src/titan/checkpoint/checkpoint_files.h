@@ -1,12 +1,13 @@
 // One checkpoint on disk: a step directory holding safetensors shard files and index.json.
 //
 //   <dir>/index.json
-//     {"format": "titan-checkpoint", "version": 1,
+//     {"format": "titan-checkpoint", "version": 2,
 //      "tensors": {"<name>": {"dtype": "F32", "shape": [global dims],
 //                             "shards": [{"file": "shard-00000.safetensors", "key": "<name>",
 //                                         "offsets": [..], "lengths": [..]}]}},
 //      "files": {"shard-00000.safetensors": {"bytes": n, "crc32c": c}},
-//      "state": {<non-tensor state as JSON>}}
+//      "state": {<non-tensor state as JSON>},
+//      "checksum": <CRC32C of the index without this field, compact, keys sorted>}
 //   <dir>/shard-00000.safetensors ...
 //
 // Every tensor records its global shape and, per shard, which box [offsets, offsets + lengths)
@@ -81,8 +82,10 @@ struct TensorMeta {
   std::vector<int64_t> shape;  // global
 };
 
-// Reads a checkpoint directory. The constructor parses index.json and checks every shard's size
-// and CRC32C (verify = true), throwing DataError naming the file on any mismatch.
+// Reads a checkpoint directory. The constructor parses index.json, checks its own checksum, that
+// every file it names is a plain name inside `dir`, that the folder name (step-N), the state's
+// step and train_state's step agree, and every shard's size and CRC32C (verify = true), throwing
+// DataError naming the file on any mismatch.
 class CheckpointReader {
  public:
   explicit CheckpointReader(const std::string& dir, bool verify = true);
@@ -111,6 +114,10 @@ bool is_checkpoint_dir(const std::string& dir);
 // The complete checkpoints "step-N" in `folder` as (N, path), ascending by N. Unfinished
 // temporary directories ("step-N.tmp-*") and other names are skipped. Empty if `folder` is absent.
 std::vector<std::pair<int64_t, std::string>> list_step_dirs(const std::string& folder);
+
+// The directories named "step-N" in `folder` that hold no index.json (a save's commit never
+// leaves one; a deletion or a copy that was interrupted does), as (N, path), ascending.
+std::vector<std::pair<int64_t, std::string>> list_incomplete_step_dirs(const std::string& folder);
 
 // "<folder>/step-<step>".
 std::string step_dir(const std::string& folder, int64_t step);

@@ -6,9 +6,14 @@
 // that shard parameters or optimizer state only change what their entries hand over.
 //
 // Layout: <dump_folder>/<checkpoint.folder>/step-N/ (see checkpoint_files.h). A save is
-// invisible until complete; stale temporaries of killed runs are removed at start-up. Resuming
-// takes the newest complete checkpoint that verifies (sizes + CRC32C), falling back to older ones
-// with a warning when the newest is corrupt.
+// invisible until complete; stale temporaries of killed runs are removed at start-up (not those
+// of processes alive on this host). Resuming takes the newest complete full checkpoint that
+// verifies (index checksum, sizes + CRC32C), falling back to older ones with a warning when the
+// newest is corrupt; model-only exports are never resumed from: a folder of exports only, or
+// load_step on one, is a ConfigError, not a fresh start. keep_latest_k never deletes the newest
+// full checkpoint, and deletes by renaming first. A save never overwrites a step folder it did not
+// write: one that load() found unusable (model-only, unloadable, incomplete) is moved aside, any
+// other is an error.
 //
 // Multi-process jobs (a group of size > 1): every method is collective; all ranks call it at the
 // same points with the same arguments. Each rank writes only the tensors its entries hand over
@@ -34,6 +39,7 @@
 #include <cstdint>
 #include <exception>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -127,6 +133,10 @@ class CheckpointManager {
   std::vector<StateEntry> states_;
   nlohmann::json describe_;
   std::shared_ptr<dist::Group> group_;
+
+  // Step directories found at load() that must not be overwritten but are no resumption point
+  // (dir -> "model-only" | "unloadable" | "incomplete"); a save of their step moves them aside.
+  std::map<std::string, std::string> unusable_;
 
   std::thread writer_;
   std::exception_ptr writer_error_;

@@ -5,6 +5,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <fcntl.h>
@@ -224,12 +225,14 @@ SafetensorsReader::SafetensorsReader(const std::string& path) : path_(path) {
         if (offsets.size() != 2) fail("tensor '" + name + "': data_offsets needs 2 entries");
         e.begin = offsets[0];
         e.end = offsets[1];
-        uint64_t numel = 1;
+        uint64_t want = c10::elementSize(e.dtype);  // bytes; the product must not wrap around
         for (int64_t d : e.shape) {
           if (d < 0) fail("tensor '" + name + "': negative dimension");
-          numel *= static_cast<uint64_t>(d);
+          if (__builtin_mul_overflow(want, static_cast<uint64_t>(d), &want)) {
+            fail("tensor '" + name + "': shape " + nlohmann::json(e.shape).dump() +
+                 " overflows 64-bit byte counts");
+          }
         }
-        const uint64_t want = numel * c10::elementSize(e.dtype);
         if (e.end < e.begin || e.end - e.begin != want) {
           fail("tensor '" + name + "': data_offsets [" + std::to_string(e.begin) + ", " +
                std::to_string(e.end) + ") do not hold " + std::to_string(want) + " bytes");
@@ -244,6 +247,28 @@ SafetensorsReader::SafetensorsReader(const std::string& path) : path_(path) {
       } catch (const nlohmann::json::exception& ex) {
         fail("tensor '" + name + "': " + ex.what());
       }
+    }
+    // The tensors tile the data section: in the order of their offsets, each starts where the
+    // previous one ends (no overlap, no gap), and the last ends at the end of the file.
+    std::vector<const TensorEntry*> by_offset;
+    for (const TensorEntry& e : entries_) by_offset.push_back(&e);
+    std::sort(by_offset.begin(), by_offset.end(), [](const TensorEntry* a, const TensorEntry* b) {
+      return std::make_pair(a->begin, a->end) < std::make_pair(b->begin, b->end);
+    });
+    uint64_t end = 0;
+    std::string previous = "the start of the data section";
+    for (const TensorEntry* e : by_offset) {
+      if (e->begin != end) {
+        fail("tensor '" + e->name + "' starts at byte " + std::to_string(e->begin) + " but " +
+             previous + " ends at byte " + std::to_string(end) +
+             (e->begin < end ? " (overlapping data_offsets)" : " (a gap in the data section)"));
+      }
+      end = e->end;
+      previous = "tensor '" + e->name + "'";
+    }
+    if (end != data_size) {
+      fail("the tensors end at byte " + std::to_string(end) + " of the data section, which holds " +
+           std::to_string(data_size) + " bytes (trailing bytes)");
     }
   } catch (...) {
     ::munmap(const_cast<uint8_t*>(data_), size_);

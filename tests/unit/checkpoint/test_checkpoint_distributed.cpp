@@ -298,6 +298,20 @@ TEST(CheckpointDistributed, LoadStepAndMissingStepAgreeOnEveryRank) {
   save_steps(dump, 2, Layout::kRows, {1, 2});
   CheckpointSection config = section();
   config.load_step = 1;
+  // Going back to step 1 would overwrite step 2 (and a restart would resume from it): refused
+  // on every rank until step 2 is moved away.
+  run_ranks(2, [&](int rank, std::shared_ptr<dist::Group> group) {
+    RankState s = rank_state(rank, 2, Layout::kRows);
+    CheckpointManager manager(config, dump, entries(s), {}, group);
+    try {
+      manager.load();
+      ADD_FAILURE() << "load_step 1 with a newer step-2 loaded";
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find("newer checkpoints (step-2)"), std::string::npos)
+          << e.what();
+    }
+  });
+  fs::rename(step_dir(folder_of(dump), 2), folder_of(dump) + "/../step-2-moved");
   run_ranks(2, [&](int rank, std::shared_ptr<dist::Group> group) {
     RankState s = rank_state(rank, 2, Layout::kRows);
     CheckpointManager manager(config, dump, entries(s), {}, group);
