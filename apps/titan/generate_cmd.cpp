@@ -8,12 +8,15 @@
 #include "titan/common/check.h"
 #include "titan/common/cpu.h"
 #include "titan/components/tokenizer/tokenizer.h"
+#include "titan/components/tokenizer/tokenizer_identity.h"
 #include "titan/inference/generator.h"
 #include "titan/inference/text_stream.h"
 #include "titan/models/registry.h"
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <optional>
 #include <sstream>
@@ -181,19 +184,12 @@ std::vector<int64_t> parse_prompt_ids(const std::string& text, int64_t vocab_siz
   return ids;
 }
 
-// A tokenizer's special id, or -1 when it defines none (BPE files may lack BOS or EOS).
-template <typename Getter>
-int64_t optional_id(Getter getter) {
-  try {
-    return getter();
-  } catch (const ConfigError&) {
-    return -1;
-  }
-}
-
+// Streams to stdout; a failed write (a full disk, a closed pipe) ends the command with the errno.
 void write_out(const std::string& text) {
-  std::fwrite(text.data(), 1, text.size(), stdout);
-  std::fflush(stdout);
+  if (std::fwrite(text.data(), 1, text.size(), stdout) != text.size() || std::fflush(stdout) != 0) {
+    throw DataError(std::string("generate: cannot write the output to standard output: ") +
+                    std::strerror(errno) + ". HINT: check where standard output goes (a full disk?)");
+  }
 }
 
 }  // namespace
@@ -227,20 +223,29 @@ int run_generate(const std::vector<std::string>& args) {
     description = "llama3 " + opts.flavor + " (random init)";
   }
   cast_parameters_for_inference(*model, dtype);
+  const std::string model_tokenizer_path = tokenizer_path;
   if (opts.tokenizer) tokenizer_path = *opts.tokenizer;
   const std::unique_ptr<Tokenizer> tokenizer = build_tokenizer(tokenizer_path);
+  // As `titan train` checks: ids past the model's embedding would index out of range.
+  check_tokenizer_fits_model(
+      *tokenizer, model->stats(1, opts.max_seq_len).vocab_size, description,
+      opts.checkpoint.empty() ? "pick a --flavor with a larger vocab, or another --tokenizer"
+                              : "use the model's own tokenizer: drop --tokenizer to use " +
+                                    (model_tokenizer_path.empty() ? std::string("the byte tokenizer")
+                                                                  : "'" + model_tokenizer_path + "'") +
+                                    " (recorded with the model)");
 
   std::vector<int64_t> prompt;
   if (opts.prompt_ids) {
     prompt = parse_prompt_ids(*opts.prompt_ids, tokenizer->vocab_size());
   } else {
     // Training documents start with BOS (the data loader adds it), so prompts do too.
-    const int64_t bos = optional_id([&] { return tokenizer->bos_id(); });
+    const int64_t bos = bos_id_or_none(*tokenizer);
     if (bos >= 0) prompt.push_back(bos);
     const std::vector<int64_t> text_ids = tokenizer->encode(*opts.prompt);
     prompt.insert(prompt.end(), text_ids.begin(), text_ids.end());
   }
-  opts.generation.eos_id = optional_id([&] { return tokenizer->eos_id(); });
+  opts.generation.eos_id = eos_id_or_none(*tokenizer);
   opts.generation.vocab_limit = tokenizer->vocab_size();
 
   std::fprintf(stderr, "generate: %s, %s compute, %s, KV cache %s, %zu prompt tokens\n",

@@ -6,6 +6,7 @@
 
 #include "titan/common/check.h"
 #include "titan/common/cpu.h"
+#include "titan/common/file_io.h"
 #include "titan/common/logging.h"
 
 #include <cstdio>
@@ -33,6 +34,22 @@ void print_usage() {
       "(`titan run --help`)\n");
 }
 
+int run_command(const std::string& command, const std::vector<std::string>& args) {
+  if (command == "data") return titan::run_data(args);  // own arguments, not a job config
+  if (command == "tokenizer") return titan::run_tokenizer(args);
+  if (command == "convert") return titan::run_convert(args);
+  if (command == "generate") return titan::run_generate(args);
+  if (command == "run") return titan::run_launch(args);
+  if (command == "selftest") return titan::run_selftest(args);
+  if (titan::maybe_print_help(command, args)) return 0;
+  if (command == "train") return titan::run_train(args);
+  if (command == "inspect") return titan::run_inspect(args);
+  if (command == "bench") return titan::run_bench(args);
+  std::fprintf(stderr, "titan: unknown command '%s'\n\n", command.c_str());
+  print_usage();
+  return 2;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -46,19 +63,10 @@ int main(int argc, char** argv) {
   const std::string command = argv[1];
   std::vector<std::string> args(argv + 2, argv + argc);
   try {
-    if (command == "data") return titan::run_data(args);  // own arguments, not a job config
-    if (command == "tokenizer") return titan::run_tokenizer(args);
-    if (command == "convert") return titan::run_convert(args);
-    if (command == "generate") return titan::run_generate(args);
-    if (command == "run") return titan::run_launch(args);
-    if (command == "selftest") return titan::run_selftest(args);
-    if (titan::maybe_print_help(command, args)) return 0;
-    if (command == "train") return titan::run_train(args);
-    if (command == "inspect") return titan::run_inspect(args);
-    if (command == "bench") return titan::run_bench(args);
-    std::fprintf(stderr, "titan: unknown command '%s'\n\n", command.c_str());
-    print_usage();
-    return 2;
+    const int rc = run_command(command, args);
+    // Output lost to a full disk or a closed file is a failure, not a success.
+    if (rc == 0) titan::check_stdout_written();
+    return rc;
   } catch (const titan::ConfigError& e) {
     std::fprintf(stderr, "titan %s: config error: %s\n", command.c_str(), e.what());
     return 2;

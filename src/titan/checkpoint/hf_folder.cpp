@@ -3,15 +3,14 @@
 
 #include "titan/checkpoint/safetensors.h"
 #include "titan/common/check.h"
+#include "titan/common/file_io.h"
 
 #include <algorithm>
 #include <cctype>
 #include <cstdio>
 #include <fcntl.h>
 #include <filesystem>
-#include <fstream>
 #include <set>
-#include <sstream>
 #include <system_error>
 #include <unistd.h>
 
@@ -86,22 +85,13 @@ void fsync_path(const std::string& path, bool directory) {
 }
 
 void write_text(const std::string& path, const std::string& text) {
-  {
-    std::ofstream out(path, std::ios::binary | std::ios::trunc);
-    out << text;
-    out.flush();
-    if (!out) throw DataError(path + ": cannot write");
-  }
-  fsync_path(path, /*directory=*/false);
+  replace_file(path, text);  // checked write, sync and close; the errno text on failure
 }
 
 nlohmann::json read_json(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw DataError(path.string() + ": cannot open");
-  std::ostringstream buf;
-  buf << in.rdbuf();
+  const std::string text = read_regular_file(path.string(), "Hugging Face file");
   try {
-    return nlohmann::json::parse(buf.str());
+    return nlohmann::json::parse(text);
   } catch (const nlohmann::json::exception& e) {
     throw DataError(path.string() + ": not valid JSON (" + e.what() + ")");
   }
@@ -260,6 +250,7 @@ HfFolderReader::HfFolderReader(const std::string& dir)
       }
       auto it = by_file.find(file);
       if (it == by_file.end()) {
+        require_regular_file((d / file).string(), "Hugging Face weight file");
         impl_->files.push_back(std::make_unique<SafetensorsReader>((d / file).string()));
         it = by_file.emplace(file, impl_->files.back().get()).first;
       }

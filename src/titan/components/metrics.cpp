@@ -3,6 +3,7 @@
 #include "titan/components/metrics.h"
 
 #include "titan/common/check.h"
+#include "titan/common/file_io.h"
 #include "titan/common/format.h"
 #include "titan/common/logging.h"
 
@@ -10,12 +11,16 @@
 
 #include <nlohmann/json.hpp>
 
+#include <fcntl.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
+#include <sstream>
 
 namespace titan {
 
@@ -49,6 +54,27 @@ double probe_peak_flops(at::ScalarType dtype, double budget_s) {
   return best;
 }
 
+int64_t drop_metrics_rows_after(const std::string& path, int64_t step) {
+  if (!non_regular_file_kind(path).empty()) return 0;  // absent, or e.g. a link to /dev/null
+  std::istringstream lines(read_regular_file(path, "metrics file"));
+  std::string kept, line;
+  int64_t dropped = 0;
+  while (std::getline(lines, line)) {
+    if (line.empty()) continue;
+    const nlohmann::json row = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    const bool superseded = row.is_discarded() ||
+        (row.is_object() && row.contains("step") && row["step"].is_number_integer() &&
+         row["step"].get<int64_t>() > step);
+    if (superseded) {
+      ++dropped;
+    } else {
+      kept += line + "\n";
+    }
+  }
+  if (dropped > 0) replace_file(path, kept);
+  return dropped;
+}
+
 MetricsLogger::MetricsLogger(const MetricsSection& config, const std::string& dump_folder,
                              double flops_per_token, double peak_flops, int64_t total_steps,
                              bool write_file, int64_t start_step)
@@ -61,12 +87,40 @@ MetricsLogger::MetricsLogger(const MetricsSection& config, const std::string& du
   if (write_file) {
     std::filesystem::create_directories(dump_folder);
     jsonl_path_ = (std::filesystem::path(dump_folder) / "metrics.jsonl").string();
-    jsonl_.open(jsonl_path_, start_step > 0 ? std::ios::out | std::ios::app
-                                            : std::ios::out | std::ios::trunc);
-    if (!jsonl_) throw DataError("cannot write metrics file " + jsonl_path_);
+    const int64_t dropped = start_step > 0 ? drop_metrics_rows_after(jsonl_path_, start_step) : 0;
+    jsonl_fd_ = ::open(jsonl_path_.c_str(),
+                       O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | (start_step > 0 ? 0 : O_TRUNC),
+                       0644);
+    if (jsonl_fd_ < 0) {
+      throw DataError("cannot write metrics file " + jsonl_path_ + ": " + std::strerror(errno));
+    }
+    if (start_step > 0) {
+      if (dropped > 0) {
+        log_info(jsonl_path_, ": dropped ", dropped, " row(s) after step ", start_step,
+                 " (logged by the interrupted run; this run logs those steps again)");
+      }
+      append_row(nlohmann::json{{"event", "resume"}, {"step", start_step},
+                                {"dropped_rows", dropped}}.dump());
+    }
   }
   start_ = last_log_ = std::chrono::steady_clock::now();
   last_log_step_ = start_step;
+}
+
+MetricsLogger::~MetricsLogger() {
+  if (jsonl_fd_ >= 0) ::close(jsonl_fd_);
+}
+
+void MetricsLogger::close() {
+  if (jsonl_fd_ < 0) return;
+  const int fd = jsonl_fd_;
+  jsonl_fd_ = -1;
+  close_checked(fd, jsonl_path_);
+}
+
+// One write(2) per row: with O_APPEND a row is never interleaved with another writer's.
+void MetricsLogger::append_row(const std::string& json_line) {
+  if (jsonl_fd_ >= 0) write_all(jsonl_fd_, json_line + "\n", jsonl_path_);
 }
 
 std::string MetricsLogger::color(const char* code) const { return colors_ ? code : ""; }
@@ -129,22 +183,16 @@ void MetricsLogger::log_validation(int64_t step, double loss, int64_t tokens, do
                 color("\033[33m").c_str(), (long long)step, color("\033[32m").c_str(), loss,
                 std::exp(loss), with_commas(tokens).c_str(), seconds, color("\033[0m").c_str());
   log_info(line);
-  if (jsonl_.is_open()) {
-    nlohmann::json j = {{"step", step}, {"validation_loss", loss},
-                        {"validation_perplexity", std::exp(loss)}};
-    jsonl_ << j.dump() << "\n";
-    jsonl_.flush();
-  }
+  append_row(nlohmann::json{{"step", step}, {"validation_loss", loss},
+                            {"validation_perplexity", std::exp(loss)}}.dump());
 }
 
 void MetricsLogger::write_json(const StepMetrics& m) {
-  if (!jsonl_.is_open()) return;
   nlohmann::json j = {{"step", m.step},       {"loss", m.loss},       {"grad_norm", m.grad_norm},
                       {"lr", m.lr},           {"tps", m.tps},         {"tflops", m.tflops},
                       {"mfu", m.mfu},         {"memory_gib", m.memory_gib},
                       {"elapsed_s", m.elapsed_s}};
-  jsonl_ << j.dump() << "\n";
-  jsonl_.flush();
+  append_row(j.dump());
 }
 
 }  // namespace titan

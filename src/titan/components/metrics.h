@@ -1,5 +1,12 @@
 // Training metrics: the per-step log line (TorchTitan's fields plus lr and ETA), the same numbers
 // as JSON lines in <dump_folder>/metrics.jsonl, peak memory, and the peak-FLOP/s used for MFU.
+//
+// metrics.jsonl holds one row per logged step ({"step", "loss", ...}) and per validation
+// ({"step", "validation_loss", ...}). Every row is written with one checked write(2): a full disk
+// ends the run with a DataError naming the file and the errno text, never a silent loss. A run
+// resumed from the checkpoint of step S first drops the rows with "step" > S that an interrupted
+// run logged (they are about to be logged again), then appends the marker row
+// {"event": "resume", "step": S, "dropped_rows": N}, so every step appears once.
 #pragma once
 
 #include "titan/config/job_config.h"
@@ -8,7 +15,6 @@
 
 #include <chrono>
 #include <cstdint>
-#include <fstream>
 #include <optional>
 #include <string>
 
@@ -18,6 +24,11 @@ namespace titan {
 int64_t peak_rss_bytes();
 // Physical memory of the machine, in bytes.
 int64_t total_ram_bytes();
+
+// Drops the rows of the metrics file `path` whose "step" is > `step` (and lines that are not JSON,
+// such as a line torn by a kill), replacing the file atomically; returns how many were dropped.
+// A missing or non-regular file is left alone (0).
+int64_t drop_metrics_rows_after(const std::string& path, int64_t step);
 
 // Measures the FLOP/s of a square GEMM in `dtype` on this CPU with the current thread settings:
 // the best of several timed multiplies over about `budget_s` seconds.
@@ -41,10 +52,14 @@ struct StepMetrics {
 class MetricsLogger {
  public:
   // `flops_per_token` per TorchTitan's formula; `peak_flops` per rank (> 0). A run resumed after
-  // `start_step` appends to metrics.jsonl instead of truncating it.
+  // `start_step` keeps metrics.jsonl's rows up to that step and appends a resume marker instead
+  // of truncating it (see the top of this file).
   MetricsLogger(const MetricsSection& config, const std::string& dump_folder,
                 double flops_per_token, double peak_flops, int64_t total_steps, bool write_file,
                 int64_t start_step = 0);
+  ~MetricsLogger();
+  MetricsLogger(const MetricsLogger&) = delete;
+  MetricsLogger& operator=(const MetricsLogger&) = delete;
 
   // Called every step with the tokens this rank processed; logs on log_freq boundaries (and on
   // the last step). Returns the metrics when a line was logged.
@@ -53,9 +68,12 @@ class MetricsLogger {
   void log_validation(int64_t step, double loss, int64_t tokens, double seconds);
 
   const std::string& jsonl_path() const { return jsonl_path_; }
+  // Closes metrics.jsonl, throwing DataError when the close reports a lost write (NFS, quota).
+  void close();
 
  private:
   void write_json(const StepMetrics& m);
+  void append_row(const std::string& json_line);
   std::string color(const char* code) const;
 
   MetricsSection config_;
@@ -63,7 +81,7 @@ class MetricsLogger {
   double peak_flops_;
   int64_t total_steps_;
   std::string jsonl_path_;
-  std::ofstream jsonl_;
+  int jsonl_fd_ = -1;
   bool colors_;
   std::chrono::steady_clock::time_point start_;
   std::chrono::steady_clock::time_point last_log_;

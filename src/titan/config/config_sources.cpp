@@ -2,6 +2,7 @@
 #include "titan/config/config_sources.h"
 
 #include "titan/common/check.h"
+#include "titan/common/file_io.h"
 
 #include <toml++/toml.h>
 
@@ -135,6 +136,11 @@ std::string read_file(const std::string& path) {
   }
   if (std::filesystem::is_directory(path, ec)) {
     throw ConfigError("config file '" + path + "' (job.config_file) is a directory, not a file");
+  }
+  // A FIFO would block the read forever, a device could fill memory: only regular files.
+  if (const std::string kind = non_regular_file_kind(path); !kind.empty()) {
+    throw ConfigError("config file '" + path + "' (job.config_file) is " + kind +
+                      ", not a regular file. HINT: write the config to a file and name that file");
   }
   std::ifstream in(path, std::ios::binary);
   if (!in.is_open()) {

@@ -11,11 +11,13 @@
 #include "titan/components/loss.h"
 #include "titan/components/data/dataset.h"
 #include "titan/components/tokenizer/tokenizer.h"
+#include "titan/components/tokenizer/tokenizer_identity.h"
 #include "titan/config/config_manager.h"
 #include "titan/distributed/init.h"
 #include "titan/distributed/parallel_dims.h"
 #include "titan/parallel/data_parallel.h"
 #include "titan/parallel/tensor_parallel.h"
+#include "titan/trainer/interrupt.h"
 
 #include <ATen/Parallel.h>
 
@@ -162,11 +164,8 @@ std::shared_ptr<Model> Trainer::build_whole_model() const {
 void Trainer::build_data() {
   tokenizer_ = build_tokenizer(config_.model.hf_assets_path);
   const ModelStats stats = model_->stats(1, config_.training.seq_len);
-  if (tokenizer_->vocab_size() > stats.vocab_size) {
-    throw ConfigError("tokenizer vocab " + std::to_string(tokenizer_->vocab_size()) +
-                      " exceeds the model's vocab_size " + std::to_string(stats.vocab_size) +
-                      " for flavor '" + config_.model.flavor + "'; pick a flavor with a larger vocab");
-  }
+  check_tokenizer_fits_model(*tokenizer_, stats.vocab_size, "flavor '" + config_.model.flavor + "'",
+                             "pick a flavor with a larger vocab");
   const auto& t = config_.training;
   std::shared_ptr<const DocumentSource> docs =
       open_dataset(t.dataset, t.dataset_path, t.dataset_text_field);
@@ -382,3 +381,9 @@ TrainResult Trainer::train() {
 }
 
 }  // namespace titan
+  // SIGTERM/SIGINT: one line saying which step was interrupted and where to resume from.
+  InterruptReporter interrupt(t.steps, [this] {
+    return describe_last_checkpoint(config_.checkpoint.enable, checkpointer_->folder());
+  }, /*log=*/rank_ == 0);
+    interrupt.set_step(step);
+  metrics_->close();  // a write the close reports lost fails the run, not just a log line

@@ -6,6 +6,7 @@
 #include "titan/common/logging.h"
 #include "titan/components/data/data_loader.h"
 #include "titan/components/tokenizer/tokenizer.h"
+#include "titan/components/tokenizer/tokenizer_identity.h"
 #include "titan/common/format.h"
 #include "titan/config/config_manager.h"
 #include "titan/trainer/trainer.h"
@@ -161,15 +162,19 @@ DataLoaderState loader_state_from_json(const json& j) {
   return s;
 }
 
-// One state per data-parallel rank, keyed "dp_rank_<r>" (each rank restores its own).
-StateEntry dataloader_entry(DataLoader& loader, int64_t dp_rank) {
+// One state per data-parallel rank, keyed "dp_rank_<r>" (each rank restores its own), and the
+// tokenizer the positions are counted in (`tokenizer`: a tokenizer_record), checked at resume.
+StateEntry dataloader_entry(DataLoader& loader, int64_t dp_rank, json tokenizer) {
   StateEntry e;
   e.name = "dataloader";
   const std::string key = "dp_rank_" + std::to_string(dp_rank);
-  e.save = [&loader, key](std::vector<SavedTensor>&, json& state) {
+  e.save = [&loader, key, tokenizer](std::vector<SavedTensor>&, json& state) {
     state[key] = loader_state_to_json(loader.state());
+    state["tokenizer"] = tokenizer;
   };
-  e.load = [&loader, key](const CheckpointReader& reader, const json& state) {
+  e.load = [&loader, key, tokenizer](const CheckpointReader& reader, const json& state) {
+    const std::string difference = tokenizer_difference(state.value("tokenizer", json()), tokenizer);
+    if (!difference.empty()) log_warning("checkpoint ", reader.dir(), ": ", difference);
     if (!state.contains(key)) {
       throw DataError("checkpoint '" + reader.dir() + "' has no data loader state for " + key +
                       " (saved with a different data-parallel degree?)");
@@ -228,7 +233,8 @@ void Trainer::build_checkpoint() {
       model_entry(params, layout, owner),
       optimizer_entry(*optimizer_, layout, owner),
       lr_scheduler_entry(*lr_scheduler_, train_state_),
-      dataloader_entry(*train_loader_, /*dp_rank=*/0),
+      dataloader_entry(*train_loader_, /*dp_rank=*/0,
+                       tokenizer_record(*tokenizer_, config_.model.hf_assets_path)),
       train_state_entry(train_state_),
       rng_entry(/*owner=*/rank_ == 0),
   };

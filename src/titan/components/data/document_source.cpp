@@ -2,13 +2,16 @@
 #include "titan/components/data/document_source.h"
 
 #include "titan/common/check.h"
+#include "titan/common/file_io.h"
 #include "titan/common/logging.h"
 #include "titan/components/data/token_file.h"
+#include "titan/components/tokenizer/unicode.h"
 
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <cctype>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -30,6 +33,17 @@ std::string extension_of(const std::string& path) {
 
 bool is_jsonl_ext(const std::string& ext) {
   return ext == ".jsonl" || ext == ".json";
+}
+
+// Text must be UTF-8 in every format: DataError naming the place and the file's byte offset.
+void check_utf8(std::string_view text, const std::string& where, uint64_t file_offset) {
+  const size_t bad = find_invalid_utf8(text);
+  if (bad == std::string_view::npos) return;
+  char byte[8];
+  std::snprintf(byte, sizeof(byte), "0x%02X", static_cast<unsigned char>(text[bad]));
+  throw DataError(where + ": invalid UTF-8 at byte offset " + std::to_string(file_offset + bad) +
+                  " (byte " + byte + "); text corpora must be UTF-8. HINT: convert the file " +
+                  "(e.g. iconv -f latin1 -t utf-8) or remove it");
 }
 
 bool matches(CorpusFormat format, const std::string& ext) {
@@ -142,15 +156,13 @@ class TextCorpusSource final : public DocumentSource {
     return it->get<std::string>();
   }
 
+  // Reads the file once, as JSON lines are, so that bad text fails at start, not mid-training.
   void index_text(size_t f) {
-    std::error_code ec;
-    const auto bytes = fs::file_size(files_[f], ec);
-    if (ec) {
-      throw DataError("cannot read " + files_[f] + ": " + ec.message());
-    }
-    if (bytes == 0) {
+    const std::string text = read_regular_file(files_[f], "dataset file");
+    if (text.empty()) {
       throw DataError(files_[f] + ": empty file; a .txt file is one document. HINT: remove it");
     }
+    check_utf8(text, files_[f], 0);
     entries_.push_back(Entry{static_cast<uint32_t>(f), 0, 0});
   }
 
@@ -163,6 +175,7 @@ class TextCorpusSource final : public DocumentSource {
     const size_t before = entries_.size();
     uint64_t offset = 0;
     uint32_t line_no = 0;
+    bool any_text = false;
     std::string line;
     while (std::getline(in, line)) {
       ++line_no;
@@ -171,12 +184,18 @@ class TextCorpusSource final : public DocumentSource {
       if (line.find_first_not_of(" \t\r") == std::string::npos) {
         continue;  // blank lines (e.g. a trailing newline) separate nothing
       }
-      parse_line(line, f, line_no);
+      check_utf8(line, files_[f] + ":" + std::to_string(line_no), start);
+      any_text |= !parse_line(line, f, line_no).empty();
       entries_.push_back(Entry{static_cast<uint32_t>(f), line_no, start});
     }
     if (entries_.size() == before) {
       throw DataError(files_[f] + (line_no == 0 ? ": empty file" : ": only blank lines") +
                       "; a JSON-lines file needs one document per line. HINT: remove it");
+    }
+    // Like an empty .txt file: documents of BOS and EOS alone would train on nothing.
+    if (!any_text) {
+      throw DataError(files_[f] + ": every line's \"" + text_field_ + "\" is empty; the file " +
+                      "holds no text. HINT: check training.dataset_text_field, or remove the file");
     }
   }
 
@@ -279,6 +298,7 @@ std::vector<std::string> list_corpus_files(const std::string& path, CorpusFormat
   }
   std::vector<std::string> files;
   if (!fs::is_directory(status)) {
+    require_regular_file(path, "dataset file");  // a FIFO would hang, /dev/zero fill memory
     if (format == CorpusFormat::kAuto && !matches(format, extension_of(path))) {
       throw DataError(path + ": cannot tell its format from the extension (expected " +
                       std::string(extensions_of(format)) +

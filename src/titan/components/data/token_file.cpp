@@ -3,6 +3,7 @@
 #include "titan/components/data/token_file.h"
 
 #include "titan/common/check.h"
+#include "titan/common/file_io.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -30,6 +31,7 @@ TokenFileReader::TokenFileReader(const std::string& path) : path_(path) {
     throw DataError("token file " + path_ + ": " + what +
                     ". HINT: regenerate it with `titan data prepare`");
   };
+  require_regular_file(path, "token file");  // a FIFO would block open(), a device mmap()
   const int fd = ::open(path.c_str(), O_RDONLY);
   if (fd < 0) {
     throw DataError("cannot open token file " + path + ": " + std::strerror(errno));
@@ -195,6 +197,10 @@ void TokenFileWriter::finish() {
   std::memcpy(header + 16, &vocab, 8);
   std::memcpy(header + 24, &tokens, 8);
   std::memcpy(header + 32, &docs, 8);
+  // Buffered writes fail here at the latest (a full disk): report them as writes, with errno.
+  if (std::fflush(file_) != 0) {
+    throw DataError("cannot write token file " + path_ + ": " + std::strerror(errno));
+  }
   if (std::fseek(file_, 0, SEEK_SET) != 0) {
     throw DataError("cannot seek in token file " + path_ + ": " + std::strerror(errno));
   }

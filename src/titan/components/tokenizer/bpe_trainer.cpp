@@ -7,6 +7,7 @@
 #include "titan/components/tokenizer/bpe_trainer.h"
 
 #include "titan/common/check.h"
+#include "titan/common/file_io.h"
 #include "titan/components/tokenizer/pre_tokenizer.h"
 
 #include <nlohmann/json.hpp>
@@ -14,9 +15,7 @@
 #include <algorithm>
 #include <array>
 #include <filesystem>
-#include <fstream>
 #include <queue>
-#include <unistd.h>
 
 namespace titan {
 namespace {
@@ -243,6 +242,9 @@ std::vector<std::string> list_training_files(const std::vector<std::string>& inp
       }
     } else if (fs::is_regular_file(input, ec)) {
       files.push_back(input);
+    } else if (fs::exists(input, ec)) {  // a FIFO would hang, a device fill memory
+      throw ConfigError("tokenizer train: --input " + input + " is " +
+                        non_regular_file_kind(input) + ", not a regular file or folder");
     } else {
       throw ConfigError("tokenizer train: --input " + input + ": no such file or folder");
     }
@@ -292,25 +294,9 @@ void write_bpe_tokenizer_json(const BpeTrainResult& result, const std::string& d
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec) throw DataError(dir + ": cannot create the output folder (" + ec.message() + ")");
-  const fs::path final_path = fs::path(dir) / "tokenizer.json";
-  const fs::path tmp_path =
-      fs::path(dir) / ("tokenizer.json.tmp." + std::to_string(::getpid()));
-  const std::string text = bpe_tokenizer_json(result);
-  {
-    std::ofstream out(tmp_path, std::ios::binary | std::ios::trunc);
-    out.write(text.data(), static_cast<std::streamsize>(text.size()));
-    out.flush();
-    if (!out) {
-      fs::remove(tmp_path, ec);
-      throw DataError(tmp_path.string() + ": write error");
-    }
-  }
-  fs::rename(tmp_path, final_path, ec);
-  if (ec) {
-    const std::string why = ec.message();
-    fs::remove(tmp_path, ec);
-    throw DataError(final_path.string() + ": cannot move the temp file into place (" + why + ")");
-  }
+  // Checked write, sync and close through a temporary: a full disk is an error with the errno,
+  // and an existing tokenizer.json is replaced whole or not at all.
+  replace_file((fs::path(dir) / "tokenizer.json").string(), bpe_tokenizer_json(result));
 }
 
 }  // namespace titan

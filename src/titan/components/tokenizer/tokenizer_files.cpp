@@ -4,13 +4,13 @@
 #include "titan/components/tokenizer/tokenizer_files.h"
 
 #include "titan/common/check.h"
+#include "titan/common/file_io.h"
 #include "titan/components/tokenizer/unicode.h"
 
 #include <nlohmann/json.hpp>
 
 #include <array>
 #include <filesystem>
-#include <fstream>
 #include <sstream>
 
 namespace titan {
@@ -20,12 +20,7 @@ namespace fs = std::filesystem;
 using nlohmann::json;
 
 std::string read_text_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw DataError(path + ": cannot open the tokenizer file");
-  std::ostringstream buf;
-  buf << in.rdbuf();
-  if (in.bad()) throw DataError(path + ": read error");
-  return buf.str();
+  return read_regular_file(path, "tokenizer file");
 }
 
 json parse_json(const std::string& path) {

@@ -64,6 +64,20 @@ uint32_t decode_utf8(std::string_view text, size_t pos, size_t* len) {
   return cp;
 }
 
+size_t find_invalid_utf8(std::string_view text) {
+  size_t pos = 0;
+  while (pos < text.size()) {
+    if (static_cast<unsigned char>(text[pos]) < 0x80) {  // ASCII, the common case
+      ++pos;
+      continue;
+    }
+    size_t len;
+    if (decode_utf8(text, pos, &len) == kInvalidCodePoint) return pos;
+    pos += len;
+  }
+  return std::string_view::npos;
+}
+
 uint8_t char_class(uint32_t cp) {
   if (cp < 256) return latin1_classes()[cp];
   if (cp == kInvalidCodePoint) return 0;

@@ -32,6 +32,10 @@ constexpr uint32_t kInvalidCodePoint = 0xFFFFFFFF;
 // kInvalidCodePoint with *len == 1, so every byte string splits into units.
 uint32_t decode_utf8(std::string_view text, size_t pos, size_t* len);
 
+// Byte offset of the first byte of `text` that is not part of a valid UTF-8 sequence (by
+// decode_utf8's rules), or std::string_view::npos when all of `text` is valid UTF-8.
+size_t find_invalid_utf8(std::string_view text);
+
 // Class bits of a code point.
 enum : uint8_t { kLetter = 1, kNumber = 2, kSpace = 4 };
 uint8_t char_class(uint32_t cp);
