@@ -340,7 +340,12 @@ TrainResult Trainer::train() {
   const int64_t global_tokens_per_step = batch_tokens * dp_size_;
   result.start_step = train_state_.step + 1;
   result.steps = train_state_.step;
+  // SIGTERM/SIGINT: one line saying which step was interrupted and where to resume from.
+  InterruptReporter interrupt(t.steps, [this] {
+    return describe_last_checkpoint(config_.checkpoint.enable, checkpointer_->folder());
+  }, /*log=*/rank_ == 0);
   for (int64_t step = train_state_.step + 1; step <= t.steps; ++step) {
+    interrupt.set_step(step);
     double grad_norm = 0.0;
     at::Tensor loss = train_step(step, &grad_norm);
     result.losses.push_back(loss.item<double>());
@@ -368,6 +373,7 @@ TrainResult Trainer::train() {
     if (step == t.steps) save_final_hf(step);
   }
   checkpointer_->wait();
+  metrics_->close();  // a write the close reports lost fails the run, not just a log line
   result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   const int64_t ran = result.steps - result.start_step + 1;
   if ((dp_ || tp_) && ran > 0) {
@@ -381,9 +387,3 @@ TrainResult Trainer::train() {
 }
 
 }  // namespace titan
-  // SIGTERM/SIGINT: one line saying which step was interrupted and where to resume from.
-  InterruptReporter interrupt(t.steps, [this] {
-    return describe_last_checkpoint(config_.checkpoint.enable, checkpointer_->folder());
-  }, /*log=*/rank_ == 0);
-    interrupt.set_step(step);
-  metrics_->close();  // a write the close reports lost fails the run, not just a log line
