@@ -3,6 +3,7 @@
 #include "titan/common/check.h"
 #include "titan/models/common/attention.h"
 #include "titan/models/llama3/args.h"
+#include "titan/models/llama3/hf_adapter.h"
 #include "titan/models/llama3/model.h"
 #include "titan/models/registry.h"
 
@@ -151,6 +152,30 @@ TEST(Llama3Args, InvalidHeadsAreConfigErrors) {
   args = llama3::args_for_flavor("tiny");
   args.n_heads = 5;
   EXPECT_THROW(args.validate(), ConfigError);
+}
+
+// Reported by UBSan in the config.json fuzz harness (tests/fuzz/corpus/hf_config/
+// crash-huge-hidden-size.json): sizes this large overflowed the int64 size arithmetic (4 * dim in
+// ffn_hidden_dim); now ConfigErrors naming the field, from a config.json or a description's args.
+TEST(Llama3Args, HugeOrNegativeSizesAreConfigErrors) {
+  nlohmann::json config = {{"hidden_size", int64_t{1} << 62}, {"intermediate_size", 0},
+                           {"num_hidden_layers", 1},           {"num_attention_heads", 2},
+                           {"vocab_size", 10}};
+  EXPECT_NE(config_error_message([&] { llama3::args_from_hf_config(config); })
+                .find("dim = 4611686018427387904 is out of range"),
+            std::string::npos);
+  config["hidden_size"] = 64;
+  config["intermediate_size"] = -1;
+  EXPECT_NE(config_error_message([&] { llama3::args_from_hf_config(config); })
+                .find("ffn_dim = -1 is out of range"),
+            std::string::npos);
+  const nlohmann::json model = {
+      {"name", "llama3"}, {"flavor", "tiny"}, {"args", {{"n_layers", int64_t{1} << 40}}}};
+  EXPECT_NE(config_error_message([&] { llama3::args_from_description(model); })
+                .find("n_layers = 1099511627776 is out of range"),
+            std::string::npos);
+  // The largest flavor stays valid.
+  EXPECT_NO_THROW(llama3::args_for_flavor("405B").validate());
 }
 
 }  // namespace

@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include <cstdint>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -261,6 +262,48 @@ TEST(BpeTokenizer, FileErrorsNameTheFile) {
   no_byte["model"]["vocab"].erase("A");
   const std::string missing = dir.write("d/tokenizer.json", no_byte.dump());
   EXPECT_NE(message_of(missing, false).find(missing), std::string::npos);
+}
+
+// Found by fuzzing (tests/fuzz, corpus tiktoken/crash-huge-rank.model): ids index dense tables, so
+// an id far past the number of entries used to allocate for it (a rank of 2^30: 32 GB of strings;
+// an added token id of INT64_MAX overflowed id + 1). Now a DataError naming the id and the file.
+TEST(BpeTokenizer, IdsFarPastTheEntriesAreRejected) {
+  const auto error_of = [](const std::string& path) -> std::string {
+    try {
+      build_tokenizer(path);
+    } catch (const DataError& e) {
+      return e.what();
+    }
+    ADD_FAILURE() << "no DataError for " << path;
+    return "";
+  };
+  TempDir dir;
+  std::string ranks;
+  for (int b = 0; b < 256; ++b) ranks += base64(std::string(1, static_cast<char>(b))) + " " +
+                                         std::to_string(b) + "\n";
+  const std::string far_rank = dir.write("a/tokenizer.model", ranks + base64("he") + " 10000000\n");
+  EXPECT_NE(error_of(far_rank).find(far_rank + ":257: rank 10000000 is too large"),
+            std::string::npos);
+  // The last id that stays within the unused-id allowance still loads.
+  const std::string near_rank = dir.write(
+      "b/tokenizer.model",
+      ranks + base64("he") + " " + std::to_string(257 + BpeModel::kMaxUnusedIds - 1) + "\n");
+  EXPECT_EQ(build_tokenizer(near_rank)->vocab_size(), 257 + BpeModel::kMaxUnusedIds);
+
+  json far_vocab = hf_json(false, kByteLevel);
+  far_vocab["model"]["vocab"]["zz"] = 10000000;
+  const std::string vocab_path = dir.write("c/tokenizer.json", far_vocab.dump());
+  EXPECT_NE(error_of(vocab_path).find("'zz' has an invalid id 10000000"), std::string::npos);
+
+  json far_added = hf_json(false, kByteLevel);
+  far_added["added_tokens"][0]["id"] = INT64_MAX;
+  const std::string added_path = dir.write("d/tokenizer.json", far_added.dump());
+  EXPECT_NE(error_of(added_path).find("'<|begin_of_text|>' has an invalid id"), std::string::npos);
+  // A float id is no id (it was converted to int64 with undefined behaviour).
+  far_added["added_tokens"][0]["id"] = 1e300;
+  const std::string float_path = dir.write("e/tokenizer.json", far_added.dump());
+  EXPECT_NE(error_of(float_path).find("'<|begin_of_text|>' has a non-integer id 1e+300"),
+            std::string::npos);
 }
 
 // Threads sharing one tokenizer (and its per-piece cache, cold at the start) get the ids that one

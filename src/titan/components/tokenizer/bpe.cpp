@@ -39,7 +39,17 @@ BpeTokenizer::BpeTokenizer(BpeModel model)
     : model_(std::move(model)), cache_owner_(next_cache_owner++) {
   const std::string& src = model_.source;
   int64_t size = static_cast<int64_t>(model_.tokens.size());
-  for (const auto& [text, id] : model_.special_tokens) size = std::max(size, id + 1);
+  const int64_t max_id = size + static_cast<int64_t>(model_.special_tokens.size()) +
+      BpeModel::kMaxUnusedIds;
+  for (const auto& [text, id] : model_.special_tokens) {
+    if (id < 0 || id >= max_id || text.empty()) {
+      throw DataError(src + ": special token '" + text + "' has an invalid id " +
+                      std::to_string(id) + " (want 0 <= id < " + std::to_string(max_id) +
+                      ": the vocabulary's size plus at most " +
+                      std::to_string(BpeModel::kMaxUnusedIds) + " unused ids)");
+    }
+    size = std::max(size, id + 1);
+  }
   id_to_bytes_.assign(size, std::string());
   id_known_.assign(size, false);
   for (size_t id = 0; id < model_.tokens.size(); ++id) {
@@ -53,10 +63,6 @@ BpeTokenizer::BpeTokenizer(BpeModel model)
     }
   }
   for (const auto& [text, id] : model_.special_tokens) {
-    if (id < 0 || text.empty()) {
-      throw DataError(src + ": special token '" + text + "' has an invalid id " +
-                      std::to_string(id));
-    }
     id_to_bytes_[id] = text;
     id_known_[id] = true;
     if (model_.match_special_tokens) {

@@ -17,6 +17,10 @@
 namespace titan {
 
 struct BpeModel {
+  // Ids index dense tables (`tokens`, the tokenizer's id -> bytes), so a file may leave at most
+  // this many ids unused: a corrupt id such as 2^30 is rejected instead of allocating for it.
+  static constexpr int64_t kMaxUnusedIds = int64_t{1} << 16;
+
   // Raw bytes of each ordinary token, by id ("" marks an unused id).
   std::vector<std::string> tokens;
   // Merge rules in rank order (lowest first) as (left id, right id); the merged token is the

@@ -12,6 +12,7 @@
 #include <array>
 #include <filesystem>
 #include <sstream>
+#include <tuple>
 
 namespace titan {
 namespace {
@@ -64,10 +65,14 @@ std::optional<std::string> byte_level_to_bytes(std::string_view token) {
 // Fills model->tokens from a {"token": id} object of byte-level tokens.
 void read_byte_level_vocab(const json& vocab, const std::string& path, BpeModel* model) {
   if (!vocab.is_object()) throw DataError(path + ": the vocabulary is not a JSON object");
+  const int64_t max_id = static_cast<int64_t>(vocab.size()) + BpeModel::kMaxUnusedIds;
   for (const auto& [token, id_json] : vocab.items()) {
     if (!id_json.is_number_integer() || id_json.get<int64_t>() < 0 ||
-        id_json.get<int64_t>() > (int64_t{1} << 30)) {
-      throw DataError(path + ": token '" + token + "' has an invalid id " + id_json.dump());
+        id_json.get<int64_t>() >= max_id) {
+      throw DataError(path + ": token '" + token + "' has an invalid id " + id_json.dump() +
+                      " (want 0 <= id < " + std::to_string(max_id) + ": the " +
+                      std::to_string(vocab.size()) + " entries plus at most " +
+                      std::to_string(BpeModel::kMaxUnusedIds) + " unused ids)");
     }
     const int64_t id = id_json.get<int64_t>();
     std::optional<std::string> bytes = byte_level_to_bytes(token);
@@ -245,7 +250,13 @@ BpeModel read_hf_tokenizer_json(const std::string& path) {
     std::unordered_map<std::string, int64_t> named;
     for (const json& added : root.value("added_tokens", json::array())) {
       const std::string content = added.at("content").get<std::string>();
-      const int64_t id = added.at("id").get<int64_t>();
+      // A float id (1e300) would be converted with undefined behaviour (found by tests/fuzz).
+      const json& id_json = added.at("id");
+      if (!id_json.is_number_integer()) {
+        throw DataError(path + ": added token '" + content + "' has a non-integer id " +
+                        id_json.dump());
+      }
+      const int64_t id = id_json.get<int64_t>();
       model.special_tokens.emplace_back(content, id);
       named.emplace(content, id);
     }
@@ -297,7 +308,9 @@ BpeModel read_tiktoken(const std::string& path) {
   std::istringstream lines(read_text_file(path));
   std::string line;
   int64_t line_no = 0;
-  int64_t num_ranks = 0;
+  // (rank, token bytes, line number): the ranks are bounded by their count before the table of
+  // tokens by rank is allocated.
+  std::vector<std::tuple<int64_t, std::string, int64_t>> ranks;
   while (std::getline(lines, line)) {
     ++line_no;
     if (!line.empty() && line.back() == '\r') line.pop_back();
@@ -313,17 +326,25 @@ BpeModel read_tiktoken(const std::string& path) {
     } catch (const std::exception&) {
       rank = -1;
     }
-    if (!bytes || bytes->empty() || rank < 0 || rank > (int64_t{1} << 30)) {
+    if (!bytes || bytes->empty() || rank < 0) {
       throw DataError(path + ":" + std::to_string(line_no) +
                       ": not a tiktoken rank line (want '<base64 token> <rank>')");
     }
-    if (rank >= static_cast<int64_t>(model.tokens.size())) model.tokens.resize(rank + 1);
-    if (!model.tokens[rank].empty()) {
-      throw DataError(path + ":" + std::to_string(line_no) + ": rank " + std::to_string(rank) +
-                      " appears twice");
+    ranks.emplace_back(rank, std::move(*bytes), line_no);
+  }
+  const int64_t num_ranks = static_cast<int64_t>(ranks.size());
+  const int64_t max_rank = num_ranks + BpeModel::kMaxUnusedIds;
+  for (auto& [rank, bytes, at_line] : ranks) {
+    const std::string where =
+        path + ":" + std::to_string(at_line) + ": rank " + std::to_string(rank);
+    if (rank >= max_rank) {
+      throw DataError(where + " is too large (want < " + std::to_string(max_rank) + ": the " +
+                      std::to_string(num_ranks) + " ranks plus at most " +
+                      std::to_string(BpeModel::kMaxUnusedIds) + " unused ones)");
     }
-    model.tokens[rank] = std::move(*bytes);
-    ++num_ranks;
+    if (rank >= static_cast<int64_t>(model.tokens.size())) model.tokens.resize(rank + 1);
+    if (!model.tokens[rank].empty()) throw DataError(where + " appears twice");
+    model.tokens[rank] = std::move(bytes);
   }
   if (num_ranks == 0) throw DataError(path + ": no tiktoken ranks in the file");
   if (num_ranks == kLlama3NumRanks) {

@@ -7,6 +7,7 @@
 #include "titan/models/registry.h"
 
 #include <algorithm>
+#include <cmath>
 #include <sstream>
 
 namespace titan::llama3 {
@@ -54,6 +55,31 @@ int64_t Llama3Args::ffn_hidden_dim() const {
 void Llama3Args::validate() const {
   if (dim <= 0 || n_layers <= 0 || n_heads <= 0 || vocab_size <= 0 || multiple_of <= 0) {
     throw ConfigError("llama3: dim, n_layers, n_heads, vocab_size and multiple_of must be > 0");
+  }
+  // Far above any real model (Llama 3 405B: dim 16384, ffn 53248, 126 layers, vocab 128256), and
+  // low enough that the size arithmetic (ffn_hidden_dim, parameter counts) cannot overflow int64:
+  // a config.json with hidden_size 2^62 used to overflow 4 * dim (found by tests/fuzz).
+  constexpr int64_t kMaxWidth = int64_t{1} << 24;
+  struct Bound {
+    const char* name;
+    int64_t value;
+    int64_t limit;
+  };
+  const Bound bounds[] = {
+      {"dim", dim, kMaxWidth},          {"n_heads", n_heads, kMaxWidth},
+      {"n_kv_heads", n_kv_heads, kMaxWidth}, {"ffn_dim", ffn_dim, kMaxWidth},
+      {"multiple_of", multiple_of, kMaxWidth}, {"n_layers", n_layers, int64_t{1} << 16},
+      {"vocab_size", vocab_size, int64_t{1} << 31}, {"max_seq_len", max_seq_len, int64_t{1} << 31}};
+  for (const Bound& b : bounds) {
+    if (b.value < 0 || b.value > b.limit) {
+      throw ConfigError("llama3: " + std::string(b.name) + " = " + std::to_string(b.value) +
+                        " is out of range (want at most " + std::to_string(b.limit) +
+                        ", and > 0; n_kv_heads and ffn_dim may be 0: derived)");
+    }
+  }
+  if (!std::isfinite(ffn_dim_multiplier) || ffn_dim_multiplier > 1000.0) {
+    throw ConfigError("llama3: ffn_dim_multiplier = " + std::to_string(ffn_dim_multiplier) +
+                      " is out of range (want <= 1000; <= 0 means none)");
   }
   if (dim % n_heads != 0 || head_dim() % 2 != 0) {
     std::ostringstream os;
