@@ -1,11 +1,14 @@
 // `titan train` and `titan inspect`.
 #include "commands.h"
 
+#include "titan/common/cpu.h"
 #include "titan/common/format.h"
 #include "titan/common/logging.h"
 #include "titan/config/config_manager.h"
 #include "titan/distributed/init.h"
+#include "titan/models/memory_estimate.h"
 #include "titan/models/registry.h"
+#include "titan/trainer/memory_check.h"
 #include "titan/trainer/trainer.h"
 
 #include <algorithm>
@@ -33,6 +36,8 @@ bool maybe_print_help(const std::string& command, const std::vector<std::string>
 
 int run_train(const std::vector<std::string>& args) {
   JobConfig config = parse_job_config(args);
+  // Sizes that cannot fit fail here, on every rank alike, before anything is allocated.
+  check_training_memory(config, detect_launch_env(), machine_memory_bytes());
   // Joins the job when launched with several ranks (titan run, torchrun, srun, mpirun).
   DistributedContext dist = init_distributed(config.comm);
   if (config.job.print_config && dist.rank() == 0) {
@@ -63,7 +68,6 @@ int run_inspect(const std::vector<std::string>& args) {
   const auto& t = config.training;
   const at::ScalarType dtype = dtype_from_name(t.mixed_precision_param);
   const ModelStats s = spec.describe(config.model.flavor, t.local_batch_size, t.seq_len, dtype);
-  const double n = static_cast<double>(s.n_params);
   const double flops = s.flops_per_token(t.seq_len);
 
   std::printf("model            %s %s: %s\n", config.model.name.c_str(), config.model.flavor.c_str(),
@@ -76,18 +80,19 @@ int run_inspect(const std::vector<std::string>& args) {
               flops * static_cast<double>(t.local_batch_size * t.seq_len),
               (long long)t.local_batch_size, (long long)t.seq_len);
   // One rank holds everything until data/tensor parallelism shards it.
-  const double weights = 4 * n, grads = 4 * n, optim = 8 * n;
-  const double compute_copies = dtype == at::kBFloat16 ? 2 * n : 0.0;
-  const double activations = static_cast<double>(s.activation_bytes);
+  const MemoryEstimate memory = estimate_training_memory(spec, config.model.flavor,
+                                                         t.local_batch_size, t.seq_len, dtype);
   std::printf("memory per rank (training step, 1 rank, %s compute):\n", t.mixed_precision_param.c_str());
-  std::printf("  weights (fp32)          %s\n", gib(weights).c_str());
-  std::printf("  gradients (fp32)        %s\n", gib(grads).c_str());
-  std::printf("  optimizer (AdamW fp32)  %s\n", gib(optim).c_str());
-  if (compute_copies > 0) std::printf("  bf16 weight copies      %s\n", gib(compute_copies).c_str());
-  std::printf("  activations (estimate)  %s  (local_batch_size %lld, seq_len %lld)\n",
-              gib(activations).c_str(), (long long)t.local_batch_size, (long long)t.seq_len);
-  std::printf("  total                   %s\n",
-              gib(weights + grads + optim + compute_copies + activations).c_str());
+  for (const MemoryEstimate::Part& part : memory.parts) {
+    std::printf("  %-23s %s%s\n", part.name.c_str(), gib(part.bytes).c_str(),
+                part.name.rfind("activations", 0) == 0
+                    ? ("  (local_batch_size " + std::to_string(t.local_batch_size) + ", seq_len " +
+                       std::to_string(t.seq_len) + ")").c_str()
+                    : "");
+  }
+  std::printf("  total                   %s  (this machine: %s; `titan train` refuses above %gx)\n",
+              gib(memory.total()).c_str(), gib(machine_memory_bytes()).c_str(),
+              kMemoryRefuseFactor);
   return 0;
 }
 

@@ -1,6 +1,7 @@
 // Hugging Face model folders: writing (atomic, optionally sharded) and reading (see hf_folder.h).
 #include "titan/checkpoint/hf_folder.h"
 
+#include "titan/checkpoint/checkpoint_files.h"
 #include "titan/checkpoint/safetensors.h"
 #include "titan/common/check.h"
 #include "titan/common/file_io.h"
@@ -94,6 +95,19 @@ nlohmann::json read_json(const fs::path& path) {
     return nlohmann::json::parse(text);
   } catch (const nlohmann::json::exception& e) {
     throw DataError(path.string() + ": not valid JSON (" + e.what() + ")");
+  }
+}
+
+// A titan checkpoint: a step folder whose index.json says "format": "titan-checkpoint", or a
+// folder of step-N checkpoints.
+bool is_titan_checkpoint(const fs::path& d) {
+  std::error_code ec;
+  if (!fs::is_regular_file(d / "index.json", ec)) return !list_step_dirs(d.string()).empty();
+  try {
+    const nlohmann::json index = read_json(d / "index.json");
+    return index.is_object() && index.value("format", std::string()) == "titan-checkpoint";
+  } catch (const DataError&) {
+    return false;
   }
 }
 
@@ -229,6 +243,11 @@ HfFolderReader::HfFolderReader(const std::string& dir)
   std::error_code ec;
   const fs::path d(dir);
   if (!fs::is_directory(d, ec)) throw DataError("Hugging Face folder " + dir + " does not exist");
+  if (!fs::exists(d / kConfigFile, ec) && is_titan_checkpoint(d)) {
+    throw ConfigError("'" + dir + "' is a titan checkpoint, not a Hugging Face folder (it has no " +
+                      kConfigFile + "). HINT: drop checkpoint.initial_load_in_hf to load it as a "
+                      "titan checkpoint; `titan convert to-hf` turns it into a Hugging Face folder");
+  }
   config_ = read_json(d / kConfigFile);
   if (!config_.is_object()) throw DataError((d / kConfigFile).string() + ": not a JSON object");
 

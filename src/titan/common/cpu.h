@@ -7,9 +7,18 @@
 
 namespace titan {
 
+// The most intra-op threads a rank may ask for (training.num_threads, OMP_NUM_THREADS): more
+// only stalls start-up spawning threads. Above the core count is allowed, with a warning.
+constexpr int64_t kMaxNumThreads = 1024;
+
 // Sets ATen's intra-op threads (and OpenBLAS's, when it has its own pool) to `num_threads`;
-// 0 means hardware cores / local_ranks. Returns a one-line description for the log.
+// 0 means hardware cores / local_ranks. Logs a warning when asked for more than the cores.
+// Returns a one-line description for the log.
 std::string configure_threads(int64_t num_threads, int64_t local_ranks = 1);
+
+// This machine's memory for CPU runs in bytes: physical RAM, or the container's cgroup limit
+// when lower. 0 when unknown.
+double machine_memory_bytes();
 
 // Keeps freed memory in the process heap instead of returning it to the kernel. glibc maps every
 // block over ~32 MB afresh and unmaps it on free, so each step pays first-touch page faults on its

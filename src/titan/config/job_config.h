@@ -138,7 +138,8 @@ struct TrainingSection {
     v("mixed_precision_reduce", mixed_precision_reduce,
       "Dtype of gradient reductions across ranks: float32");
     v("num_threads", num_threads,
-      "CPU threads per rank for ATen and BLAS; 0 = cores / local ranks");
+      "CPU threads per rank for ATen and BLAS; 0 = cores / local ranks. At most 1024 (a "
+      "ConfigError above); more than the cores is allowed with a warning");
   }
 };
 

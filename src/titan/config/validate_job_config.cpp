@@ -2,6 +2,7 @@
 // data-parallel degree, warmup + decay against the step count), each failure a ConfigError that
 // states the rule, the value and, for cross-field checks, the arithmetic.
 #include "titan/common/check.h"
+#include "titan/common/cpu.h"
 #include "titan/config/config_manager.h"
 #include "titan/config/field_table.h"
 
@@ -67,7 +68,27 @@ void check_one_of(
   fail(std::string(name) + " must be one of " + listed + "; got '" + value + "'");
 }
 
+// inf and nan read as floats (TOML, strtod) but are never a meaningful setting (lr inf trains
+// on garbage, max_norm nan silently disables clipping): refused for every float key here, so a
+// new key is covered without a check of its own.
+void validate_finite(const JobConfig& c) {
+  JobConfig copy = c;  // a FieldTable points into a mutable config
+  const detail::FieldTable table = detail::FieldTable::of(copy);
+  for (const detail::FieldRef& field : table.fields()) {
+    if (field.type != detail::FieldType::kDouble) continue;
+    const double value = *static_cast<const double*>(field.value);
+    if (!std::isfinite(value)) {
+      fail("config key '" + field.name() + "' must be a finite number, got " +
+           format_number(value) + " (inf and nan are refused for every float key)");
+    }
+  }
+}
+
 void validate_ranges(const JobConfig& c) {
+  if (c.job.dump_folder.empty()) {
+    fail("job.dump_folder is empty; it must name the folder for metrics, checkpoints and other "
+         "outputs (\".\" for the current directory, default \"./outputs\")");
+  }
   check_at_least("metrics.log_freq", c.metrics.log_freq, 1);
   check_non_negative("metrics.peak_flops", c.metrics.peak_flops);
 
@@ -123,6 +144,11 @@ void validate_ranges(const JobConfig& c) {
                {"bfloat16", "float32"});
   check_one_of("training.mixed_precision_reduce", c.training.mixed_precision_reduce, {"float32"});
   check_at_least("training.num_threads", c.training.num_threads, 0);
+  if (c.training.num_threads > kMaxNumThreads) {
+    fail("training.num_threads " + std::to_string(c.training.num_threads) + " is above the cap of " +
+         std::to_string(kMaxNumThreads) + " threads per rank (spawning them would stall start-up); "
+         "use 0 (cores / local ranks) or at most this machine's core count");
+  }
 
   const ParallelismSection& p = c.parallelism;
   check_at_least("parallelism.data_parallel_replicate_degree", p.data_parallel_replicate_degree, 1);
@@ -169,6 +195,7 @@ void validate_batch_sizes(const TrainingSection& t, const ParallelismSection& p)
 }  // namespace
 
 void validate_job_config(const JobConfig& config) {
+  validate_finite(config);
   validate_ranges(config);
   validate_batch_sizes(config.training, config.parallelism);
 }

@@ -216,6 +216,13 @@ void Group::State::fail(const std::string& op, const std::string& cause, double 
                   "comm.train_timeout_seconds (comm.init_timeout_seconds at start-up).");
 }
 
+Group::State::~State() {
+  if (pg && (broken || abandoned_work.load())) {
+    // Intentionally leaked: see the declaration. The process is failing; exit reclaims it.
+    (void)pg.release();
+  }
+}
+
 // ---- Group ----
 
 Group::Group(std::shared_ptr<State> state) : state_(std::move(state)) {}
@@ -296,6 +303,16 @@ Work make_work(const std::shared_ptr<Group::State>& state, std::string op,
   impl->finish = std::move(finish);
   impl->issued = std::chrono::steady_clock::now();
   return Work(std::move(impl));
+}
+
+Work::Impl::~Impl() {
+  if (done || !work || !group) return;
+  bool finished = false;
+  try {
+    finished = work->isCompleted();
+  } catch (const std::exception&) {
+  }
+  if (!finished) group->abandoned_work = true;
 }
 
 Work::Work() = default;

@@ -53,6 +53,13 @@ struct Group::State : std::enable_shared_from_this<Group::State> {
   mutable std::mutex mutex;
   bool broken = false;
   std::string broken_reason;
+  // An op was dropped unwaited and unfinished (an exception unwound past its Work).
+  std::atomic<bool> abandoned_work{false};
+
+  // A broken group, or one with abandoned work, may have backend threads stuck in an op until
+  // the timeout it was issued with (comm.init_timeout_seconds for ops of the first step); the
+  // backend's destructor would join them. Such a backend is left to the process's exit.
+  ~State();
 
   std::chrono::milliseconds timeout() const { return std::chrono::milliseconds(timeout_ms.load()); }
   std::string describe() const;
@@ -70,6 +77,7 @@ struct Work::Impl {
   std::string op;                       // "all_reduce #12", for errors
   std::chrono::steady_clock::time_point issued;
   bool done = false;
+  ~Impl();  // marks the group's abandoned_work when dropped while the op may still run
 };
 
 // Issued op -> Work handle. `work` null: nothing was issued, wait() only runs `finish`.

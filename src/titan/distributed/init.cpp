@@ -4,12 +4,15 @@
 #include "titan/distributed/init.h"
 
 #include "titan/common/check.h"
+#include "titan/common/cpu.h"
 #include "titan/common/logging.h"
 
 #include <c10/util/Exception.h>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
+#include <netdb.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -33,6 +36,7 @@ constexpr auto kPoll = std::chrono::milliseconds(20);
 constexpr int64_t kMaxMissingListed = 16;
 
 std::string rank_key(int64_t rank) { return "titan/rdzv/rank/" + std::to_string(rank); }
+std::string exited_key(int64_t rank) { return std::string(kExited) + "/" + std::to_string(rank); }
 
 std::vector<uint8_t> bytes(const std::string& s) { return {s.begin(), s.end()}; }
 std::string text(const std::vector<uint8_t>& b) { return {b.begin(), b.end()}; }
@@ -60,7 +64,29 @@ std::string seconds(std::chrono::milliseconds t) {
   return os.str();
 }
 
+// A MASTER_ADDR that does not resolve fails inside c10d as a bind or connect error (rank 0's
+// hint would blame the port); say what is wrong instead. Only definite answers count: a
+// temporary resolver failure is left to c10d's retries.
+void check_master_addr_resolves(const LaunchEnv& env) {
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  const int rc = getaddrinfo(env.master_addr.c_str(), nullptr, &hints, &found);
+  if (found != nullptr) freeaddrinfo(found);
+  bool definite = rc == EAI_NONAME || rc == EAI_FAIL;
+#ifdef EAI_NODATA
+  definite = definite || rc == EAI_NODATA;
+#endif
+  if (definite) {
+    throw ConfigError("MASTER_ADDR '" + env.master_addr + "' (rank " + std::to_string(env.rank) +
+                      "'s store host) cannot be resolved: " + gai_strerror(rc) +
+                      ". HINT: set MASTER_ADDR (titan run --master_addr) to the host name or IP "
+                      "address of the node running rank 0; 127.0.0.1 for one node");
+  }
+}
+
 c10::intrusive_ptr<c10d::Store> connect_store(const LaunchEnv& env, std::chrono::milliseconds timeout) {
+  check_master_addr_resolves(env);
   c10d::TCPStoreOptions opts;
   opts.port = static_cast<uint16_t>(env.master_port);
   opts.isServer = env.rank == 0 && !env.agent_store;
@@ -87,12 +113,13 @@ c10::intrusive_ptr<c10d::Store> connect_store(const LaunchEnv& env, std::chrono:
   return store;
 }
 
-// "ranks 2, 5 (and 3 more)" for the ranks whose registration key is absent.
-std::string missing_ranks(c10d::Store& store, int64_t world_size) {
+// "ranks 2, 5 (and 3 more)" for the ranks whose key (registration by default) is absent.
+std::string missing_ranks(c10d::Store& store, int64_t world_size,
+                          std::string (*key)(int64_t) = rank_key) {
   std::vector<int64_t> missing;
   int64_t extra = 0;
   for (int64_t r = 0; r < world_size; ++r) {
-    if (store.check({rank_key(r)})) continue;
+    if (store.check({key(r)})) continue;
     if (static_cast<int64_t>(missing.size()) < kMaxMissingListed) {
       missing.push_back(r);
     } else {
@@ -145,18 +172,19 @@ void join(c10d::Store& store, const LaunchEnv& env, std::chrono::milliseconds ti
     while ((arrived = store.add(kArrived, 0)) < env.world_size && Clock::now() < deadline) {
       std::this_thread::sleep_for(kPoll);
     }
-    if (arrived >= env.world_size) {
-      store.set(kOutcome, bytes("ok"));
-      return;
-    }
-    const std::string message = timeout_message(store, env, timeout);
-    store.set(kOutcome, bytes(message));
-    // Rank 0 may host the store: let the ranks that arrived read the verdict before it goes.
+    const std::string outcome =
+        arrived >= env.world_size ? "ok" : timeout_message(store, env, timeout);
+    store.set(kOutcome, bytes(outcome));
+    // Rank 0 may host the store: let the ranks that arrived read the verdict before it goes,
+    // also on success (a rank 0 failing right after the rendezvous, e.g. on a config error,
+    // would cut them off mid-read and they would blame a lost store).
     const auto until = Clock::now() + kVerdictGrace;
-    while (store.add(kVerdictRead, 0) < arrived - 1 && Clock::now() < until) {
+    while (store.add(kVerdictRead, 0) < std::min(arrived, env.world_size) - 1 &&
+           Clock::now() < until) {
       std::this_thread::sleep_for(kPoll);
     }
-    throw RendezvousError(message);
+    if (outcome != "ok") throw RendezvousError(outcome);
+    return;
   }
   const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
   try {
@@ -213,11 +241,28 @@ DistributedContext init_distributed(const CommSection& comm, const LaunchEnv& en
 
 void finalize_distributed(DistributedContext& dist, const CommSection& comm) {
   if (!dist.store) return;
+  // Past start-up, so the training timeout bounds this as it bounds every collective.
+  const std::chrono::milliseconds timeout(comm.train_timeout_seconds * 1000);
+  dist.store->setTimeout(timeout + kVerdictGrace);
+  dist.store->set(exited_key(dist.rank()), bytes("1"));
   dist.store->add(kExited, 1);
   if (dist.rank() == 0 && !dist.env.agent_store) {
-    const auto deadline = Clock::now() + std::chrono::seconds(comm.init_timeout_seconds);
-    while (dist.store->add(kExited, 0) < dist.world_size() && Clock::now() < deadline) {
+    const auto start = Clock::now();
+    int64_t exited = 0;
+    while ((exited = dist.store->add(kExited, 0)) < dist.world_size() &&
+           Clock::now() < start + timeout) {
       std::this_thread::sleep_for(kPoll);
+    }
+    if (exited < dist.world_size()) {
+      const std::string missing = missing_ranks(*dist.store, dist.world_size(), exited_key);
+      const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start);
+      dist.store.reset();
+      throw dist::CommError(
+          "exit barrier: " + std::to_string(exited) + " of " + std::to_string(dist.world_size()) +
+          " ranks finished; " + (missing.empty() ? "some ranks" : missing) +
+          " did not arrive within " + seconds(waited) + " (comm.train_timeout_seconds " +
+          seconds(timeout) + "). HINT: those ranks hang, were stopped or died after their last "
+          "collective; this rank's outputs are complete, check theirs");
     }
   }
   dist.store.reset();
@@ -230,10 +275,12 @@ int64_t rank_num_threads(int64_t configured, const LaunchEnv& env, const EnvLook
     try {
       size_t pos = 0;
       const int64_t n = std::stoll(*omp, &pos);
-      if (pos == omp->size() && n > 0) return n;
+      if (pos == omp->size() && n > 0 && n <= kMaxNumThreads) return n;
     } catch (const std::exception&) {
     }
-    throw ConfigError("OMP_NUM_THREADS='" + *omp + "' is not a positive integer");
+    throw ConfigError("OMP_NUM_THREADS='" + *omp + "' is not a positive integer of at most " +
+                      std::to_string(kMaxNumThreads) + " (threads per rank); unset it or set "
+                      "training.num_threads");
   }
   return 0;
 }

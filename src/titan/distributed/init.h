@@ -49,8 +49,10 @@ c10::intrusive_ptr<c10d::Store> rendezvous(const LaunchEnv& env, std::chrono::mi
 DistributedContext init_distributed(const CommSection& comm);
 DistributedContext init_distributed(const CommSection& comm, const LaunchEnv& env);
 
-// Exit barrier: rank 0 hosts the store, so it waits (up to comm.init_timeout_seconds) until every
-// rank has reached this point before returning and letting its process end. No-op for one rank.
+// Exit barrier: rank 0 hosts the store, so it waits (up to comm.train_timeout_seconds) until every
+// rank has reached this point before returning and letting its process end; when some never
+// arrive (hung, stopped) it throws dist::CommError naming them, so the job ends non-zero instead
+// of waiting on them. No-op for one rank.
 void finalize_distributed(DistributedContext& dist, const CommSection& comm);
 
 // Options of the job's world group: comm.init_timeout_seconds, Gloo on loopback for single-node

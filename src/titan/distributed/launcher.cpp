@@ -247,6 +247,11 @@ void Job::kill_all(int sig) {
     if (!c.running) continue;
     kill(-c.pid, sig);
     kill(c.pid, sig);
+    if (sig != SIGKILL) {
+      // A stopped rank (SIGSTOP, a frozen peer) only acts on the signal once continued.
+      kill(-c.pid, SIGCONT);
+      kill(c.pid, SIGCONT);
+    }
   }
 }
 

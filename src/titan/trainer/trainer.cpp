@@ -27,6 +27,22 @@
 
 namespace titan {
 
+namespace {
+
+// The validation set cannot fill one batch of validation.local_batch_size x (seq_len + 1) tokens
+// over the data-parallel ranks.
+[[noreturn]] void throw_validation_too_small(const ValidationSection& v, int64_t dp_size) {
+  throw ConfigError("validation set '" + v.dataset + "' yields no full batch of " +
+                    std::to_string(v.local_batch_size) + " x " + std::to_string(v.seq_len + 1) +
+                    " tokens" +
+                    (dp_size > 1 ? " on each of " + std::to_string(dp_size) + " data-parallel ranks"
+                                 : std::string()) +
+                    ". HINT: lower validation.local_batch_size or validation.seq_len, or use a "
+                    "larger validation set (validation.dataset_path)");
+}
+
+}  // namespace
+
 Trainer::Trainer(JobConfig config, const DistributedContext* dist) : config_(std::move(config)) {
   build_parallelism(dist);
   seed_ = config_.debug.seed;
@@ -181,6 +197,10 @@ void Trainer::build_data() {
     const auto& v = config_.validation;
     validation_docs_ = open_dataset(v.dataset, v.dataset_path, v.dataset_text_field);
     log_info("validation dataset ", v.dataset, ": ", validation_docs_->size(), " documents");
+    // Found now, not at the first validation after validation.freq training steps.
+    DataLoader probe(validation_docs_, *tokenizer_, v.seq_len, v.local_batch_size * dp_size_, 0, 1,
+                     /*infinite=*/false);
+    if (!probe.next()) throw_validation_too_small(v, dp_size_);
   }
 }
 
@@ -303,9 +323,7 @@ double Trainer::validate(int64_t* tokens) {
     ++n;
     count += batch->inputs.numel();
   }
-  TITAN_CHECK(n > 0, "validation set '", config_.validation.dataset, "' yields no full batch of ",
-              config_.validation.local_batch_size, " x ", config_.validation.seq_len + 1,
-              " tokens; lower validation.local_batch_size or validation.seq_len");
+  if (n == 0) throw_validation_too_small(config_.validation, dp_size_);
   if (tokens != nullptr) *tokens = count * dp_size_;
   return dp_mean(sum / static_cast<double>(n));
 }

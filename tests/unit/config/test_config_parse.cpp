@@ -95,10 +95,10 @@ TEST(ConfigParse, BothCommandLineForms) {
 TEST(ConfigParse, ValuesMayContainEqualsAndBeEmpty) {
   JobConfig config =
       parse_job_config({"--job.description=a=b", "--model.hf_assets_path=",
-                        "--job.dump_folder", ""});
+                        "--comm.save_traces_folder", ""});
   EXPECT_EQ(config.job.description, "a=b");
   EXPECT_EQ(config.model.hf_assets_path, "");
-  EXPECT_EQ(config.job.dump_folder, "");
+  EXPECT_EQ(config.comm.save_traces_folder, "");
 }
 
 TEST(ConfigParse, RepeatedKeyLastWins) {

@@ -46,7 +46,7 @@ TEST(ConfigValidate, FloatRanges) {
   EXPECT_TRUE(contains(validation_error([](JobConfig& c) { c.optimizer.lr = 0; }),
                        "optimizer.lr must be > 0, got 0"));
   EXPECT_TRUE(contains(validation_error([](JobConfig& c) { c.optimizer.lr = NAN; }),
-                       "optimizer.lr must be > 0, got nan"));
+                       "'optimizer.lr' must be a finite number, got nan"));
   EXPECT_TRUE(contains(validation_error([](JobConfig& c) { c.optimizer.eps = -1e-8; }),
                        "optimizer.eps must be > 0, got -1e-08"));
   EXPECT_TRUE(contains(validation_error([](JobConfig& c) { c.optimizer.weight_decay = -0.1; }),

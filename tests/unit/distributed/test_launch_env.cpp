@@ -8,10 +8,12 @@
 
 #include <gtest/gtest.h>
 
+#include <netdb.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <future>
 #include <map>
 #include <thread>
 
@@ -306,6 +308,9 @@ TEST(Threads, RankBudget) {
   EXPECT_EQ(rank_num_threads(0, one, fake({{"OMP_NUM_THREADS", "2"}})), 0);
   EXPECT_TRUE(contains(config_error([&] { rank_num_threads(0, four, fake({{"OMP_NUM_THREADS", "0"}})); }),
                        "OMP_NUM_THREADS='0'"));
+  // As training.num_threads: capped, so a typo cannot stall start-up spawning threads.
+  EXPECT_TRUE(contains(config_error([&] { rank_num_threads(0, four, fake({{"OMP_NUM_THREADS", "100000"}})); }),
+                       "OMP_NUM_THREADS='100000' is not a positive integer of at most 1024"));
 }
 
 // ---- rendezvous over a real TCPStore, one thread per rank ----
@@ -386,6 +391,85 @@ TEST(Rendezvous, UnreachableStoreIsBounded) {
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   EXPECT_TRUE(contains(errors[0], "rank 1 could not reach the store")) << errors[0];
   EXPECT_LT(s, 15.0);
+}
+
+// An unresolvable store host is reported as such (rank 0 used to hint that another job may
+// hold the port). ".invalid" never resolves (RFC 2606).
+TEST(Rendezvous, UnresolvableMasterAddrIsNamed) {
+  addrinfo* found = nullptr;
+  const int rc = getaddrinfo("no-such-host.invalid", nullptr, nullptr, &found);
+  if (found != nullptr) freeaddrinfo(found);
+  if (rc == EAI_AGAIN) GTEST_SKIP() << "no name resolution on this machine";
+  for (int64_t rank : {0, 1}) {
+    LaunchEnv env = rank_env(rank, 2, unused_port());
+    env.master_addr = "no-such-host.invalid";
+    const std::string msg = config_error([&] { rendezvous(env, std::chrono::seconds(5)); });
+    EXPECT_TRUE(contains(msg, "MASTER_ADDR 'no-such-host.invalid' (rank " + std::to_string(rank) +
+                                  "'s store host) cannot be resolved")) << msg;
+    EXPECT_FALSE(contains(msg, "port")) << msg;
+  }
+}
+
+// A rank that hangs after its last collective (SIGSTOP) must not keep the job alive: rank 0's exit
+// barrier is bounded by the training timeout and fails naming it (it used to wait the init
+// timeout and then return as if all was well, leaving the launcher waiting on the frozen rank).
+TEST(ExitBarrier, MissingRankFailsWithinTheTrainTimeout) {
+  const int64_t port = unused_port();
+  CommSection comm;
+  comm.init_timeout_seconds = 20;
+  comm.train_timeout_seconds = 1;
+  std::string error0 = "(no exception)";
+  double seconds = 0;
+  std::promise<void> rank0_done;
+  std::thread rank1([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    DistributedContext dist;
+    dist.env = rank_env(1, 2, port);
+    dist.store = rendezvous(dist.env, std::chrono::seconds(comm.init_timeout_seconds));
+    rank0_done.get_future().wait();  // frozen: never reaches the exit barrier
+  });
+  {
+    DistributedContext dist;
+    dist.env = rank_env(0, 2, port);
+    dist.store = rendezvous(dist.env, std::chrono::seconds(comm.init_timeout_seconds));
+    const auto start = std::chrono::steady_clock::now();
+    try {
+      finalize_distributed(dist, comm);
+    } catch (const dist::CommError& e) {
+      error0 = e.what();
+    }
+    seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  }
+  rank0_done.set_value();
+  rank1.join();
+  EXPECT_TRUE(contains(error0, "exit barrier: 1 of 2 ranks finished; rank 1 did not arrive"))
+      << error0;
+  EXPECT_TRUE(contains(error0, "(comm.train_timeout_seconds 1 s)")) << error0;
+  EXPECT_LT(seconds, 5.0);
+}
+
+TEST(ExitBarrier, AllRanksLeaveTogether) {
+  const int64_t port = unused_port();
+  CommSection comm;
+  comm.train_timeout_seconds = 5;
+  std::vector<std::string> errors(2);
+  std::vector<std::thread> threads;
+  for (int64_t r = 0; r < 2; ++r) {
+    threads.emplace_back([&, r] {
+      if (r != 0) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      try {
+        DistributedContext dist;
+        dist.env = rank_env(r, 2, port);
+        dist.store = rendezvous(dist.env, std::chrono::seconds(20));
+        finalize_distributed(dist, comm);
+      } catch (const std::exception& e) {
+        errors[r] = e.what();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(errors[0], "");
+  EXPECT_EQ(errors[1], "");
 }
 
 }  // namespace

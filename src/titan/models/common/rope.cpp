@@ -2,7 +2,9 @@
 #include "titan/models/common/rope.h"
 
 #include "titan/common/check.h"
+#include "titan/common/cpu.h"
 #include "titan/models/common/linear.h"
+#include "titan/models/memory_estimate.h"
 
 #include <cmath>
 
@@ -55,8 +57,23 @@ at::Tensor apply_rotary_emb(const at::Tensor& x, const at::Tensor& cos, const at
   return out.view({bs, seqlen, n_heads, 2 * half}).to(x.scalar_type());
 }
 
+double rope_table_bytes(int64_t head_dim, int64_t max_seq_len) {
+  return static_cast<double>(max_seq_len) * (6.0 * static_cast<double>(head_dim) + 4.0);
+}
+
 RotaryEmbedding::RotaryEmbedding(int64_t head_dim, int64_t max_seq_len, double theta,
                                  const RopeScaling* scaling) {
+  // The one buffer that grows with the sequence length alone: every path that builds a model
+  // (train, generate from a flavor, a checkpoint or a Hugging Face folder) passes here.
+  const double need = rope_table_bytes(head_dim, max_seq_len);
+  const double memory = machine_memory_bytes();
+  if (memory > 0 && need > memory) {
+    throw ConfigError("the RoPE tables for max_seq_len " + std::to_string(max_seq_len) +
+                      " positions (head_dim " + std::to_string(head_dim) + ") need about " +
+                      gib_text(need) + ", more than this machine's " + gib_text(memory) +
+                      ". HINT: lower the sequence length: --max_seq_len for `titan generate`, "
+                      "training.seq_len for `titan train`");
+  }
   const at::Tensor freqs = rope_frequencies(head_dim, theta, scaling);
   // float32 angles, like TorchTitan's torch.outer(t, freqs).
   const at::Tensor angles = at::outer(at::arange(max_seq_len, at::kFloat), freqs);

@@ -29,11 +29,16 @@ at::Tensor rope_frequencies(int64_t head_dim, double theta, const RopeScaling* s
 // -> (bs, seqlen, n_heads, head_dim) in x's dtype; the math runs in float32 (or wider).
 at::Tensor apply_rotary_emb(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
 
+// Peak bytes of building the tables: cos and sin (max_seq_len, head_dim / 2) float32, plus the
+// angles they come from and the positions.
+double rope_table_bytes(int64_t head_dim, int64_t max_seq_len);
+
 // Holds the cos/sin tables for positions [0, max_seq_len) as buffers `cos` and `sin`
 // (max_seq_len, head_dim / 2), so they follow the module across devices. They are derived
 // values, rebuilt at construction; checkpoints need not store them.
 class RotaryEmbedding : public torch::nn::Module {
  public:
+  // ConfigError, before allocating, when the tables alone exceed this machine's memory.
   RotaryEmbedding(int64_t head_dim, int64_t max_seq_len, double theta, const RopeScaling* scaling);
 
   // x (bs, seqlen, n_heads, head_dim) with seqlen <= max_seq_len.

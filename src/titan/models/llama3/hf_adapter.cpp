@@ -4,6 +4,7 @@
 #include "titan/common/check.h"
 
 #include <array>
+#include <cmath>
 #include <cstdlib>
 #include <string>
 #include <utility>
@@ -258,6 +259,19 @@ Llama3Args args_from_hf_config(const nlohmann::json& config) {
     throw ConfigError("config.json head_dim " + config["head_dim"].dump() +
                       " != hidden_size / num_attention_heads (" + std::to_string(args.dim) + " / " +
                       std::to_string(args.n_heads) + "), which this model requires");
+  }
+  // Named by their config.json keys here; later checks know only our argument names.
+  const std::pair<const char*, double> positive[] = {{"rms_norm_eps", args.norm_eps},
+                                                     {"rope_theta", args.rope_theta}};
+  for (const auto& [key, value] : positive) {
+    if (!(value > 0) || !std::isfinite(value)) {
+      throw ConfigError("config.json \"" + std::string(key) + "\" must be a finite number > 0, got " +
+                        nlohmann::json(value).dump());
+    }
+  }
+  if (args.max_seq_len <= 0) {
+    throw ConfigError("config.json \"max_position_embeddings\" must be > 0, got " +
+                      std::to_string(args.max_seq_len));
   }
   args.validate();
   return args;

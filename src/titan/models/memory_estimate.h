@@ -1,0 +1,52 @@
+// Memory that a training step needs, estimated from a model's analytic stats (nothing
+// allocated). `titan inspect` prints it; `titan train` compares it with this machine's memory at
+// start-up, so sizes that cannot fit (seq_len 1e9, a batch of 1e8) fail at once with the key
+// named and the estimate shown, not with a raw allocator message. (`titan generate` is guarded
+// by the RoPE tables' own check, models/common/rope.h: they are what grows with --max_seq_len.)
+#pragma once
+
+#include "titan/models/registry.h"
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace titan {
+
+struct MemoryEstimate {
+  struct Part {
+    std::string name;   // "weights (fp32)", "activations (estimate)", ...
+    double bytes = 0;   // per rank; double because absurd sizes overflow int64
+    bool scales_with_tokens = false;  // grows with batch * sequence length
+  };
+  std::vector<Part> parts;
+
+  double total() const;
+  double token_bytes() const;  // the parts that scale with batch * sequence length
+  // "weights (fp32) 0.02 GiB + ... = 12.3 GiB"
+  std::string breakdown() const;
+};
+
+// "0.019 GiB", "9.31e+06 GiB".
+std::string gib_text(double bytes);
+
+// One rank's training step on one micro-batch of (batch, seq_len) tokens with matmuls in
+// `compute_dtype`: fp32 weights, gradients and AdamW moments (divided over `param_shards` ranks,
+// as FSDP shards them), bf16 weight copies, the RoPE tables and the activations kept for
+// backward, logits included (divided over `activation_shards`, as tensor parallelism splits them).
+MemoryEstimate estimate_training_memory(const ModelSpec& spec, const std::string& flavor,
+                                        int64_t batch, int64_t seq_len,
+                                        at::ScalarType compute_dtype, int64_t param_shards = 1,
+                                        int64_t activation_shards = 1);
+
+// A refusal needs the estimate above this multiple of the memory: the estimate is rough, and a
+// run near the limit may still work (swap, smaller real activations); absurd sizes are far above.
+constexpr double kMemoryRefuseFactor = 2.0;
+
+// Throws ConfigError when need.total() > kMemoryRefuseFactor * available_bytes (0: unknown,
+// never refuses). `what` says what needs it ("training llama3 debugmodel, local_batch_size 8 x
+// seq_len 1000000000"); `hint` what to lower, with the keys.
+void check_fits_in_memory(const MemoryEstimate& need, double available_bytes,
+                          const std::string& what, const std::string& hint);
+
+}  // namespace titan

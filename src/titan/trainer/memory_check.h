@@ -1,0 +1,18 @@
+// Start-up memory check of a training job: the estimate of memory_estimate.h for the configured
+// model and sizes against this machine's memory, so that `training.seq_len 1e9` or
+// `training.local_batch_size 1e8` fail before anything is allocated, naming the key.
+#pragma once
+
+#include "titan/config/job_config.h"
+#include "titan/distributed/launch_env.h"
+
+namespace titan {
+
+// Throws ConfigError when the per-rank estimate (training step, and the validation forward when
+// enabled) of every rank on this node together exceeds kMemoryRefuseFactor x `available_bytes`
+// (machine_memory_bytes() in the app; 0 never refuses). Weights, gradients and optimizer state
+// count as sharded over world_size / dp_replicate ranks, activations over the tensor-parallel
+// degree.
+void check_training_memory(const JobConfig& config, const LaunchEnv& env, double available_bytes);
+
+}  // namespace titan

@@ -1,0 +1,77 @@
+# Hardening at the binary level (issue 12): a frozen rank is bounded by comm.train_timeout_seconds
+# and `titan run` takes the whole job down, including the frozen rank; start-up refuses what
+# cannot run (non-finite floats, an empty dump folder, absurd thread counts, sizes that cannot fit
+# in memory, a validation set smaller than one batch) naming the key; hints name the right key.
+source "$(dirname "$0")/lib.sh"
+
+debug=(--job.config_file configs/llama3/debug_model.toml)
+tiny=(--training.seq_len 32 --training.local_batch_size 2 --validation.enable false)
+
+# --- a rank frozen (SIGSTOP) after step 1: bounded by the training timeout, not the init one ---
+LOG_RANK=all "$TITAN" run --nproc_per_node 2 -- train "${debug[@]}" "${tiny[@]}" \
+  --training.steps 10000 --metrics.log_freq 1 --job.dump_folder "$WORK/frozen" \
+  --comm.train_timeout_seconds 10 --comm.init_timeout_seconds 60 >"$WORK/out" 2>&1 &
+launcher=$!
+(sleep 120; kill -KILL "$launcher" 2>/dev/null) >/dev/null 2>&1 &  # not holding our stdout
+watchdog=$!
+for _ in $(seq 600); do
+  grep -qE '^\[rank 1\] .*step: +2 ' "$WORK/out" && break
+  sleep 0.1
+done
+rank1=""
+for p in $(pgrep -P "$launcher"); do
+  tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx 'RANK=1' && rank1=$p
+done
+[ -n "$rank1" ] || { cat "$WORK/out" >&2; fail "no rank 1 process found"; }
+kill -STOP "$rank1"
+start=$(date +%s.%N)
+set +e; wait "$launcher"; code=$?; set -e
+elapsed=$(awk -v a="$start" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }')
+pkill -P "$watchdog" sleep 2>/dev/null || true  # the watchdog's own sleep, then the watchdog
+kill "$watchdog" 2>/dev/null || true
+kill -KILL "$rank1" 2>/dev/null || true  # only if the launcher left it behind (a failure)
+[ "$code" = 1 ] || { cat "$WORK/out" >&2; fail "frozen rank: expected exit 1, got $code"; }
+expect_output '^\[rank 0\] .* on process group .* failed after 1[0-9]\.[0-9] s \(timeout 10\.0 s\)'
+expect_output 'titan run: rank 0 \(pid [0-9]+\) exited with code 1'
+# The frozen rank is continued with the SIGTERM, so it needs no SIGKILL after the grace period.
+! grep -q 'did not stop within' "$WORK/out" || { cat "$WORK/out" >&2; fail "frozen rank needed SIGKILL"; }
+awk -v e="$elapsed" 'BEGIN { exit !(e < 45) }' || { cat "$WORK/out" >&2; fail "job took ${elapsed}s after the freeze (train timeout 10 s)"; }
+echo "rank 1 frozen after step 2: job down ${elapsed}s later (comm.train_timeout_seconds 10)"
+
+# --- start-up refusals: exit 2, the key named, before any training step ---
+fast=(--metrics.peak_flops 1e12 --job.dump_folder "$WORK/startup")
+refused() {  # refused PATTERN ARGS...: `titan ARGS` exits 2 naming PATTERN, no step ran
+  local pattern="$1"; shift
+  expect_exit 2 timeout 60 "$TITAN" "$@"
+  expect_output "$pattern"
+  ! grep -q 'step: ' "$WORK/out" || { cat "$WORK/out" >&2; fail "steps ran before: $*"; }
+}
+refused "config key 'optimizer.lr' must be a finite number, got inf" train "${debug[@]}" --optimizer.lr inf
+refused "config key 'training.max_norm' must be a finite number, got nan" train "${debug[@]}" --training.max_norm nan
+refused 'job.dump_folder is empty' train "${debug[@]}" --job.dump_folder ""
+refused 'training.num_threads 100000 is above the cap of 1024' train "${debug[@]}" --training.num_threads 100000
+refused 'training.local_batch_size 8 x training.seq_len 1000000000 needs about [0-9.e+]+ GiB' \
+  train "${debug[@]}" "${fast[@]}" --training.seq_len 1000000000
+refused 'training.local_batch_size 100000000 x training.seq_len 256 needs about' \
+  train "${debug[@]}" "${fast[@]}" --training.local_batch_size 100000000
+refused 'RoPE tables for max_seq_len 1000000000 positions .*--max_seq_len' \
+  generate --flavor tiny --prompt hi --max_seq_len 1000000000
+for config in configs/llama3/*.toml; do  # the estimate never refuses `inspect`
+  expect_exit 0 "$TITAN" inspect --job.config_file "$config"
+  expect_output "total .*this machine"
+done
+mkdir -p "$WORK/small_val"
+echo "too short" >"$WORK/small_val/a.txt"
+refused "validation set 'text' yields no full batch of 8 x 33 tokens" train "${debug[@]}" "${fast[@]}" \
+  --training.seq_len 32 --validation.enable --validation.dataset text \
+  --validation.dataset_path "$WORK/small_val" --validation.seq_len 32
+
+# --- hints that name what is really wrong ---
+mkdir -p "$WORK/titan_ckpt/step-2"
+echo '{"format": "titan-checkpoint", "version": 2}' >"$WORK/titan_ckpt/step-2/index.json"
+refused "is a titan checkpoint, not a Hugging Face folder .*HINT: drop checkpoint.initial_load_in_hf" \
+  train "${debug[@]}" "${fast[@]}" "${tiny[@]}" --checkpoint.enable \
+  --checkpoint.initial_load_path "$WORK/titan_ckpt" --checkpoint.initial_load_in_hf
+# (an unresolvable MASTER_ADDR: tests/unit/distributed/test_launch_env.cpp, which can tell a
+# machine without name resolution)
+echo "hardening runtime: all cases passed"

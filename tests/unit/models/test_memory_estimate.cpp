@@ -1,0 +1,91 @@
+// Memory estimates: exactly the model's own activation figure at ordinary sizes, finite (no
+// int64 overflow) at absurd ones, and a refusal only far above the memory given.
+#include "titan/common/check.h"
+#include "titan/models/common/rope.h"
+#include "titan/models/memory_estimate.h"
+#include "titan/models/registry.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+namespace titan {
+namespace {
+
+constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+
+double part(const MemoryEstimate& e, const std::string& name) {
+  for (const auto& p : e.parts) {
+    if (p.name == name) return p.bytes;
+  }
+  ADD_FAILURE() << "no part " << name;
+  return 0;
+}
+
+std::string refusal(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(MemoryEstimate, MatchesTheModelStatsAtOrdinarySizes) {
+  const ModelSpec& spec = get_model_spec("llama3");
+  const ModelStats s = spec.describe("debugmodel", 8, 256, at::kBFloat16);
+  const MemoryEstimate e = estimate_training_memory(spec, "debugmodel", 8, 256, at::kBFloat16);
+  EXPECT_DOUBLE_EQ(part(e, "activations (estimate)"), static_cast<double>(s.activation_bytes));
+  EXPECT_DOUBLE_EQ(part(e, "weights (fp32)"), 4.0 * s.n_params);
+  EXPECT_DOUBLE_EQ(part(e, "optimizer (AdamW fp32)"), 8.0 * s.n_params);
+  EXPECT_DOUBLE_EQ(part(e, "bf16 weight copies"), 2.0 * s.n_params);
+  EXPECT_DOUBLE_EQ(part(e, "RoPE tables"), rope_table_bytes(s.head_dim, 256));
+  // Sharding divides the parameter state, tensor parallelism the activations.
+  const MemoryEstimate sharded = estimate_training_memory(spec, "debugmodel", 8, 256,
+                                                          at::kBFloat16, /*param_shards=*/4,
+                                                          /*activation_shards=*/2);
+  EXPECT_DOUBLE_EQ(part(sharded, "weights (fp32)"), s.n_params);
+  EXPECT_DOUBLE_EQ(part(sharded, "activations (estimate)"), s.activation_bytes / 2.0);
+}
+
+TEST(MemoryEstimate, AbsurdSizesStayFiniteAndHuge) {
+  const ModelSpec& spec = get_model_spec("llama3");
+  const MemoryEstimate e =
+      estimate_training_memory(spec, "8B", /*batch=*/100000000, /*seq_len=*/1000000000, at::kFloat);
+  EXPECT_TRUE(std::isfinite(e.total()));
+  EXPECT_GT(e.total(), 1e21);  // logits alone: 1e17 tokens x 128256 ids x 4 bytes
+  EXPECT_GT(e.token_bytes(), 0.99 * e.total());
+}
+
+TEST(MemoryEstimate, RefusesOnlyFarAboveTheMemory) {
+  const ModelSpec& spec = get_model_spec("llama3");
+  const MemoryEstimate normal = estimate_training_memory(spec, "debugmodel", 8, 256, at::kBFloat16);
+  EXPECT_EQ(refusal([&] { check_fits_in_memory(normal, 1 * kGiB, "debug", "hint"); }), "");
+  EXPECT_EQ(refusal([&] { check_fits_in_memory(normal, 0, "unknown memory", "hint"); }), "");
+  // Above the memory but within the margin: allowed.
+  EXPECT_EQ(refusal([&] { check_fits_in_memory(normal, normal.total() / 1.5, "x", "h"); }), "");
+  const MemoryEstimate huge = estimate_training_memory(spec, "debugmodel", 8, 1000000000, at::kBFloat16);
+  const std::string msg = refusal([&] {
+    check_fits_in_memory(huge, 16 * kGiB, "training with training.seq_len 1000000000",
+                         "lower training.seq_len");
+  });
+  EXPECT_NE(msg.find("training with training.seq_len 1000000000 needs about"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("activations (estimate)"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("the 16.000 GiB this machine has"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("HINT: lower training.seq_len"), std::string::npos) << msg;
+}
+
+// Every model build passes the RoPE tables: a sequence length whose tables alone exceed the
+// machine is a ConfigError before anything is allocated (it was a raw allocator error).
+TEST(MemoryEstimate, RopeTablesLargerThanTheMachineAreRefused) {
+  const std::string msg =
+      refusal([] { RotaryEmbedding rope(/*head_dim=*/64, /*max_seq_len=*/int64_t{1} << 40, 500000.0, nullptr); });
+  EXPECT_NE(msg.find("RoPE tables for max_seq_len 1099511627776 positions (head_dim 64)"),
+            std::string::npos) << msg;
+  EXPECT_NE(msg.find("--max_seq_len for `titan generate`, training.seq_len"), std::string::npos) << msg;
+  RotaryEmbedding ok(64, 4096, 500000.0, nullptr);
+  EXPECT_EQ(ok.cos.size(0), 4096);
+}
+
+}  // namespace
+}  // namespace titan
