@@ -44,7 +44,8 @@ if [ ! -f "$build_dir/build.ninja" ] || [ "$(cat "$stamp" 2>/dev/null)" != "$con
   echo "$configured" >"$stamp"
 fi
 build_start=$SECONDS
-cmake --build "$build_dir" -j "$(nproc)" >"$work/build.log" 2>&1 || { tail -50 "$work/build.log"; exit 1; }
+cmake --build "$build_dir" -j "$(nproc)" >"$work/build.log" 2>&1 ||
+  { tail -50 "$work/build.log"; exit 1; }
 echo "[fuzz] build: $((SECONDS - build_start)) s ($build_dir); work folder: $work"
 
 harnesses=("$@")
@@ -63,20 +64,25 @@ for name in "${harnesses[@]}"; do
   [ -x "$exe" ] || { echo "[fuzz] no harness $exe" >&2; exit 2; }
   corpus="$work/corpus/$name"
   mkdir -p "$corpus" "$work/findings"
-  if [ -d "$root/tests/fuzz/corpus/$name" ]; then cp -r "$root/tests/fuzz/corpus/$name/." "$corpus/"; fi
+  if [ -d "$root/tests/fuzz/corpus/$name" ]; then
+    cp -r "$root/tests/fuzz/corpus/$name/." "$corpus/"
+  fi
   args=(-max_total_time="$seconds" -timeout=10 -rss_limit_mb=4096 -print_final_stats=1
         -artifact_prefix="$work/findings/$name-")
   [ -f "$root/tests/fuzz/dict/$name.dict" ] && args+=(-dict="$root/tests/fuzz/dict/$name.dict")
   log="$work/$name.log"
   rc=0
-  # The harness runs in the work folder: files a parser might create stay out of the repository.
-  (cd "$work" && "$exe" "${args[@]}" "$corpus") >"$log" 2>&1 || rc=$?
+  # The harness runs in the work folder, and its scratch files (kept when a finding ends it)
+  # go there too: nothing lands in the repository or stays behind in /tmp.
+  mkdir -p "$work/tmp"
+  (cd "$work" && TMPDIR="$work/tmp" "$exe" "${args[@]}" "$corpus") >"$log" 2>&1 || rc=$?
   execs="$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -1)"
   if [ "$rc" -ne 0 ]; then
     findings=$((findings + 1))
     input="$(sed -n 's/.*Test unit written to //p' "$log" | tail -1)"
     echo "[fuzz] FINDING in fuzz_$name (exit $rc): input ${input:-<none written>}"
-    grep -E -A30 "ERROR: |runtime error|uncaught exception|terminate called" "$log" | head -60 || true
+    grep -E -A30 "ERROR: |runtime error|uncaught exception|terminate called" "$log" |
+      head -60 || true
     echo "[fuzz] full log: $log; replay: $exe ${input:-}"
     summary+="$(printf '%-18s %12s  FINDING %s' "$name" "${execs:-?}" "${input:-}")"$'\n'
   else
