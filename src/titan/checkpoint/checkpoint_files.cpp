@@ -388,12 +388,25 @@ bool is_plain_file_name(const std::string& name) {
          name.find_first_of(std::string("/\\\0", 3)) == std::string::npos;
 }
 
+// Whether `j` holds a floating-point number anywhere (converting one to an integer type that
+// cannot represent it is undefined behaviour, so integer fields must be integers).
+bool has_float(const nlohmann::json& j) {
+  if (j.is_number_float()) return true;
+  if (j.is_structured()) {
+    for (const auto& item : j) {
+      if (has_float(item)) return true;
+    }
+  }
+  return false;
+}
+
 // The folder name, the state's "step" and the train_state entry's "step" must agree: a change to
 // one of them (an edit, a bit flip in an unprotected version-1 index) would make a resumed run
 // repeat or skip steps and overwrite good checkpoints.
 template <typename Fail>
 void check_recorded_steps(const std::string& dir, const nlohmann::json& state, const Fail& fail) {
   if (!state.is_object() || !state.contains("step")) return;
+  if (!state.at("step").is_number_integer()) fail("the state's step is not an integer");
   const int64_t step = state.at("step").get<int64_t>();
   const int64_t named = step_of_dir_name(dir);
   if (named >= 0 && named != step) {
@@ -406,6 +419,7 @@ void check_recorded_steps(const std::string& dir, const nlohmann::json& state, c
     train_state = &state.at("entries").at("train_state");
   }
   if (train_state != nullptr && train_state->is_object() && train_state->contains("step")) {
+    if (!train_state->at("step").is_number_integer()) fail("train_state's step is not an integer");
     const int64_t trained = train_state->at("step").get<int64_t>();
     if (trained != step) {
       fail("train_state records step " + std::to_string(trained) + " but the checkpoint is of step " +
@@ -455,6 +469,11 @@ CheckpointReader::CheckpointReader(const std::string& dir, bool verify)
   try {
     if (!index.is_object() || index.value("format", "") != kFormat) {
       fail("not a titan checkpoint index (format field)");
+    }
+    for (const char* key : {"version", "files", "tensors", kChecksumKey}) {
+      if (index.contains(key) && has_float(index.at(key))) {
+        fail(std::string("'") + key + "' holds a non-integer number where integers belong");
+      }
     }
     const int version = index.value("version", 0);
     if (version != 1 && version != kVersion) {

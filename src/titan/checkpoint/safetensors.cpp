@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <functional>
 #include <cerrno>
 #include <cstring>
 #include <fcntl.h>
@@ -206,6 +207,17 @@ SafetensorsReader::SafetensorsReader(const std::string& path) : path_(path) {
       fail(std::string("header is not valid JSON (") + e.what() + ")");
     }
     if (!header.is_object()) fail("header is not a JSON object");
+    // Shapes and offsets are integers; a float there would be cast with undefined behaviour.
+    std::function<bool(const nlohmann::json&)> has_float = [&](const nlohmann::json& j) {
+      if (j.is_number_float()) return true;
+      if (j.is_structured()) {
+        for (const auto& item : j) {
+          if (has_float(item)) return true;
+        }
+      }
+      return false;
+    };
+    if (has_float(header)) fail("the header holds a non-integer number (shapes and offsets are integers)");
     const uint64_t data_size = size_ - data_start_;
     for (const auto& [name, value] : header.items()) {
       if (name == "__metadata__") {

@@ -45,6 +45,7 @@ namespace {
 
 Trainer::Trainer(JobConfig config, const DistributedContext* dist) : config_(std::move(config)) {
   build_parallelism(dist);
+  lock_dump_folder();
   seed_ = config_.debug.seed;
   if (seed_ < 0) {
     seed_ = static_cast<int64_t>(std::random_device{}() & 0x7fffffff);
@@ -107,6 +108,35 @@ void Trainer::build_parallelism(const DistributedContext* dist) {
 }
 
 Trainer::~Trainer() = default;
+
+void Trainer::lock_dump_folder() {
+  enum : int64_t { kLocked = 0, kDataError = 1, kConfigError = 2 };
+  int64_t outcome = kLocked;
+  std::string error;
+  if (rank_ == 0) {
+    try {
+      dump_lock_ = FolderLock::acquire(config_.job.dump_folder, "job.dump_folder");
+    } catch (const ConfigError& e) {
+      outcome = kConfigError;
+      error = e.what();
+    } catch (const DataError& e) {
+      outcome = kDataError;
+      error = e.what();
+    }
+  }
+  if (world_) {  // every rank learns rank 0's outcome instead of waiting for it in a collective
+    at::Tensor t = at::full({1}, outcome, at::kLong);
+    world_->broadcast(t, 0).wait();
+    outcome = t.item<int64_t>();
+  }
+  if (outcome == kLocked) return;
+  if (rank_ != 0) {
+    error = "rank 0 cannot lock job.dump_folder '" + config_.job.dump_folder +
+            "' (its log has the reason)";
+  }
+  if (outcome == kConfigError) throw ConfigError(error);
+  throw DataError(error);
+}
 
 void Trainer::build_model() {
   spec_ = &get_model_spec(config_.model.name);

@@ -3,6 +3,7 @@
 // the Model interface; it never names a model.
 #pragma once
 
+#include "titan/common/folder_lock.h"
 #include "titan/components/lr_scheduler.h"
 #include "titan/components/metrics.h"
 #include "titan/components/optimizer.h"
@@ -94,6 +95,8 @@ class Trainer {
   void save_final_hf(int64_t step);
   void build_metrics();
   void build_parallelism(const DistributedContext* dist);
+  // Rank 0 locks job.dump_folder (no second run may share it); every rank throws if it cannot.
+  void lock_dump_folder();
   // A fresh, unsharded instance of the configured model (for whole-model imports/exports when
   // the trained one is sharded).
   std::shared_ptr<Model> build_whole_model() const;
@@ -107,6 +110,8 @@ class Trainer {
   double clip_gradients();
 
   JobConfig config_;
+  // Rank 0 holds job.dump_folder for the whole run (declared first: released last).
+  std::unique_ptr<FolderLock> dump_lock_;
   at::ScalarType compute_dtype_ = at::kFloat;
   int64_t seed_ = 0;
   int64_t accumulation_steps_ = 1;
