@@ -11,7 +11,7 @@ expect_output "nowhere"
 expect_output "setup.sh"
 
 cp -r "$cache" "$WORK/sotu"
-victim=$(ls "$WORK/sotu" | grep '\.txt$' | head -n 1)
+victim=$(ls "$WORK/sotu" | grep '\.txt$' | sort | sed -n 1p)  # sed reads all: no SIGPIPE under pipefail
 printf 'tampered' >> "$WORK/sotu/$victim"
 expect_exit 1 "$TITAN" "${args[@]}" --training.dataset_path "$WORK/sotu"
 expect_output "$victim"
