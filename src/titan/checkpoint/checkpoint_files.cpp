@@ -4,6 +4,7 @@
 
 #include "titan/checkpoint/safetensors.h"
 #include "titan/common/check.h"
+#include "titan/common/file_io.h"
 
 #include <algorithm>
 #include <cerrno>
@@ -388,18 +389,6 @@ bool is_plain_file_name(const std::string& name) {
          name.find_first_of(std::string("/\\\0", 3)) == std::string::npos;
 }
 
-// Whether `j` holds a floating-point number anywhere (converting one to an integer type that
-// cannot represent it is undefined behaviour, so integer fields must be integers).
-bool has_float(const nlohmann::json& j) {
-  if (j.is_number_float()) return true;
-  if (j.is_structured()) {
-    for (const auto& item : j) {
-      if (has_float(item)) return true;
-    }
-  }
-  return false;
-}
-
 // The folder name, the state's "step" and the train_state entry's "step" must agree: a change to
 // one of them (an edit, a bit flip in an unprotected version-1 index) would make a resumed run
 // repeat or skip steps and overwrite good checkpoints.
@@ -455,6 +444,10 @@ struct CheckpointReader::Impl {
 CheckpointReader::CheckpointReader(const std::string& dir, bool verify)
     : dir_(dir), impl_(std::make_unique<Impl>()) {
   const std::string index_path = dir + "/index.json";
+  // Never opened unless a regular file: a FIFO there would block the reader.
+  if (non_regular_file_kind(index_path).rfind("missing", 0) != 0) {
+    require_regular_file(index_path, "checkpoint index");
+  }
   std::ifstream in(index_path, std::ios::binary);
   if (!in) {
     throw DataError("'" + dir + "' is not a checkpoint: " + index_path + " is missing");
@@ -471,7 +464,7 @@ CheckpointReader::CheckpointReader(const std::string& dir, bool verify)
       fail("not a titan checkpoint index (format field)");
     }
     for (const char* key : {"version", "files", "tensors", kChecksumKey}) {
-      if (index.contains(key) && has_float(index.at(key))) {
+      if (index.contains(key) && json_has_float(index.at(key))) {
         fail(std::string("'") + key + "' holds a non-integer number where integers belong");
       }
     }

@@ -2,11 +2,11 @@
 #include "titan/checkpoint/safetensors.h"
 
 #include "titan/common/check.h"
+#include "titan/common/file_io.h"
 
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
-#include <functional>
 #include <cerrno>
 #include <cstring>
 #include <fcntl.h>
@@ -77,22 +77,9 @@ __attribute__((target("sse4.2"))) uint32_t crc32c_sse42(const uint8_t* p, size_t
 }
 #endif
 
-// ---- writing ------------------------------------------------------------------------------------
-
-void write_all(int fd, const void* data, size_t n, const std::string& path) {
-  const auto* p = static_cast<const uint8_t*>(data);
-  while (n > 0) {
-    const ssize_t w = ::write(fd, p, std::min<size_t>(n, size_t(1) << 30));
-    if (w < 0) {
-      if (errno == EINTR) continue;
-      throw DataError("cannot write '" + path + "': " + std::strerror(errno));
-    }
-    p += w;
-    n -= static_cast<size_t>(w);
-  }
-}
-
 }  // namespace
+
+// ---- writing ------------------------------------------------------------------------------------
 
 uint32_t crc32c(const void* bytes, size_t n, uint32_t crc) {
   const auto* p = static_cast<const uint8_t*>(bytes);
@@ -148,14 +135,14 @@ uint32_t write_safetensors(const std::string& path,
     uint8_t len[8];
     const uint64_t n = text.size();
     for (int i = 0; i < 8; ++i) len[i] = static_cast<uint8_t>(n >> (8 * i));
-    write_all(fd, len, 8, path);
+    write_all(fd, std::string_view(reinterpret_cast<const char*>(len), 8), path);
     crc = crc32c(len, 8, crc);
-    write_all(fd, text.data(), text.size(), path);
+    write_all(fd, text, path);
     crc = crc32c(text.data(), text.size(), crc);
     for (const at::Tensor& t : data) {
       const size_t nbytes = static_cast<size_t>(t.numel()) * t.element_size();
       if (nbytes == 0) continue;
-      write_all(fd, t.data_ptr(), nbytes, path);
+      write_all(fd, std::string_view(static_cast<const char*>(t.data_ptr()), nbytes), path);
       crc = crc32c(t.data_ptr(), nbytes, crc);
     }
     if (::fsync(fd) != 0) throw DataError("cannot fsync '" + path + "': " + std::strerror(errno));
@@ -163,13 +150,24 @@ uint32_t write_safetensors(const std::string& path,
     ::close(fd);
     throw;
   }
-  if (::close(fd) != 0) throw DataError("cannot close '" + path + "': " + std::strerror(errno));
+  close_checked(fd, path);
   return crc;
+}
+
+bool json_has_float(const nlohmann::json& j) {
+  if (j.is_number_float()) return true;
+  if (j.is_structured()) {
+    for (const auto& item : j) {
+      if (json_has_float(item)) return true;
+    }
+  }
+  return false;
 }
 
 // ---- reading ------------------------------------------------------------------------------------
 
 SafetensorsReader::SafetensorsReader(const std::string& path) : path_(path) {
+  require_regular_file(path, "safetensors file");  // a FIFO would block the open
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) throw DataError("cannot open '" + path + "': " + std::strerror(errno));
   struct stat st {};
@@ -208,16 +206,7 @@ SafetensorsReader::SafetensorsReader(const std::string& path) : path_(path) {
     }
     if (!header.is_object()) fail("header is not a JSON object");
     // Shapes and offsets are integers; a float there would be cast with undefined behaviour.
-    std::function<bool(const nlohmann::json&)> has_float = [&](const nlohmann::json& j) {
-      if (j.is_number_float()) return true;
-      if (j.is_structured()) {
-        for (const auto& item : j) {
-          if (has_float(item)) return true;
-        }
-      }
-      return false;
-    };
-    if (has_float(header)) fail("the header holds a non-integer number (shapes and offsets are integers)");
+    if (json_has_float(header)) fail("the header holds a non-integer number (shapes and offsets are integers)");
     const uint64_t data_size = size_ - data_start_;
     for (const auto& [name, value] : header.items()) {
       if (name == "__metadata__") {

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <ATen/ATen.h>
+#include <nlohmann/json.hpp>
 
 #include <cstdint>
 #include <map>
@@ -68,5 +69,10 @@ class SafetensorsReader {
 
 // CRC32C (Castagnoli) of `bytes`, continuing from `crc` (0 to start). SSE4.2 when available.
 uint32_t crc32c(const void* bytes, size_t n, uint32_t crc = 0);
+
+// Whether `j` holds a floating-point number anywhere. Shapes, offsets, sizes and checksums of
+// safetensors headers and checkpoint indexes must be integers: converting a float that does not
+// fit the integer type is undefined behaviour, so such input is refused before any conversion.
+bool json_has_float(const nlohmann::json& j);
 
 }  // namespace titan::ckpt

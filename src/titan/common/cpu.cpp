@@ -70,4 +70,10 @@ void configure_cpu_allocator() {
 #endif
 }
 
+std::string host_name() {
+  char name[256] = {0};
+  if (::gethostname(name, sizeof(name) - 1) != 0) return "?";
+  return name;
+}
+
 }  // namespace titan

@@ -2,6 +2,7 @@
 #include "titan/common/folder_lock.h"
 
 #include "titan/common/check.h"
+#include "titan/common/cpu.h"
 
 #include <cerrno>
 #include <chrono>
@@ -17,12 +18,6 @@
 namespace titan {
 
 namespace {
-
-std::string host_name() {
-  char name[256] = {0};
-  if (::gethostname(name, sizeof(name) - 1) != 0) return "?";
-  return name;
-}
 
 std::string utc_now() {
   const std::time_t t = std::time(nullptr);

@@ -52,12 +52,6 @@ std::string error_text(const std::exception& e) {
   return msg;
 }
 
-std::string this_host() {
-  char name[256] = {0};
-  if (gethostname(name, sizeof(name) - 1) != 0) return "?";
-  return name;
-}
-
 std::string seconds(std::chrono::milliseconds t) {
   std::ostringstream os;
   os << t.count() / 1000.0 << " s";
@@ -164,7 +158,7 @@ void join(c10d::Store& store, const LaunchEnv& env, std::chrono::milliseconds ti
     throw RendezvousError("two processes were started as rank " + std::to_string(env.rank) +
                           ". HINT: check RANK / SLURM_PROCID / OMPI_COMM_WORLD_RANK");
   }
-  store.set(rank_key(env.rank), bytes(this_host() + " pid " + std::to_string(getpid())));
+  store.set(rank_key(env.rank), bytes(host_name() + " pid " + std::to_string(getpid())));
   store.add(kArrived, 1);
 
   if (env.rank == 0) {

@@ -15,6 +15,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -305,6 +306,23 @@ TEST(CheckpointHardening, FileNamesThatLeaveTheFolderAreRefused) {
     const std::string err = message_of([&] { CheckpointReader r(dir, /*verify=*/false); });
     EXPECT_NE(err.find("is not a plain file name"), std::string::npos) << bad << ": " << err;
   }
+}
+
+// ---- item 8: a FIFO where a checkpoint file belongs is refused, not opened (which would block) ----
+
+TEST(CheckpointHardening, FifosAreRefusedWithoutBlocking) {
+  const std::string dump = fresh_dir("fifo");
+  train_and_save(dump, section(), 1, 1, /*last=*/9);
+  const std::string dir = dump + "/checkpoint/step-1";
+  const std::string shard = dir + "/shard-00000.safetensors";
+  fs::remove(shard);
+  ASSERT_EQ(::mkfifo(shard.c_str(), 0600), 0);
+  std::string err = message_of([&] { ckpt::SafetensorsReader r(shard); });
+  EXPECT_NE(err.find("is a FIFO (named pipe)"), std::string::npos) << err;
+  fs::remove(dir + "/index.json");
+  ASSERT_EQ(::mkfifo((dir + "/index.json").c_str(), 0600), 0);
+  err = message_of([&] { CheckpointReader r(dir); });
+  EXPECT_NE(err.find("is a FIFO (named pipe)"), std::string::npos) << err;
 }
 
 // ---- items 3 and 6: deletions, temporaries, the folder lock ---------------------------------------
