@@ -214,7 +214,8 @@ void Trainer::build_data() {
                              "pick a flavor with a larger vocab");
   const auto& t = config_.training;
   std::shared_ptr<const DocumentSource> docs =
-      open_dataset(t.dataset, t.dataset_path, t.dataset_text_field);
+      open_dataset(t.dataset, t.dataset_path, t.dataset_text_field,
+                   CorpusSettings::of_section("training"));
   log_info("dataset ", t.dataset, ": ", docs->size(), " documents",
            t.dataset_shuffle ? ", shuffled each epoch" : ", in order", "; tokenizer vocab ",
            tokenizer_->vocab_size());
@@ -225,7 +226,8 @@ void Trainer::build_data() {
                                                /*shuffle_seed=*/t.dataset_shuffle ? seed_ : -1);
   if (config_.validation.enable) {
     const auto& v = config_.validation;
-    validation_docs_ = open_dataset(v.dataset, v.dataset_path, v.dataset_text_field);
+    validation_docs_ = open_dataset(v.dataset, v.dataset_path, v.dataset_text_field,
+                                   CorpusSettings::of_section("validation"));
     log_info("validation dataset ", v.dataset, ": ", validation_docs_->size(), " documents");
     // Found now, not at the first validation after validation.freq training steps.
     DataLoader probe(validation_docs_, *tokenizer_, v.seq_len, v.local_batch_size * dp_size_, 0, 1,

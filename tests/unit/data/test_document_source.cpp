@@ -171,6 +171,39 @@ TEST_F(CorpusDir, TokenFilesRoundTripBothWidths) {
   }
 }
 
+// Hints name the keys of the section the corpus came from (the validation section used to be told
+// to fix training.dataset_path).
+TEST_F(CorpusDir, HintsNameTheSettingsOfTheirSection) {
+  const CorpusSettings validation = CorpusSettings::of_section("validation");
+  std::string msg = message_of([&] { open_dataset("auto", path("none"), "text", validation); });
+  EXPECT_TRUE(contains(msg, "HINT: set validation.dataset_path to")) << msg;
+  write_file(dir_ / "a.md", "x");
+  msg = message_of([&] { open_dataset("auto", path("a.md"), "text", validation); });
+  EXPECT_TRUE(contains(msg, "name the format: validation.dataset = text")) << msg;
+  write_file(dir_ / "d" / "a.jsonl", "{\"body\": \"x\"}\n");
+  msg = message_of([&] { open_dataset("jsonl", path("d"), "text", validation); });
+  EXPECT_TRUE(contains(msg, "HINT: set validation.dataset_text_field to")) << msg;
+  EXPECT_FALSE(contains(msg, "training.")) << msg;
+  // The default names the training section.
+  msg = message_of([&] { open_dataset("auto", path("none")); });
+  EXPECT_TRUE(contains(msg, "HINT: set training.dataset_path to")) << msg;
+}
+
+// A file read at open time that disappears later is reported with the reason, not as a mystery.
+TEST_F(CorpusDir, FileGoneAfterOpeningSaysWhy) {
+  write_file(dir_ / "a.txt", "first");
+  write_file(dir_ / "b.jsonl", "{\"text\": \"second\"}\n");
+  auto source = open_dataset("auto", dir_.string());
+  ASSERT_EQ(source->size(), 2);
+  fs::remove(dir_ / "a.txt");
+  fs::remove(dir_ / "b.jsonl");
+  for (int64_t i = 0; i < 2; ++i) {
+    const std::string msg = message_of([&] { source->text(i); });
+    EXPECT_TRUE(contains(msg, "No such file or directory")) << msg;
+    EXPECT_TRUE(contains(msg, "removed, replaced or made unreadable since")) << msg;
+  }
+}
+
 TEST_F(CorpusDir, TokenShardsMustShareAVocabulary) {
   for (int64_t vocab : {int64_t{258}, int64_t{300}}) {
     TokenFileWriter writer(path("s" + std::to_string(vocab) + ".bin"), vocab);

@@ -106,6 +106,19 @@ TEST_F(PrepareDir, RefusesBadInputsAndOldShards) {
   options.inputs = {(dir_ / "missing.jsonl").string()};
   std::string msg = message_of([&] { prepare_token_shards(options, tok); });
   EXPECT_TRUE(contains(msg, "missing.jsonl")) << msg;
+  // Hints name prepare's own flags, not the trainer's config keys.
+  EXPECT_TRUE(contains(msg, "HINT: set --input to")) << msg;
+  EXPECT_FALSE(contains(msg, "training.")) << msg;
+  write_file(dir_ / "notes.md", "no known extension");
+  options.inputs = {(dir_ / "notes.md").string()};
+  msg = message_of([&] { prepare_token_shards(options, tok); });
+  EXPECT_TRUE(contains(msg, "rename it to one of those extensions")) << msg;
+  write_file(dir_ / "other.jsonl", "{\"body\": \"x\"}\n");
+  options.inputs = {(dir_ / "other.jsonl").string()};
+  msg = message_of([&] { prepare_token_shards(options, tok); });
+  EXPECT_TRUE(contains(msg, "HINT: set --text-field to")) << msg;
+  fs::remove(dir_ / "notes.md");
+  fs::remove(dir_ / "other.jsonl");
 
   write_file(dir_ / "bad.jsonl", "{\"text\": \"fine\"}\n{\"text\": \"broken\"\n");
   options.inputs = {(dir_ / "bad.jsonl").string()};

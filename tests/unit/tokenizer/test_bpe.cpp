@@ -306,6 +306,41 @@ TEST(BpeTokenizer, IdsFarPastTheEntriesAreRejected) {
             std::string::npos);
 }
 
+// An added token at an id the vocabulary already gives another token used to overwrite that token,
+// and the load failed later with a misleading "merge rule produces a token that is not in the
+// vocabulary". Now it is named for what it is; an added token repeating its vocabulary entry
+// (same id, same text, as HF files often do) still loads.
+TEST(BpeTokenizer, AddedTokenIdCollisionIsNamed) {
+  TempDir dir;
+  json taken = hf_json(false, kByteLevel);
+  const int64_t he_id = taken["model"]["vocab"]["he"].get<int64_t>();
+  taken["added_tokens"][0]["id"] = he_id;
+  const std::string path = dir.write("a/tokenizer.json", taken.dump());
+  std::string message;
+  try {
+    build_tokenizer(path);
+  } catch (const DataError& e) {
+    message = e.what();
+  }
+  EXPECT_NE(message.find(path), std::string::npos) << message;
+  EXPECT_NE(message.find("added-token id collision: special token '<|begin_of_text|>' has id " +
+                         std::to_string(he_id) + ", which already belongs to vocabulary token "
+                         "'he'"),
+            std::string::npos)
+      << message;
+  EXPECT_EQ(message.find("merge rule"), std::string::npos) << message;
+
+  json twice = hf_json(false, kByteLevel);
+  twice["added_tokens"][1]["id"] = twice["added_tokens"][0]["id"];
+  const std::string twice_path = dir.write("b/tokenizer.json", twice.dump());
+  EXPECT_THROW(build_tokenizer(twice_path), DataError);
+
+  json repeated = hf_json(false, kByteLevel);
+  repeated["model"]["vocab"]["<|begin_of_text|>"] = repeated["added_tokens"][0]["id"];
+  const std::string repeated_path = dir.write("c/tokenizer.json", repeated.dump());
+  EXPECT_NO_THROW(build_tokenizer(repeated_path));
+}
+
 // Threads sharing one tokenizer (and its per-piece cache, cold at the start) get the ids that one
 // thread gets.
 TEST(BpeTokenizer, ConcurrentEncodingMatchesSerial) {

@@ -28,8 +28,9 @@ std::vector<DatasetSpec> user_corpus_specs() {
     DatasetSpec spec;
     spec.name = name;
     spec.description = description;
-    spec.open = [format](const std::string& path, const std::string& text_field) {
-      return open_corpus(path, format, text_field);
+    spec.open = [format](const std::string& path, const std::string& text_field,
+                         const CorpusSettings& settings) {
+      return open_corpus(path, format, text_field, settings);
     };
     specs.push_back(std::move(spec));
   }
@@ -143,7 +144,8 @@ std::string default_dataset_path(const std::string& name) {
   const DatasetSpec spec = find_spec(name);
   if (spec.cache_subdir.empty()) {
     throw ConfigError("dataset '" + name + "' reads your own files and has no default "
-                      "location; set its dataset_path (e.g. --training.dataset_path DIR)");
+                      "location; set the dataset_path of its section (e.g. --training.dataset_path DIR "
+                      "or --validation.dataset_path DIR)");
   }
   return titan_cache_dir() + "/datasets/" + spec.cache_subdir;
 }
@@ -154,7 +156,7 @@ std::vector<Document> load_dataset(const std::string& name, const std::string& p
   if (spec.load) {
     return spec.load(where);
   }
-  const std::shared_ptr<const DocumentSource> source = spec.open(where, "text");
+  const std::shared_ptr<const DocumentSource> source = spec.open(where, "text", CorpusSettings{});
   std::vector<Document> docs;
   for (int64_t i = 0; i < source->size(); ++i) {
     docs.push_back(Document{source->describe(i), source->text(i)});
@@ -165,11 +167,12 @@ std::vector<Document> load_dataset(const std::string& name, const std::string& p
 std::shared_ptr<const DocumentSource> open_dataset(
     const std::string& name,
     const std::string& path,
-    const std::string& text_field) {
+    const std::string& text_field,
+    const CorpusSettings& settings) {
   const DatasetSpec spec = find_spec(name);
   const std::string where = path.empty() ? default_dataset_path(name) : path;
   if (spec.open) {
-    return spec.open(where, text_field);
+    return spec.open(where, text_field, settings);
   }
   return std::make_shared<MemoryDocumentSource>(
       std::make_shared<const std::vector<Document>>(spec.load(where)));

@@ -22,6 +22,19 @@ struct Document {
   std::string text;
 };
 
+// The settings a corpus came from, named in error hints: config keys for the trainer's
+// training and validation sections, command-line flags for `titan data prepare`.
+struct CorpusSettings {
+  std::string path = "training.dataset_path";
+  std::string format = "training.dataset";  // empty: nothing names the format (extensions do)
+  std::string text_field = "training.dataset_text_field";
+
+  // "<section>.dataset_path", "<section>.dataset", "<section>.dataset_text_field".
+  static CorpusSettings of_section(const std::string& section);
+  // --input, no format flag, --text-field.
+  static CorpusSettings of_prepare();
+};
+
 struct DatasetSpec {
   std::string name;
   // One line for error messages and listings.
@@ -32,9 +45,10 @@ struct DatasetSpec {
   // Reads the documents, in a fixed order, from a folder or file. Throws DataError.
   std::function<std::vector<Document>(const std::string& path)> load;
   // Alternatively, streams them: a source that reads documents on demand. `text_field` is the
-  // JSON key holding the text, for sources that read JSON. Used instead of `load` when set.
+  // JSON key holding the text, for sources that read JSON; `settings` name the keys in hints.
+  // Used instead of `load` when set.
   std::function<std::shared_ptr<const DocumentSource>(
-      const std::string& path, const std::string& text_field)>
+      const std::string& path, const std::string& text_field, const CorpusSettings& settings)>
       open;
 };
 
@@ -60,6 +74,7 @@ std::vector<Document> load_dataset(const std::string& name, const std::string& p
 std::shared_ptr<const DocumentSource> open_dataset(
     const std::string& name,
     const std::string& path,
-    const std::string& text_field = "text");
+    const std::string& text_field = "text",
+    const CorpusSettings& settings = {});
 
 }  // namespace titan

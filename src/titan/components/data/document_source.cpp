@@ -11,6 +11,8 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cerrno>
+#include <cstring>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -79,8 +81,10 @@ const char* extensions_of(CorpusFormat format) {
 class TextCorpusSource final : public DocumentSource {
  public:
   // `format` kText or kJsonl reads every file as that; kAuto goes by extension.
-  TextCorpusSource(std::vector<std::string> files, std::string text_field, CorpusFormat format)
-      : files_(std::move(files)), text_field_(std::move(text_field)) {
+  TextCorpusSource(std::vector<std::string> files, std::string text_field, CorpusFormat format,
+                   CorpusSettings settings)
+      : files_(std::move(files)), text_field_(std::move(text_field)),
+        settings_(std::move(settings)) {
     for (size_t f = 0; f < files_.size(); ++f) {
       if (format == CorpusFormat::kJsonl ||
           (format != CorpusFormat::kText && is_jsonl_ext(extension_of(files_[f])))) {
@@ -109,7 +113,10 @@ class TextCorpusSource final : public DocumentSource {
     const std::string& path = files_[e.file];
     std::ifstream in(path, std::ios::binary);
     if (!in) {
-      throw DataError("cannot read " + describe(i) + " (it was readable at start)");
+      const int err = errno;
+      throw DataError("cannot read " + describe(i) + ": " + std::strerror(err) +
+                      "; it was read when the dataset was opened, so it was removed, replaced or "
+                      "made unreadable since");
     }
     if (e.line == 0) {  // a whole text file
       std::ostringstream ss;
@@ -147,7 +154,7 @@ class TextCorpusSource final : public DocumentSource {
     auto it = value.find(text_field_);
     if (it == value.end()) {
       throw DataError(where + ": no \"" + text_field_ + "\" field. HINT: set " +
-                      "training.dataset_text_field to the key that holds the text");
+                      settings_.text_field + " to the key that holds the text");
     }
     if (!it->is_string()) {
       throw DataError(where + ": field \"" + text_field_ + "\" is a " + it->type_name() +
@@ -195,12 +202,13 @@ class TextCorpusSource final : public DocumentSource {
     // Like an empty .txt file: documents of BOS and EOS alone would train on nothing.
     if (!any_text) {
       throw DataError(files_[f] + ": every line's \"" + text_field_ + "\" is empty; the file " +
-                      "holds no text. HINT: check training.dataset_text_field, or remove the file");
+                      "holds no text. HINT: check " + settings_.text_field + ", or remove the file");
     }
   }
 
   std::vector<std::string> files_;
   std::string text_field_;
+  CorpusSettings settings_;
   std::vector<Entry> entries_;
 };
 
@@ -288,21 +296,34 @@ CorpusFormat corpus_format_from_name(const std::string& name) {
   throw ConfigError("unknown corpus format '" + name + "'; expected text, jsonl, tokens or auto");
 }
 
-std::vector<std::string> list_corpus_files(const std::string& path, CorpusFormat format) {
+CorpusSettings CorpusSettings::of_section(const std::string& section) {
+  return CorpusSettings{section + ".dataset_path", section + ".dataset",
+                        section + ".dataset_text_field"};
+}
+
+CorpusSettings CorpusSettings::of_prepare() {
+  return CorpusSettings{"--input", "", "--text-field"};
+}
+
+std::vector<std::string> list_corpus_files(
+    const std::string& path,
+    CorpusFormat format,
+    const CorpusSettings& settings) {
   std::error_code ec;
   const fs::file_status status = fs::status(path, ec);
   if (path.empty() || ec || !fs::exists(status)) {
-    throw DataError("dataset path '" + path + "' does not exist. HINT: set " +
-                    "training.dataset_path to a " + extensions_of(format) +
-                    " file or a folder of them");
+    throw DataError("dataset path '" + path + "' does not exist. HINT: set " + settings.path +
+                    " to a " + extensions_of(format) + " file or a folder of them");
   }
   std::vector<std::string> files;
   if (!fs::is_directory(status)) {
     require_regular_file(path, "dataset file");  // a FIFO would hang, /dev/zero fill memory
     if (format == CorpusFormat::kAuto && !matches(format, extension_of(path))) {
+      const std::string hint = settings.format.empty()
+          ? "rename it to one of those extensions"
+          : "name the format: " + settings.format + " = text, jsonl or tokens";
       throw DataError(path + ": cannot tell its format from the extension (expected " +
-                      std::string(extensions_of(format)) +
-                      "). HINT: name the format: training.dataset = text, jsonl or tokens");
+                      std::string(extensions_of(format)) + "). HINT: " + hint);
     }
     return {path};
   }
@@ -339,8 +360,9 @@ std::vector<std::string> list_corpus_files(const std::string& path, CorpusFormat
 
 std::shared_ptr<const DocumentSource> open_text_corpus(
     const std::vector<std::string>& files,
-    const std::string& text_field) {
-  return std::make_shared<TextCorpusSource>(files, text_field, CorpusFormat::kAuto);
+    const std::string& text_field,
+    const CorpusSettings& settings) {
+  return std::make_shared<TextCorpusSource>(files, text_field, CorpusFormat::kAuto, settings);
 }
 
 std::shared_ptr<const DocumentSource> open_token_corpus(const std::vector<std::string>& files) {
@@ -350,8 +372,9 @@ std::shared_ptr<const DocumentSource> open_token_corpus(const std::vector<std::s
 std::shared_ptr<const DocumentSource> open_corpus(
     const std::string& path,
     CorpusFormat format,
-    const std::string& text_field) {
-  const std::vector<std::string> files = list_corpus_files(path, format);
+    const std::string& text_field,
+    const CorpusSettings& settings) {
+  const std::vector<std::string> files = list_corpus_files(path, format, settings);
   size_t num_bin = 0;
   for (const std::string& f : files) {
     num_bin += extension_of(f) == ".bin" ? 1 : 0;
@@ -360,11 +383,11 @@ std::shared_ptr<const DocumentSource> open_corpus(
       (format == CorpusFormat::kAuto && num_bin == files.size());
   if (format == CorpusFormat::kAuto && num_bin != 0 && num_bin != files.size()) {
     throw DataError("dataset path " + path + " mixes token files (.bin) with text files; " +
-                    "HINT: point training.dataset_path at one kind");
+                    "HINT: point " + settings.path + " at one kind");
   }
   std::shared_ptr<const DocumentSource> source =
       tokens ? open_token_corpus(files)
-             : std::make_shared<TextCorpusSource>(files, text_field, format);
+             : std::make_shared<TextCorpusSource>(files, text_field, format, settings);
   if (source->size() == 0) {
     throw DataError("dataset path " + path + " holds no documents");
   }

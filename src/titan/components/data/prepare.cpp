@@ -43,7 +43,7 @@ PrepareStats prepare_token_shards(
   }
   std::vector<std::string> files;
   for (const std::string& input : options.inputs) {
-    for (std::string& file : list_corpus_files(input, CorpusFormat::kAuto)) {
+    for (std::string& file : list_corpus_files(input, CorpusFormat::kAuto, CorpusSettings::of_prepare())) {
       if (fs::path(file).extension() == ".bin") {
         throw DataError("data prepare: " + file + " is already a token file; inputs must be " +
                         ".txt, .jsonl or .json text");
@@ -63,7 +63,7 @@ PrepareStats prepare_token_shards(
   };
   // Parses every JSON line once up front, so a malformed corpus fails before any shard exists.
   const std::shared_ptr<const DocumentSource> source =
-      open_text_corpus(files, options.text_field);
+      open_text_corpus(files, options.text_field, CorpusSettings::of_prepare());
 
   PrepareStats stats;
   std::unique_ptr<TokenFileWriter> writer;

@@ -62,7 +62,17 @@ BpeTokenizer::BpeTokenizer(BpeModel model)
                       std::to_string(id) + ") have the same bytes; the vocabulary is corrupt");
     }
   }
+  std::vector<bool> is_special(size, false);
   for (const auto& [text, id] : model_.special_tokens) {
+    // An added token may repeat a vocabulary entry (same id, same text); another text at a taken
+    // id would silently change what that id decodes to and break the merges that build it.
+    if (id_known_[id] && id_to_bytes_[id] != text) {
+      throw DataError(src + ": added-token id collision: special token '" + text + "' has id " +
+                      std::to_string(id) + ", which already belongs to " +
+                      (is_special[id] ? "special token '" : "vocabulary token '") +
+                      id_to_bytes_[id] + "'; every id must name one token");
+    }
+    is_special[id] = true;
     id_to_bytes_[id] = text;
     id_known_[id] = true;
     if (model_.match_special_tokens) {
