@@ -1,10 +1,12 @@
-// Small helpers shared by everything that prints numbers or reads dtype names.
+// Small helpers shared by everything that prints numbers or lists, or reads dtype names.
 #pragma once
 
 #include <c10/core/ScalarType.h>
 
 #include <cstdint>
 #include <string>
+#include <string_view>
+#include <type_traits>
 
 namespace titan {
 
@@ -20,5 +22,22 @@ std::string human_bytes(uint64_t bytes);
 // "bfloat16" -> kBFloat16, "float32" -> kFloat (the values training.mixed_precision_param takes;
 // the config layer has already rejected anything else).
 c10::ScalarType dtype_from_name(const std::string& name);
+
+// {"a", "b", "c"} -> "a, b, c"; {1, 3} with sep " " -> "1 3". Items are strings or integers.
+template <typename Range>
+std::string join(const Range& items, std::string_view sep = ", ") {
+  std::string out;
+  bool first = true;
+  for (const auto& item : items) {
+    if (!first) out += sep;
+    first = false;
+    if constexpr (std::is_integral_v<std::decay_t<decltype(item)>>) {
+      out += std::to_string(item);
+    } else {
+      out += item;
+    }
+  }
+  return out;
+}
 
 }  // namespace titan

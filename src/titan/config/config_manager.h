@@ -6,6 +6,7 @@
 // value and, for unknown names, the nearest valid one; the app turns it into exit code 2.
 #pragma once
 
+#include "titan/common/names.h"  // nearest_name, for the config layer's "did you mean"
 #include "titan/config/job_config.h"
 
 #include <string>
@@ -28,8 +29,5 @@ std::string render_help(const std::string& command);
 
 // The full config as TOML (for --job.print_config and for saving next to outputs).
 std::string render_config_toml(const JobConfig& config);
-
-// The candidate closest to `name` by edit distance (empty if `candidates` is empty).
-std::string nearest_name(const std::string& name, const std::vector<std::string>& candidates);
 
 }  // namespace titan

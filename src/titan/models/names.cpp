@@ -5,49 +5,16 @@
 #include "titan/models/registry.h"
 
 #include "titan/common/check.h"
+#include "titan/common/format.h"
+#include "titan/common/names.h"
 
 #include <algorithm>
-#include <sstream>
 
 namespace titan {
-namespace {
-
-// Levenshtein distance: insertions, deletions and substitutions each cost 1.
-size_t edit_distance(const std::string& a, const std::string& b) {
-  std::vector<size_t> row(b.size() + 1);
-  for (size_t j = 0; j <= b.size(); ++j) {
-    row[j] = j;
-  }
-  for (size_t i = 1; i <= a.size(); ++i) {
-    size_t diagonal = row[0];  // distance(a[:i-1], b[:j-1])
-    row[0] = i;
-    for (size_t j = 1; j <= b.size(); ++j) {
-      const size_t above = row[j];
-      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] == b[j - 1] ? 0 : 1)});
-      diagonal = above;
-    }
-  }
-  return row[b.size()];
-}
-
-}  // namespace
 
 std::string suggestion(const std::string& name, const std::vector<std::string>& candidates,
                        const std::string& kind) {
-  std::ostringstream os;
-  if (!candidates.empty()) {
-    const auto nearest = std::min_element(candidates.begin(), candidates.end(),
-                                          [&](const std::string& x, const std::string& y) {
-                                            return edit_distance(name, x) < edit_distance(name, y);
-                                          });
-    os << "; did you mean '" << *nearest << "'?";
-  }
-  os << " (" << kind << ": ";
-  for (size_t i = 0; i < candidates.size(); ++i) {
-    os << (i ? ", " : "") << candidates[i];
-  }
-  os << ")";
-  return os.str();
+  return did_you_mean(nearest_name(name, candidates)) + " (" + kind + ": " + join(candidates) + ")";
 }
 
 void check_flavor(const std::string& model, const std::vector<std::string>& flavors,

@@ -2,10 +2,11 @@
 #include "titan/components/data/dataset.h"
 
 #include "titan/common/check.h"
+#include "titan/common/format.h"
+#include "titan/common/names.h"
 #include "titan/components/data/document_source.h"
 #include "titan/components/data/sotu.h"
 
-#include <algorithm>
 #include <cstdlib>
 #include <map>
 #include <mutex>
@@ -57,22 +58,6 @@ Registry& registry() {
   return *r;
 }
 
-size_t edit_distance(const std::string& a, const std::string& b) {
-  std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
-  for (size_t j = 0; j <= b.size(); ++j) {
-    prev[j] = j;
-  }
-  for (size_t i = 1; i <= a.size(); ++i) {
-    cur[0] = i;
-    for (size_t j = 1; j <= b.size(); ++j) {
-      const size_t substitute = prev[j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1);
-      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, substitute});
-    }
-    std::swap(prev, cur);
-  }
-  return prev[b.size()];
-}
-
 DatasetSpec find_spec(const std::string& name) {
   Registry& reg = registry();
   std::lock_guard<std::mutex> lock(reg.mutex);
@@ -80,26 +65,10 @@ DatasetSpec find_spec(const std::string& name) {
   if (it != reg.specs.end()) {
     return it->second;
   }
-  // Closest known name: one the input is a prefix of ("sotu_val"), else the smallest edit
-  // distance if it is small enough to be a typo.
-  std::string known;
-  std::string closest;
-  size_t best = SIZE_MAX;
-  for (const auto& entry : reg.specs) {
-    const std::string& candidate = entry.first;
-    known += (known.empty() ? "" : ", ") + candidate;
-    const bool is_prefix = !name.empty() && candidate.compare(0, name.size(), name) == 0;
-    const size_t d = is_prefix ? 0 : edit_distance(name, candidate);
-    if (d < best && (is_prefix || d <= std::max<size_t>(2, candidate.size() / 3))) {
-      best = d;
-      closest = candidate;
-    }
-  }
-  std::string msg = "unknown dataset '" + name + "'";
-  if (!closest.empty()) {
-    msg += "; did you mean '" + closest + "'?";
-  }
-  throw ConfigError(msg + " Known datasets: " + known + ".");
+  std::vector<std::string> known;
+  for (const auto& entry : reg.specs) known.push_back(entry.first);
+  throw ConfigError("unknown dataset '" + name + "'" + did_you_mean(likely_name(name, known)) +
+                    " Known datasets: " + join(known) + ".");
 }
 
 }  // namespace
