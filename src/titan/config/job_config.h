@@ -264,6 +264,41 @@ struct CheckpointSection {
   }
 };
 
+struct ActivationCheckpointSection {
+  static constexpr const char* kName = "activation_checkpoint";
+  std::string mode = "selective";
+  std::string selective_ac_option = "2";
+  std::vector<std::string> per_op_sac_force_recompute_mm_shapes_by_fqns = {"moe.router.gate"};
+  bool early_stop = false;
+  double memory_budget = 0.5;
+  bool visualize_memory_budget_pareto = false;
+  bool preserve_rng_state = true;
+  std::string determinism_check = "default";
+  bool debug = false;
+
+  template <class V>
+  void visit(V& v) {
+    v("mode", mode,
+      "Recompute activations in backward: selective, full, none (memory_budget is not supported "
+      "yet)");
+    v("selective_ac_option", selective_ac_option,
+      "With mode selective: an integer N checkpoints every Nth transformer block, \"op\" saves "
+      "only the outputs of costly ops (matmuls, attention) and recomputes the rest");
+    v("per_op_sac_force_recompute_mm_shapes_by_fqns", per_op_sac_force_recompute_mm_shapes_by_fqns,
+      "With selective_ac_option op: modules (name suffixes) whose matmuls are always recomputed");
+    v("early_stop", early_stop, "Stop recomputation once the needed activations are rebuilt");
+    v("memory_budget", memory_budget,
+      "With mode memory_budget: fraction of activation memory to keep, in [0, 1]");
+    v("visualize_memory_budget_pareto", visualize_memory_budget_pareto,
+      "With mode memory_budget: write the runtime/memory Pareto plot");
+    v("preserve_rng_state", preserve_rng_state,
+      "Replay the forward's random state during recomputation (same dropout masks)");
+    v("determinism_check", determinism_check,
+      "Compare recomputed tensors with the forward's: default (shapes and dtypes) or none");
+    v("debug", debug, "Log every recomputed op");
+  }
+};
+
 struct DebugSection {
   static constexpr const char* kName = "debug";
   int64_t seed = -1;
@@ -286,6 +321,7 @@ struct JobConfig {
   ParallelismSection parallelism;
   ValidationSection validation;
   CheckpointSection checkpoint;
+  ActivationCheckpointSection activation_checkpoint;
   CommSection comm;
   DebugSection debug;
 
@@ -301,6 +337,7 @@ struct JobConfig {
     v.section(ParallelismSection::kName, parallelism);
     v.section(ValidationSection::kName, validation);
     v.section(CheckpointSection::kName, checkpoint);
+    v.section(ActivationCheckpointSection::kName, activation_checkpoint);
     v.section(CommSection::kName, comm);
     v.section(DebugSection::kName, debug);
   }

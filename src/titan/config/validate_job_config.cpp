@@ -166,6 +166,35 @@ void validate_ranges(const JobConfig& c) {
                               "consume the whole validation set");
 }
 
+// TorchTitan's [activation_checkpoint] rules; the feature reads the other keys.
+void validate_activation_checkpoint(const ActivationCheckpointSection& ac) {
+  check_one_of("activation_checkpoint.mode", ac.mode,
+               {"selective", "full", "none", "memory_budget"});
+  if (ac.mode == "memory_budget") {
+    fail("activation_checkpoint.mode = \"memory_budget\" is not supported yet (it needs a "
+         "graph compiler to choose what to save). HINT: use mode = \"selective\" (every Nth "
+         "block or \"op\") or \"full\"");
+  }
+  const std::string& option = ac.selective_ac_option;
+  if (option != "op") {
+    bool digits = !option.empty() && option.size() <= 18 &&
+        option.find_first_not_of("0123456789") == std::string::npos;
+    if (!digits) {
+      fail("activation_checkpoint.selective_ac_option must be \"op\" or an integer >= 1, got '" +
+           option + "'. HINT: \"2\" checkpoints every 2nd block, \"op\" selects by operator");
+    }
+    if (std::stoll(option) < 1) {
+      fail("activation_checkpoint.selective_ac_option must be an integer >= 1 (every Nth block), "
+           "got " + option + ". HINT: use \"1\" to checkpoint every block, or mode = \"none\" "
+           "for no checkpointing");
+    }
+  }
+  check_one_of("activation_checkpoint.determinism_check", ac.determinism_check,
+               {"default", "none"});
+  check_unit_interval("activation_checkpoint.memory_budget", ac.memory_budget,
+                      /*include_one=*/true);
+}
+
 // global_batch_size = local_batch_size * dp * gradient accumulation steps. The shard degree -1
 // is only resolved against the world size later, so it counts as 1 here.
 void validate_batch_sizes(const TrainingSection& t, const ParallelismSection& p) {
@@ -197,6 +226,7 @@ void validate_batch_sizes(const TrainingSection& t, const ParallelismSection& p)
 void validate_job_config(const JobConfig& config) {
   validate_finite(config);
   validate_ranges(config);
+  validate_activation_checkpoint(config.activation_checkpoint);
   validate_batch_sizes(config.training, config.parallelism);
 }
 
