@@ -7,6 +7,7 @@
 #include "titan/checkpoint/model_loader.h"
 #include "titan/common/check.h"
 #include "titan/common/cpu.h"
+#include "titan/common/format.h"
 #include "titan/components/tokenizer/tokenizer.h"
 #include "titan/components/tokenizer/tokenizer_identity.h"
 #include "titan/inference/generator.h"
@@ -259,12 +260,7 @@ int run_generate(const std::vector<std::string>& args) {
   }
   const GenerationResult result = generate(*model, prompt, opts.generation, on_token);
   if (opts.print_ids) {
-    std::string line;
-    for (size_t i = 0; i < result.tokens.size(); ++i) {
-      if (i > 0) line.push_back(' ');
-      line += std::to_string(result.tokens[i]);
-    }
-    write_out(line + "\n");
+    write_out(join(result.tokens, " ") + "\n");
   } else {
     write_out(stream.flush() + "\n");
   }

@@ -5,6 +5,7 @@
 #include "commands.h"
 
 #include "titan/common/check.h"
+#include "titan/common/format.h"
 #include "titan/components/data/dataset.h"
 #include "titan/components/data/document_source.h"
 #include "titan/components/tokenizer/bpe_trainer.h"
@@ -124,12 +125,7 @@ std::vector<std::string_view> split_lines(std::string_view text) {
 }
 
 void print_ids(const std::vector<int64_t>& ids) {
-  std::string line;
-  for (size_t i = 0; i < ids.size(); ++i) {
-    if (i > 0) line.push_back(' ');
-    line += std::to_string(ids[i]);
-  }
-  line.push_back('\n');
+  const std::string line = join(ids, " ") + "\n";
   std::fwrite(line.data(), 1, line.size(), stdout);
 }
 

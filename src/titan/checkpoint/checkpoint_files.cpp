@@ -4,6 +4,7 @@
 
 #include "titan/checkpoint/safetensors.h"
 #include "titan/common/check.h"
+#include "titan/common/format.h"
 #include "titan/common/file_io.h"
 
 #include <algorithm>
@@ -71,9 +72,7 @@ int64_t step_of_dir_name(const std::string& dir) {
 }
 
 std::string box_str(const std::vector<int64_t>& v) {
-  std::string s = "[";
-  for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
-  return s + "]";
+  return "[" + join(v) + "]";
 }
 
 int64_t volume(const std::vector<int64_t>& lengths) {

@@ -106,11 +106,11 @@ bool all_ok(const std::vector<int64_t>& statuses) {
 
 // "1, 3": the ranks whose status is not kOk.
 std::string failed_ranks(const std::vector<int64_t>& statuses) {
-  std::string out;
+  std::vector<size_t> failed;
   for (size_t r = 0; r < statuses.size(); ++r) {
-    if (statuses[r] != kOk) out += (out.empty() ? "" : ", ") + std::to_string(r);
+    if (statuses[r] != kOk) failed.push_back(r);
   }
-  return out;
+  return join(failed);
 }
 
 // After an exchange of statuses: when any rank failed, every rank throws, the failed ones their
@@ -454,11 +454,8 @@ LoadResult CheckpointManager::load_dir(const std::string& dir, bool model_only_r
   result.model_only = model_only;
   result.step = model_only ? 0 : state.value("step", int64_t{0});
   result.dir = dir;
-  std::string list;
-  for (const auto& n : loaded) list += (list.empty() ? "" : ", ") + n;
-  std::string skip;
-  for (const auto& n : skipped) skip += (skip.empty() ? "" : ", ") + n;
-  log_info("loaded checkpoint ", dir, " (", list, skip.empty() ? "" : "; not loaded: " + skip,
+  log_info("loaded checkpoint ", dir, " (", join(loaded),
+           skipped.empty() ? "" : "; not loaded: " + join(skipped),
            ") in ", seconds_since(t0), "s");
   return result;
 }

@@ -2,6 +2,7 @@
 #include "titan/checkpoint/hf_convert.h"
 
 #include "titan/common/check.h"
+#include "titan/common/format.h"
 #include "titan/common/logging.h"
 
 #include <ATen/core/grad_mode.h>
@@ -43,19 +44,17 @@ const nlohmann::json& checkpoint_model(const CheckpointReader& reader) {
 
 // "key: model A, config.json B" for each argument that differs, joined by "; ".
 std::string args_difference(const nlohmann::json& model, const nlohmann::json& config) {
-  std::string out;
+  std::vector<std::string> out;
   const auto add = [&](const std::string& key) {
     const nlohmann::json a = model.contains(key) ? model[key] : nlohmann::json();
     const nlohmann::json b = config.contains(key) ? config[key] : nlohmann::json();
-    if (a != b) {
-      out += (out.empty() ? "" : "; ") + key + ": model " + a.dump() + ", config.json " + b.dump();
-    }
+    if (a != b) out.push_back(key + ": model " + a.dump() + ", config.json " + b.dump());
   };
   for (const auto& item : model.items()) add(item.key());
   for (const auto& item : config.items()) {
     if (!model.contains(item.key())) add(item.key());
   }
-  return out;
+  return join(out, "; ");
 }
 
 }  // namespace

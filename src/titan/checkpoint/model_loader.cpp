@@ -6,6 +6,7 @@
 #include "titan/checkpoint/hf_convert.h"
 #include "titan/checkpoint/hf_folder.h"
 #include "titan/common/check.h"
+#include "titan/common/format.h"
 #include "titan/common/logging.h"
 #include "titan/models/registry.h"
 
@@ -22,13 +23,11 @@ std::string flavor_label(const nlohmann::json& description) {
     return flavor;
   }
   const nlohmann::json args = spec_for_description(description).resolve_args(description);
-  std::string dims;
+  std::vector<std::string> dims;
   for (const auto& item : args.items()) {
-    if (item.value().is_number_integer()) {
-      dims += (dims.empty() ? "" : ", ") + item.key() + " " + item.value().dump();
-    }
+    if (item.value().is_number_integer()) dims.push_back(item.key() + " " + item.value().dump());
   }
-  return flavor + " (" + dims + ")";
+  return flavor + " (" + join(dims) + ")";
 }
 
 std::shared_ptr<Model> build(const nlohmann::json& description, at::ScalarType compute_dtype,

@@ -1,6 +1,7 @@
 // Group creation (rendezvous check, backend construction, sub-groups) and waiting on Work.
 // The collectives themselves are in comm_ops.cpp, the checks in comm_check.cpp.
 #include "titan/common/check.h"
+#include "titan/common/format.h"
 #include "titan/distributed/comm_internal.h"
 
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
@@ -45,12 +46,6 @@ std::string seconds_text(double seconds) {
   return buf;
 }
 
-std::string join_ints(const std::vector<int>& v) {
-  std::ostringstream os;
-  for (size_t i = 0; i < v.size(); ++i) os << (i ? ", " : "") << v[i];
-  return os.str();
-}
-
 std::vector<uint8_t> to_bytes(const std::string& s) { return {s.begin(), s.end()}; }
 std::string from_bytes(const std::vector<uint8_t>& b) { return {b.begin(), b.end()}; }
 
@@ -80,7 +75,7 @@ std::vector<std::shared_ptr<::gloo::transport::Device>> make_gloo_devices(const 
 void check_members_agree(Group::State& s, c10d::Store& store) {
   std::ostringstream desc;
   desc << "name=" << s.options.name << " size=" << s.size
-       << " backend=" << to_string(s.options.backend) << " world_ranks=[" << join_ints(s.ranks)
+       << " backend=" << to_string(s.options.backend) << " world_ranks=[" << join(s.ranks)
        << "] fingerprint=" << s.options.fingerprint;
   const std::string mine = desc.str();
   store.set("titan_join/" + std::to_string(s.rank), to_bytes(mine));
@@ -102,7 +97,7 @@ void check_members_agree(Group::State& s, c10d::Store& store) {
     double waited =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     throw CommError("creating process group " + s.describe() + ": timed out after " +
-                    seconds_text(waited) + " waiting for group ranks [" + join_ints(missing) +
+                    seconds_text(waited) + " waiting for group ranks [" + join(missing) +
                     "] to join (" + e.what() +
                     "). HINT: those ranks crashed, are slow to start, or were started with a "
                     "different world size or parallelism config; check their output, or raise "
@@ -182,7 +177,7 @@ void build_backend(Group::State& s) {
 std::string Group::State::describe() const {
   std::ostringstream os;
   os << "'" << options.name << "' (rank " << rank << " of " << size << ", world ranks ["
-     << join_ints(ranks) << "], " << to_string(options.backend) << ")";
+     << join(ranks) << "], " << to_string(options.backend) << ")";
   return os.str();
 }
 
@@ -252,14 +247,14 @@ std::shared_ptr<Group> Group::new_subgroup(const std::string& name, const std::v
     TITAN_CHECK(ranks[i] >= 0 && ranks[i] < s.size, "new_subgroup(", name, ") on ",
                 s.describe(), ": rank ", ranks[i], " is not in [0, ", s.size, ")");
     TITAN_CHECK(i == 0 || ranks[i] > ranks[i - 1], "new_subgroup(", name, ") on ",
-                s.describe(), ": ranks must be strictly increasing, got [", join_ints(ranks),
+                s.describe(), ": ranks must be strictly increasing, got [", join(ranks),
                 "]");
     if (ranks[i] == s.rank) my_index = static_cast<int>(i);
   }
   if (my_index < 0) return nullptr;
   s.check_healthy("new_subgroup(" + name + ")");
 
-  std::string key = name + "[" + join_ints(ranks) + "]";
+  std::string key = name + "[" + join(ranks) + "]";
   int generation = s.subgroup_count[key]++;
   std::vector<int> world_ranks;
   for (int r : ranks) world_ranks.push_back(s.ranks[r]);

@@ -2,6 +2,7 @@
 // and, with check_agreement, the cross-rank descriptor exchange. A Gloo collective that fails
 // once leaves its group unusable, so every mistake that can be seen here must be.
 #include "titan/common/check.h"
+#include "titan/common/format.h"
 #include "titan/distributed/comm_internal.h"
 
 #include <ATen/ATen.h>
@@ -27,12 +28,6 @@ namespace {
 std::string shape_text(const at::Tensor& t) {
   std::ostringstream os;
   os << t.sizes();
-  return os.str();
-}
-
-std::string join(const std::vector<int64_t>& v) {
-  std::ostringstream os;
-  for (size_t i = 0; i < v.size(); ++i) os << (i ? ", " : "") << v[i];
   return os.str();
 }
 

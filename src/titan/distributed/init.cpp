@@ -5,6 +5,7 @@
 
 #include "titan/common/check.h"
 #include "titan/common/cpu.h"
+#include "titan/common/format.h"
 #include "titan/common/logging.h"
 
 #include <c10/util/Exception.h>
@@ -123,7 +124,7 @@ std::string missing_ranks(c10d::Store& store, int64_t world_size,
   if (missing.empty()) return "";
   std::ostringstream os;
   os << (missing.size() + extra == 1 ? "rank " : "ranks ");
-  for (size_t i = 0; i < missing.size(); ++i) os << (i ? ", " : "") << missing[i];
+  os << titan::join(missing);  // qualified: this file's join() is the rendezvous
   if (extra > 0) os << " (and " << extra << " more)";
   return os.str();
 }

@@ -3,6 +3,7 @@
 #include "titan/distributed/parallel_dims.h"
 
 #include "titan/common/check.h"
+#include "titan/common/format.h"
 
 #include <algorithm>
 #include <sstream>
@@ -47,12 +48,6 @@ int64_t& coord_of(MeshCoord& c, int dim) {
 int dim_index(const std::string& name) {
   const auto& names = ParallelDims::mesh_dim_names();
   return static_cast<int>(std::find(names.begin(), names.end(), name) - names.begin());
-}
-
-std::string join(const std::vector<std::string>& v, const char* sep) {
-  std::string out;
-  for (size_t i = 0; i < v.size(); ++i) out += (i ? sep : "") + v[i];
-  return out;
 }
 
 }  // namespace
@@ -207,7 +202,7 @@ const std::vector<std::string>& ParallelDims::group_dims(const std::string& name
     if (entry.first == name) return entry.second;
   }
   TITAN_CHECK(false, "unknown parallel group '", name, "'; known: ",
-              join(group_names(), ", "));
+              join(group_names()));
   static const std::vector<std::string> none;
   return none;
 }

@@ -4,6 +4,7 @@
 #include "titan/models/memory_estimate.h"
 
 #include "titan/common/check.h"
+#include "titan/common/format.h"
 #include "titan/models/common/rope.h"
 
 #include <algorithm>
@@ -41,12 +42,11 @@ std::string gib_text(double bytes) {
 }
 
 std::string MemoryEstimate::breakdown() const {
-  std::string out;
+  std::vector<std::string> terms;
   for (const Part& p : parts) {
-    if (p.bytes <= 0) continue;
-    out += (out.empty() ? "" : " + ") + p.name + " " + gib_text(p.bytes);
+    if (p.bytes > 0) terms.push_back(p.name + " " + gib_text(p.bytes));
   }
-  return out + " = " + gib_text(total());
+  return join(terms, " + ") + " = " + gib_text(total());
 }
 
 MemoryEstimate estimate_training_memory(const ModelSpec& spec, const std::string& flavor,
