@@ -1,7 +1,41 @@
-// ModelStats arithmetic shared by every model.
+// ModelStats arithmetic and the unit-runner chain shared by every model.
 #include "titan/models/model.h"
 
+#include <algorithm>
+
 namespace titan {
+
+namespace {
+
+// Runs runners[0, depth) around fn, the one at depth - 1 outermost. Each `next` owns copies of
+// what it calls, so a runner may keep it and call it again after this returns.
+at::Tensor run_chain(const std::vector<UnitRunner*>& runners, size_t depth, int64_t index,
+                     const at::Tensor& input, const UnitFn& fn) {
+  if (depth == 0) return fn(input);
+  UnitRunner* runner = runners[depth - 1];
+  if (depth == 1) return runner->run(index, input, fn);
+  const UnitFn next = [runners, depth, index, fn](const at::Tensor& x) {
+    return run_chain(runners, depth - 1, index, x, fn);
+  };
+  return runner->run(index, input, next);
+}
+
+}  // namespace
+
+void Model::add_unit_runner(UnitRunner* runner) {
+  TITAN_CHECK(runner != nullptr, "add_unit_runner: null runner");
+  TITAN_CHECK(std::find(runners_.begin(), runners_.end(), runner) == runners_.end(),
+              "add_unit_runner: this runner is already installed");
+  runners_.push_back(runner);
+}
+
+void Model::remove_unit_runner(UnitRunner* runner) {
+  runners_.erase(std::remove(runners_.begin(), runners_.end(), runner), runners_.end());
+}
+
+at::Tensor Model::run_unit(int64_t index, const at::Tensor& input, const UnitFn& fn) const {
+  return run_chain(runners_, runners_.size(), index, input, fn);
+}
 
 double ModelStats::flops_per_token(int64_t seq_len) const {
   // 6 FLOPs per parameter per token (forward 2, backward 4), embeddings excluded as lookups; plus

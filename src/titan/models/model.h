@@ -65,14 +65,25 @@ struct TpRule {
   TpStyle style;
 };
 
-// Runs a model's units. Models call it around each unit of forward (see Model::run_unit), so a
-// parallelism can act before and after a unit (gather parameters, wrap outputs with backward
-// hooks) without the model knowing which one.
+// One unit of forward as a function of its input (token ids for the first unit, the hidden
+// state after). It owns what it needs (captures by value): a runner may call it again later,
+// e.g. activation checkpointing recomputes a unit during backward.
+using UnitFn = std::function<at::Tensor(const at::Tensor&)>;
+
+// Acts around a model's units. Models call Model::run_unit for each unit of forward; the runners
+// installed on the model form a chain, and each gets the unit's input and `next` (the rest of the
+// chain, then the unit itself), so a parallelism can act before and after a unit (gather its
+// parameters, wrap its output with backward hooks, checkpoint it) without the model knowing.
+//
+// Chain order: the runner added last runs outermost. parallelize applies activation checkpointing
+// before FSDP, so FSDP gathers a unit's parameters before the checkpointed unit runs, and keeps
+// them gathered while its backward recomputes it.
 class UnitRunner {
  public:
   virtual ~UnitRunner() = default;
-  // Runs unit `index` (a position in Model::units()) by calling `fn` and returns its output.
-  virtual at::Tensor run(int64_t index, const std::function<at::Tensor()>& fn) = 0;
+  // Runs unit `index` (a position in Model::units()) on `input`, calling `next` (possibly again
+  // later, see UnitFn), and returns its output.
+  virtual at::Tensor run(int64_t index, const at::Tensor& input, const UnitFn& next) = 0;
 };
 
 // A trainable decoder: forward(tokens (bs, seqlen) int64) -> logits (bs, seqlen, vocab) float32.
@@ -88,9 +99,12 @@ class Model : public torch::nn::Module {
   virtual std::vector<ModelUnit> units() const = 0;
   // How tensor parallelism shards this model (empty: not supported).
   virtual std::vector<TpRule> tensor_parallel_plan() const { return {}; }
-  // Routes forward's units through `runner` (null: run them directly). The runner must outlive
-  // its use.
-  void set_unit_runner(UnitRunner* runner) { runner_ = runner; }
+  // Adds `runner` as the outermost of the chain that forward's units run through (see
+  // UnitRunner). The runner must stay alive until removed.
+  void add_unit_runner(UnitRunner* runner);
+  // Takes `runner` out of the chain (no-op if absent).
+  void remove_unit_runner(UnitRunner* runner);
+  const std::vector<UnitRunner*>& unit_runners() const { return runners_; }
 
   // Incremental inference without autograd: tokens (bs, n) int64 are positions
   // [start_pos, start_pos + n) of sequences whose positions [0, start_pos) are already in
@@ -104,13 +118,11 @@ class Model : public torch::nn::Module {
   }
 
  protected:
-  // Forward implementations call this for each unit.
-  at::Tensor run_unit(int64_t index, const std::function<at::Tensor()>& fn) {
-    return runner_ != nullptr ? runner_->run(index, fn) : fn();
-  }
+  // Forward implementations call this for each unit: fn(input) through the runner chain.
+  at::Tensor run_unit(int64_t index, const at::Tensor& input, const UnitFn& fn) const;
 
  private:
-  UnitRunner* runner_ = nullptr;
+  std::vector<UnitRunner*> runners_;  // innermost first
 };
 
 }  // namespace titan

@@ -411,16 +411,16 @@ DataParallel::DataParallel(Model& model, DataParallelOptions options)
     }
   }
   d.anchor = at::zeros({}, d.on_device(at::kFloat)).requires_grad_(true);
-  model.set_unit_runner(this);
+  model.add_unit_runner(this);
 }
 
-DataParallel::~DataParallel() { model_.set_unit_runner(nullptr); }
+DataParallel::~DataParallel() { model_.remove_unit_runner(this); }
 
 int64_t DataParallel::shard_size() const { return impl_->N; }
 double DataParallel::comm_wait_seconds() const { return impl_->wait_seconds; }
 int64_t DataParallel::shard_rank() const { return impl_->rank; }
 
-at::Tensor DataParallel::run(int64_t index, const std::function<at::Tensor()>& fn) {
+at::Tensor DataParallel::run(int64_t index, const at::Tensor& input, const UnitFn& next) {
   Impl& d = *impl_;
   TITAN_CHECK(index >= 0 && index < static_cast<int64_t>(d.units.size()), "unit ", index,
               " out of range");
@@ -441,7 +441,7 @@ at::Tensor DataParallel::run(int64_t index, const std::function<at::Tensor()>& f
     for (size_t k = 0; k < u.params.size(); ++k) *d.params[u.params[k]].slot = u.installed[k];
   }
   ++u.uses;
-  at::Tensor out = fn();
+  at::Tensor out = next(input);
   if (grad) {
     out = PreBackward::apply(out, &d, index);
     if (u.reshard_after_forward) d.reshard(index);

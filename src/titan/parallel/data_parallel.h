@@ -81,14 +81,14 @@ struct DataParallelMemory {
 
 class DataParallel : public UnitRunner {
  public:
-  // Shards `model` (whose parameters must be identical on every rank, e.g. same seed) and
-  // installs itself as the model's unit runner. The model must outlive this object.
+  // Shards `model` (whose parameters must be identical on every rank, e.g. same seed) and adds
+  // itself to the model's unit-runner chain (outermost). The model must outlive this object.
   DataParallel(Model& model, DataParallelOptions options);
   ~DataParallel() override;
   DataParallel(const DataParallel&) = delete;
   DataParallel& operator=(const DataParallel&) = delete;
 
-  at::Tensor run(int64_t index, const std::function<at::Tensor()>& fn) override;
+  at::Tensor run(int64_t index, const at::Tensor& input, const UnitFn& next) override;
 
   // Completes the gradient reductions of the last backward and adds them to the shards'
   // gradients (params()[i].local.grad()). Call after every backward.

@@ -145,7 +145,7 @@ class GatherInputHook : public ForwardHook {
  public:
   explicit GatherInputHook(dist::Group* g) : g_(g) {}
   at::Tensor run(HookedModule&, const at::Tensor& x,
-                 const std::function<at::Tensor(const at::Tensor&)>& body) override {
+                 const ForwardBody& body) override {
     return body(AllGatherSeq::apply(x, g_));
   }
 
@@ -157,7 +157,7 @@ class RowwiseHook : public ForwardHook {
  public:
   explicit RowwiseHook(dist::Group* g) : g_(g) {}
   at::Tensor run(HookedModule&, const at::Tensor& x,
-                 const std::function<at::Tensor(const at::Tensor&)>& body) override {
+                 const ForwardBody& body) override {
     return ReduceScatterSeq::apply(body(x), g_);
   }
 
@@ -171,7 +171,7 @@ class EmbeddingHook : public ForwardHook {
  public:
   EmbeddingHook(dist::Group* g, int64_t start, int64_t rows) : g_(g), start_(start), rows_(rows) {}
   at::Tensor run(HookedModule&, const at::Tensor& tokens,
-                 const std::function<at::Tensor(const at::Tensor&)>& body) override {
+                 const ForwardBody& body) override {
     const at::Tensor local = tokens - start_;
     const at::Tensor outside = local.lt(0).logical_or(local.ge(rows_));
     const at::Tensor h = body(local.masked_fill(outside, 0)).masked_fill(outside.unsqueeze(-1), 0.0);
@@ -187,7 +187,7 @@ class OutputHook : public ForwardHook {
  public:
   OutputHook(dist::Group* g, bool loss_parallel) : g_(g), loss_parallel_(loss_parallel) {}
   at::Tensor run(HookedModule&, const at::Tensor& x,
-                 const std::function<at::Tensor(const at::Tensor&)>& body) override {
+                 const ForwardBody& body) override {
     at::Tensor logits = body(AllGatherSeq::apply(x, g_));
     return loss_parallel_ ? logits : AllGatherLastDim::apply(logits, g_);
   }
@@ -263,7 +263,7 @@ TensorParallel::TensorParallel(Model& model, std::shared_ptr<dist::Group> group,
         case TpStyle::kEmbedding: {
           const int64_t rows = layer->weight.size(0) / t;
           shard(name, *layer, 0, "vocabulary rows");
-          hooked->set_forward_hook(std::make_shared<EmbeddingHook>(group_.get(), r * rows, rows));
+          install_hook(*hooked, std::make_shared<EmbeddingHook>(group_.get(), r * rows, rows));
           break;
         }
         case TpStyle::kGatherInput:
@@ -278,21 +278,21 @@ TensorParallel::TensorParallel(Model& model, std::shared_ptr<dist::Group> group,
                                 std::to_string(t));
             }
           }
-          hooked->set_forward_hook(std::make_shared<GatherInputHook>(group_.get()));
+          install_hook(*hooked, std::make_shared<GatherInputHook>(group_.get()));
           break;
         case TpStyle::kColwise:
           shard(name, *layer, 0, "output features");
           break;
         case TpStyle::kRowwise:
           shard(name, *layer, 1, "input features");
-          hooked->set_forward_hook(std::make_shared<RowwiseHook>(group_.get()));
+          install_hook(*hooked, std::make_shared<RowwiseHook>(group_.get()));
           break;
         case TpStyle::kSequenceParallel:
           break;  // replicated weight; reduce_replicated_grads sums its partial gradients
         case TpStyle::kOutput:
           vocab_start_ = r * (layer->weight.size(0) / t);
           shard(name, *layer, 0, "vocabulary rows");
-          hooked->set_forward_hook(std::make_shared<OutputHook>(group_.get(), loss_parallel_));
+          install_hook(*hooked, std::make_shared<OutputHook>(group_.get(), loss_parallel_));
           break;
       }
     }
@@ -300,12 +300,13 @@ TensorParallel::TensorParallel(Model& model, std::shared_ptr<dist::Group> group,
   }
 }
 
+void TensorParallel::install_hook(HookedModule& module, std::shared_ptr<ForwardHook> hook) {
+  installed_.emplace_back(&module, hook.get());
+  module.add_forward_hook(std::move(hook));
+}
+
 TensorParallel::~TensorParallel() {
-  for (const auto& item : model_.named_modules()) {
-    if (auto* hooked = dynamic_cast<HookedModule*>(item.value().get())) {
-      hooked->set_forward_hook(nullptr);
-    }
-  }
+  for (const auto& [module, hook] : installed_) module->remove_forward_hook(hook);
 }
 
 int64_t TensorParallel::size() const { return group_->size(); }

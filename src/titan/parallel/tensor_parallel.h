@@ -20,6 +20,7 @@
 #pragma once
 
 #include "titan/distributed/comm.h"
+#include "titan/models/common/linear.h"
 #include "titan/models/model.h"
 #include "titan/parallel/data_parallel.h"
 
@@ -66,6 +67,10 @@ class TensorParallel {
   bool loss_parallel_;
   int64_t vocab_start_ = 0;  // first vocabulary id of this rank's output slice
   std::map<std::string, ParamPlacement> placements_;
+  // The hooks this object added, removed again by the destructor.
+  std::vector<std::pair<HookedModule*, const ForwardHook*>> installed_;
+
+  void install_hook(HookedModule& module, std::shared_ptr<ForwardHook> hook);
 };
 
 }  // namespace titan

@@ -111,50 +111,47 @@ Attention::Attention(int64_t dim, int64_t n_heads, int64_t n_kv_heads, int64_t h
   wo = register_module("wo", std::make_shared<Linear>(n_heads * head_dim, dim, compute_dtype));
 }
 
-at::Tensor Attention::forward(const at::Tensor& x, const RotaryEmbedding& rope) {
+at::Tensor Attention::forward(const at::Tensor& x, const RotaryEmbedding& rope,
+                             const at::Tensor& positions, const KVCacheStep* cache) {
   return hooked(x, [&](const at::Tensor& in) {
     const int64_t bs = in.size(0);
-    const int64_t seqlen = in.size(1);
+    const int64_t n = in.size(1);
+    at::Tensor pos = positions;
+    if (cache != nullptr) {
+      TITAN_CHECK(cache->start_pos >= 0 && cache->start_pos + n <= cache->max_len, "positions [",
+                  cache->start_pos, ", ", cache->start_pos + n, ") do not fit a KV cache of ",
+                  cache->max_len, " positions");
+      if (!pos.defined()) pos = at::arange(cache->start_pos, cache->start_pos + n, at::kLong);
+    }
     // Cast once for the three projections rather than once per projection.
     const at::Tensor xc = to_compute(in, compute_dtype);
     // -1 heads: the local head count follows the (possibly sharded) weights.
-    const at::Tensor q = rope.forward(wq->forward(xc).view({bs, seqlen, -1, head_dim}));
-    const at::Tensor k = rope.forward(wk->forward(xc).view({bs, seqlen, -1, head_dim}));
-    const at::Tensor v = wv->forward(xc).view({bs, seqlen, -1, head_dim});
-    const at::Tensor out = causal_attention(q, k, v);  // (bs, seqlen, n_local_heads, head_dim)
-    return wo->forward(out.view({bs, seqlen, -1}));
+    const at::Tensor q = rope.forward(wq->forward(xc).view({bs, n, -1, head_dim}), pos);
+    const at::Tensor k = rope.forward(wk->forward(xc).view({bs, n, -1, head_dim}), pos);
+    const at::Tensor v = wv->forward(xc).view({bs, n, -1, head_dim});  // (bs, n, n_kv, head_dim)
+    const at::Tensor out = cache != nullptr ? attend_cached(q, k, v, *cache)
+                                            : inner_attention->forward(q, k, v);
+    return wo->forward(out.view({bs, n, -1}));  // out: (bs, n, n_local_heads, head_dim)
   });
 }
 
-at::Tensor Attention::forward_cached(const at::Tensor& x, const RotaryEmbedding& rope,
-                                     LayerKVCache& cache, int64_t start_pos, int64_t max_len) {
-  const int64_t bs = x.size(0);
-  const int64_t n = x.size(1);
-  TITAN_CHECK(start_pos >= 0 && start_pos + n <= max_len, "positions [", start_pos, ", ",
-              start_pos + n, ") do not fit a KV cache of ", max_len, " positions");
-  TITAN_CHECK(start_pos + n <= rope.cos.size(0), "position ", start_pos + n - 1,
-              " is past the RoPE table (", rope.cos.size(0),
-              " positions). HINT: build the model with a larger max_seq_len");
-  const at::Tensor xc = to_compute(x, compute_dtype);
-  // RoPE at the absolute positions of the new tokens: the tables from row start_pos on.
-  const at::Tensor cos = rope.cos.narrow(0, start_pos, n);
-  const at::Tensor sin = rope.sin.narrow(0, start_pos, n);
-  const at::Tensor q = apply_rotary_emb(wq->forward(xc).view({bs, n, -1, head_dim}), cos, sin);
-  const at::Tensor k = apply_rotary_emb(wk->forward(xc).view({bs, n, -1, head_dim}), cos, sin);
-  const at::Tensor v = wv->forward(xc).view({bs, n, -1, head_dim});  // (bs, n, n_kv, head_dim)
+at::Tensor Attention::attend_cached(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                    const KVCacheStep& step) {
+  LayerKVCache& cache = *step.cache;
+  const int64_t bs = q.size(0);
+  const int64_t n = q.size(1);
   const bool fits = cache.k.defined() && cache.k.size(0) == bs && cache.k.size(1) == k.size(2) &&
-                    cache.k.size(2) == max_len && cache.k.scalar_type() == k.scalar_type();
+                    cache.k.size(2) == step.max_len && cache.k.scalar_type() == k.scalar_type();
   if (!fits) {
-    TITAN_CHECK(start_pos == 0, "the KV cache does not match this input (batch ", bs,
+    TITAN_CHECK(step.start_pos == 0, "the KV cache does not match this input (batch ", bs,
                 ", kv heads ", k.size(2), ", ", k.scalar_type(),
                 ") past position 0. HINT: start a new sequence at start_pos 0");
-    cache.k = at::empty({bs, k.size(2), max_len, head_dim}, k.options());
-    cache.v = at::empty({bs, v.size(2), max_len, head_dim}, v.options());
+    cache.k = at::empty({bs, k.size(2), step.max_len, head_dim}, k.options());
+    cache.v = at::empty({bs, v.size(2), step.max_len, head_dim}, v.options());
   }
-  cache.k.narrow(2, start_pos, n).copy_(k.transpose(1, 2));
-  cache.v.narrow(2, start_pos, n).copy_(v.transpose(1, 2));
-  const at::Tensor out = cached_attention(q, cache.k, cache.v, start_pos);  // (bs, n, nh, hd)
-  return wo->forward(out.view({bs, n, -1}));
+  cache.k.narrow(2, step.start_pos, n).copy_(k.transpose(1, 2));
+  cache.v.narrow(2, step.start_pos, n).copy_(v.transpose(1, 2));
+  return cached_attention(q, cache.k, cache.v, step.start_pos);  // (bs, n, n_heads, head_dim)
 }
 
 }  // namespace titan

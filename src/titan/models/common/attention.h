@@ -32,6 +32,31 @@ at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::
 at::Tensor cached_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                             int64_t start_pos);
 
+// The kernel between the projections: q (bs, seqlen, n_heads, head_dim), k and v
+// (bs, seqlen, n_kv_heads, head_dim) -> (bs, seqlen, n_heads, head_dim), contiguous. The default
+// is causal_attention over the local sequence; context parallelism swaps in a kernel that also
+// attends to the other ranks' keys and values.
+class InnerAttention {
+ public:
+  virtual ~InnerAttention() = default;
+  virtual at::Tensor forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) = 0;
+};
+
+class CausalAttention final : public InnerAttention {
+ public:
+  at::Tensor forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) override {
+    return causal_attention(q, k, v);
+  }
+};
+
+// Incremental inference: the layer's cache, the position of the first new token, and the cache's
+// capacity in positions.
+struct KVCacheStep {
+  LayerKVCache* cache = nullptr;
+  int64_t start_pos = 0;
+  int64_t max_len = 0;
+};
+
 // Multi-head causal self-attention with RoPE on q and k. Parameters: wq (n_heads * head_dim, dim),
 // wk and wv (n_kv_heads * head_dim, dim), wo (dim, n_heads * head_dim).
 class Attention : public HookedModule {
@@ -39,19 +64,24 @@ class Attention : public HookedModule {
   Attention(int64_t dim, int64_t n_heads, int64_t n_kv_heads, int64_t head_dim,
             at::ScalarType compute_dtype = at::kFloat);
 
-  // x (bs, seqlen, dim) -> (bs, seqlen, dim) in the compute dtype.
-  at::Tensor forward(const at::Tensor& x, const RotaryEmbedding& rope);
-
-  // Incremental inference: x (bs, n, dim) holds positions [start_pos, start_pos + n). Their keys
-  // and values are written into `cache` (allocated here, with room for max_len positions, on
-  // first use or when bs / heads / dtype change at start_pos 0), and the queries attend over
-  // positions [0, start_pos + n) of it. Returns (bs, n, dim) in the compute dtype.
-  at::Tensor forward_cached(const at::Tensor& x, const RotaryEmbedding& rope, LayerKVCache& cache,
-                            int64_t start_pos, int64_t max_len);
+  // x (bs, seqlen, dim) -> (bs, seqlen, dim) in the compute dtype. `positions` (seqlen) int64
+  // are the tokens' absolute positions for RoPE (undefined: [0, seqlen)). Training runs
+  // inner_attention over the sequence; with `cache` (incremental inference, no autograd) x holds
+  // positions [start_pos, start_pos + n), their keys and values are written into the cache
+  // (allocated on first use, or when bs / heads / dtype change at start_pos 0) and the queries
+  // attend over positions [0, start_pos + n) of it (cached_attention).
+  at::Tensor forward(const at::Tensor& x, const RotaryEmbedding& rope,
+                     const at::Tensor& positions = {}, const KVCacheStep* cache = nullptr);
 
   std::shared_ptr<Linear> wq, wk, wv, wo;
+  std::shared_ptr<InnerAttention> inner_attention = std::make_shared<CausalAttention>();
   int64_t head_dim;
   at::ScalarType compute_dtype;
+
+ private:
+  // Writes k and v into the cache at step.start_pos and attends over the cached prefix.
+  at::Tensor attend_cached(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                           const KVCacheStep& step);
 };
 
 }  // namespace titan

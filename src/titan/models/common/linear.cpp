@@ -3,9 +3,33 @@
 
 #include "titan/common/check.h"
 
+#include <algorithm>
 #include <map>
 
 namespace titan {
+
+void HookedModule::add_forward_hook(std::shared_ptr<ForwardHook> hook) {
+  TITAN_CHECK(hook != nullptr, "add_forward_hook: null hook");
+  hooks_.push_back(std::move(hook));
+}
+
+void HookedModule::remove_forward_hook(const ForwardHook* hook) {
+  hooks_.erase(std::remove_if(hooks_.begin(), hooks_.end(),
+                              [hook](const auto& h) { return h.get() == hook; }),
+               hooks_.end());
+}
+
+at::Tensor HookedModule::hooked(const at::Tensor& x, const ForwardBody& body) {
+  if (hooks_.empty()) return body(x);
+  // hooks_[depth - 1] around the inner ones, down to the body itself.
+  std::function<at::Tensor(size_t, const at::Tensor&)> chain = [&](size_t depth,
+                                                                   const at::Tensor& in) {
+    if (depth == 0) return body(in);
+    return hooks_[depth - 1]->run(*this, in,
+                                  [&chain, depth](const at::Tensor& y) { return chain(depth - 1, y); });
+  };
+  return chain(hooks_.size(), x);
+}
 
 std::vector<ParamSlot> parameter_slots(torch::nn::Module& root) {
   std::map<std::string, at::Tensor*> by_name;

@@ -38,29 +38,32 @@ at::Tensor mixed_linear(const at::Tensor& x, const at::Tensor& weight,
                         at::ScalarType compute_dtype);
 
 // A module whose forward a parallelism may wrap without the module knowing (as PyTorch's forward
-// hooks): forward calls hooked(x, body), which runs body(x) directly or, when a hook is set,
-// hands both to it. Tensor parallelism uses this to move activations between layouts around a
-// layer (all-gather an input, reduce-scatter an output) or to replace a lookup.
+// hooks): forward calls hooked(x, body), which runs body(x) through the module's hooks, each
+// handed the input and the rest of the chain. Tensor parallelism uses this to move activations
+// between layouts around a layer (all-gather an input, reduce-scatter an output) or to replace a
+// lookup; context parallelism will add its own. The hook added last runs outermost.
 class HookedModule;
+using ForwardBody = std::function<at::Tensor(const at::Tensor&)>;
 class ForwardHook {
  public:
   virtual ~ForwardHook() = default;
-  virtual at::Tensor run(HookedModule& module, const at::Tensor& x,
-                         const std::function<at::Tensor(const at::Tensor&)>& body) = 0;
+  // Runs the module on `x` by calling `body` (the inner hooks, then the module itself).
+  virtual at::Tensor run(HookedModule& module, const at::Tensor& x, const ForwardBody& body) = 0;
 };
 
 class HookedModule : public torch::nn::Module {
  public:
-  void set_forward_hook(std::shared_ptr<ForwardHook> hook) { hook_ = std::move(hook); }
-  const std::shared_ptr<ForwardHook>& forward_hook() const { return hook_; }
+  // Adds `hook` outside the ones already installed.
+  void add_forward_hook(std::shared_ptr<ForwardHook> hook);
+  // Removes `hook` (no-op if absent).
+  void remove_forward_hook(const ForwardHook* hook);
+  const std::vector<std::shared_ptr<ForwardHook>>& forward_hooks() const { return hooks_; }
 
  protected:
-  at::Tensor hooked(const at::Tensor& x, const std::function<at::Tensor(const at::Tensor&)>& body) {
-    return hook_ ? hook_->run(*this, x, body) : body(x);
-  }
+  at::Tensor hooked(const at::Tensor& x, const ForwardBody& body);
 
  private:
-  std::shared_ptr<ForwardHook> hook_;
+  std::vector<std::shared_ptr<ForwardHook>> hooks_;  // innermost first
 };
 
 // A layer whose one parameter, `weight`, is registered under that name and read through this

@@ -81,8 +81,14 @@ RotaryEmbedding::RotaryEmbedding(int64_t head_dim, int64_t max_seq_len, double t
   sin = register_buffer("sin", angles.sin());
 }
 
-at::Tensor RotaryEmbedding::forward(const at::Tensor& x) const {
-  return apply_rotary_emb(x, cos, sin);
+at::Tensor RotaryEmbedding::forward(const at::Tensor& x, const at::Tensor& positions) const {
+  if (!positions.defined()) return apply_rotary_emb(x, cos, sin);
+  TITAN_CHECK(positions.dim() == 1 && positions.size(0) == x.size(1), "RoPE positions must be (",
+              x.size(1), "), got ", positions.sizes());
+  const int64_t last = positions.numel() == 0 ? 0 : positions.max().item<int64_t>();
+  TITAN_CHECK(last < cos.size(0), "position ", last, " is past the RoPE table (", cos.size(0),
+              " positions). HINT: build the model with a larger max_seq_len");
+  return apply_rotary_emb(x, cos.index_select(0, positions), sin.index_select(0, positions));
 }
 
 }  // namespace titan

@@ -41,8 +41,10 @@ class RotaryEmbedding : public torch::nn::Module {
   // ConfigError, before allocating, when the tables alone exceed this machine's memory.
   RotaryEmbedding(int64_t head_dim, int64_t max_seq_len, double theta, const RopeScaling* scaling);
 
-  // x (bs, seqlen, n_heads, head_dim) with seqlen <= max_seq_len.
-  at::Tensor forward(const at::Tensor& x) const;
+  // x (bs, seqlen, n_heads, head_dim) rotated for its tokens' absolute `positions` (seqlen)
+  // int64, each < max_seq_len; undefined: positions [0, seqlen). Context parallelism passes the
+  // positions of its sequence chunks, incremental inference those after the cached ones.
+  at::Tensor forward(const at::Tensor& x, const at::Tensor& positions = {}) const;
 
   at::Tensor cos;
   at::Tensor sin;

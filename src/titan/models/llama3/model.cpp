@@ -26,18 +26,11 @@ TransformerBlock::TransformerBlock(int64_t layer_id, const Llama3Args& args,
   weight_init_std = 0.02 / std::sqrt(depth);
 }
 
-at::Tensor TransformerBlock::forward(const at::Tensor& x, const RotaryEmbedding& rope) {
+at::Tensor TransformerBlock::forward(const at::Tensor& x, const RotaryEmbedding& rope,
+                                    const at::Tensor& positions, const KVCacheStep* cache) {
   // x is in residual_dtype(compute_dtype); were it float32 under bf16 compute, the sums would
   // promote and keep it float32.
-  const at::Tensor h = x + attention->forward(attention_norm->forward(x), rope);
-  return h + feed_forward->forward(ffn_norm->forward(h));
-}
-
-at::Tensor TransformerBlock::forward_cached(const at::Tensor& x, const RotaryEmbedding& rope,
-                                           LayerKVCache& cache, int64_t start_pos,
-                                           int64_t max_len) {
-  const at::Tensor h =
-      x + attention->forward_cached(attention_norm->forward(x), rope, cache, start_pos, max_len);
+  const at::Tensor h = x + attention->forward(attention_norm->forward(x), rope, positions, cache);
   return h + feed_forward->forward(ffn_norm->forward(h));
 }
 
@@ -88,12 +81,16 @@ at::Tensor Transformer::head(const at::Tensor& h) {
 }
 
 at::Tensor Transformer::forward(const at::Tensor& tokens) {
-  at::Tensor h = run_unit(0, [&] { return embed(tokens); });
+  // Unit functions capture by value: a runner may call them again during backward.
+  at::Tensor h = run_unit(0, tokens, [this](const at::Tensor& x) { return embed(x); });
   for (size_t i = 0; i < layers.size(); ++i) {
-    h = run_unit(static_cast<int64_t>(i) + 1, [&] { return layers[i]->forward(h, *rope); });
+    TransformerBlock* block = layers[i].get();
+    const RotaryEmbedding* table = rope.get();
+    h = run_unit(static_cast<int64_t>(i) + 1, h,
+                 [block, table](const at::Tensor& x) { return block->forward(x, *table); });
   }
   const int64_t head_unit = output ? static_cast<int64_t>(layers.size()) + 1 : 0;
-  return run_unit(head_unit, [&] { return head(h); });
+  return run_unit(head_unit, h, [this](const at::Tensor& x) { return head(x); });
 }
 
 std::vector<ModelUnit> Transformer::units() const {
@@ -123,7 +120,8 @@ at::Tensor Transformer::forward_cached(const at::Tensor& tokens, KVCache& cache,
               " would leave a gap after the ", cache.length, " cached positions");
   at::Tensor h = embed(tokens);  // (bs, n, dim)
   for (size_t i = 0; i < layers.size(); ++i) {
-    h = layers[i]->forward_cached(h, *rope, cache.layer(i), start_pos, cache.max_len);
+    const KVCacheStep step{&cache.layer(i), start_pos, cache.max_len};
+    h = layers[i]->forward(h, *rope, /*positions=*/{}, &step);
   }
   cache.length = start_pos + tokens.size(1);
   return head(h);

@@ -27,12 +27,10 @@ class TransformerBlock : public torch::nn::Module {
  public:
   TransformerBlock(int64_t layer_id, const Llama3Args& args, at::ScalarType compute_dtype);
 
-  // x (bs, seqlen, dim) -> (bs, seqlen, dim), in x's dtype.
-  at::Tensor forward(const at::Tensor& x, const RotaryEmbedding& rope);
-  // The same block over a KV cache (Attention::forward_cached); x holds positions
-  // [start_pos, start_pos + n).
-  at::Tensor forward_cached(const at::Tensor& x, const RotaryEmbedding& rope, LayerKVCache& cache,
-                            int64_t start_pos, int64_t max_len);
+  // x (bs, seqlen, dim) -> (bs, seqlen, dim), in x's dtype. `positions` and `cache` as in
+  // Attention::forward (training: neither; incremental inference: the cache step).
+  at::Tensor forward(const at::Tensor& x, const RotaryEmbedding& rope,
+                     const at::Tensor& positions = {}, const KVCacheStep* cache = nullptr);
   // TorchTitan's init: norms to ones; wq/wk/wv/w1 trunc_normal(0.02); wo/w2/w3
   // trunc_normal(weight_init_std).
   void init_weights();
