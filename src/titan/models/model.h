@@ -47,6 +47,9 @@ struct ModelUnit {
   // The unit runs more than once per forward (e.g. tied embeddings: lookup and head), so its
   // parameters must stay gathered until the forward is over.
   bool reused_in_forward = false;
+  // The unit's transformer block index (0-based), -1 for other units (embeddings, head).
+  // Activation checkpointing wraps blocks only.
+  int64_t block = -1;
 };
 
 // Tensor parallelism plan (data, applied by src/titan/parallel/tensor_parallel.h), TorchTitan's

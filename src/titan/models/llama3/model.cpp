@@ -99,6 +99,7 @@ std::vector<ModelUnit> Transformer::units() const {
   for (size_t i = 0; i < layers.size(); ++i) {
     const std::string prefix = "layers." + std::to_string(i) + ".";
     ModelUnit unit{"layers." + std::to_string(i), {}};
+    unit.block = static_cast<int64_t>(i);
     for (const auto& item : layers[i]->named_parameters()) unit.params.push_back(prefix + item.key());
     out.push_back(std::move(unit));
   }
