@@ -1,10 +1,11 @@
-"""PyTorch reference for `titan bench`: the same Llama 3 model, AdamW, gradient clipping and
-random-token batches as titan.cpp, trained by a plain Python loop, either eagerly or through
-torch.compile. Used only to compare speed on the same machine (bench/run_bench.sh); titan.cpp
-itself has no Python. Runs in the project's Python environment (scripts/python_env.sh: the torch
-2.15 whose libtorch titan links).
+"""PyTorch reference for `titan bench`: the same Llama 3 model, AdamW and gradient clipping as
+titan.cpp's training step, on random-token batches (titan's come from its dataset through the
+trainer's loader; the token values do not change the work), trained by a plain Python loop,
+either eagerly or through torch.compile. Used only to compare speed on the same machine
+(bench/run_bench.sh); titan.cpp itself has no Python. Runs in the project's Python environment
+(scripts/python_env.sh: the torch 2.15 whose libtorch titan links).
 
-What mirrors titan (src/titan/models/common, src/titan/models/llama3, apps/titan/bench.cpp):
+What mirrors titan (src/titan/models/common, src/titan/models/llama3, src/titan/trainer):
   - attention: q, k, v projections, RoPE on q and k, then
     F.scaled_dot_product_attention(is_causal=True, enable_gqa=True) (titan:
     at::scaled_dot_product_attention with enable_gqa), so no repeated K/V and no score matrix;

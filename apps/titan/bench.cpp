@@ -1,65 +1,80 @@
-// `titan bench`: times full training steps (forward, backward, clip, AdamW) of the configured
-// model on random tokens, so the figure is the model's speed, not the data pipeline's. Prints one
-// line with tokens/s, achieved TFLOP/s, MFU against a GEMM probe, and peak RSS. Run each variant
-// in its own process (bench/run_bench.sh) so peak memory belongs to one variant.
+// `titan bench`: times the trainer's own training steps (Trainer::train_step: forward, backward,
+// clip, AdamW at the scheduled learning rate) on the configured model, so the figure is the speed
+// `titan train` trains at. Prints one line with tokens/s, achieved TFLOP/s, MFU against a GEMM
+// probe, and peak RSS. Run each variant in its own process (bench/run_bench.sh) so peak memory
+// belongs to one variant. Batches come from the configured dataset through the trainer's loader
+// (tokenized ahead of the model, a small share of a step); the trainer's outputs go to a temporary
+// job.dump_folder, removed at the end, so a bench never touches a training run's folder.
 #include "commands.h"
 
+#include "titan/common/check.h"
 #include "titan/common/cpu.h"
 #include "titan/common/format.h"
-#include "titan/common/logging.h"
-#include "titan/components/loss.h"
 #include "titan/components/metrics.h"
-#include "titan/components/optimizer.h"
 #include "titan/config/config_manager.h"
-#include "titan/models/registry.h"
 #include "titan/trainer/trainer.h"
 
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <system_error>
+
+#include <stdlib.h>
 
 namespace titan {
 
+namespace {
+
+// A fresh folder under the system's temporary directory, removed with everything in it.
+struct ScratchFolder {
+  std::string path;
+  ScratchFolder() {
+    std::string pattern = (std::filesystem::temp_directory_path() / "titan-bench-XXXXXX").string();
+    if (mkdtemp(pattern.data()) == nullptr) {
+      throw DataError("cannot create the temporary folder " + pattern + ": " + std::strerror(errno) +
+                      ". HINT: set TMPDIR to a writable folder");
+    }
+    path = pattern;
+  }
+  ~ScratchFolder() {
+    std::error_code ignored;
+    std::filesystem::remove_all(path, ignored);
+  }
+};
+
+}  // namespace
+
 int run_bench(const std::vector<std::string>& args) {
   JobConfig config = parse_job_config(args);
-  const auto& t = config.training;
-  const std::string threads = configure_threads(t.num_threads);
-  at::manual_seed(static_cast<uint64_t>(config.debug.seed < 0 ? 0 : config.debug.seed));
-  const at::ScalarType dtype = dtype_from_name(t.mixed_precision_param);
-
-  const ModelSpec& spec = get_model_spec(config.model.name);
-  check_flavor(spec, config.model.flavor);
-  ModelBuildOptions opts;
-  opts.max_seq_len = t.seq_len;
-  opts.compute_dtype = dtype;
-  std::shared_ptr<Model> model = spec.build(config.model.flavor, opts);
-  const ModelStats stats = model->stats(t.local_batch_size, t.seq_len);
-
-  std::vector<NamedParam> named;
-  std::vector<at::Tensor> params;
-  for (const auto& item : model->named_parameters()) {
-    named.push_back({item.key(), item.value()});
-    params.push_back(item.value());
-  }
-  Optimizer optimizer(std::move(named), config.optimizer);
-
-  auto step = [&]() {
-    at::Tensor tokens = at::randint(stats.vocab_size, {t.local_batch_size, t.seq_len + 1}, at::kLong);
-    at::Tensor inputs = tokens.narrow(1, 0, t.seq_len), labels = tokens.narrow(1, 1, t.seq_len);
-    optimizer.zero_grad();
-    at::Tensor loss = lm_cross_entropy_loss(model->forward(inputs), labels);
-    loss.backward();
-    clip_grad_norm(params, t.max_norm);
-    optimizer.step(config.optimizer.lr);
-    return loss.item<double>();
-  };
+  const int64_t steps = config.training.steps;
   const int64_t warmup = 2;
-  for (int64_t i = 0; i < warmup; ++i) step();
+  config.training.steps = warmup + steps;  // the learning-rate schedule spans the warm-up too
+  if (config.debug.seed < 0) config.debug.seed = 0;
+  // Threads first, so that the GEMM probe runs with the trainer's thread settings; the trainer
+  // then takes the probe's figure (metrics.peak_flops) instead of probing again.
+  const std::string threads = configure_threads(config.training.num_threads);
+  const auto& t = config.training;
+  if (config.metrics.peak_flops <= 0) {
+    config.metrics.peak_flops = probe_peak_flops(dtype_from_name(t.mixed_precision_param));
+  }
+  const double peak = config.metrics.peak_flops;
+  ScratchFolder dump_folder;
+  config.job.dump_folder = dump_folder.path;
+
+  Trainer trainer(config);
+  const ModelStats stats = trainer.model().stats(t.local_batch_size, t.seq_len);
+  double grad_norm = 0.0;
+  for (int64_t step = 1; step <= warmup; ++step) trainer.train_step(step, &grad_norm);
   auto t0 = std::chrono::steady_clock::now();
-  for (int64_t i = 0; i < t.steps; ++i) step();
+  for (int64_t step = warmup + 1; step <= warmup + steps; ++step) {
+    trainer.train_step(step, &grad_norm);
+  }
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 
-  const double peak = config.metrics.peak_flops > 0 ? config.metrics.peak_flops : probe_peak_flops(dtype);
-  const double tps = static_cast<double>(t.steps * t.local_batch_size * t.seq_len) / seconds;
+  const int64_t tokens_per_step = t.local_batch_size * trainer.accumulation_steps() * t.seq_len;
+  const double tps = static_cast<double>(steps * tokens_per_step) / seconds;
   const double flops = stats.flops_per_token(t.seq_len) * tps;
   std::printf(
       "bench model=%s flavor=%s dtype=%s batch=%lld seq=%lld params=%lld steps=%lld "
@@ -67,9 +82,9 @@ int run_bench(const std::vector<std::string>& args) {
       "step_s=%.4f threads=\"%s\"\n",
       config.model.name.c_str(), config.model.flavor.c_str(), t.mixed_precision_param.c_str(),
       (long long)t.local_batch_size, (long long)t.seq_len, (long long)stats.n_params,
-      (long long)t.steps, tps, flops / 1e12, peak / 1e12, 100.0 * flops / peak,
+      (long long)steps, tps, flops / 1e12, peak / 1e12, 100.0 * flops / peak,
       static_cast<double>(peak_rss_bytes()) / (1024.0 * 1024.0 * 1024.0),
-      seconds / static_cast<double>(t.steps), threads.c_str());
+      seconds / static_cast<double>(steps), threads.c_str());
   return 0;
 }
 
