@@ -13,26 +13,32 @@ namespace titan {
 
 LRScheduler::LRScheduler(const LRSchedulerSection& config, double base_lr, int64_t training_steps)
     : base_lr_(base_lr), decay_type_(config.decay_type), min_lr_factor_(config.min_lr_factor) {
+  // lr_scheduler.total_steps, when set, is the schedule's length whatever the run's length.
+  const bool own_length = config.total_steps > 0;
+  const int64_t total = own_length ? config.total_steps : training_steps;
+  const std::string total_name =
+      std::string(own_length ? "lr_scheduler.total_steps(" : "training.steps(") +
+      std::to_string(total) + ")";
   // A short run of a long config (e.g. --training.steps 10) shrinks warmup, then decay, to fit,
   // with a warning, as TorchTitan does.
-  warmup_steps_ = std::min(config.warmup_steps, training_steps);
+  warmup_steps_ = std::min(config.warmup_steps, total);
   if (warmup_steps_ < config.warmup_steps) {
-    log_warning("lr_scheduler.warmup_steps(", config.warmup_steps, ") > training.steps(",
-                training_steps, "); warming up over all ", training_steps, " steps");
+    log_warning("lr_scheduler.warmup_steps(", config.warmup_steps, ") > ", total_name,
+                "; warming up over all ", total, " steps");
   }
   if (config.decay_ratio >= 0) {
-    decay_steps_ = std::llround(static_cast<double>(training_steps) * config.decay_ratio);
-    if (warmup_steps_ + decay_steps_ > training_steps) {
-      log_warning("lr_scheduler.warmup_steps(", warmup_steps_, ") + decay steps(round(steps(",
-                  training_steps, ") * decay_ratio(", config.decay_ratio, ")) = ", decay_steps_,
-                  ") > training.steps(", training_steps, "); decaying over the last ",
-                  training_steps - warmup_steps_, " steps instead");
-      decay_steps_ = training_steps - warmup_steps_;
+    decay_steps_ = std::llround(static_cast<double>(total) * config.decay_ratio);
+    if (warmup_steps_ + decay_steps_ > total) {
+      log_warning("lr_scheduler.warmup_steps(", warmup_steps_, ") + decay steps(round(",
+                  total_name, " * decay_ratio(", config.decay_ratio, ")) = ", decay_steps_,
+                  ") > ", total_name, "; decaying over the last ", total - warmup_steps_,
+                  " steps instead");
+      decay_steps_ = total - warmup_steps_;
     }
   } else {
-    decay_steps_ = training_steps - warmup_steps_;
+    decay_steps_ = total - warmup_steps_;
   }
-  stable_steps_ = training_steps - warmup_steps_ - decay_steps_;
+  stable_steps_ = total - warmup_steps_ - decay_steps_;
   TITAN_CHECK(decay_type_ == "linear" || decay_type_ == "sqrt" || decay_type_ == "cosine",
               "unknown lr_scheduler.decay_type '", decay_type_, "'");
 }

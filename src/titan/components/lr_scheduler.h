@@ -1,5 +1,6 @@
 // Learning-rate schedule, as TorchTitan's LambdaLR-based warmup-stable-decay: linear warmup, a
-// stable phase at the peak lr, then linear / sqrt / cosine decay to min_lr_factor * lr.
+// stable phase at the peak lr, then linear / sqrt / cosine decay to min_lr_factor * lr, over
+// lr_scheduler.total_steps when set, else over the run's training.steps.
 #pragma once
 
 #include "titan/config/job_config.h"

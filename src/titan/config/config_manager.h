@@ -30,4 +30,9 @@ std::string render_help(const std::string& command);
 // The full config as TOML (for --job.print_config and for saving next to outputs).
 std::string render_config_toml(const JobConfig& config);
 
+// job.save_config_file: writes render_config_toml(config) to job.dump_folder /
+// job.save_config_file (an absolute path stands alone), creating folders, and returns the path;
+// "" when the key is unset. Throws DataError when it cannot write. Call on rank 0 only.
+std::string save_config_file(const JobConfig& config);
+
 }  // namespace titan

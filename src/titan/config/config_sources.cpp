@@ -73,6 +73,22 @@ bool integral_double(double value, int64_t* out) {
   return true;
 }
 
+// The strings of a TOML array; anything else in it is a type error of `field`.
+std::vector<std::string> string_items(
+    const FieldRef& field,
+    const toml::array& array,
+    const std::string& path) {
+  std::vector<std::string> items;
+  for (const toml::node& item : array) {
+    const auto* s = item.as_string();
+    if (s == nullptr) {
+      throw_toml_type_error(field, item, path);
+    }
+    items.push_back(s->get());
+  }
+  return items;
+}
+
 // Stores a TOML value in `field`. Integers are fine for floats, whole floats for integers.
 void set_from_toml(const FieldRef& field, const toml::node& node, const std::string& path) {
   switch (field.type) {
@@ -111,15 +127,26 @@ void set_from_toml(const FieldRef& field, const toml::node& node, const std::str
       break;
     case FieldType::kStringList:
       if (const auto* array = node.as_array()) {
-        std::vector<std::string> items;
+        *static_cast<std::vector<std::string>*>(field.value) = string_items(field, *array, path);
+        return;
+      }
+      // TorchTitan's "list[str] | str" keys (and its older files) give a comma-separated string.
+      if (node.as_string() != nullptr) {
+        set_from_text(field, node.as_string()->get(), "in TOML file " + path);
+        return;
+      }
+      break;
+    case FieldType::kStringLists:
+      if (const auto* array = node.as_array()) {
+        std::vector<std::vector<std::string>> lists;
         for (const toml::node& item : *array) {
-          const auto* s = item.as_string();
-          if (s == nullptr) {
+          const auto* inner = item.as_array();
+          if (inner == nullptr) {
             throw_toml_type_error(field, item, path);
           }
-          items.push_back(s->get());
+          lists.push_back(string_items(field, *inner, path));
         }
-        *static_cast<std::vector<std::string>*>(field.value) = std::move(items);
+        *static_cast<std::vector<std::vector<std::string>>*>(field.value) = std::move(lists);
         return;
       }
       break;
@@ -170,6 +197,32 @@ std::string read_file(const std::string& path) {
   throw ConfigError(message);
 }
 
+// Stores the keys of the TOML table `[section]`. A sub-table is a section of its own
+// ([training.dataloader]) or holds some ([quantize] holds [quantize.linear.float8]).
+void apply_toml_table(
+    const FieldTable& table,
+    const std::string& section,
+    const toml::table& section_table,
+    const std::string& at,
+    const std::string& path) {
+  const bool is_section = table.has_section(section);
+  if (!is_section && !table.has_sections_under(section)) {
+    table.require_section(section, at);  // throws, naming the nearest section
+  }
+  for (auto&& [key_name, node] : section_table) {
+    const std::string key(key_name.str());
+    const std::string where = "in TOML file " + where_in_file(path, key_name.source());
+    const std::string sub = section + "." + key;
+    if (node.is_table() && (table.has_section(sub) || table.has_sections_under(sub))) {
+      apply_toml_table(table, sub, *node.as_table(), where, path);
+    } else if (is_section) {
+      set_from_toml(table.lookup(section, key, where), node, path);
+    } else {
+      table.require_section(sub, where);  // [quantize] holds only sections
+    }
+  }
+}
+
 }  // namespace
 
 std::vector<Override> parse_overrides(
@@ -186,7 +239,8 @@ std::vector<Override> parse_overrides(
     bool has_inline_value = eq != std::string::npos;
     std::string inline_value = has_inline_value ? name.substr(eq + 1) : "";
     name = name.substr(0, eq);
-    size_t dot = name.find('.');
+    // Section names may hold dots (training.dataloader), keys never do.
+    size_t dot = name.rfind('.');
     if (dot == std::string::npos || dot == 0 || dot + 1 == name.size()) {
       throw_unexpected_argument(table, arg);
     }
@@ -244,12 +298,7 @@ void apply_toml_file(const FieldTable& table, const std::string& path) {
       }
       throw ConfigError(message + " (" + at + ")");
     }
-    table.require_section(section, at);
-    for (auto&& [key, node] : *section_table) {
-      const FieldRef& field = table.lookup(
-          section, std::string(key.str()), "in TOML file " + where_in_file(path, key.source()));
-      set_from_toml(field, node, path);
-    }
+    apply_toml_table(table, section, *section_table, at, path);
   }
 }
 

@@ -3,6 +3,7 @@
 #include "titan/config/field_table.h"
 
 #include "titan/common/check.h"
+#include "titan/common/format.h"
 #include "titan/config/config_manager.h"
 
 #include <algorithm>
@@ -86,17 +87,39 @@ bool parse_double(const std::string& text, double* out) {
   return true;
 }
 
-std::vector<std::string> split_list(const std::string& text) {
+// The trimmed, non-empty pieces of `text` between `separator`s.
+std::vector<std::string> split_trimmed(const std::string& text, char separator) {
   std::vector<std::string> items;
   std::stringstream stream(text);
   std::string item;
-  while (std::getline(stream, item, ',')) {
+  while (std::getline(stream, item, separator)) {
     item = trim(item);
     if (!item.empty()) {
       items.push_back(item);
     }
   }
   return items;
+}
+
+std::string toml_string_array(const std::vector<std::string>& items) {
+  std::string out = "[";
+  for (size_t i = 0; i < items.size(); ++i) {
+    out += (i == 0 ? "" : ", ") + quote_toml_string(items[i]);
+  }
+  return out + "]";
+}
+
+// What --help shows for a key whose feature is not built (key_support.h).
+std::string support_note(const KeySupport& support) {
+  switch (support.kind) {
+    case KeySupport::kYes:
+      return "";
+    case KeySupport::kNotYet:
+      return " [not supported yet: must keep its default]";
+    case KeySupport::kUsedWith:
+      return std::string(" [not supported yet: read only with ") + support.switch_key + "]";
+  }
+  return "";
 }
 
 // The shortest %g form with at most `max_digits` significant digits that reads back as `value`;
@@ -123,6 +146,13 @@ std::string shortest_repr(double value, int max_digits) {
 
 bool FieldTable::has_section(const std::string& section) const {
   return std::find(sections_.begin(), sections_.end(), section) != sections_.end();
+}
+
+bool FieldTable::has_sections_under(const std::string& prefix) const {
+  return std::any_of(sections_.begin(), sections_.end(), [&](const std::string& section) {
+    return section.size() > prefix.size() && section.compare(0, prefix.size(), prefix) == 0 &&
+        section[prefix.size()] == '.';
+  });
 }
 
 std::vector<std::string> FieldTable::names_with_key(const std::string& key) const {
@@ -187,6 +217,8 @@ std::string type_label(FieldType type) {
       return "<str>";
     case FieldType::kStringList:
       return "<list>";
+    case FieldType::kStringLists:
+      return "<lists>";
   }
   return "<?>";
 }
@@ -203,6 +235,8 @@ std::string expected_phrase(FieldType type) {
       return "a string";
     case FieldType::kStringList:
       return "a list of strings";
+    case FieldType::kStringLists:
+      return "a list of lists of strings";
   }
   return "a value";
 }
@@ -268,11 +302,13 @@ std::string format_toml_value(const FieldRef& field) {
       return format_toml_float(*static_cast<const double*>(field.value));
     case FieldType::kString:
       return quote_toml_string(*static_cast<const std::string*>(field.value));
-    case FieldType::kStringList: {
-      const auto& items = *static_cast<const std::vector<std::string>*>(field.value);
+    case FieldType::kStringList:
+      return toml_string_array(*static_cast<const std::vector<std::string>*>(field.value));
+    case FieldType::kStringLists: {
+      const auto& lists = *static_cast<const std::vector<std::vector<std::string>>*>(field.value);
       std::string out = "[";
-      for (size_t i = 0; i < items.size(); ++i) {
-        out += (i == 0 ? "" : ", ") + quote_toml_string(items[i]);
+      for (size_t i = 0; i < lists.size(); ++i) {
+        out += (i == 0 ? "" : ", ") + toml_string_array(lists[i]);
       }
       return out + "]";
     }
@@ -286,14 +322,15 @@ std::string format_help_value(const FieldRef& field) {
       return format_number(*static_cast<const double*>(field.value));
     case FieldType::kStringList: {
       const auto& items = *static_cast<const std::vector<std::string>*>(field.value);
-      if (items.empty()) {
-        return "none";
+      return items.empty() ? "none" : join(items, ",");
+    }
+    case FieldType::kStringLists: {
+      const auto& lists = *static_cast<const std::vector<std::vector<std::string>>*>(field.value);
+      std::vector<std::string> parts;
+      for (const auto& items : lists) {
+        parts.push_back(join(items, ","));
       }
-      std::string out;
-      for (size_t i = 0; i < items.size(); ++i) {
-        out += (i == 0 ? "" : ",") + items[i];
-      }
-      return out;
+      return lists.empty() ? "none" : join(parts, ";");
     }
     default:
       return format_toml_value(field);
@@ -321,8 +358,16 @@ void set_from_text(const FieldRef& field, const std::string& text, const std::st
       *static_cast<std::string*>(field.value) = text;
       break;
     case FieldType::kStringList:
-      *static_cast<std::vector<std::string>*>(field.value) = split_list(text);
+      *static_cast<std::vector<std::string>*>(field.value) = split_trimmed(text, ',');
       break;
+    case FieldType::kStringLists: {
+      std::vector<std::vector<std::string>> lists;
+      for (const std::string& part : split_trimmed(text, ';')) {
+        lists.push_back(split_trimmed(part, ','));
+      }
+      *static_cast<std::vector<std::vector<std::string>>*>(field.value) = std::move(lists);
+      break;
+    }
   }
   if (!ok) {
     throw ConfigError(
@@ -373,7 +418,7 @@ std::string render_help(const FieldTable& table, const std::string& command) {
       }
       out << "  " << pad("--" + field.name() + " " + type_label(field.type), flag_width) << "  "
           << pad("(default: " + format_help_value(field) + ")", default_width) << "  "
-          << field.description << "\n";
+          << field.description << support_note(field.support) << "\n";
     }
   }
   return out.str();

@@ -7,6 +7,8 @@
 // not outlive it.
 #pragma once
 
+#include "titan/config/key_support.h"
+
 #include <cstdint>
 #include <string>
 #include <type_traits>
@@ -14,15 +16,18 @@
 
 namespace titan::detail {
 
-enum class FieldType { kBool, kInt, kDouble, kString, kStringList };
+// kStringLists: a list of lists of strings (TOML [["a", "b"], ["c"]]; command line a,b;c).
+enum class FieldType { kBool, kInt, kDouble, kString, kStringList, kStringLists };
 
 struct FieldRef {
   std::string section;
   std::string key;
   std::string description;
   FieldType type;
-  // bool*, int64_t*, double*, std::string* or std::vector<std::string>*, according to `type`.
+  // bool*, int64_t*, double*, std::string*, std::vector<std::string>* or
+  // std::vector<std::vector<std::string>>*, according to `type`.
   void* value;
+  KeySupport support;
 
   std::string name() const {
     return section + "." + key;
@@ -47,6 +52,9 @@ class FieldTable {
     return fields_;
   }
   bool has_section(const std::string& section) const;
+  // Whether some section's dotted name continues `prefix` ("quantize" for
+  // "quantize.linear.float8"): a TOML table that only holds sections.
+  bool has_sections_under(const std::string& prefix) const;
   // Full names ("optimizer.lr") of the fields whose key is `key`, in any section.
   std::vector<std::string> names_with_key(const std::string& key) const;
 
@@ -72,31 +80,36 @@ class FieldTable {
       table->sections_.push_back(name);
       section.visit(*this);
     }
-    void operator()(const char* key, bool& v, const char* doc) {
-      add(key, FieldType::kBool, &v, doc);
+    void operator()(const char* key, bool& v, const char* doc, KeySupport s = kSupported) {
+      add(key, FieldType::kBool, &v, doc, s);
     }
-    void operator()(const char* key, int64_t& v, const char* doc) {
-      add(key, FieldType::kInt, &v, doc);
+    void operator()(const char* key, int64_t& v, const char* doc, KeySupport s = kSupported) {
+      add(key, FieldType::kInt, &v, doc, s);
     }
-    void operator()(const char* key, double& v, const char* doc) {
-      add(key, FieldType::kDouble, &v, doc);
+    void operator()(const char* key, double& v, const char* doc, KeySupport s = kSupported) {
+      add(key, FieldType::kDouble, &v, doc, s);
     }
-    void operator()(const char* key, std::string& v, const char* doc) {
-      add(key, FieldType::kString, &v, doc);
+    void operator()(const char* key, std::string& v, const char* doc, KeySupport s = kSupported) {
+      add(key, FieldType::kString, &v, doc, s);
     }
-    void operator()(const char* key, std::vector<std::string>& v, const char* doc) {
-      add(key, FieldType::kStringList, &v, doc);
+    void operator()(const char* key, std::vector<std::string>& v, const char* doc,
+                    KeySupport s = kSupported) {
+      add(key, FieldType::kStringList, &v, doc, s);
+    }
+    void operator()(const char* key, std::vector<std::vector<std::string>>& v, const char* doc,
+                    KeySupport s = kSupported) {
+      add(key, FieldType::kStringLists, &v, doc, s);
     }
     // Any other member type is a compile error here rather than a silent omission.
     template <class T>
-    void operator()(const char* key, T& v, const char* doc) {
+    void operator()(const char* key, T& v, const char* doc, KeySupport s = kSupported) {
       static_assert(
           !std::is_same<T, T>::value,
-          "config fields must be bool, int64_t, double, std::string or "
-          "std::vector<std::string>");
+          "config fields must be bool, int64_t, double, std::string, "
+          "std::vector<std::string> or std::vector<std::vector<std::string>>");
     }
-    void add(const char* key, FieldType type, void* value, const char* doc) {
-      table->fields_.push_back(FieldRef{current, key, doc, type, value});
+    void add(const char* key, FieldType type, void* value, const char* doc, KeySupport s) {
+      table->fields_.push_back(FieldRef{current, key, doc, type, value, s});
     }
   };
 
@@ -104,7 +117,7 @@ class FieldTable {
   std::vector<FieldRef> fields_;
 };
 
-// "<bool>", "<int>", "<float>", "<str>", "<list>": the type as --help shows it.
+// "<bool>", "<int>", "<float>", "<str>", "<list>", "<lists>": the type as --help shows it.
 std::string type_label(FieldType type);
 // "an integer", "a number", ...: what a value of `type` must look like, for error messages.
 std::string expected_phrase(FieldType type);
@@ -123,7 +136,8 @@ std::string format_toml_value(const FieldRef& field);
 std::string format_help_value(const FieldRef& field);
 
 // Parses command-line `text` as the field's type and stores it. Bools take true/false/1/0 (any
-// case), lists are comma-separated (items trimmed, empty items dropped). Throws ConfigError
+// case), lists are comma-separated (items trimmed, empty items dropped), lists of lists are
+// ';'-separated lists. Throws ConfigError
 // "config key 'a.b' expects an integer, got 'ten' (<origin>)".
 void set_from_text(const FieldRef& field, const std::string& text, const std::string& origin);
 // Whether `text` is one of the boolean spellings set_from_text accepts.
@@ -132,7 +146,8 @@ bool is_bool_text(const std::string& text);
 // Every section and key as `[section]` + `key = value` lines, in table order.
 std::string render_toml(const FieldTable& table);
 // The --help text for `titan <command>`: usage line, then each section with one aligned line per
-// key: `  --section.key <type>  (default: X)  description`.
+// key: `  --section.key <type>  (default: X)  description`, the description ending with
+// "[not supported yet: ...]" for keys whose feature is not built (key_support.h).
 std::string render_help(const FieldTable& table, const std::string& command);
 
 }  // namespace titan::detail

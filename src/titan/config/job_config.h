@@ -4,7 +4,15 @@
 // the default is the member initializer. Parsing (TOML + command line), `--help`,
 // `--job.print_config` and validation are all driven by these visit functions, so adding a key is
 // one member plus one `v(...)` line. Cross-field checks live in validate_job_config().
+//
+// Every key of TorchTitan v0.2.2's job config is here, so its TOML files load unchanged. Keys of
+// features not built yet carry a KeySupport marker (key_support.h): kNotYet keys must keep their
+// default, used_with(...) keys are settings of such a feature. "int | None" and "str | None" keys
+// of TorchTitan use -1 and "" for None. Sub-sections ([training.dataloader],
+// [quantize.linear.float8]) are sections with a dotted name.
 #pragma once
+
+#include "titan/config/key_support.h"
 
 #include <cstdint>
 #include <string>
@@ -18,6 +26,8 @@ struct JobSection {
   std::string dump_folder = "./outputs";
   std::string description = "default job";
   bool print_config = false;
+  std::string save_config_file = "";
+  std::string custom_config_module = "";
 
   template <class V>
   void visit(V& v) {
@@ -25,21 +35,64 @@ struct JobSection {
     v("dump_folder", dump_folder, "Folder for metrics, logs and other outputs");
     v("description", description, "Description of the job");
     v("print_config", print_config, "Print the final config (after TOML and overrides) at start");
+    v("save_config_file", save_config_file,
+      "Write the final config as TOML to this file, relative to dump_folder (rank 0); \"\" "
+      "writes none");
+    v("custom_config_module", custom_config_module,
+      "Python module extending the job config (TorchTitan)", kNotYet);
+  }
+};
+
+struct ProfilingSection {
+  static constexpr const char* kName = "profiling";
+  bool enable_profiling = false;
+  std::string save_traces_folder = "profile_traces";
+  int64_t profile_freq = 10;
+  int64_t profiler_active = 1;
+  int64_t profiler_warmup = 3;
+  bool enable_memory_snapshot = false;
+  std::string save_memory_snapshot_folder = "memory_snapshot";
+
+  template <class V>
+  void visit(V& v) {
+    v("enable_profiling", enable_profiling, "Record profiler traces", kNotYet);
+    v("save_traces_folder", save_traces_folder, "Folder for profiler traces, under dump_folder",
+      used_with("profiling.enable_profiling"));
+    v("profile_freq", profile_freq, "Profile one cycle every N steps",
+      used_with("profiling.enable_profiling"));
+    v("profiler_active", profiler_active, "Steps recorded per profiling cycle",
+      used_with("profiling.enable_profiling"));
+    v("profiler_warmup", profiler_warmup, "Warmup steps before the recorded ones in each cycle",
+      used_with("profiling.enable_profiling"));
+    v("enable_memory_snapshot", enable_memory_snapshot, "Dump allocator memory snapshots",
+      kNotYet);
+    v("save_memory_snapshot_folder", save_memory_snapshot_folder,
+      "Folder for memory snapshots, under dump_folder",
+      used_with("profiling.enable_memory_snapshot"));
   }
 };
 
 struct MetricsSection {
   static constexpr const char* kName = "metrics";
   int64_t log_freq = 10;
+  bool enable_tensorboard = false;
   bool disable_color_printing = false;
+  std::string save_tb_folder = "tb";
   bool save_for_all_ranks = false;
+  bool enable_wandb = false;
   double peak_flops = 0.0;
 
   template <class V>
   void visit(V& v) {
     v("log_freq", log_freq, "Log metrics every N steps (>= 1)");
+    v("enable_tensorboard", enable_tensorboard, "Log metrics to TensorBoard", kNotYet);
     v("disable_color_printing", disable_color_printing, "Disable ANSI colors in the metrics line");
-    v("save_for_all_ranks", save_for_all_ranks, "Write metrics.jsonl on every rank, not only rank 0");
+    v("save_tb_folder", save_tb_folder, "TensorBoard folder, under dump_folder",
+      used_with("metrics.enable_tensorboard"));
+    v("save_for_all_ranks", save_for_all_ranks,
+      "Every rank writes its own metrics file, metrics_rank_<rank>.jsonl; otherwise rank 0 "
+      "writes metrics.jsonl");
+    v("enable_wandb", enable_wandb, "Log metrics to Weights & Biases", kNotYet);
     v("peak_flops", peak_flops,
       "Peak FLOP/s per rank used for MFU; 0 measures it with a short GEMM probe at start");
   }
@@ -50,6 +103,9 @@ struct ModelSection {
   std::string name = "llama3";
   std::string flavor = "debugmodel";
   std::string hf_assets_path = "";
+  std::string tokenizer_path = "";
+  std::vector<std::string> converters = {};
+  bool print_after_conversion = false;
 
   template <class V>
   void visit(V& v) {
@@ -57,6 +113,11 @@ struct ModelSection {
     v("flavor", flavor, "Model flavor (size) registered by the model, e.g. debugmodel, 8B");
     v("hf_assets_path", hf_assets_path,
       "Folder with tokenizer files; empty uses the built-in byte-level tokenizer");
+    v("tokenizer_path", tokenizer_path,
+      "Deprecated name of hf_assets_path: when set, it replaces hf_assets_path (with a warning)");
+    v("converters", converters, "Model converters to apply, e.g. float8", kNotYet);
+    v("print_after_conversion", print_after_conversion,
+      "Print the model after the converters ran", used_with("model.converters"));
   }
 };
 
@@ -69,6 +130,7 @@ struct OptimizerSection {
   double eps = 1e-8;
   double weight_decay = 0.1;
   std::string implementation = "fused";
+  bool early_step_in_backward = false;
 
   template <class V>
   void visit(V& v) {
@@ -79,12 +141,15 @@ struct OptimizerSection {
     v("eps", eps, "Adam epsilon (> 0)");
     v("weight_decay", weight_decay, "Decoupled weight decay (>= 0)");
     v("implementation", implementation, "Update kernel: fused, foreach or for-loop (same math)");
+    v("early_step_in_backward", early_step_in_backward,
+      "Step each parameter as soon as its gradient is ready, during backward", kNotYet);
   }
 };
 
 struct LRSchedulerSection {
   static constexpr const char* kName = "lr_scheduler";
   int64_t warmup_steps = 200;
+  int64_t total_steps = -1;   // -1: unset (training.steps)
   double decay_ratio = -1.0;  // < 0: unset (decay over all steps after warmup)
   std::string decay_type = "linear";
   double min_lr_factor = 0.0;
@@ -92,11 +157,31 @@ struct LRSchedulerSection {
   template <class V>
   void visit(V& v) {
     v("warmup_steps", warmup_steps, "Steps of linear warmup from ~0 to optimizer.lr (>= 0)");
+    v("total_steps", total_steps,
+      "Length of the schedule in steps (>= 1); unset (-1) uses training.steps. A run shorter "
+      "than the schedule stops part-way along it; a longer one goes on at min_lr_factor * lr");
     v("decay_ratio", decay_ratio,
       "Fraction of steps spent decaying at the end (warmup-stable-decay); unset (-1) decays "
       "right after warmup");
     v("decay_type", decay_type, "Decay shape: linear, sqrt or cosine");
     v("min_lr_factor", min_lr_factor, "Final lr as a fraction of optimizer.lr, in [0, 1]");
+  }
+};
+
+// [training.dataloader] and [validation.dataloader]: TorchTitan's PyTorch DataLoader settings.
+struct DataLoaderSection {
+  int64_t num_workers = 0;
+  bool persistent_workers = false;
+  bool pin_memory = false;
+  int64_t prefetch_factor = -1;  // -1: unset
+
+  template <class V>
+  void visit(V& v) {
+    v("num_workers", num_workers, "Worker processes loading data", kNotYet);
+    v("persistent_workers", persistent_workers, "Keep workers alive between epochs", kNotYet);
+    v("pin_memory", pin_memory, "Copy batches to pinned memory", kNotYet);
+    v("prefetch_factor", prefetch_factor, "Batches loaded ahead by each worker; -1 unset",
+      kNotYet);
   }
 };
 
@@ -111,9 +196,14 @@ struct TrainingSection {
   int64_t seq_len = 2048;
   double max_norm = 1.0;
   int64_t steps = 10000;
+  bool enable_cpu_offload = false;
+  std::string dtype = "float32";
   std::string mixed_precision_param = "bfloat16";
   std::string mixed_precision_reduce = "float32";
+  int64_t gc_freq = 50;
+  bool gc_debug = false;
   int64_t num_threads = 0;
+  DataLoaderSection dataloader;  // [training.dataloader]
 
   template <class V>
   void visit(V& v) {
@@ -133,10 +223,20 @@ struct TrainingSection {
     v("seq_len", seq_len, "Tokens per sequence (>= 1)");
     v("max_norm", max_norm, "Clip gradients to this global L2 norm; <= 0 disables clipping");
     v("steps", steps, "Optimizer steps to train (>= 1)");
+    v("enable_cpu_offload", enable_cpu_offload,
+      "Keep FSDP parameters, gradients and optimizer states in host memory", kNotYet);
+    v("dtype", dtype,
+      "Training dtype: float32, or bfloat16 for full bf16 training (parameters, gradients and "
+      "optimizer states in bf16, no float32 copy; RoPE and logits stay float32). bfloat16 is "
+      "single-process only for now");
     v("mixed_precision_param", mixed_precision_param,
       "Compute dtype of matmuls: bfloat16 or float32 (master weights stay float32)");
     v("mixed_precision_reduce", mixed_precision_reduce,
       "Dtype of gradient reductions across ranks: float32");
+    v("gc_freq", gc_freq,
+      "Python garbage-collection interval in TorchTitan (>= 1); C++ frees memory as soon as it "
+      "is unused, so every value behaves like collecting at every step");
+    v("gc_debug", gc_debug, "Collect garbage at every step to find reference cycles", kNotYet);
     v("num_threads", num_threads,
       "CPU threads per rank for ATen and BLAS; 0 = cores / local ranks. At most 1024 (a "
       "ConfigError above); more than the cores is allowed with a warning");
@@ -153,6 +253,19 @@ struct ParallelismSection {
   int64_t expert_parallel_degree = 1;
   std::string fsdp_reshard_after_forward = "default";
   bool disable_loss_parallel = false;
+  bool enable_async_tensor_parallel = false;
+  std::vector<std::vector<std::string>> module_fqns_per_model_part = {};
+  int64_t pipeline_parallel_first_stage_less_layers = 1;
+  int64_t pipeline_parallel_last_stage_less_layers = 1;
+  int64_t pipeline_parallel_layers_per_stage = -1;  // -1: unset
+  std::string pipeline_parallel_schedule = "1F1B";
+  std::string pipeline_parallel_schedule_csv = "";
+  int64_t pipeline_parallel_microbatch_size = 1;
+  bool pipeline_parallel_expert_parallel_overlap = true;
+  std::string context_parallel_load_balancer = "headtail";
+  std::string context_parallel_rotate_method = "allgather";
+  int64_t expert_tensor_parallel_degree = 1;
+  std::string expert_parallel_comm_backend = "standard";
 
   template <class V>
   void visit(V& v) {
@@ -169,6 +282,39 @@ struct ParallelismSection {
     v("disable_loss_parallel", disable_loss_parallel,
       "With tensor parallelism, all-gather the vocabulary-sharded logits before the loss instead "
       "of computing the cross-entropy on the shards");
+    v("enable_async_tensor_parallel", enable_async_tensor_parallel,
+      "Overlap tensor-parallel communication with compute (needs compile)", kNotYet);
+    constexpr const char* kPipeline = "parallelism.pipeline_parallel_degree";
+    v("module_fqns_per_model_part", module_fqns_per_model_part,
+      "Modules of each pipeline model part, e.g. [[\"tok_embeddings\", \"layers.0\"], "
+      "[\"layers.1\", \"norm\", \"output\"]]; on the command line a;b parts with a,b modules",
+      used_with(kPipeline));
+    v("pipeline_parallel_first_stage_less_layers", pipeline_parallel_first_stage_less_layers,
+      "Layers fewer in the first pipeline stage (it holds the embedding)", used_with(kPipeline));
+    v("pipeline_parallel_last_stage_less_layers", pipeline_parallel_last_stage_less_layers,
+      "Layers fewer in the last pipeline stage (it holds the output)", used_with(kPipeline));
+    v("pipeline_parallel_layers_per_stage", pipeline_parallel_layers_per_stage,
+      "Layers per (virtual) pipeline stage; -1 infers it", used_with(kPipeline));
+    v("pipeline_parallel_schedule", pipeline_parallel_schedule,
+      "Pipeline schedule: 1F1B, GPipe, Interleaved1F1B, LoopedBFS, InterleavedZeroBubble, "
+      "ZBVZeroBubble, DualPipeV", used_with(kPipeline));
+    v("pipeline_parallel_schedule_csv", pipeline_parallel_schedule_csv,
+      "CSV file with a custom pipeline schedule", used_with(kPipeline));
+    v("pipeline_parallel_microbatch_size", pipeline_parallel_microbatch_size,
+      "Sequences per pipeline microbatch", used_with(kPipeline));
+    v("pipeline_parallel_expert_parallel_overlap", pipeline_parallel_expert_parallel_overlap,
+      "Overlap expert- and pipeline-parallel communication (DualPipeV)", used_with(kPipeline));
+    constexpr const char* kContext = "parallelism.context_parallel_degree";
+    v("context_parallel_load_balancer", context_parallel_load_balancer,
+      "Context-parallel load balancer: headtail or ptrr", used_with(kContext));
+    v("context_parallel_rotate_method", context_parallel_rotate_method,
+      "Context-parallel exchange of key/value shards: allgather or alltoall", used_with(kContext));
+    constexpr const char* kExpert = "parallelism.expert_parallel_degree";
+    v("expert_tensor_parallel_degree", expert_tensor_parallel_degree,
+      "Tensor-parallel degree of routed experts (1 or tensor_parallel_degree)",
+      used_with(kExpert));
+    v("expert_parallel_comm_backend", expert_parallel_comm_backend,
+      "Expert-parallel all-to-all: standard or deepep", used_with(kExpert));
   }
 };
 
@@ -178,6 +324,8 @@ struct CommSection {
   int64_t train_timeout_seconds = 100;
   int64_t trace_buf_size = 20000;
   std::string save_traces_folder = "comm_traces";
+  std::string save_traces_file_prefix = "rank_";
+  std::string mode = "default";
 
   template <class V>
   void visit(V& v) {
@@ -185,9 +333,15 @@ struct CommSection {
       "Timeout for rendezvous and the first collectives, in seconds");
     v("train_timeout_seconds", train_timeout_seconds,
       "Timeout for every collective after the first training step, in seconds");
-    v("trace_buf_size", trace_buf_size, "Collectives kept by the flight recorder (0 disables it)");
+    v("trace_buf_size", trace_buf_size, "Collectives kept by the flight recorder (0 disables it)",
+      kNotYet);
     v("save_traces_folder", save_traces_folder,
-      "Folder (under job.dump_folder) for flight-recorder dumps");
+      "Folder (under job.dump_folder) for flight-recorder dumps", kNotYet);
+    v("save_traces_file_prefix", save_traces_file_prefix, "File-name prefix of flight-recorder dumps",
+      kNotYet);
+    v("mode", mode,
+      "Communication mode: default, fake_backend (dry run) or local_tensor (simulated ranks)",
+      kNotYet);
   }
 };
 
@@ -201,6 +355,7 @@ struct ValidationSection {
   int64_t seq_len = 2048;
   int64_t freq = 10;
   int64_t steps = -1;
+  DataLoaderSection dataloader;  // [validation.dataloader]
 
   template <class V>
   void visit(V& v) {
@@ -230,10 +385,13 @@ struct CheckpointSection {
   std::string initial_load_path = "";
   bool initial_load_model_only = true;
   bool initial_load_in_hf = false;
+  bool initial_load_in_hf_quantized = false;
   bool last_save_in_hf = false;
   bool create_seed_checkpoint = false;
   bool enable_first_step_checkpoint = false;
   std::string async_mode = "disabled";
+  bool load_only = false;
+  bool enable_ft_dataloader_checkpoints = true;
 
   template <class V>
   void visit(V& v) {
@@ -252,6 +410,8 @@ struct CheckpointSection {
     v("initial_load_model_only", initial_load_model_only,
       "Load only the model weights from initial_load_path");
     v("initial_load_in_hf", initial_load_in_hf, "initial_load_path is a Hugging Face model folder");
+    v("initial_load_in_hf_quantized", initial_load_in_hf_quantized,
+      "The Hugging Face weights at initial_load_path are quantized", kNotYet);
     v("last_save_in_hf", last_save_in_hf,
       "Also write the final model as a Hugging Face folder (step-N-hf); needs last_save_model_only");
     v("create_seed_checkpoint", create_seed_checkpoint,
@@ -261,6 +421,10 @@ struct CheckpointSection {
     v("async_mode", async_mode,
       "disabled: save in the training loop; async (or async_with_pinned_mem): snapshot the "
       "state, write it on a background thread while training goes on");
+    v("load_only", load_only,
+      "Load checkpoints (resume, initial_load_path) but never save one; needs enable");
+    v("enable_ft_dataloader_checkpoints", enable_ft_dataloader_checkpoints,
+      "Checkpoint the data loader of fault-tolerant replicas", used_with("fault_tolerance.enable"));
   }
 };
 
@@ -299,46 +463,214 @@ struct ActivationCheckpointSection {
   }
 };
 
+struct CompileSection {
+  static constexpr const char* kName = "compile";
+  bool enable = false;
+  std::vector<std::string> components = {"model", "loss"};
+  std::string backend = "inductor";
+
+  template <class V>
+  void visit(V& v) {
+    v("enable", enable, "Compile the model and loss with torch.compile", kNotYet);
+    v("components", components, "What to compile: model, loss", used_with("compile.enable"));
+    v("backend", backend, "torch.compile backend", used_with("compile.enable"));
+  }
+};
+
+// [quantize.linear.float8], [quantize.linear.mx], [quantize.grouped_mm.float8] and
+// [quantize.grouped_mm.mx]: read by the model converters (model.converters).
+struct Float8LinearSection {
+  static constexpr const char* kName = "quantize.linear.float8";
+  bool enable_fsdp_float8_all_gather = false;
+  bool precompute_float8_dynamic_scale_for_fsdp = false;
+  std::string recipe_name = "";  // "": unset
+  std::vector<std::string> filter_fqns = {};
+  bool emulate = false;
+
+  template <class V>
+  void visit(V& v) {
+    constexpr const char* kConverters = "model.converters";
+    v("enable_fsdp_float8_all_gather", enable_fsdp_float8_all_gather,
+      "All-gather FSDP parameters in float8", used_with(kConverters));
+    v("precompute_float8_dynamic_scale_for_fsdp", precompute_float8_dynamic_scale_for_fsdp,
+      "Precompute float8 scales for FSDP", used_with(kConverters));
+    v("recipe_name", recipe_name, "Float8 recipe: tensorwise, rowwise, rowwise_with_gw_hp",
+      used_with(kConverters));
+    v("filter_fqns", filter_fqns, "Linear modules left in high precision",
+      used_with(kConverters));
+    v("emulate", emulate, "Emulate float8 matmuls", used_with(kConverters));
+  }
+};
+
+struct MXLinearSection {
+  static constexpr const char* kName = "quantize.linear.mx";
+  std::string mxfp8_dim1_cast_kernel_choice = "triton";
+  std::string recipe_name = "mxfp8_cublas";
+  std::vector<std::string> filter_fqns = {"output"};
+
+  template <class V>
+  void visit(V& v) {
+    constexpr const char* kConverters = "model.converters";
+    v("mxfp8_dim1_cast_kernel_choice", mxfp8_dim1_cast_kernel_choice,
+      "MXFP8 cast kernel: triton, cuda or torch", used_with(kConverters));
+    v("recipe_name", recipe_name, "MX recipe", used_with(kConverters));
+    v("filter_fqns", filter_fqns, "Linear modules left in high precision",
+      used_with(kConverters));
+  }
+};
+
+struct Float8GroupedMMSection {
+  static constexpr const char* kName = "quantize.grouped_mm.float8";
+  std::vector<std::string> fqns = {};
+
+  template <class V>
+  void visit(V& v) {
+    v("fqns", fqns, "MoE modules whose grouped GEMMs run in float8",
+      used_with("model.converters"));
+  }
+};
+
+struct MXGroupedMMSection {
+  static constexpr const char* kName = "quantize.grouped_mm.mx";
+  std::string recipe_name = "mxfp8";
+  std::vector<std::string> fqns = {};
+
+  template <class V>
+  void visit(V& v) {
+    v("recipe_name", recipe_name, "MX recipe for grouped GEMMs: mxfp8",
+      used_with("model.converters"));
+    v("fqns", fqns, "MoE modules whose grouped GEMMs run in MXFP8", used_with("model.converters"));
+  }
+};
+
+struct QuantizeSection {
+  struct Linear {
+    Float8LinearSection float8;
+    MXLinearSection mx;
+  } linear;
+  struct GroupedMM {
+    Float8GroupedMMSection float8;
+    MXGroupedMMSection mx;
+  } grouped_mm;
+};
+
+struct MemoryEstimationSection {
+  static constexpr const char* kName = "memory_estimation";
+  bool enable = false;
+  bool disable_fake_mode = false;
+
+  template <class V>
+  void visit(V& v) {
+    v("enable", enable, "Estimate FSDP memory before training", kNotYet);
+    v("disable_fake_mode", disable_fake_mode, "Estimate with real tensors",
+      used_with("memory_estimation.enable"));
+  }
+};
+
+struct FaultToleranceSection {
+  static constexpr const char* kName = "fault_tolerance";
+  bool enable = false;
+  std::string process_group = "gloo";
+  int64_t process_group_timeout_ms = 10000;
+  int64_t replica_id = 0;
+  int64_t group_size = 0;
+  int64_t min_replica_size = 1;
+  std::string semi_sync_method = "";  // "": unset
+
+  template <class V>
+  void visit(V& v) {
+    constexpr const char* kFt = "fault_tolerance.enable";
+    v("enable", enable, "Fault-tolerant replicas (TorchFT)", kNotYet);
+    v("process_group", process_group, "Process group of the replicas: gloo or nccl",
+      used_with(kFt));
+    v("process_group_timeout_ms", process_group_timeout_ms, "Replica operation timeout, in ms",
+      used_with(kFt));
+    v("replica_id", replica_id, "This run's replica id", used_with(kFt));
+    v("group_size", group_size, "Number of replica groups", used_with(kFt));
+    v("min_replica_size", min_replica_size, "Replicas needed for a step", used_with(kFt));
+    v("semi_sync_method", semi_sync_method, "Semi-synchronous training: local_sgd or diloco",
+      used_with(kFt));
+  }
+};
+
+struct ExperimentalSection {
+  static constexpr const char* kName = "experimental";
+  std::string custom_import = "";
+  std::string custom_args_module = "";
+
+  template <class V>
+  void visit(V& v) {
+    v("custom_import", custom_import, "Python module to import (TorchTitan)", kNotYet);
+    v("custom_args_module", custom_args_module,
+      "Deprecated name of job.custom_config_module (TorchTitan)", kNotYet);
+  }
+};
+
 struct DebugSection {
   static constexpr const char* kName = "debug";
   int64_t seed = -1;
   bool deterministic = false;
+  bool deterministic_warn_only = false;
+  bool moe_force_load_balance = false;
 
   template <class V>
   void visit(V& v) {
     v("seed", seed, "Random seed for init and data; -1 picks one from the clock (printed)");
     v("deterministic", deterministic, "Use deterministic algorithms only");
+    v("deterministic_warn_only", deterministic_warn_only,
+      "With deterministic: warn about ops without a deterministic implementation instead of "
+      "failing");
+    v("moe_force_load_balance", moe_force_load_balance,
+      "Route tokens to experts round-robin (MoE debugging)", kNotYet);
   }
 };
 
 struct JobConfig {
   JobSection job;
+  ProfilingSection profiling;
   MetricsSection metrics;
   ModelSection model;
   OptimizerSection optimizer;
   LRSchedulerSection lr_scheduler;
   TrainingSection training;
   ParallelismSection parallelism;
-  ValidationSection validation;
   CheckpointSection checkpoint;
   ActivationCheckpointSection activation_checkpoint;
+  CompileSection compile;
+  QuantizeSection quantize;
   CommSection comm;
+  MemoryEstimationSection memory_estimation;
+  FaultToleranceSection fault_tolerance;
+  ExperimentalSection experimental;
+  ValidationSection validation;
   DebugSection debug;
 
-  // Calls v.section(name, section) for each section, in the order `--help` shows them.
+  // Calls v.section(name, section) for each section, in TorchTitan's order (which `--help` and
+  // --job.print_config show).
   template <class V>
   void visit_sections(V& v) {
     v.section(JobSection::kName, job);
+    v.section(ProfilingSection::kName, profiling);
     v.section(MetricsSection::kName, metrics);
     v.section(ModelSection::kName, model);
     v.section(OptimizerSection::kName, optimizer);
     v.section(LRSchedulerSection::kName, lr_scheduler);
     v.section(TrainingSection::kName, training);
+    v.section("training.dataloader", training.dataloader);
     v.section(ParallelismSection::kName, parallelism);
-    v.section(ValidationSection::kName, validation);
     v.section(CheckpointSection::kName, checkpoint);
     v.section(ActivationCheckpointSection::kName, activation_checkpoint);
+    v.section(CompileSection::kName, compile);
+    v.section(Float8LinearSection::kName, quantize.linear.float8);
+    v.section(MXLinearSection::kName, quantize.linear.mx);
+    v.section(Float8GroupedMMSection::kName, quantize.grouped_mm.float8);
+    v.section(MXGroupedMMSection::kName, quantize.grouped_mm.mx);
     v.section(CommSection::kName, comm);
+    v.section(MemoryEstimationSection::kName, memory_estimation);
+    v.section(FaultToleranceSection::kName, fault_tolerance);
+    v.section(ExperimentalSection::kName, experimental);
+    v.section(ValidationSection::kName, validation);
+    v.section("validation.dataloader", validation.dataloader);
     v.section(DebugSection::kName, debug);
   }
 };

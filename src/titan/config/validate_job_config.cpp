@@ -63,9 +63,29 @@ void check_one_of(
     if (value == option) {
       return;
     }
-    listed += (listed.empty() ? "" : ", ") + std::string(option);
+    listed += (listed.empty() ? "" : ", ") + std::string(*option ? option : "\"\" (unset)");
   }
   fail(std::string(name) + " must be one of " + listed + "; got '" + value + "'");
+}
+
+// checkpoint.load_only loads but never saves: a setting that asks for a save contradicts it.
+void validate_load_only(const CheckpointSection& c) {
+  if (!c.load_only) return;
+  if (!c.enable) {
+    fail("checkpoint.load_only needs checkpoint.enable = true (without it nothing is loaded). "
+         "HINT: add --checkpoint.enable, or drop checkpoint.load_only");
+  }
+  const std::pair<const char*, bool> saves[] = {
+      {"checkpoint.create_seed_checkpoint", c.create_seed_checkpoint},
+      {"checkpoint.enable_first_step_checkpoint", c.enable_first_step_checkpoint},
+      {"checkpoint.last_save_in_hf", c.last_save_in_hf},
+  };
+  for (const auto& [name, on] : saves) {
+    if (on) {
+      fail(std::string(name) + " asks for a save, but checkpoint.load_only never saves. HINT: "
+           "drop one of the two");
+    }
+  }
 }
 
 // inf and nan read as floats (TOML, strtod) but are never a meaningful setting (lr inf trains
@@ -84,6 +104,27 @@ void validate_finite(const JobConfig& c) {
   }
 }
 
+// TorchTitan keys whose feature is not built yet (kNotYet in job_config.h) keep their defaults;
+// one table-driven check covers them all, so no value is silently ignored.
+void validate_not_yet_supported(const JobConfig& c) {
+  JobConfig copy = c;
+  JobConfig defaults;
+  const detail::FieldTable table = detail::FieldTable::of(copy);
+  const detail::FieldTable default_table = detail::FieldTable::of(defaults);
+  for (size_t i = 0; i < table.fields().size(); ++i) {
+    const detail::FieldRef& field = table.fields()[i];
+    if (field.support.kind != KeySupport::kNotYet) continue;
+    const std::string value = detail::format_toml_value(field);
+    const std::string default_value = detail::format_toml_value(default_table.fields()[i]);
+    if (value != default_value) {
+      fail("config key '" + field.name() + "' = " + value + " is not supported yet (" +
+           field.description + "); titan.cpp accepts only its default, " + default_value +
+           ". HINT: remove '" + field.name() + "' from the TOML file and the command line, or set "
+           "it to " + default_value);
+    }
+  }
+}
+
 void validate_ranges(const JobConfig& c) {
   if (c.job.dump_folder.empty()) {
     fail("job.dump_folder is empty; it must name the folder for metrics, checkpoints and other "
@@ -94,7 +135,6 @@ void validate_ranges(const JobConfig& c) {
 
   check_at_least("comm.init_timeout_seconds", c.comm.init_timeout_seconds, 1);
   check_at_least("comm.train_timeout_seconds", c.comm.train_timeout_seconds, 1);
-  check_at_least("comm.trace_buf_size", c.comm.trace_buf_size, 0);
   check_one_of("parallelism.fsdp_reshard_after_forward", c.parallelism.fsdp_reshard_after_forward,
                {"default", "always", "never"});
   check_at_least("checkpoint.interval", c.checkpoint.interval, 1);
@@ -117,6 +157,12 @@ void validate_ranges(const JobConfig& c) {
   if (c.checkpoint.initial_load_in_hf && c.checkpoint.initial_load_path.empty()) {
     fail("checkpoint.initial_load_in_hf is set but checkpoint.initial_load_path is empty");
   }
+  validate_load_only(c.checkpoint);
+  if (c.debug.deterministic_warn_only && !c.debug.deterministic) {
+    fail("debug.deterministic_warn_only needs debug.deterministic = true (it changes how "
+         "deterministic mode treats ops without a deterministic implementation). HINT: add "
+         "--debug.deterministic, or drop debug.deterministic_warn_only");
+  }
 
   check_one_of("optimizer.name", c.optimizer.name, {"AdamW", "Adam"});
   check_positive("optimizer.lr", c.optimizer.lr);
@@ -128,6 +174,8 @@ void validate_ranges(const JobConfig& c) {
                {"fused", "foreach", "for-loop"});
 
   check_at_least("lr_scheduler.warmup_steps", c.lr_scheduler.warmup_steps, 0);
+  check_minus_one_or_positive("lr_scheduler.total_steps", c.lr_scheduler.total_steps,
+                              "unset: training.steps");
   double decay_ratio = c.lr_scheduler.decay_ratio;
   if (decay_ratio != -1.0 && !(decay_ratio >= 0 && decay_ratio <= 1)) {
     fail("lr_scheduler.decay_ratio must be -1 (unset: decay right after warmup) or in [0, 1], "
@@ -140,8 +188,10 @@ void validate_ranges(const JobConfig& c) {
   check_at_least("training.local_batch_size", c.training.local_batch_size, 1);
   check_at_least("training.seq_len", c.training.seq_len, 1);
   check_at_least("training.steps", c.training.steps, 1);
+  check_one_of("training.dtype", c.training.dtype, {"float32", "bfloat16"});
   check_one_of("training.mixed_precision_param", c.training.mixed_precision_param,
                {"bfloat16", "float32"});
+  check_at_least("training.gc_freq", c.training.gc_freq, 1);
   check_one_of("training.mixed_precision_reduce", c.training.mixed_precision_reduce, {"float32"});
   check_at_least("training.num_threads", c.training.num_threads, 0);
   if (c.training.num_threads > kMaxNumThreads) {
@@ -158,6 +208,16 @@ void validate_ranges(const JobConfig& c) {
   check_at_least("parallelism.pipeline_parallel_degree", p.pipeline_parallel_degree, 1);
   check_at_least("parallelism.context_parallel_degree", p.context_parallel_degree, 1);
   check_at_least("parallelism.expert_parallel_degree", p.expert_parallel_degree, 1);
+  check_one_of("parallelism.context_parallel_rotate_method", p.context_parallel_rotate_method,
+               {"allgather", "alltoall"});
+  check_one_of("parallelism.expert_parallel_comm_backend", p.expert_parallel_comm_backend,
+               {"standard", "deepep"});
+  check_one_of("quantize.linear.float8.recipe_name", c.quantize.linear.float8.recipe_name,
+               {"", "tensorwise", "rowwise", "rowwise_with_gw_hp"});
+  check_one_of("quantize.linear.mx.mxfp8_dim1_cast_kernel_choice",
+               c.quantize.linear.mx.mxfp8_dim1_cast_kernel_choice, {"triton", "cuda", "torch"});
+  check_one_of("quantize.grouped_mm.mx.recipe_name", c.quantize.grouped_mm.mx.recipe_name,
+               {"mxfp8"});
 
   check_at_least("validation.local_batch_size", c.validation.local_batch_size, 1);
   check_at_least("validation.seq_len", c.validation.seq_len, 1);
@@ -225,6 +285,7 @@ void validate_batch_sizes(const TrainingSection& t, const ParallelismSection& p)
 
 void validate_job_config(const JobConfig& config) {
   validate_finite(config);
+  validate_not_yet_supported(config);
   validate_ranges(config);
   validate_activation_checkpoint(config.activation_checkpoint);
   validate_batch_sizes(config.training, config.parallelism);

@@ -75,5 +75,29 @@ TEST(LRScheduler, DecayThatOverlapsWarmupIsShrunk) {
   EXPECT_DOUBLE_EQ(s.lr_at(21), 1.0 - 1.0 / 11.0);
 }
 
+TEST(LRScheduler, TotalStepsSetsTheScheduleLength) {
+  // A 5-step run of a 10-step schedule follows the first half of the 10-step curve.
+  LRSchedulerSection config = section(2, -1, "linear", 0.0);
+  config.total_steps = 10;
+  LRScheduler own(config, 1.0, /*training_steps=*/5);
+  LRScheduler full(section(2, -1, "linear", 0.0), 1.0, /*training_steps=*/10);
+  EXPECT_EQ(own.decay_steps(), 8);
+  for (int64_t step = 1; step <= 5; ++step) EXPECT_DOUBLE_EQ(own.lr_at(step), full.lr_at(step));
+  EXPECT_GT(own.lr_at(5), 0.5);  // still high: the decay is not squeezed into 5 steps
+
+  // A run longer than the schedule goes on at min_lr_factor * lr after it.
+  config.total_steps = 4;
+  config.min_lr_factor = 0.1;
+  LRScheduler short_schedule(config, 1.0, /*training_steps=*/8);
+  EXPECT_EQ(short_schedule.decay_steps(), 2);
+  EXPECT_GT(short_schedule.lr_at(4), 0.1);
+  EXPECT_DOUBLE_EQ(short_schedule.lr_at(5), 0.1);
+  EXPECT_DOUBLE_EQ(short_schedule.lr_at(8), 0.1);
+
+  // Unset (-1): the run's length.
+  config.total_steps = -1;
+  EXPECT_EQ(LRScheduler(config, 1.0, 7).decay_steps(), 5);
+}
+
 }  // namespace
 }  // namespace titan

@@ -95,10 +95,10 @@ TEST(ConfigParse, BothCommandLineForms) {
 TEST(ConfigParse, ValuesMayContainEqualsAndBeEmpty) {
   JobConfig config =
       parse_job_config({"--job.description=a=b", "--model.hf_assets_path=",
-                        "--comm.save_traces_folder", ""});
+                        "--validation.dataset_path", ""});
   EXPECT_EQ(config.job.description, "a=b");
   EXPECT_EQ(config.model.hf_assets_path, "");
-  EXPECT_EQ(config.comm.save_traces_folder, "");
+  EXPECT_EQ(config.validation.dataset_path, "");
 }
 
 TEST(ConfigParse, RepeatedKeyLastWins) {

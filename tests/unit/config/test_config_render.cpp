@@ -29,7 +29,7 @@ struct NameLister {
     section.visit(*this);
   }
   template <class T>
-  void operator()(const char* key, T& value, const char* doc) {
+  void operator()(const char* key, T& value, const char* doc, KeySupport = kSupported) {
     keys.push_back(current + "." + key);
   }
 };
@@ -44,26 +44,38 @@ struct ValueLister {
     current = name;
     section.visit(*this);
   }
-  void operator()(const char* key, bool& v, const char*) {
+  void operator()(const char* key, bool& v, const char*, KeySupport = kSupported) {
     add(key, v ? "true" : "false");
   }
-  void operator()(const char* key, int64_t& v, const char*) {
+  void operator()(const char* key, int64_t& v, const char*, KeySupport = kSupported) {
     add(key, std::to_string(v));
   }
-  void operator()(const char* key, double& v, const char*) {
+  void operator()(const char* key, double& v, const char*, KeySupport = kSupported) {
     char buf[64];
     std::snprintf(buf, sizeof(buf), "%a", v);
     add(key, buf);
   }
-  void operator()(const char* key, std::string& v, const char*) {
+  void operator()(const char* key, std::string& v, const char*, KeySupport = kSupported) {
     add(key, "'" + v + "'");
   }
-  void operator()(const char* key, std::vector<std::string>& v, const char*) {
+  void operator()(const char* key, std::vector<std::string>& v, const char*,
+                  KeySupport = kSupported) {
+    add(key, quoted(v));
+  }
+  void operator()(const char* key, std::vector<std::vector<std::string>>& v, const char*,
+                  KeySupport = kSupported) {
     std::string joined;
-    for (const std::string& item : v) {
-      joined += "'" + item + "' ";
+    for (const auto& items : v) {
+      joined.append("[").append(quoted(items)).append("] ");
     }
     add(key, joined);
+  }
+  static std::string quoted(const std::vector<std::string>& items) {
+    std::string joined;
+    for (const std::string& item : items) {
+      joined += "'" + item + "' ";
+    }
+    return joined;
   }
   void add(const char* key, const std::string& text) {
     values.push_back(current + "." + key + "=" + text);
@@ -277,9 +289,19 @@ TEST(ConfigLists, WrongTypesAreErrors) {
   });
   EXPECT_TRUE(contains(message, "config key 'data.files' expects a list of strings, got '3'"));
   message = config_error([&] {
-    detail::apply_toml_file(table, dir.write("bad2.toml", "[data]\nfiles = \"p\"\n"));
+    detail::apply_toml_file(table, dir.write("bad2.toml", "[data]\nfiles = 7\n"));
   });
-  EXPECT_TRUE(contains(message, "expects a list of strings, got 'p' (a string in TOML file"));
+  EXPECT_TRUE(contains(message, "expects a list of strings, got '7' (an integer in TOML file"));
+}
+
+// TorchTitan's "list[str] | str" keys (and its older files) give a list as one comma string.
+TEST(ConfigLists, TomlStringIsACommaList) {
+  TempDir dir;
+  ListConfig config;
+  detail::apply_toml_file(detail::FieldTable::of(config),
+                          dir.write("str.toml", "[data]\nfiles = \"p, q\"\ntags = \"\"\n"));
+  EXPECT_EQ(config.data.files, (std::vector<std::string>{"p", "q"}));
+  EXPECT_TRUE(config.data.tags.empty());
 }
 
 TEST(ConfigLists, HelpShowsCommaList) {
