@@ -48,6 +48,11 @@ int run_train(const std::vector<std::string>& args) {
   const CommSection comm = config.comm;
   {
     Trainer trainer(std::move(config), &dist);
+    // After the trainer holds the dump folder, as TorchTitan writes it at start-up.
+    if (dist.rank() == 0) {
+      const std::string saved = save_config_file(trainer.config());
+      if (!saved.empty()) log_info("config saved to ", saved, " (job.save_config_file)");
+    }
     trainer.train();
   }
   finalize_distributed(dist, comm);  // leave together: rank 0 hosts the store

@@ -1,6 +1,8 @@
 // Helpers shared by the unit tests: writing files, fresh folders, reading an exception's message.
 #pragma once
 
+#include "titan/config/job_config.h"
+
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -36,6 +38,21 @@ inline std::filesystem::path fresh_test_dir(const std::string& prefix) {
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
   return dir;
+}
+
+// A job config for trainer tests: the tiny flavor, 32-token sequences, float32, one thread, no
+// FLOP probe, quiet metrics, writing into `dump_folder`. Tests set data, steps and seed.
+inline JobConfig tiny_training_config(const std::string& dump_folder) {
+  JobConfig c;
+  c.job.dump_folder = dump_folder;
+  c.model.flavor = "tiny";
+  c.training.seq_len = 32;
+  c.training.mixed_precision_param = "float32";
+  c.training.num_threads = 1;
+  c.metrics.log_freq = 100;
+  c.metrics.peak_flops = 1e12;  // skip the probe
+  c.metrics.disable_color_printing = true;
+  return c;
 }
 
 inline bool contains(const std::string& haystack, const std::string& needle) {

@@ -199,7 +199,7 @@ bool CheckpointManager::distributed() const { return group_ && group_->size() > 
 int CheckpointManager::rank() const { return group_ ? group_->rank() : 0; }
 
 bool CheckpointManager::should_save(int64_t step, int64_t last_step) const {
-  if (!config_.enable) return false;
+  if (!config_.enable || config_.load_only) return false;  // load_only: load, never save
   return step % config_.interval == 0 || step == last_step ||
          (config_.enable_first_step_checkpoint && step == 1);
 }

@@ -97,7 +97,8 @@ class CheckpointManager {
   // one (a finished run's final save), or -1.
   int64_t final_model_only_step() const;
 
-  // Whether step `step` should be saved (interval, first step, last step).
+  // Whether step `step` should be saved (interval, first step, last step); never under
+  // checkpoint.load_only.
   bool should_save(int64_t step, int64_t last_step) const;
   // Saves step `step` if should_save(); the last step honors last_save_model_only. Returns true
   // if a save was started (finished, unless async).

@@ -75,9 +75,14 @@ int64_t drop_metrics_rows_after(const std::string& path, int64_t step) {
   return dropped;
 }
 
+std::string metrics_file_name(const MetricsSection& config, int64_t rank) {
+  if (config.save_for_all_ranks) return "metrics_rank_" + std::to_string(rank) + ".jsonl";
+  return rank == 0 ? "metrics.jsonl" : "";
+}
+
 MetricsLogger::MetricsLogger(const MetricsSection& config, const std::string& dump_folder,
                              double flops_per_token, double peak_flops, int64_t total_steps,
-                             bool write_file, int64_t start_step)
+                             bool write_file, int64_t start_step, int64_t rank)
     : config_(config),
       flops_per_token_(flops_per_token),
       peak_flops_(peak_flops),
@@ -86,7 +91,9 @@ MetricsLogger::MetricsLogger(const MetricsSection& config, const std::string& du
   TITAN_CHECK(peak_flops > 0, "peak FLOP/s must be positive for MFU, got ", peak_flops);
   if (write_file) {
     std::filesystem::create_directories(dump_folder);
-    jsonl_path_ = (std::filesystem::path(dump_folder) / "metrics.jsonl").string();
+    const std::string name = metrics_file_name(config, rank);
+    jsonl_path_ = (std::filesystem::path(dump_folder) / (name.empty() ? "metrics.jsonl" : name))
+                      .string();
     const int64_t dropped = start_step > 0 ? drop_metrics_rows_after(jsonl_path_, start_step) : 0;
     jsonl_fd_ = ::open(jsonl_path_.c_str(),
                        O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | (start_step > 0 ? 0 : O_TRUNC),

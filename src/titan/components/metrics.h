@@ -7,6 +7,9 @@
 // resumed from the checkpoint of step S first drops the rows with "step" > S that an interrupted
 // run logged (they are about to be logged again), then appends the marker row
 // {"event": "resume", "step": S, "dropped_rows": N}, so every step appears once.
+//
+// With metrics.save_for_all_ranks every rank writes its own file, metrics_rank_<rank>.jsonl
+// (TorchTitan's per-rank logging), rank 0 included.
 #pragma once
 
 #include "titan/config/job_config.h"
@@ -19,6 +22,11 @@
 #include <string>
 
 namespace titan {
+
+// The metrics file rank `rank` writes under dump_folder: "metrics.jsonl" (rank 0), or
+// "metrics_rank_<rank>.jsonl" for every rank with metrics.save_for_all_ranks; "" when this rank
+// writes none.
+std::string metrics_file_name(const MetricsSection& config, int64_t rank);
 
 // Peak resident set size of this process so far, in bytes.
 int64_t peak_rss_bytes();
@@ -53,10 +61,11 @@ class MetricsLogger {
  public:
   // `flops_per_token` per TorchTitan's formula; `peak_flops` per rank (> 0). A run resumed after
   // `start_step` keeps metrics.jsonl's rows up to that step and appends a resume marker instead
-  // of truncating it (see the top of this file).
+  // of truncating it (see the top of this file). `rank` names the file under
+  // metrics.save_for_all_ranks (metrics_file_name).
   MetricsLogger(const MetricsSection& config, const std::string& dump_folder,
                 double flops_per_token, double peak_flops, int64_t total_steps, bool write_file,
-                int64_t start_step = 0);
+                int64_t start_step = 0, int64_t rank = 0);
   ~MetricsLogger();
   MetricsLogger(const MetricsLogger&) = delete;
   MetricsLogger& operator=(const MetricsLogger&) = delete;

@@ -18,8 +18,10 @@ Optimizer::Optimizer(std::vector<NamedParam> params, const OptimizerSection& con
   exp_avg_.reserve(params_.size());
   exp_avg_sq_.reserve(params_.size());
   for (const auto& p : params_) {
-    TITAN_CHECK(p.param.scalar_type() == at::kFloat, "optimizer expects float32 master weights; ",
-                p.name, " is ", p.param.scalar_type());
+    // bfloat16: full bf16 training (training.dtype), whose states are bf16 as well.
+    TITAN_CHECK(p.param.scalar_type() == at::kFloat || p.param.scalar_type() == at::kBFloat16,
+                "optimizer expects float32 or bfloat16 parameters; ", p.name, " is ",
+                p.param.scalar_type());
     exp_avg_.push_back(at::zeros_like(p.param, at::MemoryFormat::Preserve));
     exp_avg_sq_.push_back(at::zeros_like(p.param, at::MemoryFormat::Preserve));
   }

@@ -1,4 +1,5 @@
-// AdamW / Adam over float32 master parameters, and gradient clipping by global norm.
+// AdamW / Adam over float32 master parameters (or bfloat16 ones under training.dtype =
+// "bfloat16", with bf16 states), and gradient clipping by global norm.
 //
 // The optimizer only ever sees the tensors it is given (later: FSDP shards), keeps its state
 // (exp_avg, exp_avg_sq, step) per parameter, and exposes it by name for checkpointing.
@@ -16,7 +17,7 @@ namespace titan {
 
 struct NamedParam {
   std::string name;
-  at::Tensor param;  // float32 leaf tensor with requires_grad
+  at::Tensor param;  // float32 (or bfloat16) leaf tensor with requires_grad
 };
 
 class Optimizer {

@@ -5,6 +5,8 @@
 #include "titan/common/check.h"
 #include "titan/components/data/dataset.h"
 
+#include "../test_util.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -15,18 +17,11 @@ namespace titan {
 namespace {
 
 JobConfig tiny_config(const std::string& tag) {
-  JobConfig c;
-  c.job.dump_folder = (std::filesystem::temp_directory_path() / ("titan_trainer_test_" + tag)).string();
-  c.model.flavor = "tiny";
-  c.training.seq_len = 32;
+  JobConfig c = test::tiny_training_config(
+      (std::filesystem::temp_directory_path() / ("titan_trainer_test_" + tag)).string());
   c.training.local_batch_size = 8;
   c.training.steps = 3;
-  c.training.mixed_precision_param = "float32";
-  c.training.num_threads = 1;
   c.lr_scheduler.warmup_steps = 1;
-  c.metrics.log_freq = 100;
-  c.metrics.peak_flops = 1e12;  // skip the probe
-  c.metrics.disable_color_printing = true;
   c.debug.seed = 7;
   return c;
 }
