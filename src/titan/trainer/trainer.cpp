@@ -9,6 +9,7 @@
 #include "titan/common/logging.h"
 #include "titan/components/data/data_loader.h"
 #include "titan/components/loss.h"
+#include "titan/components/training_dtype.h"
 #include "titan/components/data/dataset.h"
 #include "titan/components/tokenizer/tokenizer.h"
 #include "titan/components/tokenizer/tokenizer_identity.h"
@@ -58,8 +59,10 @@ Trainer::Trainer(JobConfig config, const DistributedContext* dist) : config_(std
              " to reproduce)");
   }
   at::manual_seed(static_cast<uint64_t>(seed_));
-  if (config_.debug.deterministic) at::globalContext().setDeterministicAlgorithms(true, false);
-  compute_dtype_ = dtype_from_name(config_.training.mixed_precision_param);
+  if (config_.debug.deterministic) {
+    at::globalContext().setDeterministicAlgorithms(true, config_.debug.deterministic_warn_only);
+  }
+  compute_dtype_ = training_compute_dtype(config_.training);
 
   const auto& t = config_.training;
   const int64_t per_step = t.local_batch_size * dp_size_;
@@ -147,6 +150,7 @@ void Trainer::build_model() {
   opts.compute_dtype = compute_dtype_;
   auto t0 = std::chrono::steady_clock::now();
   model_ = spec_->build(config_.model.flavor, opts);
+  apply_training_dtype(*model_, config_.training, world_size_, dims_->describe());
   const ModelStats stats = model_->stats(config_.training.local_batch_size, config_.training.seq_len);
   log_info("model ", config_.model.name, " ", config_.model.flavor, ": ",
            spec_->describe_flavor(config_.model.flavor));
@@ -258,8 +262,9 @@ void Trainer::build_metrics() {
   }
   metrics_ = std::make_unique<MetricsLogger>(config_.metrics, config_.job.dump_folder,
                                              stats.flops_per_token(config_.training.seq_len), peak,
-                                             config_.training.steps, /*write_file=*/rank_ == 0,
-                                             /*start_step=*/train_state_.step);
+                                             config_.training.steps,
+                                             /*write_file=*/!metrics_file_name(config_.metrics, rank_).empty(),
+                                             /*start_step=*/train_state_.step, /*rank=*/rank_);
 }
 
 at::Tensor Trainer::forward_backward_step(const at::Tensor& inputs, const at::Tensor& labels,
