@@ -398,16 +398,10 @@ DataParallel::DataParallel(Model& model, DataParallelOptions options)
       sp.name = p.name;
       sp.row_offset = std::min(d.rank * p.chunk, p.rows);
       auto placed = o.placements.find(p.name);
-      if (placed != o.placements.end()) {
-        sp.global_shape = placed->second.global_shape;
-        sp.offsets = placed->second.offsets;
-      } else {
-        sp.global_shape = p.global_shape;
-        sp.offsets.assign(p.global_shape.size(), 0);
-      }
-      if (!sp.offsets.empty()) sp.offsets[0] += sp.row_offset;
+      sp.box = placed != o.placements.end() ? placed->second.box : ShardBox::whole(p.global_shape);
+      if (!sp.box.offsets.empty()) sp.box.offsets[0] += sp.row_offset;
       sp.local = u.shard.narrow(0, p.offset, p.local_rows * p.rest).view(local_shape);
-      if (sp.global_shape.empty()) sp.local = sp.local.view({});
+      if (sp.box.global_shape.empty()) sp.local = sp.local.view({});
     }
   }
   d.anchor = at::zeros({}, d.on_device(at::kFloat)).requires_grad_(true);
@@ -481,35 +475,6 @@ double DataParallel::clip_grad_norm(double max_norm) {
   return clip_grad_norm_sharded(grads, weights, {d.options.shard_group.get()}, max_norm);
 }
 
-double clip_grad_norm_sharded(const std::vector<at::Tensor>& grads,
-                              const std::vector<double>& weights,
-                              const std::vector<dist::Group*>& groups, double max_norm) {
-  at::NoGradGuard no_grad;
-  at::Device device = at::kCPU;
-  for (const auto& g : grads) {
-    if (g.defined()) device = g.device();
-  }
-  at::Tensor sq = at::zeros({1}, at::TensorOptions().dtype(at::kDouble).device(device));
-  for (size_t i = 0; i < grads.size(); ++i) {
-    if (!grads[i].defined() || grads[i].numel() == 0) continue;
-    sq += grads[i].to(at::kDouble).pow(2).sum() * weights[i];
-  }
-  for (dist::Group* g : groups) {
-    if (g != nullptr && g->size() > 1) g->all_reduce(sq, dist::ReduceOp::kSum).wait();
-  }
-  const double total = std::sqrt(sq.item<double>());
-  if (max_norm > 0 && std::isfinite(total)) {
-    const double coef = max_norm / (total + 1e-6);
-    if (coef < 1.0) {
-      for (const auto& g : grads) {
-        if (g.defined()) g.mul_(coef);
-      }
-    }
-  }
-  return total;
-}
-
-
 std::vector<std::pair<std::string, at::Tensor>> DataParallel::gather_full_parameters() {
   Impl& d = *impl_;
   at::NoGradGuard no_grad;
@@ -527,7 +492,7 @@ std::vector<std::pair<std::string, at::Tensor>> DataParallel::gather_full_parame
       const Impl::Param& p = d.params[pi];
       const int64_t n = p.chunk * p.rest;
       at::Tensor whole = by_rank.narrow(1, p.offset, n).reshape({d.N * p.chunk, p.rest});
-      full[pi] = whole.narrow(0, 0, p.rows).reshape(params_[pi].global_shape).clone();
+      full[pi] = whole.narrow(0, 0, p.rows).reshape(p.global_shape).clone();  // as the model holds it
     }
   }
   std::vector<std::pair<std::string, at::Tensor>> out;
@@ -540,13 +505,10 @@ void DataParallel::load_full_parameters(
   at::NoGradGuard no_grad;
   for (auto& sp : params_) {
     at::Tensor t = full(sp.name);
-    TITAN_CHECK(t.sizes().vec() == sp.global_shape, "parameter ", sp.name, " has shape ",
-                t.sizes(), ", expected ", at::IntArrayRef(sp.global_shape));
+    TITAN_CHECK(t.sizes().vec() == sp.box.global_shape, "parameter ", sp.name, " has shape ",
+                t.sizes(), ", expected ", at::IntArrayRef(sp.box.global_shape));
     if (sp.local.numel() == 0) continue;
-    for (size_t dim = 0; dim < sp.offsets.size(); ++dim) {
-      t = t.narrow(static_cast<int64_t>(dim), sp.offsets[dim], sp.local.size(dim));
-    }
-    sp.local.copy_(t);
+    sp.local.copy_(sp.box.narrow(t, sp.local.sizes()));
   }
 }
 

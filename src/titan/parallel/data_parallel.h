@@ -29,7 +29,9 @@
 //     all-reduced asynchronously as soon as its backward is done. Parameters stay whole.
 #pragma once
 
+#include "titan/common/shard_box.h"
 #include "titan/distributed/comm.h"
+#include "titan/parallel/grad_norm.h"
 #include "titan/models/model.h"
 
 #include <ATen/ATen.h>
@@ -46,9 +48,8 @@ namespace titan {
 // Where a rank's tensor of a parameter sits in the whole parameter (set by tensor parallelism;
 // absent: the rank holds the whole parameter).
 struct ParamPlacement {
-  std::vector<int64_t> global_shape;
-  std::vector<int64_t> offsets;  // of the local box
-  bool replicated = true;        // every rank of the (tp) group holds the same tensor
+  ShardBox box;            // of the rank's tensor in the whole parameter
+  bool replicated = true;  // every rank of the (tp) group holds the same tensor
 };
 
 struct DataParallelOptions {
@@ -65,8 +66,7 @@ struct DataParallelOptions {
 // This rank's part of one parameter.
 struct ShardedParam {
   std::string name;
-  std::vector<int64_t> global_shape;  // of the whole parameter
-  std::vector<int64_t> offsets;       // where `local` starts in it
+  ShardBox box;                       // where `local` sits in the whole parameter
   int64_t row_offset = 0;             // first row held of the model's (possibly TP-local) tensor
   at::Tensor local;  // (rows held, ...) float32, a view of the unit's flat shard; 0 rows ok
 };
@@ -125,13 +125,5 @@ class DataParallel : public UnitRunner {
   std::unique_ptr<Impl> impl_;
   std::vector<ShardedParam> params_;
 };
-
-// L2 norm of gradients held in pieces across ranks: each rank sums weight * |g|^2 over its pieces
-// (weight < 1 for pieces several ranks of a group hold, e.g. 1 / tp for TP-replicated
-// parameters), the sums are all-reduced over `groups`, and when max_norm > 0 and the norm exceeds
-// it the gradients are scaled by max_norm / (norm + 1e-6) (torch.nn.utils.clip_grad_norm_).
-double clip_grad_norm_sharded(const std::vector<at::Tensor>& grads,
-                              const std::vector<double>& weights,
-                              const std::vector<dist::Group*>& groups, double max_norm);
 
 }  // namespace titan

@@ -4,6 +4,7 @@
 #include "titan/common/check.h"
 #include "titan/models/common/attention.h"
 #include "titan/models/common/linear.h"
+#include "titan/models/common/savable_ops.h"
 
 #include <ATen/core/grad_mode.h>
 #include <torch/csrc/autograd/custom_function.h>
@@ -75,7 +76,8 @@ struct AllGatherSeq : public torch::autograd::Function<AllGatherSeq> {
 struct ReduceScatterSeq : public torch::autograd::Function<ReduceScatterSeq> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, dist::Group* g) {
     ctx->saved_data["group"] = reinterpret_cast<int64_t>(g);
-    return reduce_scatter_seq(x, *g);
+    // Selective activation checkpointing keeps this result instead of communicating again.
+    return savable_result(SavableOp::kReduceScatter, [&] { return reduce_scatter_seq(x, *g); });
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     return {all_gather_seq(grads[0], *group_of(ctx)), at::Tensor()};
@@ -228,8 +230,7 @@ TensorParallel::TensorParallel(Model& model, std::shared_ptr<dist::Group> group,
     }
   }
   for (const auto& item : model.named_parameters()) {
-    placements_[item.key()] = {item.value().sizes().vec(),
-                               std::vector<int64_t>(item.value().dim(), 0), true};
+    placements_[item.key()] = {ShardBox::whole(item.value().sizes()), /*replicated=*/true};
   }
   at::NoGradGuard no_grad;
   // Splits `layer`'s weight along `dim` into t equal parts and keeps part r.
@@ -241,7 +242,7 @@ TensorParallel::TensorParallel(Model& model, std::shared_ptr<dist::Group> group,
                         what + ", not divisible by tensor_parallel_degree " + std::to_string(t));
     }
     ParamPlacement& place = placements_.at(name + ".weight");
-    place.offsets[dim] = r * (n / t);
+    place.box.offsets[dim] = r * (n / t);
     place.replicated = false;
     w.set_data(w.narrow(dim, r * (n / t), n / t).clone());
   };
@@ -343,7 +344,7 @@ at::Tensor TensorParallel::gather_whole(const std::string& param, const at::Tens
   const ParamPlacement& p = placements_.at(param);
   if (p.replicated) return local;
   int64_t dim = 0;
-  while (local.size(dim) == p.global_shape[dim]) ++dim;  // the one split dimension
+  while (local.size(dim) == p.box.global_shape[dim]) ++dim;  // the one split dimension
   const int64_t t = size();
   std::vector<int64_t> gathered_shape = local.sizes().vec();
   gathered_shape.insert(gathered_shape.begin(), t);

@@ -16,8 +16,7 @@
 #include "titan/config/config_manager.h"
 #include "titan/distributed/init.h"
 #include "titan/distributed/parallel_dims.h"
-#include "titan/parallel/data_parallel.h"
-#include "titan/parallel/tensor_parallel.h"
+#include "titan/parallel/parallelized_model.h"
 #include "titan/trainer/interrupt.h"
 
 #include <ATen/Parallel.h>
@@ -157,48 +156,22 @@ void Trainer::build_model() {
   log_info("model parameters: ", with_commas(stats.n_params), " (", human_count(stats.n_params),
            "), non-embedding ", with_commas(stats.n_params - stats.n_embedding_params), "; built in ",
            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), "s");
-  if (dims_->tp_enabled()) {
-    const int64_t t = dims_->tp();
-    for (const auto& [key, len] : {std::pair<std::string, int64_t>{"training.seq_len", config_.training.seq_len},
-                                   {"validation.seq_len", config_.validation.enable ? config_.validation.seq_len : t}}) {
-      if (len % t != 0) {
-        throw ConfigError(key + " " + std::to_string(len) +
-                          " must be divisible by parallelism.tensor_parallel_degree " +
-                          std::to_string(t) + " (sequence parallelism splits the sequence)");
-      }
-    }
-    tp_ = std::make_unique<TensorParallel>(*model_, dims_->group_ptr("tp"),
-                                           !config_.parallelism.disable_loss_parallel);
-    log_info(tp_->describe());
-  }
-  if (dims_->dp_enabled()) {
-    DataParallelOptions o;
-    if (tp_) o.placements = tp_->placements();
-    if (dims_->dp_shard_enabled()) o.shard_group = dims_->group_ptr("dp_shard");
-    if (dims_->dp_replicate_enabled()) o.replicate_group = dims_->group_ptr("dp_replicate");
-    o.param_dtype = compute_dtype_;
-    o.reduce_dtype = dtype_from_name(config_.training.mixed_precision_reduce);
-    o.reshard_after_forward = config_.parallelism.fsdp_reshard_after_forward;
-    dp_ = std::make_unique<DataParallel>(*model_, o);
-    const DataParallelMemory m = dp_->memory();
-    log_info(dp_->describe());
-    log_info("memory per rank: parameters ", human_bytes(m.shard_param_bytes), " + gradients ",
-             human_bytes(m.shard_param_bytes), " + AdamW states ",
-             human_bytes(2 * m.shard_param_bytes), " (fp32 shards; the model's parameters are ",
-             human_bytes(m.total_param_bytes), ", 1/",
-             static_cast<double>(m.total_param_bytes) / static_cast<double>(m.shard_param_bytes),
-             "); largest gathered unit ", human_bytes(m.max_unit_unsharded_bytes));
-  }
-  for (const auto& [name, t] : trained_params()) params_.push_back(t);
+  ParallelizeOptions o;
+  o.param_dtype = compute_dtype_;
+  o.reduce_dtype = dtype_from_name(config_.training.mixed_precision_reduce);
+  o.fsdp_reshard_after_forward = config_.parallelism.fsdp_reshard_after_forward;
+  o.loss_parallel = !config_.parallelism.disable_loss_parallel;
+  o.activation_checkpoint = config_.activation_checkpoint;
+  o.seq_lens = {{"training.seq_len", config_.training.seq_len}};
+  if (config_.validation.enable) o.seq_lens.emplace_back("validation.seq_len", config_.validation.seq_len);
+  TITAN_CHECK(spec_->parallelize, "model ", config_.model.name, " registers no parallelize function");
+  parallel_ = spec_->parallelize(model_, *dims_, rank_, o);
+  for (const std::string& line : parallel_->describe()) log_info(line);
 }
 
 std::vector<std::pair<std::string, at::Tensor>> Trainer::trained_params() const {
   std::vector<std::pair<std::string, at::Tensor>> out;
-  if (dp_) {
-    for (const auto& p : dp_->params()) out.emplace_back(p.name, p.local);
-  } else {
-    for (const auto& item : model_->named_parameters()) out.emplace_back(item.key(), item.value());
-  }
+  for (const TrainedParam& p : parallel_->params()) out.emplace_back(p.name, p.local);
   return out;
 }
 
@@ -270,9 +243,9 @@ void Trainer::build_metrics() {
 at::Tensor Trainer::forward_backward_step(const at::Tensor& inputs, const at::Tensor& labels,
                                           double loss_scale) {
   at::Tensor logits = model_->forward(inputs);  // (bs, seqlen, vocab) float32
-  at::Tensor loss = compute_loss(logits, labels);
+  at::Tensor loss = parallel_->loss(logits, labels);
   (loss * loss_scale).backward();
-  if (dp_) dp_->finish_backward();
+  parallel_->finish_backward();
   return loss.detach();
 }
 
@@ -286,42 +259,8 @@ std::optional<Batch> Trainer::next_local_batch(DataLoader& loader) {
   return batch;
 }
 
-at::Tensor Trainer::compute_loss(const at::Tensor& logits, const at::Tensor& labels) const {
-  return tp_ ? tp_->cross_entropy(logits, labels) : lm_cross_entropy_loss(logits, labels);
-}
-
-double Trainer::clip_gradients() {
-  const double max_norm = config_.training.max_norm;
-  if (!dp_ && !tp_) return clip_grad_norm(params_, max_norm);
-  std::vector<std::pair<std::string, at::Tensor>> grads;
-  for (const auto& [name, t] : trained_params()) grads.emplace_back(name, t.grad());
-  if (tp_) tp_->reduce_replicated_grads(grads);
-  // Squares summed over every shard once: TP-replicated parameters are on every tp rank.
-  std::vector<at::Tensor> tensors;
-  std::vector<double> weights;
-  for (const auto& [name, g] : grads) {
-    tensors.push_back(g);
-    weights.push_back(tp_ && tp_->replicated(name) ? 1.0 / static_cast<double>(tp_->size()) : 1.0);
-  }
-  std::vector<dist::Group*> groups;
-  if (dp_ && dims_->dp_shard_enabled()) groups.push_back(&dims_->group("dp_shard"));
-  if (tp_) groups.push_back(&tp_->group());
-  return clip_grad_norm_sharded(tensors, weights, groups, max_norm);
-}
-
-double Trainer::dp_mean(double value) {
-  if (dp_size_ == 1) return value;
-  at::Tensor t = at::full({1}, value, at::kDouble);
-  dims_->group("dp").all_reduce(t, dist::ReduceOp::kAvg).wait();
-  return t.item<double>();
-}
-
 at::Tensor Trainer::train_step(int64_t step, double* grad_norm) {
-  if (dp_) {
-    dp_->zero_grad();
-  } else {
-    optimizer_->zero_grad();
-  }
+  parallel_->zero_grad();
   at::Tensor total = at::zeros({}, at::kFloat);
   const double scale = 1.0 / static_cast<double>(accumulation_steps_);
   for (int64_t micro = 0; micro < accumulation_steps_; ++micro) {
@@ -329,7 +268,7 @@ at::Tensor Trainer::train_step(int64_t step, double* grad_norm) {
     TITAN_CHECK(batch.has_value(), "training data loader ran dry at step ", step);
     total += forward_backward_step(batch->inputs, batch->labels, scale) * scale;
   }
-  const double loss_value = dp_mean(total.item<double>());
+  const double loss_value = parallel_->batch_mean(total.item<double>());
   total.fill_(loss_value);
   if (!std::isfinite(loss_value)) {
     throw TrainingError("loss is " + std::string(std::isnan(loss_value) ? "NaN" : "Inf") +
@@ -338,7 +277,7 @@ at::Tensor Trainer::train_step(int64_t step, double* grad_norm) {
                         "lr_scheduler.warmup_steps, or use training.mixed_precision_param = "
                         "\"float32\"");
   }
-  *grad_norm = clip_gradients();
+  *grad_norm = parallel_->clip_grad_norm(config_.training.max_norm);
   optimizer_->step(lr_scheduler_->lr_at(step));
   return total;
 }
@@ -355,14 +294,14 @@ double Trainer::validate(int64_t* tokens) {
   while (config_.validation.steps < 0 || n < config_.validation.steps) {
     auto batch = next_local_batch(loader);
     if (!batch) break;
-    at::Tensor loss = compute_loss(model_->forward(batch->inputs), batch->labels);
+    at::Tensor loss = parallel_->loss(model_->forward(batch->inputs), batch->labels);
     sum += loss.item<double>();
     ++n;
     count += batch->inputs.numel();
   }
   if (n == 0) throw_validation_too_small(config_.validation, dp_size_);
   if (tokens != nullptr) *tokens = count * dp_size_;
-  return dp_mean(sum / static_cast<double>(n));
+  return parallel_->batch_mean(sum / static_cast<double>(n));
 }
 
 TrainResult Trainer::train() {
@@ -384,10 +323,7 @@ TrainResult Trainer::train() {
            t.local_batch_size * accumulation_steps_ * dp_size_, " sequences of ", t.seq_len,
            " tokens; compute dtype ", t.mixed_precision_param, "; seed ", seed_);
   auto start = std::chrono::steady_clock::now();
-  const auto comm_wait = [this] {
-    return (dp_ ? dp_->comm_wait_seconds() : 0.0) + (tp_ ? tp_->comm_wait_seconds() : 0.0);
-  };
-  const double comm_wait_at_start = comm_wait();
+  const double comm_wait_at_start = parallel_->comm_wait_seconds();
   // Per rank (throughput and MFU are per device, as in TorchTitan: ranks that share a batch, as
   // tensor-parallel ranks do, split its tokens) and for the whole job.
   const int64_t batch_tokens = t.local_batch_size * accumulation_steps_ * t.seq_len;
@@ -431,8 +367,8 @@ TrainResult Trainer::train() {
   metrics_->close();  // a write the close reports lost fails the run, not just a log line
   result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   const int64_t ran = result.steps - result.start_step + 1;
-  if ((dp_ || tp_) && ran > 0) {
-    const double wait_ms = 1e3 * (comm_wait() - comm_wait_at_start) / ran;
+  if (parallel_->communicates() && ran > 0) {
+    const double wait_ms = 1e3 * (parallel_->comm_wait_seconds() - comm_wait_at_start) / ran;
     log_info("parallelism: blocked in collectives ", wait_ms, " ms per step (",
              100.0 * wait_ms / (1e3 * result.seconds / ran), "% of the step time)");
   }

@@ -22,8 +22,7 @@ namespace titan {
 class Tokenizer;
 class DataLoader;
 class DocumentSource;
-class DataParallel;
-class TensorParallel;
+class ParallelizedModel;
 struct Batch;
 class ParallelDims;
 struct DistributedContext;
@@ -71,14 +70,12 @@ class Trainer {
   double validate(int64_t* tokens = nullptr);
 
   Model& model() { return *model_; }
+  // The model with its parallelisms (none, FSDP/HSDP/DDP, TP, 2D, activation checkpointing).
+  ParallelizedModel& parallelized() { return *parallel_; }
   Optimizer& optimizer() { return *optimizer_; }
   int64_t accumulation_steps() const { return accumulation_steps_; }
   const JobConfig& config() const { return config_; }
   const TrainState& train_state() const { return train_state_; }
-  // Null unless data parallelism is on.
-  DataParallel* data_parallel() { return dp_.get(); }
-  // Null unless tensor parallelism is on.
-  TensorParallel* tensor_parallel() { return tp_.get(); }
   // What the optimizer trains, by parameter name: the model's parameters, or this rank's shards
   // of them under FSDP / tensor parallelism.
   std::vector<std::pair<std::string, at::Tensor>> trained_params() const;
@@ -102,12 +99,6 @@ class Trainer {
   std::shared_ptr<Model> build_whole_model() const;
   // This rank's rows of a global micro-batch from `loader` (batch dp_size * local).
   std::optional<Batch> next_local_batch(DataLoader& loader);
-  // Mean of `value` over the data-parallel ranks (itself with one rank).
-  double dp_mean(double value);
-  // The training loss of a forward's logits (loss parallel under tensor parallelism).
-  at::Tensor compute_loss(const at::Tensor& logits, const at::Tensor& labels) const;
-  // Sums partial gradients over tensor-parallel ranks, then clips by the global norm; returns it.
-  double clip_gradients();
 
   JobConfig config_;
   // Rank 0 holds job.dump_folder for the whole run (declared first: released last).
@@ -124,15 +115,13 @@ class Trainer {
   std::unique_ptr<LRScheduler> lr_scheduler_;
   std::unique_ptr<ckpt::CheckpointManager> checkpointer_;
   std::unique_ptr<MetricsLogger> metrics_;
-  std::vector<at::Tensor> params_;
   int64_t rank_ = 0;
   int64_t world_size_ = 1;
   int64_t dp_size_ = 1;
   int64_t dp_rank_ = 0;
   std::shared_ptr<dist::Group> world_;
   std::unique_ptr<ParallelDims> dims_;
-  std::unique_ptr<TensorParallel> tp_;
-  std::unique_ptr<DataParallel> dp_;
+  std::unique_ptr<ParallelizedModel> parallel_;
   TrainState train_state_;
   bool already_complete_ = false;  // the folder holds this run's final model-only checkpoint
 };

@@ -11,8 +11,7 @@
 #include "titan/config/config_manager.h"
 #include "titan/trainer/trainer.h"
 #include "titan/distributed/parallel_dims.h"
-#include "titan/parallel/data_parallel.h"
-#include "titan/parallel/tensor_parallel.h"
+#include "titan/parallel/parallelized_model.h"
 
 #include <ATen/CPUGeneratorImpl.h>
 
@@ -36,18 +35,13 @@ std::string shape_str(at::IntArrayRef shape) {
   return s + "]";
 }
 
-// Where a rank's tensor sits in the global tensor: the whole of it (one process) or a row block
-// of an FSDP shard.
-struct Box {
-  std::vector<int64_t> global_shape;
-  std::vector<int64_t> offsets;
-};
-using LayoutFn = std::function<Box(const std::string& param, const at::Tensor& local)>;
+// Where a rank's tensor of a parameter (or of its optimizer state) sits in the whole one.
+using LayoutFn = std::function<ShardBox(const std::string& param)>;
 
 // Copies the box of checkpoint tensor `name` that `dst` holds into `dst` (casting the dtype),
 // checking the global shape.
 void restore_tensor(const CheckpointReader& reader, const std::string& name, at::Tensor dst,
-                    const Box& box) {
+                    const ShardBox& box) {
   if (!reader.has(name)) {
     throw DataError("checkpoint '" + reader.dir() + "' lacks tensor '" + name + "'");
   }
@@ -75,12 +69,12 @@ StateEntry model_entry(std::vector<std::pair<std::string, at::Tensor>> params, L
   e.save = [params, layout, owner](std::vector<SavedTensor>& tensors, json&) {
     for (const auto& [name, t] : params) {
       if ((t.numel() == 0 && t.dim() > 0) || !owner(name)) continue;
-      const Box box = layout(name, t);
+      const ShardBox box = layout(name);
       tensors.push_back({name, t.detach(), box.global_shape, box.offsets});
     }
   };
   e.load = [params, layout](const CheckpointReader& reader, const json&) {
-    for (const auto& [name, t] : params) restore_tensor(reader, name, t, layout(name, t));
+    for (const auto& [name, t] : params) restore_tensor(reader, name, t, layout(name));
   };
   return e;
 }
@@ -95,14 +89,14 @@ StateEntry optimizer_entry(Optimizer& optimizer, LayoutFn layout, OwnerFn owner)
   e.save = [&optimizer, layout, owner, param_of](std::vector<SavedTensor>& tensors, json& state) {
     for (const auto& [name, t] : optimizer.state_tensors()) {
       if ((t.numel() == 0 && t.dim() > 0) || !owner(param_of(name))) continue;
-      const Box box = layout(param_of(name), t);
+      const ShardBox box = layout(param_of(name));
       tensors.push_back({"optimizer." + name, t, box.global_shape, box.offsets});
     }
     state["step_count"] = optimizer.step_count();
   };
   e.load = [&optimizer, layout, param_of](const CheckpointReader& reader, const json& state) {
     for (const auto& [name, t] : optimizer.state_tensors()) {
-      restore_tensor(reader, "optimizer." + name, t, layout(param_of(name), t));
+      restore_tensor(reader, "optimizer." + name, t, layout(param_of(name)));
     }
     optimizer.set_step_count(state.at("step_count").get<int64_t>());
   };
@@ -207,27 +201,16 @@ StateEntry rng_entry(bool owner) {
 
 void Trainer::build_checkpoint() {
   const std::vector<std::pair<std::string, at::Tensor>> params = trained_params();
-  LayoutFn layout;
-  if (dp_ || tp_) {
-    std::map<std::string, Box> boxes;
-    if (dp_) {
-      for (const auto& p : dp_->params()) boxes[p.name] = {p.global_shape, p.offsets};
-    } else {
-      for (const auto& [name, p] : tp_->placements()) boxes[name] = {p.global_shape, p.offsets};
-    }
-    layout = [boxes](const std::string& name, const at::Tensor&) { return boxes.at(name); };
-  } else {
-    layout = [](const std::string&, const at::Tensor& t) {
-      return Box{t.sizes().vec(), std::vector<int64_t>(t.dim(), 0)};
-    };
+  // Boxes and writers come from the parallelized model: replicas (HSDP, DDP) hold equal shards and
+  // the first replica writes them; TP-replicated parameters are written by tp rank 0.
+  std::map<std::string, ShardBox> boxes;
+  std::set<std::string> written;
+  for (const TrainedParam& p : parallel_->params()) {
+    boxes[p.name] = p.box;
+    if (p.writer) written.insert(p.name);
   }
-  // Replicas (HSDP, DDP) hold equal shards: the first replica writes them; parameters that tensor
-  // parallelism replicates are written by tp rank 0.
-  const MeshCoord coord = dims_->coordinate(rank_);
-  const TensorParallel* tp = tp_.get();
-  OwnerFn owner = [coord, tp](const std::string& name) {
-    return coord.dp_replicate == 0 && (tp == nullptr || coord.tp == 0 || !tp->replicated(name));
-  };
+  LayoutFn layout = [boxes](const std::string& name) { return boxes.at(name); };
+  OwnerFn owner = [written](const std::string& name) { return written.count(name) > 0; };
   // The loader reads the global stream (identical on every rank): its state is one entry.
   std::vector<StateEntry> states = {
       model_entry(params, layout, owner),
@@ -257,27 +240,11 @@ void Trainer::build_checkpoint() {
   }
   const json model_description = {{"name", config_.model.name}, {"flavor", config_.model.flavor}};
   const ckpt::LoadResult loaded = checkpointer_->load([&](const std::string& hf_dir) {
-    if (!dp_ && !tp_) {
-      ckpt::load_hf_weights(*model_, model_description, hf_dir);
-      return;
-    }
-    // Sharded: load whole into a scratch model, keep this rank's boxes.
+    // Loaded whole into a scratch model; each rank keeps its boxes.
     std::shared_ptr<Model> whole = build_whole_model();
     ckpt::load_hf_weights(*whole, model_description, hf_dir);
     const auto named = whole->named_parameters();
-    if (dp_) {
-      dp_->load_full_parameters([&](const std::string& name) { return named[name]; });
-      return;
-    }
-    at::NoGradGuard no_grad;
-    for (const auto& [name, t] : trained_params()) {
-      at::Tensor box = named[name];
-      const auto& offsets = tp_->placements().at(name).offsets;
-      for (size_t d = 0; d < offsets.size(); ++d) {
-        box = box.narrow(static_cast<int64_t>(d), offsets[d], t.size(static_cast<int64_t>(d)));
-      }
-      t.copy_(box);
-    }
+    parallel_->load_full_parameters([&](const std::string& name) { return named[name]; });
   });
   if (loaded.loaded && !loaded.model_only) {
     if (train_state_.step >= config_.training.steps) {
@@ -303,20 +270,11 @@ void Trainer::save_final_hf(int64_t step) {
   options.tokenizer_path = config_.model.hf_assets_path;
   options.bos_id = tokenizer_->bos_id();
   options.eos_id = tokenizer_->eos_id();
-  std::shared_ptr<Model> model = model_;
-  if (dp_ || tp_) {
-    // Every rank takes part in gathering the parameters; rank 0 writes them.
-    std::vector<std::pair<std::string, at::Tensor>> full;
-    if (dp_) {
-      full = dp_->gather_full_parameters();
-    } else {
-      for (const auto& item : model_->named_parameters()) full.emplace_back(item.key(), item.value().detach());
-    }
-    if (tp_) {
-      for (auto& [name, t] : full) t = tp_->gather_whole(name, t);
-    }
-    if (rank_ != 0) return;
-    model = build_whole_model();
+  // Every rank takes part in gathering the parameters; rank 0 writes them.
+  const std::vector<std::pair<std::string, at::Tensor>> full = parallel_->gather_full_parameters();
+  if (rank_ != 0) return;
+  std::shared_ptr<Model> model = build_whole_model();
+  {
     at::NoGradGuard no_grad;
     auto named = model->named_parameters();
     for (const auto& [name, t] : full) named[name].copy_(t);

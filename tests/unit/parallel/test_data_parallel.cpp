@@ -77,7 +77,7 @@ void check_gradients(const Layout& layout, bool tied, const std::string& reshard
     EXPECT_NEAR(mean.item<double>(), ref.loss, 1e-5 * ref.loss) << "rank " << rank;
     for (const ShardedParam& p : dp.params()) {
       const at::Tensor want = ref.grads.at(p.name);
-      ASSERT_EQ(at::IntArrayRef(p.global_shape), want.sizes()) << p.name;
+      ASSERT_EQ(at::IntArrayRef(p.box.global_shape), want.sizes()) << p.name;
       if (p.local.numel() == 0) continue;
       ASSERT_TRUE(p.local.grad().defined()) << p.name << " on rank " << rank;
       const at::Tensor rows = want.narrow(0, p.row_offset, p.local.size(0));

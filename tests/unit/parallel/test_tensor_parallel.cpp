@@ -21,14 +21,6 @@ using test::run_ranks_collect;
 
 constexpr int64_t kVocab = 62;  // divisible by 2
 
-// The box of `whole` at `offsets` with the sizes of `local`.
-at::Tensor box_of(at::Tensor whole, const std::vector<int64_t>& offsets, const at::Tensor& local) {
-  for (size_t d = 0; d < offsets.size(); ++d) {
-    whole = whole.narrow(static_cast<int64_t>(d), offsets[d], local.size(static_cast<int64_t>(d)));
-  }
-  return whole;
-}
-
 void expect_close(const at::Tensor& got, const at::Tensor& want, const std::string& what) {
   EXPECT_TRUE(at::allclose(got, want, 1e-4, 1e-6))
       << what << ": max diff " << (got - want).abs().max().item<double>();
@@ -59,8 +51,8 @@ void check_tp2(bool loss_parallel) {
     tp.reduce_replicated_grads(grads);
     for (const auto& [name, g] : grads) {
       const ParamPlacement& p = tp.placements().at(name);
-      EXPECT_EQ(at::IntArrayRef(p.global_shape), ref.grads.at(name).sizes()) << name;
-      expect_close(g, box_of(ref.grads.at(name), p.offsets, g), name + " on rank " +
+      EXPECT_EQ(at::IntArrayRef(p.box.global_shape), ref.grads.at(name).sizes()) << name;
+      expect_close(g, p.box.narrow(ref.grads.at(name), g.sizes()), name + " on rank " +
                                                                    std::to_string(rank));
     }
     EXPECT_NEAR(clip_grad_norm_sharded(tensors, weights, {world.get()}, 0.0), ref.grad_norm,
@@ -83,9 +75,9 @@ TEST(TensorParallel, PlanShardsMatricesAndReplicatesNorms) {
       EXPECT_EQ(p.replicated, norm) << name;
     }
     const auto& wo = tp.placements().at("layers.0.attention.wo.weight");
-    EXPECT_EQ(wo.offsets, (std::vector<int64_t>{0, rank * 12}));  // row-wise: columns split
+    EXPECT_EQ(wo.box.offsets, (std::vector<int64_t>{0, rank * 12}));  // row-wise: columns split
     const auto& wq = tp.placements().at("layers.0.attention.wq.weight");
-    EXPECT_EQ(wq.offsets, (std::vector<int64_t>{rank * 12, 0}));  // column-wise: rows split
+    EXPECT_EQ(wq.box.offsets, (std::vector<int64_t>{rank * 12, 0}));  // column-wise: rows split
   });
 }
 
@@ -128,9 +120,9 @@ TEST(TensorParallel, ComposesWithFsdpTwoByTwo) {
     dp_group->all_reduce(mean, dist::ReduceOp::kAvg).wait();
     EXPECT_NEAR(mean.item<double>(), ref.loss, 1e-5 * ref.loss);
     for (const auto& p : fsdp.params()) {
-      EXPECT_EQ(at::IntArrayRef(p.global_shape), ref.grads.at(p.name).sizes()) << p.name;
+      EXPECT_EQ(at::IntArrayRef(p.box.global_shape), ref.grads.at(p.name).sizes()) << p.name;
       if (p.local.numel() == 0) continue;
-      expect_close(p.local.grad(), box_of(ref.grads.at(p.name), p.offsets, p.local),
+      expect_close(p.local.grad(), p.box.narrow(ref.grads.at(p.name), p.local.sizes()),
                    p.name + " on rank " + std::to_string(rank));
     }
     EXPECT_NEAR(clip_grad_norm_sharded(tensors, weights, {dp_group.get(), tp_group.get()}, 0.0),

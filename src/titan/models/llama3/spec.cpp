@@ -4,6 +4,7 @@
 #include "titan/models/llama3/args.h"
 #include "titan/models/llama3/hf_adapter.h"
 #include "titan/models/llama3/model.h"
+#include "titan/parallel/parallelized_model.h"
 
 namespace titan {
 
@@ -38,6 +39,9 @@ ModelSpec make_llama3_spec() {
     return std::make_shared<llama3::Transformer>(args, options.compute_dtype);
   };
   spec.hf = llama3::make_hf_adapter();
+  // Llama's plan is data the model provides (tensor_parallel_plan(), units() with its blocks), so
+  // the generic decoder order is parallelize_llama3.
+  spec.parallelize = parallelize_decoder;
   return spec;
 }
 

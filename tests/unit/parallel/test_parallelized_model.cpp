@@ -1,0 +1,128 @@
+// The parallelized model as the trainer holds it: for every layout (one process, FSDP, HSDP, DDP,
+// TP + FSDP) with activation checkpointing on and off, one object gives the single-process
+// loss, every gradient (of this rank's boxes), the global grad norm, whole parameters gathered
+// back, and loads whole parameters into its boxes. Ranks are threads over a HashStore.
+#include "parallel_test_util.h"
+
+#include "titan/parallel/parallelized_model.h"
+
+#include <gtest/gtest.h>
+
+namespace titan {
+namespace {
+
+using test::kBatchPerRank;
+using test::make_model;
+using test::reference;
+using test::rows_of;
+
+void expect_close(const at::Tensor& got, const at::Tensor& want, const std::string& what) {
+  ASSERT_EQ(got.sizes(), want.sizes()) << what;
+  const double scale = want.abs().max().item<double>() + 1e-6;
+  EXPECT_LT((got - want).abs().max().item<double>(), 2e-5 * scale) << what;
+}
+
+struct Layout {
+  const char* name;
+  ParallelDegrees degrees;
+};
+
+ParallelDegrees degrees(int64_t replicate, int64_t shard, int64_t tp) {
+  ParallelDegrees d;
+  d.dp_replicate = replicate;
+  d.dp_shard = shard;
+  d.tp = tp;
+  return d;
+}
+
+ParallelizeOptions options(const std::string& ac_mode) {
+  ParallelizeOptions o;
+  o.activation_checkpoint.mode = ac_mode;
+  o.activation_checkpoint.selective_ac_option = "1";
+  o.seq_lens = {{"training.seq_len", test::kSeq}};
+  return o;
+}
+
+// Every layout of 4 ranks against the unsharded model on the same global batch.
+void check_layouts(const std::string& ac_mode) {
+  const std::vector<Layout> layouts = {{"FSDP 4", degrees(1, 4, 1)},
+                                       {"HSDP 2x2", degrees(2, 2, 1)},
+                                       {"DDP 4", degrees(4, 1, 1)},
+                                       {"FSDP 2 x TP 2", degrees(1, 2, 2)}};
+  for (const Layout& layout : layouts) {
+    SCOPED_TRACE(std::string(layout.name) + ", activation checkpointing " + ac_mode);
+    // The unsharded model on the global batch (the data-parallel ranks' rows); models and
+    // reference weights are built before the threads (init uses the global generator).
+    const ParallelDims mesh(layout.degrees, 4);
+    const test::Reference ref = reference(static_cast<int>(mesh.dp_size()), /*tied=*/false, 1,
+                                          /*vocab=*/62);
+    const auto named = make_model(false, at::kFloat, 62)->named_parameters();
+    std::vector<std::shared_ptr<llama3::Transformer>> models;
+    for (int r = 0; r < 4; ++r) models.push_back(make_model(false, at::kFloat, 62));
+    test::run_ranks(4, [&](int rank, std::shared_ptr<dist::Group> world) {
+      ParallelDims dims(layout.degrees, 4);
+      dims.build_groups(world);
+      auto pm = parallelize_decoder(models[rank], dims, rank, options(ac_mode));
+      const int64_t dp = dims.dp_rank(rank);
+      pm->zero_grad();
+      at::Tensor loss = pm->loss(pm->model().forward(rows_of(ref.inputs, dp, dims.dp_size(), 0)),
+                                 rows_of(ref.labels, dp, dims.dp_size(), 0));
+      loss.backward();
+      pm->finish_backward();
+      EXPECT_NEAR(pm->batch_mean(loss.item<double>()), ref.loss, 1e-5 * ref.loss) << layout.name;
+      // Gradients before clipping (the clip would rescale them).
+      std::map<std::string, at::Tensor> grads;
+      for (const TrainedParam& p : pm->params()) {
+        EXPECT_EQ(at::IntArrayRef(p.box.global_shape), ref.grads.at(p.name).sizes()) << p.name;
+        if (p.local.numel() > 0 && !p.tp_replicated) {
+          expect_close(p.local.grad(), p.box.narrow(ref.grads.at(p.name), p.local.sizes()),
+                       p.name + " on rank " + std::to_string(rank));
+        }
+      }
+      EXPECT_NEAR(pm->clip_grad_norm(0.0), ref.grad_norm, 1e-5 * ref.grad_norm);
+      // Whole parameters back, and loaded into the boxes.
+      const auto full = pm->gather_full_parameters();
+      for (const auto& [name, t] : full) expect_close(t, named[name], name + " gathered");
+      pm->load_full_parameters([&](const std::string& name) { return named[name] * 2; });
+      for (const auto& [name, t] : pm->gather_full_parameters()) {
+        expect_close(t, named[name] * 2, name + " loaded");
+      }
+      // Exactly one rank writes each box of each parameter.
+      int64_t writers = 0;
+      for (const TrainedParam& p : pm->params()) writers += p.writer ? 1 : 0;
+      at::Tensor count = at::full({1}, writers, at::kLong);
+      world->all_reduce(count, dist::ReduceOp::kSum).wait();
+      const int64_t boxes_per_param = layout.degrees.dp_shard * layout.degrees.tp;
+      const int64_t n_params = static_cast<int64_t>(named.size());
+      EXPECT_LE(count.item<int64_t>(), n_params * boxes_per_param);
+      EXPECT_GE(count.item<int64_t>(), n_params);
+    });
+  }
+}
+
+TEST(ParallelizedModel, EveryLayoutMatchesOneProcess) { check_layouts("none"); }
+
+TEST(ParallelizedModel, EveryLayoutMatchesOneProcessWithFullActivationCheckpointing) {
+  check_layouts("full");
+}
+
+// One process: the object adds nothing (same losses and gradients as the bare model, bitwise),
+// and describes activation checkpointing when it is on.
+TEST(ParallelizedModel, OneProcessIsTheBareModel) {
+  const test::Reference ref = reference(1, /*tied=*/true);
+  ParallelDims dims(degrees(1, 1, 1), 1);
+  auto pm = parallelize_decoder(make_model(true), dims, 0, options("full"));
+  EXPECT_EQ(pm->describe().size(), 1u);  // activation checkpointing only
+  EXPECT_FALSE(pm->communicates());
+  at::Tensor loss = pm->loss(pm->model().forward(ref.inputs), ref.labels);
+  loss.backward();
+  pm->finish_backward();
+  EXPECT_EQ(loss.item<double>(), ref.loss);
+  for (const TrainedParam& p : pm->params()) {
+    EXPECT_TRUE(p.writer);
+    EXPECT_TRUE(at::equal(p.local.grad(), ref.grads.at(p.name))) << p.name;
+  }
+}
+
+}  // namespace
+}  // namespace titan
