@@ -8,6 +8,7 @@
 #include "titan/models/common/attention.h"
 
 #include "titan/common/check.h"
+#include "titan/models/common/savable_ops.h"
 
 #include <algorithm>
 #include <cmath>
@@ -43,10 +44,10 @@ at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::
   const int64_t n_rep = n_heads / n_kv_heads;
   // Query head h reads kv head h / n_rep: SDPA's enable_gqa does this inside the kernel, with no
   // (bs, n_heads, seqlen, head_dim) copies of K and V.
-  const at::Tensor out = at::scaled_dot_product_attention(
-      q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), /*attn_mask=*/{},
-      /*dropout_p=*/0.0, /*is_causal=*/true, /*scale=*/std::nullopt,
-      /*enable_gqa=*/n_rep > 1);  // (bs, n_heads, seqlen, head_dim)
+  // SDPA, whose output selective activation checkpointing may keep (savable_ops.h).
+  const at::Tensor out =
+      savable_causal_sdpa(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                          /*enable_gqa=*/n_rep > 1);  // (bs, n_heads, seqlen, head_dim)
   return out.transpose(1, 2).contiguous();
 }
 

@@ -2,6 +2,7 @@
 #include "titan/models/common/linear.h"
 
 #include "titan/common/check.h"
+#include "titan/models/common/savable_ops.h"
 
 #include <algorithm>
 #include <map>
@@ -62,7 +63,7 @@ at::Tensor mixed_linear(const at::Tensor& x, const at::Tensor& weight,
     sizes.back() = wc.size(0);
     return at::mv(wc, xc.reshape({-1})).view(sizes);
   }
-  return at::linear(xc, wc);
+  return savable_linear(xc, wc);  // at::linear, unless a block is checkpointed op by op
 }
 
 Linear::Linear(int64_t in_features, int64_t out_features, at::ScalarType compute_dtype)

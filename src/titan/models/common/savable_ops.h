@@ -1,0 +1,76 @@
+// Ops whose results a recomputing runner may keep instead of computing them again: the seam for
+// per-op selective activation checkpointing (TorchTitan's selective_ac_option = "op", which keeps
+// the outputs of matmuls, attention and tensor-parallel reduce-scatters and recomputes the
+// cheap elementwise work around them: norms, RoPE, SiLU, casts).
+//
+// Model code calls savable_linear / savable_causal_sdpa at those points, and tensor parallelism
+// computes its reduce-scatter through savable_result; with no OpSaver on the calling thread they
+// are the plain ops. Activation checkpointing (src/titan/parallel/activation_checkpoint.h)
+// installs a saver while a checkpointed block runs forward, which keeps some results (the saver
+// decides which, in program order), and again while backward recomputes the block, which then
+// takes those results in the same order instead of computing them. A taken result is wired into
+// autograd through the op's own backward (for a matmul grad @ W and grad^T @ x; for attention
+// the fused kernel's backward from the kept output and log-sum-exp), so gradients are those of
+// the op computed afresh.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <functional>
+#include <vector>
+
+namespace titan {
+
+enum class SavableOp {
+  kMatmul,         // x @ w^T
+  kAttention,      // fused causal attention (CPU flash kernel; other backends are recomputed)
+  kReduceScatter,  // tensor parallelism's reduce-scatter of a row-wise projection's output
+};
+const char* savable_op_name(SavableOp op);
+
+// A per-thread policy (see the top of this file). Each savable op asks keeps() once, in program
+// order; when it answers true the op either computes its results and hands them to keep()
+// (!replaying(): the checkpointed forward) or takes them with take() (replaying(): the
+// recomputation), which must return what keep() got for the same occurrence.
+class OpSaver {
+ public:
+  virtual ~OpSaver() = default;
+  // Whether this occurrence's results are kept. `weight`: the matmul's (out, in) weight;
+  // undefined for the other ops.
+  virtual bool keeps(SavableOp op, const at::Tensor& weight) = 0;
+  virtual bool replaying() const = 0;
+  // results[0] is the op's output; the rest are statistics its backward needs.
+  virtual void keep(SavableOp op, std::vector<at::Tensor> results) = 0;
+  virtual std::vector<at::Tensor> take(SavableOp op) = 0;
+};
+
+// The calling thread's saver, or null.
+OpSaver* current_op_saver();
+
+// Installs `saver` on the calling thread for the scope's lifetime (the previous one after).
+class OpSaverScope {
+ public:
+  explicit OpSaverScope(OpSaver* saver);
+  ~OpSaverScope();
+  OpSaverScope(const OpSaverScope&) = delete;
+  OpSaverScope& operator=(const OpSaverScope&) = delete;
+
+ private:
+  OpSaver* previous_;
+};
+
+// x (..., in) @ weight (out, in)^T -> (..., out), as at::linear.
+at::Tensor savable_linear(const at::Tensor& x, const at::Tensor& weight);
+
+// Causal scaled-dot-product attention as at::scaled_dot_product_attention(q, k, v, /*mask=*/{},
+// /*dropout_p=*/0, /*is_causal=*/true, /*scale=*/default, enable_gqa). q (bs, n_heads, seq, hd),
+// k and v (bs, n_kv_heads, seq, hd) -> (bs, n_heads, seq, hd). Kept only where libtorch runs it
+// with the CPU flash kernel (whose backward takes the output and log-sum-exp).
+at::Tensor savable_causal_sdpa(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                               bool enable_gqa);
+
+// For the forward of an autograd Function whose backward needs none of its forward values (a
+// collective): compute(), or the kept result while replaying.
+at::Tensor savable_result(SavableOp op, const std::function<at::Tensor()>& compute);
+
+}  // namespace titan

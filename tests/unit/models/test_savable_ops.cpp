@@ -1,0 +1,124 @@
+// The savable-op seam (savable_ops.h) with a saver that keeps every op: recording gives the plain
+// op's output, replaying hands back the kept tensor itself (nothing recomputed) and its backward
+// gives the plain op's gradients, bit for bit; without a saver the ops are the plain ones.
+#include "titan/models/common/savable_ops.h"
+
+#include <gtest/gtest.h>
+
+#include <vector>
+
+namespace titan {
+namespace {
+
+// Keeps every op it is asked about; replays them in order.
+class KeepAll : public OpSaver {
+ public:
+  bool keeps(SavableOp op, const at::Tensor&) override {
+    asked.push_back(op);
+    return true;
+  }
+  bool replaying() const override { return replay; }
+  void keep(SavableOp, std::vector<at::Tensor> results) override { kept.push_back(results); }
+  std::vector<at::Tensor> take(SavableOp) override { return kept.at(taken++); }
+
+  bool replay = false;
+  std::vector<SavableOp> asked;
+  std::vector<std::vector<at::Tensor>> kept;
+  size_t taken = 0;
+};
+
+struct Grads {
+  at::Tensor out;
+  std::vector<at::Tensor> grads;
+};
+
+// fn(leaves) and the leaves' gradients for the output gradient `grad`.
+Grads differentiate(const std::function<at::Tensor(const std::vector<at::Tensor>&)>& fn,
+                    const std::vector<at::Tensor>& inputs, const at::Tensor& grad) {
+  std::vector<at::Tensor> leaves;
+  for (const auto& t : inputs) leaves.push_back(t.detach().clone().requires_grad_(true));
+  Grads g{fn(leaves), {}};
+  g.out.backward(grad);
+  for (const auto& leaf : leaves) g.grads.push_back(leaf.grad());
+  return g;
+}
+
+// Records `fn` under a keeping saver without autograd, then replays it with autograd: the output
+// must be the kept tensor and the gradients those of `plain`.
+void check_replay(const std::function<at::Tensor(const std::vector<at::Tensor>&)>& fn,
+                  const std::vector<at::Tensor>& inputs, SavableOp op, size_t results) {
+  at::manual_seed(3);
+  const Grads plain = differentiate(fn, inputs, at::randn(fn(inputs).sizes()));
+  at::manual_seed(3);
+  const at::Tensor grad = at::randn(plain.out.sizes());
+  KeepAll saver;
+  {
+    at::NoGradGuard no_grad;
+    OpSaverScope scope(&saver);
+    EXPECT_TRUE(at::equal(fn(inputs), plain.out));
+  }
+  ASSERT_EQ(saver.asked, std::vector<SavableOp>{op});
+  ASSERT_EQ(saver.kept.size(), 1u);
+  ASSERT_EQ(saver.kept[0].size(), results);
+  saver.replay = true;
+  const at::Tensor kept = saver.kept[0][0];
+  OpSaverScope scope(&saver);
+  const Grads replayed = differentiate(fn, inputs, grad);
+  EXPECT_EQ(saver.taken, 1u);
+  EXPECT_EQ(replayed.out.data_ptr(), kept.data_ptr());  // the kept output, not a recomputed one
+  ASSERT_EQ(replayed.grads.size(), plain.grads.size());
+  for (size_t i = 0; i < plain.grads.size(); ++i) {
+    EXPECT_TRUE(at::equal(replayed.grads[i], plain.grads[i]))
+        << "input " << i << ": max diff "
+        << (replayed.grads[i] - plain.grads[i]).abs().max().item<double>();
+  }
+}
+
+TEST(SavableOps, LinearReplaysWithItsOwnBackward) {
+  at::manual_seed(0);
+  const std::vector<at::Tensor> inputs{at::randn({2, 5, 8}), at::randn({6, 8})};
+  check_replay([](const auto& t) { return savable_linear(t[0], t[1]); }, inputs,
+               SavableOp::kMatmul, 1);
+  // bf16, as under mixed precision.
+  std::vector<at::Tensor> bf16;
+  for (const auto& t : inputs) bf16.push_back(t.to(at::kBFloat16));
+  check_replay([](const auto& t) { return savable_linear(t[0], t[1]); }, bf16,
+               SavableOp::kMatmul, 1);
+}
+
+TEST(SavableOps, GqaAttentionReplaysFromOutputAndLogSumExp) {
+  at::manual_seed(1);
+  // q (bs, heads, seq, hd), k and v (bs, kv_heads, seq, hd), as the model lays them out.
+  const std::vector<at::Tensor> inputs{at::randn({2, 5, 4, 6}).transpose(1, 2),
+                                       at::randn({2, 5, 2, 6}).transpose(1, 2),
+                                       at::randn({2, 5, 2, 6}).transpose(1, 2)};
+  check_replay(
+      [](const auto& t) { return savable_causal_sdpa(t[0], t[1], t[2], /*enable_gqa=*/true); },
+      inputs, SavableOp::kAttention, 2);
+}
+
+TEST(SavableOps, ResultIsTakenWithoutComputing) {
+  KeepAll saver;
+  int computed = 0;
+  const at::Tensor value = at::arange(4.0);
+  auto compute = [&] {
+    ++computed;
+    return value * 2;
+  };
+  EXPECT_TRUE(at::equal(savable_result(SavableOp::kReduceScatter, compute), value * 2));
+  EXPECT_EQ(computed, 1);  // no saver: computed
+  {
+    OpSaverScope scope(&saver);
+    savable_result(SavableOp::kReduceScatter, compute);
+    EXPECT_EQ(current_op_saver(), &saver);
+  }
+  EXPECT_EQ(current_op_saver(), nullptr);
+  EXPECT_EQ(computed, 2);
+  saver.replay = true;
+  OpSaverScope scope(&saver);
+  EXPECT_TRUE(at::equal(savable_result(SavableOp::kReduceScatter, compute), value * 2));
+  EXPECT_EQ(computed, 2);  // taken, not computed
+}
+
+}  // namespace
+}  // namespace titan
