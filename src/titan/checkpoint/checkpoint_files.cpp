@@ -106,8 +106,8 @@ nlohmann::ordered_json write_tensor_files(const std::string& tmp, const std::str
   for (const SavedTensor& t : tensors) {
     TITAN_CHECK(t.local.defined(), "checkpoint tensor '", t.name, "' is undefined");
     const std::vector<int64_t> local = t.local.sizes().vec();
-    const std::vector<int64_t> global = t.global_shape.empty() ? local : t.global_shape;
-    std::vector<int64_t> offsets = t.offsets;
+    const std::vector<int64_t> global = t.box.global_shape.empty() ? local : t.box.global_shape;
+    std::vector<int64_t> offsets = t.box.offsets;
     if (offsets.empty()) offsets.assign(local.size(), 0);
     TITAN_CHECK(global.size() == local.size() && offsets.size() == local.size(),
                 "checkpoint tensor '", t.name, "': rank mismatch between local ",

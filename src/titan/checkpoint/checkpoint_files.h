@@ -25,6 +25,8 @@
 // removes them and renames the directory. The result has the same format as above.
 #pragma once
 
+#include "titan/common/shard_box.h"
+
 #include <ATen/ATen.h>
 #include <nlohmann/json.hpp>
 
@@ -40,8 +42,7 @@ namespace titan::ckpt {
 struct SavedTensor {
   std::string name;
   at::Tensor local;                   // the data this process holds
-  std::vector<int64_t> global_shape;  // empty: local is the whole tensor
-  std::vector<int64_t> offsets;       // where `local` starts in the global tensor (empty: zeros)
+  ShardBox box;  // where `local` sits in the whole tensor; empty global_shape: local is all of it
 };
 
 // Writes a complete single-writer checkpoint to `dir` atomically (temp dir, fsync, rename). `dir`

@@ -173,7 +173,7 @@ void hf_to_checkpoint(const std::string& hf_dir, const std::string& out_dir) {
                       shape_str(it->second.sizes()) + ", config.json implies " +
                       shape_str(item.value().sizes()));
     }
-    saved.push_back(SavedTensor{item.key(), it->second, {}, {}});
+    saved.push_back(SavedTensor{item.key(), it->second, {}});
   }
   for (const auto& [name, tensor] : ours) {
     if (model->named_parameters().find(name) == nullptr) {

@@ -70,7 +70,7 @@ StateEntry model_entry(std::vector<std::pair<std::string, at::Tensor>> params, L
     for (const auto& [name, t] : params) {
       if ((t.numel() == 0 && t.dim() > 0) || !owner(name)) continue;
       const ShardBox box = layout(name);
-      tensors.push_back({name, t.detach(), box.global_shape, box.offsets});
+      tensors.push_back({name, t.detach(), box});
     }
   };
   e.load = [params, layout](const CheckpointReader& reader, const json&) {
@@ -90,7 +90,7 @@ StateEntry optimizer_entry(Optimizer& optimizer, LayoutFn layout, OwnerFn owner)
     for (const auto& [name, t] : optimizer.state_tensors()) {
       if ((t.numel() == 0 && t.dim() > 0) || !owner(param_of(name))) continue;
       const ShardBox box = layout(param_of(name));
-      tensors.push_back({"optimizer." + name, t, box.global_shape, box.offsets});
+      tensors.push_back({"optimizer." + name, t, box});
     }
     state["step_count"] = optimizer.step_count();
   };
@@ -186,7 +186,7 @@ StateEntry rng_entry(bool owner) {
     if (!owner) return;
     auto gen = at::detail::getDefaultCPUGenerator();
     std::lock_guard<std::mutex> lock(gen.mutex());
-    tensors.push_back({"rng.cpu", gen.get_state(), {}, {}});
+    tensors.push_back({"rng.cpu", gen.get_state(), {}});
   };
   e.load = [](const CheckpointReader& reader, const json&) {
     at::Tensor state = reader.read("rng.cpu");

@@ -104,9 +104,9 @@ std::vector<StateEntry> entries(RankState& s) {
   model.name = "model";
   model.is_model = true;
   model.save = [&s](std::vector<SavedTensor>& tensors, nlohmann::json& state) {
-    tensors.push_back({"w", s.w, {7, 5}, s.w_offsets()});
-    tensors.push_back({"e", s.e, {4, 6}, {chunk(4, s.rank, s.size).first, 0}});
-    if (s.rank == 0) tensors.push_back({"b", s.b, {}, {}});
+    tensors.push_back({"w", s.w, {{7, 5}, s.w_offsets()}});
+    tensors.push_back({"e", s.e, {{4, 6}, {chunk(4, s.rank, s.size).first, 0}}});
+    if (s.rank == 0) tensors.push_back({"b", s.b, {}});
     state["saved_by"] = s.rank;  // only rank 0's JSON is kept
   };
   model.load = [&s](const CheckpointReader& reader, const nlohmann::json&) {
@@ -349,7 +349,7 @@ TEST(CheckpointDistributed, OverlapsHolesAndFailedRanksLeaveNoCheckpoint) {
     const std::string dump = fresh_dump("overlap");
     const auto errors = save_with(dump, 2, [&](int rank, std::vector<SavedTensor>& tensors) {
       const int64_t begin = rank == 0 ? 0 : 3;  // rows [0, 4) and [3, 7): row 3 twice
-      tensors.push_back({"w", w.narrow(0, begin, 4), {7, 5}, {begin, 0}});
+      tensors.push_back({"w", w.narrow(0, begin, 4), {{7, 5}, {begin, 0}}});
     });
     EXPECT_NE(errors[0].find("'w'"), std::string::npos) << errors[0];
     EXPECT_NE(errors[0].find("rank 0's box [0, 0] + [4, 5] overlaps rank 1's box [3, 0]"),
@@ -362,7 +362,7 @@ TEST(CheckpointDistributed, OverlapsHolesAndFailedRanksLeaveNoCheckpoint) {
   {
     const std::string dump = fresh_dump("replicated_twice");
     const auto errors = save_with(dump, 3, [&](int rank, std::vector<SavedTensor>& tensors) {
-      if (rank != 1) tensors.push_back({"b", bias(0), {}, {}});
+      if (rank != 1) tensors.push_back({"b", bias(0), {}});
     });
     EXPECT_NE(errors[0].find("'b' [5]: rank 0's box [0] + [5] overlaps rank 2's box"),
               std::string::npos)
@@ -373,7 +373,7 @@ TEST(CheckpointDistributed, OverlapsHolesAndFailedRanksLeaveNoCheckpoint) {
   {
     const std::string dump = fresh_dump("hole");
     const auto errors = save_with(dump, 2, [&](int rank, std::vector<SavedTensor>& tensors) {
-      if (rank == 0) tensors.push_back({"w", w.narrow(0, 0, 4), {7, 5}, {0, 0}});
+      if (rank == 0) tensors.push_back({"w", w.narrow(0, 0, 4), {{7, 5}, {0, 0}}});
     });
     EXPECT_NE(errors[0].find("cover 20 of its 35 elements"), std::string::npos) << errors[0];
     EXPECT_TRUE(steps_in(dump).empty());
@@ -383,7 +383,7 @@ TEST(CheckpointDistributed, OverlapsHolesAndFailedRanksLeaveNoCheckpoint) {
     const auto errors = save_with(dump, 2, [&](int rank, std::vector<SavedTensor>& tensors) {
       at::Tensor part = w.narrow(0, rank * 4, rank == 0 ? 4 : 3);
       if (rank == 1) part = part.to(at::kDouble);
-      tensors.push_back({"w", part, {7, 5}, {rank * 4, 0}});
+      tensors.push_back({"w", part, {{7, 5}, {rank * 4, 0}}});
     });
     EXPECT_NE(errors[0].find("rank 0 saves it as F32 [7,5], rank 1 as F64"), std::string::npos)
         << errors[0];

@@ -116,9 +116,9 @@ TEST(CheckpointFiles, RoundTripWithStateAndShardSplitting) {
   at::manual_seed(1);
   std::vector<SavedTensor> tensors;
   for (int i = 0; i < 6; ++i) {
-    tensors.push_back({"layers." + std::to_string(i) + ".w", at::randn({32, 16}), {}, {}});
+    tensors.push_back({"layers." + std::to_string(i) + ".w", at::randn({32, 16}), {}});
   }
-  tensors.push_back({"step_scalar", at::scalar_tensor(5, at::kLong), {}, {}});
+  tensors.push_back({"step_scalar", at::scalar_tensor(5, at::kLong), {}});
   nlohmann::json state = {{"step", 12}, {"nested", {{"a", {1, 2, 3}}}}};
   const std::string dir = root + "/step-12";
   write_checkpoint(dir, tensors, state, /*max_shard_bytes=*/5000);
@@ -148,9 +148,9 @@ TEST(CheckpointFiles, ShardedTensorReadsAcrossBoxes) {
   const std::string root = fresh_dir("ck_sharded");
   at::Tensor full = at::arange(8 * 6, at::kFloat).view({8, 6});
   std::vector<SavedTensor> tensors = {
-      {"w", full.slice(0, 0, 3), {8, 6}, {0, 0}},
-      {"w", full.slice(0, 3, 8).slice(1, 0, 4), {8, 6}, {3, 0}},
-      {"w", full.slice(0, 3, 8).slice(1, 4, 6), {8, 6}, {3, 4}},
+      {"w", full.slice(0, 0, 3), {{8, 6}, {0, 0}}},
+      {"w", full.slice(0, 3, 8).slice(1, 0, 4), {{8, 6}, {3, 0}}},
+      {"w", full.slice(0, 3, 8).slice(1, 4, 6), {{8, 6}, {3, 4}}},
   };
   write_checkpoint(root + "/step-1", tensors, nlohmann::json::object(), /*max_shard_bytes=*/64);
   CheckpointReader reader(root + "/step-1");
@@ -167,7 +167,7 @@ TEST(CheckpointFiles, ShardedTensorReadsAcrossBoxes) {
 
 TEST(CheckpointFiles, DetectsCorruptionNamingTheFile) {
   const std::string root = fresh_dir("ck_corrupt");
-  std::vector<SavedTensor> tensors = {{"w", at::randn({128, 128}), {}, {}}};
+  std::vector<SavedTensor> tensors = {{"w", at::randn({128, 128}), {}}};
   const std::string dir = root + "/step-1";
   write_checkpoint(dir, tensors, {{"step", 1}});
   const std::string shard = dir + "/shard-00000.safetensors";

@@ -75,7 +75,7 @@ struct State {
     model.name = "model";
     model.is_model = true;
     model.save = [this](std::vector<SavedTensor>& tensors, nlohmann::json&) {
-      tensors.push_back({"w", w, {}, {}});
+      tensors.push_back({"w", w, {}});
     };
     model.load = [this](const CheckpointReader& r, const nlohmann::json&) { w = r.read("w"); };
     StateEntry train_state;
@@ -250,7 +250,7 @@ TEST(CheckpointHardening, IndexChecksumCatchesOneChangedDigit) {
 
 TEST(CheckpointHardening, SwappedTensorNamesAreCaught) {
   const std::string dir = fresh_dir("swap") + "/step-1";
-  ckpt::write_checkpoint(dir, {{"a", at::zeros({2}), {}, {}}, {"b", at::ones({2}), {}, {}}},
+  ckpt::write_checkpoint(dir, {{"a", at::zeros({2}), {}}, {"b", at::ones({2}), {}}},
                          {{"step", 1}});
   std::string text = read_text(dir + "/index.json");
   const size_t a = text.find("\"key\": \"a\"");

@@ -45,10 +45,10 @@ void save_checkpoint(const Model& model, const nlohmann::json& description, cons
                      const std::string& tokenizer_path = "") {
   std::vector<ckpt::SavedTensor> tensors;
   for (const auto& item : model.named_parameters()) {
-    tensors.push_back({item.key(), item.value().detach(), {}, {}});
+    tensors.push_back({item.key(), item.value().detach(), {}});
   }
   // Optimizer state rides along in real checkpoints; conversion must ignore it.
-  tensors.push_back({"optimizer.norm.weight.exp_avg", at::zeros({7}), {}, {}});
+  tensors.push_back({"optimizer.norm.weight.exp_avg", at::zeros({7}), {}});
   ckpt::write_checkpoint(dir, tensors,
                          {{"model", description}, {"tokenizer_path", tokenizer_path}});
 }
