@@ -17,13 +17,14 @@ build_dir="${TITAN_BUILD_DIR:-$root/build}"
 # libtorch itself comes from the torch wheel (python_env.sh); gloo's headers come from Debian
 # (libtorch ships c10d's ProcessGroupGloo.hpp, which includes them, but not gloo's own headers;
 # nothing links Debian's libgloo: Gloo's code is inside libtorch). clang and its runtime
-# libraries (libFuzzer, sanitizers) build the parser fuzzers (scripts/fuzz.sh).
+# libraries (libFuzzer, sanitizers) build the parser fuzzers (scripts/fuzz.sh); clang-format (the
+# same major version, 14) checks and applies the code layout (.clang-format, scripts/format.sh).
 packages=(
   build-essential cmake ninja-build pkg-config
   libgloo-dev
   libtomlplusplus-dev nlohmann-json3-dev libgtest-dev
   ca-certificates
-  clang libclang-rt-14-dev
+  clang libclang-rt-14-dev clang-format
 )
 
 missing=()

@@ -33,8 +33,8 @@ struct ScratchFolder {
   ScratchFolder() {
     std::string pattern = (std::filesystem::temp_directory_path() / "titan-bench-XXXXXX").string();
     if (mkdtemp(pattern.data()) == nullptr) {
-      throw DataError("cannot create the temporary folder " + pattern + ": " + std::strerror(errno) +
-                      ". HINT: set TMPDIR to a writable folder");
+      throw DataError("cannot create the temporary folder " + pattern + ": " +
+                      std::strerror(errno) + ". HINT: set TMPDIR to a writable folder");
     }
     path = pattern;
   }
@@ -71,7 +71,8 @@ int run_bench(const std::vector<std::string>& args) {
   for (int64_t step = warmup + 1; step <= warmup + steps; ++step) {
     trainer.train_step(step, &grad_norm);
   }
-  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 
   const int64_t tokens_per_step = t.local_batch_size * trainer.accumulation_steps() * t.seq_len;
   const double tps = static_cast<double>(steps * tokens_per_step) / seconds;

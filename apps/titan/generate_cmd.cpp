@@ -189,7 +189,8 @@ std::vector<int64_t> parse_prompt_ids(const std::string& text, int64_t vocab_siz
 void write_out(const std::string& text) {
   if (std::fwrite(text.data(), 1, text.size(), stdout) != text.size() || std::fflush(stdout) != 0) {
     throw DataError(std::string("generate: cannot write the output to standard output: ") +
-                    std::strerror(errno) + ". HINT: check where standard output goes (a full disk?)");
+                    std::strerror(errno) +
+                    ". HINT: check where standard output goes (a full disk?)");
   }
 }
 
@@ -230,11 +231,12 @@ int run_generate(const std::vector<std::string>& args) {
   // As `titan train` checks: ids past the model's embedding would index out of range.
   check_tokenizer_fits_model(
       *tokenizer, model->stats(1, opts.max_seq_len).vocab_size, description,
-      opts.checkpoint.empty() ? "pick a --flavor with a larger vocab, or another --tokenizer"
-                              : "use the model's own tokenizer: drop --tokenizer to use " +
-                                    (model_tokenizer_path.empty() ? std::string("the byte tokenizer")
-                                                                  : "'" + model_tokenizer_path + "'") +
-                                    " (recorded with the model)");
+      opts.checkpoint.empty()
+          ? "pick a --flavor with a larger vocab, or another --tokenizer"
+          : "use the model's own tokenizer: drop --tokenizer to use " +
+                (model_tokenizer_path.empty() ? std::string("the byte tokenizer")
+                                              : "'" + model_tokenizer_path + "'") +
+                " (recorded with the model)");
 
   std::vector<int64_t> prompt;
   if (opts.prompt_ids) {

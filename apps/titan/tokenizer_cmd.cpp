@@ -194,14 +194,13 @@ int bench(const Options& opts) {
       const std::clock_t cpu0 = std::clock();
       const size_t tokens = encode_all(*tok, docs, threads);
       const double cpu = static_cast<double>(std::clock() - cpu0) / CLOCKS_PER_SEC;
-      const double s =
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       // CPU seconds (all threads) tell a busy machine from a slow tokenizer.
-      std::printf("encode, %d thread%s, %s cache: %zu docs, %.2f MB, %zu tokens "
-                  "(%.2f bytes/token), %.3f s (cpu %.3f s), %.1f MB/s\n",
-                  threads, threads == 1 ? "" : "s", cache, docs.size(), bytes / 1e6, tokens,
-                  static_cast<double>(bytes) / std::max<size_t>(tokens, 1), s, cpu,
-                  bytes / 1e6 / s);
+      std::printf(
+          "encode, %d thread%s, %s cache: %zu docs, %.2f MB, %zu tokens "
+          "(%.2f bytes/token), %.3f s (cpu %.3f s), %.1f MB/s\n",
+          threads, threads == 1 ? "" : "s", cache, docs.size(), bytes / 1e6, tokens,
+          static_cast<double>(bytes) / std::max<size_t>(tokens, 1), s, cpu, bytes / 1e6 / s);
       std::fflush(stdout);
     }
   }
@@ -294,7 +293,7 @@ std::string add_training_text(const TrainArgs& t, BpeTrainer* trainer) {
   char megabytes[32];
   std::snprintf(megabytes, sizeof(megabytes), "%.2f MB", bytes / 1e6);
   return "read " + std::to_string(count) + " " + what + ", " + megabytes + ", " +
-      std::to_string(trainer->num_unique_words()) + " unique pre-tokens";
+         std::to_string(trainer->num_unique_words()) + " unique pre-tokens";
 }
 
 int train(const std::vector<std::string>& args) {
@@ -318,8 +317,8 @@ int train(const std::vector<std::string>& args) {
   if (tty) std::fputc('\n', stderr);
   write_bpe_tokenizer_json(result, t.output);
   std::printf("trained %zu merges, vocab %zu in %.2f s -> %s/tokenizer.json\n",
-              result.merges.size(), result.tokens.size() + result.special_tokens.size(),
-              seconds(), t.output.c_str());
+              result.merges.size(), result.tokens.size() + result.special_tokens.size(), seconds(),
+              t.output.c_str());
   return 0;
 }
 

@@ -29,7 +29,8 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 
 uint64_t total_bytes(const std::vector<SavedTensor>& tensors) {
   uint64_t n = 0;
-  for (const auto& t : tensors) n += static_cast<uint64_t>(t.local.numel()) * t.local.element_size();
+  for (const auto& t : tensors)
+    n += static_cast<uint64_t>(t.local.numel()) * t.local.element_size();
   return n;
 }
 
@@ -119,8 +120,8 @@ void throw_if_any_failed(const std::vector<int64_t>& statuses, const std::except
                          const std::string& what) {
   if (all_ok(statuses)) return;
   if (mine) std::rethrow_exception(mine);
-  const auto first = std::find_if(statuses.begin(), statuses.end(),
-                                  [](int64_t s) { return s != kOk; });
+  const auto first =
+      std::find_if(statuses.begin(), statuses.end(), [](int64_t s) { return s != kOk; });
   const std::string message =
       what + ": rank(s) " + failed_ranks(statuses) + " failed (their log has the error)";
   if (*first == kConfigError) throw ConfigError(message);
@@ -154,15 +155,14 @@ struct CheckpointManager::PendingSave {
   nlohmann::json state;  // rank 0's: stored in index.json at the commit
   bool model_only = false;
   std::chrono::steady_clock::time_point t0;
-  uint64_t bytes = 0;          // tensor bytes this rank wrote
-  std::exception_ptr error;    // this rank's writing failed
+  uint64_t bytes = 0;        // tensor bytes this rank wrote
+  std::exception_ptr error;  // this rank's writing failed
   std::atomic<bool> written{false};
 };
 
 CheckpointManager::CheckpointManager(const CheckpointSection& config,
-                                     const std::string& dump_folder,
-                                     std::vector<StateEntry> states, nlohmann::json describe,
-                                     std::shared_ptr<dist::Group> group)
+                                     const std::string& dump_folder, std::vector<StateEntry> states,
+                                     nlohmann::json describe, std::shared_ptr<dist::Group> group)
     : config_(config),
       folder_((fs::path(dump_folder) / config.folder).string()),
       states_(std::move(states)),
@@ -253,8 +253,8 @@ void CheckpointManager::save(int64_t step, bool model_only, bool keep_dtype) {
   collect(step, model_only, keep_dtype, tensors, state);
   if (config_.async_mode == "disabled") {
     write_and_purge(dir, tensors, state);
-    log_info("checkpoint ", model_only ? "(model only) " : "", dir, " saved: ",
-             human_bytes(total_bytes(tensors)), " in ", seconds_since(t0), "s");
+    log_info("checkpoint ", model_only ? "(model only) " : "", dir,
+             " saved: ", human_bytes(total_bytes(tensors)), " in ", seconds_since(t0), "s");
     return;
   }
   // Snapshot: the training loop changes parameters and optimizer state in place.
@@ -455,8 +455,8 @@ LoadResult CheckpointManager::load_dir(const std::string& dir, bool model_only_r
   result.step = model_only ? 0 : state.value("step", int64_t{0});
   result.dir = dir;
   log_info("loaded checkpoint ", dir, " (", join(loaded),
-           skipped.empty() ? "" : "; not loaded: " + join(skipped),
-           ") in ", seconds_since(t0), "s");
+           skipped.empty() ? "" : "; not loaded: " + join(skipped), ") in ", seconds_since(t0),
+           "s");
   return result;
 }
 
@@ -483,7 +483,8 @@ LoadResult CheckpointManager::load(const std::function<void(const std::string&)>
   if (config_.initial_load_path.empty()) return {};
   const std::string& path = config_.initial_load_path;
   if (config_.initial_load_in_hf) {
-    TITAN_CHECK(static_cast<bool>(hf_loader), "checkpoint.initial_load_in_hf: no Hugging Face loader");
+    TITAN_CHECK(static_cast<bool>(hf_loader),
+                "checkpoint.initial_load_in_hf: no Hugging Face loader");
     hf_loader(path);
     log_info("loaded the model from the Hugging Face folder ", path);
     return hf_load_result(path);
@@ -505,8 +506,7 @@ LoadResult CheckpointManager::load(const std::function<void(const std::string&)>
 
 // ---- collective loading ------------------------------------------------------------------------
 
-LoadResult CheckpointManager::load_dir_everywhere(const std::string& dir,
-                                                  bool model_only_requested,
+LoadResult CheckpointManager::load_dir_everywhere(const std::string& dir, bool model_only_requested,
                                                   bool fall_back_on_data_error,
                                                   std::string* data_error) {
   LoadResult result;
@@ -518,9 +518,8 @@ LoadResult CheckpointManager::load_dir_everywhere(const std::string& dir,
     error = std::current_exception();
   }
   const std::vector<int64_t> statuses = all_gather_ints(*group_, {status_of(error)});
-  const bool only_data_errors = std::all_of(statuses.begin(), statuses.end(), [](int64_t s) {
-    return s == kOk || s == kDataError;
-  });
+  const bool only_data_errors = std::all_of(statuses.begin(), statuses.end(),
+                                            [](int64_t s) { return s == kOk || s == kDataError; });
   if (fall_back_on_data_error && only_data_errors && !all_ok(statuses)) {
     // Every rank falls back together; rank 0 reports why.
     if (error && rank() != 0) {
@@ -558,15 +557,17 @@ LoadResult CheckpointManager::load_collective(
       const nlohmann::json choice = receive(root ? chooser->next(failed) : nlohmann::json());
       if (choice.contains("none")) break;
       const std::string dir = choice["dir"].get<std::string>();
-      LoadResult r = load_dir_everywhere(dir, /*model_only_requested=*/false,
-                                         /*fall_back_on_data_error=*/config_.load_step < 0, &failed);
+      LoadResult r =
+          load_dir_everywhere(dir, /*model_only_requested=*/false,
+                              /*fall_back_on_data_error=*/config_.load_step < 0, &failed);
       if (r.loaded) return r;
     }
   }
   if (config_.initial_load_path.empty()) return {};
   const std::string& path = config_.initial_load_path;
   if (config_.initial_load_in_hf) {
-    TITAN_CHECK(static_cast<bool>(hf_loader), "checkpoint.initial_load_in_hf: no Hugging Face loader");
+    TITAN_CHECK(static_cast<bool>(hf_loader),
+                "checkpoint.initial_load_in_hf: no Hugging Face loader");
     std::exception_ptr error;
     try {
       hf_loader(path);

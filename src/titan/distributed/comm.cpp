@@ -26,9 +26,7 @@ const char* to_string(ReduceOp op) {
   return "?";
 }
 
-const char* to_string(Backend backend) {
-  return backend == Backend::kGloo ? "gloo" : "nccl";
-}
+const char* to_string(Backend backend) { return backend == Backend::kGloo ? "gloo" : "nccl"; }
 
 bool nccl_available() {
 #if TITAN_HAS_NCCL
@@ -94,8 +92,7 @@ void check_members_agree(Group::State& s, c10d::Store& store) {
         missing.push_back(r);
       }
     }
-    double waited =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     throw CommError("creating process group " + s.describe() + ": timed out after " +
                     seconds_text(waited) + " waiting for group ranks [" + join(missing) +
                     "] to join (" + e.what() +
@@ -185,8 +182,7 @@ void Group::State::check_healthy(const std::string& op) const {
   std::lock_guard<std::mutex> lock(mutex);
   if (broken) {
     throw CommError(op + " on process group " + describe() +
-                    ": the group is unusable since an earlier collective failed: " +
-                    broken_reason);
+                    ": the group is unusable since an earlier collective failed: " + broken_reason);
   }
 }
 
@@ -201,8 +197,7 @@ void Group::State::mark_broken(const std::string& reason) {
 void Group::State::fail(const std::string& op, const std::string& cause, double seconds) {
   std::string what = op + " on process group " + describe() + " failed after " +
                      seconds_text(seconds) + " (timeout " +
-                     seconds_text(static_cast<double>(timeout_ms.load()) / 1000.0) + "): " +
-                     cause;
+                     seconds_text(static_cast<double>(timeout_ms.load()) / 1000.0) + "): " + cause;
   mark_broken(what);
   const bool stop = !cause.empty() && (cause.back() == '.' || cause.back() == '!');
   throw CommError(what + (stop ? "" : ".") +
@@ -226,15 +221,15 @@ Group::~Group() = default;
 std::shared_ptr<Group> Group::create(const c10::intrusive_ptr<c10d::Store>& store, int rank,
                                      int size, GroupOptions options) {
   TITAN_CHECK(store, "Group::create(", options.name, "): store is null");
-  TITAN_CHECK(size >= 1 && rank >= 0 && rank < size, "Group::create(", options.name,
-              "): rank ", rank, " is not in [0, size ", size, ")");
-  TITAN_CHECK(options.timeout.count() > 0, "Group::create(", options.name, "): timeout must be "
-              "> 0, got ", options.timeout.count(), " ms");
+  TITAN_CHECK(size >= 1 && rank >= 0 && rank < size, "Group::create(", options.name, "): rank ",
+              rank, " is not in [0, size ", size, ")");
+  TITAN_CHECK(options.timeout.count() > 0, "Group::create(", options.name,
+              "): timeout must be > 0, got ", options.timeout.count(), " ms");
   std::vector<int> world_ranks(size);
   for (int r = 0; r < size; ++r) world_ranks[r] = r;
   std::string prefix = "titan/" + options.name;
-  auto state = make_state(store, std::move(prefix), rank, size, std::move(world_ranks),
-                          std::move(options));
+  auto state =
+      make_state(store, std::move(prefix), rank, size, std::move(world_ranks), std::move(options));
   build_backend(*state);
   return std::shared_ptr<Group>(new Group(std::move(state)));
 }
@@ -244,11 +239,10 @@ std::shared_ptr<Group> Group::new_subgroup(const std::string& name, const std::v
   TITAN_CHECK(!ranks.empty(), "new_subgroup(", name, ") on ", s.describe(), ": empty rank list");
   int my_index = -1;
   for (size_t i = 0; i < ranks.size(); ++i) {
-    TITAN_CHECK(ranks[i] >= 0 && ranks[i] < s.size, "new_subgroup(", name, ") on ",
-                s.describe(), ": rank ", ranks[i], " is not in [0, ", s.size, ")");
-    TITAN_CHECK(i == 0 || ranks[i] > ranks[i - 1], "new_subgroup(", name, ") on ",
-                s.describe(), ": ranks must be strictly increasing, got [", join(ranks),
-                "]");
+    TITAN_CHECK(ranks[i] >= 0 && ranks[i] < s.size, "new_subgroup(", name, ") on ", s.describe(),
+                ": rank ", ranks[i], " is not in [0, ", s.size, ")");
+    TITAN_CHECK(i == 0 || ranks[i] > ranks[i - 1], "new_subgroup(", name, ") on ", s.describe(),
+                ": ranks must be strictly increasing, got [", join(ranks), "]");
     if (ranks[i] == s.rank) my_index = static_cast<int>(i);
   }
   if (my_index < 0) return nullptr;
@@ -261,9 +255,9 @@ std::shared_ptr<Group> Group::new_subgroup(const std::string& name, const std::v
   GroupOptions options = s.options;
   options.name = name;
   options.timeout = s.timeout();
-  auto sub = make_state(s.root_store, s.prefix + "/" + key + "#" + std::to_string(generation),
-                        my_index, static_cast<int>(ranks.size()), std::move(world_ranks),
-                        std::move(options));
+  auto sub =
+      make_state(s.root_store, s.prefix + "/" + key + "#" + std::to_string(generation), my_index,
+                 static_cast<int>(ranks.size()), std::move(world_ranks), std::move(options));
   sub->gloo_devices = s.gloo_devices;
   build_backend(*sub);
   return std::shared_ptr<Group>(new Group(std::move(sub)));

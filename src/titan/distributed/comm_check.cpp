@@ -41,30 +41,30 @@ void check_tensor(const Group::State& s, const char* op, const char* arg, const 
   TITAN_CHECK(t.defined(), op, " on ", s.describe(), ": ", arg, " is an undefined tensor");
   TITAN_CHECK(t.layout() == at::kStrided, op, " on ", s.describe(), ": ", arg,
               " must be a dense (strided) tensor, got layout ", t.layout());
-  TITAN_CHECK(t.is_contiguous(), op, " on ", s.describe(), ": ", arg, " of shape ",
-              shape_text(t), " is not contiguous. HINT: pass t.contiguous() and copy the result "
+  TITAN_CHECK(t.is_contiguous(), op, " on ", s.describe(), ": ", arg, " of shape ", shape_text(t),
+              " is not contiguous. HINT: pass t.contiguous() and copy the result "
               "back, or allocate the buffer contiguous.");
   if (s.options.backend == Backend::kGloo) {
     TITAN_CHECK(t.device().is_cpu(), op, " on ", s.describe(), ": ", arg, " is on ", t.device(),
                 " but the gloo backend needs CPU tensors. HINT: use the nccl backend for CUDA "
                 "tensors, or move the tensor to the CPU.");
   } else {
-    TITAN_CHECK(t.device().is_cuda(), op, " on ", s.describe(), ": ", arg, " is on ",
-                t.device(), " but the nccl backend needs CUDA tensors.");
+    TITAN_CHECK(t.device().is_cuda(), op, " on ", s.describe(), ": ", arg, " is on ", t.device(),
+                " but the nccl backend needs CUDA tensors.");
   }
 }
 
 void check_dtype(const Group::State& s, const char* op, const at::Tensor& t, bool reduction,
                  ReduceOp reduce_op) {
   at::ScalarType dt = t.scalar_type();
-  bool movable = dt == at::kFloat || dt == at::kDouble || dt == at::kHalf ||
-                 dt == at::kBFloat16 || dt == at::kChar || dt == at::kByte || dt == at::kShort ||
-                 dt == at::kInt || dt == at::kLong || dt == at::kBool;
-  TITAN_CHECK(movable, op, " on ", s.describe(), ": dtype ", dt, " is not supported. HINT: use "
-              "a floating, integer or bool tensor.");
+  bool movable = dt == at::kFloat || dt == at::kDouble || dt == at::kHalf || dt == at::kBFloat16 ||
+                 dt == at::kChar || dt == at::kByte || dt == at::kShort || dt == at::kInt ||
+                 dt == at::kLong || dt == at::kBool;
+  TITAN_CHECK(movable, op, " on ", s.describe(), ": dtype ", dt,
+              " is not supported. HINT: use a floating, integer or bool tensor.");
   if (!reduction) return;
-  TITAN_CHECK(dt != at::kBool && dt != at::kShort, op, " on ", s.describe(), ": cannot reduce ",
-              dt, " tensors. HINT: reduce in int32/int64 or a floating dtype.");
+  TITAN_CHECK(dt != at::kBool && dt != at::kShort, op, " on ", s.describe(), ": cannot reduce ", dt,
+              " tensors. HINT: reduce in int32/int64 or a floating dtype.");
   TITAN_CHECK(reduce_op != ReduceOp::kAvg || is_floating(dt), op, " on ", s.describe(),
               ": AVG needs a floating dtype, got ", dt,
               ". HINT: reduce with SUM and divide by the group size yourself.");
@@ -73,14 +73,13 @@ void check_dtype(const Group::State& s, const char* op, const at::Tensor& t, boo
 void check_same_dtype(const Group::State& s, const char* op, const at::Tensor& output,
                       const at::Tensor& input) {
   TITAN_CHECK(output.scalar_type() == input.scalar_type(), op, " on ", s.describe(),
-              ": output dtype ",
-              output.scalar_type(), " differs from input dtype ", input.scalar_type(),
+              ": output dtype ", output.scalar_type(), " differs from input dtype ",
+              input.scalar_type(),
               ". HINT: allocate the output with the input's dtype and cast afterwards.");
 }
 
 void check_gathered_shape(const Group::State& s, const char* op, const char* big_name,
-                          const at::Tensor& big, const char* small_name,
-                          const at::Tensor& small) {
+                          const at::Tensor& big, const char* small_name, const at::Tensor& small) {
   const int64_t n = s.size;
   bool ok = big.numel() == n * small.numel();
   if (ok && big.dim() == small.dim()) {
@@ -100,8 +99,8 @@ void check_gathered_shape(const Group::State& s, const char* op, const char* big
 std::vector<int64_t> resolve_splits(const Group::State& s, const char* arg,
                                     const std::vector<int64_t>& splits, const at::Tensor& t) {
   const char* op = "all_to_all_single";
-  TITAN_CHECK(t.dim() >= 1, op, " on ", s.describe(), ": the tensors need at least one dim, ",
-              arg, " has shape ", shape_text(t));
+  TITAN_CHECK(t.dim() >= 1, op, " on ", s.describe(), ": the tensors need at least one dim, ", arg,
+              " has shape ", shape_text(t));
   const int64_t rows = t.size(0);
   if (splits.empty()) {
     TITAN_CHECK(rows % s.size == 0, op, " on ", s.describe(), ": with no ", arg, "_splits, dim 0 ",
@@ -110,8 +109,8 @@ std::vector<int64_t> resolve_splits(const Group::State& s, const char* arg,
     return std::vector<int64_t>(s.size, rows / s.size);
   }
   TITAN_CHECK(static_cast<int64_t>(splits.size()) == s.size, op, " on ", s.describe(), ": ", arg,
-              "_splits has ", splits.size(), " entries [", join(splits),
-              "] but the group has ", s.size, " ranks");
+              "_splits has ", splits.size(), " entries [", join(splits), "] but the group has ",
+              s.size, " ranks");
   int64_t sum = 0;
   for (int64_t v : splits) {
     TITAN_CHECK(v >= 0, op, " on ", s.describe(), ": negative split in ", arg, "_splits [",
@@ -124,8 +123,7 @@ std::vector<int64_t> resolve_splits(const Group::State& s, const char* arg,
   return splits;
 }
 
-void check_peer(const Group::State& s, const char* op, const char* arg, int peer,
-                bool allow_self) {
+void check_peer(const Group::State& s, const char* op, const char* arg, int peer, bool allow_self) {
   TITAN_CHECK(peer >= 0 && peer < s.size, op, " on ", s.describe(), ": ", arg, " ", peer,
               " is not a rank of the group [0, ", s.size, ")");
   TITAN_CHECK(allow_self || peer != s.rank, op, " on ", s.describe(), ": ", arg, " ", peer,
@@ -149,8 +147,8 @@ std::string describe_row(const int64_t* row, int64_t size) {
   if (kind == OpKind::kAllToAll) {
     std::vector<int64_t> in(row + kHeader, row + kHeader + size);
     std::vector<int64_t> out(row + kHeader + size, row + kHeader + 2 * size);
-    os << ", " << row[3] << " elements per row, input_splits [" << join(in)
-       << "], output_splits [" << join(out) << "]";
+    os << ", " << row[3] << " elements per row, input_splits [" << join(in) << "], output_splits ["
+       << join(out) << "]";
   } else if (kind != OpKind::kBarrier) {
     os << ", " << row[3] << " elements";
     if (kind == OpKind::kBroadcast) os << ", root " << row[4];
@@ -223,8 +221,8 @@ std::string begin_collective(Group::State& s, const OpDesc& d) {
       }
     }
   }
-  TITAN_CHECK(problem.empty(), "collective mismatch on process group ", s.describe(), ": ",
-              problem, ". Nothing was issued; the group is still usable. HINT: every rank must "
+  TITAN_CHECK(problem.empty(), "collective mismatch on process group ", s.describe(), ": ", problem,
+              ". Nothing was issued; the group is still usable. HINT: every rank must "
               "issue the same collectives in the same order, with matching dtypes and sizes.");
   return label;
 }

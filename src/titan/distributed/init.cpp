@@ -47,7 +47,8 @@ std::string text(const std::vector<uint8_t>& b) { return {b.begin(), b.end()}; }
 std::string error_text(const std::exception& e) {
   const auto* c10_error = dynamic_cast<const c10::Error*>(&e);
   std::string msg = c10_error != nullptr ? c10_error->what_without_backtrace() : e.what();
-  while (!msg.empty() && (msg.back() == '.' || std::isspace(static_cast<unsigned char>(msg.back())))) {
+  while (!msg.empty() &&
+         (msg.back() == '.' || std::isspace(static_cast<unsigned char>(msg.back())))) {
     msg.pop_back();
   }
   return msg;
@@ -80,7 +81,8 @@ void check_master_addr_resolves(const LaunchEnv& env) {
   }
 }
 
-c10::intrusive_ptr<c10d::Store> connect_store(const LaunchEnv& env, std::chrono::milliseconds timeout) {
+c10::intrusive_ptr<c10d::Store> connect_store(const LaunchEnv& env,
+                                              std::chrono::milliseconds timeout) {
   check_master_addr_resolves(env);
   c10d::TCPStoreOptions opts;
   opts.port = static_cast<uint16_t>(env.master_port);
@@ -95,8 +97,8 @@ c10::intrusive_ptr<c10d::Store> connect_store(const LaunchEnv& env, std::chrono:
     const std::string where = env.master_addr + ":" + std::to_string(env.master_port);
     if (opts.isServer) {
       throw RendezvousError("rank 0 could not host the store on port " +
-                               std::to_string(env.master_port) + ": " + error_text(e) +
-                               ". HINT: another job may hold the port; choose another MASTER_PORT");
+                            std::to_string(env.master_port) + ": " + error_text(e) +
+                            ". HINT: another job may hold the port; choose another MASTER_PORT");
     }
     throw RendezvousError(
         "rank " + std::to_string(env.rank) + " could not reach the store at " + where + " within " +
@@ -130,13 +132,14 @@ std::string missing_ranks(c10d::Store& store, int64_t world_size,
 }
 
 // The timeout message, with the ranks whose registration key is missing.
-std::string timeout_message(c10d::Store& store, const LaunchEnv& env, std::chrono::milliseconds timeout) {
+std::string timeout_message(c10d::Store& store, const LaunchEnv& env,
+                            std::chrono::milliseconds timeout) {
   const int64_t arrived = store.add(kArrived, 0);
   const std::string missing = missing_ranks(store, env.world_size);
-  return "rendezvous timed out after " + seconds(timeout) + " (comm.init_timeout_seconds): " +
-         std::to_string(arrived) + " of " + std::to_string(env.world_size) + " ranks arrived at " +
-         env.master_addr + ":" + std::to_string(env.master_port) +
-         (missing.empty() ? "" : "; missing: " + missing) +
+  return "rendezvous timed out after " + seconds(timeout) +
+         " (comm.init_timeout_seconds): " + std::to_string(arrived) + " of " +
+         std::to_string(env.world_size) + " ranks arrived at " + env.master_addr + ":" +
+         std::to_string(env.master_port) + (missing.empty() ? "" : "; missing: " + missing) +
          ". HINT: check that every rank was started (same MASTER_ADDR, MASTER_PORT, WORLD_SIZE) "
          "and did not fail before joining";
 }
@@ -195,7 +198,8 @@ void join(c10d::Store& store, const LaunchEnv& env, std::chrono::milliseconds ti
 
 }  // namespace
 
-c10::intrusive_ptr<c10d::Store> rendezvous(const LaunchEnv& env, std::chrono::milliseconds timeout) {
+c10::intrusive_ptr<c10d::Store> rendezvous(const LaunchEnv& env,
+                                           std::chrono::milliseconds timeout) {
   const auto deadline = Clock::now() + timeout;
   c10::intrusive_ptr<c10d::Store> store = connect_store(env, timeout);
   store->setTimeout(timeout + kVerdictGrace);
@@ -223,7 +227,8 @@ DistributedContext init_distributed(const CommSection& comm, const LaunchEnv& en
   if (env.source != "titan run") {
     // titan run prefixes and filters child output itself; other launchers do not by default.
     const auto log_rank = process_env()("LOG_RANK").value_or("0");
-    const bool print_info = parse_log_ranks(log_rank, env.world_size)[static_cast<size_t>(env.rank)];
+    const bool print_info =
+        parse_log_ranks(log_rank, env.world_size)[static_cast<size_t>(env.rank)];
     set_log_rank_filter("[rank " + std::to_string(env.rank) + "] ", print_info);
   }
   const auto start = Clock::now();
@@ -250,14 +255,15 @@ void finalize_distributed(DistributedContext& dist, const CommSection& comm) {
     }
     if (exited < dist.world_size()) {
       const std::string missing = missing_ranks(*dist.store, dist.world_size(), exited_key);
-      const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start);
+      const auto waited =
+          std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start);
       dist.store.reset();
-      throw dist::CommError(
-          "exit barrier: " + std::to_string(exited) + " of " + std::to_string(dist.world_size()) +
-          " ranks finished; " + (missing.empty() ? "some ranks" : missing) +
-          " did not arrive within " + seconds(waited) + " (comm.train_timeout_seconds " +
-          seconds(timeout) + "). HINT: those ranks hang, were stopped or died after their last "
-          "collective; this rank's outputs are complete, check theirs");
+      throw dist::CommError("exit barrier: " + std::to_string(exited) + " of " +
+                            std::to_string(dist.world_size()) + " ranks finished; " +
+                            (missing.empty() ? "some ranks" : missing) + " did not arrive within " +
+                            seconds(waited) + " (comm.train_timeout_seconds " + seconds(timeout) +
+                            "). HINT: those ranks hang, were stopped or died after their last "
+                            "collective; this rank's outputs are complete, check theirs");
     }
   }
   dist.store.reset();
@@ -274,8 +280,8 @@ int64_t rank_num_threads(int64_t configured, const LaunchEnv& env, const EnvLook
     } catch (const std::exception&) {
     }
     throw ConfigError("OMP_NUM_THREADS='" + *omp + "' is not a positive integer of at most " +
-                      std::to_string(kMaxNumThreads) + " (threads per rank); unset it or set "
-                      "training.num_threads");
+                      std::to_string(kMaxNumThreads) +
+                      " (threads per rank); unset it or set training.num_threads");
   }
   return 0;
 }

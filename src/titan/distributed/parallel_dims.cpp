@@ -201,8 +201,7 @@ const std::vector<std::string>& ParallelDims::group_dims(const std::string& name
   for (const auto& entry : group_table()) {
     if (entry.first == name) return entry.second;
   }
-  TITAN_CHECK(false, "unknown parallel group '", name, "'; known: ",
-              join(group_names()));
+  TITAN_CHECK(false, "unknown parallel group '", name, "'; known: ", join(group_names()));
   static const std::vector<std::string> none;
   return none;
 }
@@ -265,8 +264,7 @@ int64_t ParallelDims::dp_rank(int64_t rank) const {
 void ParallelDims::build_groups(const std::shared_ptr<dist::Group>& world) {
   TITAN_CHECK(world, "ParallelDims::build_groups: the world group is null");
   TITAN_CHECK(world->size() == world_size_, "ParallelDims::build_groups: the world group has ",
-              world->size(), " ranks but the parallel dims were made for world_size ",
-              world_size_);
+              world->size(), " ranks but the parallel dims were made for world_size ", world_size_);
   TITAN_CHECK(groups_.empty(), "ParallelDims::build_groups was already called");
   check_parallelism_implemented(d_);
   const int64_t rank = world->rank();
@@ -275,8 +273,8 @@ void ParallelDims::build_groups(const std::shared_ptr<dist::Group>& world) {
   std::vector<std::pair<std::vector<int>, std::vector<std::string>>> unique;
   for (const auto& name : group_names()) {
     std::vector<int> ranks = group_ranks(name, rank);
-    auto it = std::find_if(unique.begin(), unique.end(),
-                           [&](const auto& u) { return u.first == ranks; });
+    auto it =
+        std::find_if(unique.begin(), unique.end(), [&](const auto& u) { return u.first == ranks; });
     if (it == unique.end()) {
       unique.push_back({ranks, {name}});
     } else {

@@ -59,8 +59,7 @@ MemoryEstimate estimate_training_memory(const ModelSpec& spec, const std::string
   const double per_sequence = static_cast<double>(two.activation_bytes - one.activation_bytes);
   const double fixed = static_cast<double>(one.activation_bytes) - per_sequence;
   const double length_scale = static_cast<double>(seq_len) / static_cast<double>(exact_len);
-  const double activations =
-      fixed + per_sequence * length_scale * static_cast<double>(batch);
+  const double activations = fixed + per_sequence * length_scale * static_cast<double>(batch);
 
   const double n = static_cast<double>(one.n_params);
   const double shards = static_cast<double>(std::max<int64_t>(1, param_shards));

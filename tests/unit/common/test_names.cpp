@@ -16,11 +16,11 @@ TEST(Names, EditDistance) {
   EXPECT_EQ(edit_distance("abc", ""), 3u);
   EXPECT_EQ(edit_distance("", "abc"), 3u);
   EXPECT_EQ(edit_distance("steps", "steps"), 0u);
-  EXPECT_EQ(edit_distance("stesp", "steps"), 2u);      // a swap is two substitutions
+  EXPECT_EQ(edit_distance("stesp", "steps"), 2u);       // a swap is two substitutions
   EXPECT_EQ(edit_distance("trainig", "training"), 1u);  // one insertion
   EXPECT_EQ(edit_distance("kitten", "sitting"), 3u);
-  EXPECT_EQ(edit_distance("flaw", "lawn"), 2u);        // a deletion and an insertion
-  EXPECT_EQ(edit_distance("lawn", "flaw"), 2u);        // symmetric
+  EXPECT_EQ(edit_distance("flaw", "lawn"), 2u);  // a deletion and an insertion
+  EXPECT_EQ(edit_distance("lawn", "flaw"), 2u);  // symmetric
 }
 
 TEST(Names, NearestNameTakesTheEarlierOnATie) {

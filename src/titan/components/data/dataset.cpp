@@ -112,9 +112,10 @@ std::string titan_cache_dir() {
 std::string default_dataset_path(const std::string& name) {
   const DatasetSpec spec = find_spec(name);
   if (spec.cache_subdir.empty()) {
-    throw ConfigError("dataset '" + name + "' reads your own files and has no default "
-                      "location; set the dataset_path of its section (e.g. --training.dataset_path DIR "
-                      "or --validation.dataset_path DIR)");
+    throw ConfigError("dataset '" + name +
+                      "' reads your own files and has no default location; "
+                      "set the dataset_path of its section (e.g. --training.dataset_path DIR or "
+                      "--validation.dataset_path DIR)");
   }
   return titan_cache_dir() + "/datasets/" + spec.cache_subdir;
 }
@@ -133,11 +134,9 @@ std::vector<Document> load_dataset(const std::string& name, const std::string& p
   return docs;
 }
 
-std::shared_ptr<const DocumentSource> open_dataset(
-    const std::string& name,
-    const std::string& path,
-    const std::string& text_field,
-    const CorpusSettings& settings) {
+std::shared_ptr<const DocumentSource> open_dataset(const std::string& name, const std::string& path,
+                                                   const std::string& text_field,
+                                                   const CorpusSettings& settings) {
   const DatasetSpec spec = find_spec(name);
   const std::string where = path.empty() ? default_dataset_path(name) : path;
   if (spec.open) {
