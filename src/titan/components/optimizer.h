@@ -1,8 +1,9 @@
 // AdamW / Adam over float32 master parameters (or bfloat16 ones under training.dtype =
 // "bfloat16", with bf16 states), and gradient clipping by global norm.
 //
-// The optimizer only ever sees the tensors it is given (later: FSDP shards), keeps its state
-// (exp_avg, exp_avg_sq, step) per parameter, and exposes it by name for checkpointing.
+// The optimizer only ever sees the tensors it is given (this rank's shards under FSDP or tensor
+// parallelism), keeps its state (exp_avg, exp_avg_sq, step) per parameter, and exposes it by name
+// for checkpointing.
 #pragma once
 
 #include "titan/config/job_config.h"

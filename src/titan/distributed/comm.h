@@ -1,5 +1,5 @@
-// Process groups and collectives: one small interface over c10d's backends, so that FSDP, DDP and
-// (later) TP/PP/CP/EP are written once and run on Gloo (CPU) and NCCL (CUDA).
+// Process groups and collectives: one small interface over c10d's backends, so that FSDP, DDP, TP
+// and (later) PP/CP/EP are written once and run on Gloo (CPU) and NCCL (CUDA).
 //
 //   auto world = dist::Group::create(store, rank, world_size, options);   // every rank
 //   dist::Work w = world->all_reduce(grad, dist::ReduceOp::kAvg);         // issued, async
