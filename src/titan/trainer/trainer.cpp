@@ -23,6 +23,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <mutex>
 #include <random>
 
 namespace titan {
@@ -57,7 +58,7 @@ Trainer::Trainer(JobConfig config, const DistributedContext* dist) : config_(std
     log_info("debug.seed not set; using seed ", seed_, " (pass --debug.seed ", seed_,
              " to reproduce)");
   }
-  at::manual_seed(static_cast<uint64_t>(seed_));
+  // The global generator is seeded where the model is built (build_model).
   if (config_.debug.deterministic) {
     at::globalContext().setDeterministicAlgorithms(true, config_.debug.deterministic_warn_only);
   }
@@ -148,7 +149,14 @@ void Trainer::build_model() {
   if (config_.validation.enable) opts.max_seq_len = std::max(opts.max_seq_len, config_.validation.seq_len);
   opts.compute_dtype = compute_dtype_;
   auto t0 = std::chrono::steady_clock::now();
-  model_ = spec_->build(config_.model.flavor, opts);
+  {
+    // The global generator is per process: ranks that share one (threads, in tests) take turns
+    // seeding it and initializing their model, so every rank starts from the same weights.
+    static std::mutex init_mutex;
+    std::lock_guard<std::mutex> lock(init_mutex);
+    at::manual_seed(static_cast<uint64_t>(seed_));
+    model_ = spec_->build(config_.model.flavor, opts);
+  }
   apply_training_dtype(*model_, config_.training, world_size_, dims_->describe());
   const ModelStats stats = model_->stats(config_.training.local_batch_size, config_.training.seq_len);
   log_info("model ", config_.model.name, " ", config_.model.flavor, ": ",
