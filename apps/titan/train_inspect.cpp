@@ -6,6 +6,7 @@
 #include "titan/common/logging.h"
 #include "titan/config/config_manager.h"
 #include "titan/distributed/init.h"
+#include "titan/distributed/parallel_dims.h"
 #include "titan/models/memory_estimate.h"
 #include "titan/models/registry.h"
 #include "titan/trainer/memory_check.h"
@@ -13,6 +14,8 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
+#include <optional>
 
 namespace titan {
 
@@ -84,10 +87,29 @@ int run_inspect(const std::vector<std::string>& args) {
   std::printf("FLOPs per step   %.4g per rank (local_batch_size %lld x seq_len %lld)\n",
               flops * static_cast<double>(t.local_batch_size * t.seq_len),
               (long long)t.local_batch_size, (long long)t.seq_len);
-  // One rank holds everything until data/tensor parallelism shards it.
-  const MemoryEstimate memory = estimate_training_memory(spec, config.model.flavor,
-                                                         t.local_batch_size, t.seq_len, dtype);
-  std::printf("memory per rank (training step, 1 rank, %s compute):\n", t.mixed_precision_param.c_str());
+  // The layout: the degrees over WORLD_SIZE ranks when it is set (dp_shard -1 takes the rest),
+  // else over their product.
+  const ParallelDegrees degrees = ParallelDegrees::from_config(config.parallelism);
+  int64_t world = degrees.dp_replicate * std::max<int64_t>(1, degrees.dp_shard) * degrees.cp *
+                  degrees.tp * degrees.pp;
+  if (const char* text = std::getenv("WORLD_SIZE"); text != nullptr && *text != '\0') {
+    const std::optional<int64_t> n = parse_int64(text);
+    if (!n || *n < 1) {
+      throw ConfigError(std::string("WORLD_SIZE must be a positive integer, got '") + text + "'");
+    }
+    world = *n;
+  }
+  const ParallelDims dims = ParallelDims::planned(degrees, world);
+  // FSDP shards parameters, gradients and optimizer state over dp_shard x cp and tensor
+  // parallelism over tp; sequence parallelism splits activations over tp.
+  const int64_t param_shards = dims.dp_shard() * dims.cp() * dims.tp();
+  std::printf("layout           %s\n", dims.describe().c_str());
+  const MemoryEstimate memory = estimate_training_memory(
+      spec, config.model.flavor, t.local_batch_size, t.seq_len, dtype, param_shards, dims.tp());
+  std::printf(
+      "memory per rank (training step, %lld rank%s, %s compute, activation checkpointing "
+      "not counted):\n",
+      (long long)world, world == 1 ? "" : "s", t.mixed_precision_param.c_str());
   for (const MemoryEstimate::Part& part : memory.parts) {
     std::printf("  %-23s %s%s\n", part.name.c_str(), gib(part.bytes).c_str(),
                 part.name.rfind("activations", 0) == 0

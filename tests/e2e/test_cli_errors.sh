@@ -42,6 +42,16 @@ expect_output "8,030,261,248 total"
 expect_output "FLOPs per token"
 expect_output "activations"
 
+# The layout's per-rank memory: FSDP 8 x TP 8 shards the fp32 states 64 ways (1.87 GiB whole for
+# 8B, so 0.467 GiB of weights per rank); WORLD_SIZE gives dp_shard -1 the rest of the world.
+expect_exit 0 "$TITAN" inspect --job.config_file configs/llama3/llama3_8b.toml \
+  --parallelism.data_parallel_shard_degree 8 --parallelism.tensor_parallel_degree 8
+expect_output "world 64 = pp\(1\) x dp_replicate\(1\) x dp_shard\(8\) x cp\(1\) x tp\(8\)"
+expect_output "weights \(fp32\) +0.467 GiB"
+expect_exit 0 env WORLD_SIZE=16 "$TITAN" inspect --job.config_file configs/llama3/llama3_8b.toml \
+  --parallelism.tensor_parallel_degree 2
+expect_output "world 16 = pp\(1\) x dp_replicate\(1\) x dp_shard\(8\) x cp\(1\) x tp\(2\)"
+
 expect_exit 0 "$TITAN" inspect --job.config_file configs/llama3/llama3_405b.toml --job.print_config
 expect_output "flavor = \"405B\""
 echo "ok"

@@ -67,7 +67,15 @@ MemoryEstimate estimate_training_memory(const ModelSpec& spec, const std::string
   e.parts.push_back({"weights (fp32)", 4 * n / shards});
   e.parts.push_back({"gradients (fp32)", 4 * n / shards});
   e.parts.push_back({"optimizer (AdamW fp32)", 8 * n / shards});
-  if (compute_dtype == at::kBFloat16) e.parts.push_back({"bf16 weight copies", 2 * n});
+  if (compute_dtype == at::kBFloat16) {
+    // Tensor parallelism splits the copies over its ranks (activation_shards is its degree).
+    // FSDP (param_shards beyond that) gathers one unit at a time: about two blocks' worth are
+    // alive at once, the one running and the one prefetched.
+    const double tp = static_cast<double>(std::max<int64_t>(1, activation_shards));
+    double copies = 2 * n / tp;
+    if (shards > tp) copies = std::min(copies, 2.0 * copies / static_cast<double>(std::max<int64_t>(1, one.n_layers)));
+    e.parts.push_back({"bf16 weight copies", copies});
+  }
   e.parts.push_back({"RoPE tables", rope_bytes(one, seq_len), /*scales_with_tokens=*/true});
   e.parts.push_back({"activations (estimate)",
                      activations / static_cast<double>(std::max<int64_t>(1, activation_shards)),

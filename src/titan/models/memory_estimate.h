@@ -32,8 +32,10 @@ std::string gib_text(double bytes);
 
 // One rank's training step on one micro-batch of (batch, seq_len) tokens with matmuls in
 // `compute_dtype`: fp32 weights, gradients and AdamW moments (divided over `param_shards` ranks,
-// as FSDP shards them), bf16 weight copies, the RoPE tables and the activations kept for
-// backward, logits included (divided over `activation_shards`, as tensor parallelism splits them).
+// as FSDP shards them), bf16 weight copies (split over `activation_shards`, the tensor-parallel
+// degree; about two blocks' worth when FSDP gathers them unit by unit), the RoPE tables and the
+// activations kept for backward, logits included (divided over `activation_shards`, as tensor
+// parallelism splits them).
 MemoryEstimate estimate_training_memory(const ModelSpec& spec, const std::string& flavor,
                                         int64_t batch, int64_t seq_len,
                                         at::ScalarType compute_dtype, int64_t param_shards = 1,
