@@ -67,8 +67,7 @@ void CpuMemoryProbe::install() {
   std::call_once(g_once, [] {
     c10::Allocator* inner = c10::GetCPUAllocator();
     g_inner_delete = inner->raw_deleter();
-    TITAN_CHECK(g_inner_delete != nullptr, "CpuMemoryProbe: the CPU allocator has no raw "
-                "deleter to wrap");
+    TITAN_CHECK(g_inner_delete != nullptr, "CpuMemoryProbe: the CPU allocator has no raw deleter");
     // Never destroyed: blocks allocated through it may outlive everything else. The highest
     // priority, so that it stays the CPU allocator.
     c10::SetCPUAllocator(new CountingAllocator(inner), /*priority=*/255);

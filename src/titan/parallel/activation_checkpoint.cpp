@@ -111,13 +111,14 @@ class OpPolicy : public OpSaver {
     KeptResult& k = kept_[taken_++];
     TITAN_CHECK(k.op == op, "activation checkpointing: recomputing ", unit_.name, " reached a ",
                 savable_op_name(op), " where its forward kept a ", savable_op_name(k.op),
-                " (kept result ", taken_, " of ", kept_.size(), "); the block ran differently "
-                "when recomputed. HINT: a checkpointed block must run the same ops every time");
+                " (kept result ", taken_, " of ", kept_.size(),
+                "); the block ran differently when recomputed. HINT: a checkpointed block must "
+                "run the same ops every time");
     for (size_t i = 0; i < k.results.size(); ++i) {
       TITAN_CHECK(k.results[i]._version() == k.versions[i], "activation checkpointing: the ",
-                  savable_op_name(op), " output that ", unit_.name, " kept in forward was "
-                  "changed in place afterwards. HINT: do not modify matmul, attention or "
-                  "reduce-scatter outputs in place in a checkpointed block");
+                  savable_op_name(op), " output that ", unit_.name,
+                  " kept in forward was changed in place afterwards. HINT: do not modify matmul, "
+                  "attention or reduce-scatter outputs in place in a checkpointed block");
     }
     return std::move(k.results);
   }
@@ -222,10 +223,10 @@ void check_recomputed(const Recompute& r, const at::Tensor& out, size_t kept_tak
                 ". HINT: a checkpointed block must compute the same thing every time it runs; "
                 "activation_checkpoint.determinism_check = \"none\" skips this check");
     TITAN_CHECK(kept_taken == r.kept.size(), "activation checkpointing: recomputing ", name,
-                " used ", kept_taken, " of the ", r.kept.size(), " results its forward kept; the "
-                "block ran differently when recomputed. HINT: a checkpointed block must run the "
-                "same ops every time; activation_checkpoint.determinism_check = \"none\" skips "
-                "this check");
+                " used ", kept_taken, " of the ", r.kept.size(),
+                " results its forward kept; the block ran differently when recomputed. HINT: a "
+                "checkpointed block must run the same ops every time; "
+                "activation_checkpoint.determinism_check = \"none\" skips this check");
   }
   if (d.debug) {
     std::string diff = "not comparable";
@@ -298,8 +299,8 @@ struct CheckpointFunction : public torch::autograd::Function<CheckpointFunction>
     return out;
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    auto r = c10::static_intrusive_pointer_cast<Recompute>(
-        ctx->saved_data["recompute"].toCapsule());
+    auto r =
+        c10::static_intrusive_pointer_cast<Recompute>(ctx->saved_data["recompute"].toCapsule());
     ctx->saved_data.erase("recompute");  // its kept results go with this backward
     const variable_list saved = ctx->get_saved_variables();
     std::vector<bool> needs;
@@ -314,9 +315,9 @@ struct CheckpointFunction : public torch::autograd::Function<CheckpointFunction>
 Mode parse_mode(const ActivationCheckpointSection& config, int64_t& every) {
   if (config.mode == "full") return Mode::kFull;
   if (config.mode == "memory_budget") {
-    throw ConfigError("activation_checkpoint.mode = \"memory_budget\" is not supported (it needs "
-                      "a graph compiler to choose what to save). HINT: use \"selective\" or "
-                      "\"full\"");
+    throw ConfigError(
+        "activation_checkpoint.mode = \"memory_budget\" is not supported (it needs a graph "
+        "compiler to choose what to save). HINT: use \"selective\" or \"full\"");
   }
   if (config.mode != "selective") {
     throw ConfigError("activation_checkpoint.mode must be none, full or selective, got '" +
@@ -328,8 +329,10 @@ Mode parse_mode(const ActivationCheckpointSection& config, int64_t& every) {
                       option.find_first_not_of("0123456789") == std::string::npos;
   every = digits ? std::stoll(option) : 0;
   if (every < 1) {
-    throw ConfigError("activation_checkpoint.selective_ac_option must be \"op\" or an integer >= "
-                      "1, got '" + option + "'. HINT: \"2\" checkpoints every 2nd block");
+    const std::string hint = "'. HINT: \"2\" checkpoints every 2nd block";
+    throw ConfigError(
+        "activation_checkpoint.selective_ac_option must be \"op\" or an integer >= 1, got '" +
+        option + hint);
   }
   return Mode::kEveryNth;
 }
@@ -353,8 +356,8 @@ std::vector<std::vector<int64_t>> force_recompute_shapes(
       auto it = modules.find(module);
       if (it == modules.end() || dynamic_cast<Linear*>(it->second.get()) == nullptr) {
         throw ConfigError("activation_checkpoint.per_op_sac_force_recompute_mm_shapes_by_fqns: '" +
-                          fqn + "' matches " + module + ", which is not a Linear layer. HINT: "
-                          "name only Linear layers there");
+                          fqn + "' matches " + module +
+                          ", which is not a Linear layer. HINT: name only Linear layers there");
       }
       std::vector<int64_t> shape = slots.at(param)->sizes().vec();
       if (std::find(shapes.begin(), shapes.end(), shape) == shapes.end()) shapes.push_back(shape);
@@ -420,9 +423,9 @@ at::Tensor ActivationCheckpointing::run(int64_t index, const at::Tensor& input,
   if (!unit.checkpointed || !at::GradMode::is_enabled()) return next(input);
   std::vector<at::Tensor> params;
   for (const at::Tensor* slot : unit.slots) {
-    TITAN_CHECK(slot->defined(), "activation checkpointing: ", unit.name, " has a parameter slot "
-                "with no tensor. HINT: apply activation checkpointing before FSDP, which fills "
-                "the slots before each unit runs");
+    TITAN_CHECK(slot->defined(), "activation checkpointing: ", unit.name,
+                " has a parameter slot with no tensor. HINT: apply activation checkpointing "
+                "before FSDP, which fills the slots before each unit runs");
     params.push_back(*slot);
   }
   auto r = c10::make_intrusive<Recompute>();

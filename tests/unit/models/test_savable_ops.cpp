@@ -77,13 +77,13 @@ void check_replay(const std::function<at::Tensor(const std::vector<at::Tensor>&)
 TEST(SavableOps, LinearReplaysWithItsOwnBackward) {
   at::manual_seed(0);
   const std::vector<at::Tensor> inputs{at::randn({2, 5, 8}), at::randn({6, 8})};
-  check_replay([](const auto& t) { return savable_linear(t[0], t[1]); }, inputs,
-               SavableOp::kMatmul, 1);
+  check_replay([](const auto& t) { return savable_linear(t[0], t[1]); }, inputs, SavableOp::kMatmul,
+               1);
   // bf16, as under mixed precision.
   std::vector<at::Tensor> bf16;
   for (const auto& t : inputs) bf16.push_back(t.to(at::kBFloat16));
-  check_replay([](const auto& t) { return savable_linear(t[0], t[1]); }, bf16,
-               SavableOp::kMatmul, 1);
+  check_replay([](const auto& t) { return savable_linear(t[0], t[1]); }, bf16, SavableOp::kMatmul,
+               1);
 }
 
 TEST(SavableOps, GqaAttentionReplaysFromOutputAndLogSumExp) {

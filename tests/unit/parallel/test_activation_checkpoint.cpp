@@ -305,8 +305,8 @@ TEST(ActivationCheckpointing, ConfigErrorsAndFactory) {
       << error(norm);
   EXPECT_TRUE(model->unit_runners().empty());  // a failed construction installs nothing
   auto ac = apply_activation_checkpointing(*model, ac_config("selective", "2"));
-  EXPECT_EQ(ac->describe(), "activation checkpointing: selective, one block in 2, 1 of 2 blocks "
-                            "(layers.1)");
+  EXPECT_EQ(ac->describe(),
+            "activation checkpointing: selective, one block in 2, 1 of 2 blocks (layers.1)");
   ac.reset();
   DataParallel dp(*model, DataParallelOptions{});
   EXPECT_NE(error(ac_config("full")).find("must be applied before FSDP / DDP"), std::string::npos);
@@ -315,8 +315,8 @@ TEST(ActivationCheckpointing, ConfigErrorsAndFactory) {
 // ---- Memory ----------------------------------------------------------------------------------
 
 // Bytes of CPU tensors that forward + loss leave alive for backward.
-int64_t bytes_kept_by_forward(const ActivationCheckpointSection* config,
-                              const Batch& b, int64_t layers, int64_t dim) {
+int64_t bytes_kept_by_forward(const ActivationCheckpointSection* config, const Batch& b,
+                              int64_t layers, int64_t dim) {
   auto model = model_with(layers, at::kFloat, dim);
   std::unique_ptr<ActivationCheckpointing> ac;
   if (config != nullptr) ac = apply_activation_checkpointing(*model, *config);
@@ -340,8 +340,10 @@ TEST(ActivationCheckpointing, ForwardKeepsLessMemory) {
   const int64_t kept_every2 = bytes_kept_by_forward(&every2, b, layers, dim);
   const int64_t kept_op = bytes_kept_by_forward(&op, b, layers, dim);
   const int64_t kept_op_w1 = bytes_kept_by_forward(&op_w1, b, layers, dim);
-  std::printf("bytes kept by forward: none %lld, op %lld, op (w1 forced) %lld, every 2nd %lld, "
-              "full %lld\n", static_cast<long long>(none), static_cast<long long>(kept_op),
+  const char* format =
+      "bytes kept by forward: none %lld, op %lld, op (w1 forced) %lld, every "
+      "2nd %lld, full %lld\n";
+  std::printf(format, static_cast<long long>(none), static_cast<long long>(kept_op),
               static_cast<long long>(kept_op_w1), static_cast<long long>(kept_every2),
               static_cast<long long>(kept_full));
   EXPECT_LT(kept_full, kept_every2);
@@ -353,8 +355,8 @@ TEST(ActivationCheckpointing, ForwardKeepsLessMemory) {
   const int64_t tokens = rows * seq, heads = 4, kv_dim = dim / heads * 2;
   const int64_t hidden =
       model_with(1, at::kFloat, dim)->layers[0]->feed_forward->w1->weight.size(0);
-  const int64_t per_block = tokens * (dim + kv_dim + hidden + dim) * 4 + tokens * dim * 4 +
-                            rows * heads * seq * 4;
+  const int64_t per_block =
+      tokens * (dim + kv_dim + hidden + dim) * 4 + tokens * dim * 4 + rows * heads * seq * 4;
   EXPECT_EQ(kept_op - kept_full, layers * per_block);
   // Forcing w1/w3 recomputation drops one (tokens, hidden) output per block: w1's is no longer
   // kept and not counted, so w2 becomes the 5th matmul (kept either way).
@@ -380,9 +382,8 @@ void expect_same_grads(const std::vector<at::Tensor>& got, const std::vector<at:
                        const std::string& what) {
   ASSERT_EQ(got.size(), want.size()) << what;
   for (size_t i = 0; i < got.size(); ++i) {
-    EXPECT_TRUE(at::equal(got[i], want[i]))
-        << what << ", parameter " << i << ": max diff "
-        << (got[i] - want[i]).abs().max().item<double>();
+    EXPECT_TRUE(at::equal(got[i], want[i])) << what << ", parameter " << i << ": max diff "
+                                            << (got[i] - want[i]).abs().max().item<double>();
   }
 }
 
@@ -436,8 +437,8 @@ void check_composed(int shard, int tp, const ActivationCheckpointSection& config
     };
     const auto want = step(*plain[rank], false);
     const auto got = step(*checkpointed[rank], true);
-    const std::string what = config.mode + " " + config.selective_ac_option + " on rank " +
-                             std::to_string(rank);
+    const std::string what =
+        config.mode + " " + config.selective_ac_option + " on rank " + std::to_string(rank);
     EXPECT_EQ(got.first, want.first) << what;
     expect_same_grads(got.second, want.second, what);
   });

@@ -68,9 +68,10 @@ bool runs_cpu_flash(const at::Tensor& q, const at::Tensor& k, const at::Tensor& 
 std::vector<at::Tensor> take_checked(OpSaver& saver, SavableOp op, at::IntArrayRef want,
                                      size_t count) {
   std::vector<at::Tensor> results = saver.take(op);
-  TITAN_CHECK(results.size() == count && results[0].sizes() == want, "activation checkpointing: ",
-              "the recomputed ", savable_op_name(op), " has output shape ", want,
-              " but the forward kept ", results.empty() ? at::IntArrayRef{} : results[0].sizes(),
+  TITAN_CHECK(results.size() == count && results[0].sizes() == want,
+              "activation checkpointing: the recomputed ", savable_op_name(op),
+              " has output shape ", want, " but the forward kept ",
+              results.empty() ? at::IntArrayRef{} : results[0].sizes(),
               "; the checkpointed block ran differently when recomputed. HINT: a checkpointed "
               "block must compute the same shapes every time it runs");
   return results;
@@ -112,8 +113,7 @@ at::Tensor savable_causal_sdpa(const at::Tensor& q, const at::Tensor& k, const a
   if (saver == nullptr || !runs_cpu_flash(q, k, v, enable_gqa) ||
       !saver->keeps(SavableOp::kAttention, at::Tensor())) {
     return at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, /*dropout_p=*/0.0,
-                                            /*is_causal=*/true, /*scale=*/std::nullopt,
-                                            enable_gqa);
+                                            /*is_causal=*/true, /*scale=*/std::nullopt, enable_gqa);
   }
   if (saver->replaying()) {
     const auto kept = take_checked(*saver, SavableOp::kAttention, q.sizes(), 2);
@@ -131,8 +131,8 @@ at::Tensor savable_result(SavableOp op, const std::function<at::Tensor()>& compu
   if (saver == nullptr || !saver->keeps(op, at::Tensor())) return compute();
   if (saver->replaying()) {
     std::vector<at::Tensor> kept = saver->take(op);
-    TITAN_CHECK(kept.size() == 1, "activation checkpointing: a kept ", savable_op_name(op),
-                " has ", kept.size(), " results, expected 1");
+    TITAN_CHECK(kept.size() == 1, "activation checkpointing: a kept ", savable_op_name(op), " has ",
+                kept.size(), " results, expected 1");
     return kept[0];
   }
   at::Tensor out = compute();
