@@ -8,8 +8,8 @@
 #include <functional>
 
 #include <gtest/gtest.h>
-#include <unistd.h>
 #include <string>
+#include <unistd.h>
 
 namespace titan::test {
 
@@ -33,8 +33,8 @@ inline std::string message_of(const std::function<void()>& fn) {
 // An empty folder unique to this process and the running test: <tmp>/<prefix>_<pid>_<test>.
 inline std::filesystem::path fresh_test_dir(const std::string& prefix) {
   const auto dir = std::filesystem::temp_directory_path() /
-      (prefix + "_" + std::to_string(getpid()) + "_" +
-       ::testing::UnitTest::GetInstance()->current_test_info()->name());
+                   (prefix + "_" + std::to_string(getpid()) + "_" +
+                    ::testing::UnitTest::GetInstance()->current_test_info()->name());
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
   return dir;

@@ -29,10 +29,9 @@ LRScheduler::LRScheduler(const LRSchedulerSection& config, double base_lr, int64
   if (config.decay_ratio >= 0) {
     decay_steps_ = std::llround(static_cast<double>(total) * config.decay_ratio);
     if (warmup_steps_ + decay_steps_ > total) {
-      log_warning("lr_scheduler.warmup_steps(", warmup_steps_, ") + decay steps(round(",
-                  total_name, " * decay_ratio(", config.decay_ratio, ")) = ", decay_steps_,
-                  ") > ", total_name, "; decaying over the last ", total - warmup_steps_,
-                  " steps instead");
+      log_warning("lr_scheduler.warmup_steps(", warmup_steps_, ") + decay steps(round(", total_name,
+                  " * decay_ratio(", config.decay_ratio, ")) = ", decay_steps_, ") > ", total_name,
+                  "; decaying over the last ", total - warmup_steps_, " steps instead");
       decay_steps_ = total - warmup_steps_;
     }
   } else {

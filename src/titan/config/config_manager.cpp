@@ -35,8 +35,10 @@ JobConfig parse_job_config(const std::vector<std::string>& args) {
   detail::apply_overrides(overrides);
   // TorchTitan's deprecated spelling still wins over hf_assets_path, as there.
   if (!config.model.tokenizer_path.empty()) {
-    log_warning("model.tokenizer_path is deprecated, use model.hf_assets_path; setting "
-                "hf_assets_path to '", config.model.tokenizer_path, "'");
+    log_warning(
+        "model.tokenizer_path is deprecated, use model.hf_assets_path; setting "
+        "hf_assets_path to '",
+        config.model.tokenizer_path, "'");
     config.model.hf_assets_path = config.model.tokenizer_path;
   }
   validate_job_config(config);
@@ -54,8 +56,8 @@ std::string save_config_file(const JobConfig& config) {
     std::filesystem::create_directories(path.parent_path(), ec);
   }
   if (ec) {
-    throw DataError("cannot create the folder of job.save_config_file '" + path.string() +
-                    "': " + ec.message() + ". HINT: check job.dump_folder and job.save_config_file");
+    throw DataError("cannot create the folder of job.save_config_file '" + path.string() + "': " +
+                    ec.message() + ". HINT: check job.dump_folder and job.save_config_file");
   }
   replace_file(path.string(), render_config_toml(config));
   return path.string();

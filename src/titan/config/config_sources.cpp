@@ -29,39 +29,29 @@ std::string where_in_file(const std::string& path, const toml::source_region& so
 // caller closes the parenthesis after adding where it is.
 std::string describe_value(const toml::node& node) {
   switch (node.type()) {
-    case toml::node_type::string:
-      return "'" + node.as_string()->get() + "' (a string";
+    case toml::node_type::string: return "'" + node.as_string()->get() + "' (a string";
     case toml::node_type::integer:
       return "'" + std::to_string(node.as_integer()->get()) + "' (an integer";
     case toml::node_type::floating_point:
       return "'" + format_number(node.as_floating_point()->get()) + "' (a float";
     case toml::node_type::boolean:
       return std::string("'") + (node.as_boolean()->get() ? "true" : "false") + "' (a boolean";
-    case toml::node_type::array:
-      return "an array (";
-    case toml::node_type::table:
-      return "a table (";
-    case toml::node_type::date:
-      return "a date (";
-    case toml::node_type::time:
-      return "a time (";
-    case toml::node_type::date_time:
-      return "a date-time (";
-    default:
-      return "an empty value (";
+    case toml::node_type::array: return "an array (";
+    case toml::node_type::table: return "a table (";
+    case toml::node_type::date: return "a date (";
+    case toml::node_type::time: return "a time (";
+    case toml::node_type::date_time: return "a date-time (";
+    default: return "an empty value (";
   }
 }
 
-[[noreturn]] void throw_toml_type_error(
-    const FieldRef& field,
-    const toml::node& node,
-    const std::string& path) {
+[[noreturn]] void throw_toml_type_error(const FieldRef& field, const toml::node& node,
+                                        const std::string& path) {
   std::string got = describe_value(node);
   std::string where = "in TOML file " + where_in_file(path, node.source());
   bool open_paren_only = got.back() == '(';
-  throw ConfigError(
-      "config key '" + field.name() + "' expects " + expected_phrase(field.type) + ", got " + got +
-      (open_paren_only ? "" : " ") + where + ")");
+  throw ConfigError("config key '" + field.name() + "' expects " + expected_phrase(field.type) +
+                    ", got " + got + (open_paren_only ? "" : " ") + where + ")");
 }
 
 // A TOML float that is a whole number in int64 range (steps = 1e4 or 10.0).
@@ -74,10 +64,8 @@ bool integral_double(double value, int64_t* out) {
 }
 
 // The strings of a TOML array; anything else in it is a type error of `field`.
-std::vector<std::string> string_items(
-    const FieldRef& field,
-    const toml::array& array,
-    const std::string& path) {
+std::vector<std::string> string_items(const FieldRef& field, const toml::array& array,
+                                      const std::string& path) {
   std::vector<std::string> items;
   for (const toml::node& item : array) {
     const auto* s = item.as_string();
@@ -157,9 +145,9 @@ void set_from_toml(const FieldRef& field, const toml::node& node, const std::str
 std::string read_file(const std::string& path) {
   std::error_code ec;
   if (!std::filesystem::exists(path, ec)) {
-    throw ConfigError(
-        "config file '" + path + "' (job.config_file) does not exist (a relative path is "
-        "taken from the current directory)");
+    throw ConfigError("config file '" + path +
+                      "' (job.config_file) does not exist (a relative path is "
+                      "taken from the current directory)");
   }
   if (std::filesystem::is_directory(path, ec)) {
     throw ConfigError("config file '" + path + "' (job.config_file) is a directory, not a file");
@@ -180,11 +168,11 @@ std::string read_file(const std::string& path) {
 
 [[noreturn]] void throw_unexpected_argument(const FieldTable& table, const std::string& arg) {
   std::string message = "unexpected command-line argument '" + arg +
-      "'; overrides look like --section.key value or --section.key=value";
+                        "'; overrides look like --section.key value or --section.key=value";
   // "--steps 10": a key without its section.
   if (starts_with(arg, "--")) {
-    std::string key = arg.substr(2, arg.find('=') == std::string::npos ? std::string::npos
-                                                                       : arg.find('=') - 2);
+    std::string key =
+        arg.substr(2, arg.find('=') == std::string::npos ? std::string::npos : arg.find('=') - 2);
     std::vector<std::string> names = table.names_with_key(key);
     if (!names.empty()) {
       message += "; did you mean '--" + names.front() + "'";
@@ -199,12 +187,9 @@ std::string read_file(const std::string& path) {
 
 // Stores the keys of the TOML table `[section]`. A sub-table is a section of its own
 // ([training.dataloader]) or holds some ([quantize] holds [quantize.linear.float8]).
-void apply_toml_table(
-    const FieldTable& table,
-    const std::string& section,
-    const toml::table& section_table,
-    const std::string& at,
-    const std::string& path) {
+void apply_toml_table(const FieldTable& table, const std::string& section,
+                      const toml::table& section_table, const std::string& at,
+                      const std::string& path) {
   const bool is_section = table.has_section(section);
   if (!is_section && !table.has_sections_under(section)) {
     table.require_section(section, at);  // throws, naming the nearest section
@@ -225,9 +210,8 @@ void apply_toml_table(
 
 }  // namespace
 
-std::vector<Override> parse_overrides(
-    const FieldTable& table,
-    const std::vector<std::string>& args) {
+std::vector<Override> parse_overrides(const FieldTable& table,
+                                      const std::vector<std::string>& args) {
   std::vector<Override> overrides;
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& arg = args[i];
@@ -244,8 +228,8 @@ std::vector<Override> parse_overrides(
     if (dot == std::string::npos || dot == 0 || dot + 1 == name.size()) {
       throw_unexpected_argument(table, arg);
     }
-    const FieldRef& field = table.lookup(
-        name.substr(0, dot), name.substr(dot + 1), std::string(kFromCommandLine) + ": " + arg);
+    const FieldRef& field = table.lookup(name.substr(0, dot), name.substr(dot + 1),
+                                         std::string(kFromCommandLine) + ": " + arg);
 
     if (has_inline_value) {
       overrides.push_back({&field, inline_value});
@@ -255,10 +239,10 @@ std::vector<Override> parse_overrides(
     } else if (i + 1 < args.size() && !starts_with(args[i + 1], "--")) {
       overrides.push_back({&field, args[++i]});
     } else {
-      throw ConfigError(
-          "config key '" + field.name() + "' is given no value on the command line; write --" +
-          field.name() + " " + type_label(field.type) + " (or --" + field.name() +
-          "=VALUE for a value that starts with --)");
+      throw ConfigError("config key '" + field.name() +
+                        "' is given no value on the command line; write --" + field.name() + " " +
+                        type_label(field.type) + " (or --" + field.name() +
+                        "=VALUE for a value that starts with --)");
     }
   }
   return overrides;
@@ -276,9 +260,8 @@ void apply_toml_file(const FieldTable& table, const std::string& path) {
   try {
     document = toml::parse(content, path);
   } catch (const toml::parse_error& e) {
-    throw ConfigError(
-        "cannot parse TOML config file " + where_in_file(path, e.source()) + ": " +
-        std::string(e.description()));
+    throw ConfigError("cannot parse TOML config file " + where_in_file(path, e.source()) + ": " +
+                      std::string(e.description()));
   }
 
   for (auto&& [section_key, section_node] : document) {
@@ -288,8 +271,8 @@ void apply_toml_file(const FieldTable& table, const std::string& path) {
     if (section_table == nullptr) {
       // `steps = 10` before any [section] header.
       if (table.has_section(section)) {
-        throw ConfigError(
-            "config section '" + section + "' must be a table ([" + section + "]) (" + at + ")");
+        throw ConfigError("config section '" + section + "' must be a table ([" + section + "]) (" +
+                          at + ")");
       }
       std::vector<std::string> names = table.names_with_key(section);
       std::string message = "config key '" + section + "' is outside any [section]";

@@ -112,10 +112,8 @@ std::string toml_string_array(const std::vector<std::string>& items) {
 // What --help shows for a key whose feature is not built (key_support.h).
 std::string support_note(const KeySupport& support) {
   switch (support.kind) {
-    case KeySupport::kYes:
-      return "";
-    case KeySupport::kNotYet:
-      return " [not supported yet: must keep its default]";
+    case KeySupport::kYes: return "";
+    case KeySupport::kNotYet: return " [not supported yet: must keep its default]";
     case KeySupport::kUsedWith:
       return std::string(" [not supported yet: read only with ") + support.switch_key + "]";
   }
@@ -151,7 +149,7 @@ bool FieldTable::has_section(const std::string& section) const {
 bool FieldTable::has_sections_under(const std::string& prefix) const {
   return std::any_of(sections_.begin(), sections_.end(), [&](const std::string& section) {
     return section.size() > prefix.size() && section.compare(0, prefix.size(), prefix) == 0 &&
-        section[prefix.size()] == '.';
+           section[prefix.size()] == '.';
   });
 }
 
@@ -177,10 +175,8 @@ void FieldTable::require_section(const std::string& section, const std::string& 
   throw ConfigError(message + " (" + origin + ")");
 }
 
-const FieldRef& FieldTable::lookup(
-    const std::string& section,
-    const std::string& key,
-    const std::string& origin) const {
+const FieldRef& FieldTable::lookup(const std::string& section, const std::string& key,
+                                   const std::string& origin) const {
   require_section(section, origin);
   std::vector<std::string> section_keys;
   for (const FieldRef& field : fields_) {
@@ -207,43 +203,29 @@ const FieldRef& FieldTable::lookup(
 
 std::string type_label(FieldType type) {
   switch (type) {
-    case FieldType::kBool:
-      return "<bool>";
-    case FieldType::kInt:
-      return "<int>";
-    case FieldType::kDouble:
-      return "<float>";
-    case FieldType::kString:
-      return "<str>";
-    case FieldType::kStringList:
-      return "<list>";
-    case FieldType::kStringLists:
-      return "<lists>";
+    case FieldType::kBool: return "<bool>";
+    case FieldType::kInt: return "<int>";
+    case FieldType::kDouble: return "<float>";
+    case FieldType::kString: return "<str>";
+    case FieldType::kStringList: return "<list>";
+    case FieldType::kStringLists: return "<lists>";
   }
   return "<?>";
 }
 
 std::string expected_phrase(FieldType type) {
   switch (type) {
-    case FieldType::kBool:
-      return "a boolean (true or false)";
-    case FieldType::kInt:
-      return "an integer";
-    case FieldType::kDouble:
-      return "a number";
-    case FieldType::kString:
-      return "a string";
-    case FieldType::kStringList:
-      return "a list of strings";
-    case FieldType::kStringLists:
-      return "a list of lists of strings";
+    case FieldType::kBool: return "a boolean (true or false)";
+    case FieldType::kInt: return "an integer";
+    case FieldType::kDouble: return "a number";
+    case FieldType::kString: return "a string";
+    case FieldType::kStringList: return "a list of strings";
+    case FieldType::kStringLists: return "a list of lists of strings";
   }
   return "a value";
 }
 
-std::string format_number(double value) {
-  return shortest_repr(value, /*max_digits=*/15);
-}
+std::string format_number(double value) { return shortest_repr(value, /*max_digits=*/15); }
 
 std::string format_toml_float(double value) {
   std::string text = shortest_repr(value, /*max_digits=*/17);
@@ -258,27 +240,13 @@ std::string quote_toml_string(const std::string& text) {
   std::string out = "\"";
   for (char c : text) {
     switch (c) {
-      case '"':
-        out += "\\\"";
-        break;
-      case '\\':
-        out += "\\\\";
-        break;
-      case '\b':
-        out += "\\b";
-        break;
-      case '\t':
-        out += "\\t";
-        break;
-      case '\n':
-        out += "\\n";
-        break;
-      case '\f':
-        out += "\\f";
-        break;
-      case '\r':
-        out += "\\r";
-        break;
+      case '"': out += "\\\""; break;
+      case '\\': out += "\\\\"; break;
+      case '\b': out += "\\b"; break;
+      case '\t': out += "\\t"; break;
+      case '\n': out += "\\n"; break;
+      case '\f': out += "\\f"; break;
+      case '\r': out += "\\r"; break;
       default:
         if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) {
           char buf[8];
@@ -294,12 +262,9 @@ std::string quote_toml_string(const std::string& text) {
 
 std::string format_toml_value(const FieldRef& field) {
   switch (field.type) {
-    case FieldType::kBool:
-      return *static_cast<const bool*>(field.value) ? "true" : "false";
-    case FieldType::kInt:
-      return std::to_string(*static_cast<const int64_t*>(field.value));
-    case FieldType::kDouble:
-      return format_toml_float(*static_cast<const double*>(field.value));
+    case FieldType::kBool: return *static_cast<const bool*>(field.value) ? "true" : "false";
+    case FieldType::kInt: return std::to_string(*static_cast<const int64_t*>(field.value));
+    case FieldType::kDouble: return format_toml_float(*static_cast<const double*>(field.value));
     case FieldType::kString:
       return quote_toml_string(*static_cast<const std::string*>(field.value));
     case FieldType::kStringList:
@@ -318,8 +283,7 @@ std::string format_toml_value(const FieldRef& field) {
 
 std::string format_help_value(const FieldRef& field) {
   switch (field.type) {
-    case FieldType::kDouble:
-      return format_number(*static_cast<const double*>(field.value));
+    case FieldType::kDouble: return format_number(*static_cast<const double*>(field.value));
     case FieldType::kStringList: {
       const auto& items = *static_cast<const std::vector<std::string>*>(field.value);
       return items.empty() ? "none" : join(items, ",");
@@ -332,8 +296,7 @@ std::string format_help_value(const FieldRef& field) {
       }
       return lists.empty() ? "none" : join(parts, ";");
     }
-    default:
-      return format_toml_value(field);
+    default: return format_toml_value(field);
   }
 }
 
@@ -345,18 +308,10 @@ bool is_bool_text(const std::string& text) {
 void set_from_text(const FieldRef& field, const std::string& text, const std::string& origin) {
   bool ok = true;
   switch (field.type) {
-    case FieldType::kBool:
-      ok = parse_bool(text, static_cast<bool*>(field.value));
-      break;
-    case FieldType::kInt:
-      ok = parse_int(text, static_cast<int64_t*>(field.value));
-      break;
-    case FieldType::kDouble:
-      ok = parse_double(text, static_cast<double*>(field.value));
-      break;
-    case FieldType::kString:
-      *static_cast<std::string*>(field.value) = text;
-      break;
+    case FieldType::kBool: ok = parse_bool(text, static_cast<bool*>(field.value)); break;
+    case FieldType::kInt: ok = parse_int(text, static_cast<int64_t*>(field.value)); break;
+    case FieldType::kDouble: ok = parse_double(text, static_cast<double*>(field.value)); break;
+    case FieldType::kString: *static_cast<std::string*>(field.value) = text; break;
     case FieldType::kStringList:
       *static_cast<std::vector<std::string>*>(field.value) = split_trimmed(text, ',');
       break;
@@ -370,9 +325,8 @@ void set_from_text(const FieldRef& field, const std::string& text, const std::st
     }
   }
   if (!ok) {
-    throw ConfigError(
-        "config key '" + field.name() + "' expects " + expected_phrase(field.type) + ", got '" +
-        text + "' (" + origin + ")");
+    throw ConfigError("config key '" + field.name() + "' expects " + expected_phrase(field.type) +
+                      ", got '" + text + "' (" + origin + ")");
   }
 }
 

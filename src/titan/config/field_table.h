@@ -29,9 +29,7 @@ struct FieldRef {
   void* value;
   KeySupport support;
 
-  std::string name() const {
-    return section + "." + key;
-  }
+  std::string name() const { return section + "." + key; }
 };
 
 class FieldTable {
@@ -45,12 +43,8 @@ class FieldTable {
     return table;
   }
 
-  const std::vector<std::string>& sections() const {
-    return sections_;
-  }
-  const std::vector<FieldRef>& fields() const {
-    return fields_;
-  }
+  const std::vector<std::string>& sections() const { return sections_; }
+  const std::vector<FieldRef>& fields() const { return fields_; }
   bool has_section(const std::string& section) const;
   // Whether some section's dotted name continues `prefix` ("quantize" for
   // "quantize.linear.float8"): a TOML table that only holds sections.
@@ -64,10 +58,8 @@ class FieldTable {
   // The field section.key. Otherwise throws ConfigError naming the nearest section, the same key
   // in another section, or the nearest key of the section; `origin` (e.g. "from the command
   // line") ends the message.
-  const FieldRef& lookup(
-      const std::string& section,
-      const std::string& key,
-      const std::string& origin) const;
+  const FieldRef& lookup(const std::string& section, const std::string& key,
+                         const std::string& origin) const;
 
  private:
   struct Collector {
@@ -103,10 +95,9 @@ class FieldTable {
     // Any other member type is a compile error here rather than a silent omission.
     template <class T>
     void operator()(const char* key, T& v, const char* doc, KeySupport s = kSupported) {
-      static_assert(
-          !std::is_same<T, T>::value,
-          "config fields must be bool, int64_t, double, std::string, "
-          "std::vector<std::string> or std::vector<std::vector<std::string>>");
+      static_assert(!std::is_same<T, T>::value,
+                    "config fields must be bool, int64_t, double, std::string, "
+                    "std::vector<std::string> or std::vector<std::vector<std::string>>");
     }
     void add(const char* key, FieldType type, void* value, const char* doc, KeySupport s) {
       table->fields_.push_back(FieldRef{current, key, doc, type, value, s});

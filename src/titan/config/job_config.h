@@ -64,8 +64,7 @@ struct ProfilingSection {
       used_with("profiling.enable_profiling"));
     v("profiler_warmup", profiler_warmup, "Warmup steps before the recorded ones in each cycle",
       used_with("profiling.enable_profiling"));
-    v("enable_memory_snapshot", enable_memory_snapshot, "Dump allocator memory snapshots",
-      kNotYet);
+    v("enable_memory_snapshot", enable_memory_snapshot, "Dump allocator memory snapshots", kNotYet);
     v("save_memory_snapshot_folder", save_memory_snapshot_folder,
       "Folder for memory snapshots, under dump_folder",
       used_with("profiling.enable_memory_snapshot"));
@@ -116,8 +115,8 @@ struct ModelSection {
     v("tokenizer_path", tokenizer_path,
       "Deprecated name of hf_assets_path: when set, it replaces hf_assets_path (with a warning)");
     v("converters", converters, "Model converters to apply, e.g. float8", kNotYet);
-    v("print_after_conversion", print_after_conversion,
-      "Print the model after the converters ran", used_with("model.converters"));
+    v("print_after_conversion", print_after_conversion, "Print the model after the converters ran",
+      used_with("model.converters"));
   }
 };
 
@@ -180,8 +179,7 @@ struct DataLoaderSection {
     v("num_workers", num_workers, "Worker processes loading data", kNotYet);
     v("persistent_workers", persistent_workers, "Keep workers alive between epochs", kNotYet);
     v("pin_memory", pin_memory, "Copy batches to pinned memory", kNotYet);
-    v("prefetch_factor", prefetch_factor, "Batches loaded ahead by each worker; -1 unset",
-      kNotYet);
+    v("prefetch_factor", prefetch_factor, "Batches loaded ahead by each worker; -1 unset", kNotYet);
   }
 };
 
@@ -297,7 +295,8 @@ struct ParallelismSection {
       "Layers per (virtual) pipeline stage; -1 infers it", used_with(kPipeline));
     v("pipeline_parallel_schedule", pipeline_parallel_schedule,
       "Pipeline schedule: 1F1B, GPipe, Interleaved1F1B, LoopedBFS, InterleavedZeroBubble, "
-      "ZBVZeroBubble, DualPipeV", used_with(kPipeline));
+      "ZBVZeroBubble, DualPipeV",
+      used_with(kPipeline));
     v("pipeline_parallel_schedule_csv", pipeline_parallel_schedule_csv,
       "CSV file with a custom pipeline schedule", used_with(kPipeline));
     v("pipeline_parallel_microbatch_size", pipeline_parallel_microbatch_size,
@@ -311,8 +310,7 @@ struct ParallelismSection {
       "Context-parallel exchange of key/value shards: allgather or alltoall", used_with(kContext));
     constexpr const char* kExpert = "parallelism.expert_parallel_degree";
     v("expert_tensor_parallel_degree", expert_tensor_parallel_degree,
-      "Tensor-parallel degree of routed experts (1 or tensor_parallel_degree)",
-      used_with(kExpert));
+      "Tensor-parallel degree of routed experts (1 or tensor_parallel_degree)", used_with(kExpert));
     v("expert_parallel_comm_backend", expert_parallel_comm_backend,
       "Expert-parallel all-to-all: standard or deepep", used_with(kExpert));
   }
@@ -337,8 +335,8 @@ struct CommSection {
       kNotYet);
     v("save_traces_folder", save_traces_folder,
       "Folder (under job.dump_folder) for flight-recorder dumps", kNotYet);
-    v("save_traces_file_prefix", save_traces_file_prefix, "File-name prefix of flight-recorder dumps",
-      kNotYet);
+    v("save_traces_file_prefix", save_traces_file_prefix,
+      "File-name prefix of flight-recorder dumps", kNotYet);
     v("mode", mode,
       "Communication mode: default, fake_backend (dry run) or local_tensor (simulated ranks)",
       kNotYet);
@@ -398,13 +396,15 @@ struct CheckpointSection {
     v("enable", enable, "Save checkpoints and resume from the latest complete one in the folder");
     v("folder", folder, "Checkpoint folder, relative to job.dump_folder; holds step-N directories");
     v("interval", interval, "Save every N steps (a final checkpoint is always saved at the end)");
-    v("keep_latest_k", keep_latest_k, "Keep the newest K checkpoints, delete older ones; 0 keeps all");
+    v("keep_latest_k", keep_latest_k,
+      "Keep the newest K checkpoints, delete older ones; 0 keeps all");
     v("load_step", load_step, "Resume from this step's checkpoint; -1 takes the latest");
     v("exclude_from_loading", exclude_from_loading,
       "State to skip when resuming: model, optimizer, lr_scheduler, dataloader, train_state, rng");
     v("last_save_model_only", last_save_model_only,
       "The final checkpoint holds only the model weights (in checkpoint.export_dtype)");
-    v("export_dtype", export_dtype, "dtype of model-only checkpoints: float32, bfloat16 or float16");
+    v("export_dtype", export_dtype,
+      "dtype of model-only checkpoints: float32, bfloat16 or float16");
     v("initial_load_path", initial_load_path,
       "Checkpoint (or Hugging Face folder) to start from when the folder has no checkpoint");
     v("initial_load_model_only", initial_load_model_only,
@@ -416,8 +416,7 @@ struct CheckpointSection {
       "Also write the final model as a Hugging Face folder (step-N-hf); needs last_save_model_only");
     v("create_seed_checkpoint", create_seed_checkpoint,
       "Write the initialized model as step-0 and exit (no training)");
-    v("enable_first_step_checkpoint", enable_first_step_checkpoint,
-      "Also save after step 1");
+    v("enable_first_step_checkpoint", enable_first_step_checkpoint, "Also save after step 1");
     v("async_mode", async_mode,
       "disabled: save in the training loop; async (or async_with_pinned_mem): snapshot the "
       "state, write it on a background thread while training goes on");
@@ -496,8 +495,7 @@ struct Float8LinearSection {
       "Precompute float8 scales for FSDP", used_with(kConverters));
     v("recipe_name", recipe_name, "Float8 recipe: tensorwise, rowwise, rowwise_with_gw_hp",
       used_with(kConverters));
-    v("filter_fqns", filter_fqns, "Linear modules left in high precision",
-      used_with(kConverters));
+    v("filter_fqns", filter_fqns, "Linear modules left in high precision", used_with(kConverters));
     v("emulate", emulate, "Emulate float8 matmuls", used_with(kConverters));
   }
 };
@@ -514,8 +512,7 @@ struct MXLinearSection {
     v("mxfp8_dim1_cast_kernel_choice", mxfp8_dim1_cast_kernel_choice,
       "MXFP8 cast kernel: triton, cuda or torch", used_with(kConverters));
     v("recipe_name", recipe_name, "MX recipe", used_with(kConverters));
-    v("filter_fqns", filter_fqns, "Linear modules left in high precision",
-      used_with(kConverters));
+    v("filter_fqns", filter_fqns, "Linear modules left in high precision", used_with(kConverters));
   }
 };
 
@@ -525,8 +522,7 @@ struct Float8GroupedMMSection {
 
   template <class V>
   void visit(V& v) {
-    v("fqns", fqns, "MoE modules whose grouped GEMMs run in float8",
-      used_with("model.converters"));
+    v("fqns", fqns, "MoE modules whose grouped GEMMs run in float8", used_with("model.converters"));
   }
 };
 

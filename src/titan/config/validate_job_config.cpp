@@ -15,9 +15,7 @@ namespace {
 
 using detail::format_number;
 
-[[noreturn]] void fail(const std::string& message) {
-  throw ConfigError(message);
-}
+[[noreturn]] void fail(const std::string& message) { throw ConfigError(message); }
 
 void check_at_least(const char* name, int64_t value, int64_t min) {
   if (value < min) {
@@ -29,8 +27,7 @@ void check_at_least(const char* name, int64_t value, int64_t min) {
 // -1 is a sentinel ("take the rest", "all of it"); anything else must be >= 1.
 void check_minus_one_or_positive(const char* name, int64_t value, const char* meaning) {
   if (value != -1 && value < 1) {
-    fail(std::string(name) + " must be -1 (" + meaning + ") or >= 1, got " +
-         std::to_string(value));
+    fail(std::string(name) + " must be -1 (" + meaning + ") or >= 1, got " + std::to_string(value));
   }
 }
 
@@ -54,10 +51,8 @@ void check_unit_interval(const char* name, double value, bool include_one) {
   }
 }
 
-void check_one_of(
-    const char* name,
-    const std::string& value,
-    std::initializer_list<const char*> allowed) {
+void check_one_of(const char* name, const std::string& value,
+                  std::initializer_list<const char*> allowed) {
   std::string listed;
   for (const char* option : allowed) {
     if (value == option) {
@@ -72,8 +67,9 @@ void check_one_of(
 void validate_load_only(const CheckpointSection& c) {
   if (!c.load_only) return;
   if (!c.enable) {
-    fail("checkpoint.load_only needs checkpoint.enable = true (without it nothing is loaded). "
-         "HINT: add --checkpoint.enable, or drop checkpoint.load_only");
+    fail(
+        "checkpoint.load_only needs checkpoint.enable = true (without it nothing is loaded). "
+        "HINT: add --checkpoint.enable, or drop checkpoint.load_only");
   }
   const std::pair<const char*, bool> saves[] = {
       {"checkpoint.create_seed_checkpoint", c.create_seed_checkpoint},
@@ -82,7 +78,8 @@ void validate_load_only(const CheckpointSection& c) {
   };
   for (const auto& [name, on] : saves) {
     if (on) {
-      fail(std::string(name) + " asks for a save, but checkpoint.load_only never saves. HINT: "
+      fail(std::string(name) +
+           " asks for a save, but checkpoint.load_only never saves. HINT: "
            "drop one of the two");
     }
   }
@@ -119,16 +116,19 @@ void validate_not_yet_supported(const JobConfig& c) {
     if (value != default_value) {
       fail("config key '" + field.name() + "' = " + value + " is not supported yet (" +
            field.description + "); titan.cpp accepts only its default, " + default_value +
-           ". HINT: remove '" + field.name() + "' from the TOML file and the command line, or set "
-           "it to " + default_value);
+           ". HINT: remove '" + field.name() +
+           "' from the TOML file and the command line, or set "
+           "it to " +
+           default_value);
     }
   }
 }
 
 void validate_ranges(const JobConfig& c) {
   if (c.job.dump_folder.empty()) {
-    fail("job.dump_folder is empty; it must name the folder for metrics, checkpoints and other "
-         "outputs (\".\" for the current directory, default \"./outputs\")");
+    fail(
+        "job.dump_folder is empty; it must name the folder for metrics, checkpoints and other "
+        "outputs (\".\" for the current directory, default \"./outputs\")");
   }
   check_at_least("metrics.log_freq", c.metrics.log_freq, 1);
   check_non_negative("metrics.peak_flops", c.metrics.peak_flops);
@@ -142,14 +142,16 @@ void validate_ranges(const JobConfig& c) {
   check_minus_one_or_positive("checkpoint.load_step", c.checkpoint.load_step, "the latest");
   check_one_of("checkpoint.export_dtype", c.checkpoint.export_dtype,
                {"float32", "bfloat16", "float16"});
-  check_one_of("checkpoint.async_mode", c.checkpoint.async_mode, {"disabled", "async", "async_with_pinned_mem"});
+  check_one_of("checkpoint.async_mode", c.checkpoint.async_mode,
+               {"disabled", "async", "async_with_pinned_mem"});
   for (const std::string& item : c.checkpoint.exclude_from_loading) {
     check_one_of("checkpoint.exclude_from_loading entry", item,
                  {"model", "optimizer", "lr_scheduler", "dataloader", "train_state", "rng"});
   }
   if (c.checkpoint.last_save_in_hf && !c.checkpoint.last_save_model_only) {
-    fail("checkpoint.last_save_in_hf needs checkpoint.last_save_model_only = true (a Hugging "
-         "Face folder holds only model weights)");
+    fail(
+        "checkpoint.last_save_in_hf needs checkpoint.last_save_model_only = true (a Hugging "
+        "Face folder holds only model weights)");
   }
   if (c.checkpoint.create_seed_checkpoint && !c.checkpoint.enable) {
     fail("checkpoint.create_seed_checkpoint needs checkpoint.enable = true");
@@ -159,9 +161,10 @@ void validate_ranges(const JobConfig& c) {
   }
   validate_load_only(c.checkpoint);
   if (c.debug.deterministic_warn_only && !c.debug.deterministic) {
-    fail("debug.deterministic_warn_only needs debug.deterministic = true (it changes how "
-         "deterministic mode treats ops without a deterministic implementation). HINT: add "
-         "--debug.deterministic, or drop debug.deterministic_warn_only");
+    fail(
+        "debug.deterministic_warn_only needs debug.deterministic = true (it changes how "
+        "deterministic mode treats ops without a deterministic implementation). HINT: add "
+        "--debug.deterministic, or drop debug.deterministic_warn_only");
   }
 
   check_one_of("optimizer.name", c.optimizer.name, {"AdamW", "Adam"});
@@ -178,8 +181,10 @@ void validate_ranges(const JobConfig& c) {
                               "unset: training.steps");
   double decay_ratio = c.lr_scheduler.decay_ratio;
   if (decay_ratio != -1.0 && !(decay_ratio >= 0 && decay_ratio <= 1)) {
-    fail("lr_scheduler.decay_ratio must be -1 (unset: decay right after warmup) or in [0, 1], "
-         "got " + format_number(decay_ratio));
+    fail(
+        "lr_scheduler.decay_ratio must be -1 (unset: decay right after warmup) or in [0, 1], "
+        "got " +
+        format_number(decay_ratio));
   }
   check_one_of("lr_scheduler.decay_type", c.lr_scheduler.decay_type, {"linear", "sqrt", "cosine"});
   check_unit_interval("lr_scheduler.min_lr_factor", c.lr_scheduler.min_lr_factor,
@@ -195,8 +200,9 @@ void validate_ranges(const JobConfig& c) {
   check_one_of("training.mixed_precision_reduce", c.training.mixed_precision_reduce, {"float32"});
   check_at_least("training.num_threads", c.training.num_threads, 0);
   if (c.training.num_threads > kMaxNumThreads) {
-    fail("training.num_threads " + std::to_string(c.training.num_threads) + " is above the cap of " +
-         std::to_string(kMaxNumThreads) + " threads per rank (spawning them would stall start-up); "
+    fail("training.num_threads " + std::to_string(c.training.num_threads) +
+         " is above the cap of " + std::to_string(kMaxNumThreads) +
+         " threads per rank (spawning them would stall start-up); "
          "use 0 (cores / local ranks) or at most this machine's core count");
   }
 
@@ -231,22 +237,26 @@ void validate_activation_checkpoint(const ActivationCheckpointSection& ac) {
   check_one_of("activation_checkpoint.mode", ac.mode,
                {"selective", "full", "none", "memory_budget"});
   if (ac.mode == "memory_budget") {
-    fail("activation_checkpoint.mode = \"memory_budget\" is not supported yet (it needs a "
-         "graph compiler to choose what to save). HINT: use mode = \"selective\" (every Nth "
-         "block or \"op\") or \"full\"");
+    fail(
+        "activation_checkpoint.mode = \"memory_budget\" is not supported yet (it needs a "
+        "graph compiler to choose what to save). HINT: use mode = \"selective\" (every Nth "
+        "block or \"op\") or \"full\"");
   }
   const std::string& option = ac.selective_ac_option;
   if (option != "op") {
     bool digits = !option.empty() && option.size() <= 18 &&
-        option.find_first_not_of("0123456789") == std::string::npos;
+                  option.find_first_not_of("0123456789") == std::string::npos;
     if (!digits) {
       fail("activation_checkpoint.selective_ac_option must be \"op\" or an integer >= 1, got '" +
            option + "'. HINT: \"2\" checkpoints every 2nd block, \"op\" selects by operator");
     }
     if (std::stoll(option) < 1) {
-      fail("activation_checkpoint.selective_ac_option must be an integer >= 1 (every Nth block), "
-           "got " + option + ". HINT: use \"1\" to checkpoint every block, or mode = \"none\" "
-           "for no checkpointing");
+      fail(
+          "activation_checkpoint.selective_ac_option must be an integer >= 1 (every Nth block), "
+          "got " +
+          option +
+          ". HINT: use \"1\" to checkpoint every block, or mode = \"none\" "
+          "for no checkpointing");
     }
   }
   check_one_of("activation_checkpoint.determinism_check", ac.determinism_check,
@@ -265,10 +275,12 @@ void validate_batch_sizes(const TrainingSection& t, const ParallelismSection& p)
   int64_t dp = p.data_parallel_replicate_degree * shard;
   int64_t per_step = t.local_batch_size * dp;
   std::string product = "local_batch_size(" + std::to_string(t.local_batch_size) + ") * dp(" +
-      std::to_string(dp) + ") = " + std::to_string(per_step);
+                        std::to_string(dp) + ") = " + std::to_string(per_step);
   if (t.global_batch_size <= 0) {
-    fail("training.global_batch_size must be -1 (= local_batch_size * dp) or a positive multiple "
-         "of " + product + ", got " + std::to_string(t.global_batch_size));
+    fail(
+        "training.global_batch_size must be -1 (= local_batch_size * dp) or a positive multiple "
+        "of " +
+        product + ", got " + std::to_string(t.global_batch_size));
   }
   if (t.global_batch_size % per_step != 0) {
     int64_t below = (t.global_batch_size / per_step) * per_step;

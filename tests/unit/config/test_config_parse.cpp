@@ -22,9 +22,7 @@ TEST(ConfigParse, NoArgumentsGiveTheDefaults) {
   EXPECT_EQ(render_config_toml(config), render_config_toml(defaults));
 }
 
-TEST(ConfigParse, DefaultsPassValidation) {
-  EXPECT_NO_THROW(validate_job_config(JobConfig{}));
-}
+TEST(ConfigParse, DefaultsPassValidation) { EXPECT_NO_THROW(validate_job_config(JobConfig{})); }
 
 TEST(ConfigParse, LoadsTomlFile) {
   TempDir dir;
@@ -73,17 +71,16 @@ TEST(ConfigParse, PrecedenceCommandLineOverTomlOverDefaults) {
   TempDir dir;
   std::string file = dir.write("job.toml", "[training]\nsteps = 20\nseq_len = 64\n");
   // The override comes before --job.config_file and still wins.
-  JobConfig config =
-      parse_job_config({"--training.steps", "30", "--job.config_file", file});
-  EXPECT_EQ(config.training.steps, 30);  // command line
+  JobConfig config = parse_job_config({"--training.steps", "30", "--job.config_file", file});
+  EXPECT_EQ(config.training.steps, 30);    // command line
   EXPECT_EQ(config.training.seq_len, 64);  // TOML
   EXPECT_EQ(config.training.local_batch_size, JobConfig{}.training.local_batch_size);  // default
 }
 
 TEST(ConfigParse, BothCommandLineForms) {
-  JobConfig config = parse_job_config(
-      {"--training.steps", "5", "--training.seq_len=128", "--optimizer.lr=0.001",
-       "--model.flavor", "tiny", "--debug.seed=-1", "--training.global_batch_size", "-1"});
+  JobConfig config = parse_job_config({"--training.steps", "5", "--training.seq_len=128",
+                                       "--optimizer.lr=0.001", "--model.flavor", "tiny",
+                                       "--debug.seed=-1", "--training.global_batch_size", "-1"});
   EXPECT_EQ(config.training.steps, 5);
   EXPECT_EQ(config.training.seq_len, 128);
   EXPECT_DOUBLE_EQ(config.optimizer.lr, 0.001);
@@ -93,9 +90,8 @@ TEST(ConfigParse, BothCommandLineForms) {
 }
 
 TEST(ConfigParse, ValuesMayContainEqualsAndBeEmpty) {
-  JobConfig config =
-      parse_job_config({"--job.description=a=b", "--model.hf_assets_path=",
-                        "--validation.dataset_path", ""});
+  JobConfig config = parse_job_config(
+      {"--job.description=a=b", "--model.hf_assets_path=", "--validation.dataset_path", ""});
   EXPECT_EQ(config.job.description, "a=b");
   EXPECT_EQ(config.model.hf_assets_path, "");
   EXPECT_EQ(config.validation.dataset_path, "");
@@ -124,16 +120,16 @@ TEST(ConfigParse, BoolSwitches) {
 TEST(ConfigParse, BoolSwitchFollowedByNonBoolTokenLeavesItAsNextArgument) {
   // "5" is not a boolean spelling, so --job.print_config is a bare switch and "5" is then an
   // unexpected positional argument.
-  std::string message = config_test::config_error(
-      [] { parse_job_config({"--job.print_config", "5"}); });
+  std::string message = config_test::config_error([] {
+    parse_job_config({"--job.print_config", "5"});
+  });
   EXPECT_TRUE(config_test::contains(message, "unexpected command-line argument '5'"));
 }
 
 TEST(ConfigParse, CommandLineTurnsOffTomlBool) {
   TempDir dir;
   std::string file = dir.write("job.toml", "[validation]\nenable = true\n");
-  JobConfig config =
-      parse_job_config({"--job.config_file", file, "--validation.enable=false"});
+  JobConfig config = parse_job_config({"--job.config_file", file, "--validation.enable=false"});
   EXPECT_FALSE(config.validation.enable);
 }
 

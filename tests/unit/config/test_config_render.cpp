@@ -208,9 +208,7 @@ TEST(ConfigNearestName, TieGoesToFirstCandidate) {
   EXPECT_EQ(nearest_name("zzz", {"", "a"}), "");
 }
 
-TEST(ConfigNearestName, EmptyCandidatesGiveEmpty) {
-  EXPECT_EQ(nearest_name("anything", {}), "");
-}
+TEST(ConfigNearestName, EmptyCandidatesGiveEmpty) { EXPECT_EQ(nearest_name("anything", {}), ""); }
 
 TEST(ConfigFormat, NumbersAreReadable) {
   EXPECT_EQ(detail::format_number(0.8), "0.8");
@@ -265,8 +263,8 @@ TEST(ConfigLists, TomlArraysAndRoundTrip) {
   TempDir dir;
   ListConfig config;
   detail::FieldTable table = detail::FieldTable::of(config);
-  detail::apply_toml_file(
-      table, dir.write("lists.toml", "[data]\nfiles = [\"p\", \"q \\\"r\\\"\"]\n"));
+  detail::apply_toml_file(table,
+                          dir.write("lists.toml", "[data]\nfiles = [\"p\", \"q \\\"r\\\"\"]\n"));
   EXPECT_EQ(config.data.files, (std::vector<std::string>{"p", "q \"r\""}));
 
   config.data.tags = {"t1", "t2"};
@@ -288,9 +286,8 @@ TEST(ConfigLists, WrongTypesAreErrors) {
     detail::apply_toml_file(table, dir.write("bad.toml", "[data]\nfiles = [\"p\", 3]\n"));
   });
   EXPECT_TRUE(contains(message, "config key 'data.files' expects a list of strings, got '3'"));
-  message = config_error([&] {
-    detail::apply_toml_file(table, dir.write("bad2.toml", "[data]\nfiles = 7\n"));
-  });
+  message = config_error(
+      [&] { detail::apply_toml_file(table, dir.write("bad2.toml", "[data]\nfiles = 7\n")); });
   EXPECT_TRUE(contains(message, "expects a list of strings, got '7' (an integer in TOML file"));
 }
 

@@ -120,7 +120,8 @@ const std::pair<const char*, const char*> kTorchTitanKeys[] = {
     {"checkpoint.load_only", R"(false)"},
     {"activation_checkpoint.mode", R"("selective")"},
     {"activation_checkpoint.selective_ac_option", R"("2")"},
-    {"activation_checkpoint.per_op_sac_force_recompute_mm_shapes_by_fqns", R"(["moe.router.gate"])"},
+    {"activation_checkpoint.per_op_sac_force_recompute_mm_shapes_by_fqns",
+     R"(["moe.router.gate"])"},
     {"activation_checkpoint.early_stop", R"(false)"},
     {"activation_checkpoint.memory_budget", R"(0.5)"},
     {"activation_checkpoint.visualize_memory_budget_pareto", R"(false)"},
@@ -177,8 +178,8 @@ const std::pair<const char*, const char*> kTorchTitanKeys[] = {
 
 // Keys of ours that TorchTitan does not have.
 const std::set<std::string> kOwnKeys = {
-    "metrics.peak_flops",          "training.dataset_text_field", "training.dataset_shuffle",
-    "training.num_threads",        "validation.dataset_text_field",
+    "metrics.peak_flops",   "training.dataset_text_field",   "training.dataset_shuffle",
+    "training.num_threads", "validation.dataset_text_field",
 };
 
 // Defaults of ours that differ from TorchTitan's, and why: our datasets and tokenizer.
@@ -223,15 +224,9 @@ void set_other_value(const detail::FieldRef& field) {
     case detail::FieldType::kBool:
       *static_cast<bool*>(field.value) = !*static_cast<bool*>(field.value);
       break;
-    case detail::FieldType::kInt:
-      *static_cast<int64_t*>(field.value) += 1;
-      break;
-    case detail::FieldType::kDouble:
-      *static_cast<double*>(field.value) += 0.25;
-      break;
-    case detail::FieldType::kString:
-      *static_cast<std::string*>(field.value) += "x";
-      break;
+    case detail::FieldType::kInt: *static_cast<int64_t*>(field.value) += 1; break;
+    case detail::FieldType::kDouble: *static_cast<double*>(field.value) += 0.25; break;
+    case detail::FieldType::kString: *static_cast<std::string*>(field.value) += "x"; break;
     case detail::FieldType::kStringList:
       static_cast<std::vector<std::string>*>(field.value)->push_back("x");
       break;
@@ -293,9 +288,10 @@ TEST(ConfigTorchTitan, EveryKeyParsesFromTheCommandLine) {
     if (field == nullptr) continue;
     const std::string text = detail::format_help_value(*field);
     const std::string arg = "--" + std::string(name) + "=" +
-        (text == "none" ? "" : field->type == detail::FieldType::kString
-                                    ? *static_cast<const std::string*>(field->value)
-                                    : text);
+                            (text == "none" ? ""
+                             : field->type == detail::FieldType::kString
+                                 ? *static_cast<const std::string*>(field->value)
+                                 : text);
     EXPECT_NO_THROW(parse_job_config({arg})) << arg;
   }
 }
@@ -321,13 +317,15 @@ TEST(ConfigTorchTitan, NotYetSupportedKeysRefuseOtherValuesNamingTheKey) {
   // The same from the command line and from TOML, with the value and the default shown.
   EXPECT_TRUE(contains(config_error([] { parse_job_config({"--compile.enable"}); }),
                        "config key 'compile.enable' = true is not supported yet"));
-  EXPECT_TRUE(contains(
-      config_error([] { parse_job_config({"--comm.trace_buf_size", "0"}); }),
-      "titan.cpp accepts only its default, 20000"));
+  EXPECT_TRUE(contains(config_error([] {
+                         parse_job_config({"--comm.trace_buf_size", "0"});
+                       }),
+                       "titan.cpp accepts only its default, 20000"));
   TempDir dir;
-  const std::string file =
-      dir.write("float8.toml", "[model]\nconverters = [\"float8\"]\n");
-  EXPECT_TRUE(contains(config_error([&] { parse_job_config({"--job.config_file", file}); }),
+  const std::string file = dir.write("float8.toml", "[model]\nconverters = [\"float8\"]\n");
+  EXPECT_TRUE(contains(config_error([&] {
+                         parse_job_config({"--job.config_file", file});
+                       }),
                        "config key 'model.converters' = [\"float8\"] is not supported yet"));
 }
 
@@ -371,8 +369,8 @@ TEST(ConfigTorchTitan, HelpMarksKeysThatAreNotSupportedYet) {
     if (start == std::string::npos) continue;
     by_key[line.substr(start + 2, line.find(' ', start) - start - 2)] = line;
   }
-  EXPECT_TRUE(contains(by_key["profiling.enable_profiling"],
-                       "[not supported yet: must keep its default]"));
+  EXPECT_TRUE(
+      contains(by_key["profiling.enable_profiling"], "[not supported yet: must keep its default]"));
   EXPECT_TRUE(contains(by_key["profiling.profile_freq"],
                        "[not supported yet: read only with profiling.enable_profiling]"));
   EXPECT_FALSE(contains(by_key["training.steps"], "not supported").operator bool());
@@ -401,18 +399,19 @@ module_fqns_per_model_part = [["tok_embeddings", "layers.0"], ["layers.1", "norm
                                                        {"layers.1", "norm", "output"}};
   EXPECT_EQ(config.parallelism.module_fqns_per_model_part, parts);
 
-  config = parse_job_config(
-      {"--quantize.linear.mx.filter_fqns", "output,layers.1", "--training.dataloader.num_workers",
-       "0", "--parallelism.module_fqns_per_model_part",
-       "tok_embeddings, layers.0; layers.1,norm,output"});
+  config = parse_job_config({"--quantize.linear.mx.filter_fqns", "output,layers.1",
+                             "--training.dataloader.num_workers", "0",
+                             "--parallelism.module_fqns_per_model_part",
+                             "tok_embeddings, layers.0; layers.1,norm,output"});
   EXPECT_EQ(config.quantize.linear.mx.filter_fqns,
             (std::vector<std::string>{"output", "layers.1"}));
   EXPECT_EQ(config.parallelism.module_fqns_per_model_part, parts);
 
   // The printed config reloads to the same values, nested sections and lists of lists included.
   const std::string printed = render_config_toml(config);
-  EXPECT_TRUE(contains(printed, "module_fqns_per_model_part = [[\"tok_embeddings\", "
-                                "\"layers.0\"], [\"layers.1\", \"norm\", \"output\"]]\n"));
+  EXPECT_TRUE(contains(printed,
+                       "module_fqns_per_model_part = [[\"tok_embeddings\", "
+                       "\"layers.0\"], [\"layers.1\", \"norm\", \"output\"]]\n"));
   const std::string again = dir.write("printed.toml", printed);
   EXPECT_EQ(render_config_toml(parse_job_config({"--job.config_file", again})),
             render_config_toml(parse_job_config({"--job.config_file", again})));
@@ -424,26 +423,29 @@ module_fqns_per_model_part = [["tok_embeddings", "layers.0"], ["layers.1", "norm
 TEST(ConfigTorchTitan, UnknownNestedNamesSuggestTheNearest) {
   TempDir dir;
   std::string message = config_error([&] {
-    parse_job_config({"--job.config_file",
-                      dir.write("a.toml", "[training.dataloader]\nnum_worker = 2\n")});
+    parse_job_config(
+        {"--job.config_file", dir.write("a.toml", "[training.dataloader]\nnum_worker = 2\n")});
   });
-  EXPECT_TRUE(contains(message, "unknown config key 'training.dataloader.num_worker'; did you "
-                                "mean 'training.dataloader.num_workers'?"));
+  EXPECT_TRUE(contains(message,
+                       "unknown config key 'training.dataloader.num_worker'; did you "
+                       "mean 'training.dataloader.num_workers'?"));
   message = config_error([&] {
-    parse_job_config({"--job.config_file",
-                      dir.write("b.toml", "[quantize.linear.fp8]\nemulate = false\n")});
+    parse_job_config(
+        {"--job.config_file", dir.write("b.toml", "[quantize.linear.fp8]\nemulate = false\n")});
   });
-  EXPECT_TRUE(contains(message, "unknown config section 'quantize.linear.fp8'; did you mean "
-                                "'quantize.linear."));
+  EXPECT_TRUE(contains(message,
+                       "unknown config section 'quantize.linear.fp8'; did you mean "
+                       "'quantize.linear."));
   message = config_error([&] { parse_job_config({"--quantize.emulate", "true"}); });
   EXPECT_TRUE(contains(message, "unknown config section 'quantize'"));
-  message = config_error(
-      [&] { parse_job_config({"--parallelism.module_fqns_per_model_part", "--x"}); });
+  message = config_error([&] {
+    parse_job_config({"--parallelism.module_fqns_per_model_part", "--x"});
+  });
   EXPECT_TRUE(contains(message, "is given no value"));
   message = config_error([&] {
-    parse_job_config({"--job.config_file",
-                      dir.write("c.toml", "[parallelism]\nmodule_fqns_per_model_part = "
-                                          "[\"a\"]\n")});
+    parse_job_config({"--job.config_file", dir.write("c.toml",
+                                                     "[parallelism]\nmodule_fqns_per_model_part = "
+                                                     "[\"a\"]\n")});
   });
   EXPECT_TRUE(contains(message, "expects a list of lists of strings, got 'a' (a string"));
 }
@@ -464,26 +466,33 @@ TEST(ConfigTorchTitan, CrossKeyRulesOfTheNewKeys) {
                        "checkpoint.create_seed_checkpoint asks for a save, but "
                        "checkpoint.load_only never saves"));
   EXPECT_NO_THROW(parse_job_config({"--checkpoint.enable", "--checkpoint.load_only"}));
-  EXPECT_TRUE(contains(
-      config_error([] { parse_job_config({"--debug.deterministic_warn_only"}); }),
-      "debug.deterministic_warn_only needs debug.deterministic = true"));
+  EXPECT_TRUE(contains(config_error([] { parse_job_config({"--debug.deterministic_warn_only"}); }),
+                       "debug.deterministic_warn_only needs debug.deterministic = true"));
   EXPECT_NO_THROW(parse_job_config({"--debug.deterministic", "--debug.deterministic_warn_only"}));
-  EXPECT_TRUE(contains(config_error([] { parse_job_config({"--lr_scheduler.total_steps", "0"}); }),
+  EXPECT_TRUE(contains(config_error([] {
+                         parse_job_config({"--lr_scheduler.total_steps", "0"});
+                       }),
                        "lr_scheduler.total_steps must be -1 (unset: training.steps) or >= 1"));
-  EXPECT_TRUE(contains(config_error([] { parse_job_config({"--training.dtype", "float16"}); }),
+  EXPECT_TRUE(contains(config_error([] {
+                         parse_job_config({"--training.dtype", "float16"});
+                       }),
                        "training.dtype must be one of float32, bfloat16; got 'float16'"));
-  EXPECT_TRUE(contains(config_error([] { parse_job_config({"--training.gc_freq", "0"}); }),
+  EXPECT_TRUE(contains(config_error([] {
+                         parse_job_config({"--training.gc_freq", "0"});
+                       }),
                        "training.gc_freq must be >= 1, got 0"));
-  EXPECT_TRUE(contains(
-      config_error([] { parse_job_config({"--quantize.linear.float8.recipe_name", "fp8"}); }),
-      "must be one of \"\" (unset), tensorwise, rowwise, rowwise_with_gw_hp; got 'fp8'"));
+  EXPECT_TRUE(
+      contains(config_error([] {
+                 parse_job_config({"--quantize.linear.float8.recipe_name", "fp8"});
+               }),
+               "must be one of \"\" (unset), tensorwise, rowwise, rowwise_with_gw_hp; got 'fp8'"));
 }
 
 TEST(ConfigTorchTitan, SaveConfigFileWritesTheConfigThatReloads) {
   TempDir dir;
-  JobConfig config = parse_job_config({"--job.dump_folder", dir.path() + "/out",
-                                       "--job.save_config_file", "sub/config.toml",
-                                       "--training.steps", "7"});
+  JobConfig config =
+      parse_job_config({"--job.dump_folder", dir.path() + "/out", "--job.save_config_file",
+                        "sub/config.toml", "--training.steps", "7"});
   const std::string path = save_config_file(config);
   EXPECT_EQ(path, dir.path() + "/out/sub/config.toml");
   JobConfig reloaded = parse_job_config({"--job.config_file", path});
