@@ -47,14 +47,13 @@ struct StepMetrics {
   double loss = 0.0;
   double grad_norm = 0.0;
   double lr = 0.0;
-  double tps = 0.0;          // tokens/s per rank since the previous log
-  double tflops = 0.0;       // achieved TFLOP/s per rank
-  double mfu = 0.0;          // percent of peak
-  double memory_gib = 0.0;   // peak RSS
-  double memory_pct = 0.0;   // peak RSS as % of RAM
+  double tps = 0.0;         // tokens/s per rank since the previous log
+  double tflops = 0.0;      // achieved TFLOP/s per rank
+  double mfu = 0.0;         // percent of peak
+  double memory_gib = 0.0;  // peak RSS
+  double memory_pct = 0.0;  // peak RSS as % of RAM
   double elapsed_s = 0.0;
   double eta_s = 0.0;
-  std::optional<double> validation_loss;
 };
 
 class MetricsLogger {

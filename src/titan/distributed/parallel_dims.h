@@ -88,16 +88,11 @@ class ParallelDims {
   // Replicas of a sharded model: HSDP; replicas of a whole model: DDP.
   bool hsdp_enabled() const { return dp_replicate_enabled() && fsdp_enabled(); }
   bool ddp_enabled() const { return dp_replicate_enabled() && !fsdp_enabled(); }
-  bool cp_enabled() const { return d_.cp > 1; }
   bool tp_enabled() const { return d_.tp > 1; }
-  bool pp_enabled() const { return d_.pp > 1; }
-  bool ep_enabled() const { return d_.ep > 1; }
   // Ranks the batch is split over (dp_replicate x dp_shard).
   int64_t dp_size() const { return d_.dp_replicate * d_.dp_shard; }
   // Ranks that hold the same data: cp x tp x pp.
   int64_t non_data_parallel_size() const { return d_.cp * d_.tp * d_.pp; }
-  // Gradients are averaged over dp_replicate x dp_shard x cp.
-  int64_t fsdp_gradient_divide_factor() const { return d_.dp_replicate * d_.dp_shard * d_.cp; }
 
   // Outer to inner: {"pp", "dp_replicate", "dp_shard", "cp", "tp"}.
   static const std::vector<std::string>& mesh_dim_names();
@@ -120,7 +115,6 @@ class ParallelDims {
   // world_size()), in group_names() order on every rank; identical rank sets share one group
   // (and a group spanning all ranks is `world` itself). Call once, on every rank.
   void build_groups(const std::shared_ptr<dist::Group>& world);
-  bool groups_built() const { return !groups_.empty(); }
   // A group made by build_groups(); throws naming the known names when unknown or not built.
   dist::Group& group(const std::string& name) const;
   std::shared_ptr<dist::Group> group_ptr(const std::string& name) const;

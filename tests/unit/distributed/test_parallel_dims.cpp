@@ -70,9 +70,10 @@ TEST(ParallelDegrees, ErrorsShowTheArithmetic) {
             std::string::npos);
   EXPECT_NE(config_error(degrees(1, -1, 1, 3), 8).find("= 3 does not divide world_size 8"),
             std::string::npos);
-  EXPECT_NE(config_error(degrees(0, -1), 4)
-                .find("parallelism.data_parallel_replicate_degree (dp_replicate) must be >= 1, got 0"),
-            std::string::npos);
+  EXPECT_NE(
+      config_error(degrees(0, -1), 4)
+          .find("parallelism.data_parallel_replicate_degree (dp_replicate) must be >= 1, got 0"),
+      std::string::npos);
   EXPECT_NE(config_error(degrees(1, -2), 4).find("data_parallel_shard_degree (dp_shard)"),
             std::string::npos);
   EXPECT_NE(config_error(degrees(1, 0), 4).find("must be >= 1, got 0"), std::string::npos);
@@ -85,11 +86,12 @@ TEST(ParallelDegrees, ErrorsShowTheArithmetic) {
             std::string::npos);
   EXPECT_NE(config_error(degrees(1, -1), 0).find("world_size must be >= 1"), std::string::npos);
   // ep must be a multiple of cp * tp and divide dp_shard * cp * tp.
-  EXPECT_NE(config_error(degrees(1, -1, 1, 2, 1, 3), 8).find("ep(3) must be a multiple of cp(1) * "
-                                                             "tp(2) = 2"),
+  EXPECT_NE(config_error(degrees(1, -1, 1, 2, 1, 3), 8)
+                .find("ep(3) must be a multiple of cp(1) * tp(2) = 2"),
             std::string::npos);
-  EXPECT_NE(config_error(degrees(1, -1, 1, 1, 1, 8), 4).find("divide dp_shard(4) * cp(1) * tp(1) = 4"),
-            std::string::npos);
+  EXPECT_NE(
+      config_error(degrees(1, -1, 1, 1, 1, 8), 4).find("divide dp_shard(4) * cp(1) * tp(1) = 4"),
+      std::string::npos);
 }
 
 TEST(ParallelDegrees, UnimplementedParallelismsAreRefusedByName) {
@@ -105,7 +107,8 @@ TEST(ParallelDegrees, UnimplementedParallelismsAreRefusedByName) {
   std::string cp = refusal(degrees(1, -1, 2), 4);
   EXPECT_NE(cp.find("context parallelism is not implemented yet (parallelism.context_parallel_"
                     "degree = 2)"),
-            std::string::npos) << cp;
+            std::string::npos)
+      << cp;
   EXPECT_NE(refusal(degrees(1, -1, 1, 1, 2), 4).find("pipeline parallelism"), std::string::npos);
   EXPECT_NE(refusal(degrees(1, -1, 1, 1, 1, 2), 4).find("expert parallelism"), std::string::npos);
   // Arithmetic errors come first.
@@ -129,7 +132,6 @@ TEST(ParallelDims, FlagsAndSizes) {
   ParallelDims hsdp(degrees(2, 2), 4);
   EXPECT_TRUE(hsdp.hsdp_enabled());
   EXPECT_FALSE(hsdp.ddp_enabled());
-  EXPECT_EQ(hsdp.fsdp_gradient_divide_factor(), 4);
 
   ParallelDims ddp(degrees(2, -1), 2);
   EXPECT_TRUE(ddp.ddp_enabled());
@@ -189,7 +191,7 @@ TEST(ParallelDims, NamedGroupsOnFourRanks) {
     EXPECT_EQ(shard.size(), 2);
     EXPECT_EQ(shard.rank(), rank % 2);
     EXPECT_EQ(replicate.rank(), rank / 2);
-    EXPECT_EQ(dims.group_ptr("dp"), world);  // spans every rank
+    EXPECT_EQ(dims.group_ptr("dp"), world);                                // spans every rank
     EXPECT_EQ(dims.group_ptr("dp_shard_cp"), dims.group_ptr("dp_shard"));  // cp = 1
     EXPECT_EQ(dims.group("tp").size(), 1);
     EXPECT_THROW(dims.group("bogus"), c10::Error);
