@@ -3,6 +3,7 @@
 // gives the plain op's gradients, bit for bit; without a saver the ops are the plain ones.
 #include "titan/models/common/savable_ops.h"
 
+#include <ATen/core/grad_mode.h>
 #include <gtest/gtest.h>
 
 #include <vector>
