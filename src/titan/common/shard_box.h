@@ -21,13 +21,6 @@ struct ShardBox {
     return ShardBox{shape.vec(), std::vector<int64_t>(shape.size(), 0)};
   }
 
-  bool is_whole(at::IntArrayRef local_sizes) const {
-    for (int64_t o : offsets) {
-      if (o != 0) return false;
-    }
-    return local_sizes.vec() == global_shape;
-  }
-
   // The box of local `sizes` cut out of `whole` (global_shape), a view.
   at::Tensor narrow(const at::Tensor& whole, at::IntArrayRef sizes) const {
     TITAN_CHECK(whole.sizes().vec() == global_shape, "ShardBox: the whole tensor is ",

@@ -410,9 +410,7 @@ DataParallel::DataParallel(Model& model, DataParallelOptions options)
 
 DataParallel::~DataParallel() { model_.remove_unit_runner(this); }
 
-int64_t DataParallel::shard_size() const { return impl_->N; }
 double DataParallel::comm_wait_seconds() const { return impl_->wait_seconds; }
-int64_t DataParallel::shard_rank() const { return impl_->rank; }
 
 at::Tensor DataParallel::run(int64_t index, const at::Tensor& input, const UnitFn& next) {
   Impl& d = *impl_;

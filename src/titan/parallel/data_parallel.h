@@ -98,8 +98,6 @@ class DataParallel : public UnitRunner {
 
   // The shards, one per parameter, in the model's named_parameters() order.
   const std::vector<ShardedParam>& params() const { return params_; }
-  int64_t shard_size() const;
-  int64_t shard_rank() const;
 
   // Global L2 norm of the gradients (over the shard group; replicas hold equal gradients); when
   // max_norm > 0 and the norm exceeds it, scales them by max_norm / (norm + 1e-6).

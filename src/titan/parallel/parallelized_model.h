@@ -79,7 +79,6 @@ class ParallelizedModel {
                            const std::string& reshard_after_forward);
 
   Model& model() { return *model_; }
-  const std::shared_ptr<Model>& model_ptr() const { return model_; }
   // What the optimizer trains on this rank, in the model's named_parameters() order.
   const std::vector<TrainedParam>& params() const { return params_; }
 

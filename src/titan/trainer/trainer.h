@@ -70,8 +70,6 @@ class Trainer {
   double validate(int64_t* tokens = nullptr);
 
   Model& model() { return *model_; }
-  // The model with its parallelisms (none, FSDP/HSDP/DDP, TP, 2D, activation checkpointing).
-  ParallelizedModel& parallelized() { return *parallel_; }
   Optimizer& optimizer() { return *optimizer_; }
   int64_t accumulation_steps() const { return accumulation_steps_; }
   const JobConfig& config() const { return config_; }
@@ -80,7 +78,6 @@ class Trainer {
   // of them under FSDP / tensor parallelism.
   std::vector<std::pair<std::string, at::Tensor>> trained_params() const;
   int64_t rank() const { return rank_; }
-  ckpt::CheckpointManager& checkpointer() { return *checkpointer_; }
 
  private:
   void build_model();

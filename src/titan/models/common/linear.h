@@ -57,7 +57,6 @@ class HookedModule : public torch::nn::Module {
   void add_forward_hook(std::shared_ptr<ForwardHook> hook);
   // Removes `hook` (no-op if absent).
   void remove_forward_hook(const ForwardHook* hook);
-  const std::vector<std::shared_ptr<ForwardHook>>& forward_hooks() const { return hooks_; }
 
  protected:
   at::Tensor hooked(const at::Tensor& x, const ForwardBody& body);
