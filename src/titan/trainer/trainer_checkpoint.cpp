@@ -30,9 +30,7 @@ using ckpt::StateEntry;
 using nlohmann::json;
 
 std::string shape_str(at::IntArrayRef shape) {
-  std::string s = "[";
-  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
-  return s + "]";
+  return "[" + join(shape) + "]";
 }
 
 // Where a rank's tensor of a parameter (or of its optimizer state) sits in the whole one.
