@@ -9,7 +9,7 @@
 // forward + loss leave alive for backward. A benchmark: it prints, it never fails on speed.
 //
 //   ac_bench [--steps 3] [--threads 2] [--deep-layers 24] [--dtype fp32|bf16|both]
-//            [--seq 512] [--batch 4]
+//            [--models b|deep|both] [--seq 512] [--batch 4]
 #include "titan/common/cpu.h"
 #include "titan/common/memory_probe.h"
 #include "titan/components/loss.h"
@@ -104,7 +104,7 @@ void bench(const std::string& label, titan::llama3::Llama3Args args, at::ScalarT
 int main(int argc, char** argv) {
   int steps = 3;
   int64_t threads = 2, deep_layers = 24, seq = 512, batch = 4;
-  std::string dtypes = "both";
+  std::string dtypes = "both", models = "both";
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i];
     const std::string value = argv[i + 1];
@@ -112,12 +112,13 @@ int main(int argc, char** argv) {
     else if (flag == "--threads") threads = std::atoll(value.c_str());
     else if (flag == "--deep-layers") deep_layers = std::atoll(value.c_str());
     else if (flag == "--dtype") dtypes = value;
+    else if (flag == "--models") models = value;
     else if (flag == "--seq") seq = std::atoll(value.c_str());
     else if (flag == "--batch") batch = std::atoll(value.c_str());
     else {
       std::fprintf(stderr,
                    "usage: ac_bench [--steps N] [--threads T] [--deep-layers L] "
-                   "[--dtype fp32|bf16|both] [--seq S] [--batch B]\n");
+                   "[--dtype fp32|bf16|both] [--models b|deep|both] [--seq S] [--batch B]\n");
       return 2;
     }
   }
@@ -138,8 +139,10 @@ int main(int argc, char** argv) {
   titan::llama3::Llama3Args deep = b;
   deep.n_layers = deep_layers;
   for (at::ScalarType dtype : dtype_list) {
-    bench("(b) 8 layers", b, dtype, batch, seq, steps);
-    bench("(b) " + std::to_string(deep_layers) + " layers", deep, dtype, batch, seq, steps);
+    if (models != "deep") bench("(b) 8 layers", b, dtype, batch, seq, steps);
+    if (models != "b") {
+      bench("(b) " + std::to_string(deep_layers) + " layers", deep, dtype, batch, seq, steps);
+    }
   }
   return 0;
 }
