@@ -18,8 +18,8 @@ std::string checkpoint_dir() {
   static const std::string dir = [] {
     const std::string d = (titan::fuzz::scratch_dir() / "step-3").string();
     std::vector<titan::ckpt::SavedTensor> tensors;
-    tensors.push_back({"a", at::arange(6, at::kFloat).view({2, 3}), {}, {}});
-    tensors.push_back({"b", at::arange(4, at::kLong), {}, {}});
+    tensors.push_back({"a", at::arange(6, at::kFloat).view({2, 3}), {}});
+    tensors.push_back({"b", at::arange(4, at::kLong), {}});
     titan::ckpt::write_checkpoint(d, tensors, {{"step", 3}}, /*max_shard_bytes=*/16);
     return d;
   }();
