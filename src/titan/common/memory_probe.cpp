@@ -59,7 +59,6 @@ class CountingAllocator final : public c10::Allocator {
 };
 
 std::once_flag g_once;
-std::atomic<bool> g_installed{false};
 
 }  // namespace
 
@@ -71,11 +70,8 @@ void CpuMemoryProbe::install() {
     // Never destroyed: blocks allocated through it may outlive everything else. The highest
     // priority, so that it stays the CPU allocator.
     c10::SetCPUAllocator(new CountingAllocator(inner), /*priority=*/255);
-    g_installed = true;
   });
 }
-
-bool CpuMemoryProbe::installed() { return g_installed.load(); }
 
 int64_t CpuMemoryProbe::live_bytes() { return g_live.load(); }
 

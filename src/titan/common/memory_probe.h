@@ -15,7 +15,6 @@ class CpuMemoryProbe {
   // Wraps the current CPU allocator (once per process; later calls do nothing). Call before
   // the allocations to be measured, ideally at start-up before other threads allocate.
   static void install();
-  static bool installed();
   // Bytes allocated through the probe and not yet freed.
   static int64_t live_bytes();
   // The largest live_bytes() since the last reset_peak() (or install()).
