@@ -449,7 +449,8 @@ struct ActivationCheckpointSection {
       "only the outputs of costly ops (matmuls, attention) and recomputes the rest");
     v("per_op_sac_force_recompute_mm_shapes_by_fqns", per_op_sac_force_recompute_mm_shapes_by_fqns,
       "With selective_ac_option op: modules (name suffixes) whose matmuls are always recomputed");
-    v("early_stop", early_stop, "Stop recomputation once the needed activations are rebuilt");
+    v("early_stop", early_stop, "Stop recomputation once the needed activations are rebuilt",
+      kNotYet);
     v("memory_budget", memory_budget,
       "With mode memory_budget: fraction of activation memory to keep, in [0, 1]");
     v("visualize_memory_budget_pareto", visualize_memory_budget_pareto,
