@@ -3,6 +3,8 @@
 #include "titan/common/check.h"
 #include "titan/components/data/data_loader.h"
 
+#include "../test_util.h"
+
 #include <gtest/gtest.h>
 
 namespace titan {
@@ -206,6 +208,34 @@ TEST(DataLoader, LoadStateRejectsMismatchedState) {
   // The offset is checked against the document once it is tokenized.
   loader.load_state(DataLoaderState{0, 0, /*token_offset=*/50, {}});
   EXPECT_THROW(loader.next(), DataError);
+}
+
+TEST(DataLoader, StateRoundTripsThroughJson) {
+  const DataLoaderState state{/*epoch=*/2, /*doc_index=*/7, /*token_offset=*/3, {5, 6, 7},
+                              /*shuffle_seed=*/11};
+  const nlohmann::json j = to_json(state);
+  EXPECT_EQ(j, nlohmann::json::parse(R"({"epoch": 2, "doc_index": 7, "token_offset": 3,
+                                          "buffer": [5, 6, 7], "shuffle_seed": 11})"));
+  EXPECT_EQ(loader_state_from_json(j), state);
+  EXPECT_EQ(loader_state_from_json(to_json(DataLoaderState{})), DataLoaderState{});
+
+  // Malformed state is a DataError that names the key.
+  const auto data_error_of = [](const nlohmann::json& bad) {
+    EXPECT_THROW(loader_state_from_json(bad), DataError) << bad;
+    return test::message_of([&] { loader_state_from_json(bad); });
+  };
+  nlohmann::json missing = j;
+  missing.erase("token_offset");
+  EXPECT_NE(data_error_of(missing).find("no \"token_offset\""), std::string::npos);
+  nlohmann::json text = j;
+  text["epoch"] = "2";
+  EXPECT_NE(data_error_of(text).find("\"epoch\" is not an integer"), std::string::npos);
+  for (const nlohmann::json& buffer : {nlohmann::json(5), nlohmann::json::parse("[1, 2.5]")}) {
+    nlohmann::json bad = j;
+    bad["buffer"] = buffer;
+    EXPECT_NE(data_error_of(bad).find("\"buffer\""), std::string::npos) << buffer;
+  }
+  EXPECT_NE(data_error_of(nlohmann::json::array()).find("not a JSON object"), std::string::npos);
 }
 
 }  // namespace

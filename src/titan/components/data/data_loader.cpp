@@ -169,6 +169,37 @@ DataLoaderState DataLoader::state() const {
   return DataLoaderState{epoch_, doc_index_, token_offset_, buffer_, shuffle_seed_};
 }
 
+nlohmann::json to_json(const DataLoaderState& state) {
+  return {{"epoch", state.epoch},
+          {"doc_index", state.doc_index},
+          {"token_offset", state.token_offset},
+          {"buffer", state.buffer},
+          {"shuffle_seed", state.shuffle_seed}};
+}
+
+DataLoaderState loader_state_from_json(const nlohmann::json& j) {
+  const auto fail = [&](const std::string& what) {
+    throw DataError("data loader state " + j.dump().substr(0, 200) + ": " + what);
+  };
+  if (!j.is_object()) fail("not a JSON object");
+  const auto integer = [&](const char* key) {
+    if (!j.contains(key)) fail(std::string("no \"") + key + "\"");
+    if (!j.at(key).is_number_integer()) fail(std::string("\"") + key + "\" is not an integer");
+    return j.at(key).get<int64_t>();
+  };
+  DataLoaderState s;
+  s.epoch = integer("epoch");
+  s.doc_index = integer("doc_index");
+  s.token_offset = integer("token_offset");
+  s.shuffle_seed = integer("shuffle_seed");
+  const bool buffer_ok = j.contains("buffer") && j.at("buffer").is_array() &&
+      std::all_of(j.at("buffer").begin(), j.at("buffer").end(),
+                  [](const nlohmann::json& id) { return id.is_number_integer(); });
+  if (!buffer_ok) fail("\"buffer\" is missing or not an array of integers");
+  s.buffer = j.at("buffer").get<std::vector<int64_t>>();
+  return s;
+}
+
 void DataLoader::load_state(const DataLoaderState& state) {
   const auto fail = [&](const std::string& what) {
     throw DataError("DataLoader::load_state: " + what +

@@ -20,6 +20,7 @@
 #include "titan/components/tokenizer/tokenizer.h"
 
 #include <ATen/ATen.h>
+#include <nlohmann/json.hpp>
 
 #include <cstdint>
 #include <memory>
@@ -47,6 +48,13 @@ struct DataLoaderState {
         shuffle_seed == other.shuffle_seed;
   }
 };
+
+// The state as checkpoints store it: {"epoch", "doc_index", "token_offset", "buffer",
+// "shuffle_seed"}.
+nlohmann::json to_json(const DataLoaderState& state);
+// The inverse; DataError naming the key that is missing or not of its type (integer, or array of
+// integers for "buffer").
+DataLoaderState loader_state_from_json(const nlohmann::json& j);
 
 // A permutation of [0, n) drawn from `seed`: Fisher-Yates with mt19937_64 and rejection
 // sampling, so the order is the same with every standard library.
