@@ -46,8 +46,8 @@ void write_text_file(const std::string& path, const std::string& text) {
   fsync_path(path, /*directory=*/false);
 }
 
-// "<prefix>00042.safetensors": prefix "shard-" for single-writer checkpoints, "shard-r00003-" for
-// rank 3 of a collective save.
+// "<prefix>00042.safetensors": prefix "shard-" for a group of one, "shard-r00003-" for rank 3 of
+// a larger one.
 std::string shard_name(const std::string& prefix, int64_t i) {
   char buf[32];
   std::snprintf(buf, sizeof(buf), "%05lld.safetensors", static_cast<long long>(i));
@@ -174,32 +174,37 @@ std::string temp_dir_of(const std::string& dir, int64_t nonce) {
   return dir + ".tmp-" + std::to_string(nonce);
 }
 
+std::string make_temp_dir(const std::string& dir, int64_t nonce) {
+  const std::string tmp = temp_dir_of(dir, nonce);
+  std::error_code ec;
+  fs::remove_all(tmp, ec);
+  fs::create_directories(tmp, ec);
+  if (ec) throw DataError("cannot create '" + tmp + "': " + ec.message());
+  return tmp;
+}
+
 void write_checkpoint(const std::string& dir, const std::vector<SavedTensor>& tensors,
                       const nlohmann::json& state, uint64_t max_shard_bytes) {
   if (fs::exists(dir)) {
     throw DataError("checkpoint directory '" + dir + "' already exists; not overwriting it");
   }
-  const std::string tmp = temp_dir_of(dir, ::getpid());
-  std::error_code ec;
-  fs::remove_all(tmp, ec);
-  fs::create_directories(tmp, ec);
-  if (ec) throw DataError("cannot create '" + tmp + "': " + ec.message());
-
-  uint64_t bytes = 0;
-  nlohmann::ordered_json part = write_tensor_files(tmp, "shard-", tensors, max_shard_bytes, bytes);
-  nlohmann::ordered_json index = index_header();
-  index["tensors"] = std::move(part["tensors"]);
-  index["files"] = std::move(part["files"]);
-  index["state"] = state;
-  write_index(tmp + "/index.json", std::move(index));
-  commit_checkpoint_dir(tmp, dir);
+  const std::string tmp = make_temp_dir(dir, ::getpid());
+  try {
+    write_rank_files(tmp, /*rank=*/0, /*world_size=*/1, tensors, max_shard_bytes);
+    merge_rank_fragments(tmp, /*world_size=*/1, state);
+    commit_checkpoint_dir(tmp, dir);
+  } catch (...) {
+    std::error_code ec;
+    fs::remove_all(tmp, ec);
+    throw;
+  }
 }
 
-uint64_t write_rank_files(const std::string& tmp_dir, int rank,
+uint64_t write_rank_files(const std::string& tmp_dir, int rank, int world_size,
                           const std::vector<SavedTensor>& tensors, uint64_t max_shard_bytes) {
   uint64_t bytes = 0;
-  nlohmann::ordered_json part =
-      write_tensor_files(tmp_dir, "shard-" + rank_tag(rank) + "-", tensors, max_shard_bytes, bytes);
+  const std::string prefix = world_size == 1 ? "shard-" : "shard-" + rank_tag(rank) + "-";
+  nlohmann::ordered_json part = write_tensor_files(tmp_dir, prefix, tensors, max_shard_bytes, bytes);
   nlohmann::ordered_json fragment;
   fragment["format"] = "titan-checkpoint-fragment";
   fragment["rank"] = rank;
@@ -605,6 +610,20 @@ at::Tensor CheckpointReader::read_slice(const std::string& name,
                     " elements requested at " + box_str(offsets) + " + " + box_str(lengths));
   }
   return out;
+}
+
+void CheckpointReader::read_box_into(const std::string& name, const ShardBox& box,
+                                     at::Tensor dst) const {
+  if (!has(name)) throw DataError("checkpoint '" + dir_ + "' lacks tensor '" + name + "'");
+  const TensorMeta& m = meta(name);
+  if (m.shape != box.global_shape) {
+    throw DataError("checkpoint '" + dir_ + "': tensor '" + name + "' has shape " +
+                    box_str(m.shape) + ", the model expects " + box_str(box.global_shape) +
+                    " (a different model flavor?)");
+  }
+  if (dst.numel() == 0) return;
+  at::NoGradGuard no_grad;
+  dst.copy_(read_slice(name, box.offsets, dst.sizes().vec()));
 }
 
 }  // namespace titan::ckpt

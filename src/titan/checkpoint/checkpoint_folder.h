@@ -1,7 +1,7 @@
 // The folder of step checkpoints: what to resume from, what a killed run left behind, and how
 // step directories are deleted or moved out of the way without ever looking complete when they
-// are not, or overwriting what this run did not write. Used by the CheckpointManager (by the single
-// process, or by rank 0 of a collective job).
+// are not, or overwriting what this run did not write. Used by the CheckpointManager on rank 0 (a
+// single process is a group of one).
 #pragma once
 
 #include "titan/config/job_config.h"
@@ -34,13 +34,12 @@ bool is_model_only(const std::string& dir);
 void prepare_step_dir(const std::string& folder, const std::string& dir,
                       const std::map<std::string, std::string>& unusable);
 
-// What to resume from, decided by the single process or by rank 0 for every rank, from the
-// checkpoints in the folder. Each next() answers {"dir": d}, {"none": true} (start from
-// scratch) or {"error": "config" | "data", "message": m}; after a candidate failed to load,
-// next(why) gives the previous one (automatic resumption falls back past corrupt checkpoints; an
-// explicit load_step does not). Whatever resuming leaves behind newer than the chosen step is
-// recorded in `unusable` (dir -> why) so that saving that step later moves it aside instead of
-// overwriting it.
+// What to resume from, decided by rank 0 for every rank, from the checkpoints in the folder. Each
+// next() answers {"dir": d}, {"none": true} (start from scratch) or {"error": "config" | "data",
+// "message": m}; after a candidate failed to load, next(why) gives the previous one (automatic
+// resumption falls back past corrupt checkpoints; an explicit load_step does not). Whatever
+// resuming leaves behind newer than the chosen step is recorded in `unusable` (dir -> why) so that
+// saving that step later moves it aside instead of overwriting it.
 class ResumeChooser {
  public:
   // Removes stale temporaries and reports incomplete step folders (recorded in `unusable`).

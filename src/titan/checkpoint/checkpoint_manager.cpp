@@ -1,5 +1,5 @@
-// CheckpointManager: save scheduling, model-only exports, async writes, retention and resuming,
-// by one process or collectively by the ranks of a group.
+// CheckpointManager: save scheduling, model-only exports, async writes, retention and resuming, by
+// the ranks of a group; a single process is a group of one, whose exchanges are the identity.
 #include "titan/checkpoint/checkpoint_manager.h"
 
 #include "titan/checkpoint/checkpoint_folder.h"
@@ -27,14 +27,7 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
-uint64_t total_bytes(const std::vector<SavedTensor>& tensors) {
-  uint64_t n = 0;
-  for (const auto& t : tensors)
-    n += static_cast<uint64_t>(t.local.numel()) * t.local.element_size();
-  return n;
-}
-
-// ---- collectives over the group: tiny int64 / uint8 tensors, rank 0 as the root ----------------
+// ---- exchanges between the ranks: tiny int64 / uint8 tensors, rank 0 as the root --------------
 
 // Outcome of one rank's part of a collective step, exchanged so that every rank acts alike.
 enum Status : int64_t { kOk = 0, kDataError = 1, kConfigError = 2, kFailed = 3 };
@@ -74,29 +67,35 @@ std::vector<int64_t> to_vector(const at::Tensor& t) {
   return std::vector<int64_t>(c.data_ptr<int64_t>(), c.data_ptr<int64_t>() + c.numel());
 }
 
+// The exchanges take the group of more than one rank, or null for a group of one (a single
+// process), where each is the identity.
+
 // Every rank's `mine` (the same length on every rank), concatenated in rank order.
-std::vector<int64_t> all_gather_ints(dist::Group& g, const std::vector<int64_t>& mine) {
-  const at::Tensor in = at::tensor(mine, at::kLong).to(comm_device(g));
-  const at::Tensor out = at::empty({g.size() * static_cast<int64_t>(mine.size())},
-                                   at::TensorOptions().dtype(at::kLong).device(comm_device(g)));
-  g.all_gather_into_tensor(out, in).wait();
+std::vector<int64_t> all_gather_ints(dist::Group* g, const std::vector<int64_t>& mine) {
+  if (g == nullptr) return mine;
+  const at::Tensor in = at::tensor(mine, at::kLong).to(comm_device(*g));
+  const at::Tensor out = at::empty({g->size() * static_cast<int64_t>(mine.size())},
+                                   at::TensorOptions().dtype(at::kLong).device(comm_device(*g)));
+  g->all_gather_into_tensor(out, in).wait();
   return to_vector(out);
 }
 
 // Rank 0's `values` on every rank (values.size() must agree).
-std::vector<int64_t> broadcast_ints(dist::Group& g, const std::vector<int64_t>& values) {
-  const at::Tensor t = at::tensor(values, at::kLong).to(comm_device(g));
-  g.broadcast(t, /*root=*/0).wait();
+std::vector<int64_t> broadcast_ints(dist::Group* g, const std::vector<int64_t>& values) {
+  if (g == nullptr) return values;
+  const at::Tensor t = at::tensor(values, at::kLong).to(comm_device(*g));
+  g->broadcast(t, /*root=*/0).wait();
   return to_vector(t);
 }
 
 // Rank 0's `text` on every rank: its length, then its bytes.
-std::string broadcast_string(dist::Group& g, const std::string& text) {
+std::string broadcast_string(dist::Group* g, const std::string& text) {
+  if (g == nullptr) return text;
   const int64_t n = broadcast_ints(g, {static_cast<int64_t>(text.size())})[0];
   at::Tensor bytes = at::empty({n}, at::kByte);
-  if (g.rank() == 0 && n > 0) std::memcpy(bytes.data_ptr<uint8_t>(), text.data(), n);
-  bytes = bytes.to(comm_device(g));
-  g.broadcast(bytes, /*root=*/0).wait();
+  if (g->rank() == 0 && n > 0) std::memcpy(bytes.data_ptr<uint8_t>(), text.data(), n);
+  bytes = bytes.to(comm_device(*g));
+  g->broadcast(bytes, /*root=*/0).wait();
   bytes = bytes.cpu();
   return std::string(reinterpret_cast<const char*>(bytes.data_ptr<uint8_t>()), n);
 }
@@ -128,27 +127,9 @@ void throw_if_any_failed(const std::vector<int64_t>& statuses, const std::except
   throw DataError(message);
 }
 
-LoadResult hf_load_result(const std::string& path) {
-  LoadResult r;
-  r.loaded = true;
-  r.model_only = true;
-  r.dir = path;
-  return r;
-}
-
-// Rank 0 of a collective save: prepare_step_dir, and `tmp` is a fresh empty directory.
-void prepare_temp_dir(const std::string& folder, const std::string& dir, const std::string& tmp,
-                      const std::map<std::string, std::string>& unusable) {
-  prepare_step_dir(folder, dir, unusable);
-  std::error_code ec;
-  fs::remove_all(tmp, ec);
-  fs::create_directories(tmp, ec);
-  if (ec) throw DataError("cannot create '" + tmp + "': " + ec.message());
-}
-
 }  // namespace
 
-// A collective save between its writing (possibly on the writer thread) and its commit.
+// A save between its writing (possibly on the writer thread) and its commit.
 struct CheckpointManager::PendingSave {
   std::string dir;
   std::string tmp;
@@ -179,9 +160,11 @@ CheckpointManager::CheckpointManager(const CheckpointSection& config,
 }
 
 CheckpointManager::~CheckpointManager() {
-  // Committing is a collective: not while an exception unwinds this rank (its peers may never
-  // get here) nor over a broken group, either of which would only hang until the timeout.
-  if (pending_ && (std::uncaught_exceptions() > 0 || !group_->healthy())) {
+  if (!pending_) return;
+  // Committing with peers is a collective: not while an exception unwinds this rank (its peers
+  // may never get here) nor over a broken group, either of which would only hang until the
+  // timeout. A group of one has nobody to wait for and always commits.
+  if (peers() != nullptr && (std::uncaught_exceptions() > 0 || !peers()->healthy())) {
     if (writer_.joinable()) writer_.join();
     log_warning("checkpoint ", pending_->dir, " abandoned before its commit; the next load() ",
                 "removes its temporary directory ", pending_->tmp);
@@ -194,9 +177,13 @@ CheckpointManager::~CheckpointManager() {
   }
 }
 
-bool CheckpointManager::distributed() const { return group_ && group_->size() > 1; }
+dist::Group* CheckpointManager::peers() const {
+  return group_ && group_->size() > 1 ? group_.get() : nullptr;
+}
 
-int CheckpointManager::rank() const { return group_ ? group_->rank() : 0; }
+int CheckpointManager::rank() const { return peers() ? peers()->rank() : 0; }
+
+int CheckpointManager::world_size() const { return peers() ? peers()->size() : 1; }
 
 bool CheckpointManager::should_save(int64_t step, int64_t last_step) const {
   if (!config_.enable || config_.load_only) return false;  // load_only: load, never save
@@ -207,8 +194,8 @@ bool CheckpointManager::should_save(int64_t step, int64_t last_step) const {
 bool CheckpointManager::maybe_save(int64_t step, int64_t last_step) {
   const bool save_now = should_save(step, last_step);
   if (pending_ && !save_now) {
-    // An asynchronous collective save commits as soon as every rank has written its files.
-    const std::vector<int64_t> written = all_gather_ints(*group_, {pending_->written ? 1 : 0});
+    // An asynchronous save commits as soon as every rank has written its files.
+    const std::vector<int64_t> written = all_gather_ints(peers(), {pending_->written ? 1 : 0});
     if (std::all_of(written.begin(), written.end(), [](int64_t w) { return w == 1; })) {
       commit_pending();
     }
@@ -240,40 +227,6 @@ void CheckpointManager::collect(int64_t step, bool model_only, bool keep_dtype,
 
 void CheckpointManager::save(int64_t step, bool model_only, bool keep_dtype) {
   wait();
-  if (distributed()) {
-    save_collective(step, model_only, keep_dtype);
-    return;
-  }
-  const auto t0 = std::chrono::steady_clock::now();
-  const std::string dir = step_dir(folder_, step);
-  prepare_step_dir(folder_, dir, unusable_);
-
-  nlohmann::json state;
-  std::vector<SavedTensor> tensors;
-  collect(step, model_only, keep_dtype, tensors, state);
-  if (config_.async_mode == "disabled") {
-    write_and_purge(dir, tensors, state);
-    log_info("checkpoint ", model_only ? "(model only) " : "", dir,
-             " saved: ", human_bytes(total_bytes(tensors)), " in ", seconds_since(t0), "s");
-    return;
-  }
-  // Snapshot: the training loop changes parameters and optimizer state in place.
-  for (auto& t : tensors) t.local = t.local.detach().clone();
-  log_info("checkpoint ", model_only ? "(model only) " : "", dir, ": state snapshotted in ",
-           seconds_since(t0), "s; writing ", human_bytes(total_bytes(tensors)),
-           " in the background");
-  writer_ = std::thread([this, dir, tensors = std::move(tensors), state = std::move(state)]() {
-    try {
-      const auto w0 = std::chrono::steady_clock::now();
-      write_and_purge(dir, tensors, state);
-      log_info("checkpoint ", dir, " written in ", seconds_since(w0), "s (async)");
-    } catch (...) {
-      writer_error_ = std::current_exception();
-    }
-  });
-}
-
-void CheckpointManager::save_collective(int64_t step, bool model_only, bool keep_dtype) {
   auto p = std::make_unique<PendingSave>();
   p->t0 = std::chrono::steady_clock::now();
   p->dir = step_dir(folder_, step);
@@ -290,14 +243,15 @@ void CheckpointManager::save_collective(int64_t step, bool model_only, bool keep
     }
     if (rank() == 0) {
       nonce = ::getpid();
-      prepare_temp_dir(folder_, p->dir, temp_dir_of(p->dir, nonce), unusable_);
+      prepare_step_dir(folder_, p->dir, unusable_);
+      make_temp_dir(p->dir, nonce);
     }
   } catch (...) {
     error = std::current_exception();
   }
   // One exchange tells every rank whether all are ready and rank 0's nonce, which names the
   // temporary directory they all write into: (status, nonce) per rank.
-  const std::vector<int64_t> ready = all_gather_ints(*group_, {status_of(error), nonce});
+  const std::vector<int64_t> ready = all_gather_ints(peers(), {status_of(error), nonce});
   std::vector<int64_t> statuses;
   for (size_t i = 0; i < ready.size(); i += 2) statuses.push_back(ready[i]);
   p->tmp = temp_dir_of(p->dir, ready[1]);
@@ -310,9 +264,9 @@ void CheckpointManager::save_collective(int64_t step, bool model_only, bool keep
 
   PendingSave* pending = p.get();
   pending_ = std::move(p);
-  auto write = [pending, rank = rank(), tensors = std::move(tensors)]() {
+  auto write = [pending, rank = rank(), size = world_size(), tensors = std::move(tensors)]() {
     try {
-      pending->bytes = write_rank_files(pending->tmp, rank, tensors);
+      pending->bytes = write_rank_files(pending->tmp, rank, size, tensors);
     } catch (...) {
       pending->error = std::current_exception();
     }
@@ -324,8 +278,8 @@ void CheckpointManager::save_collective(int64_t step, bool model_only, bool keep
     return;
   }
   log_info("checkpoint ", model_only ? "(model only) " : "", pending->dir,
-           ": state snapshotted in ", seconds_since(pending->t0),
-           "s; writing this rank's part in the background");
+           ": state snapshotted in ", seconds_since(pending->t0), "s; writing ",
+           world_size() > 1 ? "this rank's part" : "it", " in the background");
   writer_ = std::thread(std::move(write));
 }
 
@@ -334,7 +288,7 @@ void CheckpointManager::commit_pending() {
   const std::unique_ptr<PendingSave> p = std::move(pending_);
   const std::string what = "checkpoint " + p->dir + " not saved";
   // Every rank's files and fragment are fsynced once it reports kOk here.
-  const std::vector<int64_t> statuses = all_gather_ints(*group_, {status_of(p->error)});
+  const std::vector<int64_t> statuses = all_gather_ints(peers(), {status_of(p->error)});
   if (!all_ok(statuses) && rank() == 0) {
     std::error_code ec;
     fs::remove_all(p->tmp, ec);
@@ -343,7 +297,7 @@ void CheckpointManager::commit_pending() {
   std::exception_ptr error;
   if (rank() == 0) {
     try {
-      merge_rank_fragments(p->tmp, group_->size(), p->state);
+      merge_rank_fragments(p->tmp, world_size(), p->state);
       commit_checkpoint_dir(p->tmp, p->dir);  // the commit: the checkpoint exists from here on
     } catch (...) {
       error = std::current_exception();
@@ -359,33 +313,20 @@ void CheckpointManager::commit_pending() {
     }
   }
   // Rank 0's outcome; waiting for it also keeps every rank behind the rename and the purge.
-  if (broadcast_ints(*group_, {status_of(error)})[0] != kOk) {
+  if (broadcast_ints(peers(), {status_of(error)})[0] != kOk) {
     if (error) std::rethrow_exception(error);
     throw DataError(what + ": rank 0 failed to merge or commit it (its log has the error)");
   }
-  log_info("checkpoint ", p->model_only ? "(model only) " : "", p->dir, " saved by ",
-           group_->size(), " ranks (", human_bytes(p->bytes), " from this rank) in ",
+  const std::string by =
+      world_size() > 1 ? " by " + std::to_string(world_size()) + " ranks (" +
+                             human_bytes(p->bytes) + " from this rank)"
+                       : " (" + human_bytes(p->bytes) + ")";
+  log_info("checkpoint ", p->model_only ? "(model only) " : "", p->dir, " saved", by, " in ",
            seconds_since(p->t0), "s");
 }
 
 void CheckpointManager::wait() {
-  if (pending_) {
-    commit_pending();
-    return;
-  }
-  if (writer_.joinable()) writer_.join();
-  if (writer_error_) {
-    std::exception_ptr e = writer_error_;
-    writer_error_ = nullptr;
-    std::rethrow_exception(e);
-  }
-}
-
-void CheckpointManager::write_and_purge(const std::string& dir,
-                                        const std::vector<SavedTensor>& tensors,
-                                        const nlohmann::json& state) {
-  write_checkpoint(dir, tensors, state);
-  purge_old();
+  if (pending_) commit_pending();
 }
 
 void CheckpointManager::purge_old() {
@@ -419,8 +360,7 @@ int64_t CheckpointManager::final_model_only_step() const {
     }
     return -1;
   };
-  if (!distributed()) return decide();
-  return broadcast_ints(*group_, {rank() == 0 ? decide() : 0})[0];  // rank 0 decides for all
+  return broadcast_ints(peers(), {rank() == 0 ? decide() : 0})[0];  // rank 0 decides for all
 }
 
 LoadResult CheckpointManager::load_dir(const std::string& dir, bool model_only_requested,
@@ -460,55 +400,11 @@ LoadResult CheckpointManager::load_dir(const std::string& dir, bool model_only_r
   return result;
 }
 
-LoadResult CheckpointManager::load(const std::function<void(const std::string&)>& hf_loader) {
-  if (distributed()) return load_collective(hf_loader);
-  if (config_.enable) {
-    ResumeChooser chooser(config_, folder_, unusable_);
-    std::string failed;
-    while (true) {
-      const nlohmann::json choice = chooser.next(failed);
-      if (choice.contains("error")) {
-        const std::string message = choice["message"].get<std::string>();
-        if (choice["error"] == "config") throw ConfigError(message);
-        throw DataError(message);
-      }
-      if (choice.contains("none")) break;
-      try {
-        return load_dir(choice["dir"].get<std::string>(), /*model_only_requested=*/false);
-      } catch (const DataError& e) {
-        failed = e.what();
-      }
-    }
-  }
-  if (config_.initial_load_path.empty()) return {};
-  const std::string& path = config_.initial_load_path;
-  if (config_.initial_load_in_hf) {
-    TITAN_CHECK(static_cast<bool>(hf_loader),
-                "checkpoint.initial_load_in_hf: no Hugging Face loader");
-    hf_loader(path);
-    log_info("loaded the model from the Hugging Face folder ", path);
-    return hf_load_result(path);
-  }
-  std::string dir = path;
-  if (!is_checkpoint_dir(path)) {
-    const auto steps = list_step_dirs(path);
-    if (steps.empty()) {
-      throw ConfigError("checkpoint.initial_load_path '" + path +
-                        "' is neither a checkpoint (no index.json) nor a folder of step-N "
-                        "checkpoints");
-    }
-    dir = steps.back().second;
-  }
-  LoadResult r = load_dir(dir, config_.initial_load_model_only);
-  if (r.model_only) r.step = 0;
-  return r;
-}
+// ---- loading: every rank restores its part of the checkpoint rank 0 chooses ---------------------
 
-// ---- collective loading ------------------------------------------------------------------------
-
-LoadResult CheckpointManager::load_dir_everywhere(const std::string& dir, bool model_only_requested,
-                                                  bool fall_back_on_data_error,
-                                                  std::string* data_error) {
+LoadResult CheckpointManager::load_dir_together(const std::string& dir, bool model_only_requested,
+                                                bool fall_back_on_data_error,
+                                                std::string* data_error) {
   LoadResult result;
   std::exception_ptr error;
   try {
@@ -517,7 +413,7 @@ LoadResult CheckpointManager::load_dir_everywhere(const std::string& dir, bool m
   } catch (...) {
     error = std::current_exception();
   }
-  const std::vector<int64_t> statuses = all_gather_ints(*group_, {status_of(error)});
+  const std::vector<int64_t> statuses = all_gather_ints(peers(), {status_of(error)});
   const bool only_data_errors = std::all_of(statuses.begin(), statuses.end(),
                                             [](int64_t s) { return s == kOk || s == kDataError; });
   if (fall_back_on_data_error && only_data_errors && !all_ok(statuses)) {
@@ -534,10 +430,9 @@ LoadResult CheckpointManager::load_dir_everywhere(const std::string& dir, bool m
   return result;
 }
 
-LoadResult CheckpointManager::load_collective(
-    const std::function<void(const std::string&)>& hf_loader) {
-  dist::Group& g = *group_;
-  const bool root = g.rank() == 0;
+LoadResult CheckpointManager::load(const std::function<void(const std::string&)>& hf_loader) {
+  dist::Group* g = peers();
+  const bool root = rank() == 0;
   // Rank 0 chooses what to load and broadcasts it as JSON: {"dir": d}, {"none": true} or
   // {"error": "config" | "data", "message": m}. Every rank then loads that directory.
   auto receive = [&](const nlohmann::json& choice) {
@@ -557,9 +452,8 @@ LoadResult CheckpointManager::load_collective(
       const nlohmann::json choice = receive(root ? chooser->next(failed) : nlohmann::json());
       if (choice.contains("none")) break;
       const std::string dir = choice["dir"].get<std::string>();
-      LoadResult r =
-          load_dir_everywhere(dir, /*model_only_requested=*/false,
-                              /*fall_back_on_data_error=*/config_.load_step < 0, &failed);
+      LoadResult r = load_dir_together(dir, /*model_only_requested=*/false,
+                                       /*fall_back_on_data_error=*/config_.load_step < 0, &failed);
       if (r.loaded) return r;
     }
   }
@@ -577,7 +471,10 @@ LoadResult CheckpointManager::load_collective(
     throw_if_any_failed(all_gather_ints(g, {status_of(error)}), error,
                         "loading the Hugging Face folder " + path);
     log_info("loaded the model from the Hugging Face folder ", path);
-    return hf_load_result(path);
+    LoadResult r;
+    r.loaded = r.model_only = true;
+    r.dir = path;
+    return r;
   }
   nlohmann::json choice;
   if (root) {
@@ -595,8 +492,8 @@ LoadResult CheckpointManager::load_collective(
     }
   }
   const std::string dir = receive(choice)["dir"].get<std::string>();
-  LoadResult r = load_dir_everywhere(dir, config_.initial_load_model_only,
-                                     /*fall_back_on_data_error=*/false, nullptr);
+  LoadResult r = load_dir_together(dir, config_.initial_load_model_only,
+                                   /*fall_back_on_data_error=*/false, nullptr);
   if (r.model_only) r.step = 0;
   return r;
 }

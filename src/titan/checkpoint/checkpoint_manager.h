@@ -15,19 +15,20 @@
 // write: one that load() found unusable (model-only, unloadable, incomplete) is moved aside, any
 // other is an error.
 //
-// Multi-process jobs (a group of size > 1): every method is collective; all ranks call it at the
-// same points with the same arguments. Each rank writes only the tensors its entries hand over
-// (its FSDP shards; a replicated tensor is handed over by one rank only) as its own shard files
-// in a temporary directory shared by all ranks (the folder must be on a file system every rank
-// sees); rank 0 merges the ranks' index fragments, renames the directory (the commit) and purges
-// old checkpoints. Any rank's failure leaves no checkpoint behind and throws on every rank. When
-// loading, rank 0 chooses the checkpoint (and verifies its checksums) and broadcasts the choice,
-// then every rank restores its part from it; a DataError on any rank makes all of them fall back
-// to the previous checkpoint together, as one process does. Collectives run only on the thread
-// that calls these methods; with async_mode, only the file writing runs in the background and
-// the commit happens on the calling thread: in the first maybe_save() after every rank has
-// finished writing (one tiny all-gather per call while a save is pending), or at the latest in
-// the next save(), wait() or the destructor.
+// One path for every job: the ranks of a group save and load together, and a single process is a
+// group of one (its exchanges are the identity; it writes plain "shard-<n>" files). Every method
+// is collective; all ranks call it at the same points with the same arguments. Each rank writes
+// only the tensors its entries hand over (its FSDP shards; a replicated tensor is handed over by
+// one rank only) as its own shard files in a temporary directory shared by all ranks (the folder
+// must be on a file system every rank sees); rank 0 merges the ranks' index fragments, renames
+// the directory (the commit) and purges old checkpoints. Any rank's failure leaves no checkpoint
+// behind and throws on every rank. When loading, rank 0 chooses the checkpoint (and verifies its
+// checksums) and broadcasts the choice, then every rank restores its part from it; a DataError on
+// any rank makes all of them fall back to the previous checkpoint together. Exchanges run only on
+// the thread that calls these methods; with async_mode, only the file writing runs in the
+// background and the commit happens on the calling thread: in the first maybe_save() after every
+// rank has finished writing (one tiny all-gather per call while a save is pending), or at the
+// latest in the next save(), wait() or the destructor.
 #pragma once
 
 #include "titan/checkpoint/checkpoint_files.h"
@@ -35,13 +36,10 @@
 
 #include <nlohmann/json.hpp>
 
-#include <condition_variable>
 #include <cstdint>
-#include <exception>
 #include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -74,14 +72,14 @@ class CheckpointManager {
   // `describe` is stored in every checkpoint's state (model name/flavor, tokenizer_path,
   // job_config) so tools like `titan generate` and `titan convert` can rebuild the model.
   // `group`: every rank of the job that holds part of the state (normally the world group); null
-  // or of size 1 for a single-writer checkpoint. Its entries' save callbacks run on every rank,
-  // and the "state" JSON stored is rank 0's.
+  // or of size 1 for a single process. The entries' save callbacks run on every rank, and the
+  // "state" JSON stored is rank 0's.
   CheckpointManager(const CheckpointSection& config, const std::string& dump_folder,
                     std::vector<StateEntry> states, nlohmann::json describe,
                     std::shared_ptr<dist::Group> group = nullptr);
-  // Waits for a pending asynchronous save; with a group, commits it (a collective) unless an
-  // exception is unwinding the stack or the group is broken, in which case the save is abandoned
-  // (its temporary directory is removed by the next load()).
+  // Waits for a pending asynchronous save and commits it; with peers (a collective) not while an
+  // exception is unwinding the stack or when the group is broken, in which case the save is
+  // abandoned (its temporary directory is removed by the next load()).
   ~CheckpointManager();
 
   bool enabled() const { return config_.enable; }
@@ -106,28 +104,25 @@ class CheckpointManager {
   // Saves unconditionally (model_only: only entries with is_model, cast to export_dtype unless
   // keep_dtype, as for the seed checkpoint).
   void save(int64_t step, bool model_only, bool keep_dtype = false);
-  // Blocks until an asynchronous save has finished (with a group: and commits it); rethrows its
-  // error.
+  // Blocks until an asynchronous save has finished and commits it; rethrows its error.
   void wait();
 
  private:
-  struct PendingSave;  // a collective save whose files are written but not yet committed
+  struct PendingSave;  // a save whose files are written (or being written) but not committed
 
-  bool distributed() const;
+  dist::Group* peers() const;  // the group when it has more than one rank; null for a group of one
   int rank() const;
+  int world_size() const;
   void collect(int64_t step, bool model_only, bool keep_dtype, std::vector<SavedTensor>& tensors,
                nlohmann::json& state) const;
-  void write_and_purge(const std::string& dir, const std::vector<SavedTensor>& tensors,
-                       const nlohmann::json& state);
-  void purge_old();
-  LoadResult load_dir(const std::string& dir, bool model_only_requested, bool verify = true);
-
-  // The collective versions (a group of size > 1).
-  void save_collective(int64_t step, bool model_only, bool keep_dtype);
   void commit_pending();
-  LoadResult load_collective(const std::function<void(const std::string&)>& hf_loader);
-  LoadResult load_dir_everywhere(const std::string& dir, bool model_only_requested,
-                                 bool fall_back_on_data_error, std::string* data_error);
+  void purge_old();
+  // This rank's part of checkpoint `dir`.
+  LoadResult load_dir(const std::string& dir, bool model_only_requested, bool verify);
+  // load_dir on every rank; with fall_back_on_data_error, DataErrors on any rank make every rank
+  // return an unloaded result (and `data_error` says why) instead of throwing.
+  LoadResult load_dir_together(const std::string& dir, bool model_only_requested,
+                               bool fall_back_on_data_error, std::string* data_error);
 
   CheckpointSection config_;
   std::string folder_;
@@ -139,8 +134,7 @@ class CheckpointManager {
   // (dir -> "model-only" | "unloadable" | "incomplete"); a save of their step moves them aside.
   std::map<std::string, std::string> unusable_;
 
-  std::thread writer_;
-  std::exception_ptr writer_error_;
+  std::thread writer_;  // writes the pending save's files (async_mode)
   std::unique_ptr<PendingSave> pending_;
 };
 

@@ -158,10 +158,24 @@ TEST(CheckpointFiles, ShardedTensorReadsAcrossBoxes) {
   EXPECT_TRUE(at::equal(reader.read("w"), full));
   EXPECT_TRUE(at::equal(reader.read_slice("w", {2, 3}, {4, 3}), full.slice(0, 2, 6).slice(1, 3, 6)));
 
-  // A box nobody saved is an error, not zeros.
-  write_checkpoint(root + "/step-2", {tensors[0], tensors[1]}, nlohmann::json::object());
-  CheckpointReader partial(root + "/step-2");
-  const std::string err = message_of([&] { partial.read("w"); });
+  // A box nobody saved is an error, not zeros: the writer refuses to leave a hole...
+  std::string err = message_of([&] {
+    write_checkpoint(root + "/step-2", {tensors[0], tensors[1]}, nlohmann::json::object());
+  });
+  EXPECT_NE(err.find("cover 38 of its 48 elements"), std::string::npos) << err;
+  EXPECT_FALSE(fs::exists(root + "/step-2"));
+  EXPECT_FALSE(fs::exists(root + "/step-2.tmp-" + std::to_string(::getpid())));
+  // ...and the reader refuses an index that lists too few boxes (an unprotected version-1 one).
+  fs::copy(root + "/step-1", root + "/step-3");
+  nlohmann::json index = nlohmann::json::parse(std::ifstream(root + "/step-3/index.json"));
+  index["version"] = 1;
+  index.erase("checksum");
+  auto& shards = index["tensors"]["w"]["shards"];
+  ASSERT_EQ(shards.size(), 3u);
+  shards.erase(2);  // the box at [3, 4]
+  std::ofstream(root + "/step-3/index.json", std::ios::trunc) << index.dump();
+  CheckpointReader partial(root + "/step-3");
+  err = message_of([&] { partial.read("w"); });
   EXPECT_NE(err.find("cover 38 of the 48"), std::string::npos) << err;
 }
 
