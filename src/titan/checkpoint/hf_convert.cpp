@@ -221,4 +221,29 @@ void save_hf_weights(const Model& model, const nlohmann::json& model_description
                   adapter.to_hf(model_tensors(model), model_description), options);
 }
 
+TensorMap read_hf_parameters(const std::string& hf_dir, const nlohmann::json& model_description) {
+  const auto model = empty_model(model_description);
+  load_hf_weights(*model, model_description, hf_dir);
+  return model_tensors(*model);
+}
+
+std::string hf_export_dir(const std::string& folder, int64_t step) {
+  return (std::filesystem::path(folder) / ("step-" + std::to_string(step) + "-hf")).string();
+}
+
+void export_hf(const std::string& dir, const std::vector<std::pair<std::string, at::Tensor>>& full,
+               const nlohmann::json& model_description, int64_t rank,
+               const HfWriteOptions& options) {
+  if (rank != 0) return;
+  const auto model = empty_model(model_description);
+  copy_into_model(*model, TensorMap(full.begin(), full.end()), "the gathered parameters");
+  std::error_code ec;
+  if (std::filesystem::exists(dir, ec)) {
+    log_warning("replacing the Hugging Face export ", dir);
+    std::filesystem::remove_all(dir, ec);
+  }
+  save_hf_weights(*model, model_description, dir, options);
+  log_info("final model written as a Hugging Face folder: ", dir);
+}
+
 }  // namespace titan::ckpt

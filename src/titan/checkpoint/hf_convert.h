@@ -1,8 +1,8 @@
 // Conversions between our checkpoints (or a live Model) and Hugging Face model folders, through
 // the model's HfAdapter (registry.h) and the folder I/O of hf_folder.h:
 //   `titan convert to-hf` -> checkpoint_to_hf,  `titan convert from-hf` -> hf_to_checkpoint,
-//   checkpoint.initial_load_in_hf -> load_hf_weights, checkpoint.last_save_in_hf ->
-//   save_hf_weights.
+//   checkpoint.initial_load_in_hf -> load_hf_weights / read_hf_parameters,
+//   checkpoint.last_save_in_hf -> save_hf_weights / export_hf.
 // Float32 weights go ours -> HF -> ours bit-identically (renames and row permutations only).
 #pragma once
 
@@ -13,7 +13,10 @@
 
 #include <nlohmann/json.hpp>
 
+#include <cstdint>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace titan::ckpt {
 
@@ -60,5 +63,22 @@ void load_hf_weights(Model& model, const nlohmann::json& model_description,
 // as an HF folder `out_dir` (which must not exist).
 void save_hf_weights(const Model& model, const nlohmann::json& model_description,
                      const std::string& out_dir, const HfWriteOptions& options);
+
+// checkpoint.initial_load_in_hf for a parallelized model: every parameter of a model of
+// `model_description`, whole and by FQN, read from HF folder `hf_dir` and checked as
+// load_hf_weights does; each rank then keeps its boxes (ParallelizedModel::load_full_parameters).
+TensorMap read_hf_parameters(const std::string& hf_dir, const nlohmann::json& model_description);
+
+// "<folder>/step-<step>-hf": where checkpoint.last_save_in_hf exports the model of step `step`.
+std::string hf_export_dir(const std::string& folder, int64_t step);
+
+// checkpoint.last_save_in_hf, called by every rank once all of them have gathered `full` (every
+// parameter by FQN, whole: ParallelizedModel::gather_full_parameters, a collective): rank 0
+// writes it, as the parameters of a model of `model_description`, as HF folder `dir`, replacing
+// an export already there (with a warning); the other ranks return. DataError, before anything is
+// written, when `full` lacks a parameter of that model or holds one of another shape.
+void export_hf(const std::string& dir, const std::vector<std::pair<std::string, at::Tensor>>& full,
+               const nlohmann::json& model_description, int64_t rank,
+               const HfWriteOptions& options);
 
 }  // namespace titan::ckpt

@@ -4,6 +4,7 @@
 #include "titan/models/registry.h"
 
 #include "titan/common/check.h"
+#include "titan/config/job_config.h"
 #include "titan/models/llama3/spec.h"
 
 #include <algorithm>
@@ -63,6 +64,10 @@ const ModelSpec& get_model_spec(const std::string& name) {
 
 void check_flavor(const ModelSpec& spec, const std::string& flavor) {
   check_flavor(spec.name, spec.flavors, flavor);
+}
+
+nlohmann::json model_description(const ModelSection& model) {
+  return {{"name", model.name}, {"flavor", model.flavor}};
 }
 
 const ModelSpec& spec_for_description(const nlohmann::json& model) {

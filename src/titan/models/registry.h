@@ -43,6 +43,7 @@ struct HfAdapter {
 
 class ParallelDims;
 class ParallelizedModel;
+struct ModelSection;
 struct ParallelizeOptions;
 
 // Applies a model's parallelisms to a built (initialized or loaded) instance, in the order
@@ -96,6 +97,9 @@ std::string suggestion(const std::string& name, const std::vector<std::string>& 
                        const std::string& kind);
 
 // The spec for a model description's "name" (ConfigError if missing or unknown).
+// The model description of the [model] config section: {"name": name, "flavor": flavor}.
+nlohmann::json model_description(const ModelSection& model);
+
 const ModelSpec& spec_for_description(const nlohmann::json& model);
 
 // The spec whose HF adapter reads config.json's "model_type" `model_type`; ConfigError listing

@@ -11,11 +11,11 @@
 #include "titan/config/config_manager.h"
 #include "titan/trainer/trainer.h"
 #include "titan/distributed/parallel_dims.h"
+#include "titan/models/registry.h"
 #include "titan/parallel/parallelized_model.h"
 
 #include <ATen/CPUGeneratorImpl.h>
 
-#include <filesystem>
 #include <functional>
 #include <map>
 #include <set>
@@ -29,30 +29,8 @@ using ckpt::SavedTensor;
 using ckpt::StateEntry;
 using nlohmann::json;
 
-std::string shape_str(at::IntArrayRef shape) {
-  return "[" + join(shape) + "]";
-}
-
 // Where a rank's tensor of a parameter (or of its optimizer state) sits in the whole one.
 using LayoutFn = std::function<ShardBox(const std::string& param)>;
-
-// Copies the box of checkpoint tensor `name` that `dst` holds into `dst` (casting the dtype),
-// checking the global shape.
-void restore_tensor(const CheckpointReader& reader, const std::string& name, at::Tensor dst,
-                    const ShardBox& box) {
-  if (!reader.has(name)) {
-    throw DataError("checkpoint '" + reader.dir() + "' lacks tensor '" + name + "'");
-  }
-  const auto& meta = reader.meta(name);
-  if (meta.shape != box.global_shape) {
-    throw DataError("checkpoint '" + reader.dir() + "': tensor '" + name + "' has shape " +
-                    shape_str(meta.shape) + ", the model expects " +
-                    shape_str(box.global_shape) + " (a different model flavor?)");
-  }
-  if (dst.numel() == 0) return;
-  at::NoGradGuard no_grad;
-  dst.copy_(reader.read_slice(name, box.offsets, dst.sizes().vec()));
-}
 
 // Whether this rank writes (its box of) a parameter: false where another rank holds the same box
 // (data-parallel replicas, tensor-parallel replicated parameters).
@@ -72,7 +50,7 @@ StateEntry model_entry(std::vector<std::pair<std::string, at::Tensor>> params, L
     }
   };
   e.load = [params, layout](const CheckpointReader& reader, const json&) {
-    for (const auto& [name, t] : params) restore_tensor(reader, name, t, layout(name));
+    for (const auto& [name, t] : params) reader.read_box_into(name, layout(name), t);
   };
   return e;
 }
@@ -94,7 +72,7 @@ StateEntry optimizer_entry(Optimizer& optimizer, LayoutFn layout, OwnerFn owner)
   };
   e.load = [&optimizer, layout, param_of](const CheckpointReader& reader, const json& state) {
     for (const auto& [name, t] : optimizer.state_tensors()) {
-      restore_tensor(reader, "optimizer." + name, t, layout(param_of(name)));
+      reader.read_box_into("optimizer." + name, layout(param_of(name)), t);
     }
     optimizer.set_step_count(state.at("step_count").get<int64_t>());
   };
@@ -138,22 +116,6 @@ StateEntry lr_scheduler_entry(const LRScheduler& scheduler, const TrainState& ts
   return e;
 }
 
-json loader_state_to_json(const DataLoaderState& s) {
-  return {{"epoch", s.epoch},         {"doc_index", s.doc_index},
-          {"token_offset", s.token_offset}, {"buffer", s.buffer},
-          {"shuffle_seed", s.shuffle_seed}};
-}
-
-DataLoaderState loader_state_from_json(const json& j) {
-  DataLoaderState s;
-  s.epoch = j.at("epoch").get<int64_t>();
-  s.doc_index = j.at("doc_index").get<int64_t>();
-  s.token_offset = j.at("token_offset").get<int64_t>();
-  s.buffer = j.at("buffer").get<std::vector<int64_t>>();
-  s.shuffle_seed = j.at("shuffle_seed").get<int64_t>();
-  return s;
-}
-
 // One state per data-parallel rank, keyed "dp_rank_<r>" (each rank restores its own), and the
 // tokenizer the positions are counted in (`tokenizer`: a tokenizer_record), checked at resume.
 StateEntry dataloader_entry(DataLoader& loader, int64_t dp_rank, json tokenizer) {
@@ -161,7 +123,7 @@ StateEntry dataloader_entry(DataLoader& loader, int64_t dp_rank, json tokenizer)
   e.name = "dataloader";
   const std::string key = "dp_rank_" + std::to_string(dp_rank);
   e.save = [&loader, key, tokenizer](std::vector<SavedTensor>&, json& state) {
-    state[key] = loader_state_to_json(loader.state());
+    state[key] = to_json(loader.state());
     state["tokenizer"] = tokenizer;
   };
   e.load = [&loader, key, tokenizer](const CheckpointReader& reader, const json& state) {
@@ -219,7 +181,7 @@ void Trainer::build_checkpoint() {
       train_state_entry(train_state_),
       rng_entry(/*owner=*/rank_ == 0),
   };
-  json describe = {{"model", {{"name", config_.model.name}, {"flavor", config_.model.flavor}}},
+  json describe = {{"model", model_description(config_.model)},
                    {"tokenizer_path", config_.model.hf_assets_path},
                    {"job_config", render_config_toml(config_)}};
   checkpointer_ = std::make_unique<ckpt::CheckpointManager>(
@@ -236,13 +198,9 @@ void Trainer::build_checkpoint() {
       return;
     }
   }
-  const json model_description = {{"name", config_.model.name}, {"flavor", config_.model.flavor}};
   const ckpt::LoadResult loaded = checkpointer_->load([&](const std::string& hf_dir) {
-    // Loaded whole into a scratch model; each rank keeps its boxes.
-    std::shared_ptr<Model> whole = build_whole_model();
-    ckpt::load_hf_weights(*whole, model_description, hf_dir);
-    const auto named = whole->named_parameters();
-    parallel_->load_full_parameters([&](const std::string& name) { return named[name]; });
+    const TensorMap whole = ckpt::read_hf_parameters(hf_dir, model_description(config_.model));
+    parallel_->load_full_parameters([&](const std::string& name) { return whole.at(name); });
   });
   if (loaded.loaded && !loaded.model_only) {
     if (train_state_.step >= config_.training.steps) {
@@ -257,29 +215,15 @@ void Trainer::build_checkpoint() {
 void Trainer::save_final_hf(int64_t step) {
   const auto& c = config_.checkpoint;
   if (!c.enable || !c.last_save_in_hf) return;
-  const std::string dir = checkpointer_->folder() + "/step-" + std::to_string(step) + "-hf";
-  std::error_code ec;
-  if (rank_ == 0 && std::filesystem::exists(dir)) {
-    log_warning("replacing the Hugging Face export ", dir);
-    std::filesystem::remove_all(dir, ec);
-  }
   ckpt::HfWriteOptions options;
   options.dtype = dtype_from_name(c.export_dtype);
   options.tokenizer_path = config_.model.hf_assets_path;
   options.bos_id = tokenizer_->bos_id();
   options.eos_id = tokenizer_->eos_id();
   // Every rank takes part in gathering the parameters; rank 0 writes them.
-  const std::vector<std::pair<std::string, at::Tensor>> full = parallel_->gather_full_parameters();
-  if (rank_ != 0) return;
-  std::shared_ptr<Model> model = build_whole_model();
-  {
-    at::NoGradGuard no_grad;
-    auto named = model->named_parameters();
-    for (const auto& [name, t] : full) named[name].copy_(t);
-  }
-  ckpt::save_hf_weights(*model, {{"name", config_.model.name}, {"flavor", config_.model.flavor}},
-                        dir, options);
-  log_info("final model written as a Hugging Face folder: ", dir);
+  ckpt::export_hf(ckpt::hf_export_dir(checkpointer_->folder(), step),
+                  parallel_->gather_full_parameters(), model_description(config_.model), rank_,
+                  options);
 }
 
 }  // namespace titan
