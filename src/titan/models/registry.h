@@ -96,10 +96,10 @@ std::vector<std::string> registered_models();
 std::string suggestion(const std::string& name, const std::vector<std::string>& candidates,
                        const std::string& kind);
 
-// The spec for a model description's "name" (ConfigError if missing or unknown).
 // The model description of the [model] config section: {"name": name, "flavor": flavor}.
 nlohmann::json model_description(const ModelSection& model);
 
+// The spec for a model description's "name" (ConfigError if missing or unknown).
 const ModelSpec& spec_for_description(const nlohmann::json& model);
 
 // The spec whose HF adapter reads config.json's "model_type" `model_type`; ConfigError listing
