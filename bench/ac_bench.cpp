@@ -67,8 +67,8 @@ void bench(const std::string& label, titan::llama3::Llama3Args args, at::ScalarT
            int64_t batch, int64_t seq, int steps) {
   args.max_seq_len = seq;
   auto model = std::make_shared<titan::llama3::Transformer>(args, dtype);
+  model->init_weights(/*seed=*/0);
   at::manual_seed(0);
-  model->init_weights();
   const at::Tensor inputs = at::randint(0, args.vocab_size, {batch, seq}, at::kLong);
   const at::Tensor labels = at::randint(0, args.vocab_size, {batch, seq}, at::kLong);
   std::vector<Totals> totals(kNumModes);

@@ -1,4 +1,4 @@
-// ModelStats arithmetic and the unit-runner chain shared by every model.
+// ModelStats arithmetic, whole-model init and the unit-runner chain shared by every model.
 #include "titan/models/model.h"
 
 #include <algorithm>
@@ -31,6 +31,12 @@ void Model::add_unit_runner(UnitRunner* runner) {
 
 void Model::remove_unit_runner(UnitRunner* runner) {
   runners_.erase(std::remove(runners_.begin(), runners_.end(), runner), runners_.end());
+}
+
+void Model::init_weights(uint64_t seed) {
+  for (auto& item : named_parameters()) {
+    init_whole(item.value(), param_init(item.key()), seed, item.key());
+  }
 }
 
 at::Tensor Model::run_unit(int64_t index, const at::Tensor& input, const UnitFn& fn) const {

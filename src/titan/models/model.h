@@ -5,6 +5,7 @@
 #pragma once
 
 #include "titan/common/check.h"
+#include "titan/models/common/init.h"
 #include "titan/models/common/kv_cache.h"
 
 #include <ATen/ATen.h>
@@ -37,6 +38,11 @@ struct ModelStats {
 struct ModelBuildOptions {
   int64_t max_seq_len = 2048;                    // RoPE table length (training.seq_len)
   at::ScalarType compute_dtype = at::kFloat;     // matmul dtype; parameters stay float32
+  uint64_t seed = 0;                             // of the initial weights (debug.seed)
+  // Parameters on the meta device: shapes only, no memory, not initialized (buffers such as
+  // RoPE tables are real). parallelize then gives each rank storage for its pieces only, and
+  // ParallelizedModel::init_weights(seed) fills them with the values build() would have.
+  bool meta = false;
 };
 
 // A group of parameters that a parallelism treats as one piece (an FSDP unit: all-gathered
@@ -93,8 +99,11 @@ class UnitRunner {
 class Model : public torch::nn::Module {
  public:
   virtual at::Tensor forward(const at::Tensor& tokens) = 0;
-  // Re-initializes every parameter in place from the current global RNG state.
-  virtual void init_weights() = 0;
+  // How parameter `name` (an FQN of named_parameters()) starts out; its values then depend only
+  // on the seed, the name and the position (init.h), never on how the model is split.
+  virtual ParamInit param_init(const std::string& name) const = 0;
+  // (Re-)initializes every parameter in place: param_init with `seed`.
+  void init_weights(uint64_t seed);
   virtual ModelStats stats(int64_t batch, int64_t seq_len) const = 0;
 
   // The units of forward, in the order forward first runs them; together they hold every

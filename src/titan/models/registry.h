@@ -59,7 +59,8 @@ struct ModelSpec {
   std::function<ModelStats(const std::string& flavor, int64_t batch, int64_t seq_len,
                            at::ScalarType compute_dtype)>
       describe;
-  // A freshly built, initialized model of `flavor` (uses the global RNG for init).
+  // A freshly built model of `flavor`, initialized from options.seed (on the meta device and not
+  // initialized with options.meta).
   std::function<std::shared_ptr<Model>(const std::string& flavor, const ModelBuildOptions&)> build;
   // One line per flavor (dims) for `--help`-style listings.
   std::function<std::string(const std::string& flavor)> describe_flavor;

@@ -311,6 +311,8 @@ DataParallel::DataParallel(Model& model, DataParallelOptions options)
   const auto named = model.named_parameters();
   TITAN_CHECK(!named.is_empty(), "the model has no parameters to shard");
   d.device = named[0].value().device();
+  const bool from_meta = d.device.is_meta();  // shapes only: nothing to copy into the shards
+  if (from_meta) d.device = o.device;
   for (const auto& item : named) {
     Impl::Param p;
     p.name = item.key();
@@ -365,7 +367,7 @@ DataParallel::DataParallel(Model& model, DataParallelOptions options)
     for (int64_t pi : u.params) {
       const Impl::Param& p = d.params[pi];
       const at::Tensor full = named[p.name].reshape({p.rows, p.rest});
-      if (p.local_rows > 0) {
+      if (p.local_rows > 0 && !from_meta) {
         u.shard.narrow(0, p.offset, p.local_rows * p.rest)
             .view({p.local_rows, p.rest})
             .copy_(full.narrow(0, d.rank * p.chunk, p.local_rows));

@@ -61,6 +61,9 @@ struct DataParallelOptions {
   bool prefetch = true;                           // overlap the next unit's all-gather
   // The model's parameters are these boxes of larger ones (2D: FSDP over tensor-parallel shards).
   std::map<std::string, ParamPlacement> placements;
+  // Where shards live when the model's parameters are on the meta device (shapes only): the
+  // shards are then allocated but not filled; the caller initializes them (params()).
+  at::Device device = at::kCPU;
 };
 
 // This rank's part of one parameter.

@@ -5,6 +5,7 @@
 #include "titan/common/format.h"
 #include "titan/components/loss.h"
 #include "titan/components/optimizer.h"
+#include "titan/models/common/linear.h"
 #include "titan/parallel/activation_checkpoint.h"
 #include "titan/parallel/data_parallel.h"
 #include "titan/parallel/grad_norm.h"
@@ -49,7 +50,8 @@ void ParallelizedModel::apply_activation_checkpointing(const ActivationCheckpoin
 }
 
 void ParallelizedModel::apply_data_parallel(at::ScalarType param_dtype, at::ScalarType reduce_dtype,
-                                            const std::string& reshard_after_forward) {
+                                            const std::string& reshard_after_forward,
+                                            at::Device device) {
   TITAN_CHECK(!dp_, "data parallelism is applied once");
   if (!dims_.dp_enabled()) return;
   DataParallelOptions o;
@@ -59,8 +61,35 @@ void ParallelizedModel::apply_data_parallel(at::ScalarType param_dtype, at::Scal
   o.param_dtype = param_dtype;
   o.reduce_dtype = reduce_dtype;
   o.reshard_after_forward = reshard_after_forward;
+  o.device = device;
   dp_ = std::make_unique<DataParallel>(*model_, o);
   refresh_params();
+}
+
+void ParallelizedModel::materialize(at::Device device) {
+  // set_data cannot move a tensor off the meta device: each layer registers a new parameter.
+  for (const auto& item : model_->named_modules()) {
+    auto* layer = dynamic_cast<WeightLayer*>(item.value().get());
+    if (layer == nullptr) continue;
+    const at::Tensor old = layer->named_parameters(/*recurse=*/false)["weight"];
+    if (!old.is_meta()) continue;
+    at::Tensor fresh = at::empty(old.sizes(), old.options().device(device));
+    fresh.set_requires_grad(old.requires_grad());
+    layer->replace_weight(fresh);
+  }
+  for (const auto& item : model_->named_parameters()) {
+    TITAN_CHECK(!item.value().is_meta(), "parameter ", item.key(),
+                " is still on the meta device: only WeightLayer weights are materialized");
+  }
+  refresh_params();
+}
+
+void ParallelizedModel::init_weights(uint64_t seed) {
+  for (TrainedParam& p : params_) {
+    TITAN_CHECK(!p.local.is_meta(), "parameter ", p.name,
+                " is on the meta device: materialize() before init_weights()");
+    init_box(p.local, model_->param_init(p.name), seed, p.name, p.box);
+  }
 }
 
 void ParallelizedModel::refresh_params() {
@@ -200,7 +229,9 @@ std::unique_ptr<ParallelizedModel> parallelize_decoder(std::shared_ptr<Model> mo
   pm->apply_activation_checkpointing(options.activation_checkpoint);
   // 4. FSDP / HSDP / DDP last (the outermost runner).
   pm->apply_data_parallel(options.param_dtype, options.reduce_dtype,
-                          options.fsdp_reshard_after_forward);
+                          options.fsdp_reshard_after_forward, options.device);
+  // 5. Storage for what is still on the meta device (a model built with ModelBuildOptions::meta).
+  pm->materialize(options.device);
   return pm;
 }
 

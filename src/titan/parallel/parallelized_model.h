@@ -10,7 +10,13 @@
 //   4. FSDP / HSDP / DDP last: the outermost unit runner, so a block's parameters are gathered
 //      before it runs and again before its backward recomputes it; it shards what TP left.
 //
-//   auto pm = spec.parallelize(model, dims, options);
+// A model built on the meta device (ModelBuildOptions::meta) holds shapes only: TP slices the
+// shapes, FSDP allocates just this rank's shards, materialize() gives what is left (unsharded
+// parameters) storage, and init_weights(seed) fills this rank's pieces with the values a
+// one-process build of the same seed holds at their boxes. No rank ever holds the whole model.
+//
+//   auto pm = spec.parallelize(model, dims, options);   // materializes at the end
+//   pm->init_weights(seed);                              // unless loading weights next
 //   pm->zero_grad();
 //   loss = pm->loss(pm->model().forward(x), y);  (loss * scale).backward();
 //   pm->finish_backward();                       // after every backward
@@ -47,6 +53,8 @@ struct ParallelizeOptions {
   // Sequence lengths the model will run at, with the keys that set them (sequence parallelism
   // splits the sequence, so they must divide by the tensor-parallel degree).
   std::vector<std::pair<std::string, int64_t>> seq_lens;
+  // Where the parameters of a model built on the meta device get their storage.
+  at::Device device = at::kCPU;
 };
 
 // A parameter as this rank trains it: the tensor the optimizer updates (the whole parameter,
@@ -76,7 +84,15 @@ class ParallelizedModel {
                              const std::vector<std::pair<std::string, int64_t>>& seq_lens);
   void apply_activation_checkpointing(const ActivationCheckpointSection& ac);
   void apply_data_parallel(at::ScalarType param_dtype, at::ScalarType reduce_dtype,
-                           const std::string& reshard_after_forward);
+                           const std::string& reshard_after_forward,
+                           at::Device device = at::kCPU);
+  // Gives every parameter still on the meta device uninitialized storage on `device` (its
+  // current, possibly TP-sliced shape); last, after the pieces above.
+  void materialize(at::Device device);
+
+  // Initializes this rank's pieces of every parameter from `seed` (Model::param_init): the
+  // values of a one-process model built with the same seed, at each piece's box.
+  void init_weights(uint64_t seed);
 
   Model& model() { return *model_; }
   // What the optimizer trains on this rank, in the model's named_parameters() order.

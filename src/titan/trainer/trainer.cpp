@@ -23,7 +23,6 @@
 
 #include <chrono>
 #include <cmath>
-#include <mutex>
 #include <random>
 
 namespace titan {
@@ -58,7 +57,9 @@ Trainer::Trainer(JobConfig config, const DistributedContext* dist) : config_(std
     log_info("debug.seed not set; using seed ", seed_, " (pass --debug.seed ", seed_,
              " to reproduce)");
   }
-  // The global generator is seeded where the model is built (build_model).
+  // Initial weights depend on the seed alone (build_model); the global generator (saved in
+  // checkpoints) starts from it too, alike on every rank.
+  at::manual_seed(static_cast<uint64_t>(seed_));
   if (config_.debug.deterministic) {
     at::globalContext().setDeterministicAlgorithms(true, config_.debug.deterministic_warn_only);
   }
@@ -148,15 +149,12 @@ void Trainer::build_model() {
   opts.max_seq_len = config_.training.seq_len;
   if (config_.validation.enable) opts.max_seq_len = std::max(opts.max_seq_len, config_.validation.seq_len);
   opts.compute_dtype = compute_dtype_;
+  // Shapes only: parallelize gives this rank storage for its pieces, and they are initialized
+  // below with the values a one-process build of this seed holds there.
+  opts.meta = true;
+  opts.seed = static_cast<uint64_t>(seed_);
   auto t0 = std::chrono::steady_clock::now();
-  {
-    // The global generator is per process: ranks that share one (threads, in tests) take turns
-    // seeding it and initializing their model, so every rank starts from the same weights.
-    static std::mutex init_mutex;
-    std::lock_guard<std::mutex> lock(init_mutex);
-    at::manual_seed(static_cast<uint64_t>(seed_));
-    model_ = spec_->build(config_.model.flavor, opts);
-  }
+  model_ = spec_->build(config_.model.flavor, opts);
   apply_training_dtype(*model_, config_.training, world_size_, dims_->describe());
   const ModelStats stats = model_->stats(config_.training.local_batch_size, config_.training.seq_len);
   log_info("model ", config_.model.name, " ", config_.model.flavor, ": ",
@@ -174,6 +172,10 @@ void Trainer::build_model() {
   if (config_.validation.enable) o.seq_lens.emplace_back("validation.seq_len", config_.validation.seq_len);
   TITAN_CHECK(spec_->parallelize, "model ", config_.model.name, " registers no parallelize function");
   parallel_ = spec_->parallelize(model_, *dims_, rank_, o);
+  const auto t1 = std::chrono::steady_clock::now();
+  parallel_->init_weights(static_cast<uint64_t>(seed_));
+  log_info("initialized this rank's parameters (seed ", seed_, ") in ",
+           std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count(), "s");
   for (const std::string& line : parallel_->describe()) log_info(line);
 }
 
@@ -181,15 +183,6 @@ std::vector<std::pair<std::string, at::Tensor>> Trainer::trained_params() const 
   std::vector<std::pair<std::string, at::Tensor>> out;
   for (const TrainedParam& p : parallel_->params()) out.emplace_back(p.name, p.local);
   return out;
-}
-
-std::shared_ptr<Model> Trainer::build_whole_model() const {
-  ModelBuildOptions opts;
-  opts.max_seq_len = config_.training.seq_len;
-  if (config_.validation.enable) opts.max_seq_len = std::max(opts.max_seq_len, config_.validation.seq_len);
-  opts.compute_dtype = compute_dtype_;
-  return spec_->build_uninitialized({{"name", config_.model.name}, {"flavor", config_.model.flavor}},
-                                    opts);
 }
 
 void Trainer::build_data() {

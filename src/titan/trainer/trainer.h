@@ -70,6 +70,8 @@ class Trainer {
   double validate(int64_t* tokens = nullptr);
 
   Model& model() { return *model_; }
+  // The model as this rank trains it (its pieces with their boxes; see parallelized_model.h).
+  ParallelizedModel& parallelized() { return *parallel_; }
   Optimizer& optimizer() { return *optimizer_; }
   int64_t accumulation_steps() const { return accumulation_steps_; }
   const JobConfig& config() const { return config_; }
@@ -91,9 +93,6 @@ class Trainer {
   void build_parallelism(const DistributedContext* dist);
   // Rank 0 locks job.dump_folder (no second run may share it); every rank throws if it cannot.
   void lock_dump_folder();
-  // A fresh, unsharded instance of the configured model (for whole-model imports/exports when
-  // the trained one is sharded).
-  std::shared_ptr<Model> build_whole_model() const;
   // This rank's rows of a global micro-batch from `loader` (batch dp_size * local).
   std::optional<Batch> next_local_batch(DataLoader& loader);
 

@@ -276,31 +276,77 @@ TEST(Linear, Bf16ComputeKeepsFloat32MasterGradients) {
 }
 
 TEST(Init, TruncNormalMatchesMomentsAndBounds) {
-  at::manual_seed(6);
   at::Tensor t = at::empty({200000});
-  trunc_normal_(t, /*mean=*/0.0, /*std=*/1.0, /*a=*/-1.0, /*b=*/1.0);
+  init_whole(t, ParamInit::trunc_normal(/*mean=*/0.0, /*std=*/1.0, /*a=*/-1.0, /*b=*/1.0), 6, "t");
   EXPECT_GE(t.min().item<double>(), -1.0);
   EXPECT_LE(t.max().item<double>(), 1.0);
   // Standard normal truncated to [-1, 1]: std = sqrt(1 - 2 phi(1) / (2 Phi(1) - 1)) = 0.5376.
   EXPECT_NEAR(t.std().item<double>(), 0.5376, 5e-3);
   EXPECT_NEAR(t.mean().item<double>(), 0.0, 5e-3);
-  // Bounds at +-3 std (the output layer's init) take the redraw path: std * 0.98658.
-  trunc_normal_(t, /*mean=*/0.5, /*std=*/2.0, /*a=*/-5.5, /*b=*/6.5);
+  // Bounds at +-3 std (the output layer's init): std * 0.98658.
+  init_whole(t, ParamInit::trunc_normal(/*mean=*/0.5, /*std=*/2.0, /*a=*/-5.5, /*b=*/6.5), 6, "t");
   EXPECT_GE(t.min().item<double>(), -5.5);
   EXPECT_LE(t.max().item<double>(), 6.5);
   EXPECT_NEAR(t.std().item<double>(), 2.0 * 0.98658, 1e-2);
   EXPECT_NEAR(t.mean().item<double>(), 0.5, 1e-2);
   // The default absolute bounds (-2, 2) leave a small std untouched.
-  trunc_normal_(t, 0.0, 0.02);
+  init_whole(t, ParamInit::trunc_normal(0.0, 0.02), 6, "t");
   EXPECT_NEAR(t.std().item<double>(), 0.02, 2e-4);
-  // Same seed, same values.
-  at::manual_seed(7);
-  at::Tensor a = at::empty({100});
-  trunc_normal_(a, 0.0, 0.02);
-  at::manual_seed(7);
-  at::Tensor b = at::empty({100});
-  trunc_normal_(b, 0.0, 0.02);
-  EXPECT_TRUE(at::equal(a, b));
+  // Plain normal: moments, and no two neighbours alike.
+  init_whole(t, ParamInit::normal(1.0, 3.0), 6, "t");
+  EXPECT_NEAR(t.mean().item<double>(), 1.0, 3e-2);
+  EXPECT_NEAR(t.std().item<double>(), 3.0, 3e-2);
+  EXPECT_GT(std::get<0>(at::unique_consecutive(t)).numel(), 199990);
+  // Too little mass inside the bounds is refused, not looped on.
+  EXPECT_THROW(init_whole(t, ParamInit::trunc_normal(0.0, 1.0, 5.0, 6.0), 6, "t"), c10::Error);
+}
+
+TEST(Init, ValuesDependOnSeedNameAndPositionOnly) {
+  at::Tensor a = at::empty({6, 10});
+  at::Tensor b = at::empty({6, 10});
+  const ParamInit rule = ParamInit::trunc_normal(0.0, 0.5, -1.0, 1.0);
+  init_whole(a, rule, 7, "w");
+  init_whole(b, rule, 7, "w");
+  EXPECT_TRUE(at::equal(a, b));  // same seed and name: same values
+  init_whole(b, rule, 8, "w");
+  EXPECT_FALSE(at::equal(a, b));  // another seed
+  init_whole(b, rule, 7, "v");
+  EXPECT_FALSE(at::equal(a, b));  // another parameter
+  // Any box holds exactly the whole tensor's values there: FSDP row blocks, TP column blocks,
+  // and their combination (2D), including empty and single-element ones.
+  const std::vector<std::pair<std::vector<int64_t>, std::vector<int64_t>>> boxes = {
+      {{0, 0}, {6, 10}}, {{2, 0}, {3, 10}}, {{0, 5}, {6, 5}}, {{4, 5}, {2, 5}},
+      {{5, 9}, {1, 1}},  {{6, 0}, {0, 10}}, {{1, 3}, {4, 4}}};
+  for (const auto& [offsets, lengths] : boxes) {
+    at::Tensor piece = at::empty(lengths);
+    init_box(piece, rule, 7, "w", ShardBox{{6, 10}, offsets});
+    at::Tensor expected = a;
+    for (int d = 0; d < 2; ++d) expected = expected.narrow(d, offsets[d], lengths[d]);
+    EXPECT_TRUE(at::equal(piece, expected)) << offsets[0] << "," << offsets[1];
+  }
+  // Into a strided view, and in bf16 (rounded from the float32 values).
+  at::Tensor holder = at::zeros({10, 6});
+  at::Tensor view = holder.t();  // (6, 10), not contiguous
+  init_whole(view, rule, 7, "w");
+  EXPECT_TRUE(at::equal(view, a));
+  at::Tensor half = at::empty({6, 10}, at::kBFloat16);
+  init_whole(half, rule, 7, "w");
+  EXPECT_TRUE(at::equal(half, a.to(at::kBFloat16)));
+  // A box outside the tensor is an error.
+  at::Tensor piece = at::empty({2, 10});
+  EXPECT_THROW(init_box(piece, rule, 7, "w", ShardBox{{6, 10}, {5, 0}}), c10::Error);
+}
+
+TEST(Init, ParametersCreatedUnderAMetaGuardHaveNoStorage) {
+  {
+    ParamDeviceGuard meta(at::kMeta);
+    Linear linear(8, 4);
+    RMSNorm norm(8);
+    EXPECT_TRUE(linear.weight.is_meta());
+    EXPECT_TRUE(norm.weight.is_meta());
+  }
+  RMSNorm norm(8);  // the guard is gone: real, and ones
+  EXPECT_TRUE(at::equal(norm.weight, at::ones({8})));
 }
 
 }  // namespace

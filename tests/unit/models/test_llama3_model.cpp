@@ -15,9 +15,8 @@ std::shared_ptr<llama3::Transformer> tiny_model(at::ScalarType compute_dtype = a
   llama3::Llama3Args args = llama3::args_for_flavor("tiny");
   args.max_seq_len = 320;
   args.tie_embeddings = tied;
-  at::manual_seed(seed);
   auto model = std::make_shared<llama3::Transformer>(args, compute_dtype);
-  model->init_weights();
+  model->init_weights(seed);
   return model;
 }
 
@@ -59,9 +58,8 @@ TEST(Llama3Model, ParameterNamesMatchTorchTitan) {
 TEST(Llama3Model, InitFollowsTorchTitan) {
   llama3::Llama3Args args = llama3::args_for_flavor("debugmodel");
   args.max_seq_len = 16;
-  at::manual_seed(0);
   llama3::Transformer model(args);
-  model.init_weights();
+  model.init_weights(/*seed=*/0);
   const auto std_of = [](const at::Tensor& t) { return t.std().item<double>(); };
   EXPECT_NEAR(std_of(model.tok_embeddings->weight), 1.0, 0.01);
   EXPECT_NEAR(std_of(model.layers[0]->attention->wq->weight), 0.02, 5e-4);
@@ -80,7 +78,7 @@ TEST(Llama3Model, InitFollowsTorchTitan) {
   // Without depth_init every layer uses 0.02 / sqrt(2 n_layers).
   args.depth_init = false;
   llama3::Transformer flat(args);
-  flat.init_weights();
+  flat.init_weights(/*seed=*/0);
   EXPECT_NEAR(std_of(flat.layers[0]->attention->wo->weight), 0.02 / std::sqrt(12.0), 5e-4);
 }
 

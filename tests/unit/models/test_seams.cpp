@@ -14,9 +14,8 @@ namespace {
 std::shared_ptr<llama3::Transformer> tiny_model() {
   llama3::Llama3Args args = llama3::args_for_flavor("tiny");
   args.max_seq_len = 64;
-  at::manual_seed(0);
   auto model = std::make_shared<llama3::Transformer>(args);
-  model->init_weights();
+  model->init_weights(/*seed=*/0);
   return model;
 }
 

@@ -33,8 +33,7 @@ inline llama3::Llama3Args tiny_args(bool tied, int64_t vocab = 61) {
 inline std::shared_ptr<llama3::Transformer> make_model(bool tied, at::ScalarType dtype = at::kFloat,
                                                        int64_t vocab = 61) {
   auto m = std::make_shared<llama3::Transformer>(tiny_args(tied, vocab), dtype);
-  at::manual_seed(1234);
-  m->init_weights();
+  m->init_weights(/*seed=*/1234);
   return m;
 }
 

@@ -42,8 +42,7 @@ std::shared_ptr<llama3::Transformer> model_with(int64_t layers, at::ScalarType d
   args.dim = dim;
   args.max_seq_len = 64;
   auto m = std::make_shared<llama3::Transformer>(args, dtype);
-  at::manual_seed(1234);
-  m->init_weights();
+  m->init_weights(/*seed=*/1234);
   return m;
 }
 
@@ -186,10 +185,7 @@ class NoisyModel : public Model {
     }
     return h;
   }
-  void init_weights() override {
-    at::NoGradGuard no_grad;
-    for (auto& l : layers_) l->weight.normal_(0.0, 0.3);
-  }
+  ParamInit param_init(const std::string&) const override { return ParamInit::normal(0.0, 0.3); }
   ModelStats stats(int64_t, int64_t) const override { return {}; }
   std::vector<ModelUnit> units() const override {
     std::vector<ModelUnit> out;
@@ -216,7 +212,7 @@ NoisyStep noisy_step(const ActivationCheckpointSection* config) {
   auto shared = std::make_shared<NoisyModel>(3, 16, /*dropout=*/0.5);
   NoisyModel& model = *shared;
   at::manual_seed(5);
-  model.init_weights();
+  model.init_weights(5);
   const at::Tensor x = at::randn({4, 16});
   std::unique_ptr<ActivationCheckpointing> ac;
   if (config != nullptr) ac = apply_activation_checkpointing(model, *config);
@@ -253,7 +249,7 @@ struct NoisyForward {
 };
 std::unique_ptr<NoisyForward> noisy_forward(bool shrink_on_rerun, bool debug) {
   auto f = std::make_unique<NoisyForward>();
-  f->model->init_weights();
+  f->model->init_weights(/*seed=*/0);
   f->model->shrink_on_rerun = shrink_on_rerun;
   ActivationCheckpointSection config = ac_config("full");
   config.debug = debug;

@@ -1,16 +1,22 @@
 // The Trainer itself on several ranks (threads over one HashStore, as the launcher's processes
 // over a TCPStore): every layout (FSDP, HSDP, DDP, TP, FSDP x TP) reproduces the one-process loss
 // curve and grad norms of the same seed and global batch, with activation checkpointing at its
-// default (selective, every 2nd block).
+// default (selective, every 2nd block); and every layout starts from the one-process weights
+// although no rank ever builds the whole model.
 #include "../test_util.h"
 
+#include "titan/common/memory_probe.h"
 #include "titan/distributed/init.h"
+#include "titan/models/registry.h"
+#include "titan/parallel/parallelized_model.h"
 #include "titan/trainer/trainer.h"
 
 #include <gtest/gtest.h>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 
 #include <filesystem>
+#include <map>
+#include <numeric>
 #include <thread>
 
 namespace titan {
@@ -31,10 +37,10 @@ JobConfig config_for(const std::string& dump, int64_t dp_size) {
   return c;
 }
 
-// train() on `world` ranks, threads sharing one store; results by rank.
-std::vector<TrainResult> train_on_ranks(JobConfig config, int64_t world) {
+// `body(trainer)` on `world` ranks, threads sharing one store (each constructs its Trainer).
+void on_ranks(const JobConfig& config, int64_t world,
+              const std::function<void(int64_t rank, Trainer&)>& body) {
   auto store = c10::make_intrusive<c10d::HashStore>();
-  std::vector<TrainResult> results(world);
   std::vector<std::string> errors(world);
   std::vector<std::thread> threads;
   for (int64_t r = 0; r < world; ++r) {
@@ -48,7 +54,7 @@ std::vector<TrainResult> train_on_ranks(JobConfig config, int64_t world) {
       ctx.store = store;
       try {
         Trainer trainer(config, &ctx);
-        results[r] = trainer.train();
+        body(r, trainer);
       } catch (const std::exception& e) {
         errors[r] = e.what();
       }
@@ -56,13 +62,29 @@ std::vector<TrainResult> train_on_ranks(JobConfig config, int64_t world) {
   }
   for (auto& t : threads) t.join();
   for (int64_t r = 0; r < world; ++r) EXPECT_EQ(errors[r], "") << "rank " << r;
+}
+
+// train() on `world` ranks; results by rank.
+std::vector<TrainResult> train_on_ranks(const JobConfig& config, int64_t world) {
+  std::vector<TrainResult> results(world);
+  on_ranks(config, world, [&](int64_t r, Trainer& trainer) { results[r] = trainer.train(); });
   return results;
 }
 
 struct Layout {
   const char* name;
   int64_t dp_replicate, dp_shard, tp;
+  int64_t world() const { return dp_replicate * dp_shard * tp; }
 };
+
+// The job of `layout`, dumping under root/<name>, with the global batch of one process.
+JobConfig config_for(const fs::path& root, const Layout& layout) {
+  JobConfig c = config_for((root / layout.name).string(), layout.dp_replicate * layout.dp_shard);
+  c.parallelism.data_parallel_replicate_degree = layout.dp_replicate;
+  c.parallelism.data_parallel_shard_degree = layout.dp_shard;
+  c.parallelism.tensor_parallel_degree = layout.tp;
+  return c;
+}
 
 TEST(TrainerMultiRank, EveryLayoutReproducesOneProcess) {
   const fs::path root = test::fresh_test_dir("titan_trainer_multirank");
@@ -75,11 +97,8 @@ TEST(TrainerMultiRank, EveryLayoutReproducesOneProcess) {
                                        {"FSDP 2 x TP 2", 1, 2, 2}};
   for (const Layout& layout : layouts) {
     SCOPED_TRACE(layout.name);
-    const int64_t world = layout.dp_replicate * layout.dp_shard * layout.tp;
-    JobConfig c = config_for((root / layout.name).string(), layout.dp_replicate * layout.dp_shard);
-    c.parallelism.data_parallel_replicate_degree = layout.dp_replicate;
-    c.parallelism.data_parallel_shard_degree = layout.dp_shard;
-    c.parallelism.tensor_parallel_degree = layout.tp;
+    const int64_t world = layout.world();
+    const JobConfig c = config_for(root, layout);
     const std::vector<TrainResult> results = train_on_ranks(c, world);
     for (int64_t r = 0; r < world; ++r) {
       ASSERT_EQ(results[r].losses.size(), reference.losses.size()) << "rank " << r;
@@ -94,6 +113,76 @@ TEST(TrainerMultiRank, EveryLayoutReproducesOneProcess) {
     }
   }
   fs::remove_all(root);
+}
+
+// Item "large models start small": the trainer builds on the meta device, each rank allocates
+// and initializes only its pieces, and those equal the one-process weights at their boxes
+// (bitwise), for FSDP 4 and TP 2 (and 2D).
+TEST(TrainerMultiRank, EveryLayoutStartsFromTheOneProcessWeights) {
+  const fs::path root = test::fresh_test_dir("titan_trainer_init");
+  JobConfig one = config_for((root / "one").string(), 1);
+  std::map<std::string, at::Tensor> whole;
+  {
+    Trainer trainer(one);
+    for (const auto& item : trainer.model().named_parameters()) {
+      whole[item.key()] = item.value().detach().clone();
+    }
+  }
+  // The one-process trainer's weights are what the model's own build gives for the seed.
+  ModelBuildOptions opts;
+  opts.max_seq_len = one.training.seq_len;
+  opts.seed = static_cast<uint64_t>(one.debug.seed);
+  const auto built = get_model_spec(one.model.name).build(one.model.flavor, opts);
+  for (const auto& item : built->named_parameters()) {
+    EXPECT_TRUE(at::equal(item.value(), whole.at(item.key()))) << item.key();
+  }
+  const int64_t model_bytes = 4 * static_cast<int64_t>(
+      std::accumulate(whole.begin(), whole.end(), int64_t{0},
+                      [](int64_t n, const auto& kv) { return n + kv.second.numel(); }));
+
+  const std::vector<Layout> layouts = {{"FSDP 4", 1, 4, 1}, {"TP 2", 1, 1, 2},
+                                       {"FSDP 2 x TP 2", 1, 2, 2}};
+  for (const Layout& layout : layouts) {
+    SCOPED_TRACE(layout.name);
+    const int64_t world = layout.world();
+    const JobConfig c = config_for(root, layout);
+    std::vector<int64_t> held(world, 0);
+    on_ranks(c, world, [&](int64_t r, Trainer& trainer) {
+      for (const TrainedParam& p : trainer.parallelized().params()) {
+        const at::Tensor expected = p.box.narrow(whole.at(p.name), p.local.sizes());
+        EXPECT_TRUE(at::equal(p.local, expected)) << "rank " << r << " " << p.name;
+        held[r] += p.local.numel() * 4;
+      }
+      // The model the rank built holds no storage of its own beyond its pieces.
+      for (const auto& item : trainer.model().named_parameters()) {
+        EXPECT_FALSE(item.value().is_meta()) << item.key();
+      }
+    });
+    // Each rank holds about 1/world of the model (FSDP pads row blocks; TP replicates norms).
+    for (int64_t r = 0; r < world; ++r) {
+      EXPECT_LT(held[r], model_bytes / world + model_bytes / 8) << "rank " << r;
+    }
+  }
+  fs::remove_all(root);
+}
+
+// Building on the meta device allocates nothing for parameters (only buffers such as RoPE
+// tables), whatever the model's size.
+TEST(TrainerMultiRank, MetaBuildAllocatesNoParameters) {
+  CpuMemoryProbe::install();
+  ModelBuildOptions opts;
+  opts.max_seq_len = 64;
+  opts.meta = true;
+  const int64_t before = CpuMemoryProbe::live_bytes();
+  const auto model = get_model_spec("llama3").build("debugmodel", opts);
+  const int64_t allocated = CpuMemoryProbe::live_bytes() - before;
+  int64_t param_bytes = 0;
+  for (const auto& item : model->named_parameters()) {
+    EXPECT_TRUE(item.value().is_meta()) << item.key();
+    param_bytes += item.value().numel() * 4;
+  }
+  EXPECT_GT(param_bytes, 4 << 20);                 // debugmodel: ~6M parameters
+  EXPECT_LT(allocated, param_bytes / 100);         // the RoPE table, not the weights
 }
 
 }  // namespace

@@ -2,6 +2,7 @@
 #include "titan/models/common/linear.h"
 
 #include "titan/common/check.h"
+#include "titan/models/common/init.h"
 #include "titan/models/common/savable_ops.h"
 
 #include <algorithm>
@@ -66,10 +67,16 @@ at::Tensor mixed_linear(const at::Tensor& x, const at::Tensor& weight,
   return savable_linear(xc, wc);  // at::linear, unless a block is checkpointed op by op
 }
 
+void WeightLayer::replace_weight(const at::Tensor& w) {
+  at::Tensor& registered = parameters_["weight"];
+  if (weight.defined() && weight.is_same(registered)) weight = w;
+  registered = w;
+}
+
 Linear::Linear(int64_t in_features, int64_t out_features, at::ScalarType compute_dtype)
     : compute_dtype(compute_dtype) {
   // Values are set by the owning model's init_weights(); empty keeps construction cheap.
-  weight = register_parameter("weight", at::empty({out_features, in_features}));
+  weight = register_parameter("weight", new_parameter({out_features, in_features}));
 }
 
 at::Tensor Linear::forward(const at::Tensor& x) {
@@ -77,7 +84,7 @@ at::Tensor Linear::forward(const at::Tensor& x) {
 }
 
 Embedding::Embedding(int64_t num_embeddings, int64_t dim) {
-  weight = register_parameter("weight", at::empty({num_embeddings, dim}));
+  weight = register_parameter("weight", new_parameter({num_embeddings, dim}));
 }
 
 at::Tensor Embedding::forward(const at::Tensor& tokens) {

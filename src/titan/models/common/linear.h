@@ -71,6 +71,12 @@ class HookedModule : public torch::nn::Module {
 class WeightLayer : public HookedModule {
  public:
   at::Tensor weight;
+
+  // Registers `w` as the parameter "weight" in place of the current one (a new tensor object:
+  // e.g. storage for a parameter built on the meta device, which set_data cannot move to another
+  // device). The `weight` member follows when it held the old parameter; a member a parallelism
+  // rebound (or cleared) keeps what it holds.
+  void replace_weight(const at::Tensor& w);
 };
 
 // Where forward reads each parameter of a module tree: "<fqn>" -> the WeightLayer member.

@@ -3,6 +3,7 @@
 // the gradient in closed form.
 #include "titan/models/common/norms.h"
 
+#include "titan/models/common/init.h"
 #include "titan/models/common/linear.h"
 
 #include <ATen/core/grad_mode.h>
@@ -50,7 +51,9 @@ struct RMSNormFunction : public torch::autograd::Function<RMSNormFunction> {
 }  // namespace
 
 RMSNorm::RMSNorm(int64_t dim, double eps) : eps(eps) {
-  weight = register_parameter("weight", at::ones({dim}));
+  // Ones, as the model's init sets them (nothing to fill on the meta device).
+  weight = register_parameter("weight", new_parameter({dim}));
+  if (!weight.is_meta()) reset_parameters();
 }
 
 at::Tensor RMSNorm::forward(const at::Tensor& x) {

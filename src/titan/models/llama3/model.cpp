@@ -34,17 +34,18 @@ at::Tensor TransformerBlock::forward(const at::Tensor& x, const RotaryEmbedding&
   return h + feed_forward->forward(ffn_norm->forward(h));
 }
 
-void TransformerBlock::init_weights() {
-  attention_norm->reset_parameters();
-  ffn_norm->reset_parameters();
-  for (const auto& linear : {attention->wq, attention->wk, attention->wv}) {
-    trunc_normal_(linear->weight, /*mean=*/0.0, /*std=*/0.02);
+ParamInit TransformerBlock::param_init(const std::string& name) const {
+  if (name == "attention_norm.weight" || name == "ffn_norm.weight") return ParamInit::ones();
+  if (name == "attention.wq.weight" || name == "attention.wk.weight" ||
+      name == "attention.wv.weight" || name == "feed_forward.w1.weight") {
+    return ParamInit::trunc_normal(/*mean=*/0.0, /*std=*/0.02);
   }
-  trunc_normal_(attention->wo->weight, /*mean=*/0.0, /*std=*/weight_init_std);
-  trunc_normal_(feed_forward->w1->weight, /*mean=*/0.0, /*std=*/0.02);
-  for (const auto& linear : {feed_forward->w2, feed_forward->w3}) {
-    trunc_normal_(linear->weight, /*mean=*/0.0, /*std=*/weight_init_std);
+  if (name == "attention.wo.weight" || name == "feed_forward.w2.weight" ||
+      name == "feed_forward.w3.weight") {
+    return ParamInit::trunc_normal(/*mean=*/0.0, /*std=*/weight_init_std);
   }
+  TITAN_CHECK(false, "llama3 block: no init for parameter '", name, "'");
+  return {};
 }
 
 Transformer::Transformer(const Llama3Args& args, at::ScalarType compute_dtype)
@@ -130,18 +131,28 @@ at::Tensor Transformer::forward_cached(const at::Tensor& tokens, KVCache& cache,
   return head(h);
 }
 
-void Transformer::init_weights() {
-  at::NoGradGuard no_grad;
-  tok_embeddings->weight.normal_(/*mean=*/0.0, /*std=*/1.0);
-  for (const auto& layer : layers) {
-    layer->init_weights();
+ParamInit Transformer::param_init(const std::string& name) const {
+  // The head gets a small, truncated std; with tied embeddings that is the embedding's init too,
+  // as in TorchTitan (whose head init overwrites the embedding's).
+  const double head_std = 1.0 / std::sqrt(static_cast<double>(args_.dim));
+  const ParamInit head = ParamInit::trunc_normal(/*mean=*/0.0, head_std, -3 * head_std, 3 * head_std);
+  if (name == "tok_embeddings.weight") {
+    return output ? ParamInit::normal(/*mean=*/0.0, /*std=*/1.0) : head;
   }
-  norm->reset_parameters();
-  // The head gets a small, truncated std; with tied embeddings this overwrites the embedding
-  // init, as in TorchTitan.
-  at::Tensor& head_weight = output ? output->weight : tok_embeddings->weight;
-  const double std = 1.0 / std::sqrt(static_cast<double>(args_.dim));
-  trunc_normal_(head_weight, /*mean=*/0.0, /*std=*/std, /*a=*/-3 * std, /*b=*/3 * std);
+  if (name == "output.weight") return head;
+  if (name == "norm.weight") return ParamInit::ones();
+  const std::string prefix = "layers.";
+  if (name.compare(0, prefix.size(), prefix) == 0) {
+    const size_t dot = name.find('.', prefix.size());
+    if (dot != std::string::npos) {
+      const int64_t layer = std::stoll(name.substr(prefix.size(), dot - prefix.size()));
+      if (layer >= 0 && layer < static_cast<int64_t>(layers.size())) {
+        return layers[layer]->param_init(name.substr(dot + 1));
+      }
+    }
+  }
+  TITAN_CHECK(false, "llama3: no init for parameter '", name, "'");
+  return {};
 }
 
 ModelStats Transformer::stats(int64_t batch, int64_t seq_len) const {

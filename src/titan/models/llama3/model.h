@@ -31,9 +31,9 @@ class TransformerBlock : public torch::nn::Module {
   // Attention::forward (training: neither; incremental inference: the cache step).
   at::Tensor forward(const at::Tensor& x, const RotaryEmbedding& rope,
                      const at::Tensor& positions = {}, const KVCacheStep* cache = nullptr);
-  // TorchTitan's init: norms to ones; wq/wk/wv/w1 trunc_normal(0.02); wo/w2/w3
-  // trunc_normal(weight_init_std).
-  void init_weights();
+  // TorchTitan's init of the parameter `name` (relative to the block): norms ones;
+  // wq/wk/wv/w1 trunc_normal(0.02); wo/w2/w3 trunc_normal(weight_init_std).
+  ParamInit param_init(const std::string& name) const;
 
   std::shared_ptr<Attention> attention;
   std::shared_ptr<FeedForward> feed_forward;
@@ -46,7 +46,8 @@ class TransformerBlock : public torch::nn::Module {
 // tok_embeddings.weight, and the shared tensor is listed once by parameters().
 class Transformer : public Model {
  public:
-  // Parameters are allocated but not initialized; call init_weights() (build() in the spec does).
+  // Parameters are allocated (on the thread's parameter device, see ParamDeviceGuard) but not
+  // initialized; call init_weights(seed) (build() in the spec does).
   Transformer(const Llama3Args& args, at::ScalarType compute_dtype = at::kFloat);
 
   // tokens (bs, seqlen) int64 -> logits (bs, seqlen, vocab), float32 (float64 if the
@@ -54,7 +55,7 @@ class Transformer : public Model {
   at::Tensor forward(const at::Tensor& tokens) override;
   // tokens (bs, n) -> logits (bs, n, vocab) for positions [start_pos, start_pos + n); see Model.
   at::Tensor forward_cached(const at::Tensor& tokens, KVCache& cache, int64_t start_pos) override;
-  void init_weights() override;
+  ParamInit param_init(const std::string& name) const override;
   ModelStats stats(int64_t batch, int64_t seq_len) const override;
   // tok_embeddings, layers.0 .. layers.{L-1}, "norm, output" (TorchTitan's FSDP units). With tied
   // embeddings the head's weight is the embedding's, so the first unit also holds the final norm

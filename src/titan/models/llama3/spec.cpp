@@ -22,8 +22,9 @@ ModelSpec make_llama3_spec() {
                   const ModelBuildOptions& options) -> std::shared_ptr<Model> {
     llama3::Llama3Args args = llama3::args_for_flavor(flavor);
     args.max_seq_len = options.max_seq_len;
+    ParamDeviceGuard device(options.meta ? at::Device(at::kMeta) : at::Device(at::kCPU));
     auto model = std::make_shared<llama3::Transformer>(args, options.compute_dtype);
-    model->init_weights();
+    if (!options.meta) model->init_weights(options.seed);
     return model;
   };
   spec.describe_flavor = [](const std::string& flavor) {
@@ -36,6 +37,7 @@ ModelSpec make_llama3_spec() {
                                 const ModelBuildOptions& options) -> std::shared_ptr<Model> {
     llama3::Llama3Args args = llama3::args_from_description(model);
     args.max_seq_len = options.max_seq_len;
+    ParamDeviceGuard device(options.meta ? at::Device(at::kMeta) : at::Device(at::kCPU));
     return std::make_shared<llama3::Transformer>(args, options.compute_dtype);
   };
   spec.hf = llama3::make_hf_adapter();
