@@ -39,8 +39,11 @@
 //                       output check is skipped.
 //   debug               logs every recomputation (block, kept results reused) and the largest
 //                       difference between the recomputed and the forward output.
-//   early_stop          accepted; has no effect: the recomputation always runs the whole block,
-//                       whose output is where its backward starts.
+//   early_stop          not built: true is refused by the config (kNotYet). The recomputation is
+//                       a second forward of the whole block, whose output is where its backward
+//                       starts, so nothing can stop early; stopping once every saved tensor is
+//                       rebuilt needs saved-tensor hooks on the forward's graph (a non-reentrant
+//                       checkpoint), which libtorch's C++ API does not expose.
 //
 // Gradients: the recomputation reads the parameters through the block's parameter slots
 // (parameter_slots, linear.h): whatever the slots held in forward (FSDP's gathered tensors, TP's
