@@ -4,6 +4,7 @@
 #include "titan/common/cpu.h"
 #include "titan/common/format.h"
 #include "titan/common/logging.h"
+#include "titan/components/training_dtype.h"
 #include "titan/config/config_manager.h"
 #include "titan/distributed/init.h"
 #include "titan/distributed/parallel_dims.h"
@@ -74,7 +75,7 @@ int run_inspect(const std::vector<std::string>& args) {
   const ModelSpec& spec = get_model_spec(config.model.name);
   check_flavor(spec, config.model.flavor);
   const auto& t = config.training;
-  const at::ScalarType dtype = dtype_from_name(t.mixed_precision_param);
+  const at::ScalarType dtype = training_compute_dtype(t);
   const ModelStats s = spec.describe(config.model.flavor, t.local_batch_size, t.seq_len, dtype);
   const double flops = s.flops_per_token(t.seq_len);
 
@@ -104,20 +105,23 @@ int run_inspect(const std::vector<std::string>& args) {
   // parallelism over tp; sequence parallelism splits activations over tp.
   const int64_t param_shards = dims.dp_shard() * dims.cp() * dims.tp();
   std::printf("layout           %s\n", dims.describe().c_str());
-  const MemoryEstimate memory = estimate_training_memory(
-      spec, config.model.flavor, t.local_batch_size, t.seq_len, dtype, param_shards, dims.tp());
-  std::printf(
-      "memory per rank (training step, %lld rank%s, %s compute, activation checkpointing "
-      "not counted):\n",
-      (long long)world, world == 1 ? "" : "s", t.mixed_precision_param.c_str());
+  const MemoryEstimate memory =
+      estimate_training_memory(spec, config.model.flavor, t.local_batch_size, t.seq_len, dtype,
+                               training_memory_options(config, param_shards, dims.tp()));
+  std::printf("memory per rank (training step, %lld rank%s, %s compute):\n", (long long)world,
+              world == 1 ? "" : "s", at::toString(dtype));
+  int width = 23;
   for (const MemoryEstimate::Part& part : memory.parts) {
-    std::printf("  %-23s %s%s\n", part.name.c_str(), gib(part.bytes).c_str(),
+    width = std::max(width, static_cast<int>(part.name.size()));
+  }
+  for (const MemoryEstimate::Part& part : memory.parts) {
+    std::printf("  %-*s %s%s\n", width, part.name.c_str(), gib(part.bytes).c_str(),
                 part.name.rfind("activations", 0) == 0
                     ? ("  (local_batch_size " + std::to_string(t.local_batch_size) + ", seq_len " +
                        std::to_string(t.seq_len) + ")").c_str()
                     : "");
   }
-  std::printf("  total                   %s  (this machine: %s; `titan train` refuses above %gx)\n",
+  std::printf("  %-*s %s  (this machine: %s; `titan train` refuses above %gx)\n", width, "total",
               gib(memory.total()).c_str(), gib(machine_memory_bytes()).c_str(),
               kMemoryRefuseFactor);
   return 0;

@@ -51,6 +51,11 @@ expect_output "weights \(fp32\) +0.467 GiB"
 expect_exit 0 env WORLD_SIZE=16 "$TITAN" inspect --job.config_file configs/llama3/llama3_8b.toml \
   --parallelism.tensor_parallel_degree 2
 expect_output "world 16 = pp\(1\) x dp_replicate\(1\) x dp_shard\(8\) x cp\(1\) x tp\(2\)"
+# Activation checkpointing and full bf16 training are in the estimate.
+expect_exit 0 "$TITAN" inspect --job.config_file configs/llama3/llama3_8b.toml \
+  --activation_checkpoint.mode full --training.dtype bfloat16
+expect_output "activations \(estimate, full AC\)"
+expect_output "weights \(bf16\) +14.958 GiB"
 
 expect_exit 0 "$TITAN" inspect --job.config_file configs/llama3/llama3_405b.toml --job.print_config
 expect_output "flavor = \"405B\""

@@ -8,6 +8,7 @@
 #include "titan/models/common/rope.h"
 
 #include <algorithm>
+#include <charconv>
 #include <cstdio>
 
 namespace titan {
@@ -18,6 +19,32 @@ constexpr int64_t kExactSeqLen = int64_t{1} << 22;
 
 double rope_bytes(const ModelStats& stats, int64_t seq_len) {
   return rope_table_bytes(stats.head_dim, seq_len);
+}
+
+// Activations kept for backward under the activation checkpointing of `options` (ModelStats'
+// block parts). A checkpointed block keeps its input (or, per op, its costly ops' outputs) until
+// backward reaches it, then holds the rest again while its backward runs. The blocks after it
+// have been freed by then, so the recomputation raises the peak only when it is the last block.
+double kept_activations(const ModelStats& s, const MemoryOptions& options) {
+  const double all = static_cast<double>(s.activation_bytes);
+  const int64_t layers = s.n_layers;
+  const double block = static_cast<double>(s.block_activation_bytes);
+  if (options.ac_mode != "full" && options.ac_mode != "selective") return all;
+  if (options.ac_mode == "selective" && options.ac_option == "op") {
+    const double dropped = block - static_cast<double>(s.block_op_kept_bytes);
+    return all - static_cast<double>(layers) * dropped + dropped;
+  }
+  int64_t every = 1;  // full: every block
+  if (options.ac_mode == "selective") {
+    const char* text = options.ac_option.c_str();
+    const auto [end, error] = std::from_chars(text, text + options.ac_option.size(), every);
+    if (error != std::errc() || *end != '\0' || every < 1) return all;  // validation refuses these
+  }
+  // AC's counter checkpoints blocks every-1, 2 every-1, ...
+  const int64_t checkpointed = layers / every;
+  const double dropped = block - static_cast<double>(s.block_input_bytes);
+  const bool last_is_checkpointed = checkpointed > 0 && checkpointed * every == layers;
+  return all - static_cast<double>(checkpointed) * dropped + (last_is_checkpointed ? dropped : 0.0);
 }
 
 }  // namespace
@@ -51,34 +78,46 @@ std::string MemoryEstimate::breakdown() const {
 
 MemoryEstimate estimate_training_memory(const ModelSpec& spec, const std::string& flavor,
                                         int64_t batch, int64_t seq_len,
-                                        at::ScalarType compute_dtype, int64_t param_shards,
-                                        int64_t activation_shards) {
+                                        at::ScalarType compute_dtype,
+                                        const MemoryOptions& options) {
   const int64_t exact_len = std::min(seq_len, kExactSeqLen);
   const ModelStats one = spec.describe(flavor, 1, exact_len, compute_dtype);
   const ModelStats two = spec.describe(flavor, 2, exact_len, compute_dtype);
-  const double per_sequence = static_cast<double>(two.activation_bytes - one.activation_bytes);
-  const double fixed = static_cast<double>(one.activation_bytes) - per_sequence;
+  const double per_sequence = kept_activations(two, options) - kept_activations(one, options);
+  const double fixed = kept_activations(one, options) - per_sequence;
   const double length_scale = static_cast<double>(seq_len) / static_cast<double>(exact_len);
   const double activations = fixed + per_sequence * length_scale * static_cast<double>(batch);
 
   const double n = static_cast<double>(one.n_params);
-  const double shards = static_cast<double>(std::max<int64_t>(1, param_shards));
+  const double shards = static_cast<double>(std::max<int64_t>(1, options.param_shards));
+  const int64_t activation_shards = std::max<int64_t>(1, options.activation_shards);
   MemoryEstimate e;
-  e.parts.push_back({"weights (fp32)", 4 * n / shards});
-  e.parts.push_back({"gradients (fp32)", 4 * n / shards});
-  e.parts.push_back({"optimizer (AdamW fp32)", 8 * n / shards});
-  if (compute_dtype == at::kBFloat16) {
+  if (options.bf16_state) {
+    e.parts.push_back({"weights (bf16)", 2 * n / shards});
+    e.parts.push_back({"gradients (bf16)", 2 * n / shards});
+    e.parts.push_back({"optimizer (AdamW bf16)", 4 * n / shards});
+  } else {
+    e.parts.push_back({"weights (fp32)", 4 * n / shards});
+    e.parts.push_back({"gradients (fp32)", 4 * n / shards});
+    e.parts.push_back({"optimizer (AdamW fp32)", 8 * n / shards});
+  }
+  if (compute_dtype == at::kBFloat16 && !options.bf16_state) {
     // Tensor parallelism splits the copies over its ranks (activation_shards is its degree).
     // FSDP (param_shards beyond that) gathers one unit at a time: about two blocks' worth are
     // alive at once, the one running and the one prefetched.
-    const double tp = static_cast<double>(std::max<int64_t>(1, activation_shards));
+    const double tp = static_cast<double>(activation_shards);
     double copies = 2 * n / tp;
     if (shards > tp) copies = std::min(copies, 2.0 * copies / static_cast<double>(std::max<int64_t>(1, one.n_layers)));
     e.parts.push_back({"bf16 weight copies", copies});
   }
   e.parts.push_back({"RoPE tables", rope_bytes(one, seq_len), /*scales_with_tokens=*/true});
-  e.parts.push_back({"activations (estimate)",
-                     activations / static_cast<double>(std::max<int64_t>(1, activation_shards)),
+  e.parts.push_back({options.ac_mode == "none" ? "activations (estimate)"
+                                               : "activations (estimate, " + options.ac_mode +
+                                                     (options.ac_mode == "selective"
+                                                          ? " " + options.ac_option
+                                                          : std::string()) +
+                                                     " AC)",
+                     activations / static_cast<double>(activation_shards),
                      /*scales_with_tokens=*/true});
   return e;
 }

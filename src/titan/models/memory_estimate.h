@@ -30,16 +30,29 @@ struct MemoryEstimate {
 // "0.019 GiB", "9.31e+06 GiB".
 std::string gib_text(double bytes);
 
+// The settings besides the sizes that change what a step needs per rank.
+struct MemoryOptions {
+  // FSDP shards weights, gradients and optimizer state over `param_shards` ranks; tensor
+  // parallelism splits bf16 weight copies and activations over `activation_shards` (its degree).
+  int64_t param_shards = 1;
+  int64_t activation_shards = 1;
+  // activation_checkpoint.mode / selective_ac_option: a checkpointed block keeps its input (full,
+  // every Nth block) or its costly ops' outputs ("op"), and one block's activations come back at
+  // a time during backward.
+  std::string ac_mode = "none";
+  std::string ac_option = "2";
+  // training.dtype = "bfloat16": weights, gradients and AdamW moments in bf16, no copies.
+  bool bf16_state = false;
+};
+
 // One rank's training step on one micro-batch of (batch, seq_len) tokens with matmuls in
-// `compute_dtype`: fp32 weights, gradients and AdamW moments (divided over `param_shards` ranks,
-// as FSDP shards them), bf16 weight copies (split over `activation_shards`, the tensor-parallel
-// degree; about two blocks' worth when FSDP gathers them unit by unit), the RoPE tables and the
-// activations kept for backward, logits included (divided over `activation_shards`, as tensor
-// parallelism splits them).
+// `compute_dtype`: weights, gradients and AdamW moments (fp32, or bf16 with bf16_state), bf16
+// weight copies (about two blocks' worth when FSDP gathers them unit by unit), the RoPE tables
+// and the activations kept for backward, logits included.
 MemoryEstimate estimate_training_memory(const ModelSpec& spec, const std::string& flavor,
                                         int64_t batch, int64_t seq_len,
-                                        at::ScalarType compute_dtype, int64_t param_shards = 1,
-                                        int64_t activation_shards = 1);
+                                        at::ScalarType compute_dtype,
+                                        const MemoryOptions& options = {});
 
 // A refusal needs the estimate above this multiple of the memory: the estimate is rough, and a
 // run near the limit may still work (swap, smaller real activations); absurd sizes are far above.

@@ -32,6 +32,12 @@ struct ModelStats {
   // Bytes of activations kept for backward by one training micro-batch of (batch, seq_len) tokens
   // when matmuls run in `compute_dtype` (an estimate; attention scores are materialised on CPU).
   int64_t activation_bytes = 0;
+  // Parts of activation_bytes, for activation checkpointing estimates: what one transformer
+  // block keeps, its input alone (what a fully checkpointed block keeps), and what selective
+  // per-op checkpointing keeps of it (input included).
+  int64_t block_activation_bytes = 0;
+  int64_t block_input_bytes = 0;
+  int64_t block_op_kept_bytes = 0;
 };
 
 // Options that apply when building a model instance.

@@ -2,11 +2,21 @@
 #include "titan/trainer/memory_check.h"
 
 #include "titan/common/format.h"
-#include "titan/models/memory_estimate.h"
+#include "titan/components/training_dtype.h"
 
 #include <algorithm>
 
 namespace titan {
+
+MemoryOptions training_memory_options(const JobConfig& config, int64_t param_shards, int64_t tp) {
+  MemoryOptions o;
+  o.param_shards = param_shards;
+  o.activation_shards = tp;
+  o.ac_mode = config.activation_checkpoint.mode;
+  o.ac_option = config.activation_checkpoint.selective_ac_option;
+  o.bf16_state = config.training.dtype == "bfloat16";
+  return o;
+}
 
 void check_training_memory(const JobConfig& config, const LaunchEnv& env, double available_bytes) {
   const ModelSpec& spec = get_model_spec(config.model.name);
@@ -14,7 +24,7 @@ void check_training_memory(const JobConfig& config, const LaunchEnv& env, double
   const ParallelismSection& p = config.parallelism;
   const int64_t param_shards = std::max<int64_t>(1, env.world_size / p.data_parallel_replicate_degree);
   const int64_t tp = p.tensor_parallel_degree;
-  const at::ScalarType dtype = dtype_from_name(config.training.mixed_precision_param);
+  const at::ScalarType dtype = training_compute_dtype(config.training);
   const int64_t local_ranks = std::max<int64_t>(1, env.local_world_size);
 
   struct Sizes {
@@ -26,8 +36,9 @@ void check_training_memory(const JobConfig& config, const LaunchEnv& env, double
     runs.push_back({"validation", config.validation.local_batch_size, config.validation.seq_len});
   }
   for (const Sizes& run : runs) {
-    const MemoryEstimate need = estimate_training_memory(spec, config.model.flavor, run.batch,
-                                                         run.seq_len, dtype, param_shards, tp);
+    const MemoryEstimate need =
+        estimate_training_memory(spec, config.model.flavor, run.batch, run.seq_len, dtype,
+                                 training_memory_options(config, param_shards, tp));
     const std::string section = run.section;
     const std::string sizes = section + ".local_batch_size " + std::to_string(run.batch) + " x " +
                               section + ".seq_len " + std::to_string(run.seq_len);

@@ -5,6 +5,7 @@
 
 #include "titan/config/job_config.h"
 #include "titan/distributed/launch_env.h"
+#include "titan/models/memory_estimate.h"
 
 namespace titan {
 
@@ -14,5 +15,9 @@ namespace titan {
 // count as sharded over world_size / dp_replicate ranks, activations over the tensor-parallel
 // degree.
 void check_training_memory(const JobConfig& config, const LaunchEnv& env, double available_bytes);
+
+// The estimate's settings from the job: activation checkpointing, training.dtype, and the
+// given sharding (`param_shards` ranks hold a parameter's pieces, `tp` the tensor-parallel degree).
+MemoryOptions training_memory_options(const JobConfig& config, int64_t param_shards, int64_t tp);
 
 }  // namespace titan

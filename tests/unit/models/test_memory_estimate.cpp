@@ -41,11 +41,56 @@ TEST(MemoryEstimate, MatchesTheModelStatsAtOrdinarySizes) {
   EXPECT_DOUBLE_EQ(part(e, "bf16 weight copies"), 2.0 * s.n_params);
   EXPECT_DOUBLE_EQ(part(e, "RoPE tables"), rope_table_bytes(s.head_dim, 256));
   // Sharding divides the parameter state, tensor parallelism the activations.
-  const MemoryEstimate sharded = estimate_training_memory(spec, "debugmodel", 8, 256,
-                                                          at::kBFloat16, /*param_shards=*/4,
-                                                          /*activation_shards=*/2);
+  MemoryOptions layout;
+  layout.param_shards = 4;
+  layout.activation_shards = 2;
+  const MemoryEstimate sharded =
+      estimate_training_memory(spec, "debugmodel", 8, 256, at::kBFloat16, layout);
   EXPECT_DOUBLE_EQ(part(sharded, "weights (fp32)"), s.n_params);
   EXPECT_DOUBLE_EQ(part(sharded, "activations (estimate)"), s.activation_bytes / 2.0);
+}
+
+// Activation checkpointing: a checkpointed block keeps its input (full, every Nth) or its costly
+// ops' outputs (op), plus one block's worth recomputed at a time; full bf16 training halves the
+// parameter state and drops the copies.
+TEST(MemoryEstimate, CountsActivationCheckpointingAndBf16Training) {
+  const ModelSpec& spec = get_model_spec("llama3");
+  const ModelStats s = spec.describe("debugmodel", 8, 256, at::kFloat);
+  const std::string none_part = "activations (estimate)";
+  const double none = part(estimate_training_memory(spec, "debugmodel", 8, 256, at::kFloat),
+                           none_part);
+  auto with_ac = [&](const std::string& mode, const std::string& option, const std::string& name) {
+    MemoryOptions o;
+    o.ac_mode = mode;
+    o.ac_option = option;
+    return part(estimate_training_memory(spec, "debugmodel", 8, 256, at::kFloat, o), name);
+  };
+  const double L = static_cast<double>(s.n_layers);  // 6
+  const double block = static_cast<double>(s.block_activation_bytes);
+  const double input = static_cast<double>(s.block_input_bytes);
+  // The last block's recomputation adds its activations back when it is checkpointed (the
+  // blocks after any other one are freed by the time it recomputes).
+  const double full = with_ac("full", "2", "activations (estimate, full AC)");
+  EXPECT_DOUBLE_EQ(full, none - (L - 1) * (block - input));
+  const double every2 = with_ac("selective", "2", "activations (estimate, selective 2 AC)");
+  EXPECT_DOUBLE_EQ(every2, none - 2 * (block - input));  // blocks 1, 3, 5 (the last)
+  const double every4 = with_ac("selective", "4", "activations (estimate, selective 4 AC)");
+  EXPECT_DOUBLE_EQ(every4, none - 1 * (block - input));  // block 3
+  const double op = with_ac("selective", "op", "activations (estimate, selective op AC)");
+  EXPECT_LT(full, op);
+  EXPECT_LT(op, every2);
+  EXPECT_LT(every2, every4);
+  EXPECT_LT(every4, none);
+  // More checkpointing than blocks: nothing checkpointed.
+  EXPECT_DOUBLE_EQ(with_ac("selective", "7", "activations (estimate, selective 7 AC)"), none);
+
+  MemoryOptions bf16;
+  bf16.bf16_state = true;
+  const MemoryEstimate e = estimate_training_memory(spec, "debugmodel", 8, 256, at::kBFloat16, bf16);
+  EXPECT_DOUBLE_EQ(part(e, "weights (bf16)"), 2.0 * s.n_params);
+  EXPECT_DOUBLE_EQ(part(e, "gradients (bf16)"), 2.0 * s.n_params);
+  EXPECT_DOUBLE_EQ(part(e, "optimizer (AdamW bf16)"), 4.0 * s.n_params);
+  for (const auto& p : e.parts) EXPECT_NE(p.name, "bf16 weight copies");
 }
 
 TEST(MemoryEstimate, AbsurdSizesStayFiniteAndHuge) {

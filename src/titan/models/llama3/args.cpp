@@ -180,6 +180,13 @@ ModelStats compute_stats(const Llama3Args& args, int64_t batch, int64_t seq_len,
   stats.activation_bytes = args.n_layers * per_layer + r * tokens * dim + 4 * tokens +
                            c * tokens * dim + (reduced ? c * vocab * dim : 0) +
                            2 * 4 * tokens * vocab + 8 * tokens;
+  stats.block_activation_bytes = per_layer;
+  stats.block_input_bytes = r * tokens * dim;
+  // Selective "op" keeps the outputs of wq, wv, w1 and w2 (every second matmul) and of the
+  // attention kernel (output and log-sum-exp), besides the block's input.
+  stats.block_op_kept_bytes = stats.block_input_bytes + c * tokens * args.n_heads * head_dim +
+                              c * tokens * n_kv * head_dim + c * tokens * ffn + c * tokens * dim +
+                              c * tokens * args.n_heads * head_dim + attention_stats;
   return stats;
 }
 
