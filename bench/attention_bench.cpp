@@ -27,8 +27,8 @@ struct Inputs {
   at::Tensor q, k, v, grad;  // q (bs, seq, heads, hd), k/v (bs, seq, kv, hd), grad like q
 };
 
-using AttentionFn = std::function<at::Tensor(const at::Tensor&, const at::Tensor&,
-                                             const at::Tensor&)>;
+using AttentionFn =
+    std::function<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&)>;
 
 // The model's kernel: titan::causal_attention (SDPA with enable_gqa).
 at::Tensor fused_gqa(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
@@ -86,9 +86,9 @@ Outcome measure(const AttentionFn& fn, const Inputs& in, at::ScalarType dtype, i
   }
   const auto start = std::chrono::steady_clock::now();
   for (int i = 0; i < iters; ++i) run(fn, in, dtype);
-  o.ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
-             .count() /
-         iters;
+  o.ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count() /
+      iters;
   return o;
 }
 
@@ -115,13 +115,14 @@ int main(int argc, char** argv) {
   }
   at::set_num_threads(threads);
   at::manual_seed(0);
-  std::printf("attention_bench: causal, %lld heads, %lld kv heads, head_dim %lld, %lld tokens "
-              "per step (batch x seq), %d threads, forward + backward ms\n",
-              static_cast<long long>(heads), static_cast<long long>(kv_heads),
-              static_cast<long long>(head_dim), static_cast<long long>(tokens), threads);
-  std::printf("%-9s %6s %6s | %10s | %10s %6s | %10s %6s | %9s %9s %9s\n", "dtype", "seq",
-              "batch", "fused gqa", "expanded", "ratio", "material.", "ratio", "err gqa",
-              "err exp", "err mat");
+  std::printf(
+      "attention_bench: causal, %lld heads, %lld kv heads, head_dim %lld, %lld tokens "
+      "per step (batch x seq), %d threads, forward + backward ms\n",
+      static_cast<long long>(heads), static_cast<long long>(kv_heads),
+      static_cast<long long>(head_dim), static_cast<long long>(tokens), threads);
+  std::printf("%-9s %6s %6s | %10s | %10s %6s | %10s %6s | %9s %9s %9s\n", "dtype", "seq", "batch",
+              "fused gqa", "expanded", "ratio", "material.", "ratio", "err gqa", "err exp",
+              "err mat");
   for (at::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
     for (int64_t seq : {256, 512, 1024, 2048}) {
       const int64_t bs = std::max<int64_t>(1, tokens / seq);
@@ -140,7 +141,8 @@ int main(int argc, char** argv) {
       std::fflush(stdout);
     }
   }
-  std::printf("ratio: time / fused gqa (above 1: slower than the kernel the model uses); err: "
-              "largest |difference| from float64, relative to the largest reference value\n");
+  std::printf(
+      "ratio: time / fused gqa (above 1: slower than the kernel the model uses); err: "
+      "largest |difference| from float64, relative to the largest reference value\n");
   return 0;
 }

@@ -107,8 +107,7 @@ int main(int argc, char** argv) {
         const double bytes = static_cast<double>(numel) * at::elementSize(dtype);
         at::Tensor full = at::randn({numel}).to(dtype);
         at::Tensor shard = at::randn({numel / ranks}).to(dtype);
-        time_op("all_reduce" + tag, bytes, 2 * (n - 1) / n,
-                [&] { g->all_reduce(full).wait(); });
+        time_op("all_reduce" + tag, bytes, 2 * (n - 1) / n, [&] { g->all_reduce(full).wait(); });
         time_op("all_reduce AVG" + tag, bytes, 2 * (n - 1) / n,
                 [&] { g->all_reduce(full, ReduceOp::kAvg).wait(); });
         time_op("reduce_scatter" + tag, bytes, (n - 1) / n,
@@ -123,11 +122,12 @@ int main(int argc, char** argv) {
   }
   for (auto& t : threads) t.join();
 
-  std::printf("comm_bench: %d ranks (threads, gloo over loopback), %.0f MB per op, %d iters, "
-              "1 intra-op thread per rank\n",
-              ranks, mb, iters);
-  std::printf("%-22s %8s %10s %10s %8s %12s %12s\n", "op", "MB", "built ms", "native ms",
-              "nat/blt", "busbw built", "busbw nat");
+  std::printf(
+      "comm_bench: %d ranks (threads, gloo over loopback), %.0f MB per op, %d iters, "
+      "1 intra-op thread per rank\n",
+      ranks, mb, iters);
+  std::printf("%-22s %8s %10s %10s %8s %12s %12s\n", "op", "MB", "built ms", "native ms", "nat/blt",
+              "busbw built", "busbw nat");
   for (const Result& x : results) {
     const double bus[2] = {x.bytes / x.seconds[0] / 1e9 * x.bus_factor,
                            x.bytes / x.seconds[1] / 1e9 * x.bus_factor};
@@ -135,6 +135,7 @@ int main(int argc, char** argv) {
                 x.bytes / 1048576.0, x.seconds[0] * 1e3, x.seconds[1] * 1e3,
                 x.seconds[1] / x.seconds[0], bus[0], bus[1]);
   }
-  std::printf("(GB/s: busbw; all_to_all and fp32 all_reduce SUM are the same op in both columns)\n");
+  std::printf(
+      "(GB/s: busbw; all_to_all and fp32 all_reduce SUM are the same op in both columns)\n");
   return 0;
 }

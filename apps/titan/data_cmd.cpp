@@ -77,13 +77,12 @@ int run_prepare(const std::vector<std::string>& args) {
   const auto rate = [](const PrepareStats& s) {
     return s.seconds > 0 ? static_cast<int64_t>(s.tokens / s.seconds) : 0;
   };
-  const PrepareStats stats =
-      prepare_token_shards(options, *tokenizer, [&](const PrepareStats& s) {
-        std::printf("data prepare: %s documents, %s tokens, %s tokens/s, %lld shard(s)\n",
-                    with_commas(s.documents).c_str(), with_commas(s.tokens).c_str(),
-                    human_count(rate(s)).c_str(), static_cast<long long>(s.shards));
-        std::fflush(stdout);
-      });
+  const PrepareStats stats = prepare_token_shards(options, *tokenizer, [&](const PrepareStats& s) {
+    std::printf("data prepare: %s documents, %s tokens, %s tokens/s, %lld shard(s)\n",
+                with_commas(s.documents).c_str(), with_commas(s.tokens).c_str(),
+                human_count(rate(s)).c_str(), static_cast<long long>(s.shards));
+    std::fflush(stdout);
+  });
   std::printf(
       "data prepare: done: %s documents, %s tokens (vocab %lld) in %lld shard(s) under %s; "
       "%.2fs, %s tokens/s\n",
@@ -110,7 +109,8 @@ int run_data(const std::vector<std::string>& args) {
     }
     return run_prepare(rest);
   }
-  throw ConfigError("data: unknown subcommand '" + args[0] + "'; expected `prepare` (see "
+  throw ConfigError("data: unknown subcommand '" + args[0] +
+                    "'; expected `prepare` (see "
                     "`titan data --help`)");
 }
 

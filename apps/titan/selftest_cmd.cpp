@@ -44,7 +44,8 @@ constexpr const char* kUsage =
     "--fail_rank R makes rank R fail in the given way, before joining or after (default).\n";
 
 // Splits the fault options off; the rest are job-config arguments.
-FaultOptions parse_fault_options(const std::vector<std::string>& args, std::vector<std::string>* rest) {
+FaultOptions parse_fault_options(const std::vector<std::string>& args,
+                                 std::vector<std::string>* rest) {
   FaultOptions f;
   for (size_t i = 0; i < args.size(); ++i) {
     std::string name = args[i], value;
@@ -66,7 +67,8 @@ FaultOptions parse_fault_options(const std::vector<std::string>& args, std::vect
       if (!rank || *rank < 0) throw ConfigError("--fail_rank '" + value + "' is not a rank");
       f.rank = *rank;
     } else if (name == "--fail_mode") {
-      static const std::set<std::string> kModes = {"exception", "exit", "abort", "segv", "kill9", "hang"};
+      static const std::set<std::string> kModes = {"exception", "exit",  "abort",
+                                                   "segv",      "kill9", "hang"};
       if (!kModes.count(value)) {
         throw ConfigError("--fail_mode '" + value +
                           "' is not one of exception, exit, abort, segv, kill9, hang");
@@ -85,8 +87,8 @@ FaultOptions parse_fault_options(const std::vector<std::string>& args, std::vect
 void maybe_fail(const FaultOptions& f, const std::string& at, int64_t rank) {
   if (f.rank != rank || f.at != at) return;
   // The wall-clock time lets tests measure how fast the launcher brings the job down.
-  const double now = std::chrono::duration<double>(
-                         std::chrono::system_clock::now().time_since_epoch()).count();
+  const double now =
+      std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
   std::fprintf(stderr, "selftest: rank %lld: injected failure '%s' at %s (t=%.3f)\n",
                static_cast<long long>(rank), f.mode.c_str(), at.c_str(), now);
   std::fflush(stderr);
@@ -123,7 +125,8 @@ std::string get_from(c10d::Store& store, const std::string& key, int64_t from,
 }
 
 // All-gather of r*r + 1 through the store, then a barrier. Returns the sum.
-int64_t store_exchange(c10d::Store& store, int64_t rank, int64_t world, std::chrono::milliseconds timeout) {
+int64_t store_exchange(c10d::Store& store, int64_t rank, int64_t world,
+                       std::chrono::milliseconds timeout) {
   store.set("selftest/value/" + std::to_string(rank), bytes(std::to_string(rank * rank + 1)));
   int64_t sum = 0;
   for (int64_t q = 0; q < world; ++q) {
@@ -158,8 +161,8 @@ int run_selftest(const std::vector<std::string>& args) {
   maybe_fail(fault, "rendezvous", env.rank);
   DistributedContext dist = init_distributed(config.comm, env);
   const int64_t threads = rank_num_threads(config.training.num_threads, env, process_env());
-  log_info("selftest: ", env.describe(), "; threads: ",
-           configure_threads(threads, env.local_world_size));
+  log_info("selftest: ", env.describe(),
+           "; threads: ", configure_threads(threads, env.local_world_size));
   maybe_fail(fault, "exchange", env.rank);
   if (!dist.store) {
     log_info("selftest: single process, nothing to exchange; selftest passed");
@@ -178,7 +181,8 @@ int run_selftest(const std::vector<std::string>& args) {
 
   dist::GroupOptions options = world_group_options(dist, config.comm);
   options.timeout = timeout;
-  auto group = dist::Group::create(dist.store, static_cast<int>(rank), static_cast<int>(world), options);
+  auto group =
+      dist::Group::create(dist.store, static_cast<int>(rank), static_cast<int>(world), options);
   at::Tensor t = at::full({4}, static_cast<double>(rank + 1), at::kFloat);
   group->all_reduce(t).wait();
   const double want = static_cast<double>(world * (world + 1) / 2);

@@ -79,8 +79,8 @@ int run_inspect(const std::vector<std::string>& args) {
   const ModelStats s = spec.describe(config.model.flavor, t.local_batch_size, t.seq_len, dtype);
   const double flops = s.flops_per_token(t.seq_len);
 
-  std::printf("model            %s %s: %s\n", config.model.name.c_str(), config.model.flavor.c_str(),
-              spec.describe_flavor(config.model.flavor).c_str());
+  std::printf("model            %s %s: %s\n", config.model.name.c_str(),
+              config.model.flavor.c_str(), spec.describe_flavor(config.model.flavor).c_str());
   std::printf("parameters       %s total, %s non-embedding\n", with_commas(s.n_params).c_str(),
               with_commas(s.n_params - s.n_embedding_params).c_str());
   std::printf("FLOPs per token  %.4g (seq_len %lld; 6*(N - N_emb) + 12*L*H*head_dim*T)\n", flops,
@@ -118,7 +118,8 @@ int run_inspect(const std::vector<std::string>& args) {
     std::printf("  %-*s %s%s\n", width, part.name.c_str(), gib(part.bytes).c_str(),
                 part.name.rfind("activations", 0) == 0
                     ? ("  (local_batch_size " + std::to_string(t.local_batch_size) + ", seq_len " +
-                       std::to_string(t.seq_len) + ")").c_str()
+                       std::to_string(t.seq_len) + ")")
+                          .c_str()
                     : "");
   }
   std::printf("  %-*s %s  (this machine: %s; `titan train` refuses above %gx)\n", width, "total",

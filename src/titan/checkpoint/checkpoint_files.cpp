@@ -4,17 +4,17 @@
 
 #include "titan/checkpoint/safetensors.h"
 #include "titan/common/check.h"
-#include "titan/common/format.h"
 #include "titan/common/file_io.h"
+#include "titan/common/format.h"
 
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <fcntl.h>
 #include <filesystem>
 #include <fstream>
 #include <mutex>
-#include <fcntl.h>
 #include <unistd.h>
 
 namespace titan::ckpt {
@@ -71,9 +71,7 @@ int64_t step_of_dir_name(const std::string& dir) {
   return std::stoll(digits);
 }
 
-std::string box_str(const std::vector<int64_t>& v) {
-  return "[" + join(v) + "]";
-}
+std::string box_str(const std::vector<int64_t>& v) { return "[" + join(v) + "]"; }
 
 int64_t volume(const std::vector<int64_t>& lengths) {
   int64_t n = 1;
@@ -110,15 +108,16 @@ nlohmann::ordered_json write_tensor_files(const std::string& tmp, const std::str
     std::vector<int64_t> offsets = t.box.offsets;
     if (offsets.empty()) offsets.assign(local.size(), 0);
     TITAN_CHECK(global.size() == local.size() && offsets.size() == local.size(),
-                "checkpoint tensor '", t.name, "': rank mismatch between local ",
-                box_str(local), ", global ", box_str(global), " and offsets ", box_str(offsets));
+                "checkpoint tensor '", t.name, "': rank mismatch between local ", box_str(local),
+                ", global ", box_str(global), " and offsets ", box_str(offsets));
     const std::string dtype = safetensors_dtype(t.local.scalar_type());
     // Several boxes of one tensor (a process holding more than one shard) get distinct keys.
     const bool whole = local == global;
     std::string key = t.name;
     if (!whole) {
       key += "@";
-      for (size_t d = 0; d < offsets.size(); ++d) key += (d ? "_" : "") + std::to_string(offsets[d]);
+      for (size_t d = 0; d < offsets.size(); ++d)
+        key += (d ? "_" : "") + std::to_string(offsets[d]);
     }
     auto& entry = part["tensors"][t.name];
     if (entry.is_null()) {
@@ -132,8 +131,8 @@ nlohmann::ordered_json write_tensor_files(const std::string& tmp, const std::str
     const uint64_t nbytes = static_cast<uint64_t>(t.local.numel()) * t.local.element_size();
     if (batch_bytes > 0 && batch_bytes + nbytes > max_shard_bytes) flush();
     for (const auto& existing : entry["shards"]) {
-      TITAN_CHECK(existing["offsets"].get<std::vector<int64_t>>() != offsets,
-                  "checkpoint tensor '", t.name, "': box ", box_str(offsets), " listed twice");
+      TITAN_CHECK(existing["offsets"].get<std::vector<int64_t>>() != offsets, "checkpoint tensor '",
+                  t.name, "': box ", box_str(offsets), " listed twice");
     }
     entry["shards"].push_back({{"file", shard_name(file_prefix, shard)},
                                {"key", key},
@@ -204,7 +203,8 @@ uint64_t write_rank_files(const std::string& tmp_dir, int rank, int world_size,
                           const std::vector<SavedTensor>& tensors, uint64_t max_shard_bytes) {
   uint64_t bytes = 0;
   const std::string prefix = world_size == 1 ? "shard-" : "shard-" + rank_tag(rank) + "-";
-  nlohmann::ordered_json part = write_tensor_files(tmp_dir, prefix, tensors, max_shard_bytes, bytes);
+  nlohmann::ordered_json part =
+      write_tensor_files(tmp_dir, prefix, tensors, max_shard_bytes, bytes);
   nlohmann::ordered_json fragment;
   fragment["format"] = "titan-checkpoint-fragment";
   fragment["rank"] = rank;
@@ -249,9 +249,8 @@ void check_rank_boxes(const std::string& name, const std::vector<int64_t>& shape
   }
   // Sorted by the start in dim 0, a box can only overlap the boxes that start before it ends.
   if (!shape.empty()) {
-    std::sort(boxes.begin(), boxes.end(), [](const RankBox& a, const RankBox& b) {
-      return a.offsets[0] < b.offsets[0];
-    });
+    std::sort(boxes.begin(), boxes.end(),
+              [](const RankBox& a, const RankBox& b) { return a.offsets[0] < b.offsets[0]; });
   }
   int64_t covered = 0;
   for (size_t i = 0; i < boxes.size(); ++i) {
@@ -415,8 +414,8 @@ void check_recorded_steps(const std::string& dir, const nlohmann::json& state, c
     if (!train_state->at("step").is_number_integer()) fail("train_state's step is not an integer");
     const int64_t trained = train_state->at("step").get<int64_t>();
     if (trained != step) {
-      fail("train_state records step " + std::to_string(trained) + " but the checkpoint is of step " +
-           std::to_string(step) + " (corrupted?)");
+      fail("train_state records step " + std::to_string(trained) +
+           " but the checkpoint is of step " + std::to_string(step) + " (corrupted?)");
     }
   }
 }
@@ -584,8 +583,7 @@ at::Tensor CheckpointReader::read_slice(const std::string& name,
     bool empty = false;
     for (size_t d = 0; d < rank; ++d) {
       lo[d] = std::max(offsets[d], shard.offsets[d]);
-      const int64_t hi =
-          std::min(offsets[d] + lengths[d], shard.offsets[d] + shard.lengths[d]);
+      const int64_t hi = std::min(offsets[d] + lengths[d], shard.offsets[d] + shard.lengths[d]);
       len[d] = hi - lo[d];
       if (len[d] <= 0) empty = true;
     }

@@ -41,7 +41,7 @@ namespace titan::ckpt {
 // A tensor (or the local box of a sharded tensor) to save.
 struct SavedTensor {
   std::string name;
-  at::Tensor local;                   // the data this process holds
+  at::Tensor local;  // the data this process holds
   ShardBox box;  // where `local` sits in the whole tensor; empty global_shape: local is all of it
 };
 
@@ -96,10 +96,10 @@ class CheckpointReader {
   ~CheckpointReader();
 
   const std::string& dir() const { return dir_; }
-  std::vector<std::string> names() const;                      // sorted
+  std::vector<std::string> names() const;  // sorted
   bool has(const std::string& name) const;
-  const TensorMeta& meta(const std::string& name) const;       // DataError if absent
-  at::Tensor read(const std::string& name) const;              // the whole global tensor
+  const TensorMeta& meta(const std::string& name) const;  // DataError if absent
+  at::Tensor read(const std::string& name) const;         // the whole global tensor
   // The box [offsets, offsets + lengths) of the global tensor, assembled from the shards.
   at::Tensor read_slice(const std::string& name, const std::vector<int64_t>& offsets,
                         const std::vector<int64_t>& lengths) const;

@@ -29,11 +29,13 @@ bool process_alive(int64_t pid) {
 // nothing is deleted.
 void move_aside(const std::string& dir, const std::string& why) {
   const auto now = std::chrono::duration_cast<std::chrono::seconds>(
-                       std::chrono::system_clock::now().time_since_epoch()).count();
+                       std::chrono::system_clock::now().time_since_epoch())
+                       .count();
   const std::string to = dir + "." + why + "-" + std::to_string(now);
   std::error_code ec;
   fs::rename(dir, to, ec);
-  if (ec) throw DataError("cannot move '" + dir + "' out of the way to '" + to + "': " + ec.message());
+  if (ec)
+    throw DataError("cannot move '" + dir + "' out of the way to '" + to + "': " + ec.message());
   log_warning("moved ", dir, " (", why, ") to ", to, " to save this run's checkpoint of that step");
 }
 
@@ -107,7 +109,8 @@ void prepare_step_dir(const std::string& folder, const std::string& dir,
                   "; move that step folder away if it is stale");
 }
 
-// ---- ResumeChooser --------------------------------------------------------------------------------
+// ---- ResumeChooser
+// --------------------------------------------------------------------------------
 
 ResumeChooser::ResumeChooser(const CheckpointSection& config, const std::string& folder,
                              std::map<std::string, std::string>& unusable)
@@ -161,10 +164,15 @@ nlohmann::json ResumeChooser::next(const std::string& previous_failed) {
                  folder_ + " holds only model-only checkpoints (" + step_list(model_only_) +
                      ": weights without optimizer, learning-rate or data-loader state), from "
                      "which training cannot resume; not starting from scratch over them. "
-                     "HINT: to train on from the weights of " + newest + " with fresh "
-                     "optimizer state, run with --checkpoint.initial_load_path " + newest +
+                     "HINT: to train on from the weights of " +
+                     newest +
+                     " with fresh "
+                     "optimizer state, run with --checkpoint.initial_load_path " +
+                     newest +
                      " and a new --job.dump_folder (or --checkpoint.folder); to start over, "
-                     "move " + folder_ + " away. Keep full checkpoints with "
+                     "move " +
+                     folder_ +
+                     " away. Keep full checkpoints with "
                      "--checkpoint.last_save_model_only false or a smaller checkpoint.interval");
   }
   return {{"none", true}};
@@ -177,34 +185,36 @@ nlohmann::json ResumeChooser::error(const std::string& kind, const std::string& 
 nlohmann::json ResumeChooser::explicit_step(const std::string& previous_failed) {
   if (!previous_failed.empty()) return error("data", previous_failed);
   const int64_t want = config_.load_step;
-  const auto it = std::find_if(steps_.begin(), steps_.end(),
-                               [&](const auto& s) { return s.first == want; });
+  const auto it =
+      std::find_if(steps_.begin(), steps_.end(), [&](const auto& s) { return s.first == want; });
   const std::string what = "checkpoint.load_step " + std::to_string(want);
   if (it == steps_.end()) {
-    return error("config", what + ": no complete checkpoint step-" + std::to_string(want) +
-                               " in " + folder_ + " (have: " + step_list(steps_) + ")");
+    return error("config", what + ": no complete checkpoint step-" + std::to_string(want) + " in " +
+                               folder_ + " (have: " + step_list(steps_) + ")");
   }
   try {
     if (want > 0 && is_model_only(it->second)) {
       return error("config",
-                   what + ": " + it->second + " is a model-only checkpoint (weights without "
-                   "optimizer, learning-rate or data-loader state); training cannot resume "
-                   "from it. HINT: to train on from its weights with fresh optimizer state, "
-                   "run with --checkpoint.initial_load_path " + it->second +
-                   " and a new --job.dump_folder (or --checkpoint.folder)");
+                   what + ": " + it->second +
+                       " is a model-only checkpoint (weights without "
+                       "optimizer, learning-rate or data-loader state); training cannot resume "
+                       "from it. HINT: to train on from its weights with fresh optimizer state, "
+                       "run with --checkpoint.initial_load_path " +
+                       it->second + " and a new --job.dump_folder (or --checkpoint.folder)");
     }
   } catch (const DataError& e) {
     return error("data", what + ": " + e.what());
   }
   const std::vector<std::pair<int64_t, std::string>> newer(it + 1, steps_.end());
   if (!newer.empty()) {
-    return error("config",
-                 what + ": " + folder_ + " also holds newer checkpoints (" + step_list(newer) +
-                     ") of the run that went on from there; training from step-" +
-                     std::to_string(want) + " would overwrite them, and a restart would resume "
-                     "from the newest. HINT: move them out of " + folder_ +
-                     " to go back to step-" + std::to_string(want) +
-                     ", or drop checkpoint.load_step to resume from the newest");
+    return error("config", what + ": " + folder_ + " also holds newer checkpoints (" +
+                               step_list(newer) +
+                               ") of the run that went on from there; training from step-" +
+                               std::to_string(want) +
+                               " would overwrite them, and a restart would resume "
+                               "from the newest. HINT: move them out of " +
+                               folder_ + " to go back to step-" + std::to_string(want) +
+                               ", or drop checkpoint.load_step to resume from the newest");
   }
   return {{"dir", it->second}};
 }

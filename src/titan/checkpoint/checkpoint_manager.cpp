@@ -317,10 +317,9 @@ void CheckpointManager::commit_pending() {
     if (error) std::rethrow_exception(error);
     throw DataError(what + ": rank 0 failed to merge or commit it (its log has the error)");
   }
-  const std::string by =
-      world_size() > 1 ? " by " + std::to_string(world_size()) + " ranks (" +
-                             human_bytes(p->bytes) + " from this rank)"
-                       : " (" + human_bytes(p->bytes) + ")";
+  const std::string by = world_size() > 1 ? " by " + std::to_string(world_size()) + " ranks (" +
+                                                human_bytes(p->bytes) + " from this rank)"
+                                          : " (" + human_bytes(p->bytes) + ")";
   log_info("checkpoint ", p->model_only ? "(model only) " : "", p->dir, " saved", by, " in ",
            seconds_since(p->t0), "s");
 }

@@ -38,12 +38,9 @@ constexpr const char* kTokenizerFiles[] = {
 
 std::string torch_dtype_name(at::ScalarType dtype) {
   switch (dtype) {
-    case at::kFloat:
-      return "float32";
-    case at::kBFloat16:
-      return "bfloat16";
-    case at::kHalf:
-      return "float16";
+    case at::kFloat: return "float32";
+    case at::kBFloat16: return "bfloat16";
+    case at::kHalf: return "float16";
     default:
       throw ConfigError(std::string("Hugging Face export dtype must be float32, bfloat16 or "
                                     "float16, got ") +
@@ -244,9 +241,10 @@ HfFolderReader::HfFolderReader(const std::string& dir)
   const fs::path d(dir);
   if (!fs::is_directory(d, ec)) throw DataError("Hugging Face folder " + dir + " does not exist");
   if (!fs::exists(d / kConfigFile, ec) && is_titan_checkpoint(d)) {
-    throw ConfigError("'" + dir + "' is a titan checkpoint, not a Hugging Face folder (it has no " +
-                      kConfigFile + "). HINT: drop checkpoint.initial_load_in_hf to load it as a "
-                      "titan checkpoint; `titan convert to-hf` turns it into a Hugging Face folder");
+    throw ConfigError(
+        "'" + dir + "' is a titan checkpoint, not a Hugging Face folder (it has no " + kConfigFile +
+        "). HINT: drop checkpoint.initial_load_in_hf to load it as a "
+        "titan checkpoint; `titan convert to-hf` turns it into a Hugging Face folder");
   }
   config_ = read_json(d / kConfigFile);
   if (!config_.is_object()) throw DataError((d / kConfigFile).string() + ": not a JSON object");

@@ -206,7 +206,8 @@ SafetensorsReader::SafetensorsReader(const std::string& path) : path_(path) {
     }
     if (!header.is_object()) fail("header is not a JSON object");
     // Shapes and offsets are integers; a float there would be cast with undefined behaviour.
-    if (json_has_float(header)) fail("the header holds a non-integer number (shapes and offsets are integers)");
+    if (json_has_float(header))
+      fail("the header holds a non-integer number (shapes and offsets are integers)");
     const uint64_t data_size = size_ - data_start_;
     for (const auto& [name, value] : header.items()) {
       if (name == "__metadata__") {
@@ -291,7 +292,8 @@ at::Tensor SafetensorsReader::read(const std::string& name) const {
   const TensorEntry* e = find(name);
   if (e == nullptr) throw DataError("'" + path_ + "' has no tensor '" + name + "'");
   at::Tensor t = at::empty(e->shape, at::TensorOptions().dtype(e->dtype));
-  if (e->end > e->begin) std::memcpy(t.data_ptr(), data_ + data_start_ + e->begin, e->end - e->begin);
+  if (e->end > e->begin)
+    std::memcpy(t.data_ptr(), data_ + data_start_ + e->begin, e->end - e->begin);
   return t;
 }
 

@@ -21,9 +21,11 @@ namespace titan {
 
 std::string configure_threads(int64_t num_threads, int64_t local_ranks) {
   const int64_t cores = std::max<long>(1, sysconf(_SC_NPROCESSORS_ONLN));
-  int64_t n = num_threads > 0 ? num_threads : std::max<int64_t>(1, cores / std::max<int64_t>(1, local_ranks));
+  int64_t n = num_threads > 0 ? num_threads
+                              : std::max<int64_t>(1, cores / std::max<int64_t>(1, local_ranks));
   if (num_threads > cores) {
-    log_warning(num_threads, " intra-op threads on ", cores, " cores: oversubscribed threads "
+    log_warning(num_threads, " intra-op threads on ", cores,
+                " cores: oversubscribed threads "
                 "slow every step. HINT: training.num_threads 0 (cores / local ranks) or at most ",
                 cores);
   }
@@ -52,7 +54,8 @@ double machine_memory_bytes() {
   const long page_size = sysconf(_SC_PAGE_SIZE);
   double bytes = pages > 0 && page_size > 0 ? static_cast<double>(pages) * page_size : 0.0;
   // cgroup v2, then v1; "max" or an absurd v1 value means no limit.
-  for (const char* path : {"/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"}) {
+  for (const char* path :
+       {"/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"}) {
     std::ifstream in(path);
     double limit = 0;
     if (in >> limit && limit > 0 && (bytes == 0 || limit < bytes)) bytes = limit;

@@ -15,9 +15,7 @@ namespace titan {
 
 namespace {
 
-std::string errno_text(int err) {
-  return std::strerror(err);
-}
+std::string errno_text(int err) { return std::strerror(err); }
 
 std::string kind_of(mode_t mode) {
   if (S_ISREG(mode)) return "";
@@ -130,8 +128,9 @@ void check_stdout_written() {
                     ". HINT: check where standard output goes (a full disk?)");
   }
   if (std::ferror(stdout)) {
-    throw DataError("cannot write standard output: a write failed earlier. HINT: check where "
-                    "standard output goes (a full disk?)");
+    throw DataError(
+        "cannot write standard output: a write failed earlier. HINT: check where "
+        "standard output goes (a full disk?)");
   }
 }
 

@@ -8,10 +8,10 @@
 #include <chrono>
 #include <cstring>
 #include <ctime>
+#include <fcntl.h>
 #include <filesystem>
 #include <map>
 #include <mutex>
-#include <fcntl.h>
 #include <sys/file.h>
 #include <unistd.h>
 
@@ -62,15 +62,17 @@ std::string process_description() {
   return "pid " + std::to_string(::getpid()) + " on host " + host_name();
 }
 
-std::unique_ptr<FolderLock> FolderLock::acquire(const std::string& folder, const std::string& what) {
-  if (folder.empty()) throw ConfigError(what + " is empty. HINT: name a folder for the run's outputs");
+std::unique_ptr<FolderLock> FolderLock::acquire(const std::string& folder,
+                                                const std::string& what) {
+  if (folder.empty())
+    throw ConfigError(what + " is empty. HINT: name a folder for the run's outputs");
   std::error_code ec;
   std::filesystem::create_directories(folder, ec);
   if (ec) throw DataError("cannot create " + what + " '" + folder + "': " + ec.message());
-  const std::string path =
-      (std::filesystem::weakly_canonical(folder, ec) / ".titan.lock").string();
+  const std::string path = (std::filesystem::weakly_canonical(folder, ec) / ".titan.lock").string();
   std::lock_guard<std::mutex> guard(locks_mu);
-  if (auto held = held_locks()[path].lock()) return std::unique_ptr<FolderLock>(new FolderLock(path, held));
+  if (auto held = held_locks()[path].lock())
+    return std::unique_ptr<FolderLock>(new FolderLock(path, held));
   const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
   if (fd < 0) {
     throw DataError("cannot create the lock file '" + path + "': " + std::strerror(errno));
@@ -88,8 +90,8 @@ std::unique_ptr<FolderLock> FolderLock::acquire(const std::string& folder, const
     throw DataError("cannot lock '" + path + "': " + std::strerror(err));
   }
   const std::string line = process_description() + ", since " + utc_now() + "\n";
-  if (::ftruncate(fd, 0) != 0 || ::pwrite(fd, line.data(), line.size(), 0) !=
-                                     static_cast<ssize_t>(line.size())) {
+  if (::ftruncate(fd, 0) != 0 ||
+      ::pwrite(fd, line.data(), line.size(), 0) != static_cast<ssize_t>(line.size())) {
     const int err = errno;
     ::close(fd);
     throw DataError("cannot write the lock file '" + path + "': " + std::strerror(err));

@@ -23,7 +23,9 @@ void log_message(LogLevel level, const std::string& msg) {
   localtime_r(&t, &tm);
   char stamp[32];
   std::strftime(stamp, sizeof(stamp), "%Y-%m-%d %H:%M:%S", &tm);
-  const char* tag = level == LogLevel::kInfo ? "INFO" : level == LogLevel::kWarning ? "WARNING" : "ERROR";
+  const char* tag = level == LogLevel::kInfo      ? "INFO"
+                    : level == LogLevel::kWarning ? "WARNING"
+                                                  : "ERROR";
   std::FILE* out = level == LogLevel::kError ? stderr : stdout;
   std::fprintf(out, "%s[titan] %s - %s - %s\n", g_rank_prefix.c_str(), stamp, tag, msg.c_str());
   std::fflush(out);

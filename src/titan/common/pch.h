@@ -3,9 +3,9 @@
 #pragma once
 
 #include <ATen/ATen.h>
-#include <torch/nn/module.h>
-#include <torch/csrc/autograd/variable.h>
 #include <torch/csrc/autograd/custom_function.h>
+#include <torch/csrc/autograd/variable.h>
+#include <torch/nn/module.h>
 
 #include <cstdint>
 #include <functional>

@@ -25,8 +25,8 @@ struct ShardBox {
   at::Tensor narrow(const at::Tensor& whole, at::IntArrayRef sizes) const {
     TITAN_CHECK(whole.sizes().vec() == global_shape, "ShardBox: the whole tensor is ",
                 whole.sizes(), ", the box expects ", at::IntArrayRef(global_shape));
-    TITAN_CHECK(sizes.size() == offsets.size(), "ShardBox: ", sizes.size(),
-                "-d box of a ", offsets.size(), "-d tensor");
+    TITAN_CHECK(sizes.size() == offsets.size(), "ShardBox: ", sizes.size(), "-d box of a ",
+                offsets.size(), "-d tensor");
     at::Tensor out = whole;
     for (size_t d = 0; d < offsets.size(); ++d) {
       out = out.narrow(static_cast<int64_t>(d), offsets[d], sizes[d]);

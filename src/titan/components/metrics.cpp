@@ -31,7 +31,8 @@ int64_t peak_rss_bytes() {
 }
 
 int64_t total_ram_bytes() {
-  return static_cast<int64_t>(sysconf(_SC_PHYS_PAGES)) * static_cast<int64_t>(sysconf(_SC_PAGE_SIZE));
+  return static_cast<int64_t>(sysconf(_SC_PHYS_PAGES)) *
+         static_cast<int64_t>(sysconf(_SC_PAGE_SIZE));
 }
 
 double probe_peak_flops(at::ScalarType dtype, double budget_s) {
@@ -63,8 +64,8 @@ int64_t drop_metrics_rows_after(const std::string& path, int64_t step) {
     if (line.empty()) continue;
     const nlohmann::json row = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
     const bool superseded = row.is_discarded() ||
-        (row.is_object() && row.contains("step") && row["step"].is_number_integer() &&
-         row["step"].get<int64_t>() > step);
+                            (row.is_object() && row.contains("step") &&
+                             row["step"].is_number_integer() && row["step"].get<int64_t>() > step);
     if (superseded) {
       ++dropped;
     } else {
@@ -92,12 +93,12 @@ MetricsLogger::MetricsLogger(const MetricsSection& config, const std::string& du
   if (write_file) {
     std::filesystem::create_directories(dump_folder);
     const std::string name = metrics_file_name(config, rank);
-    jsonl_path_ = (std::filesystem::path(dump_folder) / (name.empty() ? "metrics.jsonl" : name))
-                      .string();
+    jsonl_path_ =
+        (std::filesystem::path(dump_folder) / (name.empty() ? "metrics.jsonl" : name)).string();
     const int64_t dropped = start_step > 0 ? drop_metrics_rows_after(jsonl_path_, start_step) : 0;
-    jsonl_fd_ = ::open(jsonl_path_.c_str(),
-                       O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | (start_step > 0 ? 0 : O_TRUNC),
-                       0644);
+    jsonl_fd_ =
+        ::open(jsonl_path_.c_str(),
+               O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | (start_step > 0 ? 0 : O_TRUNC), 0644);
     if (jsonl_fd_ < 0) {
       throw DataError("cannot write metrics file " + jsonl_path_ + ": " + std::strerror(errno));
     }
@@ -106,8 +107,9 @@ MetricsLogger::MetricsLogger(const MetricsSection& config, const std::string& du
         log_info(jsonl_path_, ": dropped ", dropped, " row(s) after step ", start_step,
                  " (logged by the interrupted run; this run logs those steps again)");
       }
-      append_row(nlohmann::json{{"event", "resume"}, {"step", start_step},
-                                {"dropped_rows", dropped}}.dump());
+      append_row(
+          nlohmann::json{{"event", "resume"}, {"step", start_step}, {"dropped_rows", dropped}}
+              .dump());
     }
   }
   start_ = last_log_ = std::chrono::steady_clock::now();
@@ -185,19 +187,26 @@ std::optional<StepMetrics> MetricsLogger::on_step(int64_t step, int64_t tokens,
 
 void MetricsLogger::log_validation(int64_t step, double loss, int64_t tokens, double seconds) {
   char line[256];
-  std::snprintf(line, sizeof(line), "%svalidate step: %lld  %svalidation_loss: %7.4f  "
+  std::snprintf(line, sizeof(line),
+                "%svalidate step: %lld  %svalidation_loss: %7.4f  "
                 "perplexity: %.3f  tokens: %s  (%.1fs)%s",
                 color("\033[33m").c_str(), (long long)step, color("\033[32m").c_str(), loss,
                 std::exp(loss), with_commas(tokens).c_str(), seconds, color("\033[0m").c_str());
   log_info(line);
-  append_row(nlohmann::json{{"step", step}, {"validation_loss", loss},
-                            {"validation_perplexity", std::exp(loss)}}.dump());
+  append_row(nlohmann::json{
+      {"step", step}, {"validation_loss", loss}, {"validation_perplexity", std::exp(loss)}}
+                 .dump());
 }
 
 void MetricsLogger::write_json(const StepMetrics& m) {
-  nlohmann::json j = {{"step", m.step},       {"loss", m.loss},       {"grad_norm", m.grad_norm},
-                      {"lr", m.lr},           {"tps", m.tps},         {"tflops", m.tflops},
-                      {"mfu", m.mfu},         {"memory_gib", m.memory_gib},
+  nlohmann::json j = {{"step", m.step},
+                      {"loss", m.loss},
+                      {"grad_norm", m.grad_norm},
+                      {"lr", m.lr},
+                      {"tps", m.tps},
+                      {"tflops", m.tflops},
+                      {"mfu", m.mfu},
+                      {"memory_gib", m.memory_gib},
                       {"elapsed_s", m.elapsed_s}};
   append_row(j.dump());
 }

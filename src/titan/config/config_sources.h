@@ -22,9 +22,8 @@ struct Override {
 // (a bool followed by true/false/1/0 takes it as its value, otherwise it is a bare switch).
 // A token that starts with "--" is never taken as a value. Throws ConfigError for anything that
 // is not `--section.key`, unknown names, and non-bool keys with no value.
-std::vector<Override> parse_overrides(
-    const FieldTable& table,
-    const std::vector<std::string>& args);
+std::vector<Override> parse_overrides(const FieldTable& table,
+                                      const std::vector<std::string>& args);
 
 // Stores each override's value in its field, in order (a repeated key: the last one wins).
 void apply_overrides(const std::vector<Override>& overrides);

@@ -46,7 +46,7 @@ struct Group::State : std::enable_shared_from_this<Group::State> {
   int size = 1;
   std::vector<int> ranks;  // world rank of each member
   std::atomic<int64_t> timeout_ms{0};
-  int64_t collective_seq = 0;                // collectives issued so far (p2p not counted)
+  int64_t collective_seq = 0;  // collectives issued so far (p2p not counted)
   ScratchPool scratch;
   std::map<std::string, int> subgroup_count;  // sub-groups made per (name, ranks), for prefixes
 
@@ -98,9 +98,9 @@ const char* to_string(OpKind kind);
 struct OpDesc {
   OpKind kind = OpKind::kBarrier;
   at::ScalarType dtype = at::kFloat;
-  int64_t numel = 0;  // all-to-all: elements per row (dim 0)
-  int64_t aux = 0;    // ReduceOp or broadcast root
-  const std::vector<int64_t>* input_splits = nullptr;   // all-to-all, resolved (never empty)
+  int64_t numel = 0;                                   // all-to-all: elements per row (dim 0)
+  int64_t aux = 0;                                     // ReduceOp or broadcast root
+  const std::vector<int64_t>* input_splits = nullptr;  // all-to-all, resolved (never empty)
   const std::vector<int64_t>* output_splits = nullptr;
 };
 

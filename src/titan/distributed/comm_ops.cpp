@@ -179,8 +179,7 @@ Work Group::all_gather_into_tensor(const at::Tensor& output, const at::Tensor& i
   return make_work(state_, label, equal_all_to_all(s, flat_out, send));
 }
 
-Work Group::reduce_scatter_tensor(const at::Tensor& output, const at::Tensor& input,
-                                  ReduceOp op) {
+Work Group::reduce_scatter_tensor(const at::Tensor& output, const at::Tensor& input, ReduceOp op) {
   State& s = *state_;
   const char* name = "reduce_scatter_tensor";
   check_tensor(s, name, "output", output);

@@ -52,7 +52,8 @@ int64_t required_int(const EnvLookup& env, const std::string& name, const std::s
 // Range checks shared by every family: 0 <= rank < world, 0 <= local_rank < local_world <= world.
 void check_consistent(const LaunchEnv& e, const VarNames& n) {
   auto fail = [](const std::string& msg) { throw ConfigError(msg); };
-  if (e.world_size < 1) fail(std::string(n.world_size) + "=" + std::to_string(e.world_size) + " must be >= 1");
+  if (e.world_size < 1)
+    fail(std::string(n.world_size) + "=" + std::to_string(e.world_size) + " must be >= 1");
   if (e.rank < 0 || e.rank >= e.world_size) {
     fail(std::string(n.rank) + "=" + std::to_string(e.rank) + " is not in [0, " + n.world_size +
          "=" + std::to_string(e.world_size) + ")");
@@ -79,14 +80,17 @@ LaunchEnv from_torch_env(const EnvLookup& env) {
   e.rank = required_int(env, "RANK", hint);
   e.world_size = required_int(env, "WORLD_SIZE", hint);
   e.local_world_size = int_var(env, "LOCAL_WORLD_SIZE").value_or(e.world_size);  // one node
-  e.local_rank = int_var(env, "LOCAL_RANK").value_or(e.local_world_size > 0 ? e.rank % e.local_world_size : 0);
-  e.node_rank = int_var(env, "GROUP_RANK").value_or(e.local_world_size > 0 ? e.rank / e.local_world_size : 0);
+  e.local_rank =
+      int_var(env, "LOCAL_RANK").value_or(e.local_world_size > 0 ? e.rank % e.local_world_size : 0);
+  e.node_rank =
+      int_var(env, "GROUP_RANK").value_or(e.local_world_size > 0 ? e.rank / e.local_world_size : 0);
   if (e.world_size > 1) {
     auto addr = env("MASTER_ADDR");
     if (addr) {
       e.master_addr = *addr;
     } else if (e.local_world_size < e.world_size) {
-      throw ConfigError("MASTER_ADDR is not set; a job over several nodes needs rank 0's host name");
+      throw ConfigError(
+          "MASTER_ADDR is not set; a job over several nodes needs rank 0's host name");
     }
     e.master_port = required_int(env, "MASTER_PORT",
                                  "every rank needs the port of rank 0's store (e.g. 29500)");
@@ -114,8 +118,8 @@ LaunchEnv from_slurm(const EnvLookup& env) {
   LaunchEnv e;
   e.source = "slurm";
   e.rank = required_int(env, "SLURM_PROCID", "");
-  e.world_size = required_int(env, "SLURM_NTASKS",
-                              "SLURM_PROCID is set but the task count is not; launch ranks with srun");
+  e.world_size = required_int(
+      env, "SLURM_NTASKS", "SLURM_PROCID is set but the task count is not; launch ranks with srun");
   e.local_rank = required_int(env, "SLURM_LOCALID", "srun sets it for every task");
   e.node_rank = int_var(env, "SLURM_NODEID").value_or(0);
 
@@ -135,14 +139,15 @@ LaunchEnv from_slurm(const EnvLookup& env) {
 
   if (auto addr = env("MASTER_ADDR")) {
     e.master_addr = *addr;
-  } else if (auto list = first_set(env, {"SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST"},
-                                   &which)) {
+  } else if (auto list = first_set(
+                 env, {"SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST"}, &which)) {
     const std::vector<std::string> hosts = expand_hostlist(*list);
     if (hosts.empty()) throw ConfigError(which + " is empty; set MASTER_ADDR to rank 0's host");
     e.master_addr = hosts.front();
   } else if (e.world_size > 1) {
-    throw ConfigError("SLURM_JOB_NODELIST is not set (nor SLURM_STEP_NODELIST, SLURM_NODELIST, "
-                      "MASTER_ADDR); cannot tell which host runs rank 0");
+    throw ConfigError(
+        "SLURM_JOB_NODELIST is not set (nor SLURM_STEP_NODELIST, SLURM_NODELIST, "
+        "MASTER_ADDR); cannot tell which host runs rank 0");
   }
   if (auto port = int_var(env, "MASTER_PORT")) {
     e.master_port = *port;
@@ -167,8 +172,9 @@ LaunchEnv from_openmpi(const EnvLookup& env) {
   if (auto addr = env("MASTER_ADDR")) {
     e.master_addr = *addr;
   } else if (e.local_world_size < e.world_size) {
-    throw ConfigError("MASTER_ADDR is not set; an mpirun job over several nodes needs rank 0's "
-                      "host: `mpirun -x MASTER_ADDR=<host> -x MASTER_PORT=<port> ...`");
+    throw ConfigError(
+        "MASTER_ADDR is not set; an mpirun job over several nodes needs rank 0's "
+        "host: `mpirun -x MASTER_ADDR=<host> -x MASTER_PORT=<port> ...`");
   }
   if (auto port = int_var(env, "MASTER_PORT")) e.master_port = *port;
   check_consistent(e, {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
@@ -267,11 +273,13 @@ std::vector<std::string> expand_hostlist(const std::string& hostlist) {
     size_t pos = 0;
     while (pos < item.size()) {
       const size_t open = item.find('[', pos);
-      const std::string text = item.substr(pos, open == std::string::npos ? std::string::npos : open - pos);
+      const std::string text =
+          item.substr(pos, open == std::string::npos ? std::string::npos : open - pos);
       for (auto& n : names) n += text;
       if (open == std::string::npos) break;
       const size_t close = item.find(']', open);
-      const std::vector<std::string> parts = expand_bracket(item.substr(open + 1, close - open - 1), hostlist);
+      const std::vector<std::string> parts =
+          expand_bracket(item.substr(open + 1, close - open - 1), hostlist);
       if (names.size() * parts.size() > kMaxHosts) {
         throw ConfigError("hostlist '" + hostlist + "' expands to too many hosts");
       }
@@ -299,7 +307,8 @@ std::vector<int64_t> expand_tasks_per_node(const std::string& spec) {
       if (close != item.size() - 1 || item.compare(paren, 2, "(x") != 0) {
         throw ConfigError("tasks per node '" + spec + "': expected N or N(xM), got '" + item + "'");
       }
-      repeat = parse_int(item.substr(paren + 2, close - paren - 2), "tasks per node '" + spec + "'");
+      repeat =
+          parse_int(item.substr(paren + 2, close - paren - 2), "tasks per node '" + spec + "'");
     }
     if (tasks < 1 || repeat < 1 || repeat > static_cast<int64_t>(kMaxHosts)) {
       throw ConfigError("tasks per node '" + spec + "': bad item '" + item + "'");
@@ -318,10 +327,11 @@ std::vector<bool> parse_log_ranks(const std::string& spec, int64_t world_size) {
   while (std::getline(ss, part, ',')) {
     const size_t dash = part.find('-', 1);
     const int64_t lo = parse_int(part.substr(0, dash), "LOG_RANK");
-    const int64_t hi = dash == std::string::npos ? lo : parse_int(part.substr(dash + 1), "LOG_RANK");
+    const int64_t hi =
+        dash == std::string::npos ? lo : parse_int(part.substr(dash + 1), "LOG_RANK");
     if (lo < 0 || hi < lo || hi >= world_size) {
-      throw ConfigError("LOG_RANK='" + spec + "': '" + part + "' is not a rank or range within [0, " +
-                        std::to_string(world_size) + ")");
+      throw ConfigError("LOG_RANK='" + spec + "': '" + part +
+                        "' is not a rank or range within [0, " + std::to_string(world_size) + ")");
     }
     for (int64_t r = lo; r <= hi; ++r) selected[static_cast<size_t>(r)] = true;
   }

@@ -63,7 +63,8 @@ std::string signal_name(int sig) {
   }
 }
 
-int64_t parse_option_int(const std::string& option, const std::string& value, int64_t min, int64_t max) {
+int64_t parse_option_int(const std::string& option, const std::string& value, int64_t min,
+                         int64_t max) {
   size_t pos = 0;
   int64_t v = 0;
   try {
@@ -75,8 +76,8 @@ int64_t parse_option_int(const std::string& option, const std::string& value, in
     throw ConfigError("--" + option + " '" + value + "' is not an integer");
   }
   if (v < min || v > max) {
-    throw ConfigError("--" + option + " " + value + " is not in [" + std::to_string(min) +
-                      ", " + std::to_string(max) + "]");
+    throw ConfigError("--" + option + " " + value + " is not in [" + std::to_string(min) + ", " +
+                      std::to_string(max) + "]");
   }
   return v;
 }
@@ -196,7 +197,8 @@ bool Job::spawn(Child& c, const std::vector<std::string>& argv, bool search_path
 
 // titan's own warning and error log lines go to stdout; they are shown for every rank.
 bool is_warning_line(const std::string& line) {
-  return line.find(" - WARNING - ") != std::string::npos || line.find(" - ERROR - ") != std::string::npos;
+  return line.find(" - WARNING - ") != std::string::npos ||
+         line.find(" - ERROR - ") != std::string::npos;
 }
 
 void Job::emit(const Child& c, const Stream& s, const std::string& line) {
@@ -397,9 +399,9 @@ int Job::run(const std::vector<std::string>& argv, bool search_path,
 std::vector<std::string> child_env(const LaunchOptions& o, int64_t local_rank, int64_t port,
                                    const std::string& threads) {
   static const std::set<std::string> kRankVars = {
-      "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK",
-      "ROLE_WORLD_SIZE", "GROUP_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TITAN_RUN",
-      "OMP_NUM_THREADS"};
+      "RANK",        "LOCAL_RANK",  "WORLD_SIZE",      "LOCAL_WORLD_SIZE",
+      "GROUP_RANK",  "ROLE_RANK",   "ROLE_WORLD_SIZE", "GROUP_WORLD_SIZE",
+      "MASTER_ADDR", "MASTER_PORT", "TITAN_RUN",       "OMP_NUM_THREADS"};
   std::vector<std::string> env;
   for (char** e = environ; *e != nullptr; ++e) {
     const std::string entry = *e;
@@ -474,12 +476,13 @@ LaunchOptions parse_launch_args(const std::vector<std::string>& args) {
   }
   o.command.assign(args.begin() + static_cast<std::ptrdiff_t>(i), args.end());
   if (o.command.empty()) {
-    throw ConfigError("no command; e.g. `titan run --nproc_per_node 2 -- train "
-                      "--job.config_file configs/llama3/debug_model.toml`");
+    throw ConfigError(
+        "no command; e.g. `titan run --nproc_per_node 2 -- train "
+        "--job.config_file configs/llama3/debug_model.toml`");
   }
   if (o.node_rank >= o.nnodes) {
-    throw ConfigError("--node_rank " + std::to_string(o.node_rank) +
-                      " is not below --nnodes " + std::to_string(o.nnodes));
+    throw ConfigError("--node_rank " + std::to_string(o.node_rank) + " is not below --nnodes " +
+                      std::to_string(o.nnodes));
   }
   if (o.nnodes > 1 && !o.master_addr_set) {
     throw ConfigError("--nnodes " + std::to_string(o.nnodes) +
@@ -530,7 +533,9 @@ std::string launch_usage() {
 
 int launch(const LaunchOptions& opts, const std::string& self_exe, const std::string& log_rank) {
   std::vector<bool> log_ranks = parse_log_ranks(log_rank, opts.world_size());
-  const int64_t port = opts.master_port > 0 ? opts.master_port : opts.nnodes == 1 ? free_port() : 29500;
+  const int64_t port = opts.master_port > 0 ? opts.master_port
+                       : opts.nnodes == 1   ? free_port()
+                                            : 29500;
 
   std::string threads;
   if (const char* omp = std::getenv("OMP_NUM_THREADS")) {

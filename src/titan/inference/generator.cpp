@@ -36,12 +36,9 @@ at::Device model_device(Model& model) {
 
 const char* to_string(StopReason reason) {
   switch (reason) {
-    case StopReason::kMaxNewTokens:
-      return "max_new_tokens";
-    case StopReason::kEos:
-      return "eos";
-    case StopReason::kMaxSeqLen:
-      return "max_seq_len";
+    case StopReason::kMaxNewTokens: return "max_new_tokens";
+    case StopReason::kEos: return "eos";
+    case StopReason::kMaxSeqLen: return "max_seq_len";
   }
   return "?";
 }

@@ -107,18 +107,20 @@ MemoryEstimate estimate_training_memory(const ModelSpec& spec, const std::string
     // alive at once, the one running and the one prefetched.
     const double tp = static_cast<double>(activation_shards);
     double copies = 2 * n / tp;
-    if (shards > tp) copies = std::min(copies, 2.0 * copies / static_cast<double>(std::max<int64_t>(1, one.n_layers)));
+    if (shards > tp)
+      copies =
+          std::min(copies, 2.0 * copies / static_cast<double>(std::max<int64_t>(1, one.n_layers)));
     e.parts.push_back({"bf16 weight copies", copies});
   }
   e.parts.push_back({"RoPE tables", rope_bytes(one, seq_len), /*scales_with_tokens=*/true});
-  e.parts.push_back({options.ac_mode == "none" ? "activations (estimate)"
-                                               : "activations (estimate, " + options.ac_mode +
-                                                     (options.ac_mode == "selective"
-                                                          ? " " + options.ac_option
-                                                          : std::string()) +
-                                                     " AC)",
-                     activations / static_cast<double>(activation_shards),
-                     /*scales_with_tokens=*/true});
+  e.parts.push_back(
+      {options.ac_mode == "none"
+           ? "activations (estimate)"
+           : "activations (estimate, " + options.ac_mode +
+                 (options.ac_mode == "selective" ? " " + options.ac_option : std::string()) +
+                 " AC)",
+       activations / static_cast<double>(activation_shards),
+       /*scales_with_tokens=*/true});
   return e;
 }
 

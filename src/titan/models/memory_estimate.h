@@ -15,8 +15,8 @@ namespace titan {
 
 struct MemoryEstimate {
   struct Part {
-    std::string name;   // "weights (fp32)", "activations (estimate)", ...
-    double bytes = 0;   // per rank; double because absurd sizes overflow int64
+    std::string name;                 // "weights (fp32)", "activations (estimate)", ...
+    double bytes = 0;                 // per rank; double because absurd sizes overflow int64
     bool scales_with_tokens = false;  // grows with batch * sequence length
   };
   std::vector<Part> parts;

@@ -42,9 +42,9 @@ struct ModelStats {
 
 // Options that apply when building a model instance.
 struct ModelBuildOptions {
-  int64_t max_seq_len = 2048;                    // RoPE table length (training.seq_len)
-  at::ScalarType compute_dtype = at::kFloat;     // matmul dtype; parameters stay float32
-  uint64_t seed = 0;                             // of the initial weights (debug.seed)
+  int64_t max_seq_len = 2048;                 // RoPE table length (training.seq_len)
+  at::ScalarType compute_dtype = at::kFloat;  // matmul dtype; parameters stay float32
+  uint64_t seed = 0;                          // of the initial weights (debug.seed)
   // Parameters on the meta device: shapes only, no memory, not initialized (buffers such as
   // RoPE tables are real). parallelize then gives each rank storage for its pieces only, and
   // ParallelizedModel::init_weights(seed) fills them with the values build() would have.
@@ -130,7 +130,8 @@ class Model : public torch::nn::Module {
   // (bs, n, vocab) as forward() would compute them for the whole sequence, and leaves
   // cache.length = start_pos + n. A model without a cached path says so.
   virtual at::Tensor forward_cached(const at::Tensor& tokens, KVCache& cache, int64_t start_pos) {
-    TITAN_CHECK(false, "this model has no KV-cache inference path. HINT: generate without the "
+    TITAN_CHECK(false,
+                "this model has no KV-cache inference path. HINT: generate without the "
                 "cache (--no_kv_cache)");
     return {};
   }

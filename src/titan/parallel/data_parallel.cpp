@@ -67,10 +67,10 @@ struct DataParallel::Impl {
     at::Tensor* slot = nullptr;
     std::vector<int64_t> shape;         // as sharded (a 0-d parameter as {1})
     std::vector<int64_t> global_shape;  // as the model declares it
-    int64_t rows = 0, rest = 1;  // shape[0], product of the other dims
-    int64_t chunk = 0;           // rows per rank, ceil(rows / N)
-    int64_t local_rows = 0;      // rows this rank holds
-    int64_t offset = 0;          // element offset of its chunk in the unit's shard
+    int64_t rows = 0, rest = 1;         // shape[0], product of the other dims
+    int64_t chunk = 0;                  // rows per rank, ceil(rows / N)
+    int64_t local_rows = 0;             // rows this rank holds
+    int64_t offset = 0;                 // element offset of its chunk in the unit's shard
   };
   enum class State { kSharded, kGathering, kGathered };
   struct Unit {
@@ -82,11 +82,11 @@ struct DataParallel::Impl {
     at::Tensor shard;      // float32 (shard_numel)
     at::Tensor unsharded;  // param dtype (N * shard_numel)
     bool allocated = true;
-    at::Tensor grad;       // float32 (shard_numel), undefined until the first reduction
+    at::Tensor grad;  // float32 (shard_numel), undefined until the first reduction
     State state = State::kSharded;
     at::Tensor gather_in, gather_out;
     dist::Work gather_work;
-    int64_t uses = 0;      // runs in the current forward
+    int64_t uses = 0;                   // runs in the current forward
     std::vector<at::Tensor> installed;  // what the slots hold, from this unit's last install
   };
   struct Pending {
@@ -104,8 +104,8 @@ struct DataParallel::Impl {
   int64_t runs_per_forward = 0;
   int64_t forward_pos = 0;
   std::deque<Pending> pending;
-  at::Tensor anchor;  // a leaf that requires grad: gives GatherParams a backward
-  double wait_seconds = 0;  // time blocked in collectives' wait()
+  at::Tensor anchor;             // a leaf that requires grad: gives GatherParams a backward
+  double wait_seconds = 0;       // time blocked in collectives' wait()
   at::Device device = at::kCPU;  // the model's
 
   at::TensorOptions on_device(at::ScalarType dtype) const {
@@ -298,9 +298,9 @@ DataParallel::DataParallel(Model& model, DataParallelOptions options)
                   o.reshard_after_forward == "never",
               "fsdp_reshard_after_forward must be default, always or never, got '",
               o.reshard_after_forward, "'");
-  TITAN_CHECK(o.param_dtype == at::kFloat || o.param_dtype == at::kBFloat16 ||
-                  o.param_dtype == at::kHalf,
-              "FSDP param dtype must be float32, bfloat16 or float16");
+  TITAN_CHECK(
+      o.param_dtype == at::kFloat || o.param_dtype == at::kBFloat16 || o.param_dtype == at::kHalf,
+      "FSDP param dtype must be float32, bfloat16 or float16");
   TITAN_CHECK(o.reduce_dtype == at::kFloat || o.reduce_dtype == at::kBFloat16,
               "FSDP reduce dtype must be float32 or bfloat16");
 
@@ -318,8 +318,8 @@ DataParallel::DataParallel(Model& model, DataParallelOptions options)
     p.name = item.key();
     p.slot = slots.at(p.name);
     const at::Tensor& t = item.value();
-    TITAN_CHECK(t.scalar_type() == at::kFloat, "FSDP expects float32 parameters; ", p.name,
-                " is ", t.scalar_type());
+    TITAN_CHECK(t.scalar_type() == at::kFloat, "FSDP expects float32 parameters; ", p.name, " is ",
+                t.scalar_type());
     p.global_shape = t.sizes().vec();
     p.shape = p.global_shape.empty() ? std::vector<int64_t>{1} : p.global_shape;
     p.rows = p.shape[0];
@@ -340,7 +340,8 @@ DataParallel::DataParallel(Model& model, DataParallelOptions options)
     u.reused = mu.reused_in_forward;
     for (const std::string& name : mu.params) {
       auto it = index_of.find(name);
-      TITAN_CHECK(it != index_of.end(), "model unit '", mu.name, "' names unknown parameter ", name);
+      TITAN_CHECK(it != index_of.end(), "model unit '", mu.name, "' names unknown parameter ",
+                  name);
       TITAN_CHECK(seen.insert(name).second, "parameter ", name, " is in two model units");
       Impl::Param& p = d.params[it->second];
       p.offset = u.shard_numel;
@@ -492,7 +493,8 @@ std::vector<std::pair<std::string, at::Tensor>> DataParallel::gather_full_parame
       const Impl::Param& p = d.params[pi];
       const int64_t n = p.chunk * p.rest;
       at::Tensor whole = by_rank.narrow(1, p.offset, n).reshape({d.N * p.chunk, p.rest});
-      full[pi] = whole.narrow(0, 0, p.rows).reshape(p.global_shape).clone();  // as the model holds it
+      full[pi] =
+          whole.narrow(0, 0, p.rows).reshape(p.global_shape).clone();  // as the model holds it
     }
   }
   std::vector<std::pair<std::string, at::Tensor>> out;
@@ -500,8 +502,7 @@ std::vector<std::pair<std::string, at::Tensor>> DataParallel::gather_full_parame
   return out;
 }
 
-void DataParallel::load_full_parameters(
-    const std::function<at::Tensor(const std::string&)>& full) {
+void DataParallel::load_full_parameters(const std::function<at::Tensor(const std::string&)>& full) {
   at::NoGradGuard no_grad;
   for (auto& sp : params_) {
     at::Tensor t = full(sp.name);
@@ -519,7 +520,8 @@ DataParallelMemory DataParallel::memory() const {
   const int64_t param_bytes = static_cast<int64_t>(at::elementSize(d.options.param_dtype));
   for (const auto& u : d.units) {
     m.shard_param_bytes += u.shard_numel * 4;
-    m.max_unit_unsharded_bytes = std::max(m.max_unit_unsharded_bytes, d.N * u.shard_numel * param_bytes);
+    m.max_unit_unsharded_bytes =
+        std::max(m.max_unit_unsharded_bytes, d.N * u.shard_numel * param_bytes);
   }
   for (const auto& p : d.params) m.total_param_bytes += p.rows * p.rest * 4;
   return m;
@@ -529,7 +531,8 @@ std::string DataParallel::describe() const {
   const Impl& d = *impl_;
   std::string s;
   if (d.N > 1 && d.R > 1) {
-    s = "HSDP: sharded over " + std::to_string(d.N) + " ranks, replicated " + std::to_string(d.R) + "x";
+    s = "HSDP: sharded over " + std::to_string(d.N) + " ranks, replicated " + std::to_string(d.R) +
+        "x";
   } else if (d.N > 1) {
     s = "FSDP: sharded over " + std::to_string(d.N) + " ranks";
   } else {

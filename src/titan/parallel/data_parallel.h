@@ -31,8 +31,8 @@
 
 #include "titan/common/shard_box.h"
 #include "titan/distributed/comm.h"
-#include "titan/parallel/grad_norm.h"
 #include "titan/models/model.h"
+#include "titan/parallel/grad_norm.h"
 
 #include <ATen/ATen.h>
 
@@ -53,10 +53,10 @@ struct ParamPlacement {
 };
 
 struct DataParallelOptions {
-  std::shared_ptr<dist::Group> shard_group;      // parameters are sharded over it (null: 1 rank)
-  std::shared_ptr<dist::Group> replicate_group;  // gradients are all-reduced over it (null: 1)
-  at::ScalarType param_dtype = at::kFloat;       // unsharded parameters, all-gather
-  at::ScalarType reduce_dtype = at::kFloat;      // gradient reduce-scatter / all-reduce
+  std::shared_ptr<dist::Group> shard_group;       // parameters are sharded over it (null: 1 rank)
+  std::shared_ptr<dist::Group> replicate_group;   // gradients are all-reduced over it (null: 1)
+  at::ScalarType param_dtype = at::kFloat;        // unsharded parameters, all-gather
+  at::ScalarType reduce_dtype = at::kFloat;       // gradient reduce-scatter / all-reduce
   std::string reshard_after_forward = "default";  // default | always | never
   bool prefetch = true;                           // overlap the next unit's all-gather
   // The model's parameters are these boxes of larger ones (2D: FSDP over tensor-parallel shards).
@@ -69,15 +69,15 @@ struct DataParallelOptions {
 // This rank's part of one parameter.
 struct ShardedParam {
   std::string name;
-  ShardBox box;                       // where `local` sits in the whole parameter
-  int64_t row_offset = 0;             // first row held of the model's (possibly TP-local) tensor
-  at::Tensor local;  // (rows held, ...) float32, a view of the unit's flat shard; 0 rows ok
+  ShardBox box;            // where `local` sits in the whole parameter
+  int64_t row_offset = 0;  // first row held of the model's (possibly TP-local) tensor
+  at::Tensor local;        // (rows held, ...) float32, a view of the unit's flat shard; 0 rows ok
 };
 
 // Bytes per rank (float32 masters), for the memory report.
 struct DataParallelMemory {
-  int64_t total_param_bytes = 0;  // the whole model's parameters
-  int64_t shard_param_bytes = 0;  // this rank's shards, including padding
+  int64_t total_param_bytes = 0;         // the whole model's parameters
+  int64_t shard_param_bytes = 0;         // this rank's shards, including padding
   int64_t max_unit_unsharded_bytes = 0;  // the largest unit when gathered, in the param dtype
   int64_t units = 0;
 };

@@ -13,7 +13,6 @@
 
 namespace titan {
 
-
 ParallelizedModel::ParallelizedModel(std::shared_ptr<Model> model, const ParallelDims& dims,
                                      int64_t rank)
     : model_(std::move(model)), dims_(dims), rank_(rank) {
@@ -109,7 +108,8 @@ void ParallelizedModel::refresh_params() {
   }
   for (const auto& item : model_->named_parameters()) {
     const std::string& name = item.key();
-    const ShardBox box = tp_ ? tp_->placements().at(name).box : ShardBox::whole(item.value().sizes());
+    const ShardBox box =
+        tp_ ? tp_->placements().at(name).box : ShardBox::whole(item.value().sizes());
     params_.push_back({name, item.value(), box, writer(name), tp_replicated(name)});
   }
 }
@@ -204,14 +204,15 @@ std::vector<std::string> ParallelizedModel::describe() const {
   if (dp_) {
     lines.push_back(dp_->describe());
     const DataParallelMemory m = dp_->memory();
-    lines.push_back(
-        "memory per rank: parameters " + human_bytes(m.shard_param_bytes) + " + gradients " +
-        human_bytes(m.shard_param_bytes) + " + AdamW states " +
-        human_bytes(2 * m.shard_param_bytes) + " (fp32 shards; the model's parameters are " +
-        human_bytes(m.total_param_bytes) + ", 1/" +
-        std::to_string(static_cast<double>(m.total_param_bytes) /
-                       static_cast<double>(m.shard_param_bytes)).substr(0, 4) +
-        "); largest gathered unit " + human_bytes(m.max_unit_unsharded_bytes));
+    lines.push_back("memory per rank: parameters " + human_bytes(m.shard_param_bytes) +
+                    " + gradients " + human_bytes(m.shard_param_bytes) + " + AdamW states " +
+                    human_bytes(2 * m.shard_param_bytes) +
+                    " (fp32 shards; the model's parameters are " +
+                    human_bytes(m.total_param_bytes) + ", 1/" +
+                    std::to_string(static_cast<double>(m.total_param_bytes) /
+                                   static_cast<double>(m.shard_param_bytes))
+                        .substr(0, 4) +
+                    "); largest gathered unit " + human_bytes(m.max_unit_unsharded_bytes));
   }
   return lines;
 }

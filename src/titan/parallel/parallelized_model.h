@@ -84,8 +84,7 @@ class ParallelizedModel {
                              const std::vector<std::pair<std::string, int64_t>>& seq_lens);
   void apply_activation_checkpointing(const ActivationCheckpointSection& ac);
   void apply_data_parallel(at::ScalarType param_dtype, at::ScalarType reduce_dtype,
-                           const std::string& reshard_after_forward,
-                           at::Device device = at::kCPU);
+                           const std::string& reshard_after_forward, at::Device device = at::kCPU);
   // Gives every parameter still on the meta device uninitialized storage on `device` (its
   // current, possibly TP-sliced shape); last, after the pieces above.
   void materialize(at::Device device);

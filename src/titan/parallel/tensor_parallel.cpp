@@ -54,7 +54,7 @@ at::Tensor reduce_scatter_seq(const at::Tensor& x, dist::Group& g) {
               " is not divisible by tensor_parallel_degree ", t);
   std::vector<int64_t> split = x.sizes().vec();
   split[1] /= t;
-  split.insert(split.begin() + 1, t);  // (bs, t, s, ...)
+  split.insert(split.begin() + 1, t);                                        // (bs, t, s, ...)
   const at::Tensor by_rank = x.reshape(split).transpose(0, 1).contiguous();  // (t, bs, s, ...)
   std::vector<int64_t> out_shape = x.sizes().vec();
   out_shape[1] /= t;
@@ -108,8 +108,8 @@ struct AllGatherLastDim : public torch::autograd::Function<AllGatherLastDim> {
 
 // Mean cross-entropy over rows of vocab-sharded logits (n, V / t) float32, labels (n) global ids.
 struct VocabParallelCrossEntropy : public torch::autograd::Function<VocabParallelCrossEntropy> {
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& logits, const at::Tensor& labels,
-                            dist::Group* g, int64_t vocab_start) {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& logits,
+                            const at::Tensor& labels, dist::Group* g, int64_t vocab_start) {
     const int64_t v = logits.size(1);
     at::Tensor max = std::get<0>(logits.max(1)).contiguous();
     timed_wait(g->all_reduce(max, dist::ReduceOp::kMax));
@@ -119,8 +119,8 @@ struct VocabParallelCrossEntropy : public torch::autograd::Function<VocabParalle
     const at::Tensor local = labels - vocab_start;
     const at::Tensor mine = local.ge(0).logical_and(local.lt(v));
     const at::Tensor index = local.clamp(0, v - 1).unsqueeze(1);
-    at::Tensor target = shifted.gather(1, index).squeeze(1).masked_fill(mine.logical_not(), 0.0)
-                            .contiguous();
+    at::Tensor target =
+        shifted.gather(1, index).squeeze(1).masked_fill(mine.logical_not(), 0.0).contiguous();
     // Both sums in one collective: (2, n).
     at::Tensor sums = at::stack({sum_exp, target});
     timed_wait(g->all_reduce(sums, dist::ReduceOp::kSum));
@@ -146,8 +146,7 @@ struct VocabParallelCrossEntropy : public torch::autograd::Function<VocabParalle
 class GatherInputHook : public ForwardHook {
  public:
   explicit GatherInputHook(dist::Group* g) : g_(g) {}
-  at::Tensor run(HookedModule&, const at::Tensor& x,
-                 const ForwardBody& body) override {
+  at::Tensor run(HookedModule&, const at::Tensor& x, const ForwardBody& body) override {
     return body(AllGatherSeq::apply(x, g_));
   }
 
@@ -158,8 +157,7 @@ class GatherInputHook : public ForwardHook {
 class RowwiseHook : public ForwardHook {
  public:
   explicit RowwiseHook(dist::Group* g) : g_(g) {}
-  at::Tensor run(HookedModule&, const at::Tensor& x,
-                 const ForwardBody& body) override {
+  at::Tensor run(HookedModule&, const at::Tensor& x, const ForwardBody& body) override {
     return ReduceScatterSeq::apply(body(x), g_);
   }
 
@@ -172,11 +170,11 @@ class RowwiseHook : public ForwardHook {
 class EmbeddingHook : public ForwardHook {
  public:
   EmbeddingHook(dist::Group* g, int64_t start, int64_t rows) : g_(g), start_(start), rows_(rows) {}
-  at::Tensor run(HookedModule&, const at::Tensor& tokens,
-                 const ForwardBody& body) override {
+  at::Tensor run(HookedModule&, const at::Tensor& tokens, const ForwardBody& body) override {
     const at::Tensor local = tokens - start_;
     const at::Tensor outside = local.lt(0).logical_or(local.ge(rows_));
-    const at::Tensor h = body(local.masked_fill(outside, 0)).masked_fill(outside.unsqueeze(-1), 0.0);
+    const at::Tensor h =
+        body(local.masked_fill(outside, 0)).masked_fill(outside.unsqueeze(-1), 0.0);
     return ReduceScatterSeq::apply(h, g_);
   }
 
@@ -188,8 +186,7 @@ class EmbeddingHook : public ForwardHook {
 class OutputHook : public ForwardHook {
  public:
   OutputHook(dist::Group* g, bool loss_parallel) : g_(g), loss_parallel_(loss_parallel) {}
-  at::Tensor run(HookedModule&, const at::Tensor& x,
-                 const ForwardBody& body) override {
+  at::Tensor run(HookedModule&, const at::Tensor& x, const ForwardBody& body) override {
     at::Tensor logits = body(AllGatherSeq::apply(x, g_));
     return loss_parallel_ ? logits : AllGatherLastDim::apply(logits, g_);
   }
@@ -272,18 +269,15 @@ TensorParallel::TensorParallel(Model& model, std::shared_ptr<dist::Group> group,
             const int64_t heads = attention->wq->weight.size(0) / attention->head_dim;
             const int64_t kv_heads = attention->wk->weight.size(0) / attention->head_dim;
             if (heads % t != 0 || kv_heads % t != 0) {
-              throw ConfigError("tensor parallelism: " + name + " has n_heads " +
-                                std::to_string(heads) + " and n_kv_heads " +
-                                std::to_string(kv_heads) +
-                                "; both must be divisible by tensor_parallel_degree " +
-                                std::to_string(t));
+              throw ConfigError(
+                  "tensor parallelism: " + name + " has n_heads " + std::to_string(heads) +
+                  " and n_kv_heads " + std::to_string(kv_heads) +
+                  "; both must be divisible by tensor_parallel_degree " + std::to_string(t));
             }
           }
           install_hook(*hooked, std::make_shared<GatherInputHook>(group_.get()));
           break;
-        case TpStyle::kColwise:
-          shard(name, *layer, 0, "output features");
-          break;
+        case TpStyle::kColwise: shard(name, *layer, 0, "output features"); break;
         case TpStyle::kRowwise:
           shard(name, *layer, 1, "input features");
           install_hook(*hooked, std::make_shared<RowwiseHook>(group_.get()));
@@ -317,8 +311,8 @@ at::Tensor TensorParallel::cross_entropy(const at::Tensor& logits, const at::Ten
   if (!loss_parallel_) {
     return at::cross_entropy_loss(logits.flatten(0, 1).to(at::kFloat), labels.flatten(0, 1));
   }
-  return VocabParallelCrossEntropy::apply(logits.flatten(0, 1).to(at::kFloat),
-                                          labels.flatten(0, 1), group_.get(), vocab_start_);
+  return VocabParallelCrossEntropy::apply(logits.flatten(0, 1).to(at::kFloat), labels.flatten(0, 1),
+                                          group_.get(), vocab_start_);
 }
 
 void TensorParallel::reduce_replicated_grads(

@@ -111,7 +111,7 @@ std::string InterruptReporter::message(int signal, int64_t step, int64_t total_s
                                        const std::string& last_checkpoint) {
   const std::string when = step < 1 ? "before step 1" : "during step " + std::to_string(step);
   return std::string("training interrupted by ") + signal_name(signal) + " " + when + " of " +
-      std::to_string(total_steps) + "; " + last_checkpoint;
+         std::to_string(total_steps) + "; " + last_checkpoint;
 }
 
 std::string describe_last_checkpoint(bool enabled, const std::string& folder) {
@@ -122,7 +122,7 @@ std::string describe_last_checkpoint(bool enabled, const std::string& folder) {
   const auto steps = ckpt::list_step_dirs(folder);
   if (steps.empty()) return "no checkpoint in " + folder + " yet; a new run starts at step 1";
   return "the last checkpoint is " + steps.back().second +
-      "; run the same command to resume from it";
+         "; run the same command to resume from it";
 }
 
 }  // namespace titan

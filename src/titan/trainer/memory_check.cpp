@@ -22,7 +22,8 @@ void check_training_memory(const JobConfig& config, const LaunchEnv& env, double
   const ModelSpec& spec = get_model_spec(config.model.name);
   check_flavor(spec, config.model.flavor);
   const ParallelismSection& p = config.parallelism;
-  const int64_t param_shards = std::max<int64_t>(1, env.world_size / p.data_parallel_replicate_degree);
+  const int64_t param_shards =
+      std::max<int64_t>(1, env.world_size / p.data_parallel_replicate_degree);
   const int64_t tp = p.tensor_parallel_degree;
   const at::ScalarType dtype = training_compute_dtype(config.training);
   const int64_t local_ranks = std::max<int64_t>(1, env.local_world_size);
@@ -31,7 +32,8 @@ void check_training_memory(const JobConfig& config, const LaunchEnv& env, double
     const char* section;
     int64_t batch, seq_len;
   };
-  std::vector<Sizes> runs = {{"training", config.training.local_batch_size, config.training.seq_len}};
+  std::vector<Sizes> runs = {
+      {"training", config.training.local_batch_size, config.training.seq_len}};
   if (config.validation.enable) {
     runs.push_back({"validation", config.validation.local_batch_size, config.validation.seq_len});
   }
@@ -42,8 +44,10 @@ void check_training_memory(const JobConfig& config, const LaunchEnv& env, double
     const std::string section = run.section;
     const std::string sizes = section + ".local_batch_size " + std::to_string(run.batch) + " x " +
                               section + ".seq_len " + std::to_string(run.seq_len);
-    std::string what = "training " + config.model.name + " " + config.model.flavor + " with " + sizes;
-    if (local_ranks > 1) what += " (per rank; " + std::to_string(local_ranks) + " ranks share this machine)";
+    std::string what =
+        "training " + config.model.name + " " + config.model.flavor + " with " + sizes;
+    if (local_ranks > 1)
+      what += " (per rank; " + std::to_string(local_ranks) + " ranks share this machine)";
     const std::string hint =
         need.token_bytes() >= need.total() / 2
             ? "lower " + section + ".local_batch_size or " + section + ".seq_len"

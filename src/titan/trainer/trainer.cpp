@@ -8,11 +8,11 @@
 #include "titan/common/format.h"
 #include "titan/common/logging.h"
 #include "titan/components/data/data_loader.h"
-#include "titan/components/loss.h"
-#include "titan/components/training_dtype.h"
 #include "titan/components/data/dataset.h"
+#include "titan/components/loss.h"
 #include "titan/components/tokenizer/tokenizer.h"
 #include "titan/components/tokenizer/tokenizer_identity.h"
+#include "titan/components/training_dtype.h"
 #include "titan/config/config_manager.h"
 #include "titan/distributed/init.h"
 #include "titan/distributed/parallel_dims.h"
@@ -90,14 +90,15 @@ void Trainer::build_parallelism(const DistributedContext* dist) {
   if (world_size_ > 1) {
     const int64_t threads =
         rank_num_threads(config_.training.num_threads, dist->env, process_env());
-    log_info("rank ", rank_, " of ", world_size_, "; threads: ",
-             configure_threads(threads, dist->local_world_size()));
+    log_info("rank ", rank_, " of ", world_size_,
+             "; threads: ", configure_threads(threads, dist->local_world_size()));
   } else {
     log_info("threads: ", configure_threads(config_.training.num_threads));
   }
   // Validates the degrees against the world (showing the arithmetic) and refuses parallelisms
   // that are not implemented yet.
-  dims_ = std::make_unique<ParallelDims>(ParallelDims::from_config(config_.parallelism, world_size_));
+  dims_ =
+      std::make_unique<ParallelDims>(ParallelDims::from_config(config_.parallelism, world_size_));
   dp_size_ = dims_->dp_size();
   dp_rank_ = dims_->dp_rank(rank_);
   if (world_size_ == 1) return;
@@ -147,7 +148,8 @@ void Trainer::build_model() {
   check_flavor(*spec_, config_.model.flavor);
   ModelBuildOptions opts;
   opts.max_seq_len = config_.training.seq_len;
-  if (config_.validation.enable) opts.max_seq_len = std::max(opts.max_seq_len, config_.validation.seq_len);
+  if (config_.validation.enable)
+    opts.max_seq_len = std::max(opts.max_seq_len, config_.validation.seq_len);
   opts.compute_dtype = compute_dtype_;
   // Shapes only: parallelize gives this rank storage for its pieces, and they are initialized
   // below with the values a one-process build of this seed holds there.
@@ -156,11 +158,13 @@ void Trainer::build_model() {
   auto t0 = std::chrono::steady_clock::now();
   model_ = spec_->build(config_.model.flavor, opts);
   apply_training_dtype(*model_, config_.training, world_size_, dims_->describe());
-  const ModelStats stats = model_->stats(config_.training.local_batch_size, config_.training.seq_len);
+  const ModelStats stats =
+      model_->stats(config_.training.local_batch_size, config_.training.seq_len);
   log_info("model ", config_.model.name, " ", config_.model.flavor, ": ",
            spec_->describe_flavor(config_.model.flavor));
   log_info("model parameters: ", with_commas(stats.n_params), " (", human_count(stats.n_params),
-           "), non-embedding ", with_commas(stats.n_params - stats.n_embedding_params), "; built in ",
+           "), non-embedding ", with_commas(stats.n_params - stats.n_embedding_params),
+           "; built in ",
            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), "s");
   ParallelizeOptions o;
   o.param_dtype = compute_dtype_;
@@ -169,8 +173,10 @@ void Trainer::build_model() {
   o.loss_parallel = !config_.parallelism.disable_loss_parallel;
   o.activation_checkpoint = config_.activation_checkpoint;
   o.seq_lens = {{"training.seq_len", config_.training.seq_len}};
-  if (config_.validation.enable) o.seq_lens.emplace_back("validation.seq_len", config_.validation.seq_len);
-  TITAN_CHECK(spec_->parallelize, "model ", config_.model.name, " registers no parallelize function");
+  if (config_.validation.enable)
+    o.seq_lens.emplace_back("validation.seq_len", config_.validation.seq_len);
+  TITAN_CHECK(spec_->parallelize, "model ", config_.model.name,
+              " registers no parallelize function");
   parallel_ = spec_->parallelize(model_, *dims_, rank_, o);
   const auto t1 = std::chrono::steady_clock::now();
   parallel_->init_weights(static_cast<uint64_t>(seed_));
@@ -191,21 +197,20 @@ void Trainer::build_data() {
   check_tokenizer_fits_model(*tokenizer_, stats.vocab_size, "flavor '" + config_.model.flavor + "'",
                              "pick a flavor with a larger vocab");
   const auto& t = config_.training;
-  std::shared_ptr<const DocumentSource> docs =
-      open_dataset(t.dataset, t.dataset_path, t.dataset_text_field,
-                   CorpusSettings::of_section("training"));
+  std::shared_ptr<const DocumentSource> docs = open_dataset(
+      t.dataset, t.dataset_path, t.dataset_text_field, CorpusSettings::of_section("training"));
   log_info("dataset ", t.dataset, ": ", docs->size(), " documents",
            t.dataset_shuffle ? ", shuffled each epoch" : ", in order", "; tokenizer vocab ",
            tokenizer_->vocab_size());
   // The global stream: every rank reads it whole and keeps its slice (see trainer.h).
-  train_loader_ = std::make_unique<DataLoader>(docs, *tokenizer_, t.seq_len,
-                                               t.local_batch_size * dp_size_,
-                                               /*dp_rank=*/0, /*dp_world=*/1, /*infinite=*/true,
-                                               /*shuffle_seed=*/t.dataset_shuffle ? seed_ : -1);
+  train_loader_ =
+      std::make_unique<DataLoader>(docs, *tokenizer_, t.seq_len, t.local_batch_size * dp_size_,
+                                   /*dp_rank=*/0, /*dp_world=*/1, /*infinite=*/true,
+                                   /*shuffle_seed=*/t.dataset_shuffle ? seed_ : -1);
   if (config_.validation.enable) {
     const auto& v = config_.validation;
     validation_docs_ = open_dataset(v.dataset, v.dataset_path, v.dataset_text_field,
-                                   CorpusSettings::of_section("validation"));
+                                    CorpusSettings::of_section("validation"));
     log_info("validation dataset ", v.dataset, ": ", validation_docs_->size(), " documents");
     // Found now, not at the first validation after validation.freq training steps.
     DataLoader probe(validation_docs_, *tokenizer_, v.seq_len, v.local_batch_size * dp_size_, 0, 1,
@@ -223,22 +228,22 @@ void Trainer::build_optimizer() {
 }
 
 void Trainer::build_metrics() {
-  const ModelStats stats = model_->stats(config_.training.local_batch_size, config_.training.seq_len);
+  const ModelStats stats =
+      model_->stats(config_.training.local_batch_size, config_.training.seq_len);
   double peak = config_.metrics.peak_flops;
   if (peak > 0) {
     log_info("peak FLOP/s for MFU: ", peak / 1e12, " TFLOP/s (metrics.peak_flops)");
   } else {
     peak = probe_peak_flops(compute_dtype_);
     log_info("peak FLOP/s for MFU: ", peak / 1e12, " TFLOP/s, measured by a ",
-             compute_dtype_ == at::kBFloat16 ? "bfloat16" : "float32",
-             " 1024^3 GEMM probe with ", at::get_num_threads(),
-             " threads (set metrics.peak_flops to override)");
+             compute_dtype_ == at::kBFloat16 ? "bfloat16" : "float32", " 1024^3 GEMM probe with ",
+             at::get_num_threads(), " threads (set metrics.peak_flops to override)");
   }
-  metrics_ = std::make_unique<MetricsLogger>(config_.metrics, config_.job.dump_folder,
-                                             stats.flops_per_token(config_.training.seq_len), peak,
-                                             config_.training.steps,
-                                             /*write_file=*/!metrics_file_name(config_.metrics, rank_).empty(),
-                                             /*start_step=*/train_state_.step, /*rank=*/rank_);
+  metrics_ = std::make_unique<MetricsLogger>(
+      config_.metrics, config_.job.dump_folder, stats.flops_per_token(config_.training.seq_len),
+      peak, config_.training.steps,
+      /*write_file=*/!metrics_file_name(config_.metrics, rank_).empty(),
+      /*start_step=*/train_state_.step, /*rank=*/rank_);
 }
 
 at::Tensor Trainer::forward_backward_step(const at::Tensor& inputs, const at::Tensor& labels,
@@ -319,8 +324,8 @@ TrainResult Trainer::train() {
     result.start_step = t.steps + 1;
     return result;
   }
-  log_info("training ", t.steps, " steps: local_batch_size ", t.local_batch_size, " x ",
-           dp_size_, " data-parallel ranks x ", accumulation_steps_, " accumulation = global batch ",
+  log_info("training ", t.steps, " steps: local_batch_size ", t.local_batch_size, " x ", dp_size_,
+           " data-parallel ranks x ", accumulation_steps_, " accumulation = global batch ",
            t.local_batch_size * accumulation_steps_ * dp_size_, " sequences of ", t.seq_len,
            " tokens; compute dtype ", t.mixed_precision_param, "; seed ", seed_);
   auto start = std::chrono::steady_clock::now();
@@ -333,9 +338,12 @@ TrainResult Trainer::train() {
   result.start_step = train_state_.step + 1;
   result.steps = train_state_.step;
   // SIGTERM/SIGINT: one line saying which step was interrupted and where to resume from.
-  InterruptReporter interrupt(t.steps, [this] {
-    return describe_last_checkpoint(config_.checkpoint.enable, checkpointer_->folder());
-  }, /*log=*/rank_ == 0);
+  InterruptReporter interrupt(
+      t.steps,
+      [this] {
+        return describe_last_checkpoint(config_.checkpoint.enable, checkpointer_->folder());
+      },
+      /*log=*/rank_ == 0);
   for (int64_t step = train_state_.step + 1; step <= t.steps; ++step) {
     interrupt.set_step(step);
     double grad_norm = 0.0;
@@ -343,8 +351,7 @@ TrainResult Trainer::train() {
     result.losses.push_back(loss.item<double>());
     result.grad_norms.push_back(grad_norm);
     metrics_->on_step(step, tokens_per_step, loss, grad_norm, lr_scheduler_->lr_at(step));
-    if (config_.validation.enable &&
-        (step % config_.validation.freq == 0 || step == t.steps)) {
+    if (config_.validation.enable && (step % config_.validation.freq == 0 || step == t.steps)) {
       auto v0 = std::chrono::steady_clock::now();
       int64_t tokens = 0;
       const double vloss = validate(&tokens);

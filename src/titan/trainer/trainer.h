@@ -41,8 +41,8 @@ struct TrainResult {
   std::vector<double> losses;             // loss of every step (mean over the global batch)
   std::vector<double> grad_norms;         // pre-clip grad norm of every step
   std::vector<double> validation_losses;  // one per validation run
-  int64_t steps = 0;       // last step reached (== training.steps when done)
-  int64_t start_step = 1;  // first step this run executed (> 1 after resuming)
+  int64_t steps = 0;                      // last step reached (== training.steps when done)
+  int64_t start_step = 1;                 // first step this run executed (> 1 after resuming)
   double seconds = 0.0;
 };
 

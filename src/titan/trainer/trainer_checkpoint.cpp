@@ -3,16 +3,16 @@
 #include "titan/checkpoint/checkpoint_manager.h"
 #include "titan/checkpoint/hf_convert.h"
 #include "titan/common/check.h"
+#include "titan/common/format.h"
 #include "titan/common/logging.h"
 #include "titan/components/data/data_loader.h"
 #include "titan/components/tokenizer/tokenizer.h"
 #include "titan/components/tokenizer/tokenizer_identity.h"
-#include "titan/common/format.h"
 #include "titan/config/config_manager.h"
-#include "titan/trainer/trainer.h"
 #include "titan/distributed/parallel_dims.h"
 #include "titan/models/registry.h"
 #include "titan/parallel/parallelized_model.h"
+#include "titan/trainer/trainer.h"
 
 #include <ATen/CPUGeneratorImpl.h>
 
@@ -127,7 +127,8 @@ StateEntry dataloader_entry(DataLoader& loader, int64_t dp_rank, json tokenizer)
     state["tokenizer"] = tokenizer;
   };
   e.load = [&loader, key, tokenizer](const CheckpointReader& reader, const json& state) {
-    const std::string difference = tokenizer_difference(state.value("tokenizer", json()), tokenizer);
+    const std::string difference =
+        tokenizer_difference(state.value("tokenizer", json()), tokenizer);
     if (!difference.empty()) log_warning("checkpoint ", reader.dir(), ": ", difference);
     if (!state.contains(key)) {
       throw DataError("checkpoint '" + reader.dir() + "' has no data loader state for " + key +

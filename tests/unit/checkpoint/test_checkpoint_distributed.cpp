@@ -117,7 +117,9 @@ std::vector<StateEntry> entries(RankState& s) {
   };
   StateEntry train;
   train.name = "train_state";
-  train.save = [&s](std::vector<SavedTensor>&, nlohmann::json& state) { state["step"] = s.train_step; };
+  train.save = [&s](std::vector<SavedTensor>&, nlohmann::json& state) {
+    state["step"] = s.train_step;
+  };
   train.load = [&s](const CheckpointReader&, const nlohmann::json& state) {
     s.train_step = state.at("step").get<int64_t>();
   };
@@ -207,8 +209,8 @@ TEST(CheckpointDistributed, LoadsWithAnotherRankCountAndLayout) {
     int load_ranks;
     Layout load_layout;
   };
-  for (const Case& c : {Case{3, Layout::kRows, 2, Layout::kCols},
-                        Case{2, Layout::kCols, 3, Layout::kRows}}) {
+  for (const Case& c :
+       {Case{3, Layout::kRows, 2, Layout::kCols}, Case{2, Layout::kCols, 3, Layout::kRows}}) {
     SCOPED_TRACE(std::to_string(c.save_ranks) + " -> " + std::to_string(c.load_ranks) + " ranks");
     const std::string dump = fresh_dump("layout_" + std::to_string(c.save_ranks));
     save_steps(dump, c.save_ranks, c.save_layout, {5});

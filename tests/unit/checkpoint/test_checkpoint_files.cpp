@@ -92,7 +92,8 @@ TEST(Safetensors, RejectsDamagedFiles) {
   EXPECT_NE(err.find("short.safetensors"), std::string::npos) << err;
 
   // Header length pointing past the end.
-  std::ofstream(dir + "/len.safetensors", std::ios::binary) << std::string("\xff\xff\x00\x00\x00\x00\x00\x00{}", 10);
+  std::ofstream(dir + "/len.safetensors", std::ios::binary)
+      << std::string("\xff\xff\x00\x00\x00\x00\x00\x00{}", 10);
   err = message_of([&] { SafetensorsReader r(dir + "/len.safetensors"); });
   EXPECT_NE(err.find("header length"), std::string::npos) << err;
 
@@ -156,7 +157,8 @@ TEST(CheckpointFiles, ShardedTensorReadsAcrossBoxes) {
   CheckpointReader reader(root + "/step-1");
   EXPECT_EQ(reader.meta("w").shape, (std::vector<int64_t>{8, 6}));
   EXPECT_TRUE(at::equal(reader.read("w"), full));
-  EXPECT_TRUE(at::equal(reader.read_slice("w", {2, 3}, {4, 3}), full.slice(0, 2, 6).slice(1, 3, 6)));
+  EXPECT_TRUE(
+      at::equal(reader.read_slice("w", {2, 3}, {4, 3}), full.slice(0, 2, 6).slice(1, 3, 6)));
 
   // A box nobody saved is an error, not zeros: the writer refuses to leave a hole...
   std::string err = message_of([&] {

@@ -213,7 +213,8 @@ TEST(CheckpointHardening, TrainerResumesAfterTheFinalExportWithKeepLatestOne) {
   EXPECT_TRUE(any_name_starts_with(c.job.dump_folder + "/checkpoint", "step-3.model-only-"));
 }
 
-// ---- item 2: the index protects itself ------------------------------------------------------------
+// ---- item 2: the index protects itself
+// ------------------------------------------------------------
 
 // Rewrites `dir`'s index.json as version 1 (no checksum) after `edit`.
 void edit_as_version_1(const std::string& dir, const std::function<void(nlohmann::json&)>& edit) {
@@ -250,8 +251,7 @@ TEST(CheckpointHardening, IndexChecksumCatchesOneChangedDigit) {
 
 TEST(CheckpointHardening, SwappedTensorNamesAreCaught) {
   const std::string dir = fresh_dir("swap") + "/step-1";
-  ckpt::write_checkpoint(dir, {{"a", at::zeros({2}), {}}, {"b", at::ones({2}), {}}},
-                         {{"step", 1}});
+  ckpt::write_checkpoint(dir, {{"a", at::zeros({2}), {}}, {"b", at::ones({2}), {}}}, {{"step", 1}});
   std::string text = read_text(dir + "/index.json");
   const size_t a = text.find("\"key\": \"a\"");
   const size_t b = text.find("\"key\": \"b\"");
@@ -269,10 +269,12 @@ TEST(CheckpointHardening, FolderNameStateStepAndTrainStateMustAgree) {
   train_and_save(dump, section(), 3, 3, /*last=*/9);
   const std::string dir = dump + "/checkpoint/step-3";
   // Unprotected (version 1) indexes get the cross-checks too.
-  edit_as_version_1(dir, [](nlohmann::json& i) { i["state"]["entries"]["train_state"]["step"] = 1; });
+  edit_as_version_1(dir,
+                    [](nlohmann::json& i) { i["state"]["entries"]["train_state"]["step"] = 1; });
   std::string err = message_of([&] { CheckpointReader r(dir); });
   EXPECT_NE(err.find("train_state records step 1 but the checkpoint is of step 3"),
-            std::string::npos) << err;
+            std::string::npos)
+      << err;
   edit_as_version_1(dir, [](nlohmann::json& i) {
     i["state"]["step"] = 1;
     i["state"]["entries"]["train_state"]["step"] = 1;
@@ -287,7 +289,8 @@ TEST(CheckpointHardening, FolderNameStateStepAndTrainStateMustAgree) {
   EXPECT_EQ(message_of([&] { CheckpointReader r(dir); }), "");
 }
 
-// ---- item 4: file names stay inside the step folder -----------------------------------------------
+// ---- item 4: file names stay inside the step folder
+// -----------------------------------------------
 
 TEST(CheckpointHardening, FileNamesThatLeaveTheFolderAreRefused) {
   const std::string dump = fresh_dir("escape");
@@ -308,7 +311,8 @@ TEST(CheckpointHardening, FileNamesThatLeaveTheFolderAreRefused) {
   }
 }
 
-// ---- item 8: a FIFO where a checkpoint file belongs is refused, not opened (which would block) ----
+// ---- item 8: a FIFO where a checkpoint file belongs is refused, not opened (which would block)
+// ----
 
 TEST(CheckpointHardening, FifosAreRefusedWithoutBlocking) {
   const std::string dump = fresh_dir("fifo");
@@ -325,7 +329,8 @@ TEST(CheckpointHardening, FifosAreRefusedWithoutBlocking) {
   EXPECT_NE(err.find("is a FIFO (named pipe)"), std::string::npos) << err;
 }
 
-// ---- items 3 and 6: deletions, temporaries, the folder lock ---------------------------------------
+// ---- items 3 and 6: deletions, temporaries, the folder lock
+// ---------------------------------------
 
 TEST(CheckpointHardening, PurgeRenamesBeforeDeletingAndStartupCleansUp) {
   const std::string dump = fresh_dir("purge");
@@ -351,8 +356,9 @@ TEST(CheckpointHardening, PurgeRenamesBeforeDeletingAndStartupCleansUp) {
   State s;
   CheckpointManager manager(config, dump, s.entries(), {});
   EXPECT_EQ(manager.load().step, 4);
-  EXPECT_EQ(names_in(folder), (std::vector<std::string>{"step-3", "step-4", "step-6.tmp-" +
-                                                        std::to_string(::getppid()), "step-7"}));
+  EXPECT_EQ(names_in(folder),
+            (std::vector<std::string>{"step-3", "step-4",
+                                      "step-6.tmp-" + std::to_string(::getppid()), "step-7"}));
   // Saving step 7 moves the incomplete folder aside rather than deleting it.
   s.step = 7;
   manager.save(7, /*model_only=*/false);
@@ -398,10 +404,10 @@ TEST(CheckpointHardening, DumpFolderLockNamesTheHolder) {
   }
   char c;
   ASSERT_EQ(::read(ready[0], &c, 1), 1);
-  const std::string err =
-      config_error_of([&] { FolderLock::acquire(folder, "job.dump_folder"); });
+  const std::string err = config_error_of([&] { FolderLock::acquire(folder, "job.dump_folder"); });
   EXPECT_NE(err.find("in use by another run (pid " + std::to_string(child) + " on host"),
-            std::string::npos) << err;
+            std::string::npos)
+      << err;
   // kill -9 releases it.
   ::kill(child, SIGKILL);
   ::waitpid(child, nullptr, 0);
@@ -414,7 +420,8 @@ TEST(CheckpointHardening, DumpFolderLockNamesTheHolder) {
   ::close(ready[1]);
 }
 
-// ---- safetensors data sections ----------------------------------------------------------------------
+// ---- safetensors data sections
+// ----------------------------------------------------------------------
 
 std::string safetensors_bytes(const std::string& header, size_t data_bytes) {
   std::string len(8, '\0');
@@ -445,9 +452,11 @@ TEST(CheckpointHardening, SafetensorsOffsetsMustTileTheDataSection) {
     EXPECT_NE(err.find(c.error), std::string::npos) << c.header << ": " << err;
   }
   // Out of header order but tiling exactly is valid (the order of JSON keys means nothing).
-  write_text(dir + "/ok.safetensors",
-             safetensors_bytes(R"({"b":{"dtype":"F32","shape":[1],"data_offsets":[8,12]},"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"z":{"dtype":"F32","shape":[0],"data_offsets":[12,12]}})",
-                               12));
+  write_text(
+      dir + "/ok.safetensors",
+      safetensors_bytes(
+          R"({"b":{"dtype":"F32","shape":[1],"data_offsets":[8,12]},"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"z":{"dtype":"F32","shape":[0],"data_offsets":[12,12]}})",
+          12));
   EXPECT_EQ(message_of([&] { ckpt::SafetensorsReader r(dir + "/ok.safetensors"); }), "");
 }
 

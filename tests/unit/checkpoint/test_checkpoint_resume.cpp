@@ -48,9 +48,9 @@ std::vector<int64_t> steps_in(const JobConfig& c) {
   return out;
 }
 
-#define REQUIRE_CORPUS()                                       \
-  if (!fs::exists(default_dataset_path("sotu"))) GTEST_SKIP() \
-      << "sotu corpus missing; run scripts/setup.sh"
+#define REQUIRE_CORPUS()                         \
+  if (!fs::exists(default_dataset_path("sotu"))) \
+  GTEST_SKIP() << "sotu corpus missing; run scripts/setup.sh"
 
 TEST(CheckpointResume, ResumedRunMatchesUninterruptedBitwise) {
   REQUIRE_CORPUS();
@@ -96,7 +96,8 @@ TEST(CheckpointResume, AsyncSaveEqualsSyncSave) {
   sb.erase("job_config");
   EXPECT_EQ(sa, sb);
   // Every component is in the checkpoint.
-  for (const char* entry : {"model", "optimizer", "lr_scheduler", "dataloader", "train_state", "rng"}) {
+  for (const char* entry :
+       {"model", "optimizer", "lr_scheduler", "dataloader", "train_state", "rng"}) {
     EXPECT_TRUE(sa["entries"].contains(entry)) << entry;
   }
   EXPECT_TRUE(a.has("optimizer.layers.0.attention.wq.weight.exp_avg_sq"));
@@ -126,8 +127,8 @@ TEST(CheckpointResume, ExcludeFromLoadingKeepsFreshState) {
   c.training.steps = 5;
   c.checkpoint.exclude_from_loading = {"optimizer", "dataloader"};
   Trainer resumed(c);
-  EXPECT_EQ(resumed.train_state().step, 3);               // loaded
-  EXPECT_EQ(resumed.optimizer().step_count(), 0);         // excluded: fresh
+  EXPECT_EQ(resumed.train_state().step, 3);        // loaded
+  EXPECT_EQ(resumed.optimizer().step_count(), 0);  // excluded: fresh
   for (const auto& [name, t] : resumed.optimizer().state_tensors()) {
     EXPECT_EQ(t.abs().sum().item<double>(), 0.0) << name;
   }
@@ -194,7 +195,8 @@ TEST(CheckpointResume, SeedCheckpointAndInitialLoad) {
   Trainer loaded(from_seed);
   EXPECT_EQ(loaded.train_state().step, 0);
   for (const auto& item : seeder.model().named_parameters()) {
-    EXPECT_TRUE(at::equal(item.value(), loaded.model().named_parameters()[item.key()])) << item.key();
+    EXPECT_TRUE(at::equal(item.value(), loaded.model().named_parameters()[item.key()]))
+        << item.key();
   }
   from_seed.checkpoint.initial_load_path = "/nonexistent/titan";
   EXPECT_THROW(Trainer{from_seed}, ConfigError);
@@ -218,7 +220,8 @@ TEST(CheckpointResume, LastSaveInHfAndInitialLoadInHf) {
   d.debug.seed = 1234;
   Trainer loaded(d);
   for (const auto& item : trainer.model().named_parameters()) {
-    EXPECT_TRUE(at::equal(item.value(), loaded.model().named_parameters()[item.key()])) << item.key();
+    EXPECT_TRUE(at::equal(item.value(), loaded.model().named_parameters()[item.key()]))
+        << item.key();
   }
 }
 

@@ -15,8 +15,8 @@ namespace titan {
 namespace {
 
 using test::bit_equal;
-using test::message_of;
 using test::contains;
+using test::message_of;
 
 const nlohmann::json kTiny = {{"name", "llama3"}, {"flavor", "tiny"}};
 
@@ -42,7 +42,10 @@ TEST(HfAdapter, PermutationMovesRowsAsHfExpectsAndInverts) {
   }
   EXPECT_TRUE(bit_equal(llama3::permute_from_hf(hf, n_heads), w));
   EXPECT_FALSE(bit_equal(hf, w));
-  EXPECT_TRUE(contains(message_of([&] { llama3::permute_to_hf(at::randn({10, 4}), 3); }), "3 heads"));
+  EXPECT_TRUE(contains(message_of([&] {
+                         llama3::permute_to_hf(at::randn({10, 4}), 3);
+                       }),
+                       "3 heads"));
 }
 
 // Our interleaved RoPE on q = x wq^T equals HF's rotate_half RoPE on x (permuted wq)^T, up to
@@ -137,9 +140,10 @@ TEST(HfAdapter, FromHfDropsBuffersAndTiedHeadRejectsUnknownNames) {
   EXPECT_EQ(spec.hf.from_hf(hf, tied).size(), n);
   hf["model.layers.0.mlp.extra.weight"] = at::ones({2});
   EXPECT_TRUE(contains(message_of([&] { spec.hf.from_hf(hf, tied); }),
-                  "unexpected tensor 'model.layers.0.mlp.extra.weight'"));
+                       "unexpected tensor 'model.layers.0.mlp.extra.weight'"));
   TensorMap ours = {{"layers.0.attention.wz.weight", at::ones({2})}};
-  EXPECT_TRUE(contains(message_of([&] { spec.hf.to_hf(ours, tied); }), "layers.0.attention.wz.weight"));
+  EXPECT_TRUE(
+      contains(message_of([&] { spec.hf.to_hf(ours, tied); }), "layers.0.attention.wz.weight"));
 }
 
 TEST(HfAdapter, ConfigJsonOfAFlavor) {
@@ -193,14 +197,17 @@ TEST(HfAdapter, Transformers5RopeParametersAreRead) {
     "tie_word_embeddings": false, "transformers_version": "5.23.0", "use_cache": true,
     "vocab_size": 300})");
   const HfAdapter& hf = get_model_spec("llama3").hf;
-  EXPECT_EQ(hf.from_hf_config(config), nlohmann::json({{"name", "llama3"},
-                                                       {"flavor", "tiny"},
-                                                       {"args", {{"max_seq_len", 16384}}}}));
+  EXPECT_EQ(
+      hf.from_hf_config(config),
+      nlohmann::json({{"name", "llama3"}, {"flavor", "tiny"}, {"args", {{"max_seq_len", 16384}}}}));
 
   // Other llama3 parameters and theta; original_max_position_embeddings defaults to
   // max_position_embeddings, as transformers 5 fills it in.
-  config["rope_parameters"] = {{"rope_type", "llama3"}, {"rope_theta", 20000.0}, {"factor", 4.0},
-                               {"low_freq_factor", 2.0}, {"high_freq_factor", 8.0}};
+  config["rope_parameters"] = {{"rope_type", "llama3"},
+                               {"rope_theta", 20000.0},
+                               {"factor", 4.0},
+                               {"low_freq_factor", 2.0},
+                               {"high_freq_factor", 8.0}};
   llama3::Llama3Args args = llama3::args_from_hf_config(config);
   EXPECT_EQ(args.rope_theta, 20000.0);
   EXPECT_TRUE(args.use_rope_scaling);
@@ -217,8 +224,11 @@ TEST(HfAdapter, Transformers5RopeParametersAreRead) {
 
   // A non-empty "rope_scaling" wins, with the top-level "rope_theta" (older files with both).
   config["rope_theta"] = 7000.0;
-  config["rope_scaling"] = {{"rope_type", "llama3"}, {"factor", 2.0}, {"low_freq_factor", 1.0},
-                            {"high_freq_factor", 4.0}, {"original_max_position_embeddings", 64}};
+  config["rope_scaling"] = {{"rope_type", "llama3"},
+                            {"factor", 2.0},
+                            {"low_freq_factor", 1.0},
+                            {"high_freq_factor", 4.0},
+                            {"original_max_position_embeddings", 64}};
   config["rope_parameters"] = {{"rope_type", "default"}};
   args = llama3::args_from_hf_config(config);
   EXPECT_TRUE(args.use_rope_scaling);
@@ -291,9 +301,12 @@ TEST(HfAdapter, UnsupportedConfigsAreNamed) {
   EXPECT_TRUE(contains(error_with("hidden_act", "gelu"), "\"hidden_act\""));
   EXPECT_TRUE(contains(error_with("attention_bias", true), "\"attention_bias\""));
   EXPECT_TRUE(contains(error_with("head_dim", 32), "head_dim 32"));
-  EXPECT_TRUE(contains(error_with("rope_scaling", {{"rope_type", "yarn"}, {"factor", 4.0}}), "'yarn'"));
-  EXPECT_TRUE(contains(error_with("hidden_size", nlohmann::json::value_t::discarded), "hidden_size"));
-  EXPECT_TRUE(contains(error_with("num_key_value_heads", 3), "n_kv_heads (3) must divide n_heads (4)"));
+  EXPECT_TRUE(
+      contains(error_with("rope_scaling", {{"rope_type", "yarn"}, {"factor", 4.0}}), "'yarn'"));
+  EXPECT_TRUE(
+      contains(error_with("hidden_size", nlohmann::json::value_t::discarded), "hidden_size"));
+  EXPECT_TRUE(
+      contains(error_with("num_key_value_heads", 3), "n_kv_heads (3) must divide n_heads (4)"));
   EXPECT_TRUE(contains(error_with("vocab_size", "many"), "\"vocab_size\" must be an integer"));
   // rope_type "default" (and the older "type" key) are understood.
   nlohmann::json config = base;
@@ -303,23 +316,26 @@ TEST(HfAdapter, UnsupportedConfigsAreNamed) {
 
 TEST(HfAdapter, DescriptionErrorsNameTheNearestKey) {
   const ModelSpec& spec = get_model_spec("llama3");
-  EXPECT_TRUE(
-      contains(message_of([&] {
-            spec.resolve_args({{"name", "llama3"}, {"flavor", "tiny"}, {"args", {{"n_head", 2}}}});
-          }),
-          "unknown key 'n_head' in llama3 args; did you mean 'n_heads'?"));
+  EXPECT_TRUE(contains(
+      message_of([&] {
+        spec.resolve_args({{"name", "llama3"}, {"flavor", "tiny"}, {"args", {{"n_head", 2}}}});
+      }),
+      "unknown key 'n_head' in llama3 args; did you mean 'n_heads'?"));
   EXPECT_TRUE(contains(message_of([&] {
-                    spec.resolve_args({{"name", "llama3"}, {"flavor", "tinyy"}});
-                  }),
-                  "did you mean 'tiny'?"));
-  EXPECT_TRUE(
-      contains(message_of([&] {
-            spec.resolve_args({{"name", "llama3"}, {"flavor", "tiny"}, {"args", {{"dim", 1.5}}}});
-          }),
-          "dim must be an integer"));
-  EXPECT_TRUE(contains(message_of([&] { spec_for_description({{"flavor", "tiny"}}); }), "no \"name\""));
+                         spec.resolve_args({{"name", "llama3"}, {"flavor", "tinyy"}});
+                       }),
+                       "did you mean 'tiny'?"));
+  EXPECT_TRUE(contains(
+      message_of([&] {
+        spec.resolve_args({{"name", "llama3"}, {"flavor", "tiny"}, {"args", {{"dim", 1.5}}}});
+      }),
+      "dim must be an integer"));
+  EXPECT_TRUE(contains(message_of([&] {
+                         spec_for_description({{"flavor", "tiny"}});
+                       }),
+                       "no \"name\""));
   EXPECT_TRUE(contains(message_of([&] { spec_for_hf_model_type("mistral"); }),
-                  "model_type 'mistral' is not supported"));
+                       "model_type 'mistral' is not supported"));
   // A description's args are exactly what args_to_json writes.
   const llama3::Llama3Args args = llama3::args_for_flavor("bench_small");
   const nlohmann::json custom = {

@@ -23,8 +23,8 @@ namespace {
 
 namespace fs = std::filesystem;
 using test::bit_equal;
-using test::message_of;
 using test::contains;
+using test::message_of;
 
 const nlohmann::json kTiny = {{"name", "llama3"}, {"flavor", "tiny"}};
 
@@ -114,9 +114,9 @@ TEST(HfFolder, SingleFileLayoutAndConfig) {
   for (const auto& entry : fs::directory_iterator(dir)) {
     EXPECT_EQ(entry.path().filename(), "hf");
   }
-  EXPECT_TRUE(
-      contains(message_of([&] { ckpt::save_hf_weights(*model, kTiny, (dir / "hf").string(), options); }),
-          "already exists"));
+  EXPECT_TRUE(contains(
+      message_of([&] { ckpt::save_hf_weights(*model, kTiny, (dir / "hf").string(), options); }),
+      "already exists"));
 }
 
 TEST(HfFolder, ShardsAboveTheSizeLimit) {
@@ -184,11 +184,13 @@ TEST(HfFolder, LoadModelFromEveryKindOfPathGivesTheSameLogits) {
   }
   EXPECT_EQ(ckpt::load_model((dir / "ckpt").string(), at::kFloat, 16).source,
             (dir / "ckpt" / "step-9").string());
-  EXPECT_TRUE(contains(message_of([&] { ckpt::load_model((dir / "nothing").string(), at::kFloat, 16); }),
-                  "does not exist"));
+  EXPECT_TRUE(
+      contains(message_of([&] { ckpt::load_model((dir / "nothing").string(), at::kFloat, 16); }),
+               "does not exist"));
   fs::create_directories(dir / "empty");
-  EXPECT_TRUE(contains(message_of([&] { ckpt::load_model((dir / "empty").string(), at::kFloat, 16); }),
-                  "neither a titan checkpoint"));
+  EXPECT_TRUE(
+      contains(message_of([&] { ckpt::load_model((dir / "empty").string(), at::kFloat, 16); }),
+               "neither a titan checkpoint"));
 }
 
 TEST(HfFolder, TrainerHooksLoadAndSave) {
@@ -212,8 +214,9 @@ TEST(HfFolder, TrainerHooksLoadAndSave) {
   const std::string msg =
       message_of([&] { ckpt::load_hf_weights(*wrong, other, (dir / "hf").string()); });
   EXPECT_TRUE(contains(msg, "n_heads: model 3, config.json 6")) << msg;
-  EXPECT_TRUE(contains(message_of([&] { ckpt::load_hf_weights(*wrong, kTiny, (dir / "hf").string()); }),
-                  "another architecture"));
+  EXPECT_TRUE(
+      contains(message_of([&] { ckpt::load_hf_weights(*wrong, kTiny, (dir / "hf").string()); }),
+               "another architecture"));
 }
 
 TEST(HfFolder, Bfloat16Export) {
@@ -261,9 +264,9 @@ TEST(HfFolder, TokenizerFilesAreCopied) {
   EXPECT_TRUE(fs::is_regular_file(dir / "hf2" / "original" / "tokenizer.model"));
   EXPECT_FALSE(fs::exists(dir / "hf2" / "notes.txt"));
   options.tokenizer_path = (dir / "missing").string();
-  EXPECT_TRUE(
-      contains(message_of([&] { ckpt::save_hf_weights(*model, kTiny, (dir / "hf3").string(), options); }),
-          "missing' does not exist"));
+  EXPECT_TRUE(contains(
+      message_of([&] { ckpt::save_hf_weights(*model, kTiny, (dir / "hf3").string(), options); }),
+      "missing' does not exist"));
   EXPECT_FALSE(fs::exists(dir / "hf3"));
 }
 
@@ -306,12 +309,14 @@ TEST(HfFolder, CorruptFoldersNameTheFile) {
   nlohmann::json other = config;
   other["model_type"] = "gpt2";
   write_text(dir / "hf" / "config.json", other.dump());
-  EXPECT_TRUE(contains(load_error(), "config.json: Hugging Face model_type 'gpt2' is not supported"))
+  EXPECT_TRUE(
+      contains(load_error(), "config.json: Hugging Face model_type 'gpt2' is not supported"))
       << load_error();
   other = config;
   other["num_hidden_layers"] = 3;  // layer 2's tensors are missing
   write_text(dir / "hf" / "config.json", other.dump());
-  EXPECT_TRUE(contains(load_error(), "no Hugging Face tensor for parameter 'layers.2.")) << load_error();
+  EXPECT_TRUE(contains(load_error(), "no Hugging Face tensor for parameter 'layers.2."))
+      << load_error();
   other = config;
   other["hidden_size"] = 128;
   other["head_dim"] = 32;

@@ -28,11 +28,13 @@ TEST(HfFolderHints, TitanCheckpointIsNamedWithTheFlagToDrop) {
   const fs::path root = fs::temp_directory_path() / "titan_hf_folder_hints";
   fs::remove_all(root);
   fs::create_directories(root / "step-3");
-  std::ofstream(root / "step-3" / "index.json") << R"({"format": "titan-checkpoint", "version": 2})";
+  std::ofstream(root / "step-3" / "index.json")
+      << R"({"format": "titan-checkpoint", "version": 2})";
   for (const fs::path& dir : {root / "step-3", root}) {  // a step folder, or the folder of steps
     const std::string msg = config_error(dir.string());
     EXPECT_NE(msg.find("'" + dir.string() + "' is a titan checkpoint, not a Hugging Face folder"),
-              std::string::npos) << msg;
+              std::string::npos)
+        << msg;
     EXPECT_NE(msg.find("HINT: drop checkpoint.initial_load_in_hf"), std::string::npos) << msg;
   }
   // Any other folder without config.json is still a plain missing-file DataError.

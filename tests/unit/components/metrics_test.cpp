@@ -36,8 +36,8 @@ TEST(Metrics, JsonLinesHaveEveryKeyAndConsistentMfu) {
       EXPECT_DOUBLE_EQ(j["validation_loss"].get<double>(), 2.0);
       continue;
     }
-    for (const char* key : {"step", "loss", "grad_norm", "lr", "tps", "tflops", "mfu",
-                            "memory_gib", "elapsed_s"}) {
+    for (const char* key :
+         {"step", "loss", "grad_norm", "lr", "tps", "tflops", "mfu", "memory_gib", "elapsed_s"}) {
       EXPECT_TRUE(j.contains(key)) << key;
     }
     EXPECT_DOUBLE_EQ(j["loss"].get<double>(), 2.5);
@@ -49,9 +49,7 @@ TEST(Metrics, JsonLinesHaveEveryKeyAndConsistentMfu) {
   EXPECT_EQ(n, 4);  // steps 1, 2, 4 and one validation line
 }
 
-TEST(Metrics, GemmProbeIsPositive) {
-  EXPECT_GT(probe_peak_flops(at::kFloat, 0.05), 1e8);
-}
+TEST(Metrics, GemmProbeIsPositive) { EXPECT_GT(probe_peak_flops(at::kFloat, 0.05), 1e8); }
 
 TEST(Metrics, PeakRssIsBelowRam) {
   EXPECT_GT(peak_rss_bytes(), 0);

@@ -36,7 +36,8 @@ void run_case(const std::string& name) {
   cfg.weight_decay = 0.1;
   at::Tensor w = at::tensor({0.5f, -1.0f, 2.0f}).set_requires_grad(true);
   Optimizer opt({{"w", w}}, cfg);
-  const std::vector<std::vector<double>> grads = {{0.1, -0.2, 0.3}, {0.05, 0.4, -0.1}, {1.0, 0.0, 0.2}};
+  const std::vector<std::vector<double>> grads = {
+      {0.1, -0.2, 0.3}, {0.05, 0.4, -0.1}, {1.0, 0.0, 0.2}};
   for (const auto& g : grads) {
     w.mutable_grad() = at::tensor({(float)g[0], (float)g[1], (float)g[2]});
     opt.step(cfg.lr);
@@ -75,8 +76,8 @@ TEST(ClipGradNorm, ScalesOnlyAboveMaxNorm) {
   b.mutable_grad() = at::tensor({4.0f});
   const double norm = clip_grad_norm({a, b}, /*max_norm=*/1.0);
   EXPECT_NEAR(norm, 5.0, 1e-6);  // reported before clipping
-  const double after = std::sqrt(std::pow(a.grad()[0].item<double>(), 2) +
-                                 std::pow(b.grad()[0].item<double>(), 2));
+  const double after =
+      std::sqrt(std::pow(a.grad()[0].item<double>(), 2) + std::pow(b.grad()[0].item<double>(), 2));
   EXPECT_NEAR(after, 1.0, 1e-5);
   EXPECT_NEAR(a.grad()[0].item<double>() / b.grad()[0].item<double>(), 0.75, 1e-6);
 

@@ -35,9 +35,7 @@ class TempDir {
     std::ofstream(file) << content;
     return file;
   }
-  const std::string& path() const {
-    return path_;
-  }
+  const std::string& path() const { return path_; }
 
  private:
   std::string path_;

@@ -38,8 +38,8 @@ TEST(ConfigErrors, UnknownSectionOnCommandLine) {
 
 TEST(ConfigErrors, UnknownKeyOnCommandLine) {
   std::string message = cli_error({"--training.stesp", "5"});
-  EXPECT_TRUE(contains(
-      message, "unknown config key 'training.stesp'; did you mean 'training.steps'?"));
+  EXPECT_TRUE(
+      contains(message, "unknown config key 'training.stesp'; did you mean 'training.steps'?"));
   EXPECT_TRUE(contains(message, "command line"));
 }
 
@@ -59,8 +59,8 @@ TEST(ConfigErrors, UnknownSectionInToml) {
 
 TEST(ConfigErrors, UnknownKeyInToml) {
   std::string message = toml_error("[training]\nseq_len = 8\nstesp = 5\n");
-  EXPECT_TRUE(contains(
-      message, "unknown config key 'training.stesp'; did you mean 'training.steps'?"));
+  EXPECT_TRUE(
+      contains(message, "unknown config key 'training.stesp'; did you mean 'training.steps'?"));
   EXPECT_TRUE(contains(message, "job.toml:3:1"));
 }
 
@@ -80,8 +80,7 @@ TEST(ConfigErrors, WrongTypeOnCommandLine) {
   EXPECT_TRUE(contains(cli_error({"--training.steps=10x"}), "expects an integer, got '10x'"));
   EXPECT_TRUE(contains(cli_error({"--training.steps=1.5"}), "expects an integer, got '1.5'"));
   EXPECT_TRUE(contains(cli_error({"--training.steps= 10"}), "expects an integer, got ' 10'"));
-  EXPECT_TRUE(contains(cli_error({"--training.steps=99999999999999999999"}),
-                       "expects an integer"));
+  EXPECT_TRUE(contains(cli_error({"--training.steps=99999999999999999999"}), "expects an integer"));
   EXPECT_TRUE(contains(cli_error({"--optimizer.lr", "fast"}),
                        "config key 'optimizer.lr' expects a number, got 'fast'"));
   EXPECT_TRUE(contains(cli_error({"--optimizer.lr=0x10"}), "expects a number, got '0x10'"));

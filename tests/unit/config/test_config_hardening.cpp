@@ -24,9 +24,9 @@ TEST(ConfigHardening, EveryFloatKeyRefusesInfAndNan) {
   for (const detail::FieldRef& field : table.fields()) {
     if (field.type != detail::FieldType::kDouble) continue;
     ++float_keys;
-    for (double bad : {std::numeric_limits<double>::infinity(),
-                       -std::numeric_limits<double>::infinity(),
-                       std::numeric_limits<double>::quiet_NaN()}) {
+    for (double bad :
+         {std::numeric_limits<double>::infinity(), -std::numeric_limits<double>::infinity(),
+          std::numeric_limits<double>::quiet_NaN()}) {
       JobConfig config;
       const detail::FieldTable edited = detail::FieldTable::of(config);
       for (const detail::FieldRef& f : edited.fields()) {
@@ -41,28 +41,35 @@ TEST(ConfigHardening, EveryFloatKeyRefusesInfAndNan) {
 }
 
 TEST(ConfigHardening, NonFiniteFromCommandLineAndToml) {
-  EXPECT_TRUE(contains(config_error([] { parse_job_config({"--optimizer.lr", "inf"}); }),
+  EXPECT_TRUE(contains(config_error([] {
+                         parse_job_config({"--optimizer.lr", "inf"});
+                       }),
                        "config key 'optimizer.lr' must be a finite number, got inf"));
   // max_norm <= 0 disables clipping; nan used to do so silently.
   EXPECT_TRUE(contains(config_error([] { parse_job_config({"--training.max_norm=nan"}); }),
                        "config key 'training.max_norm' must be a finite number, got nan"));
   TempDir dir;
   const std::string file = dir.write("bad.toml", "[optimizer]\nweight_decay = -inf\n");
-  EXPECT_TRUE(contains(config_error([&] { parse_job_config({"--job.config_file", file}); }),
+  EXPECT_TRUE(contains(config_error([&] {
+                         parse_job_config({"--job.config_file", file});
+                       }),
                        "config key 'optimizer.weight_decay' must be a finite number, got -inf"));
   EXPECT_NO_THROW(parse_job_config({"--optimizer.lr", "1e-3", "--training.max_norm", "0"}));
 }
 
 TEST(ConfigHardening, EmptyDumpFolderIsRefused) {
-  EXPECT_TRUE(contains(config_error([] { parse_job_config({"--job.dump_folder", ""}); }),
+  EXPECT_TRUE(contains(config_error([] {
+                         parse_job_config({"--job.dump_folder", ""});
+                       }),
                        "job.dump_folder is empty"));
   EXPECT_NO_THROW(parse_job_config({"--job.dump_folder", "."}));
 }
 
 TEST(ConfigHardening, ThreadCountIsCapped) {
-  EXPECT_TRUE(contains(
-      config_error([] { parse_job_config({"--training.num_threads", "100000"}); }),
-      "training.num_threads 100000 is above the cap of 1024 threads per rank"));
+  EXPECT_TRUE(contains(config_error([] {
+                         parse_job_config({"--training.num_threads", "100000"});
+                       }),
+                       "training.num_threads 100000 is above the cap of 1024 threads per rank"));
   EXPECT_NO_THROW(parse_job_config({"--training.num_threads", std::to_string(kMaxNumThreads)}));
   EXPECT_TRUE(contains(render_help("train"), "At most 1024"));
 }

@@ -76,14 +76,14 @@ TEST(ConfigValidate, FloatRanges) {
 TEST(ConfigValidate, Choices) {
   EXPECT_TRUE(contains(validation_error([](JobConfig& c) { c.optimizer.name = "SGD"; }),
                        "optimizer.name must be one of AdamW, Adam; got 'SGD'"));
-  EXPECT_TRUE(contains(
-      validation_error([](JobConfig& c) { c.optimizer.implementation = "fast"; }),
-      "optimizer.implementation must be one of fused, foreach, for-loop; got 'fast'"));
+  EXPECT_TRUE(
+      contains(validation_error([](JobConfig& c) { c.optimizer.implementation = "fast"; }),
+               "optimizer.implementation must be one of fused, foreach, for-loop; got 'fast'"));
   EXPECT_TRUE(contains(validation_error([](JobConfig& c) { c.lr_scheduler.decay_type = "exp"; }),
                        "lr_scheduler.decay_type must be one of linear, sqrt, cosine; got 'exp'"));
-  EXPECT_TRUE(contains(
-      validation_error([](JobConfig& c) { c.training.mixed_precision_param = "float16"; }),
-      "training.mixed_precision_param must be one of bfloat16, float32; got 'float16'"));
+  EXPECT_TRUE(
+      contains(validation_error([](JobConfig& c) { c.training.mixed_precision_param = "float16"; }),
+               "training.mixed_precision_param must be one of bfloat16, float32; got 'float16'"));
   EXPECT_TRUE(contains(
       validation_error([](JobConfig& c) { c.training.mixed_precision_reduce = "bfloat16"; }),
       "training.mixed_precision_reduce must be one of float32; got 'bfloat16'"));
@@ -100,24 +100,24 @@ TEST(ConfigValidate, ParallelDegrees) {
   EXPECT_TRUE(contains(
       validation_error([](JobConfig& c) { c.parallelism.data_parallel_replicate_degree = 0; }),
       "parallelism.data_parallel_replicate_degree must be >= 1, got 0"));
-  EXPECT_TRUE(contains(
-      validation_error([](JobConfig& c) { c.parallelism.data_parallel_shard_degree = 0; }),
-      "parallelism.data_parallel_shard_degree must be -1"));
+  EXPECT_TRUE(
+      contains(validation_error([](JobConfig& c) { c.parallelism.data_parallel_shard_degree = 0; }),
+               "parallelism.data_parallel_shard_degree must be -1"));
   EXPECT_TRUE(contains(
       validation_error([](JobConfig& c) { c.parallelism.data_parallel_shard_degree = -2; }),
       "got -2"));
-  EXPECT_TRUE(contains(
-      validation_error([](JobConfig& c) { c.parallelism.tensor_parallel_degree = 0; }),
-      "parallelism.tensor_parallel_degree must be >= 1, got 0"));
-  EXPECT_TRUE(contains(
-      validation_error([](JobConfig& c) { c.parallelism.pipeline_parallel_degree = 0; }),
-      "parallelism.pipeline_parallel_degree must be >= 1"));
-  EXPECT_TRUE(contains(
-      validation_error([](JobConfig& c) { c.parallelism.context_parallel_degree = -1; }),
-      "parallelism.context_parallel_degree must be >= 1"));
-  EXPECT_TRUE(contains(
-      validation_error([](JobConfig& c) { c.parallelism.expert_parallel_degree = 0; }),
-      "parallelism.expert_parallel_degree must be >= 1"));
+  EXPECT_TRUE(
+      contains(validation_error([](JobConfig& c) { c.parallelism.tensor_parallel_degree = 0; }),
+               "parallelism.tensor_parallel_degree must be >= 1, got 0"));
+  EXPECT_TRUE(
+      contains(validation_error([](JobConfig& c) { c.parallelism.pipeline_parallel_degree = 0; }),
+               "parallelism.pipeline_parallel_degree must be >= 1"));
+  EXPECT_TRUE(
+      contains(validation_error([](JobConfig& c) { c.parallelism.context_parallel_degree = -1; }),
+               "parallelism.context_parallel_degree must be >= 1"));
+  EXPECT_TRUE(
+      contains(validation_error([](JobConfig& c) { c.parallelism.expert_parallel_degree = 0; }),
+               "parallelism.expert_parallel_degree must be >= 1"));
 }
 
 TEST(ConfigValidate, GlobalBatchSizeMustBeMultipleOfLocalTimesDp) {

@@ -211,7 +211,10 @@ TEST(DataLoader, LoadStateRejectsMismatchedState) {
 }
 
 TEST(DataLoader, StateRoundTripsThroughJson) {
-  const DataLoaderState state{/*epoch=*/2, /*doc_index=*/7, /*token_offset=*/3, {5, 6, 7},
+  const DataLoaderState state{/*epoch=*/2,
+                              /*doc_index=*/7,
+                              /*token_offset=*/3,
+                              {5, 6, 7},
                               /*shuffle_seed=*/11};
   const nlohmann::json j = to_json(state);
   EXPECT_EQ(j, nlohmann::json::parse(R"({"epoch": 2, "doc_index": 7, "token_offset": 3,

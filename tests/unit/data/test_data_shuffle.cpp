@@ -118,20 +118,16 @@ TEST(DataLoaderShuffle, DataParallelSplitIsDisjointAndCompleteEachEpoch) {
 class ResumeCorpus : public ::testing::Test {
  protected:
   void SetUp() override {
-    file_ = fs::temp_directory_path() / ("titan_test_resume_" + std::to_string(getpid()) + "_" +
-                                         ::testing::UnitTest::GetInstance()
-                                             ->current_test_info()
-                                             ->name() +
-                                         ".jsonl");
+    file_ = fs::temp_directory_path() /
+            ("titan_test_resume_" + std::to_string(getpid()) + "_" +
+             ::testing::UnitTest::GetInstance()->current_test_info()->name() + ".jsonl");
     std::ofstream out(file_);
     for (int i = 0; i < 13; ++i) {
       out << "{\"text\": \"doc " << i << std::string(static_cast<size_t>(i * 3 % 11), 'x')
           << "\"}\n";
     }
   }
-  void TearDown() override {
-    fs::remove(file_);
-  }
+  void TearDown() override { fs::remove(file_); }
   fs::path file_;
 };
 

@@ -40,13 +40,11 @@ class FakeSotu : public ::testing::Test {
       texts_.push_back(text);
     }
     for (size_t i = 0; i < names_.size(); ++i) {
-      manifest_.push_back(ManifestEntry{
-          names_[i], static_cast<int64_t>(texts_[i].size()), fnv1a64(texts_[i])});
+      manifest_.push_back(
+          ManifestEntry{names_[i], static_cast<int64_t>(texts_[i].size()), fnv1a64(texts_[i])});
     }
   }
-  void TearDown() override {
-    fs::remove_all(dir_);
-  }
+  void TearDown() override { fs::remove_all(dir_); }
 
   fs::path dir_;
   std::vector<std::string> names_;  // owns the strings manifest_ views
@@ -174,18 +172,18 @@ TEST(DatasetRegistry, DefaultPathUsesTitanCache) {
 }
 
 TEST(DatasetRegistry, RegistersNewDatasets) {
-  register_dataset(DatasetSpec{
-      "test_echo", "one document holding the path", "", [](const std::string& path) {
-        return std::vector<Document>{Document{"echo", path}};
-      }});
+  register_dataset(
+      DatasetSpec{"test_echo", "one document holding the path", "", [](const std::string& path) {
+                    return std::vector<Document>{Document{"echo", path}};
+                  }});
   std::vector<Document> docs = load_dataset("test_echo", "/x/y");
   ASSERT_EQ(docs.size(), 1u);
   EXPECT_EQ(docs[0].text, "/x/y");
   EXPECT_THROW(load_dataset("test_echo", ""), ConfigError);  // no default location
-  EXPECT_THROW(register_dataset(DatasetSpec{"test_echo", "", "", [](const std::string&) {
-                 return std::vector<Document>{};
-               }}),
-               ConfigError);
+  EXPECT_THROW(
+      register_dataset(DatasetSpec{"test_echo", "", "",
+                                   [](const std::string&) { return std::vector<Document>{}; }}),
+      ConfigError);
 }
 
 TEST(SotuCorpus, RealCorpusSplitsAreDisjointAndComplete) {
@@ -209,9 +207,8 @@ TEST(SotuCorpus, RealCorpusSplitsAreDisjointAndComplete) {
   }
   EXPECT_EQ(names.size(), 233u);
   EXPECT_EQ(train.front().name, "1790_george_washington_n.txt");
-  EXPECT_TRUE(std::is_sorted(train.begin(), train.end(), [](const Document& a, const Document& b) {
-    return a.name < b.name;
-  }));
+  EXPECT_TRUE(std::is_sorted(train.begin(), train.end(),
+                             [](const Document& a, const Document& b) { return a.name < b.name; }));
 }
 
 }  // namespace

@@ -33,15 +33,9 @@ std::vector<std::string> texts_of(const DocumentSource& source) {
 
 class CorpusDir : public ::testing::Test {
  protected:
-  void SetUp() override {
-    dir_ = test::fresh_test_dir("titan_test_corpus");
-  }
-  void TearDown() override {
-    fs::remove_all(dir_);
-  }
-  std::string path(const std::string& name) const {
-    return (dir_ / name).string();
-  }
+  void SetUp() override { dir_ = test::fresh_test_dir("titan_test_corpus"); }
+  void TearDown() override { fs::remove_all(dir_); }
+  std::string path(const std::string& name) const { return (dir_ / name).string(); }
   fs::path dir_;
 };
 

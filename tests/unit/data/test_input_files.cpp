@@ -65,8 +65,8 @@ TEST_F(InputFiles, FileKindsAreNamedWithoutOpening) {
 }
 
 TEST_F(InputFiles, CorporaRefuseFifosAndDevicesInEveryFormat) {
-  for (const CorpusFormat format : {CorpusFormat::kText, CorpusFormat::kJsonl,
-                                    CorpusFormat::kTokens, CorpusFormat::kAuto}) {
+  for (const CorpusFormat format :
+       {CorpusFormat::kText, CorpusFormat::kJsonl, CorpusFormat::kTokens, CorpusFormat::kAuto}) {
     expect_data_error([&] { open_corpus(fifo_, format); }, {"pipe.jsonl", "FIFO (named pipe)"});
   }
   // Before: a jsonl reader read /dev/zero as one endless line.
@@ -88,12 +88,13 @@ TEST_F(InputFiles, TokenizerFilesRefuseFifosAndDevices) {
 
 TEST(Utf8, FindsTheFirstInvalidByte) {
   EXPECT_EQ(find_invalid_utf8(""), std::string_view::npos);
-  EXPECT_EQ(find_invalid_utf8("plain \xC3\xA9 \xE4\xB8\x96 \xF0\x9F\x98\x80"), std::string_view::npos);
+  EXPECT_EQ(find_invalid_utf8("plain \xC3\xA9 \xE4\xB8\x96 \xF0\x9F\x98\x80"),
+            std::string_view::npos);
   EXPECT_EQ(find_invalid_utf8("ab\xFF"), 2u);
-  EXPECT_EQ(find_invalid_utf8("ab\xC3"), 2u);              // truncated at the end
-  EXPECT_EQ(find_invalid_utf8("a\xC0\xAF"), 1u);            // overlong '/'
-  EXPECT_EQ(find_invalid_utf8("a\xED\xA0\x80"), 1u);        // a surrogate
-  EXPECT_EQ(find_invalid_utf8("\xE4\xB8\x96\x80"), 3u);     // a stray continuation byte
+  EXPECT_EQ(find_invalid_utf8("ab\xC3"), 2u);            // truncated at the end
+  EXPECT_EQ(find_invalid_utf8("a\xC0\xAF"), 1u);         // overlong '/'
+  EXPECT_EQ(find_invalid_utf8("a\xED\xA0\x80"), 1u);     // a surrogate
+  EXPECT_EQ(find_invalid_utf8("\xE4\xB8\x96\x80"), 3u);  // a stray continuation byte
 }
 
 TEST_F(InputFiles, InvalidUtf8IsRefusedInTextAsInJsonLinesWithItsOffset) {
@@ -138,8 +139,9 @@ TEST(TokenizerIdentity, VocabularyMustFitTheModel) {
   } catch (const ConfigError& e) {
     msg = e.what();
   }
-  EXPECT_EQ(msg, "tokenizer vocab 258 exceeds the model's vocab_size 257 for flavor 'x'; "
-                 "pick another");
+  EXPECT_EQ(msg,
+            "tokenizer vocab 258 exceeds the model's vocab_size 257 for flavor 'x'; "
+            "pick another");
 }
 
 // A small BPE trained on `text` with `vocab_size` ids, written to dir/tokenizer.json.

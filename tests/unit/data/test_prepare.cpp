@@ -37,12 +37,8 @@ int64_t resident_bytes() {
 
 class PrepareDir : public ::testing::Test {
  protected:
-  void SetUp() override {
-    dir_ = test::fresh_test_dir("titan_test_prepare");
-  }
-  void TearDown() override {
-    fs::remove_all(dir_);
-  }
+  void SetUp() override { dir_ = test::fresh_test_dir("titan_test_prepare"); }
+  void TearDown() override { fs::remove_all(dir_); }
   fs::path dir_;
 };
 
@@ -67,10 +63,10 @@ TEST_F(PrepareDir, ShardsReadBackAsTheSameTokenStream) {
   EXPECT_EQ(static_cast<int64_t>(stats.shard_paths.size()), stats.shards);
   EXPECT_EQ(fs::path(stats.shard_paths[0]).filename(), "shard_00000.bin");
 
-  auto text = open_text_corpus(
-      {(dir_ / "in" / "a.txt").string(), (dir_ / "in" / "b" / "c.jsonl").string(),
-       (dir_ / "extra.txt").string()},
-      "body");
+  auto text =
+      open_text_corpus({(dir_ / "in" / "a.txt").string(), (dir_ / "in" / "b" / "c.jsonl").string(),
+                        (dir_ / "extra.txt").string()},
+                       "body");
   auto tokens = open_corpus(options.output_dir, CorpusFormat::kTokens);
   ASSERT_EQ(tokens->size(), text->size());
   EXPECT_EQ(tokens->token_vocab_size(), tok.vocab_size());

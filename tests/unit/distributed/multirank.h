@@ -17,8 +17,8 @@
 
 namespace titan::test {
 
-inline dist::GroupOptions loopback_options(std::chrono::milliseconds timeout =
-                                               std::chrono::seconds(20)) {
+inline dist::GroupOptions loopback_options(
+    std::chrono::milliseconds timeout = std::chrono::seconds(20)) {
   dist::GroupOptions o;
   o.gloo_hostname = "127.0.0.1";
   o.timeout = timeout;

@@ -82,81 +82,91 @@ class CommTest : public ::testing::TestWithParam<std::tuple<int, bool, bool>> {
 
 TEST_P(CommTest, AllReduceEveryOpAndDtype) {
   const int size = world_size();
-  run_ranks(size, [&](int rank, std::shared_ptr<dist::Group> g) {
-    EXPECT_EQ(g->rank(), rank);
-    EXPECT_EQ(g->size(), size);
-    const std::vector<int64_t> shape{5, 7};
-    for (auto dtype : {at::kFloat, at::kBFloat16, at::kHalf, at::kLong, at::kInt}) {
-      for (auto op : {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMax, ReduceOp::kMin}) {
-        if (op == ReduceOp::kAvg && !at::isFloatingType(dtype)) continue;
-        at::Tensor t = input_for(rank, shape, dtype);
-        g->all_reduce(t, op).wait();
-        at::Tensor expected = reference_reduce(size, shape, dtype, op);
-        if (!at::isFloatingType(dtype)) expected = expected.to(dtype);
-        expect_close(t, expected,
-                     std::string("all_reduce ") + c10::toString(dtype) + " " + dist::to_string(op),
-                     roundings());
-        EXPECT_EQ(t.scalar_type(), dtype);
-      }
-    }
-  }, options());
+  run_ranks(
+      size,
+      [&](int rank, std::shared_ptr<dist::Group> g) {
+        EXPECT_EQ(g->rank(), rank);
+        EXPECT_EQ(g->size(), size);
+        const std::vector<int64_t> shape{5, 7};
+        for (auto dtype : {at::kFloat, at::kBFloat16, at::kHalf, at::kLong, at::kInt}) {
+          for (auto op : {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMax, ReduceOp::kMin}) {
+            if (op == ReduceOp::kAvg && !at::isFloatingType(dtype)) continue;
+            at::Tensor t = input_for(rank, shape, dtype);
+            g->all_reduce(t, op).wait();
+            at::Tensor expected = reference_reduce(size, shape, dtype, op);
+            if (!at::isFloatingType(dtype)) expected = expected.to(dtype);
+            expect_close(
+                t, expected,
+                std::string("all_reduce ") + c10::toString(dtype) + " " + dist::to_string(op),
+                roundings());
+            EXPECT_EQ(t.scalar_type(), dtype);
+          }
+        }
+      },
+      options());
 }
 
 TEST_P(CommTest, AllGatherIntoTensorFlatAndStacked) {
   const int size = world_size();
-  run_ranks(size, [&](int rank, std::shared_ptr<dist::Group> g) {
-    for (auto dtype : {at::kFloat, at::kBFloat16, at::kLong, at::kBool}) {
-      at::Tensor in = input_for(rank, {3, 4}, dtype);
-      std::vector<at::Tensor> parts;
-      for (int r = 0; r < size; ++r) parts.push_back(input_for(r, {3, 4}, dtype));
+  run_ranks(
+      size,
+      [&](int rank, std::shared_ptr<dist::Group> g) {
+        for (auto dtype : {at::kFloat, at::kBFloat16, at::kLong, at::kBool}) {
+          at::Tensor in = input_for(rank, {3, 4}, dtype);
+          std::vector<at::Tensor> parts;
+          for (int r = 0; r < size; ++r) parts.push_back(input_for(r, {3, 4}, dtype));
 
-      at::Tensor flat = at::empty({size * 3, 4}, in.options());
-      g->all_gather_into_tensor(flat, in).wait();
-      EXPECT_TRUE(at::equal(flat, at::cat(parts))) << "flat " << dtype;  // bit-exact, even bf16
+          at::Tensor flat = at::empty({size * 3, 4}, in.options());
+          g->all_gather_into_tensor(flat, in).wait();
+          EXPECT_TRUE(at::equal(flat, at::cat(parts))) << "flat " << dtype;  // bit-exact, even bf16
 
-      at::Tensor stacked = at::empty({size, 3, 4}, in.options());
-      dist::Work w = g->all_gather_into_tensor(stacked, in);
-      EXPECT_FALSE(w.done());
-      w.wait();
-      EXPECT_TRUE(w.done());
-      w.wait();  // idempotent
-      EXPECT_TRUE(at::equal(stacked, at::stack(parts))) << "stacked " << dtype;
-    }
-    // The input may be this rank's slice of the output (FSDP gathers in place).
-    at::Tensor out = at::zeros({size * 6}, at::kFloat);
-    out.narrow(0, rank * 6, 6).copy_(input_for(rank, {6}, at::kFloat));
-    g->all_gather_into_tensor(out, out.narrow(0, rank * 6, 6)).wait();
-    std::vector<at::Tensor> parts;
-    for (int r = 0; r < size; ++r) parts.push_back(input_for(r, {6}, at::kFloat));
-    EXPECT_TRUE(at::equal(out, at::cat(parts)));
-  }, options());
+          at::Tensor stacked = at::empty({size, 3, 4}, in.options());
+          dist::Work w = g->all_gather_into_tensor(stacked, in);
+          EXPECT_FALSE(w.done());
+          w.wait();
+          EXPECT_TRUE(w.done());
+          w.wait();  // idempotent
+          EXPECT_TRUE(at::equal(stacked, at::stack(parts))) << "stacked " << dtype;
+        }
+        // The input may be this rank's slice of the output (FSDP gathers in place).
+        at::Tensor out = at::zeros({size * 6}, at::kFloat);
+        out.narrow(0, rank * 6, 6).copy_(input_for(rank, {6}, at::kFloat));
+        g->all_gather_into_tensor(out, out.narrow(0, rank * 6, 6)).wait();
+        std::vector<at::Tensor> parts;
+        for (int r = 0; r < size; ++r) parts.push_back(input_for(r, {6}, at::kFloat));
+        EXPECT_TRUE(at::equal(out, at::cat(parts)));
+      },
+      options());
 }
 
 TEST_P(CommTest, ReduceScatterTensorEveryOpAndDtype) {
   const int size = world_size();
-  run_ranks(size, [&](int rank, std::shared_ptr<dist::Group> g) {
-    for (auto dtype : {at::kFloat, at::kBFloat16, at::kLong}) {
-      for (auto op : {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMax, ReduceOp::kMin}) {
-        if (op == ReduceOp::kAvg && dtype == at::kLong) continue;
-        at::Tensor in = input_for(rank, {size * 3, 4}, dtype);
-        at::Tensor out = at::empty({3, 4}, in.options());
-        g->reduce_scatter_tensor(out, in, op).wait();
-        at::Tensor expected =
-            reference_reduce(size, {size * 3, 4}, dtype, op).narrow(0, rank * 3, 3);
-        if (dtype == at::kLong) expected = expected.to(dtype);
-        expect_close(out, expected,
-                     std::string("reduce_scatter ") + c10::toString(dtype) + " " +
-                         dist::to_string(op),
-                     roundings());
-      }
-    }
-    // The stacked form: input (size, n).
-    at::Tensor in = input_for(rank, {size, 5}, at::kFloat);
-    at::Tensor out = at::empty({5}, at::kFloat);
-    g->reduce_scatter_tensor(out, in).wait();
-    expect_close(out, reference_reduce(size, {size, 5}, at::kFloat, ReduceOp::kSum)[rank],
-                 "reduce_scatter stacked");
-  }, options());
+  run_ranks(
+      size,
+      [&](int rank, std::shared_ptr<dist::Group> g) {
+        for (auto dtype : {at::kFloat, at::kBFloat16, at::kLong}) {
+          for (auto op : {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMax, ReduceOp::kMin}) {
+            if (op == ReduceOp::kAvg && dtype == at::kLong) continue;
+            at::Tensor in = input_for(rank, {size * 3, 4}, dtype);
+            at::Tensor out = at::empty({3, 4}, in.options());
+            g->reduce_scatter_tensor(out, in, op).wait();
+            at::Tensor expected =
+                reference_reduce(size, {size * 3, 4}, dtype, op).narrow(0, rank * 3, 3);
+            if (dtype == at::kLong) expected = expected.to(dtype);
+            expect_close(
+                out, expected,
+                std::string("reduce_scatter ") + c10::toString(dtype) + " " + dist::to_string(op),
+                roundings());
+          }
+        }
+        // The stacked form: input (size, n).
+        at::Tensor in = input_for(rank, {size, 5}, at::kFloat);
+        at::Tensor out = at::empty({5}, at::kFloat);
+        g->reduce_scatter_tensor(out, in).wait();
+        expect_close(out, reference_reduce(size, {size, 5}, at::kFloat, ReduceOp::kSum)[rank],
+                     "reduce_scatter stacked");
+      },
+      options());
 }
 
 // Rows sent from rank i to rank j: uneven, sometimes zero.
@@ -170,68 +180,74 @@ at::Tensor tagged_rows(int src, int dst, int64_t rows, int64_t cols, at::ScalarT
 
 TEST_P(CommTest, AllToAllSingleUnevenAndEqualSplits) {
   const int size = world_size();
-  run_ranks(size, [&](int rank, std::shared_ptr<dist::Group> g) {
-    const int64_t cols = 3;
-    for (auto dtype : {at::kFloat, at::kBFloat16, at::kLong}) {
-      std::vector<int64_t> in_splits, out_splits;
-      std::vector<at::Tensor> send_parts, expect_parts;
-      for (int j = 0; j < size; ++j) {
-        in_splits.push_back(rows_between(rank, j));
-        out_splits.push_back(rows_between(j, rank));
-        send_parts.push_back(tagged_rows(rank, j, rows_between(rank, j), cols, dtype));
-        expect_parts.push_back(tagged_rows(j, rank, rows_between(j, rank), cols, dtype));
-      }
-      at::Tensor in = at::cat(send_parts);
-      at::Tensor expected = at::cat(expect_parts);
-      at::Tensor out = at::full(expected.sizes(), -1, in.options());
-      g->all_to_all_single(out, in, out_splits, in_splits).wait();
-      EXPECT_TRUE(at::equal(out, expected)) << "uneven " << dtype;
+  run_ranks(
+      size,
+      [&](int rank, std::shared_ptr<dist::Group> g) {
+        const int64_t cols = 3;
+        for (auto dtype : {at::kFloat, at::kBFloat16, at::kLong}) {
+          std::vector<int64_t> in_splits, out_splits;
+          std::vector<at::Tensor> send_parts, expect_parts;
+          for (int j = 0; j < size; ++j) {
+            in_splits.push_back(rows_between(rank, j));
+            out_splits.push_back(rows_between(j, rank));
+            send_parts.push_back(tagged_rows(rank, j, rows_between(rank, j), cols, dtype));
+            expect_parts.push_back(tagged_rows(j, rank, rows_between(j, rank), cols, dtype));
+          }
+          at::Tensor in = at::cat(send_parts);
+          at::Tensor expected = at::cat(expect_parts);
+          at::Tensor out = at::full(expected.sizes(), -1, in.options());
+          g->all_to_all_single(out, in, out_splits, in_splits).wait();
+          EXPECT_TRUE(at::equal(out, expected)) << "uneven " << dtype;
 
-      // Equal splits: no split vectors, two rows per peer.
-      std::vector<at::Tensor> eq_send, eq_expect;
-      for (int j = 0; j < size; ++j) {
-        eq_send.push_back(tagged_rows(rank, j, 2, cols, dtype));
-        eq_expect.push_back(tagged_rows(j, rank, 2, cols, dtype));
-      }
-      at::Tensor eq_out = at::empty({2 * size, cols}, in.options());
-      g->all_to_all_single(eq_out, at::cat(eq_send)).wait();
-      EXPECT_TRUE(at::equal(eq_out, at::cat(eq_expect))) << "equal " << dtype;
-    }
-  }, options());
+          // Equal splits: no split vectors, two rows per peer.
+          std::vector<at::Tensor> eq_send, eq_expect;
+          for (int j = 0; j < size; ++j) {
+            eq_send.push_back(tagged_rows(rank, j, 2, cols, dtype));
+            eq_expect.push_back(tagged_rows(j, rank, 2, cols, dtype));
+          }
+          at::Tensor eq_out = at::empty({2 * size, cols}, in.options());
+          g->all_to_all_single(eq_out, at::cat(eq_send)).wait();
+          EXPECT_TRUE(at::equal(eq_out, at::cat(eq_expect))) << "equal " << dtype;
+        }
+      },
+      options());
 }
 
 TEST_P(CommTest, BroadcastSendRecvBarrier) {
   const int size = world_size();
-  run_ranks(size, [&](int rank, std::shared_ptr<dist::Group> g) {
-    const int root = size - 1;
-    for (auto dtype : {at::kFloat, at::kBFloat16, at::kLong, at::kBool}) {
-      at::Tensor t = rank == root ? input_for(root, {4, 3}, dtype) : at::zeros({4, 3}, dtype);
-      g->broadcast(t, root).wait();
-      EXPECT_TRUE(at::equal(t, input_for(root, {4, 3}, dtype))) << "broadcast " << dtype;
-    }
-    // A ring: send to the next rank, receive from the previous one; both issued before waiting.
-    const int next = (rank + 1) % size;
-    const int prev = (rank + size - 1) % size;
-    for (auto dtype : {at::kFloat, at::kBFloat16}) {
-      at::Tensor out = input_for(rank, {8}, dtype);
-      at::Tensor in = at::empty({8}, dtype);
-      dist::Work s = g->send(out, next, /*tag=*/3);
-      dist::Work r = g->recv(in, prev, /*tag=*/3);
-      s.wait();
-      r.wait();
-      EXPECT_TRUE(at::equal(in, input_for(prev, {8}, dtype))) << "recv " << dtype;
-    }
-    g->barrier().wait();
-    // Several ops in flight at once, waited in issue order.
-    at::Tensor a = at::full({16}, rank + 1.0);
-    at::Tensor b = at::full({16}, 2.0 * (rank + 1));
-    dist::Work wa = g->all_reduce(a);
-    dist::Work wb = g->all_reduce(b, ReduceOp::kMax);
-    wa.wait();
-    wb.wait();
-    EXPECT_TRUE(at::equal(a, at::full({16}, size * (size + 1) / 2.0)));
-    EXPECT_TRUE(at::equal(b, at::full({16}, 2.0 * size)));
-  }, options());
+  run_ranks(
+      size,
+      [&](int rank, std::shared_ptr<dist::Group> g) {
+        const int root = size - 1;
+        for (auto dtype : {at::kFloat, at::kBFloat16, at::kLong, at::kBool}) {
+          at::Tensor t = rank == root ? input_for(root, {4, 3}, dtype) : at::zeros({4, 3}, dtype);
+          g->broadcast(t, root).wait();
+          EXPECT_TRUE(at::equal(t, input_for(root, {4, 3}, dtype))) << "broadcast " << dtype;
+        }
+        // A ring: send to the next rank, receive from the previous one; both issued before waiting.
+        const int next = (rank + 1) % size;
+        const int prev = (rank + size - 1) % size;
+        for (auto dtype : {at::kFloat, at::kBFloat16}) {
+          at::Tensor out = input_for(rank, {8}, dtype);
+          at::Tensor in = at::empty({8}, dtype);
+          dist::Work s = g->send(out, next, /*tag=*/3);
+          dist::Work r = g->recv(in, prev, /*tag=*/3);
+          s.wait();
+          r.wait();
+          EXPECT_TRUE(at::equal(in, input_for(prev, {8}, dtype))) << "recv " << dtype;
+        }
+        g->barrier().wait();
+        // Several ops in flight at once, waited in issue order.
+        at::Tensor a = at::full({16}, rank + 1.0);
+        at::Tensor b = at::full({16}, 2.0 * (rank + 1));
+        dist::Work wa = g->all_reduce(a);
+        dist::Work wb = g->all_reduce(b, ReduceOp::kMax);
+        wa.wait();
+        wb.wait();
+        EXPECT_TRUE(at::equal(a, at::full({16}, size * (size + 1) / 2.0)));
+        EXPECT_TRUE(at::equal(b, at::full({16}, 2.0 * size)));
+      },
+      options());
 }
 
 INSTANTIATE_TEST_SUITE_P(WorldSizes, CommTest,
@@ -272,11 +288,14 @@ TEST(Comm, DeviceFromGlooSocketIfname) {
   dist::GroupOptions options = test::loopback_options();
   options.gloo_hostname = "";
   ::setenv("GLOO_SOCKET_IFNAME", "lo", /*overwrite=*/1);
-  run_ranks(2, [&](int rank, std::shared_ptr<dist::Group> g) {
-    at::Tensor t = at::full({4}, rank + 1.0);
-    g->all_reduce(t).wait();
-    EXPECT_TRUE(at::equal(t, at::full({4}, 3.0)));
-  }, options);
+  run_ranks(
+      2,
+      [&](int rank, std::shared_ptr<dist::Group> g) {
+        at::Tensor t = at::full({4}, rank + 1.0);
+        g->all_reduce(t).wait();
+        EXPECT_TRUE(at::equal(t, at::full({4}, 3.0)));
+      },
+      options);
   ::unsetenv("GLOO_SOCKET_IFNAME");
 }
 

@@ -52,9 +52,13 @@ TEST(LaunchEnv, NoLauncherIsOneProcess) {
 }
 
 TEST(LaunchEnv, TitanRunChild) {
-  LaunchEnv e = detect_launch_env(fake({{"RANK", "5"}, {"LOCAL_RANK", "1"}, {"WORLD_SIZE", "8"},
-                                        {"LOCAL_WORLD_SIZE", "4"}, {"GROUP_RANK", "1"},
-                                        {"MASTER_ADDR", "node0"}, {"MASTER_PORT", "29600"},
+  LaunchEnv e = detect_launch_env(fake({{"RANK", "5"},
+                                        {"LOCAL_RANK", "1"},
+                                        {"WORLD_SIZE", "8"},
+                                        {"LOCAL_WORLD_SIZE", "4"},
+                                        {"GROUP_RANK", "1"},
+                                        {"MASTER_ADDR", "node0"},
+                                        {"MASTER_PORT", "29600"},
                                         {"TITAN_RUN", "1"}}));
   EXPECT_EQ(e.source, "titan run");
   EXPECT_EQ(e.rank, 5);
@@ -69,9 +73,13 @@ TEST(LaunchEnv, TitanRunChild) {
 }
 
 TEST(LaunchEnv, Torchrun) {
-  LaunchEnv e = detect_launch_env(fake({{"RANK", "2"}, {"LOCAL_RANK", "2"}, {"WORLD_SIZE", "4"},
-                                        {"LOCAL_WORLD_SIZE", "4"}, {"GROUP_RANK", "0"},
-                                        {"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", "29500"},
+  LaunchEnv e = detect_launch_env(fake({{"RANK", "2"},
+                                        {"LOCAL_RANK", "2"},
+                                        {"WORLD_SIZE", "4"},
+                                        {"LOCAL_WORLD_SIZE", "4"},
+                                        {"GROUP_RANK", "0"},
+                                        {"MASTER_ADDR", "127.0.0.1"},
+                                        {"MASTER_PORT", "29500"},
                                         {"TORCHELASTIC_RUN_ID", "none"}}));
   EXPECT_EQ(e.source, "torchrun");
   EXPECT_EQ(e.rank, 2);
@@ -79,8 +87,11 @@ TEST(LaunchEnv, Torchrun) {
 }
 
 TEST(LaunchEnv, TorchrunAgentStore) {
-  LaunchEnv e = detect_launch_env(fake({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "h"},
-                                        {"MASTER_PORT", "29400"}, {"TORCHELASTIC_RUN_ID", "x"},
+  LaunchEnv e = detect_launch_env(fake({{"RANK", "0"},
+                                        {"WORLD_SIZE", "2"},
+                                        {"MASTER_ADDR", "h"},
+                                        {"MASTER_PORT", "29400"},
+                                        {"TORCHELASTIC_RUN_ID", "x"},
                                         {"TORCHELASTIC_USE_AGENT_STORE", "True"},
                                         {"TORCHELASTIC_RESTART_COUNT", "3"}}));
   EXPECT_TRUE(e.agent_store);
@@ -88,7 +99,8 @@ TEST(LaunchEnv, TorchrunAgentStore) {
 }
 
 TEST(LaunchEnv, HandWrittenEnvDefaultsToOneNode) {
-  LaunchEnv e = detect_launch_env(fake({{"RANK", "1"}, {"WORLD_SIZE", "2"}, {"MASTER_PORT", "1234"}}));
+  LaunchEnv e =
+      detect_launch_env(fake({{"RANK", "1"}, {"WORLD_SIZE", "2"}, {"MASTER_PORT", "1234"}}));
   EXPECT_EQ(e.source, "env");
   EXPECT_EQ(e.local_rank, 1);
   EXPECT_EQ(e.local_world_size, 2);
@@ -97,44 +109,53 @@ TEST(LaunchEnv, HandWrittenEnvDefaultsToOneNode) {
 }
 
 TEST(LaunchEnv, TorchStyleErrorsNameTheVariable) {
-  EXPECT_TRUE(contains(config_error([] { detect_launch_env(fake({{"RANK", "0"}})); }),
+  EXPECT_TRUE(contains(config_error([] {
+                         detect_launch_env(fake({{"RANK", "0"}}));
+                       }),
                        "WORLD_SIZE is not set"));
-  EXPECT_TRUE(contains(config_error([] { detect_launch_env(fake({{"WORLD_SIZE", "2"}})); }),
+  EXPECT_TRUE(contains(config_error([] {
+                         detect_launch_env(fake({{"WORLD_SIZE", "2"}}));
+                       }),
                        "RANK is not set"));
   EXPECT_TRUE(contains(config_error([] {
                          detect_launch_env(fake({{"RANK", "x1"}, {"WORLD_SIZE", "2"}}));
                        }),
                        "RANK='x1' is not an integer"));
-  EXPECT_TRUE(contains(config_error([] {
-                         detect_launch_env(fake({{"RANK", "4"}, {"WORLD_SIZE", "4"},
-                                                 {"MASTER_PORT", "1"}}));
-                       }),
-                       "RANK=4 is not in [0, WORLD_SIZE=4)"));
+  EXPECT_TRUE(contains(
+      config_error([] {
+        detect_launch_env(fake({{"RANK", "4"}, {"WORLD_SIZE", "4"}, {"MASTER_PORT", "1"}}));
+      }),
+      "RANK=4 is not in [0, WORLD_SIZE=4)"));
   EXPECT_TRUE(contains(config_error([] {
                          detect_launch_env(fake({{"RANK", "0"}, {"WORLD_SIZE", "2"}}));
                        }),
                        "MASTER_PORT is not set"));
+  EXPECT_TRUE(contains(
+      config_error([] {
+        detect_launch_env(fake(
+            {{"RANK", "0"}, {"WORLD_SIZE", "4"}, {"LOCAL_WORLD_SIZE", "2"}, {"MASTER_PORT", "1"}}));
+      }),
+      "MASTER_ADDR is not set"));
   EXPECT_TRUE(contains(config_error([] {
-                         detect_launch_env(fake({{"RANK", "0"}, {"WORLD_SIZE", "4"},
-                                                 {"LOCAL_WORLD_SIZE", "2"}, {"MASTER_PORT", "1"}}));
-                       }),
-                       "MASTER_ADDR is not set"));
-  EXPECT_TRUE(contains(config_error([] {
-                         detect_launch_env(fake({{"RANK", "0"}, {"WORLD_SIZE", "2"},
-                                                 {"LOCAL_RANK", "2"}, {"LOCAL_WORLD_SIZE", "2"},
+                         detect_launch_env(fake({{"RANK", "0"},
+                                                 {"WORLD_SIZE", "2"},
+                                                 {"LOCAL_RANK", "2"},
+                                                 {"LOCAL_WORLD_SIZE", "2"},
                                                  {"MASTER_PORT", "1"}}));
                        }),
                        "LOCAL_RANK=2 is not in [0, LOCAL_WORLD_SIZE=2)"));
-  EXPECT_TRUE(contains(config_error([] {
-                         detect_launch_env(fake({{"RANK", "0"}, {"WORLD_SIZE", "2"},
-                                                 {"MASTER_PORT", "70000"}}));
-                       }),
-                       "MASTER_PORT=70000"));
+  EXPECT_TRUE(contains(
+      config_error([] {
+        detect_launch_env(fake({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_PORT", "70000"}}));
+      }),
+      "MASTER_PORT=70000"));
 }
 
 TEST(LaunchEnv, Slurm) {
-  LaunchEnv e = detect_launch_env(fake({{"SLURM_PROCID", "9"}, {"SLURM_NTASKS", "16"},
-                                        {"SLURM_LOCALID", "1"}, {"SLURM_NODEID", "1"},
+  LaunchEnv e = detect_launch_env(fake({{"SLURM_PROCID", "9"},
+                                        {"SLURM_NTASKS", "16"},
+                                        {"SLURM_LOCALID", "1"},
+                                        {"SLURM_NODEID", "1"},
                                         {"SLURM_STEP_TASKS_PER_NODE", "8(x2)"},
                                         {"SLURM_JOB_NODELIST", "gpu[007-008]"},
                                         {"SLURM_JOB_ID", "123456"}}));
@@ -149,10 +170,13 @@ TEST(LaunchEnv, Slurm) {
 }
 
 TEST(LaunchEnv, SlurmMasterOverridesAndUnevenNodes) {
-  LaunchEnv e = detect_launch_env(fake({{"SLURM_PROCID", "4"}, {"SLURM_NTASKS", "5"},
-                                        {"SLURM_LOCALID", "0"}, {"SLURM_NODEID", "2"},
+  LaunchEnv e = detect_launch_env(fake({{"SLURM_PROCID", "4"},
+                                        {"SLURM_NTASKS", "5"},
+                                        {"SLURM_LOCALID", "0"},
+                                        {"SLURM_NODEID", "2"},
                                         {"SLURM_TASKS_PER_NODE", "2(x2),1"},
-                                        {"SLURM_NODELIST", "a,b,c"}, {"MASTER_ADDR", "10.0.0.1"},
+                                        {"SLURM_NODELIST", "a,b,c"},
+                                        {"MASTER_ADDR", "10.0.0.1"},
                                         {"MASTER_PORT", "29999"}}));
   EXPECT_EQ(e.local_world_size, 1);
   EXPECT_EQ(e.master_addr, "10.0.0.1");
@@ -160,31 +184,39 @@ TEST(LaunchEnv, SlurmMasterOverridesAndUnevenNodes) {
 }
 
 TEST(LaunchEnv, SlurmErrors) {
-  EXPECT_TRUE(contains(config_error([] { detect_launch_env(fake({{"SLURM_PROCID", "0"}})); }),
+  EXPECT_TRUE(contains(config_error([] {
+                         detect_launch_env(fake({{"SLURM_PROCID", "0"}}));
+                       }),
                        "SLURM_NTASKS is not set"));
   EXPECT_TRUE(contains(config_error([] {
                          detect_launch_env(fake({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "2"}}));
                        }),
                        "SLURM_LOCALID is not set"));
+  EXPECT_TRUE(
+      contains(config_error([] {
+                 detect_launch_env(
+                     fake({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "2"}, {"SLURM_LOCALID", "0"}}));
+               }),
+               "SLURM_JOB_NODELIST is not set"));
   EXPECT_TRUE(contains(config_error([] {
-                         detect_launch_env(fake({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "2"},
-                                                 {"SLURM_LOCALID", "0"}}));
-                       }),
-                       "SLURM_JOB_NODELIST is not set"));
-  EXPECT_TRUE(contains(config_error([] {
-                         detect_launch_env(fake({{"SLURM_PROCID", "3"}, {"SLURM_NTASKS", "2"},
-                                                 {"SLURM_LOCALID", "0"}, {"SLURM_NODELIST", "n1"}}));
+                         detect_launch_env(fake({{"SLURM_PROCID", "3"},
+                                                 {"SLURM_NTASKS", "2"},
+                                                 {"SLURM_LOCALID", "0"},
+                                                 {"SLURM_NODELIST", "n1"}}));
                        }),
                        "SLURM_PROCID=3 is not in [0, SLURM_NTASKS=2)"));
   EXPECT_TRUE(contains(config_error([] {
-                         detect_launch_env(fake({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "2"},
-                                                 {"SLURM_LOCALID", "0"}, {"SLURM_NODEID", "3"},
+                         detect_launch_env(fake({{"SLURM_PROCID", "0"},
+                                                 {"SLURM_NTASKS", "2"},
+                                                 {"SLURM_LOCALID", "0"},
+                                                 {"SLURM_NODEID", "3"},
                                                  {"SLURM_TASKS_PER_NODE", "1(x2)"},
                                                  {"SLURM_NODELIST", "n[1-2]"}}));
                        }),
                        "SLURM_NODEID=3 but SLURM_TASKS_PER_NODE='1(x2)' lists 2 node(s)"));
   EXPECT_TRUE(contains(config_error([] {
-                         detect_launch_env(fake({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "2"},
+                         detect_launch_env(fake({{"SLURM_PROCID", "0"},
+                                                 {"SLURM_NTASKS", "2"},
                                                  {"SLURM_LOCALID", "0"},
                                                  {"SLURM_JOB_NODELIST", "n[1-2"}}));
                        }),
@@ -192,7 +224,8 @@ TEST(LaunchEnv, SlurmErrors) {
 }
 
 TEST(LaunchEnv, OpenMpi) {
-  LaunchEnv e = detect_launch_env(fake({{"OMPI_COMM_WORLD_RANK", "3"}, {"OMPI_COMM_WORLD_SIZE", "4"},
+  LaunchEnv e = detect_launch_env(fake({{"OMPI_COMM_WORLD_RANK", "3"},
+                                        {"OMPI_COMM_WORLD_SIZE", "4"},
                                         {"OMPI_COMM_WORLD_LOCAL_RANK", "1"},
                                         {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"},
                                         {"MASTER_ADDR", "host0"}}));
@@ -217,19 +250,24 @@ TEST(LaunchEnv, OpenMpi) {
 
 TEST(LaunchEnv, TorchVariablesWinOverSlurm) {
   // `titan run` (or torchrun) inside an allocation: the children's RANK describes them.
-  LaunchEnv e = detect_launch_env(fake({{"RANK", "1"}, {"WORLD_SIZE", "2"}, {"MASTER_PORT", "5"},
-                                        {"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "1"}}));
+  LaunchEnv e = detect_launch_env(fake({{"RANK", "1"},
+                                        {"WORLD_SIZE", "2"},
+                                        {"MASTER_PORT", "5"},
+                                        {"SLURM_PROCID", "0"},
+                                        {"SLURM_NTASKS", "1"}}));
   EXPECT_EQ(e.source, "env");
   EXPECT_EQ(e.rank, 1);
 }
 
 TEST(Hostlist, Expands) {
   using V = std::vector<std::string>;
-  EXPECT_EQ(expand_hostlist("node[01-03,07],gpu5"), (V{"node01", "node02", "node03", "node07", "gpu5"}));
+  EXPECT_EQ(expand_hostlist("node[01-03,07],gpu5"),
+            (V{"node01", "node02", "node03", "node07", "gpu5"}));
   EXPECT_EQ(expand_hostlist("single"), (V{"single"}));
   EXPECT_EQ(expand_hostlist("n[8-11]"), (V{"n8", "n9", "n10", "n11"}));
   EXPECT_EQ(expand_hostlist("n[098-100]"), (V{"n098", "n099", "n100"}));
-  EXPECT_EQ(expand_hostlist("rack[1-2]-n[1,3]"), (V{"rack1-n1", "rack1-n3", "rack2-n1", "rack2-n3"}));
+  EXPECT_EQ(expand_hostlist("rack[1-2]-n[1,3]"),
+            (V{"rack1-n1", "rack1-n3", "rack2-n1", "rack2-n3"}));
   EXPECT_EQ(expand_hostlist("a,b[2],c.d.e"), (V{"a", "b2", "c.d.e"}));
   EXPECT_EQ(expand_hostlist(""), V{});
 }
@@ -257,13 +295,14 @@ TEST(LogRank, Parses) {
   EXPECT_EQ(parse_log_ranks("1-3", 4), (V{false, true, true, true}));
   EXPECT_EQ(parse_log_ranks("all", 2), (V{true, true}));
   EXPECT_TRUE(contains(config_error([] { parse_log_ranks("3", 3); }), "LOG_RANK='3'"));
-  EXPECT_TRUE(contains(config_error([] { parse_log_ranks("a", 3); }), "LOG_RANK='a' is not an integer"));
+  EXPECT_TRUE(
+      contains(config_error([] { parse_log_ranks("a", 3); }), "LOG_RANK='a' is not an integer"));
 }
 
 TEST(LaunchArgs, Parses) {
-  LaunchOptions o = parse_launch_args({"--nproc_per_node", "4", "--nnodes=2", "--node-rank", "1",
-                                       "--master_addr", "n0", "--master_port=1234", "--", "train",
-                                       "--training.steps", "5"});
+  LaunchOptions o =
+      parse_launch_args({"--nproc_per_node", "4", "--nnodes=2", "--node-rank", "1", "--master_addr",
+                         "n0", "--master_port=1234", "--", "train", "--training.steps", "5"});
   EXPECT_EQ(o.nproc_per_node, 4);
   EXPECT_EQ(o.nnodes, 2);
   EXPECT_EQ(o.node_rank, 1);
@@ -281,18 +320,29 @@ TEST(LaunchArgs, Parses) {
 }
 
 TEST(LaunchArgs, Errors) {
-  EXPECT_TRUE(contains(config_error([] { parse_launch_args({"--nproc_per_node", "2"}); }), "no command"));
-  EXPECT_TRUE(contains(config_error([] { parse_launch_args({"--nproc", "2", "--", "train"}); }),
+  EXPECT_TRUE(contains(config_error([] {
+                         parse_launch_args({"--nproc_per_node", "2"});
+                       }),
+                       "no command"));
+  EXPECT_TRUE(contains(config_error([] {
+                         parse_launch_args({"--nproc", "2", "--", "train"});
+                       }),
                        "unknown option '--nproc'"));
-  EXPECT_TRUE(contains(config_error([] { parse_launch_args({"--nproc_per_node", "0", "--", "x"}); }),
+  EXPECT_TRUE(contains(config_error([] {
+                         parse_launch_args({"--nproc_per_node", "0", "--", "x"});
+                       }),
                        "--nproc_per_node 0 is not in [1, 1024]"));
-  EXPECT_TRUE(contains(config_error([] { parse_launch_args({"--nproc_per_node", "two", "--", "x"}); }),
+  EXPECT_TRUE(contains(config_error([] {
+                         parse_launch_args({"--nproc_per_node", "two", "--", "x"});
+                       }),
                        "'two' is not an integer"));
   EXPECT_TRUE(contains(config_error([] {
                          parse_launch_args({"--nnodes", "2", "--node_rank", "2", "--", "x"});
                        }),
                        "--node_rank 2 is not below --nnodes 2"));
-  EXPECT_TRUE(contains(config_error([] { parse_launch_args({"--nnodes", "2", "--", "x"}); }),
+  EXPECT_TRUE(contains(config_error([] {
+                         parse_launch_args({"--nnodes", "2", "--", "x"});
+                       }),
                        "needs --master_addr"));
   EXPECT_TRUE(contains(config_error([] { parse_launch_args({"--nnodes"}); }), "needs a value"));
 }
@@ -306,10 +356,14 @@ TEST(Threads, RankBudget) {
   EXPECT_EQ(rank_num_threads(0, four, fake({{"OMP_NUM_THREADS", "2"}})), 2);
   EXPECT_EQ(rank_num_threads(0, four, fake({})), 0);
   EXPECT_EQ(rank_num_threads(0, one, fake({{"OMP_NUM_THREADS", "2"}})), 0);
-  EXPECT_TRUE(contains(config_error([&] { rank_num_threads(0, four, fake({{"OMP_NUM_THREADS", "0"}})); }),
+  EXPECT_TRUE(contains(config_error([&] {
+                         rank_num_threads(0, four, fake({{"OMP_NUM_THREADS", "0"}}));
+                       }),
                        "OMP_NUM_THREADS='0'"));
   // As training.num_threads: capped, so a typo cannot stall start-up spawning threads.
-  EXPECT_TRUE(contains(config_error([&] { rank_num_threads(0, four, fake({{"OMP_NUM_THREADS", "100000"}})); }),
+  EXPECT_TRUE(contains(config_error([&] {
+                         rank_num_threads(0, four, fake({{"OMP_NUM_THREADS", "100000"}}));
+                       }),
                        "OMP_NUM_THREADS='100000' is not a positive integer of at most 1024"));
 }
 
@@ -340,7 +394,8 @@ LaunchEnv rank_env(int64_t rank, int64_t world, int64_t port) {
 
 // Runs rendezvous for `ranks` (each with world size `worlds[i]`) in threads; returns each
 // rank's error message ("" on success).
-std::vector<std::string> run_ranks(const std::vector<int64_t>& ranks, const std::vector<int64_t>& worlds,
+std::vector<std::string> run_ranks(const std::vector<int64_t>& ranks,
+                                   const std::vector<int64_t>& worlds,
                                    std::chrono::milliseconds timeout) {
   const int64_t port = unused_port();
   std::vector<std::string> errors(ranks.size());
@@ -381,7 +436,8 @@ TEST(Rendezvous, DuplicateRankAndWorldMismatch) {
   for (const auto& e : errors) duplicates += contains(e, "two processes were started as rank 1");
   EXPECT_EQ(duplicates, 1);
   errors = run_ranks({0, 1}, {2, 3}, std::chrono::milliseconds(1500));
-  EXPECT_TRUE(contains(errors[1], "started with world size 3 but another rank registered world size 2"))
+  EXPECT_TRUE(
+      contains(errors[1], "started with world size 3 but another rank registered world size 2"))
       << errors[1];
 }
 
@@ -405,7 +461,8 @@ TEST(Rendezvous, UnresolvableMasterAddrIsNamed) {
     env.master_addr = "no-such-host.invalid";
     const std::string msg = config_error([&] { rendezvous(env, std::chrono::seconds(5)); });
     EXPECT_TRUE(contains(msg, "MASTER_ADDR 'no-such-host.invalid' (rank " + std::to_string(rank) +
-                                  "'s store host) cannot be resolved")) << msg;
+                                  "'s store host) cannot be resolved"))
+        << msg;
     EXPECT_FALSE(contains(msg, "port")) << msg;
   }
 }

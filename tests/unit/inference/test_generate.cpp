@@ -196,11 +196,11 @@ TEST(Sampler, RejectsBadOptions) {
 
 TEST(TextStream, HoldsBackSplitCharacters) {
   EXPECT_EQ(utf8_complete_prefix("abc"), 3u);
-  EXPECT_EQ(utf8_complete_prefix("a\xC3"), 1u);              // first byte of é
-  EXPECT_EQ(utf8_complete_prefix("a\xC3\xA9"), 3u);          // é complete
-  EXPECT_EQ(utf8_complete_prefix("\xE2\x82"), 0u);           // 2 of the 3 bytes of €
-  EXPECT_EQ(utf8_complete_prefix("\xF0\x9F\x98\x80"), 4u);   // a 4-byte emoji
-  EXPECT_EQ(utf8_complete_prefix("\x80\x80"), 2u);           // malformed: print it
+  EXPECT_EQ(utf8_complete_prefix("a\xC3"), 1u);             // first byte of é
+  EXPECT_EQ(utf8_complete_prefix("a\xC3\xA9"), 3u);         // é complete
+  EXPECT_EQ(utf8_complete_prefix("\xE2\x82"), 0u);          // 2 of the 3 bytes of €
+  EXPECT_EQ(utf8_complete_prefix("\xF0\x9F\x98\x80"), 4u);  // a 4-byte emoji
+  EXPECT_EQ(utf8_complete_prefix("\x80\x80"), 2u);          // malformed: print it
   ByteTokenizer tokenizer;
   TextStream stream(tokenizer);
   EXPECT_EQ(stream.put('a'), "a");

@@ -18,8 +18,10 @@ std::string config_error(const nlohmann::json& config) {
 }
 
 TEST(HfConfigHints, NonPositiveFloatsAreNamedByTheirKey) {
-  const nlohmann::json good = {{"hidden_size", 64},     {"intermediate_size", 128},
-                               {"num_hidden_layers", 2}, {"num_attention_heads", 4},
+  const nlohmann::json good = {{"hidden_size", 64},
+                               {"intermediate_size", 128},
+                               {"num_hidden_layers", 2},
+                               {"num_attention_heads", 4},
                                {"vocab_size", 300}};
   EXPECT_EQ(config_error(good), "");
   nlohmann::json config = good;
@@ -30,7 +32,8 @@ TEST(HfConfigHints, NonPositiveFloatsAreNamedByTheirKey) {
   config["rope_theta"] = 0;
   msg = config_error(config);
   EXPECT_NE(msg.find("config.json \"rope_theta\" must be a finite number > 0, got 0"),
-            std::string::npos) << msg;
+            std::string::npos)
+      << msg;
 }
 
 }  // namespace

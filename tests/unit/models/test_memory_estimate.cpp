@@ -57,8 +57,8 @@ TEST(MemoryEstimate, CountsActivationCheckpointingAndBf16Training) {
   const ModelSpec& spec = get_model_spec("llama3");
   const ModelStats s = spec.describe("debugmodel", 8, 256, at::kFloat);
   const std::string none_part = "activations (estimate)";
-  const double none = part(estimate_training_memory(spec, "debugmodel", 8, 256, at::kFloat),
-                           none_part);
+  const double none =
+      part(estimate_training_memory(spec, "debugmodel", 8, 256, at::kFloat), none_part);
   auto with_ac = [&](const std::string& mode, const std::string& option, const std::string& name) {
     MemoryOptions o;
     o.ac_mode = mode;
@@ -86,7 +86,8 @@ TEST(MemoryEstimate, CountsActivationCheckpointingAndBf16Training) {
 
   MemoryOptions bf16;
   bf16.bf16_state = true;
-  const MemoryEstimate e = estimate_training_memory(spec, "debugmodel", 8, 256, at::kBFloat16, bf16);
+  const MemoryEstimate e =
+      estimate_training_memory(spec, "debugmodel", 8, 256, at::kBFloat16, bf16);
   EXPECT_DOUBLE_EQ(part(e, "weights (bf16)"), 2.0 * s.n_params);
   EXPECT_DOUBLE_EQ(part(e, "gradients (bf16)"), 2.0 * s.n_params);
   EXPECT_DOUBLE_EQ(part(e, "optimizer (AdamW bf16)"), 4.0 * s.n_params);
@@ -109,12 +110,14 @@ TEST(MemoryEstimate, RefusesOnlyFarAboveTheMemory) {
   EXPECT_EQ(refusal([&] { check_fits_in_memory(normal, 0, "unknown memory", "hint"); }), "");
   // Above the memory but within the margin: allowed.
   EXPECT_EQ(refusal([&] { check_fits_in_memory(normal, normal.total() / 1.5, "x", "h"); }), "");
-  const MemoryEstimate huge = estimate_training_memory(spec, "debugmodel", 8, 1000000000, at::kBFloat16);
+  const MemoryEstimate huge =
+      estimate_training_memory(spec, "debugmodel", 8, 1000000000, at::kBFloat16);
   const std::string msg = refusal([&] {
     check_fits_in_memory(huge, 16 * kGiB, "training with training.seq_len 1000000000",
                          "lower training.seq_len");
   });
-  EXPECT_NE(msg.find("training with training.seq_len 1000000000 needs about"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("training with training.seq_len 1000000000 needs about"), std::string::npos)
+      << msg;
   EXPECT_NE(msg.find("activations (estimate)"), std::string::npos) << msg;
   EXPECT_NE(msg.find("the 16.000 GiB this machine has"), std::string::npos) << msg;
   EXPECT_NE(msg.find("HINT: lower training.seq_len"), std::string::npos) << msg;
@@ -123,11 +126,14 @@ TEST(MemoryEstimate, RefusesOnlyFarAboveTheMemory) {
 // Every model build passes the RoPE tables: a sequence length whose tables alone exceed the
 // machine is a ConfigError before anything is allocated (it was a raw allocator error).
 TEST(MemoryEstimate, RopeTablesLargerThanTheMachineAreRefused) {
-  const std::string msg =
-      refusal([] { RotaryEmbedding rope(/*head_dim=*/64, /*max_seq_len=*/int64_t{1} << 40, 500000.0, nullptr); });
+  const std::string msg = refusal([] {
+    RotaryEmbedding rope(/*head_dim=*/64, /*max_seq_len=*/int64_t{1} << 40, 500000.0, nullptr);
+  });
   EXPECT_NE(msg.find("RoPE tables for max_seq_len 1099511627776 positions (head_dim 64)"),
-            std::string::npos) << msg;
-  EXPECT_NE(msg.find("--max_seq_len for `titan generate`, training.seq_len"), std::string::npos) << msg;
+            std::string::npos)
+      << msg;
+  EXPECT_NE(msg.find("--max_seq_len for `titan generate`, training.seq_len"), std::string::npos)
+      << msg;
   RotaryEmbedding ok(64, 4096, 500000.0, nullptr);
   EXPECT_EQ(ok.cos.size(0), 4096);
 }

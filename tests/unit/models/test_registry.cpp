@@ -138,11 +138,10 @@ TEST(Llama3Args, ActivationBytesGrowWithBatchAndShrinkInBf16) {
   // and output (q, k, v, out) and the SwiGLU intermediates.
   const int64_t tokens = 2048;
   const llama3::Llama3Args args = llama3::args_for_flavor("debugmodel");
-  EXPECT_GT(one.activation_bytes,
-            2 * 4 * tokens * args.vocab_size +
-                args.n_layers * 4 * tokens *
-                    ((args.n_heads + 2 * args.kv_heads()) * args.head_dim() + args.dim +
-                     4 * args.ffn_hidden_dim()));
+  EXPECT_GT(one.activation_bytes, 2 * 4 * tokens * args.vocab_size +
+                                      args.n_layers * 4 * tokens *
+                                          ((args.n_heads + 2 * args.kv_heads()) * args.head_dim() +
+                                           args.dim + 4 * args.ffn_hidden_dim()));
 }
 
 TEST(Llama3Args, InvalidHeadsAreConfigErrors) {
@@ -158,21 +157,26 @@ TEST(Llama3Args, InvalidHeadsAreConfigErrors) {
 // crash-huge-hidden-size.json): sizes this large overflowed the int64 size arithmetic (4 * dim in
 // ffn_hidden_dim); now ConfigErrors naming the field, from a config.json or a description's args.
 TEST(Llama3Args, HugeOrNegativeSizesAreConfigErrors) {
-  nlohmann::json config = {{"hidden_size", int64_t{1} << 62}, {"intermediate_size", 0},
-                           {"num_hidden_layers", 1},           {"num_attention_heads", 2},
+  nlohmann::json config = {{"hidden_size", int64_t{1} << 62},
+                           {"intermediate_size", 0},
+                           {"num_hidden_layers", 1},
+                           {"num_attention_heads", 2},
                            {"vocab_size", 10}};
-  EXPECT_NE(config_error_message([&] { llama3::args_from_hf_config(config); })
-                .find("dim = 4611686018427387904 is out of range"),
+  EXPECT_NE(config_error_message([&] {
+              llama3::args_from_hf_config(config);
+            }).find("dim = 4611686018427387904 is out of range"),
             std::string::npos);
   config["hidden_size"] = 64;
   config["intermediate_size"] = -1;
-  EXPECT_NE(config_error_message([&] { llama3::args_from_hf_config(config); })
-                .find("ffn_dim = -1 is out of range"),
+  EXPECT_NE(config_error_message([&] {
+              llama3::args_from_hf_config(config);
+            }).find("ffn_dim = -1 is out of range"),
             std::string::npos);
   const nlohmann::json model = {
       {"name", "llama3"}, {"flavor", "tiny"}, {"args", {{"n_layers", int64_t{1} << 40}}}};
-  EXPECT_NE(config_error_message([&] { llama3::args_from_description(model); })
-                .find("n_layers = 1099511627776 is out of range"),
+  EXPECT_NE(config_error_message([&] {
+              llama3::args_from_description(model);
+            }).find("n_layers = 1099511627776 is out of range"),
             std::string::npos);
   // The largest flavor stays valid.
   EXPECT_NO_THROW(llama3::args_for_flavor("405B").validate());

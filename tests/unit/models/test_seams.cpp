@@ -22,7 +22,8 @@ std::shared_ptr<llama3::Transformer> tiny_model() {
 // Records which unit it saw, in which order, and keeps `next` to run the unit again later.
 class RecordingRunner : public UnitRunner {
  public:
-  RecordingRunner(std::string name, std::vector<std::string>* log) : name_(std::move(name)), log_(log) {}
+  RecordingRunner(std::string name, std::vector<std::string>* log)
+      : name_(std::move(name)), log_(log) {}
   at::Tensor run(int64_t index, const at::Tensor& input, const UnitFn& next) override {
     log_->push_back(name_ + " enter " + std::to_string(index));
     at::Tensor out = next(input);
@@ -90,7 +91,7 @@ TEST(ForwardHooks, LastAddedRunsOutermost) {
     linear.weight.copy_(at::eye(3));
   }
   const at::Tensor x = at::ones({1, 3});
-  auto first = std::make_shared<AffineHook>(1.0, 2.0);   // inner
+  auto first = std::make_shared<AffineHook>(1.0, 2.0);    // inner
   auto second = std::make_shared<AffineHook>(10.0, 3.0);  // outer
   linear.add_forward_hook(first);
   linear.add_forward_hook(second);
@@ -110,9 +111,10 @@ TEST(RoPE, ExplicitPositionsSelectTheirRows) {
   const at::Tensor part = rope.forward(x.narrow(1, 10, 8), at::arange(10, 18, at::kLong));
   EXPECT_TRUE(at::allclose(part, whole.narrow(1, 10, 8)));
   // Two chunks out of order (context parallelism's load-balanced layout).
-  const at::Tensor positions = at::cat({at::arange(0, 4, at::kLong), at::arange(28, 32, at::kLong)});
-  const at::Tensor chunks = rope.forward(at::cat({x.narrow(1, 0, 4), x.narrow(1, 28, 4)}, 1),
-                                         positions);
+  const at::Tensor positions =
+      at::cat({at::arange(0, 4, at::kLong), at::arange(28, 32, at::kLong)});
+  const at::Tensor chunks =
+      rope.forward(at::cat({x.narrow(1, 0, 4), x.narrow(1, 28, 4)}, 1), positions);
   EXPECT_TRUE(at::allclose(chunks, at::cat({whole.narrow(1, 0, 4), whole.narrow(1, 28, 4)}, 1)));
   EXPECT_THROW(rope.forward(x.narrow(1, 0, 2), at::tensor({5, 32}, at::kLong)), c10::Error);
 }

@@ -65,9 +65,9 @@ void check_gradients(const Layout& layout, bool tied, const std::string& reshard
     DataParallel dp(*models[rank], o);
     double loss_sum = 0;
     for (int64_t m = 0; m < micro_batches; ++m) {
-      at::Tensor loss = lm_cross_entropy_loss(
-          models[rank]->forward(rows_of(ref.inputs, rank, world_size, m)),
-          rows_of(ref.labels, rank, world_size, m));
+      at::Tensor loss =
+          lm_cross_entropy_loss(models[rank]->forward(rows_of(ref.inputs, rank, world_size, m)),
+                                rows_of(ref.labels, rank, world_size, m));
       (loss / static_cast<double>(micro_batches)).backward();
       dp.finish_backward();
       loss_sum += loss.item<double>() / static_cast<double>(micro_batches);
@@ -214,7 +214,8 @@ TEST(DataParallel, MemoryAccountingIsOneOverShardSize) {
   int64_t total = 0, max_row_bytes = 0, n_params = 0;
   for (const auto& item : original->named_parameters()) {
     total += item.value().numel() * 4;
-    max_row_bytes = std::max<int64_t>(max_row_bytes, item.value().numel() / item.value().size(0) * 4);
+    max_row_bytes =
+        std::max<int64_t>(max_row_bytes, item.value().numel() / item.value().size(0) * 4);
     ++n_params;
   }
   for (int n : {2, 3, 4}) {
@@ -241,7 +242,8 @@ TEST(DataParallel, MemoryAccountingIsOneOverShardSize) {
 TEST(DataParallel, Bf16ParamsCloseToReference) {
   const Reference data = reference(2, false);
   auto ref_model = make_model(false, at::kBFloat16);
-  const double want = lm_cross_entropy_loss(ref_model->forward(data.inputs), data.labels).item<double>();
+  const double want =
+      lm_cross_entropy_loss(ref_model->forward(data.inputs), data.labels).item<double>();
   std::vector<std::shared_ptr<llama3::Transformer>> models{make_model(false, at::kBFloat16),
                                                            make_model(false, at::kBFloat16)};
   run_ranks(2, [&](int rank, std::shared_ptr<dist::Group> world) {

@@ -52,8 +52,8 @@ void check_tp2(bool loss_parallel) {
     for (const auto& [name, g] : grads) {
       const ParamPlacement& p = tp.placements().at(name);
       EXPECT_EQ(at::IntArrayRef(p.box.global_shape), ref.grads.at(name).sizes()) << name;
-      expect_close(g, p.box.narrow(ref.grads.at(name), g.sizes()), name + " on rank " +
-                                                                   std::to_string(rank));
+      expect_close(g, p.box.narrow(ref.grads.at(name), g.sizes()),
+                   name + " on rank " + std::to_string(rank));
     }
     EXPECT_NEAR(clip_grad_norm_sharded(tensors, weights, {world.get()}, 0.0), ref.grad_norm,
                 1e-5 * ref.grad_norm);

@@ -47,8 +47,8 @@ std::string to_byte_level(const std::string& bytes) {
 
 // Ids 0..255: bytes; then the merges below, each producing the next id.
 const std::vector<std::pair<std::string, std::string>> kMerges = {
-    {"h", "e"}, {"l", "l"}, {"he", "ll"}, {"hell", "o"}, {" ", "w"}, {" w", "o"}, {"r", "ld"},
-    {"l", "d"}, {" wo", "rld"}, {"1", "2"}};
+    {"h", "e"},  {"l", "l"},  {"he", "ll"}, {"hell", "o"},  {" ", "w"},
+    {" w", "o"}, {"r", "ld"}, {"l", "d"},   {" wo", "rld"}, {"1", "2"}};
 
 class TempDir {
  public:
@@ -67,9 +67,7 @@ class TempDir {
     std::ofstream(p, std::ios::binary) << text;
     return p.string();
   }
-  std::string path() const {
-    return path_.string();
-  }
+  std::string path() const { return path_.string(); }
 
  private:
   static inline int counter_ = 0;
@@ -96,9 +94,9 @@ json hf_json(bool pair_merges, const json& pre_tokenizer) {
   json root;
   root["normalizer"] = nullptr;
   root["pre_tokenizer"] = pre_tokenizer;
-  root["added_tokens"] = json::array(
-      {{{"id", 300}, {"content", "<|begin_of_text|>"}, {"special", true}},
-       {{"id", 301}, {"content", "<|end_of_text|>"}, {"special", true}}});
+  root["added_tokens"] =
+      json::array({{{"id", 300}, {"content", "<|begin_of_text|>"}, {"special", true}},
+                   {{"id", 301}, {"content", "<|end_of_text|>"}, {"special", true}}});
   root["model"] = {{"type", "BPE"}, {"vocab", byte_level_vocab()}, {"merges", merges}};
   return root;
 }
@@ -187,8 +185,8 @@ TEST(BpeTokenizer, Gpt2VocabAndMerges) {
 TEST(BpeTokenizer, TiktokenMatchesMerges) {
   // Same vocabulary as rank lines: each merged token's rank is its id.
   std::string ranks;
-  for (int b = 0; b < 256; ++b) ranks += base64(std::string(1, static_cast<char>(b))) + " " +
-                                         std::to_string(b) + "\n";
+  for (int b = 0; b < 256; ++b)
+    ranks += base64(std::string(1, static_cast<char>(b))) + " " + std::to_string(b) + "\n";
   int next = 256;
   for (const auto& [a, b] : kMerges) ranks += base64(a + b) + " " + std::to_string(next++) + "\n";
   TempDir dir;
@@ -279,15 +277,15 @@ TEST(BpeTokenizer, IdsFarPastTheEntriesAreRejected) {
   };
   TempDir dir;
   std::string ranks;
-  for (int b = 0; b < 256; ++b) ranks += base64(std::string(1, static_cast<char>(b))) + " " +
-                                         std::to_string(b) + "\n";
+  for (int b = 0; b < 256; ++b)
+    ranks += base64(std::string(1, static_cast<char>(b))) + " " + std::to_string(b) + "\n";
   const std::string far_rank = dir.write("a/tokenizer.model", ranks + base64("he") + " 10000000\n");
   EXPECT_NE(error_of(far_rank).find(far_rank + ":257: rank 10000000 is too large"),
             std::string::npos);
   // The last id that stays within the unused-id allowance still loads.
-  const std::string near_rank = dir.write(
-      "b/tokenizer.model",
-      ranks + base64("he") + " " + std::to_string(257 + BpeModel::kMaxUnusedIds - 1) + "\n");
+  const std::string near_rank =
+      dir.write("b/tokenizer.model", ranks + base64("he") + " " +
+                                         std::to_string(257 + BpeModel::kMaxUnusedIds - 1) + "\n");
   EXPECT_EQ(build_tokenizer(near_rank)->vocab_size(), 257 + BpeModel::kMaxUnusedIds);
 
   json far_vocab = hf_json(false, kByteLevel);
@@ -324,7 +322,8 @@ TEST(BpeTokenizer, AddedTokenIdCollisionIsNamed) {
   }
   EXPECT_NE(message.find(path), std::string::npos) << message;
   EXPECT_NE(message.find("added-token id collision: special token '<|begin_of_text|>' has id " +
-                         std::to_string(he_id) + ", which already belongs to vocabulary token "
+                         std::to_string(he_id) +
+                         ", which already belongs to vocabulary token "
                          "'he'"),
             std::string::npos)
       << message;
@@ -346,8 +345,8 @@ TEST(BpeTokenizer, AddedTokenIdCollisionIsNamed) {
 TEST(BpeTokenizer, ConcurrentEncodingMatchesSerial) {
   TempDir dir;
   dir.write("tokenizer.json", hf_json(false, kByteLevel).dump());
-  const std::vector<std::string> words = {"hello", " world", " hell", "o", " 12", "3", " wo",
-                                          "rld", "\n", "  ", "ll", " x"};
+  const std::vector<std::string> words = {"hello", " world", " hell", "o",  " 12", "3",
+                                          " wo",   "rld",    "\n",    "  ", "ll",  " x"};
   std::mt19937 rng(7);
   std::vector<std::string> texts(300);
   for (std::string& text : texts) {

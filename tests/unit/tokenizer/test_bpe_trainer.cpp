@@ -70,9 +70,9 @@ BpeTrainResult train_on(const std::string& text, int64_t vocab_size) {
 // A few thousand words of English-like text from a fixed seed.
 std::string synthetic_corpus() {
   const std::vector<std::string> words = {
-      "the",   "state", "of",     "union", "is",     "strong", "and",   "our",   "nation",
-      "will",  "grow",  "people", "work",  "hard",   "for",    "their", "future", "in",
-      "peace", "we",    "shall",  "build", "roads,", "schools", "1789", "2024.", "café"};
+      "the",   "state", "of",     "union", "is",     "strong",  "and",   "our",    "nation",
+      "will",  "grow",  "people", "work",  "hard",   "for",     "their", "future", "in",
+      "peace", "we",    "shall",  "build", "roads,", "schools", "1789",  "2024.",  "café"};
   std::mt19937 rng(7);
   std::string text;
   for (int i = 0; i < 4000; ++i) {
@@ -92,10 +92,9 @@ TEST(BpeTrainer, HandCheckedMerges) {
   EXPECT_EQ(result.tokens[256], "aa");
   EXPECT_EQ(result.tokens[259], " aaab");
   ASSERT_EQ(result.special_tokens.size(), 2u);
-  EXPECT_EQ(result.special_tokens[0], std::make_pair(std::string("<|begin_of_text|>"),
-                                                     int64_t{260}));
-  EXPECT_EQ(result.special_tokens[1], std::make_pair(std::string("<|end_of_text|>"),
-                                                     int64_t{261}));
+  EXPECT_EQ(result.special_tokens[0],
+            std::make_pair(std::string("<|begin_of_text|>"), int64_t{260}));
+  EXPECT_EQ(result.special_tokens[1], std::make_pair(std::string("<|end_of_text|>"), int64_t{261}));
   // The JSON spells the space as GPT-2's "Ġ".
   const std::string json = bpe_tokenizer_json(result);
   EXPECT_NE(json.find("\"Ġ aaab\""), std::string::npos);
@@ -147,8 +146,8 @@ TEST(BpeTrainer, LoadsAndRoundTrips) {
   EXPECT_EQ(tok->decode(ids), text);
   EXPECT_LT(ids.size(), text.size() / 2);  // learned merges compress the training text
 
-  for (const std::string& s : {std::string("unseen words: zebra, ünïcödé ✓ 42\n\t"),
-                               std::string(), std::string(" the state of the union ")}) {
+  for (const std::string& s : {std::string("unseen words: zebra, ünïcödé ✓ 42\n\t"), std::string(),
+                               std::string(" the state of the union ")}) {
     EXPECT_EQ(tok->decode(tok->encode(s)), s);
   }
   std::mt19937 rng(3);

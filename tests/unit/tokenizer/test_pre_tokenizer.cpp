@@ -29,11 +29,11 @@ TEST(Unicode, Classes) {
   EXPECT_EQ(char_class(' '), kSpace);
   EXPECT_EQ(char_class('\n'), kSpace);
   EXPECT_EQ(char_class('!'), 0);
-  EXPECT_EQ(char_class(0x4E16), kLetter);   // 世
-  EXPECT_EQ(char_class(0x216B), kNumber);   // Roman numeral twelve (Nl)
-  EXPECT_EQ(char_class(0x3000), kSpace);    // ideographic space
-  EXPECT_EQ(char_class(0x0301), 0);         // combining acute accent (Mn)
-  EXPECT_EQ(char_class(0x1F642), 0);        // emoji
+  EXPECT_EQ(char_class(0x4E16), kLetter);  // 世
+  EXPECT_EQ(char_class(0x216B), kNumber);  // Roman numeral twelve (Nl)
+  EXPECT_EQ(char_class(0x3000), kSpace);   // ideographic space
+  EXPECT_EQ(char_class(0x0301), 0);        // combining acute accent (Mn)
+  EXPECT_EQ(char_class(0x1F642), 0);       // emoji
   EXPECT_EQ(char_class(kInvalidCodePoint), 0);
 }
 
@@ -65,8 +65,8 @@ TEST(Unicode, DecodeUtf8RejectsMalformed) {
   EXPECT_EQ(len, 3u);
   EXPECT_EQ(decode_utf8("\xc0\xaf", 0, &len), kInvalidCodePoint);  // overlong '/'
   EXPECT_EQ(len, 1u);
-  EXPECT_EQ(decode_utf8("\xed\xa0\x80", 0, &len), kInvalidCodePoint);  // surrogate
-  EXPECT_EQ(decode_utf8("\xe4\xb8", 0, &len), kInvalidCodePoint);      // truncated
+  EXPECT_EQ(decode_utf8("\xed\xa0\x80", 0, &len), kInvalidCodePoint);      // surrogate
+  EXPECT_EQ(decode_utf8("\xe4\xb8", 0, &len), kInvalidCodePoint);          // truncated
   EXPECT_EQ(decode_utf8("\xf4\x90\x80\x80", 0, &len), kInvalidCodePoint);  // > U+10FFFF
   EXPECT_EQ(decode_utf8("\x80", 0, &len), kInvalidCodePoint);
 }

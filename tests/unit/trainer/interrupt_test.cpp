@@ -18,8 +18,9 @@ namespace fs = std::filesystem;
 using test::contains;
 
 TEST(Interrupt, MessageNamesTheStepAndTheCheckpoint) {
-  EXPECT_EQ(InterruptReporter::message(SIGTERM, 5, 10, "the last checkpoint is /c/step-4"),
-            "training interrupted by SIGTERM during step 5 of 10; the last checkpoint is /c/step-4");
+  EXPECT_EQ(
+      InterruptReporter::message(SIGTERM, 5, 10, "the last checkpoint is /c/step-4"),
+      "training interrupted by SIGTERM during step 5 of 10; the last checkpoint is /c/step-4");
   EXPECT_TRUE(contains(InterruptReporter::message(SIGINT, 0, 10, "x"), "SIGINT before step 1"));
 }
 
@@ -55,14 +56,19 @@ TEST(InterruptDeathTest, SigtermLogsOneLineAndStillKills) {
 TEST(Interrupt, SignalsActAsBeforeOnceTheReporterIsGone) {
   struct sigaction before {};
   sigaction(SIGTERM, nullptr, &before);
-  { InterruptReporter reporter(3, [] { return std::string(); }, /*log=*/true); }
+  {
+    InterruptReporter reporter(
+        3, [] { return std::string(); }, /*log=*/true);
+  }
   struct sigaction after {};
   sigaction(SIGTERM, nullptr, &after);
   EXPECT_EQ(before.sa_handler, after.sa_handler);
   // Another reporter may be made after the first is gone, and a second one at the same time
   // (trainers on several threads) leaves the first one in charge.
-  InterruptReporter again(3, [] { return std::string(); }, /*log=*/true);
-  InterruptReporter nested(3, [] { return std::string(); }, /*log=*/true);
+  InterruptReporter again(
+      3, [] { return std::string(); }, /*log=*/true);
+  InterruptReporter nested(
+      3, [] { return std::string(); }, /*log=*/true);
   struct sigaction now {};
   sigaction(SIGTERM, nullptr, &now);
   EXPECT_NE(now.sa_handler, before.sa_handler);

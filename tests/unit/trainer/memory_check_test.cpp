@@ -26,7 +26,8 @@ std::string refusal(const JobConfig& config, const LaunchEnv& env, double memory
 // configs/llama3/<name> of this checkout (tests may run from any directory).
 std::string shipped_config(const std::string& name) {
   return (std::filesystem::path(__FILE__).parent_path().parent_path().parent_path().parent_path() /
-          "configs" / "llama3" / name).string();
+          "configs" / "llama3" / name)
+      .string();
 }
 
 JobConfig debug_config(std::vector<std::string> overrides = {}) {
@@ -39,17 +40,22 @@ TEST(MemoryCheck, DebugConfigFitsASmallMachine) {
 }
 
 TEST(MemoryCheck, HugeSequenceOrBatchIsRefusedNamingTheKey) {
-  std::string msg = refusal(debug_config({"--training.seq_len", "1000000000"}), LaunchEnv{}, 64 * kGiB);
+  std::string msg =
+      refusal(debug_config({"--training.seq_len", "1000000000"}), LaunchEnv{}, 64 * kGiB);
   EXPECT_NE(msg.find("training.local_batch_size 8 x training.seq_len 1000000000 needs about"),
-            std::string::npos) << msg;
-  EXPECT_NE(msg.find("HINT: lower training.local_batch_size or training.seq_len"), std::string::npos)
+            std::string::npos)
+      << msg;
+  EXPECT_NE(msg.find("HINT: lower training.local_batch_size or training.seq_len"),
+            std::string::npos)
       << msg;
   msg = refusal(debug_config({"--training.local_batch_size", "100000000"}), LaunchEnv{}, 64 * kGiB);
-  EXPECT_NE(msg.find("training.local_batch_size 100000000 x training.seq_len 256"), std::string::npos)
+  EXPECT_NE(msg.find("training.local_batch_size 100000000 x training.seq_len 256"),
+            std::string::npos)
       << msg;
   msg = refusal(debug_config({"--validation.seq_len", "100000000"}), LaunchEnv{}, 64 * kGiB);
   EXPECT_NE(msg.find("HINT: lower validation.local_batch_size or validation.seq_len"),
-            std::string::npos) << msg;
+            std::string::npos)
+      << msg;
   // Unknown memory never refuses.
   EXPECT_EQ(refusal(debug_config({"--training.seq_len", "1000000000"}), LaunchEnv{}, 0), "");
 }

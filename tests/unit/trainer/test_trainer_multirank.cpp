@@ -136,12 +136,13 @@ TEST(TrainerMultiRank, EveryLayoutStartsFromTheOneProcessWeights) {
   for (const auto& item : built->named_parameters()) {
     EXPECT_TRUE(at::equal(item.value(), whole.at(item.key()))) << item.key();
   }
-  const int64_t model_bytes = 4 * static_cast<int64_t>(
-      std::accumulate(whole.begin(), whole.end(), int64_t{0},
-                      [](int64_t n, const auto& kv) { return n + kv.second.numel(); }));
+  const int64_t model_bytes =
+      4 * static_cast<int64_t>(
+              std::accumulate(whole.begin(), whole.end(), int64_t{0},
+                              [](int64_t n, const auto& kv) { return n + kv.second.numel(); }));
 
-  const std::vector<Layout> layouts = {{"FSDP 4", 1, 4, 1}, {"TP 2", 1, 1, 2},
-                                       {"FSDP 2 x TP 2", 1, 2, 2}};
+  const std::vector<Layout> layouts = {
+      {"FSDP 4", 1, 4, 1}, {"TP 2", 1, 1, 2}, {"FSDP 2 x TP 2", 1, 2, 2}};
   for (const Layout& layout : layouts) {
     SCOPED_TRACE(layout.name);
     const int64_t world = layout.world();
@@ -181,8 +182,8 @@ TEST(TrainerMultiRank, MetaBuildAllocatesNoParameters) {
     EXPECT_TRUE(item.value().is_meta()) << item.key();
     param_bytes += item.value().numel() * 4;
   }
-  EXPECT_GT(param_bytes, 4 << 20);                 // debugmodel: ~6M parameters
-  EXPECT_LT(allocated, param_bytes / 100);         // the RoPE table, not the weights
+  EXPECT_GT(param_bytes, 4 << 20);          // debugmodel: ~6M parameters
+  EXPECT_LT(allocated, param_bytes / 100);  // the RoPE table, not the weights
 }
 
 }  // namespace

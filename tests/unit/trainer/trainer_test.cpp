@@ -26,11 +26,9 @@ JobConfig tiny_config(const std::string& tag) {
   return c;
 }
 
-bool corpus_available() {
-  return std::filesystem::exists(default_dataset_path("sotu"));
-}
+bool corpus_available() { return std::filesystem::exists(default_dataset_path("sotu")); }
 
-#define REQUIRE_CORPUS()                                                          \
+#define REQUIRE_CORPUS() \
   if (!corpus_available()) GTEST_SKIP() << "sotu corpus missing; run scripts/setup.sh"
 
 TEST(Trainer, SameSeedGivesIdenticalLosses) {

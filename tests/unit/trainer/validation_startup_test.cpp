@@ -50,9 +50,11 @@ TEST(ValidationStartup, TooSmallValidationSetIsRefusedBeforeTraining) {
   } catch (const ConfigError& e) {
     const std::string what = e.what();
     EXPECT_NE(what.find("validation set 'text' yields no full batch of 4 x 33 tokens"),
-              std::string::npos) << what;
+              std::string::npos)
+        << what;
     EXPECT_NE(what.find("HINT: lower validation.local_batch_size or validation.seq_len"),
-              std::string::npos) << what;
+              std::string::npos)
+        << what;
   }
   // A set that fills one batch trains and validates.
   c.validation.dataset_path = c.training.dataset_path;

@@ -30,32 +30,15 @@ std::vector<int64_t> shuffled_order(int64_t n, uint64_t seed) {
   return order;
 }
 
-DataLoader::DataLoader(
-    std::shared_ptr<const std::vector<Document>> docs,
-    const Tokenizer& tokenizer,
-    int64_t seq_len,
-    int64_t batch_size,
-    int64_t dp_rank,
-    int64_t dp_world,
-    bool infinite)
-    : DataLoader(
-          std::make_shared<MemoryDocumentSource>(std::move(docs)),
-          tokenizer,
-          seq_len,
-          batch_size,
-          dp_rank,
-          dp_world,
-          infinite) {}
+DataLoader::DataLoader(std::shared_ptr<const std::vector<Document>> docs,
+                       const Tokenizer& tokenizer, int64_t seq_len, int64_t batch_size,
+                       int64_t dp_rank, int64_t dp_world, bool infinite)
+    : DataLoader(std::make_shared<MemoryDocumentSource>(std::move(docs)), tokenizer, seq_len,
+                 batch_size, dp_rank, dp_world, infinite) {}
 
-DataLoader::DataLoader(
-    std::shared_ptr<const DocumentSource> source,
-    const Tokenizer& tokenizer,
-    int64_t seq_len,
-    int64_t batch_size,
-    int64_t dp_rank,
-    int64_t dp_world,
-    bool infinite,
-    int64_t shuffle_seed)
+DataLoader::DataLoader(std::shared_ptr<const DocumentSource> source, const Tokenizer& tokenizer,
+                       int64_t seq_len, int64_t batch_size, int64_t dp_rank, int64_t dp_world,
+                       bool infinite, int64_t shuffle_seed)
     : source_(std::move(source)),
       tokenizer_(tokenizer),
       seq_len_(seq_len),
@@ -68,8 +51,8 @@ DataLoader::DataLoader(
   TITAN_CHECK(seq_len_ >= 1, "DataLoader: seq_len must be >= 1, got ", seq_len_);
   TITAN_CHECK(batch_size_ >= 1, "DataLoader: batch_size must be >= 1, got ", batch_size_);
   TITAN_CHECK(dp_world_ >= 1 && dp_rank_ >= 0 && dp_rank_ < dp_world_,
-              "DataLoader: need 0 <= dp_rank < dp_world, got dp_rank ", dp_rank_,
-              " and dp_world ", dp_world_);
+              "DataLoader: need 0 <= dp_rank < dp_world, got dp_rank ", dp_rank_, " and dp_world ",
+              dp_world_);
   const int64_t written_vocab = source_->token_vocab_size();
   if (written_vocab != 0 && written_vocab != tokenizer_.vocab_size()) {
     throw DataError("DataLoader: the pre-tokenized data was written by a tokenizer with vocab " +
@@ -118,8 +101,8 @@ bool DataLoader::fill_window(int64_t* out) {
       }
       load_current_document();
     }
-    const size_t take = std::min(
-        window - buffer_.size(), doc_tokens_.size() - static_cast<size_t>(token_offset_));
+    const size_t take =
+        std::min(window - buffer_.size(), doc_tokens_.size() - static_cast<size_t>(token_offset_));
     const auto first = doc_tokens_.begin() + token_offset_;
     buffer_.insert(buffer_.end(), first, first + static_cast<std::ptrdiff_t>(take));
     token_offset_ += static_cast<int64_t>(take);
@@ -192,7 +175,8 @@ DataLoaderState loader_state_from_json(const nlohmann::json& j) {
   s.doc_index = integer("doc_index");
   s.token_offset = integer("token_offset");
   s.shuffle_seed = integer("shuffle_seed");
-  const bool buffer_ok = j.contains("buffer") && j.at("buffer").is_array() &&
+  const bool buffer_ok =
+      j.contains("buffer") && j.at("buffer").is_array() &&
       std::all_of(j.at("buffer").begin(), j.at("buffer").end(),
                   [](const nlohmann::json& id) { return id.is_number_integer(); });
   if (!buffer_ok) fail("\"buffer\" is missing or not an array of integers");

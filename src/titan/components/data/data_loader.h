@@ -36,16 +36,16 @@ struct Batch {
 
 // Where a DataLoader stands in its stream, for checkpoints. Positions are local to the dp rank.
 struct DataLoaderState {
-  int64_t epoch = 0;         // completed passes over this rank's documents
-  int64_t doc_index = 0;     // this rank's document being consumed (index into its shard)
-  int64_t token_offset = 0;  // tokens of that document (counting its BOS) already consumed
+  int64_t epoch = 0;            // completed passes over this rank's documents
+  int64_t doc_index = 0;        // this rank's document being consumed (index into its shard)
+  int64_t token_offset = 0;     // tokens of that document (counting its BOS) already consumed
   std::vector<int64_t> buffer;  // tokens of the window being filled (< seq_len + 1)
-  int64_t shuffle_seed = -1;  // seed of the per-epoch document order; < 0: source order
+  int64_t shuffle_seed = -1;    // seed of the per-epoch document order; < 0: source order
 
   bool operator==(const DataLoaderState& other) const {
     return epoch == other.epoch && doc_index == other.doc_index &&
-        token_offset == other.token_offset && buffer == other.buffer &&
-        shuffle_seed == other.shuffle_seed;
+           token_offset == other.token_offset && buffer == other.buffer &&
+           shuffle_seed == other.shuffle_seed;
   }
 };
 
@@ -67,24 +67,13 @@ class DataLoader {
   // batch_size full windows remain, dropping the remainder.
   // `shuffle_seed` >= 0 shuffles the document order of each epoch (see above). A pre-tokenized
   // source must have been written by a tokenizer of the same vocab_size (DataError otherwise).
-  DataLoader(
-      std::shared_ptr<const DocumentSource> source,
-      const Tokenizer& tokenizer,
-      int64_t seq_len,
-      int64_t batch_size,
-      int64_t dp_rank = 0,
-      int64_t dp_world = 1,
-      bool infinite = true,
-      int64_t shuffle_seed = -1);
+  DataLoader(std::shared_ptr<const DocumentSource> source, const Tokenizer& tokenizer,
+             int64_t seq_len, int64_t batch_size, int64_t dp_rank = 0, int64_t dp_world = 1,
+             bool infinite = true, int64_t shuffle_seed = -1);
   // Documents in memory, in order.
-  DataLoader(
-      std::shared_ptr<const std::vector<Document>> docs,
-      const Tokenizer& tokenizer,
-      int64_t seq_len,
-      int64_t batch_size,
-      int64_t dp_rank = 0,
-      int64_t dp_world = 1,
-      bool infinite = true);
+  DataLoader(std::shared_ptr<const std::vector<Document>> docs, const Tokenizer& tokenizer,
+             int64_t seq_len, int64_t batch_size, int64_t dp_rank = 0, int64_t dp_world = 1,
+             bool infinite = true);
 
   // The next batch, or nullopt when a finite loader is exhausted (and on every later call).
   std::optional<Batch> next();
@@ -96,15 +85,9 @@ class DataLoader {
   void load_state(const DataLoaderState& state);
 
   // Documents read by this dp rank.
-  int64_t num_local_documents() const {
-    return num_local_docs_;
-  }
-  int64_t seq_len() const {
-    return seq_len_;
-  }
-  int64_t batch_size() const {
-    return batch_size_;
-  }
+  int64_t num_local_documents() const { return num_local_docs_; }
+  int64_t seq_len() const { return seq_len_; }
+  int64_t batch_size() const { return batch_size_; }
 
  private:
   // Fills `out` with the next seq_len + 1 tokens; false if a finite stream ran out.

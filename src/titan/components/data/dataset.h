@@ -71,10 +71,8 @@ std::vector<Document> load_dataset(const std::string& name, const std::string& p
 
 // Dataset `name` at `path` (empty: its default location) as a source the DataLoader pulls from:
 // streamed from disk for user corpora, in memory for the built-ins. Errors as load_dataset.
-std::shared_ptr<const DocumentSource> open_dataset(
-    const std::string& name,
-    const std::string& path,
-    const std::string& text_field = "text",
-    const CorpusSettings& settings = {});
+std::shared_ptr<const DocumentSource> open_dataset(const std::string& name, const std::string& path,
+                                                   const std::string& text_field = "text",
+                                                   const CorpusSettings& settings = {});
 
 }  // namespace titan

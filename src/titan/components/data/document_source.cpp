@@ -12,8 +12,8 @@
 #include <algorithm>
 #include <cctype>
 #include <cerrno>
-#include <cstring>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -27,15 +27,12 @@ namespace {
 
 std::string extension_of(const std::string& path) {
   std::string ext = fs::path(path).extension().string();
-  std::transform(ext.begin(), ext.end(), ext.begin(), [](unsigned char c) {
-    return static_cast<char>(std::tolower(c));
-  });
+  std::transform(ext.begin(), ext.end(), ext.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
   return ext;
 }
 
-bool is_jsonl_ext(const std::string& ext) {
-  return ext == ".jsonl" || ext == ".json";
-}
+bool is_jsonl_ext(const std::string& ext) { return ext == ".jsonl" || ext == ".json"; }
 
 // Text must be UTF-8 in every format: DataError naming the place and the file's byte offset.
 void check_utf8(std::string_view text, const std::string& where, uint64_t file_offset) {
@@ -50,28 +47,20 @@ void check_utf8(std::string_view text, const std::string& where, uint64_t file_o
 
 bool matches(CorpusFormat format, const std::string& ext) {
   switch (format) {
-    case CorpusFormat::kText:
-      return ext == ".txt";
-    case CorpusFormat::kJsonl:
-      return is_jsonl_ext(ext);
-    case CorpusFormat::kTokens:
-      return ext == ".bin";
-    case CorpusFormat::kAuto:
-      return ext == ".txt" || is_jsonl_ext(ext) || ext == ".bin";
+    case CorpusFormat::kText: return ext == ".txt";
+    case CorpusFormat::kJsonl: return is_jsonl_ext(ext);
+    case CorpusFormat::kTokens: return ext == ".bin";
+    case CorpusFormat::kAuto: return ext == ".txt" || is_jsonl_ext(ext) || ext == ".bin";
   }
   return false;
 }
 
 const char* extensions_of(CorpusFormat format) {
   switch (format) {
-    case CorpusFormat::kText:
-      return ".txt";
-    case CorpusFormat::kJsonl:
-      return ".jsonl/.json";
-    case CorpusFormat::kTokens:
-      return ".bin";
-    case CorpusFormat::kAuto:
-      return ".txt/.jsonl/.json/.bin";
+    case CorpusFormat::kText: return ".txt";
+    case CorpusFormat::kJsonl: return ".jsonl/.json";
+    case CorpusFormat::kTokens: return ".bin";
+    case CorpusFormat::kAuto: return ".txt/.jsonl/.json/.bin";
   }
   return "";
 }
@@ -83,7 +72,8 @@ class TextCorpusSource final : public DocumentSource {
   // `format` kText or kJsonl reads every file as that; kAuto goes by extension.
   TextCorpusSource(std::vector<std::string> files, std::string text_field, CorpusFormat format,
                    CorpusSettings settings)
-      : files_(std::move(files)), text_field_(std::move(text_field)),
+      : files_(std::move(files)),
+        text_field_(std::move(text_field)),
         settings_(std::move(settings)) {
     for (size_t f = 0; f < files_.size(); ++f) {
       if (format == CorpusFormat::kJsonl ||
@@ -95,9 +85,7 @@ class TextCorpusSource final : public DocumentSource {
     }
   }
 
-  int64_t size() const override {
-    return static_cast<int64_t>(entries_.size());
-  }
+  int64_t size() const override { return static_cast<int64_t>(entries_.size()); }
 
   std::string describe(int64_t i) const override {
     const Entry& e = entries_.at(i);
@@ -202,7 +190,8 @@ class TextCorpusSource final : public DocumentSource {
     // Like an empty .txt file: documents of BOS and EOS alone would train on nothing.
     if (!any_text) {
       throw DataError(files_[f] + ": every line's \"" + text_field_ + "\" is empty; the file " +
-                      "holds no text. HINT: check " + settings_.text_field + ", or remove the file");
+                      "holds no text. HINT: check " + settings_.text_field +
+                      ", or remove the file");
     }
   }
 
@@ -231,9 +220,7 @@ class TokenCorpusSource final : public DocumentSource {
     }
   }
 
-  int64_t size() const override {
-    return ends_.empty() ? 0 : ends_.back();
-  }
+  int64_t size() const override { return ends_.empty() ? 0 : ends_.back(); }
 
   std::string describe(int64_t i) const override {
     const auto [r, local] = locate(i);
@@ -256,8 +243,8 @@ class TokenCorpusSource final : public DocumentSource {
  private:
   std::pair<size_t, int64_t> locate(int64_t i) const {
     TITAN_CHECK(i >= 0 && i < size(), "token corpus: document ", i, " out of range");
-    const auto r = static_cast<size_t>(std::upper_bound(ends_.begin(), ends_.end(), i) -
-                                       ends_.begin());
+    const auto r =
+        static_cast<size_t>(std::upper_bound(ends_.begin(), ends_.end(), i) - ends_.begin());
     return {r, i - (r == 0 ? 0 : ends_[r - 1])};
   }
 
@@ -272,21 +259,15 @@ MemoryDocumentSource::MemoryDocumentSource(std::shared_ptr<const std::vector<Doc
   TITAN_CHECK(docs_ != nullptr, "MemoryDocumentSource: documents must not be null");
 }
 
-int64_t MemoryDocumentSource::size() const {
-  return static_cast<int64_t>(docs_->size());
-}
+int64_t MemoryDocumentSource::size() const { return static_cast<int64_t>(docs_->size()); }
 
-std::string MemoryDocumentSource::describe(int64_t i) const {
-  return docs_->at(i).name;
-}
+std::string MemoryDocumentSource::describe(int64_t i) const { return docs_->at(i).name; }
 
 std::vector<int64_t> MemoryDocumentSource::encode(int64_t i, const Tokenizer& tokenizer) const {
   return tokenizer.encode(docs_->at(i).text);
 }
 
-std::string MemoryDocumentSource::text(int64_t i) const {
-  return docs_->at(i).text;
-}
+std::string MemoryDocumentSource::text(int64_t i) const { return docs_->at(i).text; }
 
 CorpusFormat corpus_format_from_name(const std::string& name) {
   if (name == "text") return CorpusFormat::kText;
@@ -305,10 +286,8 @@ CorpusSettings CorpusSettings::of_prepare() {
   return CorpusSettings{"--input", "", "--text-field"};
 }
 
-std::vector<std::string> list_corpus_files(
-    const std::string& path,
-    CorpusFormat format,
-    const CorpusSettings& settings) {
+std::vector<std::string> list_corpus_files(const std::string& path, CorpusFormat format,
+                                           const CorpusSettings& settings) {
   std::error_code ec;
   const fs::file_status status = fs::status(path, ec);
   if (path.empty() || ec || !fs::exists(status)) {
@@ -319,9 +298,9 @@ std::vector<std::string> list_corpus_files(
   if (!fs::is_directory(status)) {
     require_regular_file(path, "dataset file");  // a FIFO would hang, /dev/zero fill memory
     if (format == CorpusFormat::kAuto && !matches(format, extension_of(path))) {
-      const std::string hint = settings.format.empty()
-          ? "rename it to one of those extensions"
-          : "name the format: " + settings.format + " = text, jsonl or tokens";
+      const std::string hint = settings.format.empty() ? "rename it to one of those extensions"
+                                                       : "name the format: " + settings.format +
+                                                             " = text, jsonl or tokens";
       throw DataError(path + ": cannot tell its format from the extension (expected " +
                       std::string(extensions_of(format)) + "). HINT: " + hint);
     }
@@ -358,10 +337,9 @@ std::vector<std::string> list_corpus_files(
   return files;
 }
 
-std::shared_ptr<const DocumentSource> open_text_corpus(
-    const std::vector<std::string>& files,
-    const std::string& text_field,
-    const CorpusSettings& settings) {
+std::shared_ptr<const DocumentSource> open_text_corpus(const std::vector<std::string>& files,
+                                                       const std::string& text_field,
+                                                       const CorpusSettings& settings) {
   return std::make_shared<TextCorpusSource>(files, text_field, CorpusFormat::kAuto, settings);
 }
 
@@ -369,18 +347,16 @@ std::shared_ptr<const DocumentSource> open_token_corpus(const std::vector<std::s
   return std::make_shared<TokenCorpusSource>(files);
 }
 
-std::shared_ptr<const DocumentSource> open_corpus(
-    const std::string& path,
-    CorpusFormat format,
-    const std::string& text_field,
-    const CorpusSettings& settings) {
+std::shared_ptr<const DocumentSource> open_corpus(const std::string& path, CorpusFormat format,
+                                                  const std::string& text_field,
+                                                  const CorpusSettings& settings) {
   const std::vector<std::string> files = list_corpus_files(path, format, settings);
   size_t num_bin = 0;
   for (const std::string& f : files) {
     num_bin += extension_of(f) == ".bin" ? 1 : 0;
   }
-  const bool tokens = format == CorpusFormat::kTokens ||
-      (format == CorpusFormat::kAuto && num_bin == files.size());
+  const bool tokens =
+      format == CorpusFormat::kTokens || (format == CorpusFormat::kAuto && num_bin == files.size());
   if (format == CorpusFormat::kAuto && num_bin != 0 && num_bin != files.size()) {
     throw DataError("dataset path " + path + " mixes token files (.bin) with text files; " +
                     "HINT: point " + settings.path + " at one kind");

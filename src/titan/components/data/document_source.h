@@ -35,9 +35,7 @@ class DocumentSource {
   // Text of document i; throws DataError for a pre-tokenized source.
   virtual std::string text(int64_t i) const = 0;
   // Vocabulary size of the tokenizer that wrote a pre-tokenized source; 0 for text sources.
-  virtual int64_t token_vocab_size() const {
-    return 0;
-  }
+  virtual int64_t token_vocab_size() const { return 0; }
 };
 
 class MemoryDocumentSource final : public DocumentSource {
@@ -62,25 +60,20 @@ CorpusFormat corpus_format_from_name(const std::string& name);
 // directly is accepted whatever its extension unless `format` is kAuto. Files of other
 // extensions in a directory are skipped with one warning. Throws DataError when `path` does
 // not exist or holds no matching file.
-std::vector<std::string> list_corpus_files(
-    const std::string& path,
-    CorpusFormat format,
-    const CorpusSettings& settings = {});
+std::vector<std::string> list_corpus_files(const std::string& path, CorpusFormat format,
+                                           const CorpusSettings& settings = {});
 
 // A source over the corpus at `path`. `text_field` is the JSON key holding a line's text. With
 // kAuto the format follows the extensions; token files cannot be mixed with text files. Every
 // JSON line is parsed once here, so a malformed line fails at start, not mid-training.
-std::shared_ptr<const DocumentSource> open_corpus(
-    const std::string& path,
-    CorpusFormat format,
-    const std::string& text_field = "text",
-    const CorpusSettings& settings = {});
+std::shared_ptr<const DocumentSource> open_corpus(const std::string& path, CorpusFormat format,
+                                                  const std::string& text_field = "text",
+                                                  const CorpusSettings& settings = {});
 
 // Separate sources over given files (all of one kind: text files and JSON lines may mix).
-std::shared_ptr<const DocumentSource> open_text_corpus(
-    const std::vector<std::string>& files,
-    const std::string& text_field,
-    const CorpusSettings& settings = {});
+std::shared_ptr<const DocumentSource> open_text_corpus(const std::vector<std::string>& files,
+                                                       const std::string& text_field,
+                                                       const CorpusSettings& settings = {});
 std::shared_ptr<const DocumentSource> open_token_corpus(const std::vector<std::string>& files);
 
 }  // namespace titan

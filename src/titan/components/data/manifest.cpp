@@ -31,18 +31,16 @@ std::string hex64(uint64_t value) {
 
 }  // namespace
 
-std::vector<Document> read_verified_documents(
-    const std::string& dataset,
-    const std::string& dir,
-    const std::vector<ManifestEntry>& entries,
-    const std::string& setup_command) {
+std::vector<Document> read_verified_documents(const std::string& dataset, const std::string& dir,
+                                              const std::vector<ManifestEntry>& entries,
+                                              const std::string& setup_command) {
   std::error_code ec;
   if (!fs::is_directory(dir, ec)) {
     throw DataError("dataset '" + dataset + "' not found at " + dir + "; run " + setup_command +
                     " to fetch it");
   }
   const std::string hint = ". HINT: the cached copy is incomplete or corrupt; delete the folder " +
-      dir + " and re-run " + setup_command + " to fetch it again";
+                           dir + " and re-run " + setup_command + " to fetch it again";
 
   std::vector<Document> docs;
   docs.reserve(entries.size());

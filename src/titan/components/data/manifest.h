@@ -25,10 +25,8 @@ uint64_t fnv1a64(std::string_view data);
 // `setup_command` is what the user runs to (re)fetch it. Throws DataError when the folder is
 // missing ("dataset 'sotu' not found at DIR; run scripts/setup.sh to fetch it") or a file is
 // missing, has the wrong size or the wrong hash.
-std::vector<Document> read_verified_documents(
-    const std::string& dataset,
-    const std::string& dir,
-    const std::vector<ManifestEntry>& entries,
-    const std::string& setup_command);
+std::vector<Document> read_verified_documents(const std::string& dataset, const std::string& dir,
+                                              const std::vector<ManifestEntry>& entries,
+                                              const std::string& setup_command);
 
 }  // namespace titan

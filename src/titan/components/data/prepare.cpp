@@ -20,10 +20,8 @@ std::string token_shard_name(int64_t index) {
   return name;
 }
 
-PrepareStats prepare_token_shards(
-    const PrepareOptions& options,
-    const Tokenizer& tokenizer,
-    const std::function<void(const PrepareStats&)>& progress) {
+PrepareStats prepare_token_shards(const PrepareOptions& options, const Tokenizer& tokenizer,
+                                  const std::function<void(const PrepareStats&)>& progress) {
   if (options.inputs.empty()) {
     throw ConfigError("data prepare: no --input given");
   }
@@ -38,12 +36,14 @@ PrepareStats prepare_token_shards(
   // shards as input.
   if (fs::exists(fs::path(options.output_dir) / token_shard_name(0))) {
     throw DataError("data prepare: " + options.output_dir + " already holds " +
-                    token_shard_name(0) + ". HINT: remove the old shards or pick another "
+                    token_shard_name(0) +
+                    ". HINT: remove the old shards or pick another "
                     "--output folder, so old and new shards do not mix");
   }
   std::vector<std::string> files;
   for (const std::string& input : options.inputs) {
-    for (std::string& file : list_corpus_files(input, CorpusFormat::kAuto, CorpusSettings::of_prepare())) {
+    for (std::string& file :
+         list_corpus_files(input, CorpusFormat::kAuto, CorpusSettings::of_prepare())) {
       if (fs::path(file).extension() == ".bin") {
         throw DataError("data prepare: " + file + " is already a token file; inputs must be " +
                         ".txt, .jsonl or .json text");

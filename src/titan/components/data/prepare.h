@@ -14,9 +14,9 @@
 namespace titan {
 
 struct PrepareOptions {
-  std::vector<std::string> inputs;  // files or folders (searched recursively), in this order
-  std::string output_dir;           // created if missing; must not already hold shard files
-  std::string text_field = "text";  // JSON key of a line's text
+  std::vector<std::string> inputs;     // files or folders (searched recursively), in this order
+  std::string output_dir;              // created if missing; must not already hold shard files
+  std::string text_field = "text";     // JSON key of a line's text
   int64_t shard_tokens = 100'000'000;  // a new shard starts once one would exceed this
 };
 
@@ -35,8 +35,7 @@ std::string token_shard_name(int64_t index);
 // called about once a second while it runs. Throws DataError for unreadable or malformed input
 // (naming file and line) and ConfigError for bad options.
 PrepareStats prepare_token_shards(
-    const PrepareOptions& options,
-    const Tokenizer& tokenizer,
+    const PrepareOptions& options, const Tokenizer& tokenizer,
     const std::function<void(const PrepareStats&)>& progress = nullptr);
 
 }  // namespace titan

@@ -15,10 +15,8 @@ bool is_sotu_validation_file(std::string_view filename) {
   return filename.size() > 4 && filename[3] == '5' && filename[4] == '_';
 }
 
-std::vector<Document> load_sotu(
-    const std::string& dir,
-    SotuSplit split,
-    const std::vector<ManifestEntry>& manifest) {
+std::vector<Document> load_sotu(const std::string& dir, SotuSplit split,
+                                const std::vector<ManifestEntry>& manifest) {
   const bool want_validation = split == SotuSplit::kValidation;
   std::vector<ManifestEntry> entries;
   for (const ManifestEntry& entry : manifest) {
@@ -32,15 +30,13 @@ std::vector<Document> load_sotu(
 
 std::vector<DatasetSpec> sotu_dataset_specs() {
   return {
-      DatasetSpec{"sotu",
-                  "State of the Union addresses 1790-2021 except years ending in 5 (210 docs)",
-                  kCacheSubdir,
-                  [](const std::string& path) { return load_sotu(path, SotuSplit::kTrain); }},
       DatasetSpec{
-          "sotu_validation",
-          "State of the Union addresses of years ending in 5, held out (23 docs)",
-          kCacheSubdir,
-          [](const std::string& path) { return load_sotu(path, SotuSplit::kValidation); }},
+          "sotu", "State of the Union addresses 1790-2021 except years ending in 5 (210 docs)",
+          kCacheSubdir, [](const std::string& path) { return load_sotu(path, SotuSplit::kTrain); }},
+      DatasetSpec{"sotu_validation",
+                  "State of the Union addresses of years ending in 5, held out (23 docs)",
+                  kCacheSubdir,
+                  [](const std::string& path) { return load_sotu(path, SotuSplit::kValidation); }},
   };
 }
 

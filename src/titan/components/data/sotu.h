@@ -25,10 +25,8 @@ const std::vector<ManifestEntry>& sotu_manifest();
 bool is_sotu_validation_file(std::string_view filename);
 
 // The documents of `split` read from `dir`, each verified against `manifest` (tests pass a fake).
-std::vector<Document> load_sotu(
-    const std::string& dir,
-    SotuSplit split,
-    const std::vector<ManifestEntry>& manifest = sotu_manifest());
+std::vector<Document> load_sotu(const std::string& dir, SotuSplit split,
+                                const std::vector<ManifestEntry>& manifest = sotu_manifest());
 
 // Registry entries for "sotu" and "sotu_validation" (both in cache folder datasets/sotu).
 std::vector<DatasetSpec> sotu_dataset_specs();

@@ -246,8 +246,8 @@ constexpr ManifestEntry kSotuManifest[] = {
 }  // namespace
 
 const std::vector<ManifestEntry>& sotu_manifest() {
-  static const std::vector<ManifestEntry> manifest(
-      std::begin(kSotuManifest), std::end(kSotuManifest));
+  static const std::vector<ManifestEntry> manifest(std::begin(kSotuManifest),
+                                                   std::end(kSotuManifest));
   return manifest;
 }
 

@@ -93,8 +93,8 @@ TokenFileReader::TokenFileReader(const std::string& path) : path_(path) {
     uint64_t prev = 0;
     for (int64_t i = 0; i <= num_documents_; ++i) {
       const uint64_t o = offset(i);
-      const bool bad = (i == 0 && o != 0) || o < prev || o > tokens ||
-          (i == num_documents_ && o != tokens);
+      const bool bad =
+          (i == 0 && o != 0) || o < prev || o > tokens || (i == num_documents_ && o != tokens);
       if (bad) {
         fail("document offset " + std::to_string(i) + " = " + std::to_string(o) + " at byte " +
              std::to_string((offsets_ - data_) + 8 * i) + " is out of order or out of range");
@@ -113,9 +113,7 @@ TokenFileReader::~TokenFileReader() {
   }
 }
 
-uint64_t TokenFileReader::offset(int64_t i) const {
-  return load<uint64_t>(offsets_ + 8 * i);
-}
+uint64_t TokenFileReader::offset(int64_t i) const { return load<uint64_t>(offsets_ + 8 * i); }
 
 std::vector<int64_t> TokenFileReader::document(int64_t i) const {
   TITAN_CHECK(i >= 0 && i < num_documents_, "token file ", path_, ": document ", i,

@@ -38,21 +38,11 @@ class TokenFileReader {
   TokenFileReader(const TokenFileReader&) = delete;
   TokenFileReader& operator=(const TokenFileReader&) = delete;
 
-  const std::string& path() const {
-    return path_;
-  }
-  int64_t num_documents() const {
-    return num_documents_;
-  }
-  int64_t num_tokens() const {
-    return num_tokens_;
-  }
-  int64_t vocab_size() const {
-    return vocab_size_;
-  }
-  int64_t token_width() const {
-    return width_;
-  }
+  const std::string& path() const { return path_; }
+  int64_t num_documents() const { return num_documents_; }
+  int64_t num_tokens() const { return num_tokens_; }
+  int64_t vocab_size() const { return vocab_size_; }
+  int64_t token_width() const { return width_; }
   // Ids of document i (0 <= i < num_documents()); throws DataError on an id >= vocab_size().
   std::vector<int64_t> document(int64_t i) const;
 
@@ -84,12 +74,8 @@ class TokenFileWriter {
   // then. Throws DataError on an I/O failure.
   void finish();
 
-  int64_t num_tokens() const {
-    return offsets_.back();
-  }
-  int64_t num_documents() const {
-    return static_cast<int64_t>(offsets_.size()) - 1;
-  }
+  int64_t num_tokens() const { return offsets_.back(); }
+  int64_t num_documents() const { return static_cast<int64_t>(offsets_.size()) - 1; }
 
  private:
   void write(const void* data, size_t bytes);

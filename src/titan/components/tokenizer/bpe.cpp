@@ -39,8 +39,8 @@ BpeTokenizer::BpeTokenizer(BpeModel model)
     : model_(std::move(model)), cache_owner_(next_cache_owner++) {
   const std::string& src = model_.source;
   int64_t size = static_cast<int64_t>(model_.tokens.size());
-  const int64_t max_id = size + static_cast<int64_t>(model_.special_tokens.size()) +
-      BpeModel::kMaxUnusedIds;
+  const int64_t max_id =
+      size + static_cast<int64_t>(model_.special_tokens.size()) + BpeModel::kMaxUnusedIds;
   for (const auto& [text, id] : model_.special_tokens) {
     if (id < 0 || id >= max_id || text.empty()) {
       throw DataError(src + ": special token '" + text + "' has an invalid id " +
@@ -80,9 +80,8 @@ BpeTokenizer::BpeTokenizer(BpeModel model)
     }
   }
   for (auto& group : specials_by_byte_) {
-    std::stable_sort(group.begin(), group.end(), [](const auto& a, const auto& b) {
-      return a.first.size() > b.first.size();
-    });
+    std::stable_sort(group.begin(), group.end(),
+                     [](const auto& a, const auto& b) { return a.first.size() > b.first.size(); });
   }
   for (int b = 0; b < 256; ++b) {
     auto it = token_to_id_.find(std::string(1, static_cast<char>(b)));

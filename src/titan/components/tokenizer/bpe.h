@@ -54,18 +54,14 @@ class BpeTokenizer final : public Tokenizer {
   std::vector<int64_t> encode(std::string_view text) const override;
   // Concatenated token bytes; BOS/EOS are skipped. Throws c10::Error on an unknown id.
   std::string decode(const std::vector<int64_t>& ids) const override;
-  int64_t vocab_size() const override {
-    return static_cast<int64_t>(id_to_bytes_.size());
-  }
+  int64_t vocab_size() const override { return static_cast<int64_t>(id_to_bytes_.size()); }
   // Throw ConfigError when the files define no BOS/EOS token.
   int64_t bos_id() const override;
   int64_t eos_id() const override;
 
   // The raw bytes of token `id` (special tokens: their text). Throws c10::Error when unknown.
   const std::string& token_bytes(int64_t id) const;
-  const BpeModel& model() const {
-    return model_;
-  }
+  const BpeModel& model() const { return model_; }
 
  private:
   struct Merge {
@@ -74,7 +70,7 @@ class BpeTokenizer final : public Tokenizer {
   };
   static uint64_t pair_key(int32_t left, int32_t right) {
     return (static_cast<uint64_t>(static_cast<uint32_t>(left)) << 32) |
-        static_cast<uint32_t>(right);
+           static_cast<uint32_t>(right);
   }
 
   void build_merges();

@@ -23,15 +23,10 @@ namespace {
 namespace fs = std::filesystem;
 
 uint64_t pair_key(int32_t left, int32_t right) {
-  return (static_cast<uint64_t>(static_cast<uint32_t>(left)) << 32) |
-      static_cast<uint32_t>(right);
+  return (static_cast<uint64_t>(static_cast<uint32_t>(left)) << 32) | static_cast<uint32_t>(right);
 }
-int32_t key_left(uint64_t key) {
-  return static_cast<int32_t>(key >> 32);
-}
-int32_t key_right(uint64_t key) {
-  return static_cast<int32_t>(key & 0xFFFFFFFFu);
-}
+int32_t key_left(uint64_t key) { return static_cast<int32_t>(key >> 32); }
+int32_t key_right(uint64_t key) { return static_cast<int32_t>(key & 0xFFFFFFFFu); }
 
 // GPT-2's bytes_to_unicode as UTF-8: printable Latin-1 bytes stand for themselves, the other 68
 // bytes take the code points 256, 257, ... in byte order (Hugging Face ByteLevel).
@@ -106,9 +101,7 @@ class Merger {
     return false;
   }
 
-  size_t num_tokens() const {
-    return tokens_.size();
-  }
+  size_t num_tokens() const { return tokens_.size(); }
 
   BpeTrainResult result() && {
     BpeTrainResult r;
@@ -259,8 +252,12 @@ std::string bpe_tokenizer_json(const BpeTrainResult& result) {
   using nlohmann::ordered_json;
   ordered_json added = ordered_json::array();
   for (const auto& [content, id] : result.special_tokens) {
-    added.push_back({{"id", id}, {"content", content}, {"single_word", false},
-                     {"lstrip", false}, {"rstrip", false}, {"normalized", false},
+    added.push_back({{"id", id},
+                     {"content", content},
+                     {"single_word", false},
+                     {"lstrip", false},
+                     {"rstrip", false},
+                     {"normalized", false},
                      {"special", true}});
   }
   ordered_json vocab = ordered_json::object();
@@ -273,8 +270,10 @@ std::string bpe_tokenizer_json(const BpeTrainResult& result) {
                      to_byte_level(result.tokens[right]));
   }
   const auto byte_level = [](bool add_prefix_space) {
-    return ordered_json{{"type", "ByteLevel"}, {"add_prefix_space", add_prefix_space},
-                        {"trim_offsets", true}, {"use_regex", true}};
+    return ordered_json{{"type", "ByteLevel"},
+                        {"add_prefix_space", add_prefix_space},
+                        {"trim_offsets", true},
+                        {"use_regex", true}};
   };
   ordered_json root;
   root["version"] = "1.0";
@@ -283,9 +282,14 @@ std::string bpe_tokenizer_json(const BpeTrainResult& result) {
   root["pre_tokenizer"] = byte_level(false);
   root["post_processor"] = nullptr;
   root["decoder"] = byte_level(true);
-  root["model"] = {{"type", "BPE"}, {"dropout", nullptr}, {"unk_token", nullptr},
-                   {"continuing_subword_prefix", nullptr}, {"end_of_word_suffix", nullptr},
-                   {"fuse_unk", false}, {"byte_fallback", false}, {"vocab", std::move(vocab)},
+  root["model"] = {{"type", "BPE"},
+                   {"dropout", nullptr},
+                   {"unk_token", nullptr},
+                   {"continuing_subword_prefix", nullptr},
+                   {"end_of_word_suffix", nullptr},
+                   {"fuse_unk", false},
+                   {"byte_fallback", false},
+                   {"vocab", std::move(vocab)},
                    {"merges", std::move(merges)}};
   return root.dump(2) + "\n";
 }

@@ -43,9 +43,7 @@ class BpeTrainer {
   // the special tokens. Stops early (smaller vocabulary) when no adjacent pair is left.
   BpeTrainResult train(const BpeTrainerOptions& options, const BpeProgressFn& progress = {}) const;
 
-  size_t num_unique_words() const {
-    return word_counts_.size();
-  }
+  size_t num_unique_words() const { return word_counts_.size(); }
 
  private:
   std::unordered_map<std::string, int64_t> word_counts_;

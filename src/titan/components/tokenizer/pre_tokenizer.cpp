@@ -156,8 +156,8 @@ void pre_tokenize(PreTokenizer kind, std::string_view text, std::vector<std::str
   const Scanner scanner(text);
   size_t pos = 0;
   while (pos < text.size()) {
-    const size_t end = kind == PreTokenizer::kGpt2 ? scanner.match_gpt2(pos)
-                                                   : scanner.match_llama3(pos);
+    const size_t end =
+        kind == PreTokenizer::kGpt2 ? scanner.match_gpt2(pos) : scanner.match_llama3(pos);
     pieces->push_back(text.substr(pos, end - pos));
     pos = end;
   }

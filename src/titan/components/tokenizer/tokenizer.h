@@ -38,15 +38,9 @@ class ByteTokenizer final : public Tokenizer {
   std::vector<int64_t> encode(std::string_view text) const override;
   // Throws c10::Error on an id outside [0, 258).
   std::string decode(const std::vector<int64_t>& ids) const override;
-  int64_t vocab_size() const override {
-    return kVocabSize;
-  }
-  int64_t bos_id() const override {
-    return kBosId;
-  }
-  int64_t eos_id() const override {
-    return kEosId;
-  }
+  int64_t vocab_size() const override { return kVocabSize; }
+  int64_t bos_id() const override { return kBosId; }
+  int64_t eos_id() const override { return kEosId; }
 };
 
 // The tokenizer for model.hf_assets_path: empty -> ByteTokenizer; else a BpeTokenizer from the

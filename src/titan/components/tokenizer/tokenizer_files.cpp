@@ -139,8 +139,8 @@ void read_pre_tokenizer(const json& pt, const std::string& path, bool* byte_leve
     }
   } else if (type == "Split") {
     const json& pattern = pt.at("pattern");
-    const std::string regex = pattern.contains("Regex") ? pattern.at("Regex").get<std::string>()
-                                                        : std::string();
+    const std::string regex =
+        pattern.contains("Regex") ? pattern.at("Regex").get<std::string>() : std::string();
     std::optional<PreTokenizer> kind = pre_tokenizer_from_pattern(regex);
     if (!kind || pt.value("behavior", "") != "Isolated" || pt.value("invert", false)) {
       throw ConfigError(path + ": unsupported Split pre-tokenizer " + pt.dump() +
@@ -185,11 +185,16 @@ std::optional<std::string> decode_base64(std::string_view text) {
 // Llama 3's special tokens, in id order after its 128000 ranks (as in TorchTitan / Meta's
 // tokenizer.py): 10 named ones, then reserved tokens up to 256 in all.
 std::vector<std::string> llama3_special_tokens() {
-  std::vector<std::string> names = {
-      "<|begin_of_text|>", "<|end_of_text|>", "<|reserved_special_token_0|>",
-      "<|reserved_special_token_1|>", "<|reserved_special_token_2|>",
-      "<|reserved_special_token_3|>", "<|start_header_id|>", "<|end_header_id|>",
-      "<|reserved_special_token_4|>", "<|eot_id|>"};
+  std::vector<std::string> names = {"<|begin_of_text|>",
+                                    "<|end_of_text|>",
+                                    "<|reserved_special_token_0|>",
+                                    "<|reserved_special_token_1|>",
+                                    "<|reserved_special_token_2|>",
+                                    "<|reserved_special_token_3|>",
+                                    "<|start_header_id|>",
+                                    "<|end_header_id|>",
+                                    "<|reserved_special_token_4|>",
+                                    "<|eot_id|>"};
   for (int i = 5; names.size() < 256; ++i) {
     names.push_back("<|reserved_special_token_" + std::to_string(i) + "|>");
   }
@@ -243,8 +248,10 @@ BpeModel read_hf_tokenizer_json(const std::string& path) {
     std::optional<PreTokenizer> split;
     read_pre_tokenizer(pt, path, &byte_level, &split, &model);
     if (!byte_level || !split) {
-      throw ConfigError(path + ": the pre-tokenizer must be ByteLevel with a GPT-2 or Llama-3 "
-                        "regex; got " + pt.dump());
+      throw ConfigError(path +
+                        ": the pre-tokenizer must be ByteLevel with a GPT-2 or Llama-3 "
+                        "regex; got " +
+                        pt.dump());
     }
     model.pre_tokenizer = *split;
     std::unordered_map<std::string, int64_t> named;
@@ -367,13 +374,15 @@ std::unique_ptr<BpeTokenizer> load_bpe_tokenizer(const std::string& path) {
       where = " (relative to the current directory " + fs::current_path(ec).string() + ")";
     }
     // The default configs name a tokenizer that scripts/setup.sh trains and links.
-    const std::string hint = path.find("assets/tokenizer") == std::string::npos
-        ? ""
-        : ". HINT: assets/tokenizer/sotu_2k is built by scripts/setup.sh "
-          "(scripts/build_tokenizer.sh); run it, and run titan from the repository root";
+    const std::string hint =
+        path.find("assets/tokenizer") == std::string::npos
+            ? ""
+            : ". HINT: assets/tokenizer/sotu_2k is built by scripts/setup.sh "
+              "(scripts/build_tokenizer.sh); run it, and run titan from the repository root";
     throw ConfigError("model.hf_assets_path: '" + path + "' does not exist" + where +
                       "; point it at a tokenizer.json, a tiktoken file or a folder holding one, "
-                      "or leave it empty for the byte-level tokenizer" + hint);
+                      "or leave it empty for the byte-level tokenizer" +
+                      hint);
   }
   if (!fs::is_directory(path, ec)) {
     if (fs::path(path).extension() == ".json") {

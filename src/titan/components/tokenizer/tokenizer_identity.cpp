@@ -16,7 +16,9 @@ namespace {
 constexpr const char* kProbe =
     "The quick brown fox jumps over the lazy dog. It's 2024-06-01, 12:34:56; x = 3.14159 * r^2\n"
     "    indented\tcode { return a[i] + b[j]; }  // comment\n\n"
-    "Caf\xC3\xA9 na\xC3\xAFve \xC3\xBC" "ber Stra\xC3\x9F" "e, \xD0\xBF\xD1\x80\xD0\xB8\xD0\xB2\xD0\xB5\xD1\x82 "
+    "Caf\xC3\xA9 na\xC3\xAFve \xC3\xBC"
+    "ber Stra\xC3\x9F"
+    "e, \xD0\xBF\xD1\x80\xD0\xB8\xD0\xB2\xD0\xB5\xD1\x82 "
     "\xE4\xBD\xA0\xE5\xA5\xBD\xE4\xB8\x96\xE7\x95\x8C \xF0\x9F\x98\x80\xF0\x9F\x9A\x80 "
     "HTTPS://example.org/a_b?c=d&e=f  ...!!! \"quoted\" 'single' --flag=1 100000000";
 
@@ -72,14 +74,14 @@ std::string tokenizer_difference(const nlohmann::json& recorded, const nlohmann:
     const std::string path = r.value("path", "");
     return (path.empty() ? std::string("the byte tokenizer (model.hf_assets_path \"\")")
                          : "'" + path + "'") +
-        " (vocab " + std::to_string(r.value("vocab_size", int64_t{-1})) + ", fingerprint " +
-        r.value("fingerprint", "") + ")";
+           " (vocab " + std::to_string(r.value("vocab_size", int64_t{-1})) + ", fingerprint " +
+           r.value("fingerprint", "") + ")";
   };
-  return "the checkpoint's data-loader position was recorded with tokenizer " +
-      describe(recorded) + ", this run uses " + describe(current) +
-      "; resuming continues the data stream at a position counted in the other tokenizer's "
-      "ids. HINT: set model.hf_assets_path to the checkpoint's tokenizer, or add \"dataloader\" "
-      "to checkpoint.exclude_from_loading to restart the data from the beginning";
+  return "the checkpoint's data-loader position was recorded with tokenizer " + describe(recorded) +
+         ", this run uses " + describe(current) +
+         "; resuming continues the data stream at a position counted in the other tokenizer's "
+         "ids. HINT: set model.hf_assets_path to the checkpoint's tokenizer, or add \"dataloader\" "
+         "to checkpoint.exclude_from_loading to restart the data from the beginning";
 }
 
 }  // namespace titan

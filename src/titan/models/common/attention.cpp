@@ -113,7 +113,7 @@ Attention::Attention(int64_t dim, int64_t n_heads, int64_t n_kv_heads, int64_t h
 }
 
 at::Tensor Attention::forward(const at::Tensor& x, const RotaryEmbedding& rope,
-                             const at::Tensor& positions, const KVCacheStep* cache) {
+                              const at::Tensor& positions, const KVCacheStep* cache) {
   return hooked(x, [&](const at::Tensor& in) {
     const int64_t bs = in.size(0);
     const int64_t n = in.size(1);
@@ -130,8 +130,8 @@ at::Tensor Attention::forward(const at::Tensor& x, const RotaryEmbedding& rope,
     const at::Tensor q = rope.forward(wq->forward(xc).view({bs, n, -1, head_dim}), pos);
     const at::Tensor k = rope.forward(wk->forward(xc).view({bs, n, -1, head_dim}), pos);
     const at::Tensor v = wv->forward(xc).view({bs, n, -1, head_dim});  // (bs, n, n_kv, head_dim)
-    const at::Tensor out = cache != nullptr ? attend_cached(q, k, v, *cache)
-                                            : inner_attention->forward(q, k, v);
+    const at::Tensor out =
+        cache != nullptr ? attend_cached(q, k, v, *cache) : inner_attention->forward(q, k, v);
     return wo->forward(out.view({bs, n, -1}));  // out: (bs, n, n_local_heads, head_dim)
   });
 }

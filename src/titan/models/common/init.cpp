@@ -84,7 +84,8 @@ class Sampler {
     if (init_.kind == ParamInit::Kind::kNormal) return static_cast<float>(v);
     // Truncated: redraw this position with the next attempts until it lands inside.
     for (uint32_t attempt = 1; !(v >= init_.a && v <= init_.b); ++attempt) {
-      if (attempt == kMaxAttempts) return static_cast<float>(std::clamp(init_.mean, init_.a, init_.b));
+      if (attempt == kMaxAttempts)
+        return static_cast<float>(std::clamp(init_.mean, init_.a, init_.b));
       v = init_.mean + init_.std * normal_pair(key_, pair, attempt)[lane];
     }
     return static_cast<float>(v);
@@ -108,9 +109,8 @@ void init_box(at::Tensor& dst, const ParamInit& init, uint64_t seed, const std::
               "-d parameter");
   for (int64_t d = 0; d < n; ++d) {
     TITAN_CHECK(box.offsets[d] >= 0 && box.offsets[d] + dst.size(d) <= box.global_shape[d],
-                "init of ", name, ": the box [", box.offsets[d], ", ",
-                box.offsets[d] + dst.size(d), ") of dimension ", d, " leaves the parameter's ",
-                box.global_shape[d]);
+                "init of ", name, ": the box [", box.offsets[d], ", ", box.offsets[d] + dst.size(d),
+                ") of dimension ", d, " leaves the parameter's ", box.global_shape[d]);
   }
   at::NoGradGuard no_grad;
   if (init.kind == ParamInit::Kind::kZeros || init.kind == ParamInit::Kind::kOnes) {

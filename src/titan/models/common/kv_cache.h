@@ -35,8 +35,8 @@ struct KVCache {
   // Forgets the history (keeps the buffers, so a new sequence of the same batch size reuses them).
   void reset() { length = 0; }
 
-  int64_t max_len;                  // positions each buffer holds (at most the RoPE table length)
-  int64_t length = 0;               // positions [0, length) hold valid keys and values
+  int64_t max_len;                   // positions each buffer holds (at most the RoPE table length)
+  int64_t length = 0;                // positions [0, length) hold valid keys and values
   std::vector<LayerKVCache> layers;  // by layer index
 };
 

@@ -27,8 +27,8 @@ at::Tensor HookedModule::hooked(const at::Tensor& x, const ForwardBody& body) {
   std::function<at::Tensor(size_t, const at::Tensor&)> chain = [&](size_t depth,
                                                                    const at::Tensor& in) {
     if (depth == 0) return body(in);
-    return hooks_[depth - 1]->run(*this, in,
-                                  [&chain, depth](const at::Tensor& y) { return chain(depth - 1, y); });
+    return hooks_[depth - 1]->run(
+        *this, in, [&chain, depth](const at::Tensor& y) { return chain(depth - 1, y); });
   };
   return chain(hooks_.size(), x);
 }
@@ -44,8 +44,8 @@ std::vector<ParamSlot> parameter_slots(torch::nn::Module& root) {
   std::vector<ParamSlot> slots;
   for (const auto& item : root.named_parameters()) {
     auto it = by_name.find(item.key());
-    TITAN_CHECK(it != by_name.end() && it->second->unsafeGetTensorImpl() ==
-                                           item.value().unsafeGetTensorImpl(),
+    TITAN_CHECK(it != by_name.end() &&
+                    it->second->unsafeGetTensorImpl() == item.value().unsafeGetTensorImpl(),
                 "parameter ", item.key(), " is not the weight member of a WeightLayer, so a ",
                 "parallelism cannot rebind it; hold parameters in WeightLayer subclasses");
     slots.push_back({item.key(), it->second});
@@ -80,7 +80,8 @@ Linear::Linear(int64_t in_features, int64_t out_features, at::ScalarType compute
 }
 
 at::Tensor Linear::forward(const at::Tensor& x) {
-  return hooked(x, [this](const at::Tensor& in) { return mixed_linear(in, weight, compute_dtype); });
+  return hooked(x,
+                [this](const at::Tensor& in) { return mixed_linear(in, weight, compute_dtype); });
 }
 
 Embedding::Embedding(int64_t num_embeddings, int64_t dim) {

@@ -57,7 +57,8 @@ RMSNorm::RMSNorm(int64_t dim, double eps) : eps(eps) {
 }
 
 at::Tensor RMSNorm::forward(const at::Tensor& x) {
-  return hooked(x, [this](const at::Tensor& in) { return RMSNormFunction::apply(in, weight, eps); });
+  return hooked(x,
+                [this](const at::Tensor& in) { return RMSNormFunction::apply(in, weight, eps); });
 }
 
 void RMSNorm::reset_parameters() {

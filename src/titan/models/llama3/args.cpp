@@ -65,11 +65,14 @@ void Llama3Args::validate() const {
     int64_t value;
     int64_t limit;
   };
-  const Bound bounds[] = {
-      {"dim", dim, kMaxWidth},          {"n_heads", n_heads, kMaxWidth},
-      {"n_kv_heads", n_kv_heads, kMaxWidth}, {"ffn_dim", ffn_dim, kMaxWidth},
-      {"multiple_of", multiple_of, kMaxWidth}, {"n_layers", n_layers, int64_t{1} << 16},
-      {"vocab_size", vocab_size, int64_t{1} << 31}, {"max_seq_len", max_seq_len, int64_t{1} << 31}};
+  const Bound bounds[] = {{"dim", dim, kMaxWidth},
+                          {"n_heads", n_heads, kMaxWidth},
+                          {"n_kv_heads", n_kv_heads, kMaxWidth},
+                          {"ffn_dim", ffn_dim, kMaxWidth},
+                          {"multiple_of", multiple_of, kMaxWidth},
+                          {"n_layers", n_layers, int64_t{1} << 16},
+                          {"vocab_size", vocab_size, int64_t{1} << 31},
+                          {"max_seq_len", max_seq_len, int64_t{1} << 31}};
   for (const Bound& b : bounds) {
     if (b.value < 0 || b.value > b.limit) {
       throw ConfigError("llama3: " + std::string(b.name) + " = " + std::to_string(b.value) +
@@ -206,17 +209,27 @@ std::string describe(const Llama3Args& args) {
 namespace {
 
 const std::vector<std::string>& arg_keys() {
-  static const std::vector<std::string> kKeys = {
-      "dim", "n_layers", "n_heads", "n_kv_heads", "vocab_size", "multiple_of",
-      "ffn_dim_multiplier", "ffn_dim", "norm_eps", "rope_theta", "use_rope_scaling",
-      "rope_scaling", "depth_init", "tie_embeddings", "max_seq_len"};
+  static const std::vector<std::string> kKeys = {"dim",
+                                                 "n_layers",
+                                                 "n_heads",
+                                                 "n_kv_heads",
+                                                 "vocab_size",
+                                                 "multiple_of",
+                                                 "ffn_dim_multiplier",
+                                                 "ffn_dim",
+                                                 "norm_eps",
+                                                 "rope_theta",
+                                                 "use_rope_scaling",
+                                                 "rope_scaling",
+                                                 "depth_init",
+                                                 "tie_embeddings",
+                                                 "max_seq_len"};
   return kKeys;
 }
 
 const std::vector<std::string>& rope_scaling_keys() {
-  static const std::vector<std::string> kKeys = {"scaling_factor", "low_freq_factor",
-                                                 "high_freq_factor",
-                                                 "original_max_position_embeddings"};
+  static const std::vector<std::string> kKeys = {
+      "scaling_factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"};
   return kKeys;
 }
 
@@ -372,8 +385,8 @@ nlohmann::json resolved_args(const Llama3Args& args) {
           {"ffn_dim", args.ffn_hidden_dim()},
           {"norm_eps", args.norm_eps},
           {"rope_theta", args.rope_theta},
-          {"rope_scaling", args.use_rope_scaling ? rope_scaling_json(args.rope_scaling)
-                                                 : nlohmann::json(nullptr)},
+          {"rope_scaling",
+           args.use_rope_scaling ? rope_scaling_json(args.rope_scaling) : nlohmann::json(nullptr)},
           {"tie_embeddings", args.tie_embeddings}};
 }
 

@@ -123,9 +123,8 @@ void set_rope(const nlohmann::json& config, Llama3Args& args) {
       !config["rope_scaling"].empty()) {
     key = "rope_scaling";
   }
-  const nlohmann::json rope = config.contains(key) && !config[key].is_null()
-                                  ? config[key]
-                                  : nlohmann::json::object();
+  const nlohmann::json rope =
+      config.contains(key) && !config[key].is_null() ? config[key] : nlohmann::json::object();
   if (!rope.is_object()) {
     throw ConfigError("config.json \"" + key + "\" must be an object or null, got " + rope.dump());
   }
@@ -265,8 +264,8 @@ Llama3Args args_from_hf_config(const nlohmann::json& config) {
                                                      {"rope_theta", args.rope_theta}};
   for (const auto& [key, value] : positive) {
     if (!(value > 0) || !std::isfinite(value)) {
-      throw ConfigError("config.json \"" + std::string(key) + "\" must be a finite number > 0, got " +
-                        nlohmann::json(value).dump());
+      throw ConfigError("config.json \"" + std::string(key) +
+                        "\" must be a finite number > 0, got " + nlohmann::json(value).dump());
     }
   }
   if (args.max_seq_len <= 0) {

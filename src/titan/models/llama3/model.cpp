@@ -27,7 +27,7 @@ TransformerBlock::TransformerBlock(int64_t layer_id, const Llama3Args& args,
 }
 
 at::Tensor TransformerBlock::forward(const at::Tensor& x, const RotaryEmbedding& rope,
-                                    const at::Tensor& positions, const KVCacheStep* cache) {
+                                     const at::Tensor& positions, const KVCacheStep* cache) {
   // x is in residual_dtype(compute_dtype); were it float32 under bf16 compute, the sums would
   // promote and keep it float32.
   const at::Tensor h = x + attention->forward(attention_norm->forward(x), rope, positions, cache);
@@ -101,7 +101,8 @@ std::vector<ModelUnit> Transformer::units() const {
     const std::string prefix = "layers." + std::to_string(i) + ".";
     ModelUnit unit{"layers." + std::to_string(i), {}};
     unit.block = static_cast<int64_t>(i);
-    for (const auto& item : layers[i]->named_parameters()) unit.params.push_back(prefix + item.key());
+    for (const auto& item : layers[i]->named_parameters())
+      unit.params.push_back(prefix + item.key());
     out.push_back(std::move(unit));
   }
   if (output) {
@@ -115,7 +116,7 @@ std::vector<ModelUnit> Transformer::units() const {
 }
 
 at::Tensor Transformer::forward_cached(const at::Tensor& tokens, KVCache& cache,
-                                      int64_t start_pos) {
+                                       int64_t start_pos) {
   // The cache is written in place; autograd must not record (or keep alive) any of it.
   at::NoGradGuard no_grad;
   TITAN_CHECK(start_pos >= 0 && start_pos <= cache.length, "start_pos ", start_pos,
@@ -135,7 +136,8 @@ ParamInit Transformer::param_init(const std::string& name) const {
   // The head gets a small, truncated std; with tied embeddings that is the embedding's init too,
   // as in TorchTitan (whose head init overwrites the embedding's).
   const double head_std = 1.0 / std::sqrt(static_cast<double>(args_.dim));
-  const ParamInit head = ParamInit::trunc_normal(/*mean=*/0.0, head_std, -3 * head_std, 3 * head_std);
+  const ParamInit head =
+      ParamInit::trunc_normal(/*mean=*/0.0, head_std, -3 * head_std, 3 * head_std);
   if (name == "tok_embeddings.weight") {
     return output ? ParamInit::normal(/*mean=*/0.0, /*std=*/1.0) : head;
   }
