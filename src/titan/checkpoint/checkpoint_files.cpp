@@ -7,6 +7,8 @@
 #include "titan/common/file_io.h"
 #include "titan/common/format.h"
 
+#include <ATen/core/grad_mode.h>
+
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
