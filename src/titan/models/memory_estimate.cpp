@@ -8,7 +8,6 @@
 #include "titan/models/common/rope.h"
 
 #include <algorithm>
-#include <charconv>
 #include <cstdio>
 
 namespace titan {
@@ -27,24 +26,27 @@ double rope_bytes(const ModelStats& stats, int64_t seq_len) {
 // have been freed by then, so the recomputation raises the peak only when it is the last block.
 double kept_activations(const ModelStats& s, const MemoryOptions& options) {
   const double all = static_cast<double>(s.activation_bytes);
-  const int64_t layers = s.n_layers;
   const double block = static_cast<double>(s.block_activation_bytes);
-  if (options.ac_mode != "full" && options.ac_mode != "selective") return all;
-  if (options.ac_mode == "selective" && options.ac_option == "op") {
+  if (options.ac_per_op) {
     const double dropped = block - static_cast<double>(s.block_op_kept_bytes);
-    return all - static_cast<double>(layers) * dropped + dropped;
+    return all - static_cast<double>(s.n_layers) * dropped + dropped;
   }
-  int64_t every = 1;  // full: every block
-  if (options.ac_mode == "selective") {
-    const char* text = options.ac_option.c_str();
-    const auto [end, error] = std::from_chars(text, text + options.ac_option.size(), every);
-    if (error != std::errc() || *end != '\0' || every < 1) return all;  // validation refuses these
-  }
-  // AC's counter checkpoints blocks every-1, 2 every-1, ...
-  const int64_t checkpointed = layers / every;
+  if (options.ac_every < 1) return all;
+  const int64_t checkpointed = s.n_layers / options.ac_every;  // blocks every-1, 2 every-1, ...
   const double dropped = block - static_cast<double>(s.block_input_bytes);
-  const bool last_is_checkpointed = checkpointed > 0 && checkpointed * every == layers;
+  const bool last_is_checkpointed =
+      checkpointed > 0 && checkpointed * options.ac_every == s.n_layers;
   return all - static_cast<double>(checkpointed) * dropped + (last_is_checkpointed ? dropped : 0.0);
+}
+
+// "activations (estimate)", "activations (estimate, full AC)", "... selective 2 AC)", "... op AC)".
+std::string activations_label(const MemoryOptions& options) {
+  if (options.ac_per_op) return "activations (estimate, selective op AC)";
+  if (options.ac_every == 1) return "activations (estimate, full AC)";
+  if (options.ac_every > 1) {
+    return "activations (estimate, selective " + std::to_string(options.ac_every) + " AC)";
+  }
+  return "activations (estimate)";
 }
 
 }  // namespace
@@ -83,8 +85,9 @@ MemoryEstimate estimate_training_memory(const ModelSpec& spec, const std::string
   const int64_t exact_len = std::min(seq_len, kExactSeqLen);
   const ModelStats one = spec.describe(flavor, 1, exact_len, compute_dtype);
   const ModelStats two = spec.describe(flavor, 2, exact_len, compute_dtype);
-  const double per_sequence = kept_activations(two, options) - kept_activations(one, options);
-  const double fixed = kept_activations(one, options) - per_sequence;
+  const double kept_one = kept_activations(one, options);
+  const double per_sequence = kept_activations(two, options) - kept_one;
+  const double fixed = kept_one - per_sequence;
   const double length_scale = static_cast<double>(seq_len) / static_cast<double>(exact_len);
   const double activations = fixed + per_sequence * length_scale * static_cast<double>(batch);
 
@@ -92,15 +95,12 @@ MemoryEstimate estimate_training_memory(const ModelSpec& spec, const std::string
   const double shards = static_cast<double>(std::max<int64_t>(1, options.param_shards));
   const int64_t activation_shards = std::max<int64_t>(1, options.activation_shards);
   MemoryEstimate e;
-  if (options.bf16_state) {
-    e.parts.push_back({"weights (bf16)", 2 * n / shards});
-    e.parts.push_back({"gradients (bf16)", 2 * n / shards});
-    e.parts.push_back({"optimizer (AdamW bf16)", 4 * n / shards});
-  } else {
-    e.parts.push_back({"weights (fp32)", 4 * n / shards});
-    e.parts.push_back({"gradients (fp32)", 4 * n / shards});
-    e.parts.push_back({"optimizer (AdamW fp32)", 8 * n / shards});
-  }
+  // AdamW keeps two moments per parameter, in the parameters' dtype.
+  const double bytes = options.bf16_state ? 2 : 4;
+  const std::string dtype = options.bf16_state ? "bf16" : "fp32";
+  e.parts.push_back({"weights (" + dtype + ")", bytes * n / shards});
+  e.parts.push_back({"gradients (" + dtype + ")", bytes * n / shards});
+  e.parts.push_back({"optimizer (AdamW " + dtype + ")", 2 * bytes * n / shards});
   if (compute_dtype == at::kBFloat16 && !options.bf16_state) {
     // Tensor parallelism splits the copies over its ranks (activation_shards is its degree).
     // FSDP (param_shards beyond that) gathers one unit at a time: about two blocks' worth are
@@ -113,14 +113,9 @@ MemoryEstimate estimate_training_memory(const ModelSpec& spec, const std::string
     e.parts.push_back({"bf16 weight copies", copies});
   }
   e.parts.push_back({"RoPE tables", rope_bytes(one, seq_len), /*scales_with_tokens=*/true});
-  e.parts.push_back(
-      {options.ac_mode == "none"
-           ? "activations (estimate)"
-           : "activations (estimate, " + options.ac_mode +
-                 (options.ac_mode == "selective" ? " " + options.ac_option : std::string()) +
-                 " AC)",
-       activations / static_cast<double>(activation_shards),
-       /*scales_with_tokens=*/true});
+  e.parts.push_back({activations_label(options),
+                     activations / static_cast<double>(activation_shards),
+                     /*scales_with_tokens=*/true});
   return e;
 }
 

@@ -36,11 +36,11 @@ struct MemoryOptions {
   // parallelism splits bf16 weight copies and activations over `activation_shards` (its degree).
   int64_t param_shards = 1;
   int64_t activation_shards = 1;
-  // activation_checkpoint.mode / selective_ac_option: a checkpointed block keeps its input (full,
-  // every Nth block) or its costly ops' outputs ("op"), and one block's activations come back at
-  // a time during backward.
-  std::string ac_mode = "none";
-  std::string ac_option = "2";
+  // Activation checkpointing (ac_policy, activation_checkpoint.h): checkpointed blocks (every
+  // `ac_every`-th; 1 = full) keep their input, with `ac_per_op` every block keeps its costly ops'
+  // outputs; during backward one block's activations come back at a time.
+  int64_t ac_every = 0;
+  bool ac_per_op = false;
   // training.dtype = "bfloat16": weights, gradients and AdamW moments in bf16, no copies.
   bool bf16_state = false;
 };

@@ -464,6 +464,16 @@ std::string ActivationCheckpointing::describe() const {
          ")";
 }
 
+AcPolicy ac_policy(const ActivationCheckpointSection& config) {
+  AcPolicy policy;
+  if (config.mode == "none") return policy;
+  int64_t every = 0;
+  const Mode mode = parse_mode(config, every);
+  policy.per_op = mode == Mode::kOps;
+  policy.every = mode == Mode::kFull ? 1 : mode == Mode::kEveryNth ? every : 0;
+  return policy;
+}
+
 std::unique_ptr<ActivationCheckpointing> apply_activation_checkpointing(
     Model& model, const ActivationCheckpointSection& config) {
   if (config.mode == "none") return nullptr;

@@ -94,6 +94,16 @@ class ActivationCheckpointing : public UnitRunner {
   std::unique_ptr<Impl> impl_;
 };
 
+// What activation_checkpoint.mode / selective_ac_option checkpoint: whole blocks, every
+// `every`-th (1 for full, N for selective N; AC's counter picks blocks N-1, 2N-1, ...), or every
+// block per op (`per_op`, selective "op"); neither for mode "none". ConfigError as the
+// ActivationCheckpointing constructor for other values.
+struct AcPolicy {
+  int64_t every = 0;
+  bool per_op = false;
+};
+AcPolicy ac_policy(const ActivationCheckpointSection& config);
+
 // TorchTitan's apply_ac: null for mode "none", else an ActivationCheckpointing on `model`.
 std::unique_ptr<ActivationCheckpointing> apply_activation_checkpointing(
     Model& model, const ActivationCheckpointSection& config);

@@ -3,6 +3,7 @@
 
 #include "titan/common/format.h"
 #include "titan/components/training_dtype.h"
+#include "titan/parallel/activation_checkpoint.h"
 
 #include <algorithm>
 
@@ -12,8 +13,9 @@ MemoryOptions training_memory_options(const JobConfig& config, int64_t param_sha
   MemoryOptions o;
   o.param_shards = param_shards;
   o.activation_shards = tp;
-  o.ac_mode = config.activation_checkpoint.mode;
-  o.ac_option = config.activation_checkpoint.selective_ac_option;
+  const AcPolicy ac = ac_policy(config.activation_checkpoint);
+  o.ac_every = ac.every;
+  o.ac_per_op = ac.per_op;
   o.bf16_state = config.training.dtype == "bfloat16";
   return o;
 }

@@ -59,10 +59,10 @@ TEST(MemoryEstimate, CountsActivationCheckpointingAndBf16Training) {
   const std::string none_part = "activations (estimate)";
   const double none =
       part(estimate_training_memory(spec, "debugmodel", 8, 256, at::kFloat), none_part);
-  auto with_ac = [&](const std::string& mode, const std::string& option, const std::string& name) {
+  auto with_ac = [&](int64_t every, bool per_op, const std::string& name) {
     MemoryOptions o;
-    o.ac_mode = mode;
-    o.ac_option = option;
+    o.ac_every = every;
+    o.ac_per_op = per_op;
     return part(estimate_training_memory(spec, "debugmodel", 8, 256, at::kFloat, o), name);
   };
   const double L = static_cast<double>(s.n_layers);  // 6
@@ -70,19 +70,19 @@ TEST(MemoryEstimate, CountsActivationCheckpointingAndBf16Training) {
   const double input = static_cast<double>(s.block_input_bytes);
   // The last block's recomputation adds its activations back when it is checkpointed (the
   // blocks after any other one are freed by the time it recomputes).
-  const double full = with_ac("full", "2", "activations (estimate, full AC)");
+  const double full = with_ac(1, false, "activations (estimate, full AC)");
   EXPECT_DOUBLE_EQ(full, none - (L - 1) * (block - input));
-  const double every2 = with_ac("selective", "2", "activations (estimate, selective 2 AC)");
+  const double every2 = with_ac(2, false, "activations (estimate, selective 2 AC)");
   EXPECT_DOUBLE_EQ(every2, none - 2 * (block - input));  // blocks 1, 3, 5 (the last)
-  const double every4 = with_ac("selective", "4", "activations (estimate, selective 4 AC)");
+  const double every4 = with_ac(4, false, "activations (estimate, selective 4 AC)");
   EXPECT_DOUBLE_EQ(every4, none - 1 * (block - input));  // block 3
-  const double op = with_ac("selective", "op", "activations (estimate, selective op AC)");
+  const double op = with_ac(0, true, "activations (estimate, selective op AC)");
   EXPECT_LT(full, op);
   EXPECT_LT(op, every2);
   EXPECT_LT(every2, every4);
   EXPECT_LT(every4, none);
   // More checkpointing than blocks: nothing checkpointed.
-  EXPECT_DOUBLE_EQ(with_ac("selective", "7", "activations (estimate, selective 7 AC)"), none);
+  EXPECT_DOUBLE_EQ(with_ac(7, false, "activations (estimate, selective 7 AC)"), none);
 
   MemoryOptions bf16;
   bf16.bf16_state = true;

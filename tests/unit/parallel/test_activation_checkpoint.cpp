@@ -123,6 +123,18 @@ void check_mode(const ActivationCheckpointSection& config, int64_t layers,
   model->remove_unit_runner(&counter);
 }
 
+// The policy the memory estimate counts is the one the runner applies.
+TEST(ActivationCheckpointing, PolicyOfEveryMode) {
+  EXPECT_EQ(ac_policy(ac_config("none")).every, 0);
+  EXPECT_FALSE(ac_policy(ac_config("none")).per_op);
+  EXPECT_EQ(ac_policy(ac_config("full")).every, 1);
+  EXPECT_EQ(ac_policy(ac_config("selective", "3")).every, 3);
+  EXPECT_TRUE(ac_policy(ac_config("selective", "op")).per_op);
+  EXPECT_EQ(ac_policy(ac_config("selective", "op")).every, 0);
+  EXPECT_THROW(ac_policy(ac_config("selective", "0")), ConfigError);
+  EXPECT_THROW(ac_policy(ac_config("memory_budget")), ConfigError);
+}
+
 TEST(ActivationCheckpointing, FullModeGivesBitwiseTheSameGradients) {
   check_mode(ac_config("full"), 4, {0, 1, 2, 3}, at::kFloat, /*tol=*/0);
 }
