@@ -151,10 +151,9 @@ void Trainer::build_model() {
   if (config_.validation.enable)
     opts.max_seq_len = std::max(opts.max_seq_len, config_.validation.seq_len);
   opts.compute_dtype = compute_dtype_;
-  // Shapes only: parallelize gives this rank storage for its pieces, and they are initialized
-  // below with the values a one-process build of this seed holds there.
+  // Shapes only: parallelize gives this rank storage for its pieces, and init_weights(seed_)
+  // below fills them with the values a one-process build of this seed holds there.
   opts.meta = true;
-  opts.seed = static_cast<uint64_t>(seed_);
   auto t0 = std::chrono::steady_clock::now();
   model_ = spec_->build(config_.model.flavor, opts);
   apply_training_dtype(*model_, config_.training, world_size_, dims_->describe());
