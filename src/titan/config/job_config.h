@@ -201,6 +201,7 @@ struct TrainingSection {
   int64_t gc_freq = 50;
   bool gc_debug = false;
   int64_t num_threads = 0;
+  std::string device = "auto";
   DataLoaderSection dataloader;  // [training.dataloader]
 
   template <class V>
@@ -238,6 +239,9 @@ struct TrainingSection {
     v("num_threads", num_threads,
       "CPU threads per rank for ATen and BLAS; 0 = cores / local ranks. At most 1024 (a "
       "ConfigError above); more than the cores is allowed with a warning");
+    v("device", device,
+      "Device of each rank: auto (cuda:LOCAL_RANK when CUDA devices are visible, honouring "
+      "CUDA_VISIBLE_DEVICES, else cpu), cuda (an error without one), or cpu");
   }
 };
 

@@ -178,8 +178,9 @@ const std::pair<const char*, const char*> kTorchTitanKeys[] = {
 
 // Keys of ours that TorchTitan does not have.
 const std::set<std::string> kOwnKeys = {
-    "metrics.peak_flops",   "training.dataset_text_field",   "training.dataset_shuffle",
-    "training.num_threads", "validation.dataset_text_field",
+    "metrics.peak_flops",       "training.dataset_text_field",
+    "training.dataset_shuffle", "training.num_threads",
+    "training.device",          "validation.dataset_text_field",
 };
 
 // Defaults of ours that differ from TorchTitan's, and why: our datasets and tokenizer.

@@ -1,0 +1,176 @@
+#include "titan/common/device.h"
+
+#include "titan/common/check.h"
+#include "titan/common/cpu.h"
+#include "titan/common/format.h"
+#include "titan/common/torch_compat.h"
+
+#include <ATen/Context.h>
+#include <ATen/detail/CUDAHooksInterface.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <thread>
+
+#if TITAN_HAS_CUDA
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAFunctions.h>
+#endif
+
+namespace titan {
+
+namespace {
+
+std::string cpu_model_name() {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("model name", 0) != 0) continue;
+    const size_t colon = line.find(':');
+    if (colon == std::string::npos) break;
+    size_t begin = line.find_first_not_of(" \t", colon + 1);
+    return begin == std::string::npos ? std::string("cpu") : line.substr(begin);
+  }
+  return "cpu";
+}
+
+std::string cuda_visible_devices() {
+  const char* v = std::getenv("CUDA_VISIBLE_DEVICES");
+  return v == nullptr ? std::string("unset") : "'" + std::string(v) + "'";
+}
+
+}  // namespace
+
+bool cuda_build() { return TITAN_HAS_CUDA != 0; }
+
+int64_t cuda_device_count() {
+#if TITAN_HAS_CUDA
+  // The hooks report 0 without a driver or devices instead of throwing.
+  return at::detail::getCUDAHooks().deviceCount();
+#else
+  return 0;
+#endif
+}
+
+at::Device resolve_device(const std::string& setting, int64_t local_rank, int64_t local_world_size,
+                          int64_t cuda_devices) {
+  if (setting == "cpu") return at::Device(at::kCPU);
+  if (setting != "auto" && setting != "cuda") {
+    throw ConfigError("training.device '" + setting + "' is not one of auto, cpu, cuda");
+  }
+  if (cuda_devices == 0) {
+    if (setting == "auto") return at::Device(at::kCPU);
+    throw ConfigError(std::string("training.device = \"cuda\" but ") +
+                      (cuda_build() ? "no CUDA device is visible (CUDA_VISIBLE_DEVICES " +
+                                          cuda_visible_devices() + ", or no driver)"
+                                    : "this binary was built against a libtorch without CUDA") +
+                      ". HINT: use training.device = \"auto\" or \"cpu\"");
+  }
+  if (local_world_size > cuda_devices || local_rank >= cuda_devices) {
+    throw ConfigError("training.device = \"" + setting + "\": " + std::to_string(local_world_size) +
+                      " ranks on this node need one CUDA " + "device each, but " +
+                      std::to_string(cuda_devices) + " are visible (CUDA_VISIBLE_DEVICES " +
+                      cuda_visible_devices() + "). HINT: launch at most " +
+                      std::to_string(cuda_devices) +
+                      " ranks per node (--nproc_per_node), or training.device = \"cpu\"");
+  }
+  return at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(local_rank));
+}
+
+at::Device select_device(const std::string& setting, int64_t local_rank, int64_t local_world_size) {
+  // "cpu" never touches the CUDA runtime (no driver probe).
+  const int64_t count = setting == "cpu" ? 0 : cuda_device_count();
+  const at::Device device = resolve_device(setting, local_rank, local_world_size, count);
+#if TITAN_HAS_CUDA
+  if (device.is_cuda()) c10::cuda::set_device(device.index());
+#endif
+  return device;
+}
+
+std::string DeviceInfo::describe() const {
+  std::string out = device.str() + " (" + name;
+  if (device.is_cuda()) {
+    out += ", " + human_bytes(static_cast<uint64_t>(total_memory)) + ", sm_" +
+           std::to_string(compute_major) + std::to_string(compute_minor) + ", " +
+           std::to_string(multiprocessors) + " SMs";
+  } else {
+    out += ", " + std::to_string(std::thread::hardware_concurrency()) + " cores";
+  }
+  return out + ")";
+}
+
+DeviceInfo device_info(const at::Device& device) {
+  DeviceInfo info;
+  info.device = device;
+  if (device.is_cpu()) {
+    info.name = cpu_model_name();
+    info.total_memory = static_cast<int64_t>(machine_memory_bytes());
+    return info;
+  }
+#if TITAN_HAS_CUDA
+  if (device.is_cuda()) {
+    const cudaDeviceProp* p = at::cuda::getDeviceProperties(device.index());
+    info.name = p->name;
+    info.total_memory = static_cast<int64_t>(p->totalGlobalMem);
+    info.compute_major = p->major;
+    info.compute_minor = p->minor;
+    info.multiprocessors = p->multiProcessorCount;
+    return info;
+  }
+#endif
+  TITAN_CHECK(false, "no device facts for ", device, " in this build");
+}
+
+bool supports_float8(const DeviceInfo& info) {
+  return info.device.is_cuda() &&
+         (info.compute_major > 8 || (info.compute_major == 8 && info.compute_minor >= 9));
+}
+
+DeviceMemoryStats device_memory_stats(const at::Device& device) {
+  DeviceMemoryStats out;
+#if TITAN_HAS_CUDA
+  if (device.is_cuda()) {
+    const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device.index());
+    constexpr size_t kAll = static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE);
+    out.max_active_bytes = stats.active_bytes[kAll].peak;
+    out.max_reserved_bytes = stats.reserved_bytes[kAll].peak;
+    out.alloc_retries = stats.num_alloc_retries;
+    out.ooms = stats.num_ooms;
+  }
+#endif
+  return out;
+}
+
+void reset_device_memory_stats(const at::Device& device) {
+#if TITAN_HAS_CUDA
+  if (device.is_cuda()) {
+    c10::cuda::CUDACachingAllocator::resetPeakStats(device.index());
+    c10::cuda::CUDACachingAllocator::resetAccumulatedStats(device.index());
+  }
+#endif
+}
+
+void synchronize_device(const at::Device& device) {
+#if TITAN_HAS_CUDA
+  if (device.is_cuda()) c10::cuda::device_synchronize();
+#endif
+}
+
+at::Tensor empty_staging(at::IntArrayRef sizes, at::ScalarType dtype, const at::Device& device) {
+  const bool pin = device.is_cuda() && cuda_device_count() > 0;
+  return at::empty(sizes, at::TensorOptions().dtype(dtype).pinned_memory(pin));
+}
+
+void set_deterministic(const at::Device& device, bool warn_only) {
+  at::globalContext().setDeterministicAlgorithms(true, warn_only);
+  if (device.is_cuda()) {
+    // cuBLAS reads it when its first handle is made; ":4096:8" is the documented setting for
+    // reproducible results (a fixed workspace per stream). A user's own value is kept.
+    setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8", /*overwrite=*/0);
+    // SDPA's flash and memory-efficient backward kernels are not deterministic; ATen's
+    // deterministic mode makes SDPA pick the math or a deterministic kernel.
+  }
+}
+
+}  // namespace titan

@@ -1,0 +1,78 @@
+// The device a rank computes on, and the few facts about it that training needs, behind one API
+// for CPU and CUDA. Everything else in titan.cpp is device-generic (at::Device, c10::Stream,
+// c10::Event); this file (and device.cpp) is where CUDA-specific calls live, compiled only in a
+// build against a CUDA libtorch (TITAN_HAS_CUDA). A CUDA build runs on machines without a GPU or
+// driver: it then finds no CUDA device.
+//
+// Selection (training.device), as TorchTitan does it:
+//   "auto"  cuda:LOCAL_RANK when CUDA devices are visible (CUDA_VISIBLE_DEVICES respected, as the
+//           CUDA runtime applies it), otherwise cpu;
+//   "cuda"  cuda:LOCAL_RANK, an error when no CUDA device is visible;
+//   "cpu"   the CPU even when GPUs are visible.
+// A rank whose LOCAL_RANK has no device of its own (more ranks per node than visible GPUs) is an
+// error that shows the arithmetic, never two ranks on one GPU.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <cstdint>
+#include <string>
+
+namespace titan {
+
+// True when this binary was built against a CUDA libtorch (it can drive GPUs when a driver and
+// devices are present).
+bool cuda_build();
+// CUDA devices this process can see (0 in a CPU build, without a driver, or without GPUs).
+int64_t cuda_device_count();
+
+// The device for training.device `setting` on the rank with `local_rank` of `local_world_size`
+// ranks on its node, when `cuda_devices` CUDA devices are visible. Pure (tests call it with any
+// count); throws ConfigError naming training.device and the arithmetic.
+at::Device resolve_device(const std::string& setting, int64_t local_rank, int64_t local_world_size,
+                          int64_t cuda_devices);
+// resolve_device with this process's visible devices; on CUDA also makes the device current.
+at::Device select_device(const std::string& setting, int64_t local_rank, int64_t local_world_size);
+
+// Facts about a device for logs and MFU.
+struct DeviceInfo {
+  at::Device device = at::kCPU;
+  std::string name;          // "NVIDIA H200", or the CPU's model name
+  int64_t total_memory = 0;  // bytes (device memory; machine memory for the CPU)
+  int compute_major = 0;     // CUDA compute capability (0 on CPU)
+  int compute_minor = 0;
+  int64_t multiprocessors = 0;  // CUDA SMs (0 on CPU)
+  // "cuda:0 (NVIDIA H200, 139.8 GiB, sm_90)" / "cpu (Intel(R) Xeon(R) ..., 2 cores)"
+  std::string describe() const;
+};
+DeviceInfo device_info(const at::Device& device);
+
+// True when `device` runs float8 matmuls (at::_scaled_mm): CUDA compute capability >= 8.9
+// (Ada, Hopper, Blackwell).
+bool supports_float8(const DeviceInfo& info);
+
+// The caching allocator's counters of a CUDA device since the last reset_device_memory_stats
+// (TorchTitan's DeviceMemoryMonitor). All zero on the CPU.
+struct DeviceMemoryStats {
+  int64_t max_active_bytes = 0;    // peak of memory held by live tensors
+  int64_t max_reserved_bytes = 0;  // peak of memory the allocator held from the driver
+  int64_t alloc_retries = 0;       // cudaMalloc failures the allocator recovered from by freeing
+  int64_t ooms = 0;                // out-of-memory errors raised
+};
+DeviceMemoryStats device_memory_stats(const at::Device& device);
+// Starts a new window for the peaks and counters above (no-op on the CPU).
+void reset_device_memory_stats(const at::Device& device);
+
+// Waits until all work queued on `device` is done (no-op on the CPU).
+void synchronize_device(const at::Device& device);
+
+// Host memory whose copies to `device` can run asynchronously (page-locked) when `device` is a
+// CUDA device; ordinary memory otherwise (the CPU, or no driver).
+at::Tensor empty_staging(at::IntArrayRef sizes, at::ScalarType dtype, const at::Device& device);
+
+// Deterministic algorithms (debug.deterministic) on `device`: ATen's deterministic mode and, on
+// CUDA, cuBLAS's fixed workspace (CUBLAS_WORKSPACE_CONFIG=:4096:8 when unset), which must be set
+// before cuBLAS starts: call before the first matmul on the device.
+void set_deterministic(const at::Device& device, bool warn_only);
+
+}  // namespace titan
