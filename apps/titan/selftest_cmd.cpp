@@ -179,7 +179,7 @@ int run_selftest(const std::vector<std::string>& args) {
   log_info("selftest: store all-gather of r^2+1 over ", world, " ranks: ", sum, " (expected ",
            expected, ")");
 
-  dist::GroupOptions options = world_group_options(dist, config.comm);
+  dist::GroupOptions options = world_group_options(dist, config.comm);  // selftest: Gloo (CPU)
   options.timeout = timeout;
   auto group =
       dist::Group::create(dist.store, static_cast<int>(rank), static_cast<int>(world), options);

@@ -162,6 +162,12 @@ at::Tensor empty_staging(at::IntArrayRef sizes, at::ScalarType dtype, const at::
   return at::empty(sizes, at::TensorOptions().dtype(dtype).pinned_memory(pin));
 }
 
+at::Tensor to_device_async(const at::Tensor& host, const at::Device& device) {
+  if (host.device() == device) return host;
+  if (!device.is_cuda()) return host.to(device);
+  return host.pin_memory().to(device, /*non_blocking=*/true);
+}
+
 void set_deterministic(const at::Device& device, bool warn_only) {
   at::globalContext().setDeterministicAlgorithms(true, warn_only);
   if (device.is_cuda()) {

@@ -70,6 +70,11 @@ void synchronize_device(const at::Device& device);
 // CUDA device; ordinary memory otherwise (the CPU, or no driver).
 at::Tensor empty_staging(at::IntArrayRef sizes, at::ScalarType dtype, const at::Device& device);
 
+// `host` (a CPU tensor) on `device`: as is on the CPU; on CUDA staged through page-locked memory
+// (the pinned host allocator's cache, which keeps the block until the copy has run) and copied
+// without blocking the host, ordered on the current stream.
+at::Tensor to_device_async(const at::Tensor& host, const at::Device& device);
+
 // Deterministic algorithms (debug.deterministic) on `device`: ATen's deterministic mode and, on
 // CUDA, cuBLAS's fixed workspace (CUBLAS_WORKSPACE_CONFIG=:4096:8 when unset), which must be set
 // before cuBLAS starts: call before the first matmul on the device.

@@ -3,6 +3,7 @@
 #include "titan/components/metrics.h"
 
 #include "titan/common/check.h"
+#include "titan/common/device.h"
 #include "titan/common/file_io.h"
 #include "titan/common/format.h"
 #include "titan/common/logging.h"
@@ -15,6 +16,7 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include <cctype>
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
@@ -35,12 +37,13 @@ int64_t total_ram_bytes() {
          static_cast<int64_t>(sysconf(_SC_PAGE_SIZE));
 }
 
-double probe_peak_flops(at::ScalarType dtype, double budget_s) {
+double probe_peak_flops(at::ScalarType dtype, double budget_s, const at::Device& device) {
   at::NoGradGuard no_grad;
-  const int64_t n = 1024;
-  auto opts = at::TensorOptions().dtype(dtype);
+  const int64_t n = device.is_cpu() ? 1024 : 8192;
+  auto opts = at::TensorOptions().dtype(dtype).device(device);
   at::Tensor a = at::randn({n, n}, opts), b = at::randn({n, n}, opts), c = at::empty({n, n}, opts);
-  at::mm_out(c, a, b);  // warm-up (first call initialises BLAS / oneDNN)
+  at::mm_out(c, a, b);  // warm-up (first call initialises BLAS / oneDNN / cuBLAS)
+  synchronize_device(device);
   const double flops = 2.0 * n * n * n;
   double best = 0.0;
   auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(budget_s);
@@ -48,11 +51,52 @@ double probe_peak_flops(at::ScalarType dtype, double budget_s) {
   while (iters < 3 || std::chrono::steady_clock::now() < deadline) {
     auto t0 = std::chrono::steady_clock::now();
     at::mm_out(c, a, b);
+    synchronize_device(device);
     double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     best = std::max(best, flops / dt);
     if (++iters >= 200) break;
   }
   return best;
+}
+
+namespace {
+
+// Dense bf16 tensor-core peaks (no sparsity), most specific names first.
+struct PeakEntry {
+  const char* must_contain;
+  const char* or_variant;  // also required when set ("PCIe", "NVL")
+  double flops;
+};
+constexpr PeakEntry kPeaks[] = {
+    {"GH200", nullptr, 989e12},    {"H100", "NVL", 835e12},      {"H100", "PCIe", 756e12},
+    {"H100", nullptr, 989e12},     {"H800", nullptr, 989e12},    {"H200", nullptr, 989e12},
+    {"H20", nullptr, 148e12},      {"GB200", nullptr, 2.5e15},   {"B200", nullptr, 2.25e15},
+    {"A100", nullptr, 312e12},     {"A800", nullptr, 312e12},    {"L40S", nullptr, 362e12},
+    {"MI355X", nullptr, 2.5e15},   {"MI325X", nullptr, 1307e12}, {"MI300X", nullptr, 1307e12},
+    {"MI300A", nullptr, 980.6e12}, {"MI250X", nullptr, 383e12},
+};
+
+// `name` has `word` as a whole word (so "H20" does not match "H200", nor "B200" "GB200").
+bool has_word(const std::string& name, const std::string& word) {
+  for (size_t at = name.find(word); at != std::string::npos; at = name.find(word, at + 1)) {
+    const bool left = at == 0 || !std::isalnum(static_cast<unsigned char>(name[at - 1]));
+    const size_t end = at + word.size();
+    const bool right = end == name.size() || !std::isalnum(static_cast<unsigned char>(name[end]));
+    if (left && right) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+std::optional<double> datasheet_peak_flops(const std::string& device_name) {
+  // Names also come as "NVIDIA A100-SXM4-80GB": '-' separates words there.
+  for (const PeakEntry& e : kPeaks) {
+    if (!has_word(device_name, e.must_contain)) continue;
+    if (e.or_variant != nullptr && device_name.find(e.or_variant) == std::string::npos) continue;
+    return e.flops;
+  }
+  return std::nullopt;
 }
 
 int64_t drop_metrics_rows_after(const std::string& path, int64_t step) {
@@ -83,13 +127,19 @@ std::string metrics_file_name(const MetricsSection& config, int64_t rank) {
 
 MetricsLogger::MetricsLogger(const MetricsSection& config, const std::string& dump_folder,
                              double flops_per_token, double peak_flops, int64_t total_steps,
-                             bool write_file, int64_t start_step, int64_t rank)
+                             bool write_file, int64_t start_step, int64_t rank,
+                             const at::Device& device)
     : config_(config),
+      device_(device),
       flops_per_token_(flops_per_token),
       peak_flops_(peak_flops),
       total_steps_(total_steps),
       colors_(!config.disable_color_printing && isatty(fileno(stdout))) {
   TITAN_CHECK(peak_flops > 0, "peak FLOP/s must be positive for MFU, got ", peak_flops);
+  if (device_.is_cuda()) {
+    device_memory_ = device_info(device_).total_memory;
+    reset_device_memory_stats(device_);  // the first window starts here, not at model build
+  }
   if (write_file) {
     std::filesystem::create_directories(dump_folder);
     const std::string name = metrics_file_name(config, rank);
@@ -158,9 +208,31 @@ std::optional<StepMetrics> MetricsLogger::on_step(int64_t step, int64_t tokens,
   m.tps = window > 0 ? static_cast<double>(tokens_since_log_) / window : 0.0;
   m.tflops = flops_per_token_ * m.tps / 1e12;
   m.mfu = 100.0 * flops_per_token_ * m.tps / peak_flops_;
-  const int64_t rss = peak_rss_bytes();
-  m.memory_gib = static_cast<double>(rss) / (1024.0 * 1024.0 * 1024.0);
-  m.memory_pct = 100.0 * static_cast<double>(rss) / static_cast<double>(total_ram_bytes());
+  constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+  if (device_.is_cuda()) {
+    const DeviceMemoryStats mem = device_memory_stats(device_);
+    const double total = static_cast<double>(std::max<int64_t>(1, device_memory_));
+    m.max_active_gib = static_cast<double>(mem.max_active_bytes) / kGiB;
+    m.max_active_pct = 100.0 * static_cast<double>(mem.max_active_bytes) / total;
+    m.max_reserved_gib = static_cast<double>(mem.max_reserved_bytes) / kGiB;
+    m.max_reserved_pct = 100.0 * static_cast<double>(mem.max_reserved_bytes) / total;
+    m.alloc_retries = mem.alloc_retries;
+    m.ooms = mem.ooms;
+    m.memory_gib = m.max_reserved_gib;
+    m.memory_pct = m.max_reserved_pct;
+    if (mem.alloc_retries > 0) {
+      log_warning(mem.alloc_retries,
+                  " CUDA memory allocation retries since the last log (the "
+                  "allocator freed its cache to satisfy a request: memory is fragmented or "
+                  "nearly full; step time suffers). HINT: lower training.local_batch_size, or "
+                  "use activation checkpointing");
+    }
+    reset_device_memory_stats(device_);
+  } else {
+    const int64_t rss = peak_rss_bytes();
+    m.memory_gib = static_cast<double>(rss) / kGiB;
+    m.memory_pct = 100.0 * static_cast<double>(rss) / static_cast<double>(total_ram_bytes());
+  }
   m.elapsed_s = std::chrono::duration<double>(now - start_).count();
   const double per_step = window / static_cast<double>(std::max<int64_t>(1, step - last_log_step_));
   m.eta_s = per_step * static_cast<double>(total_steps_ - step);
@@ -208,6 +280,14 @@ void MetricsLogger::write_json(const StepMetrics& m) {
                       {"mfu", m.mfu},
                       {"memory_gib", m.memory_gib},
                       {"elapsed_s", m.elapsed_s}};
+  if (device_.is_cuda()) {
+    j["memory/max_active(GiB)"] = m.max_active_gib;
+    j["memory/max_active(%)"] = m.max_active_pct;
+    j["memory/max_reserved(GiB)"] = m.max_reserved_gib;
+    j["memory/max_reserved(%)"] = m.max_reserved_pct;
+    j["memory/num_alloc_retries"] = m.alloc_retries;
+    j["memory/num_ooms"] = m.ooms;
+  }
   append_row(j.dump());
 }
 

@@ -38,9 +38,16 @@ int64_t total_ram_bytes();
 // A missing or non-regular file is left alone (0).
 int64_t drop_metrics_rows_after(const std::string& path, int64_t step);
 
-// Measures the FLOP/s of a square GEMM in `dtype` on this CPU with the current thread settings:
-// the best of several timed multiplies over about `budget_s` seconds.
-double probe_peak_flops(at::ScalarType dtype, double budget_s = 0.3);
+// Measures the FLOP/s of a square GEMM in `dtype` on `device` (on the CPU with the current thread
+// settings; 1024^3 there, 8192^3 on a GPU): the best of several timed multiplies over about
+// `budget_s` seconds.
+double probe_peak_flops(at::ScalarType dtype, double budget_s = 0.3,
+                        const at::Device& device = at::kCPU);
+
+// Dense bf16 peak FLOP/s of one accelerator from its name as the driver reports it ("NVIDIA
+// H100 80GB HBM3", "AMD Instinct MI300X", ...): the datasheet figures TorchTitan uses for MFU.
+// nullopt for a device not in the table.
+std::optional<double> datasheet_peak_flops(const std::string& device_name);
 
 struct StepMetrics {
   int64_t step = 0;
@@ -50,8 +57,17 @@ struct StepMetrics {
   double tps = 0.0;         // tokens/s per rank since the previous log
   double tflops = 0.0;      // achieved TFLOP/s per rank
   double mfu = 0.0;         // percent of peak
-  double memory_gib = 0.0;  // peak RSS
-  double memory_pct = 0.0;  // peak RSS as % of RAM
+  double memory_gib = 0.0;  // peak RSS (CPU); max reserved in this window (CUDA)
+  double memory_pct = 0.0;  // of RAM (CPU) / of the device's memory (CUDA)
+  // CUDA only (TorchTitan's memory/ fields), for the log window: peaks of live tensors and of
+  // allocator-held memory, allocation retries (cudaMalloc failures recovered by freeing the
+  // cache; a sign of fragmentation) and out-of-memory errors.
+  double max_active_gib = 0.0;
+  double max_active_pct = 0.0;
+  double max_reserved_gib = 0.0;
+  double max_reserved_pct = 0.0;
+  int64_t alloc_retries = 0;
+  int64_t ooms = 0;
   double elapsed_s = 0.0;
   double eta_s = 0.0;
 };
@@ -62,9 +78,11 @@ class MetricsLogger {
   // `start_step` keeps metrics.jsonl's rows up to that step and appends a resume marker instead
   // of truncating it (see the top of this file). `rank` names the file under
   // metrics.save_for_all_ranks (metrics_file_name).
+  // On a CUDA `device` memory is the allocator's (reset every log window), else the process's
+  // peak RSS.
   MetricsLogger(const MetricsSection& config, const std::string& dump_folder,
                 double flops_per_token, double peak_flops, int64_t total_steps, bool write_file,
-                int64_t start_step = 0, int64_t rank = 0);
+                int64_t start_step = 0, int64_t rank = 0, const at::Device& device = at::kCPU);
   ~MetricsLogger();
   MetricsLogger(const MetricsLogger&) = delete;
   MetricsLogger& operator=(const MetricsLogger&) = delete;
@@ -85,6 +103,8 @@ class MetricsLogger {
   std::string color(const char* code) const;
 
   MetricsSection config_;
+  at::Device device_;
+  int64_t device_memory_ = 0;  // bytes (CUDA)
   double flops_per_token_;
   double peak_flops_;
   int64_t total_steps_;

@@ -4,6 +4,7 @@
 #include "titan/common/format.h"
 #include "titan/distributed/comm_internal.h"
 
+#include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #if TITAN_HAS_NCCL
@@ -274,6 +275,13 @@ std::string Group::describe() const { return state_->describe(); }
 void Group::set_timeout(std::chrono::milliseconds timeout) {
   TITAN_CHECK(timeout.count() > 0, "set_timeout on ", state_->describe(), ": timeout must be > 0");
   state_->timeout_ms = timeout.count();
+  // NCCL's watchdog enforces the timeout of ops issued from now on.
+  if (state_->options.backend == Backend::kNccl && state_->pg) state_->pg->setTimeout(timeout);
+}
+
+at::Device Group::device() const {
+  if (state_->options.backend == Backend::kGloo) return at::Device(at::kCPU);
+  return at::Device(at::kCUDA, c10::impl::getDeviceGuardImpl(at::kCUDA)->getDevice().index());
 }
 
 bool Group::healthy() const {
@@ -324,7 +332,10 @@ void Work::wait() {
     if (left.count() < 1) left = std::chrono::milliseconds(1);
     bool ok = false;
     try {
-      ok = w.work->wait(left);
+      // NCCL: wait() with a timeout would block this thread until the op is done; without one it
+      // makes the current CUDA stream wait (the host runs on) and the watchdog enforces the
+      // group's timeout, aborting the process on a hung or failed peer.
+      ok = s.options.backend == Backend::kNccl ? w.work->wait() : w.work->wait(left);
     } catch (const c10::Error& e) {
       s.fail(w.op, e.what_without_backtrace(), elapsed());
     } catch (const std::exception& e) {

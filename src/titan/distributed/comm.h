@@ -23,8 +23,10 @@
 //     Built ops take their buffers from a per-group pool and reuse them (see ScratchPool):
 //     fresh large allocations cost page faults on every call.
 //   NCCL (CUDA builds)     every op is native. wait() makes the current CUDA stream wait for the
-//     op instead of blocking the CPU, and c10d's NCCL watchdog enforces the timeout. The CPU test
-//     suite compiles this path but does not run it.
+//     op instead of blocking the CPU, and c10d's NCCL watchdog enforces the timeout (set_timeout
+//     included): a peer that fails or hangs makes the watchdog abort this process, so the job
+//     ends with an error instead of a hang. The CPU test suite compiles this path but does not
+//     run it.
 //
 // Misuse is caught before anything is issued, because a failed Gloo collective leaves the group
 // unusable. Checked locally, always, for free: tensors defined, contiguous, on the backend's
@@ -45,6 +47,7 @@
 #pragma once
 
 #include <ATen/Tensor.h>
+#include <c10/core/Device.h>
 #include <c10/util/intrusive_ptr.h>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
@@ -140,6 +143,8 @@ class Group {
   // its own transport timeout from creation; a wait that passes the new bound throws as a
   // failure of the op.
   void set_timeout(std::chrono::milliseconds timeout);
+  // Where this group's tensors live: the CPU (Gloo), or the current CUDA device (NCCL).
+  at::Device device() const;
   // "'dp_shard' (rank 1 of 2, world ranks [2, 3], gloo)"
   std::string describe() const;
   // False once an op on this group failed; ops then throw CommError at once.

@@ -287,9 +287,10 @@ int64_t rank_num_threads(int64_t configured, const LaunchEnv& env, const EnvLook
 }
 
 dist::GroupOptions world_group_options(const DistributedContext& dist, const CommSection& comm,
-                                       const std::string& fingerprint) {
+                                       const std::string& fingerprint, const at::Device& device) {
   dist::GroupOptions options;
   options.name = "world";
+  options.backend = device.is_cuda() ? dist::Backend::kNccl : dist::Backend::kGloo;
   options.timeout = std::chrono::milliseconds(comm.init_timeout_seconds * 1000);
   options.fingerprint = fingerprint;
   const std::string& addr = dist.env.master_addr;

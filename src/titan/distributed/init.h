@@ -55,11 +55,13 @@ DistributedContext init_distributed(const CommSection& comm, const LaunchEnv& en
 // of waiting on them. No-op for one rank.
 void finalize_distributed(DistributedContext& dist, const CommSection& comm);
 
-// Options of the job's world group: comm.init_timeout_seconds, Gloo on loopback for single-node
-// jobs whose master is this host (127.0.0.1 / localhost), GLOO_SOCKET_IFNAME or the host name
-// otherwise; `fingerprint` must agree on every rank (e.g. a digest of the job config).
+// Options of the job's world group: NCCL when the ranks compute on CUDA `device`s, Gloo on the
+// CPU; comm.init_timeout_seconds; Gloo on loopback for single-node jobs whose master is this host
+// (127.0.0.1 / localhost), GLOO_SOCKET_IFNAME or the host name otherwise; `fingerprint` must
+// agree on every rank (e.g. a digest of the job config).
 dist::GroupOptions world_group_options(const DistributedContext& dist, const CommSection& comm,
-                                       const std::string& fingerprint = "");
+                                       const std::string& fingerprint = "",
+                                       const at::Device& device = at::kCPU);
 
 // Intra-op threads for this rank, to pass to configure_threads(n, local_world_size):
 // `configured` (training.num_threads) when > 0; else, in a multi-process job, OMP_NUM_THREADS

@@ -80,6 +80,11 @@ void ParallelizedModel::materialize(at::Device device) {
     TITAN_CHECK(!item.value().is_meta(), "parameter ", item.key(),
                 " is still on the meta device: only WeightLayer weights are materialized");
   }
+  // Buffers (RoPE tables) are built real on the CPU; set_data keeps the members that hold them.
+  at::NoGradGuard no_grad;
+  for (auto& buffer : model_->buffers()) {
+    if (buffer.device() != device) buffer.set_data(buffer.to(device));
+  }
   refresh_params();
 }
 
@@ -120,8 +125,9 @@ at::Tensor ParallelizedModel::loss(const at::Tensor& logits, const at::Tensor& l
 
 double ParallelizedModel::batch_mean(double value) const {
   if (dims_.dp_size() == 1) return value;
-  at::Tensor t = at::full({1}, value, at::kDouble);
-  dims_.group("dp").all_reduce(t, dist::ReduceOp::kAvg).wait();
+  dist::Group& dp = dims_.group("dp");
+  at::Tensor t = at::full({1}, value, at::TensorOptions(at::kDouble).device(dp.device()));
+  dp.all_reduce(t, dist::ReduceOp::kAvg).wait();
   return t.item<double>();
 }
 

@@ -80,6 +80,8 @@ class Trainer {
   // of them under FSDP / tensor parallelism.
   std::vector<std::pair<std::string, at::Tensor>> trained_params() const;
   int64_t rank() const { return rank_; }
+  // Where this rank computes (training.device; see titan/common/device.h).
+  const at::Device& device() const { return device_; }
 
  private:
   void build_model();
@@ -93,13 +95,15 @@ class Trainer {
   void build_parallelism(const DistributedContext* dist);
   // Rank 0 locks job.dump_folder (no second run may share it); every rank throws if it cannot.
   void lock_dump_folder();
-  // This rank's rows of a global micro-batch from `loader` (batch dp_size * local).
+  // This rank's rows of a global micro-batch from `loader` (batch dp_size * local), on the
+  // device (copied from pinned host memory without blocking on CUDA).
   std::optional<Batch> next_local_batch(DataLoader& loader);
 
   JobConfig config_;
   // Rank 0 holds job.dump_folder for the whole run (declared first: released last).
   std::unique_ptr<FolderLock> dump_lock_;
   at::ScalarType compute_dtype_ = at::kFloat;
+  at::Device device_ = at::kCPU;
   int64_t seed_ = 0;
   int64_t accumulation_steps_ = 1;
   const ModelSpec* spec_ = nullptr;

@@ -56,5 +56,26 @@ TEST(Metrics, PeakRssIsBelowRam) {
   EXPECT_LT(peak_rss_bytes(), total_ram_bytes());
 }
 
+TEST(PeakFlops, DatasheetFiguresByDeviceName) {
+  // Names as the drivers report them.
+  EXPECT_EQ(datasheet_peak_flops("NVIDIA H100 80GB HBM3"), 989e12);  // SXM
+  EXPECT_EQ(datasheet_peak_flops("NVIDIA H100 PCIe"), 756e12);
+  EXPECT_EQ(datasheet_peak_flops("NVIDIA H100 NVL"), 835e12);
+  EXPECT_EQ(datasheet_peak_flops("NVIDIA H200"), 989e12);
+  EXPECT_EQ(datasheet_peak_flops("NVIDIA H20"), 148e12);  // not H200's figure
+  EXPECT_EQ(datasheet_peak_flops("NVIDIA GH200 480GB"), 989e12);
+  EXPECT_EQ(datasheet_peak_flops("NVIDIA A100-SXM4-80GB"), 312e12);
+  EXPECT_EQ(datasheet_peak_flops("NVIDIA A100 80GB PCIe"), 312e12);
+  EXPECT_EQ(datasheet_peak_flops("NVIDIA B200"), 2.25e15);
+  EXPECT_EQ(datasheet_peak_flops("NVIDIA GB200"), 2.5e15);  // not B200's figure
+  EXPECT_EQ(datasheet_peak_flops("NVIDIA L40S"), 362e12);
+  EXPECT_EQ(datasheet_peak_flops("AMD Instinct MI300X"), 1307e12);
+  EXPECT_EQ(datasheet_peak_flops("AMD Instinct MI250X"), 383e12);
+  // Unknown devices get no guess: the trainer measures and warns, or metrics.peak_flops is used.
+  EXPECT_FALSE(datasheet_peak_flops("NVIDIA GeForce GTX 1080").has_value());
+  EXPECT_FALSE(datasheet_peak_flops("").has_value());
+  EXPECT_FALSE(datasheet_peak_flops("Intel(R) Xeon(R) Platinum 8480C").has_value());
+}
+
 }  // namespace
 }  // namespace titan

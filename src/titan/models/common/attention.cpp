@@ -122,7 +122,10 @@ at::Tensor Attention::forward(const at::Tensor& x, const RotaryEmbedding& rope,
       TITAN_CHECK(cache->start_pos >= 0 && cache->start_pos + n <= cache->max_len, "positions [",
                   cache->start_pos, ", ", cache->start_pos + n, ") do not fit a KV cache of ",
                   cache->max_len, " positions");
-      if (!pos.defined()) pos = at::arange(cache->start_pos, cache->start_pos + n, at::kLong);
+      if (!pos.defined()) {
+        pos = at::arange(cache->start_pos, cache->start_pos + n,
+                         at::TensorOptions(at::kLong).device(in.device()));
+      }
     }
     // Cast once for the three projections rather than once per projection.
     const at::Tensor xc = to_compute(in, compute_dtype);
