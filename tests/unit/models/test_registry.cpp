@@ -35,8 +35,9 @@ TEST(Registry, Llama3IsRegisteredWithAllFlavors) {
   const auto models = registered_models();
   ASSERT_NE(std::find(models.begin(), models.end(), "llama3"), models.end());
   const ModelSpec& spec = get_model_spec("llama3");
-  const std::vector<std::string> expected = {
-      "tiny", "debugmodel", "bench_small", "bench_medium", "1B", "3B", "8B", "70B", "405B"};
+  const std::vector<std::string> expected = {"tiny", "debugmodel", "bench_small", "bench_medium",
+                                             "1B",   "3B",         "8B_cut",      "8B",
+                                             "70B",  "405B"};
   EXPECT_EQ(spec.flavors, expected);
 }
 
@@ -80,9 +81,9 @@ TEST(Registry, DescribeFlavor) {
 
 TEST(Llama3Args, FfnHiddenDimsMatchTorchTitan) {
   const std::map<std::string, int64_t> expected = {
-      {"tiny", 192},          {"debugmodel", 768}, {"bench_small", 768},
-      {"bench_medium", 1536}, {"1B", 8192},        {"3B", 8192},
-      {"8B", 14336},          {"70B", 28672},      {"405B", 53248}};
+      {"tiny", 192},  {"debugmodel", 768}, {"bench_small", 768}, {"bench_medium", 1536},
+      {"1B", 8192},   {"3B", 8192},        {"8B_cut", 14336},    {"8B", 14336},
+      {"70B", 28672}, {"405B", 53248}};
   for (const auto& [flavor, hidden] : expected) {
     EXPECT_EQ(llama3::args_for_flavor(flavor).ffn_hidden_dim(), hidden) << flavor;
   }
@@ -103,6 +104,9 @@ TEST(Llama3Args, ParamCountsOfLargeFlavorsWithoutAllocating) {
   EXPECT_EQ(spec.describe("3B", 1, 2048, at::kFloat).n_params, 3212749824);
   EXPECT_EQ(spec.describe("70B", 1, 2048, at::kFloat).n_params, 70553706496);
   EXPECT_EQ(spec.describe("405B", 1, 2048, at::kFloat).n_params, 405853388800);
+  // 8B with 8 layers: both embeddings and 8 of the 32 blocks (218,112,000 parameters each).
+  EXPECT_EQ(spec.describe("8B_cut", 1, 8192, at::kBFloat16).n_params,
+            int64_t{2} * 128256 * 4096 + 8 * int64_t{218112000} + 4096);
 }
 
 TEST(Llama3Args, FlopsPerTokenFormula) {

@@ -1,0 +1,479 @@
+#!/usr/bin/env bash
+# One-shot check of titan.cpp on a machine with an NVIDIA GPU, within about 8 minutes on 16 cores:
+#
+#   preflight    a CUDA device is visible to the Python's torch (else: exit 2 with a message)
+#   build        titan and the unit-test binaries against that torch's libtorch (CUDA), -j cores
+#   parity       the debug model, float32, 10 steps on the GPU and on the CPU: every step's loss
+#                within 1e-4 relative
+#   titan_bf16   Llama 3 8B's shapes cut to 8 layers (flavor 8B_cut), bf16, batch 1 x seq 8192:
+#                tokens/s, TFLOP/s, MFU, device memory (from metrics.jsonl)
+#   ref_eager    the same model and step in plain PyTorch, eager (bench/torch_reference.py)
+#   ref_compile  the same with torch.compile per block, as TorchTitan's compile.enable
+#   float8       titan_bf16 with model.converters = quantize.linear.float8 (tensorwise), on compute
+#                capability >= 8.9; else recorded as skipped with the capability
+#   unit         the unit tests (ctest -R ^unit_) on the GPU machine, last: the figures first
+#
+# and writes a Markdown summary (each stage's status and time, the figures, titan/PyTorch
+# ratios), printed at the end. Every command runs under a timeout; the stages share a budget
+# (GPU_CHECK_BUDGET_S), so the script ends, summary written, even when something hangs.
+#
+# Preparation on a dev machine (the GPU machine has no package registry): scripts/gpu_deps.sh
+# writes .gpu-deps/ (headers, CMake configs, GoogleTest sources, the corpus); take it along with
+# the checkout. Then, on the GPU machine, from the repository root:
+#
+#   scripts/gpu_check.sh [--summary FILE] [--build-dir DIR] [--work DIR] [--stages a,b,...]
+#                        [--skip-build] [--configure-only] [--cpu-dry-run]
+#
+#   --summary FILE    where the summary goes (default: GPU_CHECK_SUMMARY, else
+#                     <build-dir>/gpu_check_summary.md)
+#   --build-dir DIR   build folder (default build-gpu); --skip-build uses the titan there
+#   --work DIR        run folders and logs/ (default <build-dir>/gpu_check; emptied first)
+#   --stages LIST     only these stages (preflight always runs)
+#   --configure-only  stop after CMake's configure step (checks the dependency flow)
+#   --cpu-dry-run     no GPU needed: every stage runs on the CPU with small sizes (debugmodel,
+#                     emulated float8; unit tests only when --stages names them) to exercise the
+#                     script; the summary says in bold that no GPU was used
+#
+# Environment: TITAN_PYTHON (default python3: the Python whose torch we build against and whose
+# torch runs the references), CUDA_TOOLKIT_ROOT_DIR (default: the nvcc on PATH or /usr/local/cuda,
+# else the toolkit view of the NVIDIA wheels, cmake/titan_torch.cmake), TITAN_CUDA_ARCH_LIST
+# (default: the GPU's compute capability, else 9.0), GPU_CHECK_JOBS (default: all cores),
+# GPU_CHECK_BUDGET_S (default 540), GPU_CHECK_DEPS (default .gpu-deps), GPU_CHECK_FLAVOR /
+# _SEQ / _BATCH / _STEPS / _WARMUP (8B_cut, 8192, 1, 10, 3), GPU_CHECK_PARITY_RTOL (1e-4).
+#
+# Exit status: 0 when every stage that ran passed, 1 when one failed or timed out, 2 when no GPU
+# is visible (without --cpu-dry-run) or the arguments are wrong.
+set -uo pipefail  # not -e: a stage's failure is recorded and the next stage still runs
+
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root" || exit 2
+
+usage() { sed -n '2,/^set -uo/p' "$0" | sed -e '$d' -e 's/^# \{0,1\}//'; }
+die() {
+  echo "gpu_check: error: $*" >&2
+  exit 2
+}
+
+summary="${GPU_CHECK_SUMMARY:-}"
+build_dir="$root/build-gpu"
+work=""
+stages_arg=""
+skip_build=0
+configure_only=0
+dry_run=0
+while (($#)); do
+  case "$1" in
+    --summary) summary="${2:?--summary needs a file}"; shift 2 ;;
+    --build-dir) build_dir="${2:?--build-dir needs a folder}"; shift 2 ;;
+    --work) work="${2:?--work needs a folder}"; shift 2 ;;
+    --stages) stages_arg="${2:?--stages needs a list}"; shift 2 ;;
+    --skip-build) skip_build=1; shift ;;
+    --configure-only) configure_only=1; shift ;;
+    --cpu-dry-run) dry_run=1; shift ;;
+    -h | --help) usage; exit 0 ;;
+    *) die "unknown argument '$1' (see --help)" ;;
+  esac
+done
+mkdir -p "$build_dir" || die "cannot create $build_dir"
+build_dir="$(cd "$build_dir" && pwd)"
+work="${work:-$build_dir/gpu_check}"
+summary="${summary:-$build_dir/gpu_check_summary.md}"
+case "$summary" in /*) ;; *) summary="$PWD/$summary" ;; esac
+
+PY="${TITAN_PYTHON:-python3}"
+JOBS="${GPU_CHECK_JOBS:-$(nproc)}"
+BUDGET="${GPU_CHECK_BUDGET_S:-540}"
+DEPS="${GPU_CHECK_DEPS:-$root/.gpu-deps}"
+RTOL="${GPU_CHECK_PARITY_RTOL:-1e-4}"
+TITAN="$build_dir/titan"
+SMALL=()  # dry run: titan on one thread (as the reference) and a smaller parity batch
+if ((dry_run)); then
+  DEVICE=cpu
+  SMALL=(--training.num_threads 1)
+  FLAVOR="${GPU_CHECK_FLAVOR:-debugmodel}" SEQ="${GPU_CHECK_SEQ:-128}"
+  BATCH="${GPU_CHECK_BATCH:-2}" STEPS="${GPU_CHECK_STEPS:-4}" WARMUP="${GPU_CHECK_WARMUP:-2}"
+else
+  DEVICE=cuda
+  FLAVOR="${GPU_CHECK_FLAVOR:-8B_cut}" SEQ="${GPU_CHECK_SEQ:-8192}"
+  BATCH="${GPU_CHECK_BATCH:-1}" STEPS="${GPU_CHECK_STEPS:-10}" WARMUP="${GPU_CHECK_WARMUP:-3}"
+fi
+for v in JOBS BUDGET SEQ BATCH STEPS WARMUP; do
+  [[ "${!v}" =~ ^[1-9][0-9]*$ ]] || die "$v='${!v}' is not a positive integer"
+done
+
+# The corpus and tokenizer: .gpu-deps/cache when prepared, else the usual titan cache.
+[[ -d "$DEPS/cache/datasets/sotu" ]] && export TITAN_CACHE="$DEPS/cache"
+CACHE="${TITAN_CACHE:-$HOME/.cache/titan}"
+TOKENIZER="$CACHE/tokenizers/sotu_2k"
+
+rm -rf "$work"
+mkdir -p "$work/logs" || die "cannot create $work"
+: >"$work/stages.tsv"
+START=$SECONDS
+FAILED=0
+
+# ---- stage machinery ---------------------------------------------------------------------------
+
+wanted() {
+  [[ -z "$stages_arg" ]] && return 0
+  [[ ",$stages_arg," == *",$1,"* ]]
+}
+
+record() {  # record NAME STATUS SECONDS NOTE
+  printf '%s\t%s\t%s\t%s\n' "$1" "$2" "$3" "${4//$'\t'/ }" >>"$work/stages.tsv"
+}
+
+write_summary() {
+  "$PY" "$root/scripts/gpu_check_report.py" summary "$work" "$summary" 2>>"$work/logs/report.log" ||
+    echo "gpu_check: could not write the summary (see $work/logs/report.log)" >&2
+}
+
+# run_cmd CMD...: CMD under the current stage's deadline, its output appended to the stage's log.
+# 124 when the deadline passed (timeout's status; 137 if it had to be killed).
+run_cmd() {
+  local left=$((STAGE_END - SECONDS))
+  ((left > 0)) || return 124
+  echo "+ $*" >>"$STAGE_LOG"
+  timeout -k 10 "$left" "$@" >>"$STAGE_LOG" 2>&1
+}
+
+# stage NAME LIMIT_S FUNCTION: runs FUNCTION with a deadline of min(LIMIT_S, budget left) and
+# records its status, its seconds and the NOTE it sets. FUNCTION returns 0 (ok), 3 (skipped: NOTE
+# says why), 124/137 (timed out) or anything else (failed).
+stage() {
+  local name="$1" limit="$2" fn="$3"
+  if ! wanted "$name"; then
+    return 0
+  fi
+  local left=$((BUDGET - (SECONDS - START)))
+  if ((left < 15)); then
+    record "$name" "NOT RUN" 0 "the ${BUDGET} s budget was spent (GPU_CHECK_BUDGET_S)"
+    FAILED=1
+    write_summary
+    return 0
+  fi
+  ((limit > left)) && limit=$left
+  STAGE_LOG="$work/logs/$name.log"
+  STAGE_END=$((SECONDS + limit))
+  NOTE=""
+  : >"$STAGE_LOG"
+  echo "[gpu_check] $name (limit ${limit} s)"
+  local t0=$SECONDS rc status
+  "$fn"
+  rc=$?
+  case "$rc" in
+    0) status="ok" ;;
+    3) status="skipped" ;;
+    124 | 137) status="TIMEOUT"; NOTE="stopped after ${limit} s${NOTE:+; $NOTE}" ;;
+    *) status="FAIL" ;;
+  esac
+  if [[ "$status" == FAIL || "$status" == TIMEOUT ]]; then
+    FAILED=1
+    NOTE="${NOTE:+$NOTE; }log: logs/$name.log"
+    echo "[gpu_check] $name: $status; the end of $STAGE_LOG:" >&2
+    tail -n 25 "$STAGE_LOG" >&2
+  fi
+  echo "[gpu_check] $name: $status in $((SECONDS - t0)) s${NOTE:+: $NOTE}"
+  record "$name" "$status" "$((SECONDS - t0))" "$NOTE"
+  write_summary
+}
+
+json_get() {  # json_get FILE KEY [FORMAT]: a top-level value of the last JSON line in FILE
+  "$PY" - "$1" "$2" "${3:-}" <<'EOF'
+import json, sys
+try:
+    value = json.loads(open(sys.argv[1]).read().strip().splitlines()[-1]).get(sys.argv[2])
+except Exception:
+    value = None
+if value is None:
+    print("-")
+elif sys.argv[3] and isinstance(value, (int, float)):
+    print(format(value, sys.argv[3]))
+else:
+    print(value)
+EOF
+}
+
+# ---- stages ------------------------------------------------------------------------------------
+
+preflight() {
+  local nvcc_text="-" driver="-" git_text="-"
+  detect_nvcc_root
+  [[ -n "$NVCC_ROOT" ]] && nvcc_text="$("$NVCC_ROOT/bin/nvcc" --version 2>/dev/null | tail -n 1)"
+  if command -v nvidia-smi >/dev/null 2>&1; then
+    run_cmd nvidia-smi -L
+    driver="$(timeout 30 nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>/dev/null |
+      head -n 1)"
+  fi
+  git_text="$(git -C "$root" log -1 --format='%h %s' 2>/dev/null | cut -c1-80)"
+  if [[ -n "$git_text" ]] && [[ -n "$(git -C "$root" status --porcelain 2>/dev/null | head -n 1)" ]]; then
+    git_text+=" (with local changes)"
+  fi
+  local shape="llama3 ${FLAVOR}, bf16, batch ${BATCH} x seq ${SEQ}, ${STEPS} timed steps after ${WARMUP}"
+  run_cmd "$PY" - "$work" "$dry_run" "$BUDGET" "$JOBS" "$nvcc_text" "${driver:--}" \
+    "${git_text:--}" "$shape" <<'EOF' || return 1
+import json, os, platform, shlex, socket, sys, time
+work, dry_run, budget, jobs, nvcc, driver, git, shape = sys.argv[1:]
+import torch
+env = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "host": socket.gethostname(),
+       "cores": os.cpu_count(), "jobs": int(jobs), "budget_s": int(budget),
+       "dry_run": dry_run == "1", "python": platform.python_version(), "torch": torch.__version__,
+       "torch_cuda": torch.version.cuda or "-", "nvcc": nvcc, "driver": driver, "git": git,
+       "cxx11_abi": int(torch._C._GLIBCXX_USE_CXX11_ABI), "speed_shape": shape,
+       "cuda_devices": torch.cuda.device_count() if torch.cuda.is_available() else 0}
+if env["cuda_devices"]:
+    p = torch.cuda.get_device_properties(0)
+    env.update(gpu=p.name, capability="%d.%d" % (p.major, p.minor),
+               gpu_memory_gib=p.total_memory / 2**30)
+with open(os.path.join(work, "env.json"), "w") as f:
+    json.dump(env, f)
+with open(os.path.join(work, "env.sh"), "w") as f:
+    for key in ("cuda_devices", "cxx11_abi", "capability", "gpu", "torch"):
+        f.write("ENV_%s=%s\n" % (key.upper(), shlex.quote(str(env.get(key, "")))))
+print(json.dumps(env))
+EOF
+  # shellcheck source=/dev/null
+  source "$work/env.sh"
+  if ((ENV_CUDA_DEVICES == 0)) && ((!dry_run)); then
+    NOTE="no CUDA device visible to $PY (torch ${ENV_TORCH}). HINT: run on a GPU machine, check "
+    NOTE+="CUDA_VISIBLE_DEVICES and nvidia-smi, or pass --cpu-dry-run to exercise the script"
+    return 1
+  fi
+  if ((dry_run)); then
+    NOTE="CPU dry run: no GPU used (torch ${ENV_TORCH}, ${ENV_CUDA_DEVICES} CUDA devices seen)"
+  else
+    NOTE="${ENV_GPU} (compute capability ${ENV_CAPABILITY}), torch ${ENV_TORCH}"
+  fi
+}
+
+# NVCC_ROOT: the CUDA toolkit to hand CMake: CUDA_TOOLKIT_ROOT_DIR, else the nvcc on PATH, else
+# /usr/local/cuda; empty when there is none (the wheels' toolkit view then).
+detect_nvcc_root() {
+  NVCC_ROOT="${CUDA_TOOLKIT_ROOT_DIR:-}"
+  if [[ -z "$NVCC_ROOT" ]] && command -v nvcc >/dev/null 2>&1; then
+    NVCC_ROOT="$(dirname "$(dirname "$(readlink -f "$(command -v nvcc)")")")"
+  fi
+  if [[ -z "$NVCC_ROOT" && -x /usr/local/cuda/bin/nvcc ]]; then
+    NVCC_ROOT=/usr/local/cuda
+  fi
+  [[ -z "$NVCC_ROOT" || -x "$NVCC_ROOT/bin/nvcc" ]] || NVCC_ROOT=""
+}
+
+# DEP_ARGS: CMake arguments for toml++, nlohmann_json, GoogleTest and gloo's headers: .gpu-deps
+# when prepared (GoogleTest built here with this machine's compiler and torch's C++ ABI), nothing
+# when the system has them (a dev machine).
+prepare_deps() {
+  DEP_ARGS=()
+  if [[ ! -d "$DEPS/include" ]]; then
+    if [[ -d /usr/include/toml++ && -d /usr/include/nlohmann && -d /usr/include/gloo ]]; then
+      DEP_NOTE="system headers"
+      return 0
+    fi
+    NOTE="no $DEPS and no system toml++/nlohmann/gloo headers. HINT: run scripts/gpu_deps.sh on "
+    NOTE+="a dev machine and bring .gpu-deps/ along with the checkout"
+    return 1
+  fi
+  local gtest_prefix="$build_dir/_deps/gtest"
+  if [[ ! -d "$gtest_prefix" ]]; then
+    run_cmd cmake -S "$DEPS/src/googletest" -B "$build_dir/_deps/gtest-build" -G Ninja \
+      -DCMAKE_BUILD_TYPE=Release -DBUILD_GMOCK=OFF -DINSTALL_GTEST=ON \
+      -DCMAKE_INSTALL_PREFIX="$gtest_prefix" -DCMAKE_POLICY_VERSION_MINIMUM=3.5 \
+      -DCMAKE_CXX_FLAGS="-D_GLIBCXX_USE_CXX11_ABI=${ENV_CXX11_ABI:-1}" || return
+    run_cmd cmake --build "$build_dir/_deps/gtest-build" -j "$JOBS" || return
+    run_cmd cmake --install "$build_dir/_deps/gtest-build" || return
+  fi
+  local gtest_dir
+  gtest_dir="$(find "$gtest_prefix" -name GTestConfig.cmake -printf '%h\n' 2>/dev/null | head -n 1)"
+  [[ -n "$gtest_dir" ]] || { NOTE="GoogleTest built, but no GTestConfig.cmake in $gtest_prefix"; return 1; }
+  DEP_ARGS=(-Dtomlplusplus_DIR="$DEPS/cmake/tomlplusplus"
+    -Dnlohmann_json_DIR="$DEPS/cmake/nlohmann_json" -DGTest_DIR="$gtest_dir"
+    -DCMAKE_CXX_FLAGS="-isystem $DEPS/include")
+  DEP_NOTE="deps from ${DEPS#"$root/"}"
+}
+
+configure() {
+  local arch="${TITAN_CUDA_ARCH_LIST:-${ENV_CAPABILITY:-9.0}}"
+  [[ -n "$arch" ]] || arch=9.0
+  local args=(-S "$root" -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=Release
+    -DTITAN_PYTHON="$(command -v "$PY" || echo "$PY")" -DTITAN_CUDA_ARCH_LIST="$arch"
+    "${DEP_ARGS[@]}")
+  detect_nvcc_root
+  if [[ -n "$NVCC_ROOT" ]]; then
+    if run_cmd cmake "${args[@]}" -DCUDA_TOOLKIT_ROOT_DIR="$NVCC_ROOT"; then
+      CUDA_NOTE="CUDA toolkit $NVCC_ROOT"
+      return 0
+    fi
+    # A system toolkit CMake could not use (another CUDA release, missing libraries): the view of
+    # torch's NVIDIA wheels instead, from a clean cache.
+    echo "gpu_check: configure with $NVCC_ROOT failed; retrying with the wheels' toolkit" \
+      >>"$STAGE_LOG"
+    rm -rf "$build_dir/CMakeCache.txt" "$build_dir/CMakeFiles"
+  fi
+  run_cmd cmake "${args[@]}" || return
+  CUDA_NOTE="CUDA toolkit: view of the NVIDIA wheels"
+}
+
+build() {
+  if ((skip_build)); then
+    [[ -x "$TITAN" ]] || { NOTE="--skip-build, but no $TITAN"; return 1; }
+    NOTE="--skip-build: $TITAN as it is"
+    return 3
+  fi
+  prepare_deps || return
+  configure || return
+  if ((configure_only)); then
+    NOTE="configured only (${DEP_NOTE}; ${CUDA_NOTE}; arch ${TITAN_CUDA_ARCH_LIST:-${ENV_CAPABILITY:-9.0}})"
+    return 0
+  fi
+  local targets
+  mapfile -t targets < <(ninja -C "$build_dir" -t targets all 2>/dev/null |
+    sed -nE 's/^(test_[a-z0-9_]+): CXX_EXECUTABLE_LINKER.*/\1/p')
+  run_cmd ninja -C "$build_dir" -j "$JOBS" titan "${targets[@]}" || return
+  NOTE="titan + ${#targets[@]} test binaries, -j ${JOBS}; ${DEP_NOTE}; ${CUDA_NOTE}"
+}
+
+unit() {
+  if ((dry_run)) && [[ ",$stages_arg," != *",unit,"* ]]; then
+    NOTE="dry run: CPU CI runs the unit tests (name unit in --stages to run them here)"
+    return 3
+  fi
+  (cd "$build_dir" && run_cmd ctest -R '^unit_' -j "$(((JOBS + 1) / 2))" --timeout 170 \
+    --output-on-failure)
+  local rc=$?
+  NOTE="$(grep -E 'tests passed' "$STAGE_LOG" | tail -n 1)"
+  [[ $rc -eq 0 ]] || NOTE+=" $(grep -E '^\s+[0-9]+ - unit_' "$STAGE_LOG" | tr -s ' ' | tr '\n' ';')"
+  return $rc
+}
+
+# The corpus and the tokenizer the titan runs use (trained here when not brought along).
+ensure_data() {
+  if [[ ! -f "$CACHE/datasets/sotu/.fetched" ]]; then
+    NOTE="no sotu corpus in $CACHE/datasets. HINT: scripts/gpu_deps.sh brings it in .gpu-deps/"
+    return 1
+  fi
+  [[ -f "$TOKENIZER/tokenizer.json" ]] && return 0
+  run_cmd "$TITAN" tokenizer train --dataset sotu --dataset-path "$CACHE/datasets/sotu" \
+    --vocab-size 2048 --output "$TOKENIZER"
+}
+
+titan_train() {  # titan_train NAME DEVICE CONFIG OVERRIDES...: a run in $work/NAME
+  local name="$1" device="$2" config="$3"
+  shift 3
+  run_cmd "$TITAN" train --job.config_file "$config" --job.dump_folder "$work/$name" \
+    --training.device "$device" --model.hf_assets_path "$TOKENIZER" --validation.enable=false \
+    --checkpoint.enable=false --metrics.disable_color_printing "${SMALL[@]}" "$@"
+}
+
+parity() {
+  ensure_data || return
+  local common=(--training.steps 10 --metrics.log_freq 1 --training.mixed_precision_param float32
+    --lr_scheduler.warmup_steps 2 --debug.seed 42)
+  ((dry_run)) && common+=(--training.seq_len 64 --training.local_batch_size 2)
+  titan_train parity_gpu "$DEVICE" configs/llama3/debug_model.toml "${common[@]}" || return
+  titan_train parity_cpu cpu configs/llama3/debug_model.toml "${common[@]}" || return
+  run_cmd "$PY" "$root/scripts/gpu_check_report.py" parity "$work/parity_gpu/metrics.jsonl" \
+    "$work/parity_cpu/metrics.jsonl" --steps 10 --rtol "$RTOL"
+  local rc=$?
+  tail -n 1 "$STAGE_LOG" >"$work/parity.json"
+  NOTE="$DEVICE vs cpu: max relative loss difference $(json_get "$work/parity.json" max_rel .2e)"
+  NOTE+=" over 10 steps (tolerance $RTOL)"
+  return $rc
+}
+
+titan_speed() {  # titan_speed NAME OVERRIDES...: the speed run, figures in $work/NAME.json
+  local name="$1"
+  shift
+  ensure_data || return
+  titan_train "$name" "$DEVICE" configs/llama3/llama3_8b.toml --model.flavor "$FLAVOR" \
+    --training.seq_len "$SEQ" --training.local_batch_size "$BATCH" \
+    --training.steps $((WARMUP + STEPS)) --metrics.log_freq 1 --activation_checkpoint.mode none \
+    --training.mixed_precision_param bfloat16 --lr_scheduler.warmup_steps 2 "$@" || return
+  run_cmd "$PY" "$root/scripts/gpu_check_report.py" speed "$work/$name/metrics.jsonl" \
+    --warmup "$WARMUP" --tokens-per-step $((BATCH * SEQ))
+  local rc=$?
+  tail -n 1 "$STAGE_LOG" >"$work/$name.json"
+  NOTE="$(json_get "$work/$name.json" tokens_per_s ,.0f) tokens/s,"
+  NOTE+=" $(json_get "$work/$name.json" tflops .4g) TFLOP/s, MFU $(json_get "$work/$name.json" mfu .1f)%,"
+  NOTE+=" loss $(json_get "$work/$name.json" loss_first .3f) -> $(json_get "$work/$name.json" loss_last .3f)"
+  return $rc
+}
+
+titan_bf16() { titan_speed titan_bf16; }
+
+reference() {  # reference MODE: bench/torch_reference.py, figures in $work/ref_MODE.json
+  local mode="$1" extra=()
+  ((dry_run)) && extra=(--threads 1)
+  run_cmd "$PY" "$root/bench/torch_reference.py" --flavor "$FLAVOR" --device "$DEVICE" \
+    --dtype bfloat16 --seq "$SEQ" --batch "$BATCH" --steps "$STEPS" --warmup "$WARMUP" \
+    --mode "$mode" --json "$work/ref_$mode.json" "${extra[@]}" || return
+  NOTE="$(json_get "$work/ref_$mode.json" tokens_per_s ,.0f) tokens/s,"
+  NOTE+=" $(json_get "$work/ref_$mode.json" tflops .4g) TFLOP/s"
+  [[ "$mode" == compile ]] && NOTE+=", compile $(json_get "$work/ref_$mode.json" compile_s .0f) s"
+  local titan_tps ref_tps
+  titan_tps="$(json_get "$work/titan_bf16.json" tokens_per_s)"
+  ref_tps="$(json_get "$work/ref_$mode.json" tokens_per_s)"
+  if [[ "$titan_tps" != - && "$ref_tps" != - ]]; then
+    NOTE+="; titan / PyTorch $mode = $(awk -v a="$titan_tps" -v b="$ref_tps" \
+      'BEGIN { printf "%.2f", a / b }')"
+  fi
+  return 0
+}
+
+ref_eager() { reference eager; }
+ref_compile() { reference compile; }
+
+float8() {
+  if ((dry_run)); then
+    titan_speed titan_float8 --model.converters quantize.linear.float8 \
+      --quantize.linear.float8.recipe_name tensorwise --quantize.linear.float8.emulate=true
+    local rc=$?
+    NOTE="emulated on the CPU (not a GPU figure): $NOTE"
+    return $rc
+  fi
+  local major="${ENV_CAPABILITY%%.*}" minor="${ENV_CAPABILITY##*.}"
+  if ((major * 10 + minor < 89)); then
+    NOTE="skipped: compute capability ${ENV_CAPABILITY} (float8 matmuls need >= 8.9)"
+    return 3
+  fi
+  titan_speed titan_float8 --model.converters quantize.linear.float8 \
+    --quantize.linear.float8.recipe_name tensorwise
+}
+
+# ---- run ---------------------------------------------------------------------------------------
+
+echo "[gpu_check] build folder $build_dir, work folder $work, budget ${BUDGET} s, ${JOBS} jobs"
+stages_saved="$stages_arg"
+stages_arg=""  # preflight always runs
+stage preflight 120 preflight
+stages_arg="$stages_saved"
+if [[ "$(tail -n 1 "$work/stages.tsv" | cut -f2)" != ok ]]; then
+  echo "gpu_check: $(tail -n 1 "$work/stages.tsv" | cut -f4)" >&2
+  write_summary
+  exit 2
+fi
+stage build 360 build
+if ((configure_only)); then
+  write_summary
+  cat "$summary"
+  exit "$FAILED"
+fi
+if [[ ! -x "$TITAN" ]]; then
+  echo "gpu_check: no $TITAN after the build stage; nothing else can run" >&2
+  write_summary
+  cat "$summary"
+  exit 1
+fi
+# The figures first; the unit tests (about a minute) take what is left of the budget.
+stage parity 120 parity
+stage titan_bf16 150 titan_bf16
+stage ref_eager 90 ref_eager
+stage ref_compile 180 ref_compile
+stage float8 150 float8
+stage unit 180 unit
+
+write_summary
+echo
+cat "$summary"
+echo
+echo "[gpu_check] summary: $summary; logs: $work/logs"
+exit "$FAILED"

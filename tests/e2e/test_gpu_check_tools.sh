@@ -1,0 +1,56 @@
+# The CPU-testable parts of scripts/gpu_check.sh: its PyTorch reference builds the model titan
+# builds (parameter count and FLOPs per token equal to `titan inspect`'s, flavor by flavor) and
+# trains on the CPU; its report helper computes parity and speed from metrics.jsonl rows; and the
+# script refuses, with exit 2 and a message, to run without a GPU. About 20 seconds on 2 cores.
+source "$(dirname "$0")/lib.sh"
+PY="${TITAN_PYTHON:-python3}"
+
+for spec in "debugmodel 256" "1B 2048" "8B_cut 8192"; do  # untied, tied, the GPU check's
+  read -r flavor seq <<<"$spec"
+  expect_exit 0 "$TITAN" inspect --model.flavor "$flavor" --training.seq_len "$seq" \
+    --training.local_batch_size 1
+  titan_params="$(sed -nE 's/^parameters +([0-9,]+) total.*/\1/p' "$WORK/out" | tr -d ,)"
+  titan_flops="$(sed -nE 's/^FLOPs per token +([0-9.e+]+) .*/\1/p' "$WORK/out")"
+  [ -n "$titan_params" ] && [ -n "$titan_flops" ] || { cat "$WORK/out" >&2; fail "inspect output"; }
+  expect_exit 0 "$PY" bench/torch_reference.py --flavor "$flavor" --seq "$seq" --count-only
+  ref_params="$(sed -nE 's/.*"n_params": ([0-9]+).*/\1/p' "$WORK/out")"
+  ref_flops="$(sed -nE 's/.*"flops_per_token": ([0-9.e+]+).*/\1/p' "$WORK/out")"
+  echo "$flavor: titan $titan_params params, $titan_flops FLOPs/token; reference $ref_params, $ref_flops"
+  [ "$titan_params" = "$ref_params" ] || fail "$flavor: parameters $titan_params != $ref_params"
+  # inspect prints 4 significant digits.
+  awk -v a="$titan_flops" -v b="$ref_flops" 'BEGIN { d = (a - b) / b; exit !(d < 1e-3 && d > -1e-3) }' ||
+    fail "$flavor: FLOPs per token $titan_flops != $ref_flops"
+done
+
+# The reference trains on the CPU, eagerly, in bf16 (autocast).
+expect_exit 0 "$PY" bench/torch_reference.py --flavor tiny --device cpu --dtype bfloat16 \
+  --seq 32 --batch 2 --steps 2 --warmup 1 --threads 1 --json "$WORK/ref.json"
+grep -q '"tokens_per_s": [0-9]' "$WORK/ref.json" || fail "reference: no tokens_per_s"
+grep -q '"losses": \[[0-9]' "$WORK/ref.json" || fail "reference: no losses"
+
+# Report helper: parity within and beyond the tolerance, speed over the timed window.
+report=scripts/gpu_check_report.py
+for i in 1 2 3; do
+  echo "{\"step\": $i, \"loss\": $((10 - i)).0, \"tps\": 100.0, \"tflops\": 2.0, \"mfu\": 40.0, \"elapsed_s\": $((2 * i)).0, \"memory_gib\": 1.5}"
+done >"$WORK/a.jsonl"
+sed 's/"loss": 8.0/"loss": 8.0004/' "$WORK/a.jsonl" >"$WORK/b.jsonl"
+expect_exit 0 "$PY" "$report" parity "$WORK/a.jsonl" "$WORK/a.jsonl" --steps 3 --rtol 1e-4
+expect_output '"max_rel": 0.0'
+expect_exit 1 "$PY" "$report" parity "$WORK/a.jsonl" "$WORK/b.jsonl" --steps 3 --rtol 1e-5
+expect_output '"ok": false'
+expect_exit 1 "$PY" "$report" parity "$WORK/a.jsonl" "$WORK/a.jsonl" --steps 4
+expect_output '"missing_steps": \[4\]'
+expect_exit 0 "$PY" "$report" speed "$WORK/a.jsonl" --warmup 1 --tokens-per-step 1000
+# Steps 2 and 3 in 4 s: 500 tokens/s; 2e10 FLOPs per token; MFU against the 5 TFLOP/s implied.
+expect_output '"tokens_per_s": 500.0'
+expect_output '"tflops": 10.0'
+expect_output '"mfu": 200.0'
+
+# Without a GPU the check stops at once, with exit 2 and a message naming the fix.
+if ! "$PY" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
+  expect_exit 2 env TITAN_PYTHON="$PY" bash scripts/gpu_check.sh --build-dir "$WORK/gpu"
+  expect_output "no CUDA device visible"
+  expect_output "cpu-dry-run"
+  grep -q '| preflight | FAIL |' "$WORK/gpu/gpu_check_summary.md" || fail "no summary row"
+fi
+echo "ok"
