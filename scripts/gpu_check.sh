@@ -101,6 +101,15 @@ for v in JOBS BUDGET SEQ BATCH STEPS WARMUP; do
   [[ "${!v}" =~ ^[1-9][0-9]*$ ]] || die "$v='${!v}' is not a positive integer"
 done
 
+# CMake, Ninja and CTest may come as Python packages next to that Python (a virtual environment
+# that is not activated): its bin folder then joins PATH.
+py_bin="$(dirname "$(command -v "$PY" 2>/dev/null || echo "$PY")")"
+for tool in cmake ninja ctest; do
+  if ! command -v "$tool" >/dev/null 2>&1 && [[ -x "$py_bin/$tool" ]]; then
+    PATH="$py_bin:$PATH"
+  fi
+done
+
 # The corpus and tokenizer: .gpu-deps/cache when prepared, else the usual titan cache.
 [[ -d "$DEPS/cache/datasets/sotu" ]] && export TITAN_CACHE="$DEPS/cache"
 CACHE="${TITAN_CACHE:-$HOME/.cache/titan}"
@@ -319,6 +328,10 @@ build() {
     NOTE="--skip-build: $TITAN as it is"
     return 3
   fi
+  local tool
+  for tool in cmake ninja; do
+    command -v "$tool" >/dev/null 2>&1 || { NOTE="no $tool on PATH (nor next to $PY)"; return 1; }
+  done
   prepare_deps || return
   configure || return
   if ((configure_only)); then

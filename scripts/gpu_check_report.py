@@ -51,11 +51,19 @@ def cmd_parity(a):
     return 0 if result["ok"] else 1
 
 
-def memory_fields(row):
-    # Whatever memory figures the trainer logs (memory_gib, max_active_gib, ...), as GiB.
-    return {k: v for k, v in row.items()
-            if isinstance(v, (int, float)) and ("mem" in k or k.endswith("_gib") or
-                                                k.endswith("_pct") or k in ("ooms", "retries"))}
+def memory_fields(rows):
+    # The memory figures the trainer logs (memory_gib; on CUDA TorchTitan's memory/ fields, each
+    # for its log window) over the whole run: the largest of each, the sum of the counters.
+    out = {}
+    for row in rows:
+        for k, v in row.items():
+            if not isinstance(v, (int, float)) or not k.startswith("mem"):
+                continue
+            if k.startswith("memory/num_"):
+                out[k] = out.get(k, 0) + v
+            else:
+                out[k] = max(out.get(k, v), v)
+    return out
 
 
 def cmd_speed(a):
@@ -83,7 +91,7 @@ def cmd_speed(a):
         if float(row.get("mfu", 0.0)) > 0:
             result["peak_tflops"] = tflops_row * 100.0 / float(row["mfu"])
             result["mfu"] = 100.0 * result["tflops"] / result["peak_tflops"]
-    result["memory"] = memory_fields(row)
+    result["memory"] = memory_fields(rows.values())
     result["finite"] = all(math.isfinite(float(r["loss"])) for r in rows.values())
     print(json.dumps(result))
     return 0 if result["finite"] else 1
@@ -118,10 +126,14 @@ def memory_text(d):
     if "peak_rss_gib" in d:  # the PyTorch reference on the CPU
         return "peak RSS %.2f GiB" % d["peak_rss_gib"]
     mem = d.get("memory") or {}
-    parts = []
-    for key, value in sorted(mem.items()):
-        parts.append("%s %s" % (key, fmt(value, ".2f")))
-    return ", ".join(parts) or "-"
+    if "memory/max_active(GiB)" in mem:  # titan on a GPU
+        return ("max active %.1f GiB, reserved %.1f GiB (%.0f%%); alloc retries %d, OOMs %d" % (
+            mem["memory/max_active(GiB)"], mem.get("memory/max_reserved(GiB)", 0.0),
+            mem.get("memory/max_reserved(%)", 0.0), mem.get("memory/num_alloc_retries", 0),
+            mem.get("memory/num_ooms", 0)))
+    if "memory_gib" in mem:  # titan on the CPU
+        return "peak RSS %.2f GiB" % mem["memory_gib"]
+    return "-"
 
 
 def cmd_summary(a):
@@ -163,9 +175,10 @@ def cmd_summary(a):
 
     parity = load(work, "parity.json")
     if parity:
-        out.append("Parity (GPU vs CPU, float32, debug model, %d steps): max relative loss "
+        out.append("Parity (%s, float32, debug model, %d steps): max relative loss "
                    "difference %s (tolerance %g): %s." % (
-                       parity["steps"], fmt(parity.get("max_rel"), ".2e"), parity["rtol"],
+                       "CPU vs CPU" if env.get("dry_run") else "GPU vs CPU", parity["steps"],
+                       fmt(parity.get("max_rel"), ".2e"), parity["rtol"],
                        "pass" if parity.get("ok") else "FAIL"))
         out.append("")
 
