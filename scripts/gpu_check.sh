@@ -38,8 +38,9 @@
 # torch runs the references), CUDA_TOOLKIT_ROOT_DIR (default: the nvcc on PATH or /usr/local/cuda,
 # else the toolkit view of the NVIDIA wheels, cmake/titan_torch.cmake), TITAN_CUDA_ARCH_LIST
 # (default: the GPU's compute capability, else 9.0), GPU_CHECK_JOBS (default: all cores),
-# GPU_CHECK_BUDGET_S (default 540), GPU_CHECK_DEPS (default .gpu-deps), GPU_CHECK_FLAVOR /
-# _SEQ / _BATCH / _STEPS / _WARMUP (8B_cut, 8192, 1, 10, 3), GPU_CHECK_PARITY_RTOL (1e-4).
+# GPU_CHECK_BUDGET_S (default 480: 8 minutes), GPU_CHECK_DEPS (default .gpu-deps),
+# GPU_CHECK_FLAVOR / _SEQ / _BATCH / _STEPS / _WARMUP (8B_cut, 8192, 1, 10, 3),
+# GPU_CHECK_PARITY_RTOL (1e-4).
 #
 # Exit status: 0 when every stage that ran passed, 1 when one failed or timed out, 2 when no GPU
 # is visible (without --cpu-dry-run) or the arguments are wrong.
@@ -82,7 +83,7 @@ case "$summary" in /*) ;; *) summary="$PWD/$summary" ;; esac
 
 PY="${TITAN_PYTHON:-python3}"
 JOBS="${GPU_CHECK_JOBS:-$(nproc)}"
-BUDGET="${GPU_CHECK_BUDGET_S:-540}"
+BUDGET="${GPU_CHECK_BUDGET_S:-480}"
 DEPS="${GPU_CHECK_DEPS:-$root/.gpu-deps}"
 RTOL="${GPU_CHECK_PARITY_RTOL:-1e-4}"
 TITAN="$build_dir/titan"
@@ -215,10 +216,12 @@ preflight() {
       head -n 1)"
   fi
   git_text="$(git -C "$root" log -1 --format='%h %s' 2>/dev/null | cut -c1-80)"
-  if [[ -n "$git_text" ]] && [[ -n "$(git -C "$root" status --porcelain 2>/dev/null | head -n 1)" ]]; then
+  if [[ -n "$git_text" && -n "$(git -C "$root" status --porcelain 2>/dev/null | head -n 1)" ]]
+  then
     git_text+=" (with local changes)"
   fi
-  local shape="llama3 ${FLAVOR}, bf16, batch ${BATCH} x seq ${SEQ}, ${STEPS} timed steps after ${WARMUP}"
+  local shape="llama3 ${FLAVOR}, bf16, batch ${BATCH} x seq ${SEQ}"
+  shape+=", ${STEPS} timed steps after ${WARMUP}"
   run_cmd "$PY" - "$work" "$dry_run" "$BUDGET" "$JOBS" "$nvcc_text" "${driver:--}" \
     "${git_text:--}" "$shape" <<'EOF' || return 1
 import json, os, platform, shlex, socket, sys, time
@@ -293,7 +296,10 @@ prepare_deps() {
   fi
   local gtest_dir
   gtest_dir="$(find "$gtest_prefix" -name GTestConfig.cmake -printf '%h\n' 2>/dev/null | head -n 1)"
-  [[ -n "$gtest_dir" ]] || { NOTE="GoogleTest built, but no GTestConfig.cmake in $gtest_prefix"; return 1; }
+  if [[ -z "$gtest_dir" ]]; then
+    NOTE="GoogleTest built, but no GTestConfig.cmake in $gtest_prefix"
+    return 1
+  fi
   DEP_ARGS=(-Dtomlplusplus_DIR="$DEPS/cmake/tomlplusplus"
     -Dnlohmann_json_DIR="$DEPS/cmake/nlohmann_json" -DGTest_DIR="$gtest_dir"
     -DCMAKE_CXX_FLAGS="-isystem $DEPS/include")
@@ -301,10 +307,9 @@ prepare_deps() {
 }
 
 configure() {
-  local arch="${TITAN_CUDA_ARCH_LIST:-${ENV_CAPABILITY:-9.0}}"
-  [[ -n "$arch" ]] || arch=9.0
+  ARCH="${TITAN_CUDA_ARCH_LIST:-${ENV_CAPABILITY:-9.0}}"
   local args=(-S "$root" -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=Release
-    -DTITAN_PYTHON="$(command -v "$PY" || echo "$PY")" -DTITAN_CUDA_ARCH_LIST="$arch"
+    -DTITAN_PYTHON="$(command -v "$PY" || echo "$PY")" -DTITAN_CUDA_ARCH_LIST="$ARCH"
     "${DEP_ARGS[@]}")
   detect_nvcc_root
   if [[ -n "$NVCC_ROOT" ]]; then
@@ -335,7 +340,7 @@ build() {
   prepare_deps || return
   configure || return
   if ((configure_only)); then
-    NOTE="configured only (${DEP_NOTE}; ${CUDA_NOTE}; arch ${TITAN_CUDA_ARCH_LIST:-${ENV_CAPABILITY:-9.0}})"
+    NOTE="configured only (${DEP_NOTE}; ${CUDA_NOTE}; arch ${ARCH})"
     return 0
   fi
   local targets
@@ -405,9 +410,10 @@ titan_speed() {  # titan_speed NAME OVERRIDES...: the speed run, figures in $wor
     --warmup "$WARMUP" --tokens-per-step $((BATCH * SEQ))
   local rc=$?
   tail -n 1 "$STAGE_LOG" >"$work/$name.json"
-  NOTE="$(json_get "$work/$name.json" tokens_per_s ,.0f) tokens/s,"
-  NOTE+=" $(json_get "$work/$name.json" tflops .4g) TFLOP/s, MFU $(json_get "$work/$name.json" mfu .1f)%,"
-  NOTE+=" loss $(json_get "$work/$name.json" loss_first .3f) -> $(json_get "$work/$name.json" loss_last .3f)"
+  local out="$work/$name.json"
+  NOTE="$(json_get "$out" tokens_per_s ,.0f) tokens/s, $(json_get "$out" tflops .4g) TFLOP/s,"
+  NOTE+=" MFU $(json_get "$out" mfu .1f)%,"
+  NOTE+=" loss $(json_get "$out" loss_first .3f) -> $(json_get "$out" loss_last .3f)"
   return $rc
 }
 

@@ -15,10 +15,12 @@ for spec in "debugmodel 256" "1B 2048" "8B_cut 8192"; do  # untied, tied, the GP
   expect_exit 0 "$PY" bench/torch_reference.py --flavor "$flavor" --seq "$seq" --count-only
   ref_params="$(sed -nE 's/.*"n_params": ([0-9]+).*/\1/p' "$WORK/out")"
   ref_flops="$(sed -nE 's/.*"flops_per_token": ([0-9.e+]+).*/\1/p' "$WORK/out")"
-  echo "$flavor: titan $titan_params params, $titan_flops FLOPs/token; reference $ref_params, $ref_flops"
+  echo "$flavor: titan $titan_params params, $titan_flops FLOPs/token;" \
+    "reference $ref_params, $ref_flops"
   [ "$titan_params" = "$ref_params" ] || fail "$flavor: parameters $titan_params != $ref_params"
   # inspect prints 4 significant digits.
-  awk -v a="$titan_flops" -v b="$ref_flops" 'BEGIN { d = (a - b) / b; exit !(d < 1e-3 && d > -1e-3) }' ||
+  awk -v a="$titan_flops" -v b="$ref_flops" \
+    'BEGIN { d = (a - b) / b; exit !(d < 1e-3 && d > -1e-3) }' ||
     fail "$flavor: FLOPs per token $titan_flops != $ref_flops"
 done
 
@@ -31,7 +33,8 @@ grep -q '"losses": \[[0-9]' "$WORK/ref.json" || fail "reference: no losses"
 # Report helper: parity within and beyond the tolerance, speed over the timed window.
 report=scripts/gpu_check_report.py
 for i in 1 2 3; do
-  echo "{\"step\": $i, \"loss\": $((10 - i)).0, \"tps\": 100.0, \"tflops\": 2.0, \"mfu\": 40.0, \"elapsed_s\": $((2 * i)).0, \"memory_gib\": 1.5}"
+  printf '{"step": %d, "loss": %d.0, "tps": 100.0, "tflops": 2.0, "mfu": 40.0, ' $i $((10 - i))
+  printf '"elapsed_s": %d.0, "memory_gib": 1.5}\n' $((2 * i))
 done >"$WORK/a.jsonl"
 sed 's/"loss": 8.0/"loss": 8.0004/' "$WORK/a.jsonl" >"$WORK/b.jsonl"
 expect_exit 0 "$PY" "$report" parity "$WORK/a.jsonl" "$WORK/a.jsonl" --steps 3 --rtol 1e-4
