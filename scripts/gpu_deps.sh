@@ -88,25 +88,27 @@ else()
 endif()
 EOF
 }
-write_config_file() {
-  local file="$1" target="$2" defines="$3"
+write_config_file() {  # write_config_file FILE TARGET [COMPILE_DEFINITION]
+  local file="$1" target="$2" define="${3:-}"
   cat >"$file" <<EOF
 # Written by scripts/gpu_deps.sh: ${target} over the headers in ../../include.
 get_filename_component(_gpu_deps_include "\${CMAKE_CURRENT_LIST_DIR}/../../include" ABSOLUTE)
 if(NOT TARGET ${target})
   add_library(${target} INTERFACE IMPORTED)
   set_target_properties(${target} PROPERTIES
-    INTERFACE_INCLUDE_DIRECTORIES "\${_gpu_deps_include}"
-    INTERFACE_COMPILE_DEFINITIONS "${defines}")
-endif()
-unset(_gpu_deps_include)
+    INTERFACE_INCLUDE_DIRECTORIES "\${_gpu_deps_include}")
 EOF
+  if [[ -n "$define" ]]; then
+    printf '  set_target_properties(%s PROPERTIES INTERFACE_COMPILE_DEFINITIONS "%s")\n' \
+      "$target" "$define" >>"$file"
+  fi
+  printf 'endif()\nunset(_gpu_deps_include)\n' >>"$file"
 }
 write_config_file "$work/cmake/tomlplusplus/tomlplusplusConfig.cmake" \
   tomlplusplus::tomlplusplus "TOML_HEADER_ONLY=1"
 write_version_file "$work/cmake/tomlplusplus/tomlplusplusConfigVersion.cmake" "$toml_ver"
 write_config_file "$work/cmake/nlohmann_json/nlohmann_jsonConfig.cmake" \
-  nlohmann_json::nlohmann_json ""
+  nlohmann_json::nlohmann_json
 write_version_file "$work/cmake/nlohmann_json/nlohmann_jsonConfigVersion.cmake" "$json_ver"
 
 gtest_ver="$(sed -nE 's/.*set\(GOOGLETEST_VERSION ([0-9.]+)\).*/\1/p' \
@@ -118,7 +120,7 @@ gtest_ver="$(sed -nE 's/.*set\(GOOGLETEST_VERSION ([0-9.]+)\).*/\1/p' \
   echo "gloo headers    $(dpkg-query -W -f='${Version}' libgloo-dev 2>/dev/null || echo '?')" \
     "  /usr/include/gloo"
   echo "googletest      ${gtest_ver}   /usr/src/googletest (sources)"
-  echo "sotu corpus     $(cat "$corpus/.fetched" | head -c 80)"
+  echo "sotu corpus     $(head -c 80 "$corpus/.fetched")"
   if [[ -f "$work/cache/tokenizers/sotu_2k/tokenizer.json" ]]; then
     echo "sotu_2k         $tokenizer"
   else
