@@ -83,6 +83,7 @@ class Transformer(nn.Module):
     def __init__(self, dims, seq, residual_dtype):
         super().__init__()
         dim, n_layers, n_heads, n_kv_heads, vocab, multiple_of, multiplier, tied = dims
+        self.dims = dims
         n_kv_heads = n_kv_heads or n_heads
         hidden = ffn_hidden_dim(dim, multiple_of, multiplier)
         self.tok_embeddings = nn.Embedding(vocab, dim)
@@ -122,6 +123,7 @@ class Transformer(nn.Module):
 
 
 def model_sizes(model, seq):
+    # (parameters, embedding parameters, FLOPs per token) of a built model.
     dims = model.dims
     n_params = sum(p.numel() for p in model.parameters())
     n_embedding = model.tok_embeddings.weight.numel()
@@ -129,6 +131,12 @@ def model_sizes(model, seq):
     flops_per_token = 6.0 * (n_params - n_embedding) + 12.0 * n_layers * n_heads * (
         dim // n_heads) * seq
     return n_params, n_embedding, flops_per_token
+
+
+def sizes_without_allocating(dims, seq):
+    # model_sizes of the model with `dims`, built on the meta device (no memory).
+    with torch.device("meta"):
+        return model_sizes(Transformer(dims, seq, torch.float32), seq)
 
 
 def parse_args():
@@ -176,11 +184,8 @@ def main():
     result = {"flavor": a.flavor, "dims": dims, "seq": a.seq, "batch": a.batch,
               "dtype": a.dtype, "torch": torch.__version__}
     if a.count_only:
-        with torch.device("meta"):
-            model = Transformer(dims, a.seq, residual_dtype)
-        model.dims = dims
         result["n_params"], result["n_embedding_params"], result["flops_per_token"] = \
-            model_sizes(model, a.seq)
+            sizes_without_allocating(dims, a.seq)
         emit(result, a.json)
         return 0
 
@@ -194,7 +199,6 @@ def main():
     torch.manual_seed(a.seed)
     with torch.device(device):
         model = Transformer(dims, a.seq, residual_dtype)
-    model.dims = dims
     model.init_weights()
     n_params, _, flops_per_token = model_sizes(model, a.seq)
     params = list(model.parameters())

@@ -5,16 +5,22 @@
 source "$(dirname "$0")/lib.sh"
 PY="${TITAN_PYTHON:-python3}"
 
-for spec in "debugmodel 256" "1B 2048" "8B_cut 8192"; do  # untied, tied, the GPU check's
-  read -r flavor seq <<<"$spec"
+# Sizes by the reference, in one Python process (importing torch is most of the time).
+"$PY" - >"$WORK/ref_sizes" <<'EOF'
+import sys
+sys.path.insert(0, "bench")
+import torch_reference as ref
+for flavor, seq in (("debugmodel", 256), ("1B", 2048), ("8B_cut", 8192)):  # untied, tied, GPU's
+    n_params, _, flops = ref.sizes_without_allocating(ref.FLAVORS[flavor], seq)
+    print(flavor, seq, n_params, flops)
+EOF
+[ "$(wc -l <"$WORK/ref_sizes")" = 3 ] || fail "reference sizes: $(cat "$WORK/ref_sizes")"
+while read -r flavor seq ref_params ref_flops <&3; do
   expect_exit 0 "$TITAN" inspect --model.flavor "$flavor" --training.seq_len "$seq" \
     --training.local_batch_size 1
   titan_params="$(sed -nE 's/^parameters +([0-9,]+) total.*/\1/p' "$WORK/out" | tr -d ,)"
   titan_flops="$(sed -nE 's/^FLOPs per token +([0-9.e+]+) .*/\1/p' "$WORK/out")"
   [ -n "$titan_params" ] && [ -n "$titan_flops" ] || { cat "$WORK/out" >&2; fail "inspect output"; }
-  expect_exit 0 "$PY" bench/torch_reference.py --flavor "$flavor" --seq "$seq" --count-only
-  ref_params="$(sed -nE 's/.*"n_params": ([0-9]+).*/\1/p' "$WORK/out")"
-  ref_flops="$(sed -nE 's/.*"flops_per_token": ([0-9.e+]+).*/\1/p' "$WORK/out")"
   echo "$flavor: titan $titan_params params, $titan_flops FLOPs/token;" \
     "reference $ref_params, $ref_flops"
   [ "$titan_params" = "$ref_params" ] || fail "$flavor: parameters $titan_params != $ref_params"
@@ -22,7 +28,7 @@ for spec in "debugmodel 256" "1B 2048" "8B_cut 8192"; do  # untied, tied, the GP
   awk -v a="$titan_flops" -v b="$ref_flops" \
     'BEGIN { d = (a - b) / b; exit !(d < 1e-3 && d > -1e-3) }' ||
     fail "$flavor: FLOPs per token $titan_flops != $ref_flops"
-done
+done 3<"$WORK/ref_sizes"
 
 # The reference trains on the CPU, eagerly, in bf16 (autocast).
 expect_exit 0 "$PY" bench/torch_reference.py --flavor tiny --device cpu --dtype bfloat16 \
