@@ -222,6 +222,8 @@ preflight() {
   fi
   local shape="llama3 ${FLAVOR}, bf16, batch ${BATCH} x seq ${SEQ}"
   shape+=", ${STEPS} timed steps after ${WARMUP}"
+  NOTE="$PY could not import torch or ask it about CUDA (see the log). HINT: set TITAN_PYTHON "
+  NOTE+="to the Python whose torch titan should build against"
   run_cmd "$PY" - "$work" "$dry_run" "$BUDGET" "$JOBS" "$nvcc_text" "${driver:--}" \
     "${git_text:--}" "$shape" <<'EOF' || return 1
 import json, os, platform, shlex, socket, sys, time
@@ -244,6 +246,7 @@ with open(os.path.join(work, "env.sh"), "w") as f:
         f.write("ENV_%s=%s\n" % (key.upper(), shlex.quote(str(env.get(key, "")))))
 print(json.dumps(env))
 EOF
+  NOTE=""
   # shellcheck source=/dev/null
   source "$work/env.sh"
   if ((ENV_CUDA_DEVICES == 0)) && ((!dry_run)); then
@@ -285,8 +288,9 @@ prepare_deps() {
     NOTE+="a dev machine and bring .gpu-deps/ along with the checkout"
     return 1
   fi
-  local gtest_prefix="$build_dir/_deps/gtest"
-  if [[ ! -d "$gtest_prefix" ]]; then
+  local gtest_prefix="$build_dir/_deps/gtest" gtest_dir
+  gtest_dir="$(find "$gtest_prefix" -name GTestConfig.cmake -printf '%h\n' 2>/dev/null | head -n 1)"
+  if [[ -z "$gtest_dir" ]]; then
     run_cmd cmake -S "$DEPS/src/googletest" -B "$build_dir/_deps/gtest-build" -G Ninja \
       -DCMAKE_BUILD_TYPE=Release -DBUILD_GMOCK=OFF -DINSTALL_GTEST=ON \
       -DCMAKE_INSTALL_PREFIX="$gtest_prefix" -DCMAKE_POLICY_VERSION_MINIMUM=3.5 \
@@ -294,7 +298,6 @@ prepare_deps() {
     run_cmd cmake --build "$build_dir/_deps/gtest-build" -j "$JOBS" || return
     run_cmd cmake --install "$build_dir/_deps/gtest-build" || return
   fi
-  local gtest_dir
   gtest_dir="$(find "$gtest_prefix" -name GTestConfig.cmake -printf '%h\n' 2>/dev/null | head -n 1)"
   if [[ -z "$gtest_dir" ]]; then
     NOTE="GoogleTest built, but no GTestConfig.cmake in $gtest_prefix"
