@@ -116,6 +116,10 @@ done
 CACHE="${TITAN_CACHE:-$HOME/.cache/titan}"
 TOKENIZER="$CACHE/tokenizers/sotu_2k"
 
+# The work folder is emptied: only one that a previous check made (or an empty one).
+if [[ -d "$work" && -n "$(ls -A "$work")" && ! -f "$work/stages.tsv" ]]; then
+  die "--work $work holds files of something else; name an empty or new folder"
+fi
 rm -rf "$work"
 mkdir -p "$work/logs" || die "cannot create $work"
 : >"$work/stages.tsv"
@@ -362,7 +366,10 @@ unit() {
     --output-on-failure)
   local rc=$?
   NOTE="$(grep -E 'tests passed' "$STAGE_LOG" | tail -n 1)"
-  [[ $rc -eq 0 ]] || NOTE+=" $(grep -E '^\s+[0-9]+ - unit_' "$STAGE_LOG" | tr -s ' ' | tr '\n' ';')"
+  if [[ $rc -ne 0 ]]; then
+    NOTE+="; failed: $(grep -E '^[[:space:]]+[0-9]+ - unit_' "$STAGE_LOG" |
+      sed -E 's/^[[:space:]]+[0-9]+ - //' | paste -sd ',' -)"
+  fi
   return $rc
 }
 
