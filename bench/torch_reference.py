@@ -11,7 +11,8 @@ What mirrors titan (src/titan/models/llama3, src/titan/models/common, src/titan/
   - RoPE on interleaved (even, odd) pairs, theta 500000, Llama 3.1 frequency scaling (factor 8,
     low 1, high 4, original 8192 positions), float32 tables and rotation;
   - causal attention through scaled_dot_product_attention with enable_gqa (no repeated K/V);
-    q, k, v and o projections without bias; untied output head (tied with --tied);
+    q, k, v and o projections without bias; the output head tied to the embedding where the
+    flavor ties it (1B, 3B), else its own;
   - bf16 (titan's training.mixed_precision_param bfloat16): float32 master weights, gradients and
     AdamW state; matmuls and attention in bf16 (torch.autocast: one bf16 weight copy per forward,
     as titan's Linear keeps for backward), the residual stream bf16 from the embedding on, float32
