@@ -149,6 +149,9 @@ CheckpointManager::CheckpointManager(const CheckpointSection& config,
       states_(std::move(states)),
       describe_(std::move(describe)),
       group_(std::move(group)) {
+  if (config_.async_mode != "disabled") {
+    stager_ = std::make_unique<Stager>(/*reuse=*/config_.async_mode == "async_with_pinned_mem");
+  }
   for (const std::string& name : config_.exclude_from_loading) {
     const bool known = std::any_of(states_.begin(), states_.end(),
                                    [&](const StateEntry& e) { return e.name == name; });
@@ -237,10 +240,9 @@ void CheckpointManager::save(int64_t step, bool model_only, bool keep_dtype) {
   int64_t nonce = 0;
   try {
     collect(step, model_only, keep_dtype, tensors, p->state);
-    // Snapshot: the training loop changes parameters and optimizer state in place.
-    if (async) {
-      for (auto& t : tensors) t.local = t.local.detach().clone();
-    }
+    // Snapshot on the host: the training loop changes parameters and optimizer state in place.
+    // wait() above ended the previous write, so reused buffers are free.
+    if (async) stager_->stage(tensors);
     if (rank() == 0) {
       nonce = ::getpid();
       prepare_step_dir(folder_, p->dir, unusable_);
@@ -277,8 +279,11 @@ void CheckpointManager::save(int64_t step, bool model_only, bool keep_dtype) {
     commit_pending();
     return;
   }
-  log_info("checkpoint ", model_only ? "(model only) " : "", pending->dir,
-           ": state snapshotted in ", seconds_since(pending->t0), "s; writing ",
+  log_info("checkpoint ", model_only ? "(model only) " : "", pending->dir, ": state staged",
+           stager_->reuses() ? " into reused host buffers (" +
+                                   human_bytes(static_cast<uint64_t>(stager_->bytes())) + ")"
+                             : "",
+           " in ", seconds_since(pending->t0), "s; writing ",
            world_size() > 1 ? "this rank's part" : "it", " in the background");
   writer_ = std::thread(std::move(write));
 }

@@ -32,6 +32,7 @@
 #pragma once
 
 #include "titan/checkpoint/checkpoint_files.h"
+#include "titan/checkpoint/staging.h"
 #include "titan/config/job_config.h"
 
 #include <nlohmann/json.hpp>
@@ -107,6 +108,9 @@ class CheckpointManager {
   // Blocks until an asynchronous save has finished and commits it; rethrows its error.
   void wait();
 
+  // The host copies asynchronous saves write from (null with async_mode "disabled").
+  const Stager* stager() const { return stager_.get(); }
+
  private:
   struct PendingSave;  // a save whose files are written (or being written) but not committed
 
@@ -134,7 +138,8 @@ class CheckpointManager {
   // (dir -> "model-only" | "unloadable" | "incomplete"); a save of their step moves them aside.
   std::map<std::string, std::string> unusable_;
 
-  std::thread writer_;  // writes the pending save's files (async_mode)
+  std::unique_ptr<Stager> stager_;  // async_mode: the snapshot a save's files are written from
+  std::thread writer_;              // writes the pending save's files (async_mode)
   std::unique_ptr<PendingSave> pending_;
 };
 

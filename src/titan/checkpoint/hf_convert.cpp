@@ -217,8 +217,11 @@ void load_hf_weights(Model& model, const nlohmann::json& model_description,
 void save_hf_weights(const Model& model, const nlohmann::json& model_description,
                      const std::string& out_dir, const HfWriteOptions& options) {
   const HfAdapter& adapter = adapter_of(spec_for_description(model_description));
+  // The adapter's permutes and concatenations run on the host, not in device memory.
+  TensorMap on_host;
+  for (const auto& [name, t] : model_tensors(model)) on_host.emplace(name, t.detach().cpu());
   write_hf_folder(out_dir, adapter.to_hf_config(model_description),
-                  adapter.to_hf(model_tensors(model), model_description), options);
+                  adapter.to_hf(on_host, model_description), options);
 }
 
 TensorMap read_hf_parameters(const std::string& hf_dir, const nlohmann::json& model_description) {

@@ -60,7 +60,8 @@ void load_hf_weights(Model& model, const nlohmann::json& model_description,
                      const std::string& hf_dir);
 
 // checkpoint.last_save_in_hf: writes the parameters of `model` (built from `model_description`)
-// as an HF folder `out_dir` (which must not exist).
+// as an HF folder `out_dir` (which must not exist). The parameters may live on any device: they
+// are copied to host memory before the adapter renames and reshapes them.
 void save_hf_weights(const Model& model, const nlohmann::json& model_description,
                      const std::string& out_dir, const HfWriteOptions& options);
 
@@ -76,7 +77,8 @@ std::string hf_export_dir(const std::string& folder, int64_t step);
 // parameter by FQN, whole: ParallelizedModel::gather_full_parameters, a collective): rank 0
 // writes it, as the parameters of a model of `model_description`, as HF folder `dir`, replacing
 // an export already there (with a warning); the other ranks return. DataError, before anything is
-// written, when `full` lacks a parameter of that model or holds one of another shape.
+// written, when `full` lacks a parameter of that model or holds one of another shape. `full` may
+// hold CUDA tensors: they are copied into a model on the host, one by one.
 void export_hf(const std::string& dir, const std::vector<std::pair<std::string, at::Tensor>>& full,
                const nlohmann::json& model_description, int64_t rank,
                const HfWriteOptions& options);

@@ -2,6 +2,7 @@
 // dataloader, train_state, rng) handed to the CheckpointManager, and resuming at construction.
 #include "titan/checkpoint/checkpoint_manager.h"
 #include "titan/checkpoint/hf_convert.h"
+#include "titan/checkpoint/rng_state.h"
 #include "titan/common/check.h"
 #include "titan/common/format.h"
 #include "titan/common/logging.h"
@@ -13,8 +14,6 @@
 #include "titan/models/registry.h"
 #include "titan/parallel/parallelized_model.h"
 #include "titan/trainer/trainer.h"
-
-#include <ATen/CPUGeneratorImpl.h>
 
 #include <functional>
 #include <map>
@@ -139,23 +138,9 @@ StateEntry dataloader_entry(DataLoader& loader, int64_t dp_rank, json tokenizer)
   return e;
 }
 
-// Rank 0's generator (every rank seeds the same way).
-StateEntry rng_entry(bool owner) {
-  StateEntry e;
-  e.name = "rng";
-  e.save = [owner](std::vector<SavedTensor>& tensors, json&) {
-    if (!owner) return;
-    auto gen = at::detail::getDefaultCPUGenerator();
-    std::lock_guard<std::mutex> lock(gen.mutex());
-    tensors.push_back({"rng.cpu", gen.get_state(), {}});
-  };
-  e.load = [](const CheckpointReader& reader, const json&) {
-    at::Tensor state = reader.read("rng.cpu");
-    auto gen = at::detail::getDefaultCPUGenerator();
-    std::lock_guard<std::mutex> lock(gen.mutex());
-    gen.set_state(state);
-  };
-  return e;
+// The device this rank trains on: where its parameters live.
+at::Device params_device(const std::vector<std::pair<std::string, at::Tensor>>& params) {
+  return params.empty() ? at::Device(at::kCPU) : params.front().second.device();
 }
 
 }  // namespace
@@ -180,7 +165,8 @@ void Trainer::build_checkpoint() {
       dataloader_entry(*train_loader_, /*dp_rank=*/0,
                        tokenizer_record(*tokenizer_, config_.model.hf_assets_path)),
       train_state_entry(train_state_),
-      rng_entry(/*owner=*/rank_ == 0),
+      // "rng.cpu" (rank 0's) and every rank's "rng.cuda.<rank>": rng_state.h has the rules.
+      ckpt::rng_entry(ckpt::rank_generators(params_device(params)), rank_, world_size_),
   };
   json describe = {{"model", model_description(config_.model)},
                    {"tokenizer_path", config_.model.hf_assets_path},
