@@ -67,9 +67,9 @@ expect_output "config key 'compile.enable' = true is not supported yet"
 expect_output "HINT: remove 'compile.enable'"
 expect_exit 2 "$TITAN" "${big[@]}" --parallelism.enable_async_tensor_parallel true
 expect_output "'parallelism.enable_async_tensor_parallel' = true is not supported yet"
-printf '[model]\nconverters = ["float8"]\n' >"$WORK/tt.toml"
+printf '[model]\nconverters = ["quantize.linear.mx"]\n' >"$WORK/tt.toml"
 expect_exit 2 "$TITAN" inspect --job.config_file "$WORK/tt.toml"
-expect_output "config key 'model.converters' = \[\"float8\"\] is not supported yet"
+expect_output "model.converters entry 'quantize.linear.mx' is not supported yet"
 expect_exit 2 "$TITAN" inspect --metrics.enable_tensorboard
 expect_output "'metrics.enable_tensorboard' = true is not supported yet"
 # --help lists the new sections and marks what is not supported yet.

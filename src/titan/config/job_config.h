@@ -114,9 +114,10 @@ struct ModelSection {
       "Folder with tokenizer files; empty uses the built-in byte-level tokenizer");
     v("tokenizer_path", tokenizer_path,
       "Deprecated name of hf_assets_path: when set, it replaces hf_assets_path (with a warning)");
-    v("converters", converters, "Model converters to apply, e.g. float8", kNotYet);
-    v("print_after_conversion", print_after_conversion, "Print the model after the converters ran",
-      used_with("model.converters"));
+    v("converters", converters,
+      "Model converters applied after the build, before parallelism: \"quantize.linear.float8\" "
+      "(or \"float8\"): float8 linear layers, see [quantize.linear.float8]");
+    v("print_after_conversion", print_after_conversion, "Print the model after the converters ran");
   }
 };
 
@@ -493,15 +494,20 @@ struct Float8LinearSection {
 
   template <class V>
   void visit(V& v) {
-    constexpr const char* kConverters = "model.converters";
     v("enable_fsdp_float8_all_gather", enable_fsdp_float8_all_gather,
-      "All-gather FSDP parameters in float8", used_with(kConverters));
+      "All-gather FSDP parameters in float8 (not built: true is refused while the float8 "
+      "converter is on; FSDP gathers in mixed_precision_param and the matmuls cast to float8)");
     v("precompute_float8_dynamic_scale_for_fsdp", precompute_float8_dynamic_scale_for_fsdp,
-      "Precompute float8 scales for FSDP", used_with(kConverters));
-    v("recipe_name", recipe_name, "Float8 recipe: tensorwise, rowwise, rowwise_with_gw_hp",
-      used_with(kConverters));
-    v("filter_fqns", filter_fqns, "Linear modules left in high precision", used_with(kConverters));
-    v("emulate", emulate, "Emulate float8 matmuls", used_with(kConverters));
+      "Precompute float8 weight scales for the float8 all-gather (not built: true is refused "
+      "while the float8 converter is on)");
+    v("recipe_name", recipe_name,
+      "Float8 recipe: tensorwise (unset), rowwise (power-of-2 scales), rowwise_with_gw_hp");
+    v("filter_fqns", filter_fqns,
+      "Linear modules left in high precision: any whose name contains an entry; "
+      "\"auto_filter_small_kn\" also keeps layers too small to gain (torchao's thresholds)");
+    v("emulate", emulate,
+      "Run the float8 numerics as float32 matmuls of the dequantized operands (any device, e.g. "
+      "CPU tests) instead of at::_scaled_mm (CUDA compute capability >= 8.9)");
   }
 };
 
@@ -513,7 +519,7 @@ struct MXLinearSection {
 
   template <class V>
   void visit(V& v) {
-    constexpr const char* kConverters = "model.converters";
+    constexpr const char* kConverters = "model.converters = [\"quantize.linear.mx\"]";
     v("mxfp8_dim1_cast_kernel_choice", mxfp8_dim1_cast_kernel_choice,
       "MXFP8 cast kernel: triton, cuda or torch", used_with(kConverters));
     v("recipe_name", recipe_name, "MX recipe", used_with(kConverters));
@@ -527,7 +533,8 @@ struct Float8GroupedMMSection {
 
   template <class V>
   void visit(V& v) {
-    v("fqns", fqns, "MoE modules whose grouped GEMMs run in float8", used_with("model.converters"));
+    v("fqns", fqns, "MoE modules whose grouped GEMMs run in float8",
+      used_with("model.converters = [\"quantize.grouped_mm.float8\"]"));
   }
 };
 
@@ -538,9 +545,9 @@ struct MXGroupedMMSection {
 
   template <class V>
   void visit(V& v) {
-    v("recipe_name", recipe_name, "MX recipe for grouped GEMMs: mxfp8",
-      used_with("model.converters"));
-    v("fqns", fqns, "MoE modules whose grouped GEMMs run in MXFP8", used_with("model.converters"));
+    constexpr const char* kConverters = "model.converters = [\"quantize.grouped_mm.mx\"]";
+    v("recipe_name", recipe_name, "MX recipe for grouped GEMMs: mxfp8", used_with(kConverters));
+    v("fqns", fqns, "MoE modules whose grouped GEMMs run in MXFP8", used_with(kConverters));
   }
 };
 

@@ -80,8 +80,13 @@ Linear::Linear(int64_t in_features, int64_t out_features, at::ScalarType compute
 }
 
 at::Tensor Linear::forward(const at::Tensor& x) {
-  return hooked(x,
-                [this](const at::Tensor& in) { return mixed_linear(in, weight, compute_dtype); });
+  return hooked(x, [this](const at::Tensor& in) {
+    if (float8) {
+      return float8_linear(to_compute(in, compute_dtype), to_compute(weight, compute_dtype),
+                           *float8);
+    }
+    return mixed_linear(in, weight, compute_dtype);
+  });
 }
 
 Embedding::Embedding(int64_t num_embeddings, int64_t dim) {

@@ -4,12 +4,15 @@
 // never from cached constructor arguments, so a parallelism plan can shard them in place.
 #pragma once
 
+#include "titan/models/common/float8.h"
+
 #include <ATen/ATen.h>
 #include <torch/nn/module.h>
 
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -97,6 +100,9 @@ class Linear : public WeightLayer {
   at::Tensor forward(const at::Tensor& x);
 
   at::ScalarType compute_dtype;
+  // Set by the float8 converter (models/converters.h): the matmuls run in float8 (float8.h) on
+  // the operands in the compute dtype.
+  std::optional<Float8LinearOptions> float8;
 };
 
 // A token embedding table. Parameter: weight (num_embeddings, dim).

@@ -1,0 +1,229 @@
+// Float8 linear layers (see float8.h). The GEMM operands of each recipe follow torchao's
+// Float8LinearConfig.from_recipe_name; the autograd function saves x and W in high precision and
+// casts them again in backward (torchao's hp-argument path), so backward scales operands along
+// the dimension its own GEMMs reduce.
+#include "titan/models/common/float8.h"
+
+#include "titan/common/check.h"
+#include "titan/models/common/savable_ops.h"
+
+#include <ATen/core/grad_mode.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+namespace titan {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+constexpr at::ScalarType kE4M3 = at::kFloat8_e4m3fn;
+constexpr at::ScalarType kE5M2 = at::kFloat8_e5m2;
+
+// The casts of one recipe: which float8 dtype each operand takes and whether its scale is one
+// per tensor or one per row of the GEMM operand (along the reduced dimension).
+struct RecipeCasts {
+  bool rowwise;            // input and weight of the output GEMM, grad_output everywhere
+  bool weight_rowwise_gi;  // the weight of the grad_input GEMM
+  bool grad_weight_hp;     // grad_weight = g^T x in high precision
+  bool power_of_2;
+  at::ScalarType grad_dtype;  // float8 dtype of grad_output
+};
+
+RecipeCasts casts_of(Float8Recipe recipe) {
+  switch (recipe) {
+    case Float8Recipe::kTensorwise: return {false, false, false, false, kE5M2};
+    case Float8Recipe::kRowwise: return {true, true, false, true, kE4M3};
+    case Float8Recipe::kRowwiseWithGwHp: return {true, false, true, true, kE4M3};
+  }
+  TITAN_CHECK(false, "unknown float8 recipe");
+}
+
+// One scale (nullopt) or one per row / column: `dim` is the dimension the maximum reduces.
+std::optional<int64_t> granularity(bool per_row, int64_t dim) {
+  return per_row ? std::optional<int64_t>(dim) : std::nullopt;
+}
+
+// A zero-padded copy of the float8 matrix `m` with `pad` more columns (zero bytes are +0.0 in
+// every float8 format; padding runs on the bytes, which every pad kernel supports).
+at::Tensor pad_columns(const at::Tensor& m, int64_t pad) {
+  return at::constant_pad_nd(m.contiguous().view(at::kByte), {0, pad}, 0).view(m.scalar_type());
+}
+
+// at::_scaled_mm's contract: a (M, K) row-major, b (K, N) column-major, K a multiple of 16,
+// reciprocal float32 scales of shape () each or (M, 1) and (1, N); row-wise scales give bf16.
+at::Tensor scaled_mm(const Float8Tensor& a, const Float8Tensor& b, at::ScalarType out_dtype,
+                     bool use_fast_accum) {
+  at::Tensor ad = a.data;
+  at::Tensor bd = b.data;
+  const int64_t m = ad.size(0), k = ad.size(1), n = bd.size(1);
+  if (k % 16 != 0) {
+    ad = pad_columns(ad, 16 - k % 16);
+    bd = pad_columns(bd.t(), 16 - k % 16).t();
+  }
+  ad = ad.contiguous();
+  bd = bd.t().contiguous().t();
+  at::Tensor sa = a.scale.reciprocal();
+  at::Tensor sb = b.scale.reciprocal();
+  if (sa.numel() == 1 && sb.numel() == 1) {
+    const bool direct =
+        out_dtype == at::kBFloat16 || out_dtype == at::kHalf || out_dtype == at::kFloat;
+    return at::_scaled_mm(ad, bd, sa.reshape({}), sb.reshape({}), /*bias=*/std::nullopt,
+                          /*scale_result=*/std::nullopt, direct ? out_dtype : at::kFloat,
+                          use_fast_accum)
+        .to(out_dtype);
+  }
+  sa = sa.expand({m, 1}).contiguous();
+  sb = sb.expand({1, n}).contiguous();
+  return at::_scaled_mm(ad, bd, sa, sb, /*bias=*/std::nullopt, /*scale_result=*/std::nullopt,
+                        at::kBFloat16, use_fast_accum)
+      .to(out_dtype);
+}
+
+// y = x W^T with float8 GEMMs (see float8.h). x (rows, in), weight (out, in); `kept`: the output
+// a per-op activation checkpoint kept (then forward computes nothing), or an empty tensor
+// (autograd functions take defined tensors only).
+struct Float8LinearFunction : public torch::autograd::Function<Float8LinearFunction> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
+                            const at::Tensor& kept, int64_t recipe, bool emulate) {
+    ctx->save_for_backward({x, weight});
+    ctx->saved_data["recipe"] = recipe;
+    ctx->saved_data["emulate"] = emulate;
+    if (kept.numel() > 0) return kept;
+    const RecipeCasts c = casts_of(static_cast<Float8Recipe>(recipe));
+    // (rows, in) @ (in, out): the input scaled per row, the weight per output feature.
+    const Float8Tensor x8 = to_float8(x, kE4M3, granularity(c.rowwise, 1), c.power_of_2);
+    const Float8Tensor w8 = to_float8(weight, kE4M3, granularity(c.rowwise, 1), c.power_of_2);
+    return float8_mm(x8, w8.t(), x.scalar_type(), emulate, /*use_fast_accum=*/true);
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor& x = saved[0];       // (rows, in)
+    const at::Tensor& weight = saved[1];  // (out, in)
+    const RecipeCasts c = casts_of(static_cast<Float8Recipe>(ctx->saved_data["recipe"].toInt()));
+    const bool emulate = ctx->saved_data["emulate"].toBool();
+    const at::Tensor grad = grads[0].contiguous();  // (rows, out)
+    at::Tensor grad_x, grad_weight;
+    if (ctx->needs_input_grad(0)) {
+      // (rows, out) @ (out, in): grad_output per row, the weight per input feature.
+      const Float8Tensor g8 =
+          to_float8(grad, c.grad_dtype, granularity(c.rowwise, 1), c.power_of_2);
+      const Float8Tensor w8 =
+          to_float8(weight, kE4M3, granularity(c.weight_rowwise_gi, 0), c.power_of_2);
+      grad_x = float8_mm(g8, w8, grad.scalar_type(), emulate, /*use_fast_accum=*/false);
+    }
+    if (ctx->needs_input_grad(1)) {
+      if (c.grad_weight_hp) {
+        grad_weight = grad.t().mm(x);
+      } else {
+        // (out, rows) @ (rows, in): both scaled per feature over the rows.
+        const Float8Tensor g8 =
+            to_float8(grad, c.grad_dtype, granularity(c.rowwise, 0), c.power_of_2);
+        const Float8Tensor x8 = to_float8(x, kE4M3, granularity(c.rowwise, 0), c.power_of_2);
+        grad_weight = float8_mm(g8.t(), x8, grad.scalar_type(), emulate, /*use_fast_accum=*/false);
+      }
+    }
+    return {grad_x, grad_weight, at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
+}  // namespace
+
+Float8Recipe float8_recipe_from_name(const std::string& name) {
+  if (name.empty() || name == "tensorwise") return Float8Recipe::kTensorwise;
+  if (name == "rowwise") return Float8Recipe::kRowwise;
+  if (name == "rowwise_with_gw_hp") return Float8Recipe::kRowwiseWithGwHp;
+  throw ConfigError("quantize.linear.float8.recipe_name must be tensorwise, rowwise or " +
+                    std::string("rowwise_with_gw_hp (or unset: tensorwise); got '") + name + "'");
+}
+
+const char* float8_recipe_name(Float8Recipe recipe) {
+  switch (recipe) {
+    case Float8Recipe::kTensorwise: return "tensorwise";
+    case Float8Recipe::kRowwise: return "rowwise";
+    case Float8Recipe::kRowwiseWithGwHp: return "rowwise_with_gw_hp";
+  }
+  return "?";
+}
+
+double float8_max(at::ScalarType float8_dtype) {
+  switch (float8_dtype) {
+    case at::kFloat8_e4m3fn: return 448.0;
+    case at::kFloat8_e5m2: return 57344.0;
+    default: break;
+  }
+  TITAN_CHECK(false, "float8_max: ", float8_dtype, " is not a float8 dtype used for training");
+}
+
+at::Tensor float8_scale(const at::Tensor& amax, at::ScalarType float8_dtype, bool power_of_2) {
+  constexpr double kEps = 1e-12;  // an all-zero operand gets a large finite scale
+  at::Tensor scale =
+      (float8_max(float8_dtype) / amax.to(at::kDouble).clamp_min(kEps)).to(at::kFloat);
+  if (power_of_2) scale = at::exp2(at::floor(at::log2(scale)));
+  return scale;
+}
+
+Float8Tensor to_float8(const at::Tensor& x, at::ScalarType float8_dtype,
+                       std::optional<int64_t> reduce_dim, bool power_of_2) {
+  TITAN_CHECK(x.dim() == 2, "to_float8: expected a matrix, got shape ", x.sizes());
+  at::NoGradGuard no_grad;
+  const at::Tensor magnitude = x.abs();
+  const at::Tensor amax =
+      reduce_dim ? at::amax(magnitude, {*reduce_dim}, /*keepdim=*/true) : magnitude.max();
+  const at::Tensor scale = float8_scale(amax, float8_dtype, power_of_2);
+  return {saturated_cast(x, scale, float8_dtype), scale};
+}
+
+at::Tensor saturated_cast(const at::Tensor& x, const at::Tensor& scale,
+                          at::ScalarType float8_dtype) {
+  const double max = float8_max(float8_dtype);
+  return (x.to(at::kFloat) * scale).clamp(-max, max).to(float8_dtype);
+}
+
+at::Tensor from_float8(const Float8Tensor& x, at::ScalarType dtype) {
+  return (x.data.to(at::kFloat) / x.scale).to(dtype);
+}
+
+at::Tensor float8_mm(const Float8Tensor& a, const Float8Tensor& b, at::ScalarType out_dtype,
+                     bool emulate, bool use_fast_accum) {
+  const int64_t m = a.data.size(0), n = b.data.size(1);
+  TITAN_CHECK(a.data.size(1) == b.data.size(0), "float8_mm: shapes ", a.data.sizes(), " and ",
+              b.data.sizes(), " cannot be multiplied");
+  // Scales must factor out of the sum over K: per tensor, or along M for a and N for b.
+  TITAN_CHECK(a.scale.numel() == 1 || a.scale.sizes() == at::IntArrayRef({m, 1}),
+              "float8_mm: the first operand's scale must be one value or (", m, ", 1), got ",
+              a.scale.sizes());
+  TITAN_CHECK(b.scale.numel() == 1 || b.scale.sizes() == at::IntArrayRef({1, n}),
+              "float8_mm: the second operand's scale must be one value or (1, ", n, "), got ",
+              b.scale.sizes());
+  if (!emulate) return scaled_mm(a, b, out_dtype, use_fast_accum);
+  return (a.data.to(at::kFloat) / a.scale).mm(b.data.to(at::kFloat) / b.scale).to(out_dtype);
+}
+
+at::Tensor float8_linear(const at::Tensor& x, const at::Tensor& weight,
+                         const Float8LinearOptions& options) {
+  std::vector<int64_t> out_sizes = x.sizes().vec();
+  out_sizes.back() = weight.size(0);
+  const at::Tensor rows = x.reshape({-1, x.size(-1)});  // (rows, in)
+  const auto recipe = static_cast<int64_t>(options.recipe);
+  const auto run = [&](const at::Tensor& kept) {
+    return Float8LinearFunction::apply(rows, weight, kept, recipe, options.emulate).view(out_sizes);
+  };
+  OpSaver* saver = current_op_saver();
+  const at::Tensor none = at::empty({0}, x.options());
+  if (saver == nullptr || !saver->keeps(SavableOp::kMatmul, weight)) return run(none);
+  if (saver->replaying()) {
+    const std::vector<at::Tensor> kept = saver->take(SavableOp::kMatmul);
+    TITAN_CHECK(kept.size() == 1 && kept[0].sizes() == at::IntArrayRef(out_sizes),
+                "activation checkpointing: the recomputed float8 matmul has output shape ",
+                at::IntArrayRef(out_sizes), " but the forward kept ",
+                kept.empty() ? at::IntArrayRef{} : kept[0].sizes(),
+                "; the checkpointed block ran differently when recomputed");
+    return run(kept[0].reshape({-1, weight.size(0)}));
+  }
+  at::Tensor out = run(none);
+  saver->keep(SavableOp::kMatmul, {out});
+  return out;
+}
+
+}  // namespace titan

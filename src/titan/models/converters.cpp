@@ -1,0 +1,109 @@
+// Model converters (see converters.h). Layer selection follows TorchTitan's module_filter_fn and
+// torchao's auto filter: a layer is converted when no filter_fqns entry is a substring of its
+// name and both weight dims are multiples of 16; with "auto_filter_small_kn" listed, also only
+// when its (N = out, K = in) clear the recipe's size thresholds (H100 measurements in torchao).
+#include "titan/models/converters.h"
+
+#include "titan/common/check.h"
+#include "titan/common/logging.h"
+#include "titan/models/common/linear.h"
+
+#include <algorithm>
+#include <sstream>
+
+namespace titan {
+namespace {
+
+// torchao's _auto_filter_for_recipe: whether a (n_out, k_in) layer is large enough for float8 to
+// be faster than bf16.
+bool large_enough(Float8Recipe recipe, int64_t n, int64_t k) {
+  if (recipe == Float8Recipe::kTensorwise) return !(k <= 4096 && n <= 1024);
+  if (n <= 2048 || k <= 1024) return false;
+  return !(n <= 4096 && k <= 2048);
+}
+
+std::string joined(const std::vector<std::string>& names) {
+  std::string out;
+  for (const std::string& n : names) out += (out.empty() ? "" : ", ") + n;
+  return out;
+}
+
+}  // namespace
+
+void check_float8_device(const Float8LinearSection& config, const DeviceInfo& device) {
+  if (config.emulate || supports_float8(device)) return;
+  std::string found = device.describe();
+  if (device.device.is_cuda()) {
+    found += ", compute capability " + std::to_string(device.compute_major) + "." +
+             std::to_string(device.compute_minor);
+  }
+  throw ConfigError(
+      "model.converters asks for float8 linear layers, but the training device " + found +
+      " has no float8 matmuls (at::_scaled_mm needs a CUDA GPU of compute capability >= 8.9: "
+      "Ada, Hopper, Blackwell). HINT: set quantize.linear.float8.emulate = true to run the same "
+      "float8 numerics in float32 (slower; for tests and CPU runs), or train on such a GPU");
+}
+
+Float8Conversion convert_to_float8(torch::nn::Module& model, const Float8LinearSection& config,
+                                   const DeviceInfo& device) {
+  check_float8_device(config, device);
+  Float8Conversion out;
+  out.options.recipe = float8_recipe_from_name(config.recipe_name);
+  out.options.emulate = config.emulate;
+  std::vector<std::string> filters = config.filter_fqns;
+  const auto auto_flag = std::find(filters.begin(), filters.end(), kAutoFilterSmallKn);
+  const bool auto_filter = auto_flag != filters.end();
+  if (auto_filter) filters.erase(auto_flag);
+  for (const auto& item : model.named_modules()) {
+    auto* linear = dynamic_cast<Linear*>(item.value().get());
+    if (linear == nullptr) continue;
+    const std::string& name = item.key();
+    const int64_t n = linear->weight.size(0), k = linear->weight.size(1);
+    const bool filtered = std::any_of(filters.begin(), filters.end(), [&](const std::string& f) {
+      return name.find(f) != std::string::npos;
+    });
+    if (filtered) {
+      out.filtered.push_back(name);
+    } else if (n % 16 != 0 || k % 16 != 0) {
+      out.unaligned.push_back(name + " (" + std::to_string(n) + "x" + std::to_string(k) + ")");
+    } else if (auto_filter && !large_enough(out.options.recipe, n, k)) {
+      out.small.push_back(name);
+    } else {
+      linear->float8 = out.options;
+      out.converted.push_back(name);
+    }
+  }
+  return out;
+}
+
+void apply_model_converters(torch::nn::Module& model, const JobConfig& config,
+                            const at::Device& device) {
+  if (config.model.converters.empty()) return;
+  for (const std::string& name : config.model.converters) {
+    // validate_job_config admits only the float8 linear converter's two names.
+    TITAN_CHECK(name == "float8" || name == "quantize.linear.float8", "model converter '", name,
+                "' is not built");
+    const Float8LinearSection& f8 = config.quantize.linear.float8;
+    const Float8Conversion c = convert_to_float8(model, f8, device_info(device));
+    log_info("float8 linear layers (", float8_recipe_name(c.options.recipe), " recipe",
+             c.options.emulate ? ", emulated in float32" : ", at::_scaled_mm",
+             "): ", c.converted.size(), " converted, ",
+             c.filtered.size() + c.unaligned.size() + c.small.size(), " kept in high precision");
+    if (!c.filtered.empty()) log_info("float8: filter_fqns keeps ", joined(c.filtered));
+    if (!c.unaligned.empty()) {
+      log_info("float8: dims not multiples of 16 (float8 matmuls need them) keep ",
+               joined(c.unaligned));
+    }
+    if (!c.small.empty()) log_info("float8: ", kAutoFilterSmallKn, " keeps ", joined(c.small));
+    if (c.converted.empty()) {
+      log_warning("float8: no linear layer was converted; the model trains in high precision");
+    }
+  }
+  if (config.model.print_after_conversion) {
+    std::ostringstream s;
+    s << model;
+    log_info("model after conversion:\n", s.str());
+  }
+}
+
+}  // namespace titan

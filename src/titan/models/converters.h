@@ -1,0 +1,45 @@
+// Model converters (TorchTitan's model.converters): in-place changes to a built model, applied
+// once after it is built (on the meta device or not) and before any parallelism. The one built
+// here is float8 ("quantize.linear.float8", or its older name "float8"): the Linear layers it
+// selects compute their matmuls in float8 (models/common/float8.h). The names are checked when
+// the config is validated (validate_job_config), the device when the converter is applied.
+#pragma once
+
+#include "titan/common/device.h"
+#include "titan/config/job_config.h"
+#include "titan/models/common/float8.h"
+
+#include <torch/nn/module.h>
+
+#include <string>
+#include <vector>
+
+namespace titan {
+
+// filter_fqns entry that adds torchao's size filter (skip layers too small to gain from float8).
+inline constexpr const char* kAutoFilterSmallKn = "auto_filter_small_kn";
+
+// What the float8 converter did to a model, by fully qualified module name.
+struct Float8Conversion {
+  Float8LinearOptions options;
+  std::vector<std::string> converted;
+  std::vector<std::string> filtered;   // a filter_fqns entry is a substring of the name
+  std::vector<std::string> unaligned;  // a weight dim not a multiple of 16 (_scaled_mm's rule)
+  std::vector<std::string> small;      // auto_filter_small_kn: too small to gain from float8
+};
+
+// Whether `device` may run float8 linears with these settings: a ConfigError naming the device and
+// its compute capability, with a HINT, when it has no float8 matmuls and emulate is off.
+void check_float8_device(const Float8LinearSection& config, const DeviceInfo& device);
+
+// Converts the Linear layers of `model` (see Float8Conversion for those it skips) after
+// check_float8_device.
+Float8Conversion convert_to_float8(torch::nn::Module& model, const Float8LinearSection& config,
+                                   const DeviceInfo& device);
+
+// Applies config.model.converters to `model` on `device` in order, logging what each converted
+// and skipped (and the model after conversion when model.print_after_conversion is set).
+void apply_model_converters(torch::nn::Module& model, const JobConfig& config,
+                            const at::Device& device);
+
+}  // namespace titan

@@ -1,0 +1,81 @@
+// model.converters and [quantize.linear.float8] as validate_job_config checks them: TorchTitan's
+// two names of the float8 linear converter load, other converters are refused by name, unknown
+// names suggest the nearest one, and the float8 all-gather switches (not built) are refused while
+// the converter is on.
+#include "titan/config/config_manager.h"
+
+#include "config_test_util.h"
+
+#include <gtest/gtest.h>
+
+namespace titan {
+namespace {
+
+using config_test::config_error;
+using config_test::contains;
+using config_test::TempDir;
+
+JobConfig with_converters(std::vector<std::string> converters) {
+  JobConfig c;
+  c.model.converters = std::move(converters);
+  return c;
+}
+
+TEST(ConfigFloat8, BothTorchTitanNamesLoad) {
+  EXPECT_NO_THROW(validate_job_config(with_converters({"float8"})));
+  EXPECT_NO_THROW(validate_job_config(with_converters({"quantize.linear.float8"})));
+  TempDir dir;
+  const std::string file = dir.write(
+      "float8.toml",
+      "[model]\nconverters = [\"quantize.linear.float8\"]\n[quantize.linear.float8]\n"
+      "recipe_name = \"rowwise\"\nemulate = true\nfilter_fqns = [\"output\", \"auto_filter_small_kn\"]\n");
+  const JobConfig c = parse_job_config({"--job.config_file", file});
+  EXPECT_EQ(c.model.converters, std::vector<std::string>{"quantize.linear.float8"});
+  EXPECT_EQ(c.quantize.linear.float8.recipe_name, "rowwise");
+  EXPECT_TRUE(c.quantize.linear.float8.emulate);
+  // From the command line, as TorchTitan spells it.
+  const JobConfig d =
+      parse_job_config({"--model.converters", "float8", "--quantize.linear.float8.emulate"});
+  EXPECT_EQ(d.model.converters, std::vector<std::string>{"float8"});
+  EXPECT_TRUE(d.quantize.linear.float8.emulate);
+}
+
+TEST(ConfigFloat8, UnknownConverterNamesTheNearest) {
+  const std::string m = config_error([] { validate_job_config(with_converters({"flaot8"})); });
+  EXPECT_TRUE(contains(m, "model.converters entry 'flaot8' is not a model converter"));
+  EXPECT_TRUE(contains(m, "did you mean 'float8'?"));
+  const std::string n =
+      config_error([] { validate_job_config(with_converters({"quantize.linear.float"})); });
+  EXPECT_TRUE(contains(n, "did you mean 'quantize.linear.float8'?"));
+}
+
+TEST(ConfigFloat8, UnbuiltConvertersAndDuplicatesAreRefused) {
+  for (const char* name : {"quantize.linear.mx", "quantize.grouped_mm.float8", "mx"}) {
+    const std::string m = config_error([&] { validate_job_config(with_converters({name})); });
+    EXPECT_TRUE(contains(m, std::string("'") + name + "' is not supported yet"));
+    EXPECT_TRUE(contains(m, "HINT"));
+  }
+  const std::string twice = config_error([] {
+    validate_job_config(with_converters({"float8", "quantize.linear.float8"}));
+  });
+  EXPECT_TRUE(contains(twice, "twice"));
+}
+
+TEST(ConfigFloat8, Float8AllGatherIsRefusedOnlyWithTheConverterOn) {
+  JobConfig c;
+  c.quantize.linear.float8.enable_fsdp_float8_all_gather = true;
+  c.quantize.linear.float8.precompute_float8_dynamic_scale_for_fsdp = true;
+  EXPECT_NO_THROW(validate_job_config(c));  // TorchTitan's 405B file: inert without the converter
+  c.model.converters = {"float8"};
+  const std::string m = config_error([&] { validate_job_config(c); });
+  EXPECT_TRUE(contains(m,
+                       "'quantize.linear.float8.enable_fsdp_float8_all_gather' = true is not "
+                       "supported yet"));
+  EXPECT_TRUE(contains(m, "HINT: set it to false"));
+  c.quantize.linear.float8.enable_fsdp_float8_all_gather = false;
+  EXPECT_TRUE(contains(config_error([&] { validate_job_config(c); }),
+                       "precompute_float8_dynamic_scale_for_fsdp' = true"));
+}
+
+}  // namespace
+}  // namespace titan
