@@ -7,6 +7,7 @@
 #include "titan/checkpoint/model_loader.h"
 #include "titan/common/check.h"
 #include "titan/common/cpu.h"
+#include "titan/common/device.h"
 #include "titan/common/format.h"
 #include "titan/components/tokenizer/tokenizer.h"
 #include "titan/components/tokenizer/tokenizer_identity.h"
@@ -43,6 +44,8 @@ constexpr const char* kUsage =
     "  --dtype float32|bfloat16  compute dtype (default float32)\n"
     "  --max_seq_len N        longest sequence, prompt included (default 2048)\n"
     "  --threads N            CPU threads; 0 = one per core (default 0)\n"
+    "  --device D             auto (the first visible CUDA device, else the CPU), cuda or cpu\n"
+    "                         (default auto; training.device's rule for one process)\n"
     "  --print_ids            print the whole sequence (prompt and generated) as one line of\n"
     "                         space-separated ids instead of streaming text\n"
     "  --no_kv_cache          re-run the whole sequence every step instead of using the KV\n"
@@ -59,6 +62,7 @@ struct Options {
   std::optional<std::string> prompt_ids;
   std::optional<std::string> tokenizer;
   std::string dtype = "float32";
+  std::string device = "auto";
   int64_t max_seq_len = 2048;
   int64_t threads = 0;
   bool print_ids = false;
@@ -124,6 +128,8 @@ Options parse_options(const std::vector<std::string>& args) {
       sampler.seed = static_cast<uint64_t>(seed);
     } else if (a == "--dtype") {
       opts.dtype = value();
+    } else if (a == "--device") {
+      opts.device = value();
     } else if (a == "--max_seq_len") {
       opts.max_seq_len = parse_int(a, value());
     } else if (a == "--threads") {
@@ -225,6 +231,9 @@ int run_generate(const std::vector<std::string>& args) {
     description = "llama3 " + opts.flavor + " (random init)";
   }
   cast_parameters_for_inference(*model, dtype);
+  const at::Device device =
+      select_device(opts.device, /*local_rank=*/0, /*local_world_size=*/1, "--device");
+  if (!device.is_cpu()) model->to(device);  // parameters and buffers (RoPE tables)
   const std::string model_tokenizer_path = tokenizer_path;
   if (opts.tokenizer) tokenizer_path = *opts.tokenizer;
   const std::unique_ptr<Tokenizer> tokenizer = build_tokenizer(tokenizer_path);
@@ -251,8 +260,8 @@ int run_generate(const std::vector<std::string>& args) {
   opts.generation.eos_id = eos_id_or_none(*tokenizer);
   opts.generation.vocab_limit = tokenizer->vocab_size();
 
-  std::fprintf(stderr, "generate: %s, %s compute, %s, KV cache %s, %zu prompt tokens\n",
-               description.c_str(), opts.dtype.c_str(), threads.c_str(),
+  std::fprintf(stderr, "generate: %s on %s, %s compute, %s, KV cache %s, %zu prompt tokens\n",
+               description.c_str(), device.str().c_str(), opts.dtype.c_str(), threads.c_str(),
                opts.generation.use_kv_cache ? "on" : "off", prompt.size());
   TextStream stream(*tokenizer);
   std::function<void(int64_t)> on_token;

@@ -54,34 +54,36 @@ int64_t cuda_device_count() {
 }
 
 at::Device resolve_device(const std::string& setting, int64_t local_rank, int64_t local_world_size,
-                          int64_t cuda_devices) {
+                          int64_t cuda_devices, const std::string& key) {
   if (setting == "cpu") return at::Device(at::kCPU);
   if (setting != "auto" && setting != "cuda") {
-    throw ConfigError("training.device '" + setting + "' is not one of auto, cpu, cuda");
+    throw ConfigError(key + " '" + setting + "' is not one of auto, cpu, cuda");
   }
   if (cuda_devices == 0) {
     if (setting == "auto") return at::Device(at::kCPU);
-    throw ConfigError(std::string("training.device = \"cuda\" but ") +
+    throw ConfigError(key + " = \"cuda\" but " +
                       (cuda_build() ? "no CUDA device is visible (CUDA_VISIBLE_DEVICES " +
                                           cuda_visible_devices() + ", or no driver)"
-                                    : "this binary was built against a libtorch without CUDA") +
-                      ". HINT: use training.device = \"auto\" or \"cpu\"");
+                                    : std::string("this binary was built against a libtorch "
+                                                  "without CUDA")) +
+                      ". HINT: use " + key + " = \"auto\" or \"cpu\"");
   }
   if (local_world_size > cuda_devices || local_rank >= cuda_devices) {
-    throw ConfigError("training.device = \"" + setting + "\": " + std::to_string(local_world_size) +
-                      " ranks on this node need one CUDA " + "device each, but " +
+    throw ConfigError(key + " = \"" + setting + "\": " + std::to_string(local_world_size) +
+                      " ranks on this node need one CUDA device each, but " +
                       std::to_string(cuda_devices) + " are visible (CUDA_VISIBLE_DEVICES " +
                       cuda_visible_devices() + "). HINT: launch at most " +
-                      std::to_string(cuda_devices) +
-                      " ranks per node (--nproc_per_node), or training.device = \"cpu\"");
+                      std::to_string(cuda_devices) + " ranks per node (--nproc_per_node), or " +
+                      key + " = \"cpu\"");
   }
   return at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(local_rank));
 }
 
-at::Device select_device(const std::string& setting, int64_t local_rank, int64_t local_world_size) {
+at::Device select_device(const std::string& setting, int64_t local_rank, int64_t local_world_size,
+                         const std::string& key) {
   // "cpu" never touches the CUDA runtime (no driver probe).
   const int64_t count = setting == "cpu" ? 0 : cuda_device_count();
-  const at::Device device = resolve_device(setting, local_rank, local_world_size, count);
+  const at::Device device = resolve_device(setting, local_rank, local_world_size, count, key);
 #if TITAN_HAS_CUDA
   if (device.is_cuda()) c10::cuda::set_device(device.index());
 #endif

@@ -28,11 +28,12 @@ int64_t cuda_device_count();
 
 // The device for training.device `setting` on the rank with `local_rank` of `local_world_size`
 // ranks on its node, when `cuda_devices` CUDA devices are visible. Pure (tests call it with any
-// count); throws ConfigError naming training.device and the arithmetic.
+// count); throws ConfigError naming `key` (where the setting came from) and the arithmetic.
 at::Device resolve_device(const std::string& setting, int64_t local_rank, int64_t local_world_size,
-                          int64_t cuda_devices);
+                          int64_t cuda_devices, const std::string& key = "training.device");
 // resolve_device with this process's visible devices; on CUDA also makes the device current.
-at::Device select_device(const std::string& setting, int64_t local_rank, int64_t local_world_size);
+at::Device select_device(const std::string& setting, int64_t local_rank, int64_t local_world_size,
+                         const std::string& key = "training.device");
 
 // Facts about a device for logs and MFU.
 struct DeviceInfo {

@@ -10,11 +10,23 @@
 //   grad       float32 (shard_numel): the reduced gradients, accumulated over micro-batches.
 // The all-gather output is rank-major (N x shard_numel); copying it into `unsharded` reorders it
 // to parameter-major. The reduce-scatter input is built the other way round.
+//
+// On CUDA (NCCL) the collectives run on two side streams (device_streams.h), as FSDP2 does:
+//   gather stream   after the compute stream's queued work: cast the shard to the param dtype,
+//                   all-gather, copy out into `unsharded`; the compute stream waits for it only
+//                   when the unit is about to run, so unit i + 1's gather overlaps unit i.
+//   reduce stream   after the unit's gradients are packed (on the compute stream): reduce-scatter
+//                   (and HSDP's all-reduce), divide, accumulate into `grad`; finish_backward makes
+//                   the compute stream wait. The backward of earlier units overlaps it.
+// `unsharded` is allocated on the compute stream (and freed there once compute is done), the
+// gather's and reduction's temporaries on their side stream; `grad` is recorded on the compute
+// stream before compute uses it. On the CPU (Gloo) the same code runs inline.
 #include "titan/parallel/data_parallel.h"
 
 #include "titan/common/check.h"
 #include "titan/common/logging.h"
 #include "titan/models/common/linear.h"
+#include "titan/parallel/device_streams.h"
 
 #include <ATen/core/grad_mode.h>
 #include <c10/core/StorageImpl.h>
@@ -86,14 +98,16 @@ struct DataParallel::Impl {
     State state = State::kSharded;
     at::Tensor gather_in, gather_out;
     dist::Work gather_work;
-    int64_t uses = 0;                   // runs in the current forward
-    std::vector<at::Tensor> installed;  // what the slots hold, from this unit's last install
+    std::shared_ptr<c10::Event> gathered;  // CUDA: the gather stream's work for this unit
+    int64_t uses = 0;                      // runs in the current forward
+    std::vector<at::Tensor> installed;     // what the slots hold, from this unit's last install
   };
   struct Pending {
     int64_t unit;
     dist::Work work;
-    at::Tensor buffer;  // reduce-scatter input (kept alive until done)
-    at::Tensor out;     // this rank's reduced shard
+    at::Tensor buffer;                    // reduce-scatter input (kept alive until done)
+    at::Tensor out;                       // this rank's reduced shard
+    std::shared_ptr<c10::Event> reduced;  // CUDA: all of it done on the reduce stream
   };
 
   DataParallelOptions options;
@@ -105,17 +119,17 @@ struct DataParallel::Impl {
   int64_t forward_pos = 0;
   std::deque<Pending> pending;
   at::Tensor anchor;             // a leaf that requires grad: gives GatherParams a backward
-  double wait_seconds = 0;       // time blocked in collectives' wait()
   at::Device device = at::kCPU;  // the model's
+  // Time compute waited for collectives; the side streams of CUDA (inactive on the CPU).
+  std::unique_ptr<WaitClock> clock;
+  std::unique_ptr<SideStream> gather_stream, reduce_stream;
 
   at::TensorOptions on_device(at::ScalarType dtype) const {
     return at::TensorOptions().dtype(dtype).device(device);
   }
 
   void timed_wait(dist::Work& work) {
-    const auto t0 = std::chrono::steady_clock::now();
-    work.wait();
-    wait_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    clock->time([&] { work.wait(); });
   }
 
   bool sharded() const { return N > 1; }
@@ -158,19 +172,27 @@ struct DataParallel::Impl {
       u.state = State::kGathered;
       return;
     }
-    u.gather_in = options.param_dtype == at::kFloat ? u.shard : u.shard.to(options.param_dtype);
-    u.gather_out = at::empty({N * u.shard_numel}, u.unsharded.options());
-    u.gather_work = options.shard_group->all_gather_into_tensor(u.gather_out, u.gather_in);
+    const auto issue = [&] {
+      u.gather_in = options.param_dtype == at::kFloat ? u.shard : u.shard.to(options.param_dtype);
+      u.gather_out = at::empty({N * u.shard_numel}, u.unsharded.options());
+      u.gather_work = options.shard_group->all_gather_into_tensor(u.gather_out, u.gather_in);
+    };
+    if (gather_stream->active()) {
+      // The whole gather, copy-out included, queued on the gather stream; the gather stream
+      // waits for the NCCL op (NCCL's wait() is a stream wait), the host does not.
+      u.gathered = gather_stream->run([&] {
+        issue();
+        u.gather_work.wait();
+        copy_out(u);
+      });
+    } else {
+      issue();
+    }
     u.state = State::kGathering;
   }
 
-  void gather_finish(int64_t ui) {
-    Unit& u = units[ui];
-    if (u.state == State::kGathered) return;
-    if (u.state == State::kSharded) gather_start(ui);
-    if (u.state == State::kGathered) return;
-    timed_wait(u.gather_work);
-    at::NoGradGuard no_grad;
+  // The rank-major gathered rows into `unsharded`, parameter by parameter.
+  void copy_out(Unit& u) {
     const at::Tensor by_rank = u.gather_out.view({N, u.shard_numel});
     int64_t offset = 0;
     for (int64_t pi : u.params) {
@@ -181,6 +203,21 @@ struct DataParallel::Impl {
     }
     u.gather_in = at::Tensor();
     u.gather_out = at::Tensor();
+  }
+
+  void gather_finish(int64_t ui) {
+    Unit& u = units[ui];
+    if (u.state == State::kGathered) return;
+    if (u.state == State::kSharded) gather_start(ui);
+    if (u.state == State::kGathered) return;
+    if (u.gathered) {
+      SideStream::join(u.gathered, clock.get());
+      u.gathered.reset();
+    } else {
+      timed_wait(u.gather_work);
+      at::NoGradGuard no_grad;
+      copy_out(u);
+    }
     u.state = State::kGathered;
   }
 
@@ -218,13 +255,30 @@ struct DataParallel::Impl {
       by_rank.narrow(1, p.offset, n).copy_(g.view({N, n}));
     }
     Pending job{ui, {}, buffer, {}};
-    if (N > 1) {
-      job.out = at::empty({u.shard_numel}, buffer.options());
-      job.work = options.shard_group->reduce_scatter_tensor(job.out, buffer);
-    } else {
-      job.out = buffer;
-      if (R > 1) job.work = options.replicate_group->all_reduce(buffer);
+    const auto issue = [&] {
+      if (N > 1) {
+        job.out = at::empty({u.shard_numel}, buffer.options());
+        job.work = options.shard_group->reduce_scatter_tensor(job.out, buffer);
+      } else {
+        job.out = buffer;
+        if (R > 1) job.work = options.replicate_group->all_reduce(buffer);
+      }
+    };
+    if (reduce_stream->active()) {
+      // Reduction and accumulation queued on the reduce stream; `buffer` (packed on the compute
+      // stream) stays reserved until the reduce stream is done with it.
+      job.reduced = reduce_stream->run([&] {
+        issue();
+        job.work.wait();
+        accumulate(job);
+      });
+      reduce_stream->record_on(buffer);
+      job.buffer = at::Tensor();
+      job.out = at::Tensor();
+      pending.push_back(std::move(job));
+      return;
     }
+    issue();
     pending.push_back(std::move(job));
     while (pending.size() > 1) complete_front();
   }
@@ -232,10 +286,23 @@ struct DataParallel::Impl {
   void complete_front() {
     Pending job = std::move(pending.front());
     pending.pop_front();
+    if (job.reduced) {
+      SideStream::join(job.reduced, clock.get());
+      return;
+    }
     timed_wait(job.work);
+    accumulate(job);
+  }
+
+  // HSDP's all-reduce of the reduced shard, the mean, and the sum over micro-batches.
+  void accumulate(Pending& job) {
     if (N > 1 && R > 1) {
       dist::Work all_reduce = options.replicate_group->all_reduce(job.out);
-      timed_wait(all_reduce);
+      if (reduce_stream->active()) {
+        all_reduce.wait();  // a stream wait on the reduce stream
+      } else {
+        timed_wait(all_reduce);
+      }
     }
     at::NoGradGuard no_grad;
     at::Tensor g = job.out.to(at::kFloat);
@@ -313,6 +380,13 @@ DataParallel::DataParallel(Model& model, DataParallelOptions options)
   d.device = named[0].value().device();
   const bool from_meta = d.device.is_meta();  // shapes only: nothing to copy into the shards
   if (from_meta) d.device = o.device;
+  d.clock = std::make_unique<WaitClock>(d.device);
+  // Side streams only where there is communication to overlap (NCCL moves CUDA tensors).
+  const bool nccl = (o.shard_group && o.shard_group->backend() == dist::Backend::kNccl) ||
+                    (o.replicate_group && o.replicate_group->backend() == dist::Backend::kNccl);
+  const at::Device stream_device = nccl ? d.device : at::Device(at::kCPU);
+  d.gather_stream = std::make_unique<SideStream>(stream_device);
+  d.reduce_stream = std::make_unique<SideStream>(stream_device);
   for (const auto& item : named) {
     Impl::Param p;
     p.name = item.key();
@@ -413,7 +487,7 @@ DataParallel::DataParallel(Model& model, DataParallelOptions options)
 
 DataParallel::~DataParallel() { model_.remove_unit_runner(this); }
 
-double DataParallel::comm_wait_seconds() const { return impl_->wait_seconds; }
+double DataParallel::comm_wait_seconds() const { return impl_->clock->seconds(); }
 
 at::Tensor DataParallel::run(int64_t index, const at::Tensor& input, const UnitFn& next) {
   Impl& d = *impl_;
@@ -451,6 +525,7 @@ void DataParallel::finish_backward() {
   while (!d.pending.empty()) d.complete_front();
   for (const auto& u : d.units) {
     if (!u.grad.defined()) continue;
+    SideStream::record_on_current(u.grad);  // made on the reduce stream, used by compute now
     for (int64_t pi : u.params) {
       const Impl::Param& p = d.params[pi];
       ShardedParam& sp = params_[pi];

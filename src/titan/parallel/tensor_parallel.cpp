@@ -5,12 +5,16 @@
 #include "titan/models/common/attention.h"
 #include "titan/models/common/linear.h"
 #include "titan/models/common/savable_ops.h"
+#include "titan/parallel/device_streams.h"
 
 #include <ATen/core/grad_mode.h>
 #include <torch/csrc/autograd/custom_function.h>
 
 #include <chrono>
 #include <cmath>
+#include <map>
+#include <memory>
+#include <mutex>
 #include <sstream>
 
 namespace titan {
@@ -20,14 +24,31 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-// Seconds blocked in this thread's tensor-parallel collectives (autograd runs CPU backward on the
-// thread that called backward(), so forward and backward land on the training thread).
-thread_local double t_wait_seconds = 0;
+// Time compute waited for tensor-parallel collectives (see device_streams.h). On the CPU, the
+// host time in this thread's waits (autograd runs CPU backward on the thread that called
+// backward(), and ranks may be threads of one process in tests); on CUDA, the compute streams'
+// stalls, from events, process-wide because autograd runs CUDA backward on a thread of its own.
+thread_local WaitClock t_cpu_clock(at::kCPU);
+struct CudaClocks {
+  std::mutex mutex;
+  std::map<c10::DeviceIndex, std::unique_ptr<WaitClock>> by_device;
+};
+CudaClocks& cuda_clocks() {
+  static CudaClocks clocks;
+  return clocks;
+}
 
-void timed_wait(dist::Work work) {
-  const auto t0 = std::chrono::steady_clock::now();
-  work.wait();
-  t_wait_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+void timed_wait(const dist::Group& g, dist::Work work) {
+  const at::Device device = g.device();
+  if (!device.is_cuda()) {
+    t_cpu_clock.time([&] { work.wait(); });
+    return;
+  }
+  CudaClocks& c = cuda_clocks();
+  std::lock_guard<std::mutex> lock(c.mutex);
+  auto& clock = c.by_device[device.index()];
+  if (!clock) clock = std::make_unique<WaitClock>(device);
+  clock->time([&] { work.wait(); });
 }
 
 dist::Group* group_of(AutogradContext* ctx) {
@@ -40,7 +61,7 @@ at::Tensor all_gather_seq(const at::Tensor& x, dist::Group& g) {
   std::vector<int64_t> gathered_shape = x.sizes().vec();
   gathered_shape.insert(gathered_shape.begin(), t);
   at::Tensor out = at::empty(gathered_shape, x.options());
-  timed_wait(g.all_gather_into_tensor(out, x.contiguous()));
+  timed_wait(g, g.all_gather_into_tensor(out, x.contiguous()));
   // (t, bs, s, ...) -> (bs, t, s, ...) -> (bs, t * s, ...)
   std::vector<int64_t> shape = x.sizes().vec();
   shape[1] *= t;
@@ -59,7 +80,7 @@ at::Tensor reduce_scatter_seq(const at::Tensor& x, dist::Group& g) {
   std::vector<int64_t> out_shape = x.sizes().vec();
   out_shape[1] /= t;
   at::Tensor out = at::empty(out_shape, x.options());
-  timed_wait(g.reduce_scatter_tensor(out, by_rank));
+  timed_wait(g, g.reduce_scatter_tensor(out, by_rank));
   return out;
 }
 
@@ -93,7 +114,7 @@ struct AllGatherLastDim : public torch::autograd::Function<AllGatherLastDim> {
     std::vector<int64_t> gathered_shape = x.sizes().vec();
     gathered_shape.insert(gathered_shape.begin(), t);
     at::Tensor out = at::empty(gathered_shape, x.options());
-    timed_wait(g->all_gather_into_tensor(out, x.contiguous()));
+    timed_wait(*g, g->all_gather_into_tensor(out, x.contiguous()));
     // (t, ..., v) -> (..., t, v) -> (..., t * v)
     std::vector<int64_t> shape = x.sizes().vec();
     shape.back() *= t;
@@ -112,7 +133,7 @@ struct VocabParallelCrossEntropy : public torch::autograd::Function<VocabParalle
                             const at::Tensor& labels, dist::Group* g, int64_t vocab_start) {
     const int64_t v = logits.size(1);
     at::Tensor max = std::get<0>(logits.max(1)).contiguous();
-    timed_wait(g->all_reduce(max, dist::ReduceOp::kMax));
+    timed_wait(*g, g->all_reduce(max, dist::ReduceOp::kMax));
     const at::Tensor shifted = logits - max.unsqueeze(1);
     const at::Tensor exp = shifted.exp();
     at::Tensor sum_exp = exp.sum(1).contiguous();
@@ -123,7 +144,7 @@ struct VocabParallelCrossEntropy : public torch::autograd::Function<VocabParalle
         shifted.gather(1, index).squeeze(1).masked_fill(mine.logical_not(), 0.0).contiguous();
     // Both sums in one collective: (2, n).
     at::Tensor sums = at::stack({sum_exp, target});
-    timed_wait(g->all_reduce(sums, dist::ReduceOp::kSum));
+    timed_wait(*g, g->all_reduce(sums, dist::ReduceOp::kSum));
     sum_exp = sums[0];
     target = sums[1];
     const at::Tensor loss = (sum_exp.log() - target).mean();
@@ -305,7 +326,13 @@ TensorParallel::~TensorParallel() {
 }
 
 int64_t TensorParallel::size() const { return group_->size(); }
-double TensorParallel::comm_wait_seconds() const { return t_wait_seconds; }
+double TensorParallel::comm_wait_seconds() const {
+  double total = t_cpu_clock.seconds();
+  CudaClocks& c = cuda_clocks();
+  std::lock_guard<std::mutex> lock(c.mutex);
+  for (auto& [index, clock] : c.by_device) total += clock->seconds();
+  return total;
+}
 
 at::Tensor TensorParallel::cross_entropy(const at::Tensor& logits, const at::Tensor& labels) const {
   if (!loss_parallel_) {
@@ -326,7 +353,7 @@ void TensorParallel::reduce_replicated_grads(
   std::vector<at::Tensor> flat;
   for (const auto& g : parts) flat.push_back(g.reshape({-1}).to(at::kFloat));
   at::Tensor buffer = at::cat(flat);
-  timed_wait(group_->all_reduce(buffer, dist::ReduceOp::kSum));
+  timed_wait(*group_, group_->all_reduce(buffer, dist::ReduceOp::kSum));
   int64_t offset = 0;
   for (auto& g : parts) {
     g.copy_(buffer.narrow(0, offset, g.numel()).view(g.sizes()));

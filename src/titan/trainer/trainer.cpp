@@ -5,6 +5,7 @@
 #include "titan/checkpoint/checkpoint_manager.h"
 #include "titan/common/check.h"
 #include "titan/common/cpu.h"
+#include "titan/common/device.h"
 #include "titan/common/format.h"
 #include "titan/common/logging.h"
 #include "titan/components/data/data_loader.h"
@@ -16,6 +17,7 @@
 #include "titan/config/config_manager.h"
 #include "titan/distributed/init.h"
 #include "titan/distributed/parallel_dims.h"
+#include "titan/models/converters.h"
 #include "titan/parallel/parallelized_model.h"
 #include "titan/trainer/interrupt.h"
 
@@ -50,7 +52,7 @@ Trainer::Trainer(JobConfig config, const DistributedContext* dist) : config_(std
   if (seed_ < 0) {
     seed_ = static_cast<int64_t>(std::random_device{}() & 0x7fffffff);
     if (world_) {  // every rank must initialize the same weights
-      at::Tensor s = at::full({1}, seed_, at::kLong);
+      at::Tensor s = at::full({1}, seed_, at::TensorOptions(at::kLong).device(world_->device()));
       world_->broadcast(s, 0).wait();
       seed_ = s.item<int64_t>();
     }
@@ -59,10 +61,9 @@ Trainer::Trainer(JobConfig config, const DistributedContext* dist) : config_(std
   }
   // Initial weights depend on the seed alone (build_model); the global generator (saved in
   // checkpoints) starts from it too, alike on every rank.
-  at::manual_seed(static_cast<uint64_t>(seed_));
-  if (config_.debug.deterministic) {
-    at::globalContext().setDeterministicAlgorithms(true, config_.debug.deterministic_warn_only);
-  }
+  at::manual_seed(static_cast<uint64_t>(seed_));  // the CPU's and every CUDA device's
+  if (config_.debug.deterministic)
+    set_deterministic(device_, config_.debug.deterministic_warn_only);
   compute_dtype_ = training_compute_dtype(config_.training);
 
   const auto& t = config_.training;
@@ -87,6 +88,10 @@ Trainer::Trainer(JobConfig config, const DistributedContext* dist) : config_(std
 void Trainer::build_parallelism(const DistributedContext* dist) {
   world_size_ = dist != nullptr ? dist->world_size() : 1;
   rank_ = dist != nullptr ? dist->rank() : 0;
+  device_ = select_device(config_.training.device, dist != nullptr ? dist->local_rank() : 0,
+                          dist != nullptr ? dist->local_world_size() : 1);
+  log_info("device: ", device_info(device_).describe(), " (training.device ",
+           config_.training.device, ")");
   if (world_size_ > 1) {
     const int64_t threads =
         rank_num_threads(config_.training.num_threads, dist->env, process_env());
@@ -107,7 +112,7 @@ void Trainer::build_parallelism(const DistributedContext* dist) {
   char digest[32];
   std::snprintf(digest, sizeof(digest), "config-%016zx", std::hash<std::string>{}(toml));
   world_ = dist::Group::create(dist->store, static_cast<int>(rank_), static_cast<int>(world_size_),
-                               world_group_options(*dist, config_.comm, digest));
+                               world_group_options(*dist, config_.comm, digest, device_));
   dims_->build_groups(world_);
   log_info("parallelism: ", dims_->describe(), "; data-parallel rank ", dp_rank_, " of ", dp_size_);
 }
@@ -130,7 +135,7 @@ void Trainer::lock_dump_folder() {
     }
   }
   if (world_) {  // every rank learns rank 0's outcome instead of waiting for it in a collective
-    at::Tensor t = at::full({1}, outcome, at::kLong);
+    at::Tensor t = at::full({1}, outcome, at::TensorOptions(at::kLong).device(world_->device()));
     world_->broadcast(t, 0).wait();
     outcome = t.item<int64_t>();
   }
@@ -157,6 +162,7 @@ void Trainer::build_model() {
   auto t0 = std::chrono::steady_clock::now();
   model_ = spec_->build(config_.model.flavor, opts);
   apply_training_dtype(*model_, config_.training, world_size_, dims_->describe());
+  apply_model_converters(*model_, config_, device_);  // model.converters (float8), pre-parallelize
   const ModelStats stats =
       model_->stats(config_.training.local_batch_size, config_.training.seq_len);
   log_info("model ", config_.model.name, " ", config_.model.flavor, ": ",
@@ -172,6 +178,7 @@ void Trainer::build_model() {
   o.loss_parallel = !config_.parallelism.disable_loss_parallel;
   o.activation_checkpoint = config_.activation_checkpoint;
   o.seq_lens = {{"training.seq_len", config_.training.seq_len}};
+  o.device = device_;
   if (config_.validation.enable)
     o.seq_lens.emplace_back("validation.seq_len", config_.validation.seq_len);
   TITAN_CHECK(spec_->parallelize, "model ", config_.model.name,
@@ -230,19 +237,32 @@ void Trainer::build_metrics() {
   const ModelStats stats =
       model_->stats(config_.training.local_batch_size, config_.training.seq_len);
   double peak = config_.metrics.peak_flops;
+  const std::string device_name = device_info(device_).name;
   if (peak > 0) {
     log_info("peak FLOP/s for MFU: ", peak / 1e12, " TFLOP/s (metrics.peak_flops)");
-  } else {
+  } else if (device_.is_cpu()) {
     peak = probe_peak_flops(compute_dtype_);
     log_info("peak FLOP/s for MFU: ", peak / 1e12, " TFLOP/s, measured by a ",
              compute_dtype_ == at::kBFloat16 ? "bfloat16" : "float32", " 1024^3 GEMM probe with ",
              at::get_num_threads(), " threads (set metrics.peak_flops to override)");
+  } else if (const std::optional<double> sheet = datasheet_peak_flops(device_name)) {
+    peak = *sheet;
+    log_info("peak FLOP/s for MFU: ", peak / 1e12, " TFLOP/s, the bf16 dense datasheet figure of ",
+             device_name, " (set metrics.peak_flops to override)");
+  } else {
+    // Not a silent guess: measured, and said loudly, with the key that fixes it.
+    peak = probe_peak_flops(at::kBFloat16, 0.5, device_);
+    log_warning("device '", device_name, "' is not in the peak FLOP/s table; MFU uses ",
+                peak / 1e12,
+                " TFLOP/s measured by a bfloat16 8192^3 GEMM probe, which is below "
+                "the datasheet peak (MFU reads high). HINT: set metrics.peak_flops to the "
+                "device's dense bf16 FLOP/s");
   }
   metrics_ = std::make_unique<MetricsLogger>(
       config_.metrics, config_.job.dump_folder, stats.flops_per_token(config_.training.seq_len),
       peak, config_.training.steps,
       /*write_file=*/!metrics_file_name(config_.metrics, rank_).empty(),
-      /*start_step=*/train_state_.step, /*rank=*/rank_);
+      /*start_step=*/train_state_.step, /*rank=*/rank_, device_);
 }
 
 at::Tensor Trainer::forward_backward_step(const at::Tensor& inputs, const at::Tensor& labels,
@@ -256,17 +276,20 @@ at::Tensor Trainer::forward_backward_step(const at::Tensor& inputs, const at::Te
 
 std::optional<Batch> Trainer::next_local_batch(DataLoader& loader) {
   std::optional<Batch> batch = loader.next();
-  if (batch && dp_size_ > 1) {
+  if (!batch) return batch;
+  if (dp_size_ > 1) {
     const int64_t b = batch->inputs.size(0) / dp_size_;
     batch->inputs = batch->inputs.narrow(0, dp_rank_ * b, b).contiguous();
     batch->labels = batch->labels.narrow(0, dp_rank_ * b, b).contiguous();
   }
+  batch->inputs = to_device_async(batch->inputs, device_);
+  batch->labels = to_device_async(batch->labels, device_);
   return batch;
 }
 
 at::Tensor Trainer::train_step(int64_t step, double* grad_norm) {
   parallel_->zero_grad();
-  at::Tensor total = at::zeros({}, at::kFloat);
+  at::Tensor total = at::zeros({}, at::TensorOptions(at::kFloat).device(device_));
   const double scale = 1.0 / static_cast<double>(accumulation_steps_);
   for (int64_t micro = 0; micro < accumulation_steps_; ++micro) {
     auto batch = next_local_batch(*train_loader_);
