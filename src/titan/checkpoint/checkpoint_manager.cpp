@@ -221,9 +221,10 @@ void CheckpointManager::collect(int64_t step, bool model_only, bool keep_dtype,
     state["entries"][entry.name] = std::move(entry_state);
   }
   if (model_only && !keep_dtype) {
+    // Cast on the host: an export_dtype copy of the model would not fit beside a full GPU.
     const at::ScalarType dtype = dtype_from_name(config_.export_dtype);
     for (auto& t : tensors) {
-      if (t.local.is_floating_point()) t.local = t.local.to(dtype);
+      if (t.local.is_floating_point()) t.local = t.local.to(at::kCPU, dtype);
     }
   }
 }
