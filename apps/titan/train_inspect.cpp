@@ -41,7 +41,8 @@ bool maybe_print_help(const std::string& command, const std::vector<std::string>
 int run_train(const std::vector<std::string>& args) {
   JobConfig config = parse_job_config(args);
   // Sizes that cannot fit fail here, on every rank alike, before anything is allocated.
-  check_training_memory(config, detect_launch_env(), machine_memory_bytes());
+  const LaunchEnv env = detect_launch_env();
+  check_training_memory(config, env, machine_memory_bytes(), training_device_memory(config, env));
   // Joins the job when launched with several ranks (titan run, torchrun, srun, mpirun).
   DistributedContext dist = init_distributed(config.comm);
   if (config.job.print_config && dist.rank() == 0) {

@@ -60,8 +60,9 @@ constexpr double kMemoryRefuseFactor = 2.0;
 
 // Throws ConfigError when need.total() > kMemoryRefuseFactor * available_bytes (0: unknown,
 // never refuses). `what` says what needs it ("training llama3 debugmodel, local_batch_size 8 x
-// seq_len 1000000000"); `hint` what to lower, with the keys.
+// seq_len 1000000000"); `hint` what to lower, with the keys; `where` whose memory it is.
 void check_fits_in_memory(const MemoryEstimate& need, double available_bytes,
-                          const std::string& what, const std::string& hint);
+                          const std::string& what, const std::string& hint,
+                          const std::string& where = "this machine");
 
 }  // namespace titan

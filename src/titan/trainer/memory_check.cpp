@@ -1,6 +1,7 @@
 // check_training_memory (see memory_check.h).
 #include "titan/trainer/memory_check.h"
 
+#include "titan/common/device.h"
 #include "titan/common/format.h"
 #include "titan/components/training_dtype.h"
 #include "titan/parallel/activation_checkpoint.h"
@@ -20,7 +21,15 @@ MemoryOptions training_memory_options(const JobConfig& config, int64_t param_sha
   return o;
 }
 
-void check_training_memory(const JobConfig& config, const LaunchEnv& env, double available_bytes) {
+double training_device_memory(const JobConfig& config, const LaunchEnv& env) {
+  if (config.training.device == "cpu") return 0;
+  const int64_t devices = cuda_device_count();
+  if (devices == 0 || env.local_rank >= devices || env.local_world_size > devices) return 0;
+  return static_cast<double>(device_info(at::Device(at::kCUDA, env.local_rank)).total_memory);
+}
+
+void check_training_memory(const JobConfig& config, const LaunchEnv& env, double available_bytes,
+                           double device_bytes) {
   const ModelSpec& spec = get_model_spec(config.model.name);
   check_flavor(spec, config.model.flavor);
   const ParallelismSection& p = config.parallelism;
@@ -48,14 +57,21 @@ void check_training_memory(const JobConfig& config, const LaunchEnv& env, double
                               section + ".seq_len " + std::to_string(run.seq_len);
     std::string what =
         "training " + config.model.name + " " + config.model.flavor + " with " + sizes;
-    if (local_ranks > 1)
+    if (device_bytes > 0) {
+      what += " (per rank, on its own GPU)";
+    } else if (local_ranks > 1) {
       what += " (per rank; " + std::to_string(local_ranks) + " ranks share this machine)";
+    }
     const std::string hint =
         need.token_bytes() >= need.total() / 2
             ? "lower " + section + ".local_batch_size or " + section + ".seq_len"
             : "use a smaller model.flavor than '" + config.model.flavor +
                   "', or shard it over more ranks (parallelism.data_parallel_shard_degree)";
-    check_fits_in_memory(need, available_bytes / static_cast<double>(local_ranks), what, hint);
+    if (device_bytes > 0) {
+      check_fits_in_memory(need, device_bytes, what, hint, "the GPU");
+    } else {
+      check_fits_in_memory(need, available_bytes / static_cast<double>(local_ranks), what, hint);
+    }
   }
 }
 
