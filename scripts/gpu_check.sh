@@ -4,7 +4,8 @@
 #   preflight    a CUDA device is visible to the Python's torch (else: exit 2 with a message)
 #   build        titan and the unit-test binaries against that torch's libtorch (CUDA), -j cores
 #   parity       the debug model, float32, 10 steps on the GPU and on the CPU: every step's loss
-#                within 1e-4 relative
+#                within 1e-4 relative; and debug.deterministic: a second GPU run repeats the
+#                first one's losses bit for bit
 #   titan_bf16   Llama 3 8B's shapes cut to 8 layers (flavor 8B_cut), bf16, batch 1 x seq 8192:
 #                tokens/s, TFLOP/s, MFU, device memory (from metrics.jsonl)
 #   ref_eager    the same model and step in plain PyTorch, eager (bench/torch_reference.py)
@@ -397,7 +398,8 @@ parity() {
   local common=(--training.steps 10 --metrics.log_freq 1 --training.mixed_precision_param float32
     --lr_scheduler.warmup_steps 2 --debug.seed 42)
   ((dry_run)) && common+=(--training.seq_len 64 --training.local_batch_size 2)
-  titan_train parity_gpu "$DEVICE" configs/llama3/debug_model.toml "${common[@]}" || return
+  titan_train parity_gpu "$DEVICE" configs/llama3/debug_model.toml "${common[@]}" \
+    --debug.deterministic || return
   titan_train parity_cpu cpu configs/llama3/debug_model.toml "${common[@]}" || return
   run_cmd "$PY" "$root/scripts/gpu_check_report.py" parity "$work/parity_gpu/metrics.jsonl" \
     "$work/parity_cpu/metrics.jsonl" --steps 10 --rtol "$RTOL"
@@ -405,7 +407,17 @@ parity() {
   tail -n 1 "$STAGE_LOG" >"$work/parity.json"
   NOTE="$DEVICE vs cpu: max relative loss difference $(json_get "$work/parity.json" max_rel .2e)"
   NOTE+=" over 10 steps (tolerance $RTOL)"
-  return $rc
+  # debug.deterministic: the same run again on the GPU gives the same losses bit for bit.
+  titan_train parity_gpu_again "$DEVICE" configs/llama3/debug_model.toml "${common[@]}" \
+    --debug.deterministic || return
+  run_cmd "$PY" "$root/scripts/gpu_check_report.py" parity "$work/parity_gpu/metrics.jsonl" \
+    "$work/parity_gpu_again/metrics.jsonl" --steps 10 --rtol 0
+  local rc_again=$?
+  tail -n 1 "$STAGE_LOG" >"$work/determinism.json"
+  NOTE+="; deterministic rerun: max relative difference"
+  NOTE+=" $(json_get "$work/determinism.json" max_rel .2e) (must be 0)"
+  ((rc != 0)) && return $rc
+  return $rc_again
 }
 
 titan_speed() {  # titan_speed NAME OVERRIDES...: the speed run, figures in $work/NAME.json
