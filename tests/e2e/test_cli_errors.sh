@@ -31,6 +31,19 @@ expect_output "broken.toml"
 
 expect_exit 2 "$TITAN" frobnicate
 
+# training.device: a GPU asked for where none is visible (CI machines) is a config error, before
+# anything is built; a bad value names the choices.
+if [[ -z "${CUDA_VISIBLE_DEVICES:-}" ]] && ! command -v nvidia-smi >/dev/null; then
+  expect_exit 2 "$TITAN" train --job.config_file $cfg --training.device cuda \
+    --job.dump_folder "$WORK/device_cuda"
+  expect_output 'training.device = "cuda" but no CUDA device is visible'
+  expect_exit 2 "$TITAN" generate --flavor debugmodel --prompt hi --device cuda
+  expect_output '[-][-]device = "cuda" but'
+fi
+expect_exit 2 "$TITAN" train --job.config_file $cfg --training.device gpu
+expect_output "training.device"
+expect_output "auto"
+
 expect_exit 0 "$TITAN" train --help
 for section in job metrics model optimizer lr_scheduler training parallelism validation debug; do
   expect_output "\[$section\]"
