@@ -89,6 +89,16 @@ at::Tensor Linear::forward(const at::Tensor& x) {
   });
 }
 
+void Linear::pretty_print(std::ostream& stream) const {
+  const at::Tensor& w = named_parameters(/*recurse=*/false)["weight"];
+  stream << "titan::Linear(in_features=" << w.size(1) << ", out_features=" << w.size(0);
+  if (float8) {
+    stream << ", float8=" << float8_recipe_name(float8->recipe)
+           << (float8->emulate ? " emulated" : "");
+  }
+  stream << ")";
+}
+
 Embedding::Embedding(int64_t num_embeddings, int64_t dim) {
   weight = register_parameter("weight", new_parameter({num_embeddings, dim}));
 }

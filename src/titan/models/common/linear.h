@@ -13,6 +13,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -98,6 +99,8 @@ class Linear : public WeightLayer {
 
   // x (..., in_features) -> (..., out_features) in the compute dtype.
   at::Tensor forward(const at::Tensor& x);
+  // "titan::Linear(in_features=256, out_features=768, float8=tensorwise)".
+  void pretty_print(std::ostream& stream) const override;
 
   at::ScalarType compute_dtype;
   // Set by the float8 converter (models/converters.h): the matmuls run in float8 (float8.h) on
