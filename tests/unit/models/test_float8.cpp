@@ -3,6 +3,7 @@
 // linear's output and both gradients against a float64 re-derivation of torchao's recipes, and
 // which layers the converter converts.
 #include "titan/common/check.h"
+#include "titan/common/device.h"
 #include "titan/models/common/float8.h"
 #include "titan/models/common/linear.h"
 #include "titan/models/converters.h"
@@ -135,6 +136,37 @@ TEST(Float8Mm, EmulationMatchesScaledMmKernel) {
       EXPECT_LT(rel_error(kernel, emulated), 1e-2) << "k " << k << " rowwise " << rowwise;
       EXPECT_LT(rel_error(float8_mm(a8, b8, at::kFloat, true, false), a.mm(b)), 0.1);
     }
+  }
+}
+
+// On a GPU with float8 matmuls (compute capability >= 8.9; skipped elsewhere): the float8 linear
+// through at::_scaled_mm (cuBLAS tensorwise, CUTLASS rowwise) against its emulation, output and
+// both gradients, in bf16 as training runs it. Both multiply the same float8 values; they differ
+// by accumulation order and the bf16 rounding of the outputs (~2^-8 relative).
+TEST(Float8Mm, ScaledMmOnAFloat8GpuMatchesEmulation) {
+  if (cuda_device_count() == 0 || !supports_float8(device_info(at::Device(at::kCUDA, 0)))) {
+    GTEST_SKIP() << "no CUDA device of compute capability >= 8.9";
+  }
+  at::manual_seed(5);
+  const auto opts = at::TensorOptions(at::kBFloat16).device(at::kCUDA);
+  for (auto recipe :
+       {Float8Recipe::kTensorwise, Float8Recipe::kRowwise, Float8Recipe::kRowwiseWithGwHp}) {
+    const char* name = float8_recipe_name(recipe);
+    const at::Tensor x0 = at::randn({4, 37, 64}, opts);  // 148 rows: grad_weight pads K to 160
+    const at::Tensor w0 = at::randn({96, 64}, opts) * 0.1;
+    const at::Tensor g = at::randn({4, 37, 96}, opts);
+    std::vector<at::Tensor> outs;
+    for (bool emulate : {false, true}) {
+      const at::Tensor x = x0.clone().requires_grad_(true);
+      const at::Tensor w = w0.clone().requires_grad_(true);
+      const at::Tensor y = float8_linear(x, w, {recipe, emulate});
+      EXPECT_EQ(y.scalar_type(), at::kBFloat16) << name;
+      y.backward(g);
+      outs.insert(outs.end(), {y.detach(), x.grad(), w.grad()});
+    }
+    EXPECT_LT(rel_error(outs[0], outs[3]), 1e-2) << name << " output";
+    EXPECT_LT(rel_error(outs[1], outs[4]), 1e-2) << name << " grad_input";
+    EXPECT_LT(rel_error(outs[2], outs[5]), 1e-2) << name << " grad_weight";
   }
 }
 
