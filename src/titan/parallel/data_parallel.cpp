@@ -568,8 +568,10 @@ std::vector<std::pair<std::string, at::Tensor>> DataParallel::gather_full_parame
       const Impl::Param& p = d.params[pi];
       const int64_t n = p.chunk * p.rest;
       at::Tensor whole = by_rank.narrow(1, p.offset, n).reshape({d.N * p.chunk, p.rest});
-      full[pi] =
-          whole.narrow(0, 0, p.rows).reshape(p.global_shape).clone();  // as the model holds it
+      // As the model holds it, copied to the host.
+      full[pi] = whole.narrow(0, 0, p.rows)
+                     .reshape(p.global_shape)
+                     .to(at::kCPU, /*non_blocking=*/false, /*copy=*/true);
     }
   }
   std::vector<std::pair<std::string, at::Tensor>> out;

@@ -106,8 +106,8 @@ class DataParallel : public UnitRunner {
   // max_norm > 0 and the norm exceeds it, scales them by max_norm / (norm + 1e-6).
   double clip_grad_norm(double max_norm);
 
-  // Every parameter as the model holds it (whole, or its tensor-parallel box), float32
-  // (collective over the shard group).
+  // Every parameter as the model holds it (whole, or its tensor-parallel box), float32, in host
+  // memory: a GPU holds one unit gathered at a time (collective over the shard group).
   std::vector<std::pair<std::string, at::Tensor>> gather_full_parameters();
   // Sets the shards from whole parameters: full(name) returns the whole (global_shape) tensor.
   void load_full_parameters(const std::function<at::Tensor(const std::string&)>& full);

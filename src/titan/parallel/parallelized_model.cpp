@@ -173,7 +173,7 @@ std::vector<std::pair<std::string, at::Tensor>> ParallelizedModel::gather_full_p
     full = dp_->gather_full_parameters();  // as the model holds them: TP boxes under 2D
   } else {
     for (const auto& item : model_->named_parameters()) {
-      full.emplace_back(item.key(), item.value().detach());
+      full.emplace_back(item.key(), item.value().detach().to(at::kCPU));
     }
   }
   if (tp_) {

@@ -109,7 +109,8 @@ class ParallelizedModel {
   // groups); returns the norm before clipping.
   double clip_grad_norm(double max_norm);
 
-  // Every parameter whole, float32 (collective: every rank must call).
+  // Every parameter whole, float32, in host memory (collective: every rank must call). A GPU
+  // holds one unit or parameter gathered at a time.
   std::vector<std::pair<std::string, at::Tensor>> gather_full_parameters();
   // Sets this rank's pieces from whole parameters: whole(name) is the (global shape) tensor.
   void load_full_parameters(const std::function<at::Tensor(const std::string&)>& whole);

@@ -369,9 +369,10 @@ at::Tensor TensorParallel::gather_whole(const std::string& param, const at::Tens
   const int64_t t = size();
   std::vector<int64_t> gathered_shape = local.sizes().vec();
   gathered_shape.insert(gathered_shape.begin(), t);
-  at::Tensor out = at::empty(gathered_shape, local.options());
-  group_->all_gather_into_tensor(out, local.contiguous()).wait();
-  return at::cat(out.unbind(0), dim);
+  const at::Tensor here = local.to(group_->device()).contiguous();
+  at::Tensor out = at::empty(gathered_shape, here.options());
+  group_->all_gather_into_tensor(out, here).wait();
+  return at::cat(out.unbind(0), dim).to(local.device());
 }
 
 std::string TensorParallel::describe() const {

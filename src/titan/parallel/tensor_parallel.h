@@ -58,7 +58,8 @@ class TensorParallel {
   // Seconds the calling thread has spent blocked in tensor-parallel collectives (they are
   // synchronous: activations are needed right away).
   double comm_wait_seconds() const;
-  // The whole parameter from this rank's box `local` (collective over the group).
+  // The whole parameter from this rank's box `local` (collective over the group), on local's
+  // device (gathered on the group's device).
   at::Tensor gather_whole(const std::string& param, const at::Tensor& local) const;
 
  private:

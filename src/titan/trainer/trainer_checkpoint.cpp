@@ -138,11 +138,6 @@ StateEntry dataloader_entry(DataLoader& loader, int64_t dp_rank, json tokenizer)
   return e;
 }
 
-// The device this rank trains on: where its parameters live.
-at::Device params_device(const std::vector<std::pair<std::string, at::Tensor>>& params) {
-  return params.empty() ? at::Device(at::kCPU) : params.front().second.device();
-}
-
 }  // namespace
 
 void Trainer::build_checkpoint() {
@@ -166,7 +161,7 @@ void Trainer::build_checkpoint() {
                        tokenizer_record(*tokenizer_, config_.model.hf_assets_path)),
       train_state_entry(train_state_),
       // "rng.cpu" (rank 0's) and every rank's "rng.cuda.<rank>": rng_state.h has the rules.
-      ckpt::rng_entry(ckpt::rank_generators(params_device(params)), rank_, world_size_),
+      ckpt::rng_entry(ckpt::rank_generators(device_), rank_, world_size_),
   };
   json describe = {{"model", model_description(config_.model)},
                    {"tokenizer_path", config_.model.hf_assets_path},
