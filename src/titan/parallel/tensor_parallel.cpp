@@ -264,6 +264,23 @@ TensorParallel::TensorParallel(Model& model, std::shared_ptr<dist::Group> group,
     place.replicated = false;
     w.set_data(w.narrow(dim, r * (n / t), n / t).clone());
   };
+  // A float8 layer takes its scales over whole operands, as torchao does on DTensors: the split
+  // dimension of each (rows, in) input, (out, in) weight and (rows, out) grad_output (float8.h).
+  const auto float8_over_group = [this](WeightLayer* layer, std::optional<int64_t> input,
+                                        std::optional<int64_t> weight,
+                                        std::optional<int64_t> grad_output) {
+    auto* linear = dynamic_cast<Linear*>(layer);
+    if (linear == nullptr || !linear->float8) return;
+    auto tp = std::make_shared<Float8TensorParallel>();
+    tp->input_dim = input;
+    tp->weight_dim = weight;
+    tp->grad_output_dim = grad_output;
+    dist::Group* g = group_.get();
+    tp->all_reduce_max = [g](const at::Tensor& t) {
+      timed_wait(*g, g->all_reduce(t, dist::ReduceOp::kMax));
+    };
+    linear->float8->tp = std::move(tp);
+  };
   std::vector<std::pair<std::string, std::shared_ptr<torch::nn::Module>>> modules;
   for (const auto& item : model.named_modules()) modules.emplace_back(item.key(), item.value());
   for (const TpRule& rule : plan) {
@@ -298,9 +315,13 @@ TensorParallel::TensorParallel(Model& model, std::shared_ptr<dist::Group> group,
           }
           install_hook(*hooked, std::make_shared<GatherInputHook>(group_.get()));
           break;
-        case TpStyle::kColwise: shard(name, *layer, 0, "output features"); break;
+        case TpStyle::kColwise:
+          shard(name, *layer, 0, "output features");
+          float8_over_group(layer, std::nullopt, 0, 1);
+          break;
         case TpStyle::kRowwise:
           shard(name, *layer, 1, "input features");
+          float8_over_group(layer, 1, 1, std::nullopt);
           install_hook(*hooked, std::make_shared<RowwiseHook>(group_.get()));
           break;
         case TpStyle::kSequenceParallel:
@@ -308,6 +329,7 @@ TensorParallel::TensorParallel(Model& model, std::shared_ptr<dist::Group> group,
         case TpStyle::kOutput:
           vocab_start_ = r * (layer->weight.size(0) / t);
           shard(name, *layer, 0, "vocabulary rows");
+          float8_over_group(layer, std::nullopt, 0, 1);
           install_hook(*hooked, std::make_shared<OutputHook>(group_.get(), loss_parallel_));
           break;
       }

@@ -98,6 +98,37 @@ TEST(Float8Cast, RowwiseScalesArePerRowOrColumn) {
   EXPECT_EQ(max_abs(from_float8(z, at::kFloat)), 0.0);
 }
 
+// Under tensor parallelism an operand split along `split_dim` has its maximum taken over the
+// group when the maximum covers that dimension (the whole tensor, or along it), and only then.
+// The group here is a stand-in whose maximum is a fixed larger value from "another rank".
+TEST(Float8Cast, ShardedOperandsTakeTheGroupsMaximum) {
+  const at::Tensor x = at::tensor({1.0f, -2.0f, 0.5f, 4.0f}, at::kFloat).view({2, 2});
+  int calls = 0;
+  Float8TensorParallel tp;
+  tp.all_reduce_max = [&](const at::Tensor& amax) {
+    ++calls;
+    amax.clamp_min_(8.0);  // another rank holds a value of magnitude 8
+  };
+  const double fp8_max = float8_max(at::kFloat8_e4m3fn);
+  // One scale over a split tensor: reduced.
+  Float8Tensor t = to_float8(x, at::kFloat8_e4m3fn, std::nullopt, false, &tp, 1);
+  EXPECT_EQ(calls, 1);
+  EXPECT_FLOAT_EQ(t.scale.item<float>(), static_cast<float>(fp8_max / 8.0));
+  // Per row (maximum along dim 1) of a tensor split along dim 1: reduced.
+  t = to_float8(x, at::kFloat8_e4m3fn, 1, false, &tp, 1);
+  EXPECT_EQ(calls, 2);
+  EXPECT_TRUE(at::allclose(t.scale, at::full({2, 1}, fp8_max / 8.0, at::kFloat)));
+  // Per row of a tensor split along dim 0: each rank's rows are whole, nothing to reduce.
+  t = to_float8(x, at::kFloat8_e4m3fn, 1, false, &tp, 0);
+  EXPECT_EQ(calls, 2);
+  EXPECT_TRUE(
+      at::allclose(t.scale, at::tensor({fp8_max / 2.0, fp8_max / 4.0}, at::kFloat).view({2, 1})));
+  // Not split: never reduced.
+  t = to_float8(x, at::kFloat8_e4m3fn, std::nullopt, false, &tp, std::nullopt);
+  EXPECT_EQ(calls, 2);
+  EXPECT_FLOAT_EQ(t.scale.item<float>(), static_cast<float>(fp8_max / 4.0));
+}
+
 TEST(Float8Cast, SaturatesAtTheFormatsMax) {
   const at::Tensor x = at::tensor({1000.0f, -1e6f, 1.0f, INFINITY});
   const at::Tensor one = at::ones({}, at::kFloat);

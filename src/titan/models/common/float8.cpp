@@ -83,16 +83,30 @@ at::Tensor scaled_mm(const Float8Tensor& a, const Float8Tensor& b, at::ScalarTyp
 // a per-op activation checkpoint kept (then forward computes nothing), or an empty tensor
 // (autograd functions take defined tensors only).
 struct Float8LinearFunction : public torch::autograd::Function<Float8LinearFunction> {
+  // A copy of the options rides in the graph (callers may pass a temporary).
+  struct Saved : torch::CustomClassHolder {
+    explicit Saved(Float8LinearOptions o) : options(std::move(o)) {}
+    Float8LinearOptions options;
+  };
+
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
-                            const at::Tensor& kept, int64_t recipe, bool emulate) {
+                            const at::Tensor& kept, const Float8LinearOptions& given) {
     ctx->save_for_backward({x, weight});
-    ctx->saved_data["recipe"] = recipe;
-    ctx->saved_data["emulate"] = emulate;
+    auto saved = c10::make_intrusive<Saved>(given);
+    const Float8LinearOptions* options = &saved->options;
+    ctx->saved_data["options"] = c10::IValue::make_capsule(std::move(saved));
     if (kept.numel() > 0) return kept;
-    const RecipeCasts c = casts_of(static_cast<Float8Recipe>(recipe));
+    const RecipeCasts c = casts_of(options->recipe);
+    const bool emulate = options->emulate;
+    const Float8TensorParallel* tp = options->tp.get();
+    const auto split = [&](std::optional<int64_t> Float8TensorParallel::*dim) {
+      return tp != nullptr ? tp->*dim : std::nullopt;
+    };
     // (rows, in) @ (in, out): the input scaled per row, the weight per output feature.
-    const Float8Tensor x8 = to_float8(x, kE4M3, granularity(c.rowwise, 1), c.power_of_2);
-    const Float8Tensor w8 = to_float8(weight, kE4M3, granularity(c.rowwise, 1), c.power_of_2);
+    const Float8Tensor x8 = to_float8(x, kE4M3, granularity(c.rowwise, 1), c.power_of_2, tp,
+                                      split(&Float8TensorParallel::input_dim));
+    const Float8Tensor w8 = to_float8(weight, kE4M3, granularity(c.rowwise, 1), c.power_of_2, tp,
+                                      split(&Float8TensorParallel::weight_dim));
     return float8_mm(x8, w8.t(), x.scalar_type(), emulate, /*use_fast_accum=*/true);
   }
 
@@ -100,16 +114,26 @@ struct Float8LinearFunction : public torch::autograd::Function<Float8LinearFunct
     const auto saved = ctx->get_saved_variables();
     const at::Tensor& x = saved[0];       // (rows, in)
     const at::Tensor& weight = saved[1];  // (out, in)
-    const RecipeCasts c = casts_of(static_cast<Float8Recipe>(ctx->saved_data["recipe"].toInt()));
-    const bool emulate = ctx->saved_data["emulate"].toBool();
+    const c10::intrusive_ptr<torch::CustomClassHolder> capsule =
+        ctx->saved_data["options"].toCapsule();
+    const Float8LinearOptions* options = &static_cast<const Saved*>(capsule.get())->options;
+    const RecipeCasts c = casts_of(options->recipe);
+    const bool emulate = options->emulate;
+    const Float8TensorParallel* tp = options->tp.get();
+    const auto split = [&](std::optional<int64_t> Float8TensorParallel::*dim) {
+      return tp != nullptr ? tp->*dim : std::nullopt;
+    };
+    const auto x_split = split(&Float8TensorParallel::input_dim);
+    const auto w_split = split(&Float8TensorParallel::weight_dim);
+    const auto g_split = split(&Float8TensorParallel::grad_output_dim);
     const at::Tensor grad = grads[0].contiguous();  // (rows, out)
     at::Tensor grad_x, grad_weight;
     if (ctx->needs_input_grad(0)) {
       // (rows, out) @ (out, in): grad_output per row, the weight per input feature.
       const Float8Tensor g8 =
-          to_float8(grad, c.grad_dtype, granularity(c.rowwise, 1), c.power_of_2);
+          to_float8(grad, c.grad_dtype, granularity(c.rowwise, 1), c.power_of_2, tp, g_split);
       const Float8Tensor w8 =
-          to_float8(weight, kE4M3, granularity(c.weight_rowwise_gi, 0), c.power_of_2);
+          to_float8(weight, kE4M3, granularity(c.weight_rowwise_gi, 0), c.power_of_2, tp, w_split);
       grad_x = float8_mm(g8, w8, grad.scalar_type(), emulate, /*use_fast_accum=*/false);
     }
     if (ctx->needs_input_grad(1)) {
@@ -118,12 +142,13 @@ struct Float8LinearFunction : public torch::autograd::Function<Float8LinearFunct
       } else {
         // (out, rows) @ (rows, in): both scaled per feature over the rows.
         const Float8Tensor g8 =
-            to_float8(grad, c.grad_dtype, granularity(c.rowwise, 0), c.power_of_2);
-        const Float8Tensor x8 = to_float8(x, kE4M3, granularity(c.rowwise, 0), c.power_of_2);
+            to_float8(grad, c.grad_dtype, granularity(c.rowwise, 0), c.power_of_2, tp, g_split);
+        const Float8Tensor x8 =
+            to_float8(x, kE4M3, granularity(c.rowwise, 0), c.power_of_2, tp, x_split);
         grad_weight = float8_mm(g8.t(), x8, grad.scalar_type(), emulate, /*use_fast_accum=*/false);
       }
     }
-    return {grad_x, grad_weight, at::Tensor(), at::Tensor(), at::Tensor()};
+    return {grad_x, grad_weight, at::Tensor(), at::Tensor()};
   }
 };
 
@@ -164,12 +189,17 @@ at::Tensor float8_scale(const at::Tensor& amax, at::ScalarType float8_dtype, boo
 }
 
 Float8Tensor to_float8(const at::Tensor& x, at::ScalarType float8_dtype,
-                       std::optional<int64_t> reduce_dim, bool power_of_2) {
+                       std::optional<int64_t> reduce_dim, bool power_of_2,
+                       const Float8TensorParallel* tp, std::optional<int64_t> split_dim) {
   TITAN_CHECK(x.dim() == 2, "to_float8: expected a matrix, got shape ", x.sizes());
   at::NoGradGuard no_grad;
   const at::Tensor magnitude = x.abs();
-  const at::Tensor amax =
+  at::Tensor amax =
       reduce_dim ? at::amax(magnitude, {*reduce_dim}, /*keepdim=*/true) : magnitude.max();
+  if (tp != nullptr && split_dim && (!reduce_dim || *reduce_dim == *split_dim)) {
+    amax = amax.to(at::kFloat).contiguous();  // exact: a maximum of the operand's values
+    tp->all_reduce_max(amax);
+  }
   const at::Tensor scale = float8_scale(amax, float8_dtype, power_of_2);
   return {saturated_cast(x, scale, float8_dtype), scale};
 }
@@ -205,9 +235,8 @@ at::Tensor float8_linear(const at::Tensor& x, const at::Tensor& weight,
   std::vector<int64_t> out_sizes = x.sizes().vec();
   out_sizes.back() = weight.size(0);
   const at::Tensor rows = x.reshape({-1, x.size(-1)});  // (rows, in)
-  const auto recipe = static_cast<int64_t>(options.recipe);
   const auto run = [&](const at::Tensor& kept) {
-    return Float8LinearFunction::apply(rows, weight, kept, recipe, options.emulate).view(out_sizes);
+    return Float8LinearFunction::apply(rows, weight, kept, options).view(out_sizes);
   };
   OpSaver* saver = current_op_saver();
   const at::Tensor none = at::empty({0}, x.options());

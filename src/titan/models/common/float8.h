@@ -18,6 +18,8 @@
 
 #include <ATen/ATen.h>
 
+#include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 
@@ -30,10 +32,22 @@ enum class Float8Recipe { kTensorwise, kRowwise, kRowwiseWithGwHp };
 Float8Recipe float8_recipe_from_name(const std::string& name);
 const char* float8_recipe_name(Float8Recipe recipe);
 
+// Under tensor parallelism a layer's GEMM operands may be shards of larger tensors, whose scales
+// torchao (on DTensors) takes over the whole tensor. Set by tensor parallelism: the dimension
+// along which each 2-d operand is split over the group (input (rows, in), weight (out, in),
+// grad_output (rows, out)), and the in-place max over the group. An amax taken over the whole
+// operand, or along its split dimension, is reduced before it becomes a scale; one taken along
+// the other dimension is already complete for the rows or columns this rank holds.
+struct Float8TensorParallel {
+  std::optional<int64_t> input_dim, weight_dim, grad_output_dim;
+  std::function<void(const at::Tensor&)> all_reduce_max;
+};
+
 // How a converted linear layer computes.
 struct Float8LinearOptions {
   Float8Recipe recipe = Float8Recipe::kTensorwise;
   bool emulate = false;  // dequantize and multiply in float32 instead of at::_scaled_mm
+  std::shared_ptr<const Float8TensorParallel> tp;  // null: operands are whole
 };
 
 // The largest finite value of a float8 dtype: 448 (e4m3fn), 57344 (e5m2).
@@ -58,9 +72,12 @@ struct Float8Tensor {
 };
 
 // `x` (rows, cols) cast to `float8_dtype`. reduce_dim: nullopt for one scale over the whole tensor,
-// 1 for one per row (the absolute maximum over dim 1), 0 for one per column.
+// 1 for one per row (the absolute maximum over dim 1), 0 for one per column. With `tp` and
+// x split along `split_dim` over its group, the maximum covers the whole tensor (see above).
 Float8Tensor to_float8(const at::Tensor& x, at::ScalarType float8_dtype,
-                       std::optional<int64_t> reduce_dim, bool power_of_2);
+                       std::optional<int64_t> reduce_dim, bool power_of_2,
+                       const Float8TensorParallel* tp = nullptr,
+                       std::optional<int64_t> split_dim = std::nullopt);
 // data / scale in `dtype`.
 at::Tensor from_float8(const Float8Tensor& x, at::ScalarType dtype);
 
