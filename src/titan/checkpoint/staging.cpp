@@ -4,6 +4,8 @@
 
 #include "titan/common/device.h"
 
+#include <ATen/core/grad_mode.h>
+
 #include <algorithm>
 
 namespace titan::ckpt {
