@@ -22,10 +22,12 @@ MemoryOptions training_memory_options(const JobConfig& config, int64_t param_sha
 }
 
 double training_device_memory(const JobConfig& config, const LaunchEnv& env) {
-  if (config.training.device == "cpu") return 0;
-  const int64_t devices = cuda_device_count();
-  if (devices == 0 || env.local_rank >= devices || env.local_world_size > devices) return 0;
-  return static_cast<double>(device_info(at::Device(at::kCUDA, env.local_rank)).total_memory);
+  // The trainer's own rule (resolve_device): a setting it would refuse is refused here, the same
+  // way.
+  const at::Device device =
+      resolve_device(config.training.device, env.local_rank, env.local_world_size,
+                     config.training.device == "cpu" ? 0 : cuda_device_count());
+  return device.is_cuda() ? static_cast<double>(device_info(device).total_memory) : 0;
 }
 
 void check_training_memory(const JobConfig& config, const LaunchEnv& env, double available_bytes,

@@ -18,8 +18,8 @@ namespace titan {
 void check_training_memory(const JobConfig& config, const LaunchEnv& env, double available_bytes,
                            double device_bytes = 0);
 
-// The memory of the CUDA device this rank will train on (training.device and LOCAL_RANK), or 0
-// when it trains on the CPU. Selects nothing; a bad training.device is the trainer's error.
+// The memory of the CUDA device this rank will train on (training.device and LOCAL_RANK, by
+// resolve_device, whose ConfigError it throws), or 0 when it trains on the CPU. Selects nothing.
 double training_device_memory(const JobConfig& config, const LaunchEnv& env);
 
 // The estimate's settings from the job: activation checkpointing, training.dtype, and the
