@@ -31,7 +31,9 @@ void print_usage() {
       "  generate  continue a prompt with a checkpoint or HF model, KV-cached (`titan generate "
       "--help`)\n"
       "  run       launch N ranks of a command: `titan run --nproc_per_node N -- train ...` "
-      "(`titan run --help`)\n");
+      "(`titan run --help`)\n"
+      "  pipeline-schedule  print a pipeline schedule's per-rank actions and bubble "
+      "(`titan pipeline-schedule --help`)\n");
 }
 
 int run_command(const std::string& command, const std::vector<std::string>& args) {
@@ -41,6 +43,7 @@ int run_command(const std::string& command, const std::vector<std::string>& args
   if (command == "generate") return titan::run_generate(args);
   if (command == "run") return titan::run_launch(args);
   if (command == "selftest") return titan::run_selftest(args);
+  if (command == "pipeline-schedule") return titan::run_pipeline_schedule(args);
   if (titan::maybe_print_help(command, args)) return 0;
   if (command == "train") return titan::run_train(args);
   if (command == "inspect") return titan::run_inspect(args);

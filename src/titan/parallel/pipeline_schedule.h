@@ -1,0 +1,168 @@
+// Pipeline schedules as data, with PyTorch's semantics (torch.distributed.pipelining.schedules):
+// a schedule is a table of actions per pp rank — forward (F), full backward (B), backward for
+// inputs (I) and for weights (W) of the zero-bubble schedules, sends and receives — generated for
+// GPipe, 1F1B, Interleaved1F1B, LoopedBFS, InterleavedZeroBubble, ZBVZeroBubble and DualPipeV,
+// or loaded from a CSV in PyTorch's text format ("2F0" = stage 2, forward, microbatch 0; one row
+// per rank; empty cells are idle steps). One runtime runs any table; this file holds the pure,
+// communication-free half: names, stage placement, the generators, each schedule's requirements
+// on the microbatch count (errors show the arithmetic), the send/recv lowering pass, the table
+// printer of PyTorch's _format_pipeline_order, and a simulator that runs a table under its data
+// dependencies to find deadlocks and the bubble (idle) fraction under a cost model.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace titan::pp {
+
+// PyTorch's _ComputationType, spelled as in its CSV: F, B, I, W, SEND_F, RECV_F, SEND_B, RECV_B;
+// UNSHARD, RESHARD and REDUCE_GRAD (FSDP bookkeeping in PyTorch's dumped tables, no microbatch)
+// and OVERLAP_F_B (DualPipeV's forward of one stage overlapped with the backward of another).
+enum class ActionKind {
+  kForward,
+  kFullBackward,
+  kBackwardInput,
+  kBackwardWeight,
+  kSendForward,
+  kRecvForward,
+  kSendBackward,
+  kRecvBackward,
+  kUnshard,
+  kReshard,
+  kReduceGrad,
+  kOverlapForwardBackward,
+};
+
+// The CSV spelling of a kind ("F", "SEND_F", "OVERLAP_F_B", ...).
+const char* action_kind_name(ActionKind kind);
+bool is_compute(ActionKind kind);  // F, B, I, W, OVERLAP_F_B
+bool is_comm(ActionKind kind);     // SEND_* / RECV_*
+
+struct Action {
+  int64_t stage = 0;  // -1 for OVERLAP_F_B, whose stages are in sub_actions
+  ActionKind kind = ActionKind::kForward;
+  int64_t microbatch = -1;          // -1: none (UNSHARD, RESHARD, REDUCE_GRAD, OVERLAP_F_B)
+  std::vector<Action> sub_actions;  // OVERLAP_F_B only: (forward, backward)
+
+  // PyTorch's text: "2F0", "1SEND_B3", "0UNSHARD", "(0F1;3B0)OVERLAP_F_B".
+  std::string str() const;
+  bool operator==(const Action& other) const = default;
+};
+
+// A cell of a table: an action, or nullopt for an idle step.
+using Slot = std::optional<Action>;
+// table[rank][step]; ranks may have different lengths.
+using ScheduleTable = std::vector<std::vector<Slot>>;
+
+// Parses PyTorch's action text ("2F0"); an empty or all-blank string is an idle step. Throws
+// std::invalid_argument with the reason on anything else.
+Slot parse_action(const std::string& text);
+
+enum class ScheduleKind {
+  kGPipe,
+  k1F1B,
+  kInterleaved1F1B,
+  kLoopedBFS,
+  kInterleavedZeroBubble,
+  kZBVZeroBubble,
+  kDualPipeV,
+};
+
+// The schedule named `name`, case-insensitively as PyTorch's get_schedule_class. Throws
+// ConfigError naming `key` and the nearest valid name otherwise.
+ScheduleKind parse_schedule_kind(const std::string& name,
+                                 const std::string& key = "parallelism.pipeline_parallel_schedule");
+const char* schedule_name(ScheduleKind kind);  // "GPipe", "1F1B", ...
+std::vector<std::string> schedule_names();     // every valid name, PyTorch's spelling
+// GPipe and 1F1B run one stage per rank (PyTorch's PipelineScheduleSingle); the others any number
+// (ZBVZeroBubble and DualPipeV exactly two).
+bool is_single_stage(ScheduleKind kind);
+
+// Which rank holds which stage. Loop: stage s on rank s % pp (rank r holds r, r + pp, ...).
+// V (ZBVZeroBubble, DualPipeV): stages zig-zag down and back up, so with two stages per rank rank
+// r holds r and 2 * pp - 1 - r, and the first and last stages share rank 0.
+enum class StagePlacement { kLoop, kV };
+StagePlacement placement_of(ScheduleKind kind);
+const char* placement_name(StagePlacement placement);  // "loop" / "v"
+// stage -> rank for pp * stages_per_rank stages.
+std::vector<int64_t> stage_to_rank(int64_t pp, int64_t stages_per_rank, StagePlacement placement);
+// The stages rank `rank` holds, ascending.
+std::vector<int64_t> rank_stages(int64_t rank, int64_t pp, int64_t stages_per_rank,
+                                 StagePlacement placement);
+
+struct ScheduleShape {
+  int64_t pp = 1;               // pipeline ranks
+  int64_t stages_per_rank = 1;  // virtual stages per rank
+  int64_t n_microbatches = 1;
+  int64_t n_stages() const { return pp * stages_per_rank; }
+};
+
+// Throws ConfigError, with the arithmetic, when `kind` cannot run `shape`: GPipe / 1F1B need one
+// stage per rank, 1F1B at least as many microbatches as stages, Interleaved1F1B and
+// InterleavedZeroBubble a microbatch count that is a multiple of its rounds
+// (max(1, n_microbatches / pp)), ZBVZeroBubble and DualPipeV two stages per rank, DualPipeV at
+// least as many microbatches as stages.
+void check_schedule_requirements(ScheduleKind kind, const ScheduleShape& shape);
+
+// The compute-only table of `kind` (F, B, I, W, OVERLAP_F_B and the idle steps PyTorch's
+// generators insert to align ranks), equal to PyTorch's pipeline_order for the same arguments,
+// except 1F1B's last rank, which PyTorch labels from microbatch 1 (see the .cpp); ours is the
+// order Schedule1F1B executes. Checks the requirements first.
+ScheduleTable generate_schedule(ScheduleKind kind, const ScheduleShape& shape);
+
+// PyTorch's _add_send_recv: lowers a compute-only table (idle steps dropped) to one with SEND_F /
+// RECV_F / SEND_B / RECV_B where neighbouring stages sit on different ranks; each send follows its
+// compute, the matching receive is placed on the peer when the sender is scheduled. `stage_rank`
+// maps stage -> rank. Throws ConfigError when the table cannot be lowered (a cycle).
+ScheduleTable add_send_recv(const ScheduleTable& compute, const std::vector<int64_t>& stage_rank);
+
+// PyTorch's _format_pipeline_order: steps as rows, ranks as columns, "Step 07:" labels, columns
+// padded to their widest cell; `error_step` appends " <-- ERROR HERE" to that row.
+std::string format_schedule_table(const ScheduleTable& table,
+                                  std::optional<int64_t> error_step = std::nullopt);
+
+// PyTorch's _dump_csv text (Python's csv.writer): one row per rank, cells "2F0" or empty for idle
+// steps, "\r\n" line ends.
+std::string dump_schedule_csv(const ScheduleTable& table);
+// Reads such a text (quoted cells, "\n" or "\r\n"); `origin` names the file in errors. Throws
+// ConfigError naming row (rank + 1) and column of a bad cell.
+ScheduleTable parse_schedule_csv(const std::string& text, const std::string& origin);
+// parse_schedule_csv of a file; ConfigError when it cannot be read.
+ScheduleTable load_schedule_csv(const std::string& path);
+
+// PyTorch's _validate_schedule, stricter: `pp` ranks; each stage on one rank only; per stage
+// every microbatch forwarded once, backward once (B, or I and W), F before its B / I, I before its
+// W. Returns stage -> rank. Throws ConfigError naming rank and step.
+std::vector<int64_t> validate_schedule_table(const ScheduleTable& table, int64_t pp,
+                                             int64_t n_stages, int64_t n_microbatches);
+
+// Time units per action in the simulator.
+struct ActionCosts {
+  double forward = 1;
+  double full_backward = 2;
+  double backward_input = 1;
+  double backward_weight = 1;
+  double comm = 0;  // latency from a send (or a cross-rank producer) to its consumer
+};
+
+struct SimulationResult {
+  double makespan = 0;       // when the last rank finishes
+  std::vector<double> busy;  // per rank: time computing
+  std::vector<double> idle;  // per rank: makespan - busy
+  int64_t n_actions = 0;     // actions run (idle steps not counted)
+  // Idle share of all ranks' time: sum(idle) / (ranks * makespan); (p - 1) / (m + p - 1) for
+  // GPipe and 1F1B when a backward costs twice a forward.
+  double bubble_fraction() const;
+};
+
+// Runs every rank's actions in table order (idle steps skipped, as PyTorch's runtime does), each
+// starting when its rank is free and its inputs exist: F(s, m) after F(s-1, m); B / I(s, m) after
+// F(s, m) and B / I(s+1, m); W(s, m) after I(s, m). In a table with sends and receives a compute
+// fed from another rank waits for its posted RECV, which completes `comm` after the peer's SEND;
+// receives are posted without blocking, as PyTorch's runtime does. Throws ConfigError on a
+// deadlock, naming each stuck rank's action and what it waits for, with the table.
+SimulationResult simulate_schedule(const ScheduleTable& table, const ActionCosts& costs = {});
+
+}  // namespace titan::pp
