@@ -495,11 +495,11 @@ struct Float8LinearSection {
   template <class V>
   void visit(V& v) {
     v("enable_fsdp_float8_all_gather", enable_fsdp_float8_all_gather,
-      "All-gather FSDP parameters in float8 (not built: true is refused while the float8 "
-      "converter is on; FSDP gathers in mixed_precision_param and the matmuls cast to float8)");
+      "FSDP all-gathers the weights of float8 layers in float8, cast on each shard with one "
+      "scale per weight (tensorwise recipe only; no effect without FSDP sharding)");
     v("precompute_float8_dynamic_scale_for_fsdp", precompute_float8_dynamic_scale_for_fsdp,
-      "Precompute float8 weight scales for the float8 all-gather (not built: true is refused "
-      "while the float8 converter is on)");
+      "Compute the float8 all-gather's scales for all weights with one all-reduce at the start "
+      "of each forward (needs enable_fsdp_float8_all_gather)");
     v("recipe_name", recipe_name,
       "Float8 recipe: tensorwise (unset), rowwise (power-of-2 scales), rowwise_with_gw_hp");
     v("filter_fqns", filter_fqns,

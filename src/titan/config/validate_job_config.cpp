@@ -305,19 +305,23 @@ void validate_model_converters(const JobConfig& c) {
   }
   if (!float8) return;
   const Float8LinearSection& f8 = c.quantize.linear.float8;
-  const std::pair<const char*, bool> fsdp_keys[] = {
-      {"quantize.linear.float8.enable_fsdp_float8_all_gather", f8.enable_fsdp_float8_all_gather},
-      {"quantize.linear.float8.precompute_float8_dynamic_scale_for_fsdp",
-       f8.precompute_float8_dynamic_scale_for_fsdp},
-  };
-  for (const auto& [key, on] : fsdp_keys) {
-    if (on) {
-      fail(std::string("config key '") + key +
-           "' = true is not supported yet: float8 linear layers compute in float8, but FSDP "
-           "all-gathers their weights in training.mixed_precision_param, not in float8 (the "
-           "float8 all-gather is not built). HINT: set it to false (the matmuls still run in "
-           "float8)");
-    }
+  // The float8 all-gather casts each weight with one scale (torchao supports it for the
+  // tensorwise recipe only, and TorchTitan refuses the other recipes with it).
+  const bool tensorwise = f8.recipe_name.empty() || f8.recipe_name == "tensorwise";
+  if (f8.enable_fsdp_float8_all_gather && !tensorwise) {
+    fail(
+        "quantize.linear.float8.enable_fsdp_float8_all_gather = true needs the tensorwise "
+        "recipe, but recipe_name = '" +
+        f8.recipe_name +
+        "': the float8 all-gather casts each weight with one scale. HINT: set "
+        "enable_fsdp_float8_all_gather = false (the matmuls still run in float8), or "
+        "recipe_name = \"tensorwise\"");
+  }
+  if (f8.precompute_float8_dynamic_scale_for_fsdp && !f8.enable_fsdp_float8_all_gather) {
+    fail(
+        "quantize.linear.float8.precompute_float8_dynamic_scale_for_fsdp = true precomputes the "
+        "scales of the float8 all-gather, which is off (enable_fsdp_float8_all_gather = false). "
+        "HINT: set enable_fsdp_float8_all_gather = true as well, or precompute to false");
   }
 }
 

@@ -11,6 +11,15 @@
 // The all-gather output is rank-major (N x shard_numel); copying it into `unsharded` reorders it
 // to parameter-major. The reduce-scatter input is built the other way round.
 //
+// With the float8 all-gather, a unit's float8 weights leave the param-dtype gather (whose input
+// is then the other parameters' chunks, packed) and travel in a second all-gather of bytes:
+//   scales8    float32 (one per float8 weight): fp8_max / max |weight| over every shard (and
+//              the TP group), computed at the unit's first gather of a forward (or, precomputed,
+//              for every unit at the forward's start) and kept for its backward's re-gather;
+//   unsharded8 uint8 (N * float8 chunk bytes), parameter-major like `unsharded`, freed with it.
+// The gathered float8 weight is handed to its Linear; its region of `unsharded` receives the
+// dequantized values (what the layer computes with) and carries the gradient.
+//
 // On CUDA (NCCL) the collectives run on two side streams (device_streams.h), as FSDP2 does:
 //   gather stream   after the compute stream's queued work: cast the shard to the param dtype,
 //                   all-gather, copy out into `unsharded`; the compute stream waits for it only
@@ -83,6 +92,12 @@ struct DataParallel::Impl {
     int64_t chunk = 0;                  // rows per rank, ceil(rows / N)
     int64_t local_rows = 0;             // rows this rank holds
     int64_t offset = 0;                 // element offset of its chunk in the unit's shard
+    int64_t unsharded_offset = 0;       // element offset of the gathered parameter in `unsharded`
+    int64_t gather_offset = 0;          // of its chunk in the param-dtype gather (not float8)
+    Linear* float8_layer = nullptr;     // gathered in float8 for this layer (float8 all-gather)
+    int64_t offset8 = 0;                // byte offset of its float8 chunk in the unit's gather
+    int64_t unsharded8_offset = 0;      // of the gathered float8 parameter in `unsharded8`
+    int64_t scale_index = 0;            // in the unit's scales8
   };
   enum class State { kSharded, kGathering, kGathered };
   struct Unit {
@@ -101,6 +116,14 @@ struct DataParallel::Impl {
     std::shared_ptr<c10::Event> gathered;  // CUDA: the gather stream's work for this unit
     int64_t uses = 0;                      // runs in the current forward
     std::vector<at::Tensor> installed;     // what the slots hold, from this unit's last install
+    // Float8 all-gather (see the top of this file): elements per rank gathered in the param
+    // dtype, bytes per rank gathered in float8, and the float8 parameters.
+    int64_t hp_numel = 0, f8_numel = 0;
+    std::vector<int64_t> f8_params;
+    at::Tensor unsharded8, scales8;
+    bool scales_ready = false;  // scales8 holds this forward's scales
+    at::Tensor gather8_in, gather8_out;
+    dist::Work gather8_work;
   };
   struct Pending {
     int64_t unit;
@@ -139,20 +162,111 @@ struct DataParallel::Impl {
   // Tensors of the unit's unsharded parameters (sharing `unsharded`'s storage, own TensorImpl).
   std::vector<at::Tensor> param_tensors(const Unit& u) {
     std::vector<at::Tensor> out;
-    int64_t offset = 0;
     for (int64_t pi : u.params) {
       const Param& p = params[pi];
-      at::Tensor t = at::empty({0}, u.unsharded.options());
-      const std::vector<int64_t>& shape = p.global_shape;
-      std::vector<int64_t> strides(shape.size(), 1);
-      for (int64_t i = static_cast<int64_t>(shape.size()) - 2; i >= 0; --i) {
-        strides[i] = strides[i + 1] * shape[i + 1];
-      }
-      t.set_(u.unsharded.storage(), u.unsharded.storage_offset() + offset, shape, strides);
-      out.push_back(t);
-      offset += N * p.chunk * p.rest;
+      out.push_back(alias(u.unsharded, p.unsharded_offset, p.global_shape));
     }
     return out;
+  }
+
+  // Hands each float8-gathered weight of the unit to its layer: the data aliases `unsharded8`,
+  // the scale `scales8` (own TensorImpls, so re-gathering in place revives what autograd saved).
+  void install_float8(const Unit& u) {
+    for (int64_t pi : u.f8_params) {
+      const Param& p = params[pi];
+      p.float8_layer->float8_weight = Float8Tensor{
+          alias(u.unsharded8, p.unsharded8_offset, p.global_shape).view(at::kFloat8_e4m3fn),
+          alias(u.scales8, p.scale_index, {})};
+    }
+  }
+
+  // A contiguous tensor of `shape` over `base`'s storage from element `offset` of `base`.
+  static at::Tensor alias(const at::Tensor& base, int64_t offset,
+                          const std::vector<int64_t>& shape) {
+    at::Tensor t = at::empty({0}, base.options());
+    std::vector<int64_t> strides(shape.size(), 1);
+    for (int64_t i = static_cast<int64_t>(shape.size()) - 2; i >= 0; --i) {
+      strides[i] = strides[i + 1] * shape[i + 1];
+    }
+    t.set_(base.storage(), base.storage_offset() + offset, shape, strides);
+    return t;
+  }
+
+  // The tensorwise scales of the float8-gathered weights of `which` units, from max |weight|
+  // over the shard group and, for weights split by tensor parallelism, over the TP group: one
+  // all-reduce per group for all of them (precomputed: every unit at once).
+  void compute_scales(const std::vector<int64_t>& which) {
+    at::NoGradGuard no_grad;
+    std::vector<at::Tensor> amax;
+    std::vector<int64_t> tp_split;  // positions in `amax` of TP-split weights
+    const Float8TensorParallel* tp = nullptr;
+    for (int64_t ui : which) {
+      const Unit& u = units[ui];
+      for (int64_t pi : u.f8_params) {
+        const Param& p = params[pi];
+        const at::Tensor local = u.shard.narrow(0, p.offset, p.local_rows * p.rest);
+        amax.push_back(local.numel() > 0 ? local.abs().max() : at::zeros({}, local.options()));
+        const Float8TensorParallel* layer_tp = p.float8_layer->float8->tp.get();
+        if (layer_tp != nullptr && layer_tp->weight_dim) {
+          tp = layer_tp;
+          tp_split.push_back(static_cast<int64_t>(amax.size()) - 1);
+        }
+      }
+    }
+    if (amax.empty()) return;
+    at::Tensor all = at::stack(amax);
+    dist::Work work = options.shard_group->all_reduce(all, dist::ReduceOp::kMax);
+    if (gather_stream->active()) {
+      work.wait();  // NCCL: a stream wait
+    } else {
+      timed_wait(work);
+    }
+    if (!tp_split.empty()) {
+      const at::Tensor index = at::tensor(tp_split, at::kLong).to(all.device());
+      at::Tensor split = all.index_select(0, index).contiguous();
+      tp->all_reduce_max(split);  // the same TP group for every layer of the model
+      all.index_copy_(0, index, split);
+    }
+    const at::Tensor scales = float8_scale(all, at::kFloat8_e4m3fn, /*power_of_2=*/false);
+    int64_t k = 0;
+    for (int64_t ui : which) {
+      Unit& u = units[ui];
+      const int64_t n = static_cast<int64_t>(u.f8_params.size());
+      u.scales8.copy_(scales.narrow(0, k, n));
+      k += n;
+      u.scales_ready = true;
+    }
+  }
+
+  // The param-dtype all-gather's input: the whole shard, or without float8 weights the other
+  // parameters' chunks packed.
+  at::Tensor hp_gather_input(const Unit& u) const {
+    if (u.f8_params.empty()) {
+      return options.param_dtype == at::kFloat ? u.shard : u.shard.to(options.param_dtype);
+    }
+    at::Tensor in = at::empty({u.hp_numel}, on_device(options.param_dtype));
+    for (int64_t pi : u.params) {
+      const Param& p = params[pi];
+      if (p.float8_layer != nullptr) continue;
+      const int64_t n = p.chunk * p.rest;
+      in.narrow(0, p.gather_offset, n).copy_(u.shard.narrow(0, p.offset, n));
+    }
+    return in;
+  }
+
+  // The float8 all-gather's input: each float8 weight's chunk cast with its scale, as bytes
+  // (padding rows are zero bytes, +0.0 in float8).
+  at::Tensor float8_gather_input(const Unit& u) const {
+    at::Tensor in = at::zeros({u.f8_numel}, on_device(at::kByte));
+    for (int64_t pi : u.f8_params) {
+      const Param& p = params[pi];
+      const int64_t n = p.local_rows * p.rest;
+      if (n == 0) continue;
+      const at::Tensor cast = saturated_cast(u.shard.narrow(0, p.offset, n),
+                                             u.scales8[p.scale_index], at::kFloat8_e4m3fn);
+      in.narrow(0, p.offset8, n).copy_(cast.view(at::kByte));
+    }
+    return in;
   }
 
   void gather_start(int64_t ui) {
@@ -160,6 +274,7 @@ struct DataParallel::Impl {
     if (u.state != State::kSharded) return;
     if (!u.allocated) {
       allocate_storage(u.unsharded);
+      if (u.f8_numel > 0) allocate_storage(u.unsharded8);
       u.allocated = true;
     }
     if (aliased()) {
@@ -173,16 +288,25 @@ struct DataParallel::Impl {
       return;
     }
     const auto issue = [&] {
-      u.gather_in = options.param_dtype == at::kFloat ? u.shard : u.shard.to(options.param_dtype);
-      u.gather_out = at::empty({N * u.shard_numel}, u.unsharded.options());
-      u.gather_work = options.shard_group->all_gather_into_tensor(u.gather_out, u.gather_in);
+      if (u.hp_numel > 0) {
+        u.gather_in = hp_gather_input(u);
+        u.gather_out = at::empty({N * u.hp_numel}, u.unsharded.options());
+        u.gather_work = options.shard_group->all_gather_into_tensor(u.gather_out, u.gather_in);
+      }
+      if (u.f8_numel > 0) {
+        if (!u.scales_ready) compute_scales({ui});
+        u.gather8_in = float8_gather_input(u);
+        u.gather8_out = at::empty({N * u.f8_numel}, on_device(at::kByte));
+        u.gather8_work = options.shard_group->all_gather_into_tensor(u.gather8_out, u.gather8_in);
+      }
     };
     if (gather_stream->active()) {
       // The whole gather, copy-out included, queued on the gather stream; the gather stream
-      // waits for the NCCL op (NCCL's wait() is a stream wait), the host does not.
+      // waits for the NCCL ops (NCCL's wait() is a stream wait), the host does not.
       u.gathered = gather_stream->run([&] {
         issue();
         u.gather_work.wait();
+        u.gather8_work.wait();
         copy_out(u);
       });
     } else {
@@ -191,18 +315,27 @@ struct DataParallel::Impl {
     u.state = State::kGathering;
   }
 
-  // The rank-major gathered rows into `unsharded`, parameter by parameter.
+  // The rank-major gathered rows into `unsharded` (and `unsharded8`), parameter by parameter.
   void copy_out(Unit& u) {
-    const at::Tensor by_rank = u.gather_out.view({N, u.shard_numel});
-    int64_t offset = 0;
     for (int64_t pi : u.params) {
       const Param& p = params[pi];
       const int64_t n = p.chunk * p.rest;
-      u.unsharded.narrow(0, offset, N * n).view({N, n}).copy_(by_rank.narrow(1, p.offset, n));
-      offset += N * n;
+      at::Tensor into = u.unsharded.narrow(0, p.unsharded_offset, N * n);
+      if (p.float8_layer == nullptr) {
+        const at::Tensor by_rank = u.gather_out.view({N, u.hp_numel});
+        into.view({N, n}).copy_(by_rank.narrow(1, p.gather_offset, n));
+        continue;
+      }
+      const at::Tensor by_rank8 = u.gather8_out.view({N, u.f8_numel});
+      const at::Tensor into8 = u.unsharded8.narrow(0, p.unsharded8_offset, N * n);
+      into8.view({N, n}).copy_(by_rank8.narrow(1, p.offset8, n));
+      into.copy_(from_float8({into8.view(at::kFloat8_e4m3fn), u.scales8[p.scale_index]},
+                             into.scalar_type()));
     }
     u.gather_in = at::Tensor();
     u.gather_out = at::Tensor();
+    u.gather8_in = at::Tensor();
+    u.gather8_out = at::Tensor();
   }
 
   void gather_finish(int64_t ui) {
@@ -215,6 +348,7 @@ struct DataParallel::Impl {
       u.gathered.reset();
     } else {
       timed_wait(u.gather_work);
+      timed_wait(u.gather8_work);
       at::NoGradGuard no_grad;
       copy_out(u);
     }
@@ -225,6 +359,7 @@ struct DataParallel::Impl {
     Unit& u = units[ui];
     if (!sharded() || u.state != State::kGathered) return;
     free_storage(u.unsharded);
+    if (u.f8_numel > 0) free_storage(u.unsharded8);
     u.allocated = false;
     u.state = State::kSharded;
   }
@@ -404,6 +539,17 @@ DataParallel::DataParallel(Model& model, DataParallelOptions options)
     d.params.push_back(p);
   }
 
+  // The float8 all-gather's weights: those of the float8 Linear layers, once sharded.
+  if (o.float8_all_gather && d.N > 1) {
+    for (const auto& [name, linear] : float8_linears(model)) {
+      TITAN_CHECK(linear->float8->recipe == Float8Recipe::kTensorwise,
+                  "the float8 all-gather (quantize.linear.float8.enable_fsdp_float8_all_gather) "
+                  "needs the tensorwise recipe; layer ",
+                  name, " uses ", float8_recipe_name(linear->float8->recipe));
+      d.params[index_of.at(name)].float8_layer = linear;
+    }
+  }
+
   // Units, as the model declares them; every parameter in exactly one.
   const std::vector<ModelUnit> declared = model.units();
   std::set<std::string> seen;
@@ -418,8 +564,20 @@ DataParallel::DataParallel(Model& model, DataParallelOptions options)
                   name);
       TITAN_CHECK(seen.insert(name).second, "parameter ", name, " is in two model units");
       Impl::Param& p = d.params[it->second];
+      const int64_t n = p.chunk * p.rest;
       p.offset = u.shard_numel;
-      u.shard_numel += p.chunk * p.rest;
+      p.unsharded_offset = d.N * u.shard_numel;
+      u.shard_numel += n;
+      if (p.float8_layer != nullptr) {
+        p.offset8 = u.f8_numel;
+        p.unsharded8_offset = d.N * u.f8_numel;
+        p.scale_index = static_cast<int64_t>(u.f8_params.size());
+        u.f8_numel += n;
+        u.f8_params.push_back(it->second);
+      } else {
+        p.gather_offset = u.hp_numel;
+        u.hp_numel += n;
+      }
       u.params.push_back(it->second);
     }
     const bool last = ui + 1 == declared.size();
@@ -452,8 +610,13 @@ DataParallel::DataParallel(Model& model, DataParallelOptions options)
       u.unsharded = u.shard;
     } else {
       u.unsharded = at::empty({d.N * u.shard_numel}, d.on_device(o.param_dtype));
+      if (u.f8_numel > 0) {
+        u.unsharded8 = at::empty({d.N * u.f8_numel}, d.on_device(at::kByte));
+        u.scales8 = at::ones({static_cast<int64_t>(u.f8_params.size())}, d.on_device(at::kFloat));
+      }
       if (d.sharded()) {
         free_storage(u.unsharded);
+        if (u.f8_numel > 0) free_storage(u.unsharded8);
         u.allocated = false;
       }
     }
@@ -485,7 +648,12 @@ DataParallel::DataParallel(Model& model, DataParallelOptions options)
   model.add_unit_runner(this);
 }
 
-DataParallel::~DataParallel() { model_.remove_unit_runner(this); }
+DataParallel::~DataParallel() {
+  for (const auto& p : impl_->params) {
+    if (p.float8_layer != nullptr) p.float8_layer->float8_weight.reset();
+  }
+  model_.remove_unit_runner(this);
+}
 
 double DataParallel::comm_wait_seconds() const { return impl_->clock->seconds(); }
 
@@ -496,7 +664,14 @@ at::Tensor DataParallel::run(int64_t index, const at::Tensor& input, const UnitF
   const int64_t pos = d.forward_pos;
   d.forward_pos = (d.forward_pos + 1) % d.runs_per_forward;
   if (pos == 0) {
-    for (auto& u : d.units) u.uses = 0;
+    // A new forward: the weights may have changed since the float8 scales were taken.
+    std::vector<int64_t> with_float8;
+    for (int64_t ui = 0; ui < static_cast<int64_t>(d.units.size()); ++ui) {
+      d.units[ui].uses = 0;
+      d.units[ui].scales_ready = false;
+      if (d.units[ui].f8_numel > 0) with_float8.push_back(ui);
+    }
+    if (d.options.float8_precompute_scales && !with_float8.empty()) d.compute_scales(with_float8);
   }
   Impl::Unit& u = d.units[index];
   d.gather_finish(index);
@@ -508,6 +683,7 @@ at::Tensor DataParallel::run(int64_t index, const at::Tensor& input, const UnitF
   if (u.uses == 0) {
     u.installed = grad ? GatherParams::apply(d.anchor, &d, index) : d.param_tensors(u);
     for (size_t k = 0; k < u.params.size(); ++k) *d.params[u.params[k]].slot = u.installed[k];
+    d.install_float8(u);
   }
   ++u.uses;
   at::Tensor out = next(input);
@@ -598,7 +774,7 @@ DataParallelMemory DataParallel::memory() const {
   for (const auto& u : d.units) {
     m.shard_param_bytes += u.shard_numel * 4;
     m.max_unit_unsharded_bytes =
-        std::max(m.max_unit_unsharded_bytes, d.N * u.shard_numel * param_bytes);
+        std::max(m.max_unit_unsharded_bytes, d.N * (u.shard_numel * param_bytes + u.f8_numel));
   }
   for (const auto& p : d.params) m.total_param_bytes += p.rows * p.rest * 4;
   return m;
@@ -618,7 +794,14 @@ std::string DataParallel::describe() const {
   s += " (" + std::to_string(d.units.size()) + " units";
   if (d.N > 1) s += ", reshard_after_forward " + d.options.reshard_after_forward;
   s += std::string(", param ") + dtype_short(d.options.param_dtype) + ", reduce " +
-       dtype_short(d.options.reduce_dtype) + ")";
+       dtype_short(d.options.reduce_dtype);
+  int64_t float8_weights = 0;
+  for (const auto& u : d.units) float8_weights += static_cast<int64_t>(u.f8_params.size());
+  if (float8_weights > 0) {
+    s += ", float8 all-gather of " + std::to_string(float8_weights) + " weights" +
+         (d.options.float8_precompute_scales ? " with precomputed scales" : "");
+  }
+  s += ")";
   return s;
 }
 

@@ -27,6 +27,9 @@
 //     loss over the global batch. Gradient accumulation adds each micro-batch's reduced shard.
 //   - DDP (shard group of 1, replicate group > 1): the same units act as gradient buckets; each is
 //     all-reduced asynchronously as soon as its backward is done. Parameters stay whole.
+//   - float8 all-gather (options.float8_all_gather): float8 Linear weights travel as float8
+//     bytes, cast on the shards with a scale over the whole weight (torchao's FSDP float8
+//     all-gather); the unsharded weight in the param dtype holds their dequantized values.
 #pragma once
 
 #include "titan/common/shard_box.h"
@@ -64,6 +67,14 @@ struct DataParallelOptions {
   // Where shards live when the model's parameters are on the meta device (shapes only): the
   // shards are then allocated but not filled; the caller initializes them (params()).
   at::Device device = at::kCPU;
+  // quantize.linear.float8.enable_fsdp_float8_all_gather: the weights of float8 Linear layers
+  // (tensorwise recipe) are cast to float8 on each rank's shard, with one scale per weight from
+  // the maximum over all its shards, and all-gathered as float8 bytes; the layer computes with
+  // the gathered float8 weight (Linear::float8_weight). Sharded units only (no effect without a
+  // shard group). precompute_float8_dynamic_scale_for_fsdp: the scales of every such weight are
+  // computed at the start of each forward with one all-reduce, instead of one per unit.
+  bool float8_all_gather = false;
+  bool float8_precompute_scales = false;
 };
 
 // This rank's part of one parameter.
@@ -78,7 +89,7 @@ struct ShardedParam {
 struct DataParallelMemory {
   int64_t total_param_bytes = 0;         // the whole model's parameters
   int64_t shard_param_bytes = 0;         // this rank's shards, including padding
-  int64_t max_unit_unsharded_bytes = 0;  // the largest unit when gathered, in the param dtype
+  int64_t max_unit_unsharded_bytes = 0;  // the largest unit when gathered (param dtype + float8)
   int64_t units = 0;
 };
 

@@ -3,6 +3,7 @@
 
 #include "titan/common/check.h"
 #include "titan/common/format.h"
+#include "titan/common/logging.h"
 #include "titan/components/loss.h"
 #include "titan/components/optimizer.h"
 #include "titan/models/common/linear.h"
@@ -48,19 +49,25 @@ void ParallelizedModel::apply_activation_checkpointing(const ActivationCheckpoin
   ac_ = titan::apply_activation_checkpointing(*model_, ac);  // joins the runner chain itself
 }
 
-void ParallelizedModel::apply_data_parallel(at::ScalarType param_dtype, at::ScalarType reduce_dtype,
-                                            const std::string& reshard_after_forward,
-                                            at::Device device) {
+void ParallelizedModel::apply_data_parallel(const ParallelizeOptions& options) {
   TITAN_CHECK(!dp_, "data parallelism is applied once");
+  if (options.fsdp_float8_all_gather && !dims_.dp_shard_enabled()) {
+    log_warning(
+        "quantize.linear.float8.enable_fsdp_float8_all_gather = true has no effect: parameters "
+        "are not sharded (dp_shard = 1), so no weight is all-gathered; the float8 matmuls cast "
+        "the weights themselves");
+  }
   if (!dims_.dp_enabled()) return;
   DataParallelOptions o;
   if (tp_) o.placements = tp_->placements();
   if (dims_.dp_shard_enabled()) o.shard_group = dims_.group_ptr("dp_shard");
   if (dims_.dp_replicate_enabled()) o.replicate_group = dims_.group_ptr("dp_replicate");
-  o.param_dtype = param_dtype;
-  o.reduce_dtype = reduce_dtype;
-  o.reshard_after_forward = reshard_after_forward;
-  o.device = device;
+  o.param_dtype = options.param_dtype;
+  o.reduce_dtype = options.reduce_dtype;
+  o.reshard_after_forward = options.fsdp_reshard_after_forward;
+  o.device = options.device;
+  o.float8_all_gather = options.fsdp_float8_all_gather;
+  o.float8_precompute_scales = options.fsdp_float8_precompute_scales;
   dp_ = std::make_unique<DataParallel>(*model_, o);
   refresh_params();
 }
@@ -235,8 +242,7 @@ std::unique_ptr<ParallelizedModel> parallelize_decoder(std::shared_ptr<Model> mo
   //    block's parameters gathered while the block's backward recomputes it.
   pm->apply_activation_checkpointing(options.activation_checkpoint);
   // 4. FSDP / HSDP / DDP last (the outermost runner).
-  pm->apply_data_parallel(options.param_dtype, options.reduce_dtype,
-                          options.fsdp_reshard_after_forward, options.device);
+  pm->apply_data_parallel(options);
   // 5. Storage for what is still on the meta device (a model built with ModelBuildOptions::meta).
   pm->materialize(options.device);
   return pm;

@@ -55,6 +55,10 @@ struct ParallelizeOptions {
   std::vector<std::pair<std::string, int64_t>> seq_lens;
   // Where the parameters of a model built on the meta device get their storage.
   at::Device device = at::kCPU;
+  // quantize.linear.float8.enable_fsdp_float8_all_gather / precompute_float8_dynamic_scale_for_fsdp
+  // with the float8 converter on (DataParallelOptions::float8_all_gather).
+  bool fsdp_float8_all_gather = false;
+  bool fsdp_float8_precompute_scales = false;
 };
 
 // A parameter as this rank trains it: the tensor the optimizer updates (the whole parameter,
@@ -83,8 +87,9 @@ class ParallelizedModel {
   void apply_tensor_parallel(bool loss_parallel,
                              const std::vector<std::pair<std::string, int64_t>>& seq_lens);
   void apply_activation_checkpointing(const ActivationCheckpointSection& ac);
-  void apply_data_parallel(at::ScalarType param_dtype, at::ScalarType reduce_dtype,
-                           const std::string& reshard_after_forward, at::Device device = at::kCPU);
+  // FSDP / HSDP / DDP from the options' param / reduce dtypes, reshard policy, device and float8
+  // all-gather settings.
+  void apply_data_parallel(const ParallelizeOptions& options);
   // Gives every parameter still on the meta device uninitialized storage on `device` (its
   // current, possibly TP-sliced shape); last, after the pieces above.
   void materialize(at::Device device);

@@ -17,6 +17,7 @@
 #include "titan/config/config_manager.h"
 #include "titan/distributed/init.h"
 #include "titan/distributed/parallel_dims.h"
+#include "titan/models/common/linear.h"
 #include "titan/models/converters.h"
 #include "titan/parallel/parallelized_model.h"
 #include "titan/trainer/interrupt.h"
@@ -179,6 +180,13 @@ void Trainer::build_model() {
   o.activation_checkpoint = config_.activation_checkpoint;
   o.seq_lens = {{"training.seq_len", config_.training.seq_len}};
   o.device = device_;
+  // The float8 all-gather acts on the layers the float8 converter converted (none: inert, as in
+  // TorchTitan when the converter is off).
+  const Float8LinearSection& f8 = config_.quantize.linear.float8;
+  const bool float8_layers = !float8_linears(*model_).empty();
+  o.fsdp_float8_all_gather = float8_layers && f8.enable_fsdp_float8_all_gather;
+  o.fsdp_float8_precompute_scales =
+      o.fsdp_float8_all_gather && f8.precompute_float8_dynamic_scale_for_fsdp;
   if (config_.validation.enable)
     o.seq_lens.emplace_back("validation.seq_len", config_.validation.seq_len);
   TITAN_CHECK(spec_->parallelize, "model ", config_.model.name,

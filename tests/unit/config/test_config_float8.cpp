@@ -61,20 +61,34 @@ TEST(ConfigFloat8, UnbuiltConvertersAndDuplicatesAreRefused) {
   EXPECT_TRUE(contains(twice, "twice"));
 }
 
-TEST(ConfigFloat8, Float8AllGatherIsRefusedOnlyWithTheConverterOn) {
+TEST(ConfigFloat8, Float8AllGatherNeedsTensorwiseAndPrecomputeNeedsTheGather) {
   JobConfig c;
   c.quantize.linear.float8.enable_fsdp_float8_all_gather = true;
   c.quantize.linear.float8.precompute_float8_dynamic_scale_for_fsdp = true;
   EXPECT_NO_THROW(validate_job_config(c));  // TorchTitan's 405B file: inert without the converter
   c.model.converters = {"float8"};
+  EXPECT_NO_THROW(validate_job_config(c));  // the 405B file with the converter on
+  c.quantize.linear.float8.recipe_name = "tensorwise";
+  EXPECT_NO_THROW(validate_job_config(c));
+  for (const char* recipe : {"rowwise", "rowwise_with_gw_hp"}) {
+    c.quantize.linear.float8.recipe_name = recipe;
+    const std::string m = config_error([&] { validate_job_config(c); });
+    EXPECT_TRUE(contains(m,
+                         "enable_fsdp_float8_all_gather = true needs the tensorwise recipe, "
+                         "but recipe_name = '" +
+                             std::string(recipe) + "'"))
+        << m;
+    EXPECT_TRUE(contains(m, "HINT"));
+  }
+  c.quantize.linear.float8.recipe_name = "";
+  c.quantize.linear.float8.enable_fsdp_float8_all_gather = false;
   const std::string m = config_error([&] { validate_job_config(c); });
   EXPECT_TRUE(contains(m,
-                       "'quantize.linear.float8.enable_fsdp_float8_all_gather' = true is not "
-                       "supported yet"));
-  EXPECT_TRUE(contains(m, "HINT: set it to false"));
-  c.quantize.linear.float8.enable_fsdp_float8_all_gather = false;
-  EXPECT_TRUE(contains(config_error([&] { validate_job_config(c); }),
-                       "precompute_float8_dynamic_scale_for_fsdp' = true"));
+                       "precompute_float8_dynamic_scale_for_fsdp = true precomputes the "
+                       "scales of the float8 all-gather, which is off"))
+      << m;
+  c.quantize.linear.float8.precompute_float8_dynamic_scale_for_fsdp = false;
+  EXPECT_NO_THROW(validate_job_config(c));
 }
 
 }  // namespace

@@ -14,6 +14,7 @@
 #include <gtest/gtest.h>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 
+#include <algorithm>
 #include <filesystem>
 #include <map>
 #include <numeric>
@@ -122,6 +123,8 @@ TEST(TrainerMultiRank, EveryLayoutReproducesOneProcess) {
 // the one-process scales. The losses agree to 1e-5 relative (measured: 1.1e-6 for FSDP 2,
 // 1.6e-7 for TP 2; 2.4e-5 for TP 2 when each rank scaled by its own shard), while float8 itself
 // moves them ~1e-3 from bf16 and a layer fed the wrong weight or a dropped gradient far more.
+// With the float8 all-gather (tensorwise), FSDP gathers the weights in float8 cast with scales
+// over whole weights (FSDP and TP groups), per unit or precomputed: the same tolerance.
 TEST(TrainerMultiRank, Float8LayoutsTrackOneProcess) {
   const fs::path root = test::fresh_test_dir("titan_trainer_float8");
   for (const char* recipe : {"tensorwise", "rowwise"}) {
@@ -133,15 +136,33 @@ TEST(TrainerMultiRank, Float8LayoutsTrackOneProcess) {
     };
     const fs::path dir = root / recipe;
     const TrainResult reference = Trainer(float8(config_for((dir / "one").string(), 1))).train();
-    std::vector<Layout> layouts = {{"TP 2", 1, 1, 2}};
+    struct Float8Layout {
+      Layout layout;
+      bool all_gather = false, precompute = false;
+    };
+    std::vector<Float8Layout> layouts = {{{"TP 2", 1, 1, 2}}};
     if (std::string(recipe) == "tensorwise") {
-      layouts.push_back({"FSDP 2", 1, 2, 1});
-      layouts.push_back({"FSDP 2 x TP 2", 1, 2, 2});
+      layouts.push_back({{"FSDP 2", 1, 2, 1}});
+      layouts.push_back({{"FSDP 2 x TP 2", 1, 2, 2}});
+      layouts.push_back({{"FSDP 2 float8 all-gather", 1, 2, 1}, true, false});
+      layouts.push_back({{"FSDP 2 x TP 2 float8 all-gather precomputed", 1, 2, 2}, true, true});
     }
-    for (const Layout& layout : layouts) {
+    for (const Float8Layout& f8 : layouts) {
+      const Layout& layout = f8.layout;
       SCOPED_TRACE(std::string(recipe) + " " + layout.name);
-      const std::vector<TrainResult> results =
-          train_on_ranks(float8(config_for(dir, layout)), layout.world());
+      JobConfig c = float8(config_for(dir, layout));
+      c.quantize.linear.float8.enable_fsdp_float8_all_gather = f8.all_gather;
+      c.quantize.linear.float8.precompute_float8_dynamic_scale_for_fsdp = f8.precompute;
+      std::vector<TrainResult> results(layout.world());
+      on_ranks(c, layout.world(), [&](int64_t r, Trainer& trainer) {
+        const std::vector<std::string> lines = trainer.parallelized().describe();
+        const bool gathers_float8 =
+            std::any_of(lines.begin(), lines.end(), [](const std::string& line) {
+              return line.find("float8 all-gather of") != std::string::npos;
+            });
+        EXPECT_EQ(gathers_float8, f8.all_gather);
+        results[r] = trainer.train();
+      });
       ASSERT_EQ(results[0].losses.size(), reference.losses.size());
       double worst = 0;
       for (size_t s = 0; s < reference.losses.size(); ++s) {

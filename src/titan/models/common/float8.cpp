@@ -81,7 +81,8 @@ at::Tensor scaled_mm(const Float8Tensor& a, const Float8Tensor& b, at::ScalarTyp
 
 // y = x W^T with float8 GEMMs (see float8.h). x (rows, in), weight (out, in); `kept`: the output
 // a per-op activation checkpoint kept (then forward computes nothing), or an empty tensor
-// (autograd functions take defined tensors only).
+// (autograd functions take defined tensors only); `w8_data` / `w8_scale`: the weight already in
+// float8 (tensorwise), or empty tensors.
 struct Float8LinearFunction : public torch::autograd::Function<Float8LinearFunction> {
   // A copy of the options rides in the graph (callers may pass a temporary).
   struct Saved : torch::CustomClassHolder {
@@ -90,8 +91,9 @@ struct Float8LinearFunction : public torch::autograd::Function<Float8LinearFunct
   };
 
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
-                            const at::Tensor& kept, const Float8LinearOptions& given) {
-    ctx->save_for_backward({x, weight});
+                            const at::Tensor& kept, const at::Tensor& w8_data,
+                            const at::Tensor& w8_scale, const Float8LinearOptions& given) {
+    ctx->save_for_backward({x, weight, w8_data, w8_scale});
     auto saved = c10::make_intrusive<Saved>(given);
     const Float8LinearOptions* options = &saved->options;
     ctx->saved_data["options"] = c10::IValue::make_capsule(std::move(saved));
@@ -105,8 +107,10 @@ struct Float8LinearFunction : public torch::autograd::Function<Float8LinearFunct
     // (rows, in) @ (in, out): the input scaled per row, the weight per output feature.
     const Float8Tensor x8 = to_float8(x, kE4M3, granularity(c.rowwise, 1), c.power_of_2, tp,
                                       split(&Float8TensorParallel::input_dim));
-    const Float8Tensor w8 = to_float8(weight, kE4M3, granularity(c.rowwise, 1), c.power_of_2, tp,
-                                      split(&Float8TensorParallel::weight_dim));
+    const Float8Tensor w8 = w8_data.numel() > 0
+                                ? Float8Tensor{w8_data, w8_scale}
+                                : to_float8(weight, kE4M3, granularity(c.rowwise, 1), c.power_of_2,
+                                            tp, split(&Float8TensorParallel::weight_dim));
     return float8_mm(x8, w8.t(), x.scalar_type(), emulate, /*use_fast_accum=*/true);
   }
 
@@ -132,8 +136,10 @@ struct Float8LinearFunction : public torch::autograd::Function<Float8LinearFunct
       // (rows, out) @ (out, in): grad_output per row, the weight per input feature.
       const Float8Tensor g8 =
           to_float8(grad, c.grad_dtype, granularity(c.rowwise, 1), c.power_of_2, tp, g_split);
-      const Float8Tensor w8 =
-          to_float8(weight, kE4M3, granularity(c.weight_rowwise_gi, 0), c.power_of_2, tp, w_split);
+      const Float8Tensor w8 = saved[2].numel() > 0
+                                  ? Float8Tensor{saved[2], saved[3]}
+                                  : to_float8(weight, kE4M3, granularity(c.weight_rowwise_gi, 0),
+                                              c.power_of_2, tp, w_split);
       grad_x = float8_mm(g8, w8, grad.scalar_type(), emulate, /*use_fast_accum=*/false);
     }
     if (ctx->needs_input_grad(1)) {
@@ -148,7 +154,7 @@ struct Float8LinearFunction : public torch::autograd::Function<Float8LinearFunct
         grad_weight = float8_mm(g8.t(), x8, grad.scalar_type(), emulate, /*use_fast_accum=*/false);
       }
     }
-    return {grad_x, grad_weight, at::Tensor(), at::Tensor()};
+    return {grad_x, grad_weight, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -231,15 +237,28 @@ at::Tensor float8_mm(const Float8Tensor& a, const Float8Tensor& b, at::ScalarTyp
 }
 
 at::Tensor float8_linear(const at::Tensor& x, const at::Tensor& weight,
-                         const Float8LinearOptions& options) {
+                         const Float8LinearOptions& options, const Float8Tensor* weight8) {
   std::vector<int64_t> out_sizes = x.sizes().vec();
   out_sizes.back() = weight.size(0);
   const at::Tensor rows = x.reshape({-1, x.size(-1)});  // (rows, in)
+  const at::Tensor none = at::empty({0}, x.options());
+  at::Tensor w8_data = none, w8_scale = none;
+  if (weight8 != nullptr) {
+    TITAN_CHECK(options.recipe == Float8Recipe::kTensorwise,
+                "float8_linear: a weight cast ahead (FSDP's float8 all-gather) needs the "
+                "tensorwise recipe, not ",
+                float8_recipe_name(options.recipe));
+    TITAN_CHECK(weight8->data.sizes() == weight.sizes() && weight8->scale.numel() == 1,
+                "float8_linear: the weight cast ahead has shape ", weight8->data.sizes(), " and ",
+                weight8->scale.numel(), " scales; expected ", weight.sizes(), " and one");
+    w8_data = weight8->data;
+    w8_scale = weight8->scale;
+  }
   const auto run = [&](const at::Tensor& kept) {
-    return Float8LinearFunction::apply(rows, weight, kept, options).view(out_sizes);
+    return Float8LinearFunction::apply(rows, weight, kept, w8_data, w8_scale, options)
+        .view(out_sizes);
   };
   OpSaver* saver = current_op_saver();
-  const at::Tensor none = at::empty({0}, x.options());
   if (saver == nullptr || !saver->keeps(SavableOp::kMatmul, weight)) return run(none);
   if (saver->replaying()) {
     const std::vector<at::Tensor> kept = saver->take(SavableOp::kMatmul);

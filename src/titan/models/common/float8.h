@@ -90,7 +90,10 @@ at::Tensor float8_mm(const Float8Tensor& a, const Float8Tensor& b, at::ScalarTyp
 // x (..., in) @ weight (out, in)^T -> (..., out) in x's dtype, with forward and both backward
 // GEMMs in float8 per `options` (gradients flow to x and weight as for at::linear). Under per-op
 // activation checkpointing (savable_ops.h) the output is a savable matmul like at::linear's.
+// `weight8`: the weight already cast (tensorwise recipe only: FSDP's float8 all-gather gathers
+// it in float8 with one scale over the whole weight); both GEMMs that read the weight use it
+// instead of casting `weight`, which then only carries the gradient.
 at::Tensor float8_linear(const at::Tensor& x, const at::Tensor& weight,
-                         const Float8LinearOptions& options);
+                         const Float8LinearOptions& options, const Float8Tensor* weight8 = nullptr);
 
 }  // namespace titan

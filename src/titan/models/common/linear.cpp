@@ -83,10 +83,20 @@ at::Tensor Linear::forward(const at::Tensor& x) {
   return hooked(x, [this](const at::Tensor& in) {
     if (float8) {
       return float8_linear(to_compute(in, compute_dtype), to_compute(weight, compute_dtype),
-                           *float8);
+                           *float8, float8_weight ? &*float8_weight : nullptr);
     }
     return mixed_linear(in, weight, compute_dtype);
   });
+}
+
+std::vector<std::pair<std::string, Linear*>> float8_linears(torch::nn::Module& root) {
+  std::vector<std::pair<std::string, Linear*>> out;
+  for (const auto& item : root.named_modules()) {
+    auto* linear = dynamic_cast<Linear*>(item.value().get());
+    if (linear == nullptr || !linear->float8) continue;
+    out.emplace_back(item.key().empty() ? "weight" : item.key() + ".weight", linear);
+  }
+  return out;
 }
 
 void Linear::pretty_print(std::ostream& stream) const {

@@ -15,6 +15,7 @@
 #include <optional>
 #include <ostream>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace titan {
@@ -106,7 +107,15 @@ class Linear : public WeightLayer {
   // Set by the float8 converter (models/converters.h): the matmuls run in float8 (float8.h) on
   // the operands in the compute dtype.
   std::optional<Float8LinearOptions> float8;
+  // Set by FSDP's float8 all-gather (data_parallel.h) while the layer's weight is installed: the
+  // weight as gathered in float8 with its tensorwise scale; the matmuls use it instead of casting
+  // `weight`, which then carries only the gradient.
+  std::optional<Float8Tensor> float8_weight;
 };
+
+// The Linear layers of `root` that compute in float8, by the name of their weight parameter
+// ("layers.0.attention.wq.weight"), in named_modules() order.
+std::vector<std::pair<std::string, Linear*>> float8_linears(torch::nn::Module& root);
 
 // A token embedding table. Parameter: weight (num_embeddings, dim).
 class Embedding : public WeightLayer {
