@@ -59,8 +59,8 @@ struct ModelUnit {
   // The unit runs more than once per forward (e.g. tied embeddings: lookup and head), so its
   // parameters must stay gathered until the forward is over.
   bool reused_in_forward = false;
-  // The unit's transformer block index (0-based), -1 for other units (embeddings, head).
-  // Activation checkpointing wraps blocks only.
+  // The unit's transformer block index (0-based, in the whole model: layers.N of a pipeline stage
+  // is block N), -1 for other units (embeddings, head). Activation checkpointing wraps blocks only.
   int64_t block = -1;
 };
 
@@ -102,8 +102,15 @@ class UnitRunner {
 };
 
 // A trainable decoder: forward(tokens (bs, seqlen) int64) -> logits (bs, seqlen, vocab) float32.
+// A pipeline stage (keep_only) holds a contiguous run of the modules instead: a stage without the
+// embedding takes the previous stage's hidden state, one without the head returns its own.
 class Model : public torch::nn::Module {
  public:
+  // The whole model, or a first stage: tokens (bs, seqlen) int64. A later stage: the previous
+  // stage's output (bs, seqlen, dim), floating point in the dtype that stage returned.
+  // Returns logits (bs, seqlen, vocab) float32, or from a stage without the head its hidden state
+  // (bs, seqlen, dim), in the model's residual dtype (llama3: the compute dtype when that is
+  // bf16/fp16, else the parameters' dtype).
   virtual at::Tensor forward(const at::Tensor& tokens) = 0;
   // How parameter `name` (an FQN of named_parameters()) starts out; its values then depend only
   // on the seed, the name and the position (init.h), never on how the model is split.
@@ -117,6 +124,24 @@ class Model : public torch::nn::Module {
   virtual std::vector<ModelUnit> units() const = 0;
   // How tensor parallelism shards this model (empty: not supported).
   virtual std::vector<TpRule> tensor_parallel_plan() const { return {}; }
+
+  // Pipeline parallelism (TorchTitan's pipeline_module_split): makes this instance one stage by
+  // keeping the named top-level modules and removing the rest. `modules` is one part of
+  // TorchTitan's module_fqns_per_model_part (a contiguous run of tok_embeddings, layers.N, norm,
+  // output, in model order; norm and output together); parameter names stay global
+  // (layers.2.attention.wq.weight), so checkpoints load across layouts. Afterwards
+  // named_parameters(), units(), tensor_parallel_plan() and forward cover only what is kept.
+  // Call before parallelize. ConfigError on a bad list (unknown, removed, repeated, out of order,
+  // not contiguous) or for a model that cannot be split (the default: not supported).
+  virtual void keep_only(const std::vector<std::string>& modules) {
+    throw ConfigError(
+        "this model does not support pipeline parallelism (it cannot keep only some of its "
+        "modules). HINT: set parallelism.pipeline_parallel_degree = 1");
+  }
+  // Whether forward takes token ids (the model holds its embedding) and whether it returns logits
+  // (it holds its head). Both true for a whole model; a pipeline runtime asks them of each stage.
+  virtual bool is_first_stage() const { return true; }
+  virtual bool is_last_stage() const { return true; }
   // Adds `runner` as the outermost of the chain that forward's units run through (see
   // UnitRunner). The runner must stay alive until removed.
   void add_unit_runner(UnitRunner* runner);

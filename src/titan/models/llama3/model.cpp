@@ -3,38 +3,26 @@
 
 #include "titan/common/check.h"
 #include "titan/models/common/init.h"
+#include "titan/models/registry.h"
 
 #include <ATen/core/grad_mode.h>
 
 #include <cmath>
+#include <map>
+#include <set>
 #include <string>
 
 namespace titan::llama3 {
+namespace {
 
-TransformerBlock::TransformerBlock(int64_t layer_id, const Llama3Args& args,
-                                   at::ScalarType compute_dtype) {
-  attention = register_module("attention",
-                              std::make_shared<Attention>(args.dim, args.n_heads, args.kv_heads(),
-                                                          args.head_dim(), compute_dtype));
-  feed_forward = register_module(
-      "feed_forward",
-      std::make_shared<FeedForward>(args.dim, args.ffn_hidden_dim(), compute_dtype));
-  attention_norm =
-      register_module("attention_norm", std::make_shared<RMSNorm>(args.dim, args.norm_eps));
-  ffn_norm = register_module("ffn_norm", std::make_shared<RMSNorm>(args.dim, args.norm_eps));
+// TorchTitan's std for a block's output projections (wo, w2, w3).
+double block_init_std(const Llama3Args& args, int64_t layer_id) {
   const double depth = args.depth_init ? 2.0 * (layer_id + 1) : 2.0 * args.n_layers;
-  weight_init_std = 0.02 / std::sqrt(depth);
+  return 0.02 / std::sqrt(depth);
 }
 
-at::Tensor TransformerBlock::forward(const at::Tensor& x, const RotaryEmbedding& rope,
-                                     const at::Tensor& positions, const KVCacheStep* cache) {
-  // x is in residual_dtype(compute_dtype); were it float32 under bf16 compute, the sums would
-  // promote and keep it float32.
-  const at::Tensor h = x + attention->forward(attention_norm->forward(x), rope, positions, cache);
-  return h + feed_forward->forward(ffn_norm->forward(h));
-}
-
-ParamInit TransformerBlock::param_init(const std::string& name) const {
+// The init of a block parameter `name` (relative to the block), see TransformerBlock::param_init.
+ParamInit block_param_init(const std::string& name, double weight_init_std) {
   if (name == "attention_norm.weight" || name == "ffn_norm.weight") return ParamInit::ones();
   if (name == "attention.wq.weight" || name == "attention.wk.weight" ||
       name == "attention.wv.weight" || name == "feed_forward.w1.weight") {
@@ -48,6 +36,37 @@ ParamInit TransformerBlock::param_init(const std::string& name) const {
   return {};
 }
 
+std::string layer_name(int64_t layer_id) { return "layers." + std::to_string(layer_id); }
+
+}  // namespace
+
+TransformerBlock::TransformerBlock(int64_t layer_id, const Llama3Args& args,
+                                   at::ScalarType compute_dtype) {
+  attention = register_module("attention",
+                              std::make_shared<Attention>(args.dim, args.n_heads, args.kv_heads(),
+                                                          args.head_dim(), compute_dtype));
+  feed_forward = register_module(
+      "feed_forward",
+      std::make_shared<FeedForward>(args.dim, args.ffn_hidden_dim(), compute_dtype));
+  attention_norm =
+      register_module("attention_norm", std::make_shared<RMSNorm>(args.dim, args.norm_eps));
+  ffn_norm = register_module("ffn_norm", std::make_shared<RMSNorm>(args.dim, args.norm_eps));
+  this->layer_id = layer_id;
+  weight_init_std = block_init_std(args, layer_id);
+}
+
+at::Tensor TransformerBlock::forward(const at::Tensor& x, const RotaryEmbedding& rope,
+                                     const at::Tensor& positions, const KVCacheStep* cache) {
+  // x is in residual_dtype(compute_dtype); were it float32 under bf16 compute, the sums would
+  // promote and keep it float32.
+  const at::Tensor h = x + attention->forward(attention_norm->forward(x), rope, positions, cache);
+  return h + feed_forward->forward(ffn_norm->forward(h));
+}
+
+ParamInit TransformerBlock::param_init(const std::string& name) const {
+  return block_param_init(name, weight_init_std);
+}
+
 Transformer::Transformer(const Llama3Args& args, at::ScalarType compute_dtype)
     : args_(args), compute_dtype_(compute_dtype) {
   args_.validate();
@@ -56,9 +75,9 @@ Transformer::Transformer(const Llama3Args& args, at::ScalarType compute_dtype)
   rope = register_module("rope", std::make_shared<RotaryEmbedding>(
                                      args.head_dim(), args.max_seq_len, args.rope_theta,
                                      args.use_rope_scaling ? &args.rope_scaling : nullptr));
-  auto layer_list = register_module("layers", std::make_shared<torch::nn::Module>());
+  layer_list_ = register_module("layers", std::make_shared<torch::nn::Module>());
   for (int64_t i = 0; i < args.n_layers; ++i) {
-    layers.push_back(layer_list->register_module(
+    layers.push_back(layer_list_->register_module(
         std::to_string(i), std::make_shared<TransformerBlock>(i, args, compute_dtype)));
   }
   norm = register_module("norm", std::make_shared<RMSNorm>(args.dim, args.norm_eps));
@@ -68,13 +87,19 @@ Transformer::Transformer(const Llama3Args& args, at::ScalarType compute_dtype)
   }
 }
 
+bool Transformer::is_whole() const {
+  return tok_embeddings && norm && static_cast<int64_t>(layers.size()) == args_.n_layers;
+}
+
 at::Tensor Transformer::embed(const at::Tensor& tokens) {
+  TITAN_CHECK(tok_embeddings, "llama3: embed on a pipeline stage without tok_embeddings");
   const at::Tensor h = tok_embeddings->forward(tokens);  // (bs, seqlen, dim)
   const at::ScalarType residual = residual_dtype(compute_dtype_);
   return is_reduced_float(residual) ? h.to(residual) : h;
 }
 
 at::Tensor Transformer::head(const at::Tensor& h) {
+  TITAN_CHECK(norm, "llama3: head on a pipeline stage without norm and output");
   const at::Tensor hn = norm->forward(h);
   const at::Tensor logits = output ? output->forward(hn)  // (bs, seqlen, vocab)
                                    : mixed_linear(hn, tok_embeddings->weight, compute_dtype_);
@@ -82,32 +107,46 @@ at::Tensor Transformer::head(const at::Tensor& h) {
 }
 
 at::Tensor Transformer::forward(const at::Tensor& tokens) {
-  // Unit functions capture by value: a runner may call them again during backward.
-  at::Tensor h = run_unit(0, tokens, [this](const at::Tensor& x) { return embed(x); });
-  for (size_t i = 0; i < layers.size(); ++i) {
-    TransformerBlock* block = layers[i].get();
+  // Unit indices follow units(): the present modules in order.
+  int64_t unit = 0;
+  at::Tensor h;  // (bs, seqlen, dim) in the residual dtype
+  if (tok_embeddings) {
+    // Unit functions capture by value: a runner may call them again during backward.
+    h = run_unit(unit++, tokens, [this](const at::Tensor& x) { return embed(x); });
+  } else {
+    const at::ScalarType residual = residual_dtype(compute_dtype_);
+    TITAN_CHECK(tokens.dim() == 3 && tokens.size(2) == args_.dim && tokens.is_floating_point() &&
+                    (!is_reduced_float(residual) || tokens.scalar_type() == residual),
+                "llama3 pipeline stage without tok_embeddings: expected the previous stage's "
+                "hidden state (bs, seqlen, ",
+                args_.dim, ") in ", residual, ", got ", tokens.sizes(), " ", tokens.scalar_type(),
+                ". HINT: pass the previous stage's output unchanged");
+    h = tokens;
+  }
+  for (const auto& layer : layers) {
+    TransformerBlock* block = layer.get();
     const RotaryEmbedding* table = rope.get();
-    h = run_unit(static_cast<int64_t>(i) + 1, h,
+    h = run_unit(unit++, h,
                  [block, table](const at::Tensor& x) { return block->forward(x, *table); });
   }
-  const int64_t head_unit = output ? static_cast<int64_t>(layers.size()) + 1 : 0;
+  if (!norm) return h;
+  const int64_t head_unit = output ? unit : 0;  // tied: the embedding's unit runs again
   return run_unit(head_unit, h, [this](const at::Tensor& x) { return head(x); });
 }
 
 std::vector<ModelUnit> Transformer::units() const {
   std::vector<ModelUnit> out;
-  out.push_back({"tok_embeddings", {"tok_embeddings.weight"}});
-  for (size_t i = 0; i < layers.size(); ++i) {
-    const std::string prefix = "layers." + std::to_string(i) + ".";
-    ModelUnit unit{"layers." + std::to_string(i), {}};
-    unit.block = static_cast<int64_t>(i);
-    for (const auto& item : layers[i]->named_parameters())
-      unit.params.push_back(prefix + item.key());
+  if (tok_embeddings) out.push_back({"tok_embeddings", {"tok_embeddings.weight"}});
+  for (const auto& layer : layers) {
+    const std::string prefix = layer_name(layer->layer_id) + ".";
+    ModelUnit unit{layer_name(layer->layer_id), {}};
+    unit.block = layer->layer_id;
+    for (const auto& item : layer->named_parameters()) unit.params.push_back(prefix + item.key());
     out.push_back(std::move(unit));
   }
   if (output) {
     out.push_back({"norm, output", {"norm.weight", "output.weight"}});
-  } else {
+  } else if (norm) {
     out[0].name = "tok_embeddings, norm (tied output)";
     out[0].params.push_back("norm.weight");
     out[0].reused_in_forward = true;
@@ -117,6 +156,7 @@ std::vector<ModelUnit> Transformer::units() const {
 
 at::Tensor Transformer::forward_cached(const at::Tensor& tokens, KVCache& cache,
                                        int64_t start_pos) {
+  TITAN_CHECK(is_whole(), "llama3: KV-cache inference needs the whole model, not a pipeline stage");
   // The cache is written in place; autograd must not record (or keep alive) any of it.
   at::NoGradGuard no_grad;
   TITAN_CHECK(start_pos >= 0 && start_pos <= cache.length, "start_pos ", start_pos,
@@ -140,7 +180,7 @@ ParamInit Transformer::param_init(const std::string& name) const {
   const ParamInit head =
       ParamInit::trunc_normal(/*mean=*/0.0, head_std, -3 * head_std, 3 * head_std);
   if (name == "tok_embeddings.weight") {
-    return output ? ParamInit::normal(/*mean=*/0.0, /*std=*/1.0) : head;
+    return args_.tie_embeddings ? head : ParamInit::normal(/*mean=*/0.0, /*std=*/1.0);
   }
   if (name == "output.weight") return head;
   if (name == "norm.weight") return ParamInit::ones();
@@ -149,8 +189,8 @@ ParamInit Transformer::param_init(const std::string& name) const {
     const size_t dot = name.find('.', prefix.size());
     if (dot != std::string::npos) {
       const int64_t layer = std::stoll(name.substr(prefix.size(), dot - prefix.size()));
-      if (layer >= 0 && layer < static_cast<int64_t>(layers.size())) {
-        return layers[layer]->param_init(name.substr(dot + 1));
+      if (layer >= 0 && layer < args_.n_layers) {
+        return block_param_init(name.substr(dot + 1), block_init_std(args_, layer));
       }
     }
   }
@@ -160,6 +200,87 @@ ParamInit Transformer::param_init(const std::string& name) const {
 
 ModelStats Transformer::stats(int64_t batch, int64_t seq_len) const {
   return compute_stats(args_, batch, seq_len, compute_dtype_);
+}
+
+void Transformer::keep_only(const std::vector<std::string>& modules) {
+  TITAN_CHECK(unit_runners().empty(),
+              "llama3: keep_only after parallelize. HINT: split the model into pipeline stages "
+              "first, then parallelize each stage");
+  // The modules this instance holds, in model order (with tied embeddings `output` names the head
+  // that reuses tok_embeddings.weight).
+  std::vector<std::string> present;
+  if (tok_embeddings) present.push_back("tok_embeddings");
+  for (const auto& layer : layers) present.push_back(layer_name(layer->layer_id));
+  if (norm) {
+    present.push_back("norm");
+    present.push_back("output");
+  }
+  std::map<std::string, size_t> position;
+  for (size_t i = 0; i < present.size(); ++i) position[present[i]] = i;
+
+  if (modules.empty()) throw ConfigError("llama3 pipeline stage: the module list is empty");
+  std::set<std::string> seen;
+  for (size_t k = 0; k < modules.size(); ++k) {
+    const std::string& name = modules[k];
+    if (!seen.insert(name).second) {
+      throw ConfigError("llama3 pipeline stage: module '" + name + "' is listed twice");
+    }
+    if (position.count(name) == 0) {
+      throw ConfigError("llama3 pipeline stage: no module '" + name + "' in this model" +
+                        suggestion(name, present, "modules"));
+    }
+    if (k == 0) continue;
+    const std::string& prev = modules[k - 1];
+    if (position[name] < position[prev]) {
+      throw ConfigError("llama3 pipeline stage: '" + name + "' is listed after '" + prev +
+                        "' but comes before it in the model. HINT: list a stage's modules in "
+                        "model order (tok_embeddings, layers.0, ..., norm, output)");
+    }
+    if (position[name] != position[prev] + 1) {
+      throw ConfigError("llama3 pipeline stage: '" + prev + "' is followed by '" + name +
+                        "', skipping '" + present[position[prev] + 1] +
+                        "'. HINT: a stage holds a contiguous run of modules");
+    }
+  }
+  const bool keep_norm = seen.count("norm") != 0, keep_output = seen.count("output") != 0;
+  if (keep_norm != keep_output) {
+    throw ConfigError(std::string("llama3 pipeline stage: ") +
+                      (keep_norm ? "norm without output" : "output without norm") +
+                      ". HINT: the final norm and the output projection form the head and stay "
+                      "in one stage");
+  }
+  if (args_.tie_embeddings && modules.size() != present.size()) {
+    throw ConfigError(
+        "pipeline parallelism with tied embeddings (tie_embeddings = true) is not supported: the "
+        "embedding and the output head share one weight, which a split into stages would "
+        "separate (TorchTitan rejects weight tying with pipeline parallelism too). HINT: set "
+        "tie_embeddings = false or parallelism.pipeline_parallel_degree = 1");
+  }
+
+  // Unregisters what is not kept: named_parameters() then lists the kept parameters under their
+  // global names.
+  if (tok_embeddings && seen.count("tok_embeddings") == 0) {
+    unregister_module("tok_embeddings");
+    tok_embeddings = nullptr;
+  }
+  std::vector<std::shared_ptr<TransformerBlock>> kept;
+  for (auto& layer : layers) {
+    const std::string name = layer_name(layer->layer_id);
+    if (seen.count(name) != 0) {
+      kept.push_back(std::move(layer));
+    } else {
+      layer_list_->unregister_module(std::to_string(layer->layer_id));
+    }
+  }
+  layers = std::move(kept);
+  if (norm && !keep_norm) {
+    unregister_module("norm");
+    norm = nullptr;
+    if (output) {
+      unregister_module("output");
+      output = nullptr;
+    }
+  }
 }
 
 }  // namespace titan::llama3

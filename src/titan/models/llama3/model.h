@@ -18,6 +18,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 namespace titan::llama3 {
@@ -39,11 +40,13 @@ class TransformerBlock : public torch::nn::Module {
   std::shared_ptr<FeedForward> feed_forward;
   std::shared_ptr<RMSNorm> attention_norm;
   std::shared_ptr<RMSNorm> ffn_norm;
+  int64_t layer_id;        // index in the whole model (the N of layers.N)
   double weight_init_std;  // 0.02 / sqrt(2 * (layer_id + 1)) with depth_init, else / sqrt(2 L)
 };
 
-// The whole decoder. With tie_embeddings there is no `output` module: the head multiplies by
-// tok_embeddings.weight, and the shared tensor is listed once by parameters().
+// The whole decoder, or one pipeline stage of it (keep_only). With tie_embeddings there is no
+// `output` module: the head multiplies by tok_embeddings.weight, and the shared tensor is listed
+// once by parameters().
 class Transformer : public Model {
  public:
   // Parameters are allocated (on the thread's parameter device, see ParamDeviceGuard) but not
@@ -51,19 +54,33 @@ class Transformer : public Model {
   Transformer(const Llama3Args& args, at::ScalarType compute_dtype = at::kFloat);
 
   // tokens (bs, seqlen) int64 -> logits (bs, seqlen, vocab), float32 (float64 if the
-  // parameters were cast to float64).
+  // parameters were cast to float64). A stage without tok_embeddings takes the hidden state
+  // (bs, seqlen, dim) in the residual dtype (what embed and the blocks return); one without the
+  // head returns it.
   at::Tensor forward(const at::Tensor& tokens) override;
   // tokens (bs, n) -> logits (bs, n, vocab) for positions [start_pos, start_pos + n); see Model.
+  // Whole models only.
   at::Tensor forward_cached(const at::Tensor& tokens, KVCache& cache, int64_t start_pos) override;
+  // Defined for every parameter of the whole model, present in this stage or not.
   ParamInit param_init(const std::string& name) const override;
+  // The whole model's numbers, also on a pipeline stage (the trainer reports model size and MFU
+  // for the model, not for one stage).
   ModelStats stats(int64_t batch, int64_t seq_len) const override;
-  // tok_embeddings, layers.0 .. layers.{L-1}, "norm, output" (TorchTitan's FSDP units). With tied
-  // embeddings the head's weight is the embedding's, so the first unit also holds the final norm
-  // and runs twice per forward.
+  // tok_embeddings, layers.0 .. layers.{L-1}, "norm, output" (TorchTitan's FSDP units), those
+  // present in this stage. With tied embeddings the head's weight is the embedding's, so the
+  // first unit also holds the final norm and runs twice per forward.
   std::vector<ModelUnit> units() const override;
   // TorchTitan's Llama plan (tp_plan.cpp): sequence-parallel norms, column-wise wq/wk/wv/w1/w3,
-  // row-wise wo/w2, row-wise embedding, column-wise output with loss parallel.
+  // row-wise wo/w2, row-wise embedding, column-wise output with loss parallel; rules for present
+  // modules only (tensor parallelism rejects a rule that matches nothing).
   std::vector<TpRule> tensor_parallel_plan() const override;
+  // See Model::keep_only. Removed modules are unregistered and their members set to null;
+  // `layers` keeps the present blocks in order (TransformerBlock::layer_id is the global index)
+  // and `rope` (buffers only) stays. With tie_embeddings only the whole model can be kept:
+  // ConfigError otherwise, as TorchTitan rejects weight tying with pipeline parallelism.
+  void keep_only(const std::vector<std::string>& modules) override;
+  bool is_first_stage() const override { return tok_embeddings != nullptr; }
+  bool is_last_stage() const override { return norm != nullptr; }
 
   // The stages of forward, for callers that run layers themselves (pipeline stages,
   // activation checkpointing). embed: (bs, seqlen) -> h (bs, seqlen, dim) in the residual dtype;
@@ -74,15 +91,19 @@ class Transformer : public Model {
   const Llama3Args& args() const { return args_; }
   at::ScalarType compute_dtype() const { return compute_dtype_; }
 
-  std::shared_ptr<Embedding> tok_embeddings;
+  std::shared_ptr<Embedding> tok_embeddings;              // null in a stage without it
   std::shared_ptr<RotaryEmbedding> rope;                  // buffers rope.cos / rope.sin (derived)
-  std::vector<std::shared_ptr<TransformerBlock>> layers;  // registered as layers.<i>
-  std::shared_ptr<RMSNorm> norm;
-  std::shared_ptr<Linear> output;  // null when tie_embeddings
+  std::vector<std::shared_ptr<TransformerBlock>> layers;  // registered as layers.<layer_id>
+  std::shared_ptr<RMSNorm> norm;                          // null in a stage without the head
+  std::shared_ptr<Linear> output;  // null when tie_embeddings or in a stage without the head
 
  private:
+  // Whether this instance holds every module (not a pipeline stage).
+  bool is_whole() const;
+
   Llama3Args args_;
   at::ScalarType compute_dtype_;
+  std::shared_ptr<torch::nn::Module> layer_list_;  // the "layers" container
 };
 
 }  // namespace titan::llama3

@@ -5,8 +5,11 @@
 namespace titan::llama3 {
 
 std::vector<TpRule> Transformer::tensor_parallel_plan() const {
-  std::vector<TpRule> plan = {
-      {"tok_embeddings", TpStyle::kEmbedding},
+  // Only rules for present modules: a pipeline stage holds some of them (keep_only), and a rule
+  // that matches nothing is an error.
+  std::vector<TpRule> plan;
+  if (tok_embeddings) plan.push_back({"tok_embeddings", TpStyle::kEmbedding});
+  const std::vector<TpRule> block_rules = {
       {"layers.*.attention_norm", TpStyle::kSequenceParallel},
       {"layers.*.attention", TpStyle::kGatherInput},
       {"layers.*.attention.wq", TpStyle::kColwise},
@@ -18,8 +21,9 @@ std::vector<TpRule> Transformer::tensor_parallel_plan() const {
       {"layers.*.feed_forward.w1", TpStyle::kColwise},
       {"layers.*.feed_forward.w3", TpStyle::kColwise},
       {"layers.*.feed_forward.w2", TpStyle::kRowwise},
-      {"norm", TpStyle::kSequenceParallel},
   };
+  if (!layers.empty()) plan.insert(plan.end(), block_rules.begin(), block_rules.end());
+  if (norm) plan.push_back({"norm", TpStyle::kSequenceParallel});
   if (output) plan.push_back({"output", TpStyle::kOutput});
   return plan;
 }
