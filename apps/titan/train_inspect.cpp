@@ -102,9 +102,11 @@ int run_inspect(const std::vector<std::string>& args) {
     world = *n;
   }
   const ParallelDims dims = ParallelDims::planned(degrees, world);
-  // FSDP shards parameters, gradients and optimizer state over dp_shard x cp and tensor
-  // parallelism over tp; sequence parallelism splits activations over tp.
-  const int64_t param_shards = dims.dp_shard() * dims.cp() * dims.tp();
+  // FSDP shards parameters, gradients and optimizer state over dp_shard x cp, tensor
+  // parallelism over tp and pipeline stages over pp; sequence parallelism splits activations
+  // over tp (the activation estimate stays that of the whole model: a conservative bound for
+  // the stages' microbatches in flight).
+  const int64_t param_shards = dims.dp_shard() * dims.cp() * dims.tp() * dims.pp();
   std::printf("layout           %s\n", dims.describe().c_str());
   const MemoryEstimate memory =
       estimate_training_memory(spec, config.model.flavor, t.local_batch_size, t.seq_len, dtype,

@@ -51,3 +51,32 @@ resume_from() {
   grep '"loss":' "$WORK/$ref/metrics.jsonl" | tail -n +$((step + 1)) >"$WORK/${name}_ref/metrics.jsonl"
   same_losses "${name}_ref" "$name" loss
 }
+
+# kill_rank_1_mid_run NAME ARGS...: a 2-process run into $WORK/NAME whose rank 1 is killed with
+# SIGKILL after step 3; the job must end non-zero, the launcher naming rank 1.
+kill_rank_1_mid_run() {
+  local name="$1"; shift
+  local start; start=$(date +%s)
+  set +e
+  timeout 120 "$TITAN" run --nproc_per_node 2 -- train "${common[@]}" --training.steps 100000 \
+    --checkpoint.enable false --job.dump_folder "$WORK/$name" "$@" >"$WORK/$name.log" 2>&1 &
+  local launcher=$!
+  set -e
+  for _ in $(seq 1 600); do
+    grep -qE 'step: +3 ' "$WORK/$name.log" 2>/dev/null && break
+    sleep 0.1
+  done
+  local victim="" pid
+  for pid in $(pgrep -f "dump_folder $WORK/$name" || true); do
+    if tr '\0' '\n' <"/proc/$pid/environ" 2>/dev/null | grep -qx 'RANK=1'; then victim=$pid; fi
+  done
+  [ -n "$victim" ] || { cat "$WORK/$name.log" >&2; fail "could not find rank 1"; }
+  kill -KILL "$victim"
+  local code
+  set +e; wait "$launcher"; code=$?; set -e
+  local elapsed=$(( $(date +%s) - start ))
+  [ "$code" != 0 ] && [ "$code" != 124 ] || { cat "$WORK/$name.log" >&2; fail "killed rank: exit $code"; }
+  grep -q 'rank 1 .*killed by signal 9\|rank 1.*SIGKILL\|rank 1 .*signal' "$WORK/$name.log" ||
+    { cat "$WORK/$name.log" >&2; fail "the launcher did not name rank 1"; }
+  echo "$name: rank 1 killed after step 3; job exited $code after ${elapsed}s in all"
+}

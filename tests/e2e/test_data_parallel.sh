@@ -59,29 +59,7 @@ done
 
 # --- faults ---
 # A rank killed with SIGKILL in the middle of training: the job ends non-zero, naming the rank.
-start=$(date +%s)
-set +e
-timeout 120 "$TITAN" run --nproc_per_node 2 -- train "${common[@]}" --training.steps 100000 \
-  --training.local_batch_size 4 --checkpoint.enable false --job.dump_folder "$WORK/killed" \
-  >"$WORK/killed.log" 2>&1 &
-launcher=$!
-set -e
-for _ in $(seq 1 600); do
-  grep -qE 'step: +3 ' "$WORK/killed.log" 2>/dev/null && break
-  sleep 0.1
-done
-victim=""
-for pid in $(pgrep -f "dump_folder $WORK/killed" || true); do
-  if tr '\0' '\n' <"/proc/$pid/environ" 2>/dev/null | grep -qx 'RANK=1'; then victim=$pid; fi
-done
-[ -n "$victim" ] || { cat "$WORK/killed.log" >&2; fail "could not find rank 1"; }
-kill -KILL "$victim"
-set +e; wait "$launcher"; code=$?; set -e
-elapsed=$(( $(date +%s) - start ))
-[ "$code" != 0 ] && [ "$code" != 124 ] || { cat "$WORK/killed.log" >&2; fail "killed rank: exit $code"; }
-grep -q 'rank 1 .*killed by signal 9\|rank 1.*SIGKILL\|rank 1 .*signal' "$WORK/killed.log" ||
-  { cat "$WORK/killed.log" >&2; fail "the launcher did not name rank 1"; }
-echo "rank 1 killed mid-training: job exited $code after ${elapsed}s in all"
+kill_rank_1_mid_run killed --training.local_batch_size 4
 
 # A rank whose config differs: refused at the rendezvous with both digests, before training.
 port=$((20000 + RANDOM % 20000))

@@ -10,27 +10,87 @@
 #include "titan/parallel/activation_checkpoint.h"
 #include "titan/parallel/data_parallel.h"
 #include "titan/parallel/grad_norm.h"
+#include "titan/parallel/pipeline.h"
 #include "titan/parallel/tensor_parallel.h"
+
+#include <ATen/core/grad_mode.h>
+
+#include <sstream>
 
 namespace titan {
 
+struct ParallelizedModel::Part {
+  std::shared_ptr<Model> model;
+  int64_t stage = 0;  // its pipeline stage (0 without PP)
+  std::unique_ptr<TensorParallel> tp;
+  std::unique_ptr<ActivationCheckpointing> ac;
+  std::unique_ptr<DataParallel> dp;
+  ~Part() {
+    // Runners leave the model's chain outermost first.
+    dp.reset();
+    ac.reset();
+    tp.reset();
+  }
+};
+
 ParallelizedModel::ParallelizedModel(std::shared_ptr<Model> model, const ParallelDims& dims,
                                      int64_t rank)
-    : model_(std::move(model)), dims_(dims), rank_(rank) {
-  TITAN_CHECK(model_ != nullptr, "ParallelizedModel: null model");
+    : dims_(dims), rank_(rank) {
+  TITAN_CHECK(model != nullptr, "ParallelizedModel: null model");
+  parts_.push_back(std::make_unique<Part>());
+  parts_[0]->model = std::move(model);
   refresh_params();
 }
 
 ParallelizedModel::~ParallelizedModel() {
-  // Runners leave the model's chain outermost first.
-  dp_.reset();
-  ac_.reset();
-  tp_.reset();
+  pipeline_.reset();
+  parts_.clear();
+}
+
+bool ParallelizedModel::has_tp() const { return parts_[0]->tp != nullptr; }
+bool ParallelizedModel::has_dp() const { return parts_[0]->dp != nullptr; }
+
+Model& ParallelizedModel::model() { return *parts_[0]->model; }
+
+std::vector<Model*> ParallelizedModel::parts() const {
+  std::vector<Model*> out;
+  for (const auto& part : parts_) out.push_back(part->model.get());
+  return out;
+}
+
+void ParallelizedModel::apply_pipeline(const pp::PipelineLayout& layout,
+                                       const std::function<std::shared_ptr<Model>()>& build,
+                                       at::Device device) {
+  TITAN_CHECK(!pipeline_ && !applied_tp_ && !applied_ac_ && !applied_dp_,
+              "pipeline parallelism must be applied first (and once)");
+  if (!dims_.pp_enabled()) return;
+  TITAN_CHECK(layout.pp == dims_.pp(), "pipeline layout for pp ", layout.pp, ", mesh pp ",
+              dims_.pp());
+  const int64_t pp_rank = dims_.coordinate(rank_).pp;
+  const std::vector<int64_t>& stages = layout.rank_stage_ids.at(pp_rank);
+  std::vector<PipelineRuntime::Stage> runtime_stages;
+  for (size_t i = 0; i < stages.size(); ++i) {
+    if (i > 0) {
+      TITAN_CHECK(build != nullptr, "pipeline parallelism with ", stages.size(),
+                  " stages per rank needs a model builder (ParallelizeOptions::build_model)");
+      parts_.push_back(std::make_unique<Part>());
+      parts_.back()->model = build();
+    }
+    Part& part = *parts_.back();
+    part.stage = stages[i];
+    part.model->keep_only(layout.module_fqns.at(stages[i]));
+    runtime_stages.push_back({stages[i], part.model.get()});
+  }
+  pipeline_ = std::make_unique<PipelineRuntime>(layout, dims_.group_ptr("pp"),
+                                                std::move(runtime_stages), device);
+  refresh_params();
 }
 
 void ParallelizedModel::apply_tensor_parallel(
     bool loss_parallel, const std::vector<std::pair<std::string, int64_t>>& seq_lens) {
-  TITAN_CHECK(!tp_ && !ac_ && !dp_, "tensor parallelism must be applied first (and once)");
+  TITAN_CHECK(!applied_tp_ && !applied_ac_ && !applied_dp_,
+              "tensor parallelism must be applied first (and once)");
+  applied_tp_ = true;
   if (!dims_.tp_enabled()) return;
   const int64_t t = dims_.tp();
   for (const auto& [key, len] : seq_lens) {
@@ -40,17 +100,24 @@ void ParallelizedModel::apply_tensor_parallel(
                         std::to_string(t) + " (sequence parallelism splits the sequence)");
     }
   }
-  tp_ = std::make_unique<TensorParallel>(*model_, dims_.group_ptr("tp"), loss_parallel);
+  for (auto& part : parts_) {
+    part->tp = std::make_unique<TensorParallel>(*part->model, dims_.group_ptr("tp"), loss_parallel);
+  }
   refresh_params();
 }
 
 void ParallelizedModel::apply_activation_checkpointing(const ActivationCheckpointSection& ac) {
-  TITAN_CHECK(!ac_ && !dp_, "activation checkpointing must be applied before data parallelism");
-  ac_ = titan::apply_activation_checkpointing(*model_, ac);  // joins the runner chain itself
+  TITAN_CHECK(!applied_ac_ && !applied_dp_,
+              "activation checkpointing must be applied before data parallelism");
+  applied_ac_ = true;
+  for (auto& part : parts_) {
+    part->ac = titan::apply_activation_checkpointing(*part->model, ac);  // joins the runner chain
+  }
 }
 
 void ParallelizedModel::apply_data_parallel(const ParallelizeOptions& options) {
-  TITAN_CHECK(!dp_, "data parallelism is applied once");
+  TITAN_CHECK(!applied_dp_, "data parallelism is applied once");
+  applied_dp_ = true;
   if (options.fsdp_float8_all_gather && !dims_.dp_shard_enabled()) {
     log_warning(
         "quantize.linear.float8.enable_fsdp_float8_all_gather = true has no effect: parameters "
@@ -58,76 +125,118 @@ void ParallelizedModel::apply_data_parallel(const ParallelizeOptions& options) {
         "the weights themselves");
   }
   if (!dims_.dp_enabled()) return;
-  DataParallelOptions o;
-  if (tp_) o.placements = tp_->placements();
-  if (dims_.dp_shard_enabled()) o.shard_group = dims_.group_ptr("dp_shard");
-  if (dims_.dp_replicate_enabled()) o.replicate_group = dims_.group_ptr("dp_replicate");
-  o.param_dtype = options.param_dtype;
-  o.reduce_dtype = options.reduce_dtype;
-  o.reshard_after_forward = options.fsdp_reshard_after_forward;
-  o.device = options.device;
-  o.float8_all_gather = options.fsdp_float8_all_gather;
-  o.float8_precompute_scales = options.fsdp_float8_precompute_scales;
-  dp_ = std::make_unique<DataParallel>(*model_, o);
+  for (auto& part : parts_) {
+    DataParallelOptions o;
+    if (part->tp) o.placements = part->tp->placements();
+    if (dims_.dp_shard_enabled()) o.shard_group = dims_.group_ptr("dp_shard");
+    if (dims_.dp_replicate_enabled()) o.replicate_group = dims_.group_ptr("dp_replicate");
+    o.param_dtype = options.param_dtype;
+    o.reduce_dtype = options.reduce_dtype;
+    o.reshard_after_forward = options.fsdp_reshard_after_forward;
+    // TorchTitan: under PP, "default" keeps parameters gathered between microbatches (a stage
+    // runs many forwards and backwards per step).
+    if (pipeline_ && o.reshard_after_forward == "default") o.reshard_after_forward = "never";
+    o.device = options.device;
+    o.float8_all_gather = options.fsdp_float8_all_gather;
+    o.float8_precompute_scales = options.fsdp_float8_precompute_scales;
+    part->dp = std::make_unique<DataParallel>(*part->model, o);
+  }
   refresh_params();
 }
 
 void ParallelizedModel::materialize(at::Device device) {
-  // set_data cannot move a tensor off the meta device: each layer registers a new parameter.
-  for (const auto& item : model_->named_modules()) {
-    auto* layer = dynamic_cast<WeightLayer*>(item.value().get());
-    if (layer == nullptr) continue;
-    const at::Tensor old = layer->named_parameters(/*recurse=*/false)["weight"];
-    if (!old.is_meta()) continue;
-    at::Tensor fresh = at::empty(old.sizes(), old.options().device(device));
-    fresh.set_requires_grad(old.requires_grad());
-    layer->replace_weight(fresh);
-  }
-  for (const auto& item : model_->named_parameters()) {
-    TITAN_CHECK(!item.value().is_meta(), "parameter ", item.key(),
-                " is still on the meta device: only WeightLayer weights are materialized");
-  }
-  // Buffers (RoPE tables) are built real on the CPU; set_data keeps the members that hold them.
-  at::NoGradGuard no_grad;
-  for (auto& buffer : model_->buffers()) {
-    if (buffer.device() != device) buffer.set_data(buffer.to(device));
+  for (auto& part : parts_) {
+    Model& model = *part->model;
+    // set_data cannot move a tensor off the meta device: each layer registers a new parameter.
+    for (const auto& item : model.named_modules()) {
+      auto* layer = dynamic_cast<WeightLayer*>(item.value().get());
+      if (layer == nullptr) continue;
+      const at::Tensor old = layer->named_parameters(/*recurse=*/false)["weight"];
+      if (!old.is_meta()) continue;
+      at::Tensor fresh = at::empty(old.sizes(), old.options().device(device));
+      fresh.set_requires_grad(old.requires_grad());
+      layer->replace_weight(fresh);
+    }
+    for (const auto& item : model.named_parameters()) {
+      TITAN_CHECK(!item.value().is_meta(), "parameter ", item.key(),
+                  " is still on the meta device: only WeightLayer weights are materialized");
+    }
+    // Buffers (RoPE tables) are built real on the CPU; set_data keeps the members that hold them.
+    at::NoGradGuard no_grad;
+    for (auto& buffer : model.buffers()) {
+      if (buffer.device() != device) buffer.set_data(buffer.to(device));
+    }
   }
   refresh_params();
 }
 
 void ParallelizedModel::init_weights(uint64_t seed) {
-  for (TrainedParam& p : params_) {
+  for (size_t i = 0; i < params_.size(); ++i) {
+    TrainedParam& p = params_[i];
     TITAN_CHECK(!p.local.is_meta(), "parameter ", p.name,
                 " is on the meta device: materialize() before init_weights()");
-    init_box(p.local, model_->param_init(p.name), seed, p.name, p.box);
+    init_box(p.local, parts_[param_part_[i]]->model->param_init(p.name), seed, p.name, p.box);
   }
 }
 
 void ParallelizedModel::refresh_params() {
   params_.clear();
+  param_part_.clear();
   const MeshCoord coord = dims_.coordinate(rank_);
-  const auto tp_replicated = [this](const std::string& name) {
-    return tp_ != nullptr && tp_->replicated(name);
-  };
-  const auto writer = [&](const std::string& name) {
-    return coord.dp_replicate == 0 && (coord.tp == 0 || !tp_replicated(name));
-  };
-  if (dp_) {
-    for (const ShardedParam& p : dp_->params()) {
-      params_.push_back({p.name, p.local, p.box, writer(p.name), tp_replicated(p.name)});
+  for (size_t pi = 0; pi < parts_.size(); ++pi) {
+    const Part& part = *parts_[pi];
+    const auto tp_replicated = [&](const std::string& name) {
+      return part.tp != nullptr && part.tp->replicated(name);
+    };
+    const auto writer = [&](const std::string& name) {
+      return coord.dp_replicate == 0 && (coord.tp == 0 || !tp_replicated(name));
+    };
+    if (part.dp) {
+      for (const ShardedParam& p : part.dp->params()) {
+        params_.push_back({p.name, p.local, p.box, writer(p.name), tp_replicated(p.name)});
+        param_part_.push_back(pi);
+      }
+      continue;
     }
-    return;
-  }
-  for (const auto& item : model_->named_parameters()) {
-    const std::string& name = item.key();
-    const ShardBox box =
-        tp_ ? tp_->placements().at(name).box : ShardBox::whole(item.value().sizes());
-    params_.push_back({name, item.value(), box, writer(name), tp_replicated(name)});
+    for (const auto& item : part.model->named_parameters()) {
+      const std::string& name = item.key();
+      const ShardBox box =
+          part.tp ? part.tp->placements().at(name).box : ShardBox::whole(item.value().sizes());
+      params_.push_back({name, item.value(), box, writer(name), tp_replicated(name)});
+      param_part_.push_back(pi);
+    }
   }
 }
 
 at::Tensor ParallelizedModel::loss(const at::Tensor& logits, const at::Tensor& labels) const {
-  return tp_ ? tp_->cross_entropy(logits, labels) : lm_cross_entropy_loss(logits, labels);
+  const Part& last = *parts_.back();
+  return last.tp ? last.tp->cross_entropy(logits, labels) : lm_cross_entropy_loss(logits, labels);
+}
+
+at::Tensor ParallelizedModel::forward_backward(const at::Tensor& inputs, const at::Tensor& labels,
+                                               double loss_scale) {
+  at::Tensor loss_value;
+  if (pipeline_) {
+    loss_value = pipeline_->train_step(
+        inputs, labels, [this](const at::Tensor& l, const at::Tensor& y) { return loss(l, y); },
+        loss_scale);
+  } else {
+    at::Tensor logits = parts_[0]->model->forward(inputs);  // (bs, seqlen, vocab) float32
+    at::Tensor l = loss(logits, labels);
+    (l * loss_scale).backward();
+    loss_value = l.detach();
+  }
+  finish_backward();
+  return loss_value;
+}
+
+at::Tensor ParallelizedModel::evaluate(const at::Tensor& inputs, const at::Tensor& labels) {
+  at::NoGradGuard no_grad;
+  if (pipeline_) {
+    return pipeline_->evaluate(
+        inputs, labels, [this](const at::Tensor& l, const at::Tensor& y) { return loss(l, y); });
+  }
+  return loss(parts_[0]->model->forward(inputs), labels);
 }
 
 double ParallelizedModel::batch_mean(double value) const {
@@ -139,8 +248,8 @@ double ParallelizedModel::batch_mean(double value) const {
 }
 
 void ParallelizedModel::zero_grad() {
-  if (dp_) {
-    dp_->zero_grad();
+  if (has_dp()) {
+    for (auto& part : parts_) part->dp->zero_grad();
     return;
   }
   for (TrainedParam& p : params_) {
@@ -149,50 +258,118 @@ void ParallelizedModel::zero_grad() {
 }
 
 void ParallelizedModel::finish_backward() {
-  if (dp_) dp_->finish_backward();
+  for (auto& part : parts_) {
+    if (part->dp) part->dp->finish_backward();
+  }
 }
 
 double ParallelizedModel::clip_grad_norm(double max_norm) {
-  if (!dp_ && !tp_) {
+  if (!has_dp() && !has_tp() && !pipeline_) {
     std::vector<at::Tensor> locals;
     for (const TrainedParam& p : params_) locals.push_back(p.local);
     return titan::clip_grad_norm(locals, max_norm);
   }
   std::vector<std::pair<std::string, at::Tensor>> grads;
   for (const TrainedParam& p : params_) grads.emplace_back(p.name, p.local.grad());
-  if (tp_) tp_->reduce_replicated_grads(grads);
-  // Squares summed over every shard once: TP-replicated parameters are on every tp rank.
+  if (has_tp()) {
+    // Each part sums the TP-partial gradients of its own parameters.
+    for (size_t pi = 0; pi < parts_.size(); ++pi) {
+      std::vector<std::pair<std::string, at::Tensor>> mine;
+      for (size_t i = 0; i < grads.size(); ++i) {
+        if (param_part_[i] == pi) mine.push_back(grads[i]);
+      }
+      parts_[pi]->tp->reduce_replicated_grads(mine);
+    }
+  }
+  // Squares summed over every shard once: TP-replicated parameters are on every tp rank, and
+  // the pipeline's stages hold disjoint parameters.
   std::vector<at::Tensor> tensors;
   std::vector<double> weights;
   for (size_t i = 0; i < params_.size(); ++i) {
     tensors.push_back(grads[i].second);
-    weights.push_back(params_[i].tp_replicated ? 1.0 / static_cast<double>(tp_->size()) : 1.0);
+    weights.push_back(params_[i].tp_replicated ? 1.0 / static_cast<double>(dims_.tp()) : 1.0);
   }
   std::vector<dist::Group*> groups;
-  if (dp_ && dims_.dp_shard_enabled()) groups.push_back(&dims_.group("dp_shard"));
-  if (tp_) groups.push_back(&tp_->group());
+  if (has_dp() && dims_.dp_shard_enabled()) groups.push_back(&dims_.group("dp_shard"));
+  if (has_tp()) groups.push_back(&parts_[0]->tp->group());
+  if (pipeline_) groups.push_back(&dims_.group("pp"));
   return clip_grad_norm_sharded(tensors, weights, groups, max_norm);
 }
 
 std::vector<std::pair<std::string, at::Tensor>> ParallelizedModel::gather_full_parameters() {
-  std::vector<std::pair<std::string, at::Tensor>> full;
-  if (dp_) {
-    full = dp_->gather_full_parameters();  // as the model holds them: TP boxes under 2D
-  } else {
-    for (const auto& item : model_->named_parameters()) {
-      full.emplace_back(item.key(), item.value().detach().to(at::kCPU));
+  // Each part's parameters whole (collectives over its dp / tp groups), on the host.
+  std::vector<std::vector<std::pair<std::string, at::Tensor>>> by_part;
+  for (auto& part : parts_) {
+    std::vector<std::pair<std::string, at::Tensor>> full;
+    if (part->dp) {
+      full = part->dp->gather_full_parameters();  // as the model holds them: TP boxes under 2D
+    } else {
+      for (const auto& item : part->model->named_parameters()) {
+        full.emplace_back(item.key(), item.value().detach().to(at::kCPU));
+      }
+    }
+    if (part->tp) {
+      for (auto& [name, t] : full) t = part->tp->gather_whole(name, t);
+    }
+    by_part.push_back(std::move(full));
+  }
+  if (!pipeline_) return std::move(by_part[0]);
+  // Under PP every stage's parameters go to every rank, stage by stage: the owner broadcasts the
+  // names and shapes, then each tensor.
+  const pp::PipelineLayout& layout = pipeline_->layout();
+  dist::Group& group = dims_.group("pp");
+  const at::Device wire = group.device();
+  const int64_t my_pp = dims_.coordinate(rank_).pp;
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  for (int64_t stage = 0; stage < layout.n_stages(); ++stage) {
+    const int root = static_cast<int>(layout.stage_rank[stage]);
+    const std::vector<std::pair<std::string, at::Tensor>>* mine = nullptr;
+    for (size_t pi = 0; pi < parts_.size(); ++pi) {
+      if (parts_[pi]->stage == stage && root == my_pp) mine = &by_part[pi];
+    }
+    std::string text;
+    if (mine != nullptr) {
+      std::ostringstream os;
+      for (const auto& [name, t] : *mine) {
+        os << name;
+        for (int64_t d : t.sizes()) os << ' ' << d;
+        os << '\n';
+      }
+      text = os.str();
+    }
+    at::Tensor length =
+        at::full({1}, static_cast<int64_t>(text.size()), at::TensorOptions(at::kLong).device(wire));
+    group.broadcast(length, root).wait();
+    const int64_t n = length.to(at::kCPU).item<int64_t>();
+    at::Tensor bytes = at::zeros({n}, at::TensorOptions(at::kByte));
+    if (mine != nullptr) std::memcpy(bytes.data_ptr(), text.data(), text.size());
+    bytes = bytes.to(wire);
+    group.broadcast(bytes, root).wait();
+    bytes = bytes.to(at::kCPU);
+    std::istringstream lines(
+        std::string(reinterpret_cast<const char*>(bytes.data_ptr()), static_cast<size_t>(n)));
+    std::string line;
+    size_t k = 0;
+    while (std::getline(lines, line)) {
+      std::istringstream fields(line);
+      std::string name;
+      fields >> name;
+      std::vector<int64_t> shape;
+      for (int64_t d; fields >> d;) shape.push_back(d);
+      at::Tensor t = mine != nullptr ? (*mine)[k].second.to(wire)
+                                     : at::empty(shape, at::TensorOptions(at::kFloat).device(wire));
+      group.broadcast(t, root).wait();
+      out.emplace_back(name, t.to(at::kCPU));
+      ++k;
     }
   }
-  if (tp_) {
-    for (auto& [name, t] : full) t = tp_->gather_whole(name, t);
-  }
-  return full;
+  return out;
 }
 
 void ParallelizedModel::load_full_parameters(
     const std::function<at::Tensor(const std::string&)>& whole) {
-  if (dp_) {
-    dp_->load_full_parameters(whole);
+  if (has_dp()) {
+    for (auto& part : parts_) part->dp->load_full_parameters(whole);
     return;
   }
   at::NoGradGuard no_grad;
@@ -204,28 +381,45 @@ void ParallelizedModel::load_full_parameters(
   }
 }
 
-bool ParallelizedModel::communicates() const { return dp_ != nullptr || tp_ != nullptr; }
+bool ParallelizedModel::communicates() const { return has_dp() || has_tp() || pipeline_; }
 
 double ParallelizedModel::comm_wait_seconds() const {
-  return (dp_ ? dp_->comm_wait_seconds() : 0.0) + (tp_ ? tp_->comm_wait_seconds() : 0.0);
+  double seconds = pipeline_ ? pipeline_->comm_wait_seconds() : 0.0;
+  for (const auto& part : parts_) {
+    if (part->dp) seconds += part->dp->comm_wait_seconds();
+    if (part->tp) seconds += part->tp->comm_wait_seconds();
+  }
+  return seconds;
 }
 
 std::vector<std::string> ParallelizedModel::describe() const {
   std::vector<std::string> lines;
-  if (tp_) lines.push_back(tp_->describe());
-  if (ac_) lines.push_back(ac_->describe());
-  if (dp_) {
-    lines.push_back(dp_->describe());
-    const DataParallelMemory m = dp_->memory();
-    lines.push_back("memory per rank: parameters " + human_bytes(m.shard_param_bytes) +
-                    " + gradients " + human_bytes(m.shard_param_bytes) + " + AdamW states " +
-                    human_bytes(2 * m.shard_param_bytes) +
-                    " (fp32 shards; the model's parameters are " +
-                    human_bytes(m.total_param_bytes) + ", 1/" +
-                    std::to_string(static_cast<double>(m.total_param_bytes) /
-                                   static_cast<double>(m.shard_param_bytes))
+  if (pipeline_) lines.push_back(pipeline_->describe());
+  DataParallelMemory total;
+  for (size_t pi = 0; pi < parts_.size(); ++pi) {
+    const Part& part = *parts_[pi];
+    const std::string prefix =
+        parts_.size() > 1 ? "stage " + std::to_string(part.stage) + ": " : std::string();
+    if (part.tp) lines.push_back(prefix + part.tp->describe());
+    if (part.ac) lines.push_back(prefix + part.ac->describe());
+    if (!part.dp) continue;
+    lines.push_back(prefix + part.dp->describe());
+    const DataParallelMemory m = part.dp->memory();
+    total.shard_param_bytes += m.shard_param_bytes;
+    total.total_param_bytes += m.total_param_bytes;
+    total.max_unit_unsharded_bytes =
+        std::max(total.max_unit_unsharded_bytes, m.max_unit_unsharded_bytes);
+  }
+  if (has_dp()) {
+    lines.push_back("memory per rank: parameters " + human_bytes(total.shard_param_bytes) +
+                    " + gradients " + human_bytes(total.shard_param_bytes) + " + AdamW states " +
+                    human_bytes(2 * total.shard_param_bytes) + " (fp32 shards; " +
+                    (pipeline_ ? "this rank's stages hold " : "the model's parameters are ") +
+                    human_bytes(total.total_param_bytes) + ", 1/" +
+                    std::to_string(static_cast<double>(total.total_param_bytes) /
+                                   static_cast<double>(total.shard_param_bytes))
                         .substr(0, 4) +
-                    "); largest gathered unit " + human_bytes(m.max_unit_unsharded_bytes));
+                    "); largest gathered unit " + human_bytes(total.max_unit_unsharded_bytes));
   }
   return lines;
 }
@@ -234,7 +428,13 @@ std::unique_ptr<ParallelizedModel> parallelize_decoder(std::shared_ptr<Model> mo
                                                        const ParallelDims& dims, int64_t rank,
                                                        const ParallelizeOptions& options) {
   auto pm = std::make_unique<ParallelizedModel>(std::move(model), dims, rank);
-  // 1. TP first: it slices the parameters in place, so FSDP later shards the TP-local tensors
+  // 0. Pipeline stages first: every later piece applies to each stage this rank holds.
+  if (dims.pp_enabled()) {
+    TITAN_CHECK(options.pipeline.has_value(),
+                "pipeline parallelism needs its layout (ParallelizeOptions::pipeline)");
+    pm->apply_pipeline(*options.pipeline, options.build_model, options.device);
+  }
+  // 1. TP: it slices the parameters in place, so FSDP later shards the TP-local tensors
   //    and activation checkpointing recomputes through its hooks (same collectives again).
   pm->apply_tensor_parallel(options.loss_parallel, options.seq_lens);
   // 2. Context parallelism will go here (it swaps the inner attention kernel).

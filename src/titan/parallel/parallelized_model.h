@@ -1,8 +1,12 @@
 // The model as training sees it once parallelized: one object that the trainer holds whatever
-// parallelisms are active (none, FSDP, HSDP, DDP, TP, 2D, and activation checkpointing), so the
-// trainer has no branch on which one is. A model's parallelize function (ModelSpec::parallelize,
-// e.g. parallelize_llama3) builds it by applying the pieces in this fixed order:
+// parallelisms are active (none, FSDP, HSDP, DDP, TP, PP, their 2D / 3D compositions, and
+// activation checkpointing), so the trainer has no branch on which one is. A model's parallelize
+// function (ModelSpec::parallelize, e.g. parallelize_llama3) builds it by applying the pieces in
+// this fixed order:
 //
+//   0. pipeline parallelism: splits the model into stages (Model::keep_only); this rank keeps its
+//      stages (one, or several for the multi-stage schedules), each a model part, and every later
+//      piece applies to each part; a schedule runtime (pipeline.h) runs them;
 //   1. tensor / sequence parallelism: slices parameters in place and installs forward hooks; the
 //      later pieces see the TP-local tensors;
 //   2. context parallelism (later): swaps the inner attention kernel;
@@ -18,8 +22,7 @@
 //   auto pm = spec.parallelize(model, dims, options);   // materializes at the end
 //   pm->init_weights(seed);                              // unless loading weights next
 //   pm->zero_grad();
-//   loss = pm->loss(pm->model().forward(x), y);  (loss * scale).backward();
-//   pm->finish_backward();                       // after every backward
+//   loss = pm->forward_backward(x, y, scale);    // per micro-batch (a whole schedule under PP)
 //   norm = pm->clip_grad_norm(max_norm);         // over every shard, every group
 //   optimizer.step() on pm->params()             // this rank's pieces, with their boxes
 #pragma once
@@ -28,11 +31,13 @@
 #include "titan/config/job_config.h"
 #include "titan/distributed/parallel_dims.h"
 #include "titan/models/model.h"
+#include "titan/parallel/pipeline_split.h"
 
 #include <ATen/ATen.h>
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -42,6 +47,7 @@ namespace titan {
 class TensorParallel;
 class ActivationCheckpointing;
 class DataParallel;
+class PipelineRuntime;
 
 // What parallelize needs besides the model and the mesh (narrow settings, not the job config).
 struct ParallelizeOptions {
@@ -59,6 +65,11 @@ struct ParallelizeOptions {
   // with the float8 converter on (DataParallelOptions::float8_all_gather).
   bool fsdp_float8_all_gather = false;
   bool fsdp_float8_precompute_scales = false;
+  // Pipeline parallelism (dims.pp() > 1): the layout (pp::validate_pipeline) and a builder of
+  // another copy of the model as the given one was built (meta device, dtype, converters), for
+  // this rank's further stages.
+  std::optional<pp::PipelineLayout> pipeline;
+  std::function<std::shared_ptr<Model>()> build_model;
 };
 
 // A parameter as this rank trains it: the tensor the optimizer updates (the whole parameter,
@@ -84,6 +95,9 @@ class ParallelizedModel {
 
   // The pieces, applied by a parallelize function in the order documented above. Each refuses
   // to run out of order. ConfigError for layouts the model cannot take (e.g. heads not divisible).
+  // Pipeline: the given model keeps this rank's first stage, `build` makes the others.
+  void apply_pipeline(const pp::PipelineLayout& layout,
+                      const std::function<std::shared_ptr<Model>()>& build, at::Device device);
   void apply_tensor_parallel(bool loss_parallel,
                              const std::vector<std::pair<std::string, int64_t>>& seq_lens);
   void apply_activation_checkpointing(const ActivationCheckpointSection& ac);
@@ -98,9 +112,21 @@ class ParallelizedModel {
   // values of a one-process model built with the same seed, at each piece's box.
   void init_weights(uint64_t seed);
 
-  Model& model() { return *model_; }
-  // What the optimizer trains on this rank, in the model's named_parameters() order.
+  // The model (under PP: this rank's first stage; see parts()).
+  Model& model();
+  // This rank's model parts: the model, or its pipeline stages, in stage order.
+  std::vector<Model*> parts() const;
+  // What the optimizer trains on this rank, part by part in named_parameters() order.
   const std::vector<TrainedParam>& params() const { return params_; }
+
+  // One micro-batch's forward and backward on this rank's batch (tokens and labels (bs, seq)):
+  // under PP the whole schedule over the layout's microbatches. Backward runs on the loss times
+  // `loss_scale`; the gradients are complete on return (finish_backward is done). Returns the
+  // mean loss (detached) on every rank.
+  at::Tensor forward_backward(const at::Tensor& inputs, const at::Tensor& labels,
+                              double loss_scale);
+  // The mean loss of a batch without autograd (validation), on every rank.
+  at::Tensor evaluate(const at::Tensor& inputs, const at::Tensor& labels);
 
   // Mean next-token loss of forward's logits (loss parallel under tensor parallelism).
   at::Tensor loss(const at::Tensor& logits, const at::Tensor& labels) const;
@@ -128,15 +154,19 @@ class ParallelizedModel {
   std::vector<std::string> describe() const;
 
  private:
+  // One model part (the model, or one pipeline stage) with the parallelisms applied to it.
+  struct Part;
   void refresh_params();
+  bool has_tp() const;
+  bool has_dp() const;
 
-  std::shared_ptr<Model> model_;
   const ParallelDims& dims_;
   int64_t rank_;
-  std::unique_ptr<TensorParallel> tp_;
-  std::unique_ptr<ActivationCheckpointing> ac_;
-  std::unique_ptr<DataParallel> dp_;
+  std::vector<std::unique_ptr<Part>> parts_;
+  std::unique_ptr<PipelineRuntime> pipeline_;
+  bool applied_tp_ = false, applied_ac_ = false, applied_dp_ = false;
   std::vector<TrainedParam> params_;
+  std::vector<size_t> param_part_;  // params_[i] belongs to parts_[param_part_[i]]
 };
 
 // The generic decoder parallelize (the order above), for models whose plan is their

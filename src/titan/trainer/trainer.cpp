@@ -189,6 +189,18 @@ void Trainer::build_model() {
       o.fsdp_float8_all_gather && f8.precompute_float8_dynamic_scale_for_fsdp;
   if (config_.validation.enable)
     o.seq_lens.emplace_back("validation.seq_len", config_.validation.seq_len);
+  if (dims_->pp_enabled()) {
+    // The stages, schedule and microbatches (errors show the arithmetic); a rank's further
+    // stages are built as this model was.
+    o.pipeline = pp::validate_pipeline(config_.parallelism, stats.n_layers,
+                                       config_.training.local_batch_size);
+    o.build_model = [this, opts] {
+      std::shared_ptr<Model> stage = spec_->build(config_.model.flavor, opts);
+      apply_training_dtype(*stage, config_.training, world_size_, dims_->describe());
+      apply_model_converters(*stage, config_, device_);
+      return stage;
+    };
+  }
   TITAN_CHECK(spec_->parallelize, "model ", config_.model.name,
               " registers no parallelize function");
   parallel_ = spec_->parallelize(model_, *dims_, rank_, o);
@@ -275,11 +287,7 @@ void Trainer::build_metrics() {
 
 at::Tensor Trainer::forward_backward_step(const at::Tensor& inputs, const at::Tensor& labels,
                                           double loss_scale) {
-  at::Tensor logits = model_->forward(inputs);  // (bs, seqlen, vocab) float32
-  at::Tensor loss = parallel_->loss(logits, labels);
-  (loss * loss_scale).backward();
-  parallel_->finish_backward();
-  return loss.detach();
+  return parallel_->forward_backward(inputs, labels, loss_scale);
 }
 
 std::optional<Batch> Trainer::next_local_batch(DataLoader& loader) {
@@ -330,8 +338,7 @@ double Trainer::validate(int64_t* tokens) {
   while (config_.validation.steps < 0 || n < config_.validation.steps) {
     auto batch = next_local_batch(loader);
     if (!batch) break;
-    at::Tensor loss = parallel_->loss(model_->forward(batch->inputs), batch->labels);
-    sum += loss.item<double>();
+    sum += parallel_->evaluate(batch->inputs, batch->labels).item<double>();
     ++n;
     count += batch->inputs.numel();
   }

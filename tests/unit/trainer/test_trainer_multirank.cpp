@@ -4,21 +4,19 @@
 // default (selective, every 2nd block); and every layout starts from the one-process weights
 // although no rank ever builds the whole model.
 #include "../test_util.h"
+#include "trainer_ranks.h"
 
 #include "titan/common/memory_probe.h"
-#include "titan/distributed/init.h"
 #include "titan/models/registry.h"
 #include "titan/parallel/parallelized_model.h"
 #include "titan/trainer/trainer.h"
 
 #include <gtest/gtest.h>
-#include <torch/csrc/distributed/c10d/HashStore.hpp>
 
 #include <algorithm>
 #include <filesystem>
 #include <map>
 #include <numeric>
-#include <thread>
 
 namespace titan {
 namespace {
@@ -38,39 +36,8 @@ JobConfig config_for(const std::string& dump, int64_t dp_size) {
   return c;
 }
 
-// `body(trainer)` on `world` ranks, threads sharing one store (each constructs its Trainer).
-void on_ranks(const JobConfig& config, int64_t world,
-              const std::function<void(int64_t rank, Trainer&)>& body) {
-  auto store = c10::make_intrusive<c10d::HashStore>();
-  std::vector<std::string> errors(world);
-  std::vector<std::thread> threads;
-  for (int64_t r = 0; r < world; ++r) {
-    threads.emplace_back([&, r] {
-      DistributedContext ctx;
-      ctx.env.source = "test threads";
-      ctx.env.rank = r;
-      ctx.env.local_rank = r;
-      ctx.env.world_size = world;
-      ctx.env.local_world_size = world;
-      ctx.store = store;
-      try {
-        Trainer trainer(config, &ctx);
-        body(r, trainer);
-      } catch (const std::exception& e) {
-        errors[r] = e.what();
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
-  for (int64_t r = 0; r < world; ++r) EXPECT_EQ(errors[r], "") << "rank " << r;
-}
-
-// train() on `world` ranks; results by rank.
-std::vector<TrainResult> train_on_ranks(const JobConfig& config, int64_t world) {
-  std::vector<TrainResult> results(world);
-  on_ranks(config, world, [&](int64_t r, Trainer& trainer) { results[r] = trainer.train(); });
-  return results;
-}
+using test::on_ranks;
+using test::train_on_ranks;
 
 struct Layout {
   const char* name;

@@ -1,0 +1,311 @@
+// Pipeline parallelism's runtime (see pipeline.h).
+#include "titan/parallel/pipeline.h"
+
+#include "titan/common/check.h"
+
+#include <ATen/core/grad_mode.h>
+#include <torch/csrc/autograd/autograd.h>
+
+#include <algorithm>
+#include <set>
+#include <sstream>
+#include <utility>
+
+namespace titan {
+
+namespace {
+
+// What a transfer carries (part of its tag).
+constexpr int kActivation = 0;
+constexpr int kGradient = 1;
+constexpr int kHeader = 2;
+// Microbatches per boundary in the tag space: far more than any schedule runs.
+constexpr int64_t kTagStride = 1 << 16;
+// A header: ndim, up to 6 sizes, dtype.
+constexpr int64_t kHeaderLen = 8;
+constexpr int64_t kMaxDims = kHeaderLen - 2;
+
+using Key = std::pair<int64_t, int64_t>;  // (stage, microbatch)
+
+at::Tensor take(std::map<Key, at::Tensor>& from, const Key& key, const char* what) {
+  auto it = from.find(key);
+  TITAN_CHECK(it != from.end(), "pipeline runtime: no ", what, " for stage ", key.first,
+              " microbatch ", key.second,
+              " (the schedule runs an action before the one it depends on)");
+  at::Tensor t = std::move(it->second);
+  from.erase(it);
+  return t;
+}
+
+}  // namespace
+
+struct PipelineRuntime::StepState {
+  std::vector<at::Tensor> tokens, labels;  // per microbatch
+  const LossFn* loss_fn = nullptr;
+  double scale = 1.0;                    // on each microbatch's loss
+  std::map<Key, at::Tensor> input;       // a stage's input leaf (not the first stage's)
+  std::map<Key, at::Tensor> output;      // a stage's output with its graph (last: scaled loss)
+  std::map<Key, at::Tensor> grad_input;  // for the previous stage on this rank
+  std::set<Key> weights_due;             // I done, W not yet
+  std::vector<at::Tensor> losses;        // per microbatch, on the last stage's rank
+};
+
+PipelineRuntime::PipelineRuntime(pp::PipelineLayout layout, std::shared_ptr<dist::Group> group,
+                                 std::vector<Stage> stages, const at::Device& device)
+    : layout_(std::move(layout)),
+      group_(std::move(group)),
+      stages_(std::move(stages)),
+      device_(device),
+      clock_(std::make_unique<WaitClock>(device)) {
+  rank_ = group_ ? group_->rank() : 0;
+  TITAN_CHECK(layout_.pp == (group_ ? group_->size() : 1), "pipeline runtime: layout for pp ",
+              layout_.pp, " on a group of ", group_ ? group_->size() : 1);
+  const std::vector<int64_t>& mine = layout_.rank_stage_ids.at(rank_);
+  TITAN_CHECK(stages_.size() == mine.size(), "pipeline runtime: rank ", rank_, " holds ",
+              mine.size(), " stages, given ", stages_.size());
+  for (size_t i = 0; i < mine.size(); ++i) {
+    TITAN_CHECK(stages_[i].id == mine[i] && stages_[i].model != nullptr, "pipeline runtime: stage ",
+                i, " of rank ", rank_, " should be stage ", mine[i]);
+  }
+}
+
+PipelineRuntime::~PipelineRuntime() = default;
+
+PipelineRuntime::Stage& PipelineRuntime::local(int64_t stage) {
+  for (Stage& s : stages_) {
+    if (s.id == stage) return s;
+  }
+  TITAN_CHECK(false, "pipeline runtime: rank ", rank_, " was given an action of stage ", stage,
+              ", which rank ", rank_of(stage), " holds");
+  return stages_[0];
+}
+
+int PipelineRuntime::tag(int64_t boundary, int64_t microbatch, int kind) const {
+  TITAN_CHECK(microbatch < kTagStride, "pipeline runtime: microbatch ", microbatch,
+              " past the tag space");
+  return static_cast<int>((boundary * kTagStride + microbatch) * 4 + kind);
+}
+
+void PipelineRuntime::send(const at::Tensor& t, int64_t dst, int64_t boundary, int64_t microbatch,
+                           int kind, const std::vector<int64_t>& key_shape) {
+  const int peer = static_cast<int>(dst);
+  if (kind == kActivation) {
+    std::vector<int64_t> key{boundary, kind};
+    key.insert(key.end(), key_shape.begin(), key_shape.end());
+    if (known_.find(key) == known_.end()) {
+      TITAN_CHECK(t.dim() <= kMaxDims, "pipeline runtime: activations of ", t.dim(),
+                  " dims cannot cross stages (at most ", kMaxDims, ")");
+      at::Tensor header = at::zeros({kHeaderLen}, at::TensorOptions(at::kLong).device(device_));
+      std::vector<int64_t> values{t.dim()};
+      for (int64_t d : t.sizes()) values.push_back(d);
+      values.resize(kHeaderLen - 1, 0);
+      values.push_back(static_cast<int64_t>(t.scalar_type()));
+      header.copy_(at::tensor(values, at::kLong));
+      sends_.push_back({header, group_->send(header, peer, tag(boundary, microbatch, kHeader))});
+      known_[key] = {t.sizes().vec(), t.scalar_type()};
+    }
+  }
+  const at::Tensor data = t.contiguous();
+  sends_.push_back({data, group_->send(data, peer, tag(boundary, microbatch, kind))});
+}
+
+at::Tensor PipelineRuntime::recv_activation(int64_t src, int64_t boundary, int64_t microbatch,
+                                            const std::vector<int64_t>& key_shape) {
+  const int peer = static_cast<int>(src);
+  std::vector<int64_t> key{boundary, kActivation};
+  key.insert(key.end(), key_shape.begin(), key_shape.end());
+  auto it = known_.find(key);
+  if (it == known_.end()) {
+    at::Tensor header = at::zeros({kHeaderLen}, at::TensorOptions(at::kLong).device(device_));
+    dist::Work work = group_->recv(header, peer, tag(boundary, microbatch, kHeader));
+    clock_->time([&] { work.wait(); });
+    const at::Tensor host = header.to(at::kCPU);
+    const int64_t* h = host.data_ptr<int64_t>();
+    TITAN_CHECK(h[0] >= 0 && h[0] <= kMaxDims, "pipeline runtime: bad activation header from rank ",
+                src, " (", h[0], " dims)");
+    std::vector<int64_t> shape(h + 1, h + 1 + h[0]);
+    it = known_.emplace(key, std::make_pair(shape, static_cast<at::ScalarType>(h[kHeaderLen - 1])))
+             .first;
+  }
+  at::Tensor t =
+      at::empty(it->second.first, at::TensorOptions().dtype(it->second.second).device(device_));
+  dist::Work work = group_->recv(t, peer, tag(boundary, microbatch, kActivation));
+  clock_->time([&] { work.wait(); });
+  return t;
+}
+
+at::Tensor PipelineRuntime::recv_like(const at::Tensor& like, int64_t src, int64_t boundary,
+                                      int64_t microbatch, int kind) {
+  at::Tensor t = at::empty(like.sizes(), like.options().device(device_));
+  dist::Work work = group_->recv(t, static_cast<int>(src), tag(boundary, microbatch, kind));
+  clock_->time([&] { work.wait(); });
+  return t;
+}
+
+void PipelineRuntime::finish_sends() {
+  for (PendingSend& s : sends_) clock_->time([&] { s.work.wait(); });
+  sends_.clear();
+}
+
+void PipelineRuntime::forward(StepState& st, int64_t stage, int64_t m, bool grad) {
+  Stage& s = local(stage);
+  const Key key{stage, m};
+  const std::vector<int64_t> key_shape = st.tokens[m].sizes().vec();
+  at::Tensor in;
+  if (is_first(stage)) {
+    in = st.tokens[m];
+  } else {
+    at::Tensor prev = rank_of(stage - 1) == rank_
+                          ? st.output.at({stage - 1, m})
+                          : recv_activation(rank_of(stage - 1), stage - 1, m, key_shape);
+    if (grad) {
+      in = prev.detach().requires_grad_(true);
+      st.input[key] = in;
+    } else {
+      in = prev;
+      if (rank_of(stage - 1) == rank_) st.output.erase({stage - 1, m});
+    }
+  }
+  at::Tensor out = s.model->forward(in);
+  if (is_last(stage)) {
+    at::Tensor loss = (*st.loss_fn)(out, st.labels[m]);
+    st.losses[m] = loss.detach();
+    if (grad) st.output[key] = loss * st.scale;
+    return;
+  }
+  const int64_t next = rank_of(stage + 1);
+  if (next != rank_) send(out.detach(), next, stage, m, kActivation, key_shape);
+  if (grad || next == rank_) st.output[key] = out;
+}
+
+void PipelineRuntime::backward(StepState& st, int64_t stage, int64_t m) {
+  const Key key{stage, m};
+  at::Tensor grad_out;  // undefined for the last stage: its output is the (scaled) loss
+  if (!is_last(stage)) {
+    if (rank_of(stage + 1) == rank_) {
+      grad_out = take(st.grad_input, {stage + 1, m}, "gradient from the next stage");
+    } else {
+      grad_out = recv_like(st.output.at(key), rank_of(stage + 1), stage, m, kGradient);
+    }
+  }
+  const std::vector<at::Tensor> grads =
+      grad_out.defined() ? std::vector<at::Tensor>{grad_out} : std::vector<at::Tensor>{};
+  const bool has_input = !is_first(stage);
+  const auto deliver = [&](const at::Tensor& g) {
+    TITAN_CHECK(g.defined(), "pipeline runtime: stage ", stage,
+                "'s input received no gradient (is the stage's output independent of it?)");
+    if (rank_of(stage - 1) == rank_) {
+      st.grad_input[key] = g;
+    } else {
+      send(g, rank_of(stage - 1), stage - 1, m, kGradient, {});
+    }
+  };
+  const at::Tensor out = take(st.output, key, "output");
+  torch::autograd::backward({out}, grads);
+  if (has_input) deliver(take(st.input, key, "input").grad());
+}
+
+at::Tensor PipelineRuntime::mean_from_last_stage(const at::Tensor& local_mean) {
+  at::Tensor t = local_mean.to(at::kFloat).reshape({1}).contiguous();
+  if (group_ && layout_.pp > 1) {
+    dist::Work work = group_->broadcast(t, static_cast<int>(rank_of(layout_.n_stages() - 1)));
+    clock_->time([&] { work.wait(); });
+  }
+  return t.reshape({});
+}
+
+at::Tensor PipelineRuntime::train_step(const at::Tensor& inputs, const at::Tensor& labels,
+                                       const LossFn& loss_fn, double loss_scale) {
+  const int64_t n = layout_.n_microbatches;
+  TITAN_CHECK(inputs.size(0) == n * layout_.microbatch_size, "pipeline: the local batch of ",
+              inputs.size(0), " sequences is not ", n,
+              " microbatches x pipeline_parallel_microbatch_size ", layout_.microbatch_size);
+  StepState st;
+  st.tokens = inputs.chunk(n, 0);
+  st.labels = labels.chunk(n, 0);
+  st.loss_fn = &loss_fn;
+  st.scale = loss_scale / static_cast<double>(n);
+  st.losses.resize(n);
+  const auto run = [&](const pp::Action& a) {
+    switch (a.kind) {
+      case pp::ActionKind::kForward: forward(st, a.stage, a.microbatch, /*grad=*/true); break;
+      case pp::ActionKind::kFullBackward: backward(st, a.stage, a.microbatch); break;
+      case pp::ActionKind::kBackwardInput:
+        // The whole backward: W then has nothing left to do (see pipeline.h).
+        backward(st, a.stage, a.microbatch);
+        st.weights_due.insert({a.stage, a.microbatch});
+        break;
+      case pp::ActionKind::kBackwardWeight:
+        TITAN_CHECK(st.weights_due.erase({a.stage, a.microbatch}) == 1,
+                    "pipeline runtime: ", a.str(), " runs before its I (backward for the input)");
+        break;
+      default:
+        TITAN_CHECK(false, "pipeline runtime: cannot run action ", a.str(),
+                    " (tables hold compute actions; sends and receives are implied)");
+    }
+  };
+  for (const pp::Slot& slot : layout_.table.at(rank_)) {
+    if (!slot) continue;
+    if (slot->kind == pp::ActionKind::kOverlapForwardBackward) {
+      for (const pp::Action& sub : slot->sub_actions) run(sub);
+    } else {
+      run(*slot);
+    }
+  }
+  finish_sends();
+  TITAN_CHECK(
+      st.output.empty() && st.input.empty() && st.grad_input.empty() && st.weights_due.empty(),
+      "pipeline runtime: rank ", rank_,
+      "'s schedule left work undone (a forward without its backward)");
+  at::Tensor mean = at::zeros({}, at::TensorOptions(at::kFloat).device(device_));
+  if (rank_of(layout_.n_stages() - 1) == rank_) {
+    for (const at::Tensor& l : st.losses) mean = mean + l.to(at::kFloat);
+    mean = mean / static_cast<double>(n);
+  }
+  return mean_from_last_stage(mean);
+}
+
+at::Tensor PipelineRuntime::evaluate(const at::Tensor& inputs, const at::Tensor& labels,
+                                     const LossFn& loss_fn) {
+  at::NoGradGuard no_grad;
+  StepState st;
+  st.tokens = inputs.split(layout_.microbatch_size, 0);
+  st.labels = labels.split(layout_.microbatch_size, 0);
+  st.loss_fn = &loss_fn;
+  const int64_t n = static_cast<int64_t>(st.tokens.size());
+  st.losses.resize(n);
+  for (int64_t m = 0; m < n; ++m) {
+    for (const Stage& s : stages_) forward(st, s.id, m, /*grad=*/false);
+  }
+  finish_sends();
+  at::Tensor mean = at::zeros({}, at::TensorOptions(at::kFloat).device(device_));
+  if (rank_of(layout_.n_stages() - 1) == rank_) {
+    // Weighted by sequences: the last microbatch may be smaller.
+    for (int64_t m = 0; m < n; ++m) {
+      mean = mean + st.losses[m].to(at::kFloat) * static_cast<double>(st.tokens[m].size(0));
+    }
+    mean = mean / static_cast<double>(inputs.size(0));
+  }
+  return mean_from_last_stage(mean);
+}
+
+std::string PipelineRuntime::describe() const {
+  std::ostringstream os;
+  os << "pipeline: " << pp::schedule_name(layout_.schedule)
+     << (layout_.from_csv ? " (table from pipeline_parallel_schedule_csv)" : "") << " over pp "
+     << layout_.pp << ", " << layout_.n_stages() << " stages placed "
+     << pp::placement_name(layout_.placement) << "-style; this rank: stage";
+  const std::vector<int64_t>& mine = layout_.rank_stage_ids.at(rank_);
+  os << (mine.size() > 1 ? "s " : " ");
+  for (size_t i = 0; i < mine.size(); ++i) {
+    os << (i ? ", " : "") << mine[i] << " (";
+    const std::vector<std::string>& fqns = layout_.module_fqns.at(mine[i]);
+    os << fqns.front();
+    if (fqns.size() > 1) os << " .. " << fqns.back();
+    os << ")";
+  }
+  os << "; " << layout_.n_microbatches << " microbatches of " << layout_.microbatch_size;
+  return os.str();
+}
+
+}  // namespace titan

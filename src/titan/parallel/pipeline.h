@@ -1,0 +1,116 @@
+// Pipeline parallelism's runtime: one rank's stages (model parts holding only their modules, see
+// Model::keep_only) and the loop that runs this rank's row of a schedule table
+// (pipeline_schedule.h) on them, one training step at a time:
+//
+//   F(s, m)  stage s forwards microbatch m: its input is the tokens (first stage), the previous
+//            stage's output on this rank, or a tensor received from the rank that holds stage
+//            s - 1; its output is sent to the rank of stage s + 1 right away (asynchronously), or
+//            on the last stage turned into the microbatch's loss.
+//   B(s, m)  the stage's backward from its output with the gradient received from stage s + 1
+//            (or from the loss); the gradient of its input goes to stage s - 1.
+//   I, W     the zero-bubble split of B into the input's gradient (I) and the weights' (W). Here
+//            I runs the whole backward and W nothing: the weight gradients leave through FSDP's
+//            and activation checkpointing's own backward functions, which cannot run a second
+//            time over one graph, and computing the input gradient alone first would cost the
+//            weight part's recomputation later (I + W = 1.5 B). The zero-bubble schedules
+//            therefore run their order and transfers with 1F1B's cost per microbatch; their
+//            bubble advantage needs the split, which is future work.
+//
+// Sends are posted without blocking and completed at the end of the step; a receive blocks until
+// its data is there. A schedule that passes validate_pipeline's simulation (same rules: compute
+// waits for its inputs, sends do not block) therefore cannot deadlock. Tags name the stage
+// boundary, microbatch and direction, so transfers never pair up wrongly; the first transfer over
+// a boundary for a given microbatch shape also sends the tensor's shape and dtype.
+//
+// Loss: the last stage computes loss_fn(logits, labels) per microbatch; backward runs on
+// loss * loss_scale / n_microbatches, so gradients are those of the mean over microbatches (each
+// microbatch has the same number of tokens: the mean over the step's tokens). The step's loss
+// (that mean) is broadcast from the last stage's rank, so every rank reports it.
+#pragma once
+
+#include "titan/distributed/comm.h"
+#include "titan/models/model.h"
+#include "titan/parallel/device_streams.h"
+#include "titan/parallel/pipeline_split.h"
+
+#include <ATen/ATen.h>
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace titan {
+
+class PipelineRuntime {
+ public:
+  struct Stage {
+    int64_t id = 0;  // global stage index
+    Model* model = nullptr;
+  };
+  using LossFn = std::function<at::Tensor(const at::Tensor& logits, const at::Tensor& labels)>;
+
+  // `stages`: this rank's stages (layout.rank_stage_ids[group->rank()]), in that order. `group`:
+  // the pp group (null only when pp = 1).
+  PipelineRuntime(pp::PipelineLayout layout, std::shared_ptr<dist::Group> group,
+                  std::vector<Stage> stages, const at::Device& device);
+  ~PipelineRuntime();
+  PipelineRuntime(const PipelineRuntime&) = delete;
+  PipelineRuntime& operator=(const PipelineRuntime&) = delete;
+
+  // One step's forward and backward of this rank's local batch (inputs / labels (bs, seq)),
+  // split into the layout's microbatches, as this rank's row of the schedule says. Returns the
+  // mean microbatch loss (a float32 scalar on the device), on every rank of the pp group.
+  at::Tensor train_step(const at::Tensor& inputs, const at::Tensor& labels, const LossFn& loss_fn,
+                        double loss_scale);
+  // Forward only, without autograd (validation): microbatches of the layout's size (the last may
+  // be smaller), each through every stage in order. Returns the token-weighted mean loss on
+  // every rank of the pp group.
+  at::Tensor evaluate(const at::Tensor& inputs, const at::Tensor& labels, const LossFn& loss_fn);
+
+  const pp::PipelineLayout& layout() const { return layout_; }
+  // Seconds this rank spent blocked on receives and sends since construction.
+  double comm_wait_seconds() const { return clock_->seconds(); }
+  // "pipeline: 1F1B over pp 2, stages [0] of 2 on this rank, 4 microbatches of 2"
+  std::string describe() const;
+
+  struct StepState;
+
+ private:
+  bool is_first(int64_t stage) const { return stage == 0; }
+  bool is_last(int64_t stage) const { return stage == layout_.n_stages() - 1; }
+  Stage& local(int64_t stage);
+  int64_t rank_of(int64_t stage) const { return layout_.stage_rank[stage]; }
+  int tag(int64_t boundary, int64_t microbatch, int kind) const;
+
+  // Sends `t` (an activation crossing `boundary` = the sending stage for forwards) to `dst`.
+  void send(const at::Tensor& t, int64_t dst, int64_t boundary, int64_t microbatch, int kind,
+            const std::vector<int64_t>& key_shape);
+  at::Tensor recv_activation(int64_t src, int64_t boundary, int64_t microbatch,
+                             const std::vector<int64_t>& key_shape);
+  at::Tensor recv_like(const at::Tensor& like, int64_t src, int64_t boundary, int64_t microbatch,
+                       int kind);
+  void finish_sends();
+
+  void forward(StepState& st, int64_t stage, int64_t m, bool grad);
+  void backward(StepState& st, int64_t stage, int64_t m);
+  at::Tensor mean_from_last_stage(const at::Tensor& local_mean);
+
+  pp::PipelineLayout layout_;
+  std::shared_ptr<dist::Group> group_;
+  std::vector<Stage> stages_;
+  at::Device device_;
+  int64_t rank_ = 0;
+  std::unique_ptr<WaitClock> clock_;
+  struct PendingSend {
+    at::Tensor tensor;
+    dist::Work work;
+  };
+  std::vector<PendingSend> sends_;
+  // Shapes and dtypes already exchanged, by (boundary, direction, microbatch token shape).
+  std::map<std::vector<int64_t>, std::pair<std::vector<int64_t>, at::ScalarType>> known_;
+};
+
+}  // namespace titan
