@@ -67,6 +67,12 @@ PipelineRuntime::PipelineRuntime(pp::PipelineLayout layout, std::shared_ptr<dist
     TITAN_CHECK(stages_[i].id == mine[i] && stages_[i].model != nullptr, "pipeline runtime: stage ",
                 i, " of rank ", rank_, " should be stage ", mine[i]);
   }
+  if (layout_.pp > 1) {
+    std::vector<int> all(static_cast<size_t>(layout_.pp));
+    for (size_t r = 0; r < all.size(); ++r) all[r] = static_cast<int>(r);
+    up_ = group_->new_subgroup("pp_up", all);
+    down_ = group_->new_subgroup("pp_down", all);
+  }
 }
 
 PipelineRuntime::~PipelineRuntime() = default;
@@ -101,12 +107,13 @@ void PipelineRuntime::send(const at::Tensor& t, int64_t dst, int64_t boundary, i
       values.resize(kHeaderLen - 1, 0);
       values.push_back(static_cast<int64_t>(t.scalar_type()));
       header.copy_(at::tensor(values, at::kLong));
-      sends_.push_back({header, group_->send(header, peer, tag(boundary, microbatch, kHeader))});
+      sends_.push_back(
+          {header, toward(dst).send(header, peer, tag(boundary, microbatch, kHeader))});
       known_[key] = {t.sizes().vec(), t.scalar_type()};
     }
   }
   const at::Tensor data = t.contiguous();
-  sends_.push_back({data, group_->send(data, peer, tag(boundary, microbatch, kind))});
+  sends_.push_back({data, toward(dst).send(data, peer, tag(boundary, microbatch, kind))});
 }
 
 at::Tensor PipelineRuntime::recv_activation(int64_t src, int64_t boundary, int64_t microbatch,
@@ -117,7 +124,7 @@ at::Tensor PipelineRuntime::recv_activation(int64_t src, int64_t boundary, int64
   auto it = known_.find(key);
   if (it == known_.end()) {
     at::Tensor header = at::zeros({kHeaderLen}, at::TensorOptions(at::kLong).device(device_));
-    dist::Work work = group_->recv(header, peer, tag(boundary, microbatch, kHeader));
+    dist::Work work = from(src).recv(header, peer, tag(boundary, microbatch, kHeader));
     clock_->time([&] { work.wait(); });
     const at::Tensor host = header.to(at::kCPU);
     const int64_t* h = host.data_ptr<int64_t>();
@@ -129,7 +136,7 @@ at::Tensor PipelineRuntime::recv_activation(int64_t src, int64_t boundary, int64
   }
   at::Tensor t =
       at::empty(it->second.first, at::TensorOptions().dtype(it->second.second).device(device_));
-  dist::Work work = group_->recv(t, peer, tag(boundary, microbatch, kActivation));
+  dist::Work work = from(src).recv(t, peer, tag(boundary, microbatch, kActivation));
   clock_->time([&] { work.wait(); });
   return t;
 }
@@ -137,7 +144,7 @@ at::Tensor PipelineRuntime::recv_activation(int64_t src, int64_t boundary, int64
 at::Tensor PipelineRuntime::recv_like(const at::Tensor& like, int64_t src, int64_t boundary,
                                       int64_t microbatch, int kind) {
   at::Tensor t = at::empty(like.sizes(), like.options().device(device_));
-  dist::Work work = group_->recv(t, static_cast<int>(src), tag(boundary, microbatch, kind));
+  dist::Work work = from(src).recv(t, static_cast<int>(src), tag(boundary, microbatch, kind));
   clock_->time([&] { work.wait(); });
   return t;
 }

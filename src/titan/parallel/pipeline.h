@@ -20,7 +20,11 @@
 // its data is there. A schedule that passes validate_pipeline's simulation (same rules: compute
 // waits for its inputs, sends do not block) therefore cannot deadlock. Tags name the stage
 // boundary, microbatch and direction, so transfers never pair up wrongly; the first transfer over
-// a boundary for a given microbatch shape also sends the tensor's shape and dtype.
+// a boundary for a given microbatch shape also sends the tensor's shape and dtype. Transfers to a
+// higher pp rank travel on one sub-group of the pp ranks and those to a lower rank on another:
+// NCCL runs a pair's point-to-point ops in order on one stream, and two ranks that each send to
+// the other before receiving (1F1B's steady state: an activation one way, a gradient the other)
+// would wait on each other there; with one direction per communicator they cannot.
 //
 // Loss: the last stage computes loss_fn(logits, labels) per microbatch; backward runs on
 // loss * loss_scale / n_microbatches, so gradients are those of the mean over microbatches (each
@@ -109,6 +113,10 @@ class PipelineRuntime {
     dist::Work work;
   };
   std::vector<PendingSend> sends_;
+  // Sub-groups of the pp ranks: transfers to a higher rank, and to a lower rank.
+  std::shared_ptr<dist::Group> up_, down_;
+  dist::Group& toward(int64_t peer) const { return peer > rank_ ? *up_ : *down_; }
+  dist::Group& from(int64_t peer) const { return peer < rank_ ? *up_ : *down_; }
   // Shapes and dtypes already exchanged, by (boundary, direction, microbatch token shape).
   std::map<std::vector<int64_t>, std::pair<std::vector<int64_t>, at::ScalarType>> known_;
 };

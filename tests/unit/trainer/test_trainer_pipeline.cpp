@@ -1,5 +1,6 @@
 // Pipeline parallelism through the Trainer (threads as ranks): every schedule at pp 2 and pp 4,
-// and PP composed with FSDP, DDP, HSDP, TP and all three (pp 2 x dp_shard 2 x tp 2), reproduces
+// and PP composed with FSDP, DDP, HSDP, TP, all three (pp 2 x dp_shard 2 x tp 2) and gradient
+// accumulation, reproduces
 // the one-process run of the same seed and global batch: losses within 1e-5 relative at every
 // step, grad norms within 1e-4, the validation loss, and the final parameters. Checkpoints move
 // between PP and other layouts both ways.
@@ -26,6 +27,7 @@ constexpr int64_t kSteps = 3;
 struct PpLayout {
   std::string schedule;
   int64_t pp = 2, dp_replicate = 1, dp_shard = 1, tp = 1;
+  int64_t accumulation = 1;  // gradient accumulation steps
   int64_t world() const { return pp * dp_replicate * dp_shard * tp; }
   int64_t dp() const { return dp_replicate * dp_shard; }
   std::string name() const {
@@ -33,6 +35,7 @@ struct PpLayout {
     if (dp_replicate > 1) n += " x dp_replicate " + std::to_string(dp_replicate);
     if (dp_shard > 1) n += " x dp_shard " + std::to_string(dp_shard);
     if (tp > 1) n += " x tp " + std::to_string(tp);
+    if (accumulation > 1) n += ", " + std::to_string(accumulation) + " accumulation steps";
     return n;
   }
 };
@@ -41,7 +44,7 @@ JobConfig config_for(const fs::path& dump, const std::string& flavor, const PpLa
   JobConfig c = test::tiny_training_config(dump.string());
   c.model.flavor = flavor;
   c.training.steps = kSteps;
-  c.training.local_batch_size = kGlobalBatch / layout.dp();
+  c.training.local_batch_size = kGlobalBatch / layout.dp() / layout.accumulation;
   c.training.global_batch_size = kGlobalBatch;
   c.lr_scheduler.warmup_steps = 1;
   c.debug.seed = 7;
@@ -148,6 +151,7 @@ TEST(TrainerPipeline, ComposesWithFsdpDdpHsdpAndTensorParallel) {
       {"1F1B", 2, 2, 2, 1},             // PP x HSDP
       {"Interleaved1F1B", 2, 1, 1, 2},  // PP x TP
       {"1F1B", 2, 1, 2, 2},             // 3D: PP x FSDP x TP
+      {"GPipe", 2, 1, 2, 1, 2},         // PP x FSDP with gradient accumulation
   };
   for (const PpLayout& layout : layouts) {
     expect_same_run(on_layout(root / layout.name(), "tiny", layout), tiny, layout.name());
