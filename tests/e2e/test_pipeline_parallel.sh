@@ -4,7 +4,8 @@
 # pp 2 x FSDP 2 with 1F1B. Each gives the single-process training and validation losses within
 # 1e-5 relative and final parameters within the data-parallel tests' tolerance. A checkpoint saved
 # under pp 2 exports to Hugging Face safetensors equal to the checkpoint and resumes in one
-# process; a rank killed mid-schedule ends the job non-zero, naming the rank.
+# process; wrong microbatch counts stop at start-up; a rank killed mid-schedule ends the job
+# non-zero, naming the rank.
 source "$(dirname "$0")/parallel_lib.sh"
 
 train single 1 --training.local_batch_size 8 --validation.local_batch_size 4
@@ -34,6 +35,16 @@ train pp2_hf 2 "${pp[@]}" --checkpoint.last_save_in_hf true --checkpoint.last_sa
 
 # --- pp 2's step-5 checkpoint resumes in one process with the uninterrupted losses ---
 resume_from pp2 5 resume_single 1 --training.local_batch_size 8 --validation.local_batch_size 4
+
+# --- wrong combinations stop at start-up with the arithmetic (exit 2) ---
+expect_exit 2 timeout 120 "$TITAN" run --nproc_per_node 2 -- train "${common[@]}" "${pp[@]}" \
+  --training.local_batch_size 1 --parallelism.pipeline_parallel_schedule 1F1B \
+  --job.dump_folder "$WORK/few"
+expect_output "1F1B needs at least as many microbatches as stages: 1 microbatches < 2 stages"
+expect_exit 2 timeout 120 "$TITAN" run --nproc_per_node 2 -- train "${common[@]}" "${pp[@]}" \
+  --parallelism.pipeline_parallel_microbatch_size 3 \
+  --job.dump_folder "$WORK/uneven"
+expect_output "local_batch_size 8 is not a multiple of parallelism.pipeline_parallel_microbatch_size 3 \(8 % 3 = 2\)"
 
 # --- a rank killed mid-schedule: the job ends non-zero, naming the rank ---
 kill_rank_1_mid_run killed "${pp[@]}"
