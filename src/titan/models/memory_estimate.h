@@ -32,8 +32,9 @@ std::string gib_text(double bytes);
 
 // The settings besides the sizes that change what a step needs per rank.
 struct MemoryOptions {
-  // FSDP shards weights, gradients and optimizer state over `param_shards` ranks; tensor
-  // parallelism splits bf16 weight copies and activations over `activation_shards` (its degree).
+  // FSDP shards weights, gradients and optimizer state over `param_shards` ranks; tensor and
+  // pipeline parallelism split bf16 weight copies and activations over `activation_shards`
+  // (tp x pp).
   int64_t param_shards = 1;
   int64_t activation_shards = 1;
   // Activation checkpointing (ac_policy, activation_checkpoint.h): checkpointed blocks (every

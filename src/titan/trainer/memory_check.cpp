@@ -13,7 +13,10 @@ namespace titan {
 MemoryOptions training_memory_options(const JobConfig& config, int64_t param_shards, int64_t tp) {
   MemoryOptions o;
   o.param_shards = param_shards;
-  o.activation_shards = tp;
+  // A pipeline stage holds 1/pp of the layers: its bf16 copies, and its activations for the
+  // microbatches in flight (GPipe: all of them over 1/pp of the layers; the other schedules keep
+  // fewer), so the whole model's activations over pp bound them.
+  o.activation_shards = tp * std::max<int64_t>(1, config.parallelism.pipeline_parallel_degree);
   const AcPolicy ac = ac_policy(config.activation_checkpoint);
   o.ac_every = ac.every;
   o.ac_per_op = ac.per_op;
