@@ -1,0 +1,130 @@
+// Context parallelism (TorchTitan's `cp`): the sequence is sharded over the cp group and
+// attention runs as ring attention, each rank keeping its queries and visiting every rank's keys
+// and values. This file holds the two pieces the model does not see:
+//
+//   SequenceLayout layout = SequenceLayout::make(seq_len, cp, SequenceSharding::kHeadTail);
+//   at::Tensor tokens_local = shard_sequence(tokens, layout, rank);        // (bs, seq_len / cp)
+//   at::Tensor positions = layout.positions(rank, device);                 // RoPE positions
+//   attention->inner_attention = std::make_shared<RingAttention>(cp_group, layout,
+//                                                                RotateMethod::kAllToAll);
+//
+// Sequence sharding. kNone: rank r holds positions [r * L, (r + 1) * L) with L = seq_len / cp.
+// kHeadTail (causal load balancing): the sequence is cut into 2 * cp chunks of seq_len / (2 cp)
+// and rank r holds chunks r and 2 cp - 1 - r, in that order, so every rank has the same amount
+// of causal work. Everything sharded along the sequence (tokens, labels, positions, document
+// ids) must use the same layout.
+//
+// RingAttention is an InnerAttention (models/common/attention.h): causal softmax(q k^T /
+// sqrt(head_dim)) v over the whole sequence, for this rank's queries, with GQA and the softmax
+// in float32. With a document-id provider it is block-causal: a token attends only to earlier
+// tokens of its own document. The attention of each (query chunk, key chunk) pair is explicit
+// float32 matmuls (the masks vary per pair and block-causal needs an arbitrary one; the fused
+// CPU kernels take no mask with LSE), merged with the running output by log-sum-exp; pairs that
+// the mask hides entirely are skipped. Backward is exact (recomputation per pair from q, k, v,
+// the output and the float32 LSE), and the gradients of remote keys and values go back to their
+// owners.
+//
+// Communication per attention call and rank, with B = the bytes of this rank's K and V
+// (2 * bs * L * n_kv_heads * head_dim * element size) and B32 the same in float32:
+//   kAllGather  forward: one all-gather of K and V ((cp - 1) B received; cp B of memory),
+//               issued before the own chunk is computed and waited after it. Backward: the same
+//               all-gather again, then one reduce-scatter of the float32 dK/dV of every chunk
+//               ((cp - 1) B32 each way; cp B32 of memory).
+//   kAllToAll   (the ring) forward: cp - 1 hops, each passing K and V (B) to the next rank while
+//               the current chunk is computed. Backward: cp - 1 hops of K and V (B) and cp hops
+//               of the float32 dK/dV accumulators (B32), each posted as soon as its chunk is done
+//               and received while the next one is computed; the last hop brings every
+//               accumulator home. Memory: two K/V and two dK/dV buffers.
+#pragma once
+
+#include "titan/distributed/comm.h"
+#include "titan/models/common/attention.h"
+
+#include <ATen/ATen.h>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace titan {
+
+enum class SequenceSharding { kNone, kHeadTail };
+// "none" / "headtail" (TorchTitan's context_parallel_load_balancer); throws ConfigError.
+SequenceSharding parse_sequence_sharding(const std::string& name);
+const char* to_string(SequenceSharding sharding);
+
+enum class RotateMethod { kAllGather, kAllToAll };
+// "allgather" / "alltoall" (TorchTitan's context_parallel_rotate_method); throws ConfigError.
+RotateMethod parse_rotate_method(const std::string& name);
+const char* to_string(RotateMethod method);
+
+// Global positions [start, end) of the sequence.
+struct PositionRange {
+  int64_t start = 0;
+  int64_t end = 0;
+  int64_t size() const { return end - start; }
+};
+
+// Which global positions each rank of the cp group holds.
+struct SequenceLayout {
+  int64_t seq_len = 0;
+  int64_t cp = 1;
+  SequenceSharding sharding = SequenceSharding::kNone;
+  // ranges[r]: the chunks rank r holds, in local order (one for kNone, two for kHeadTail).
+  std::vector<std::vector<PositionRange>> ranges;
+
+  // Throws (with the arithmetic) unless seq_len divides by cp (kNone) or 2 * cp (kHeadTail).
+  static SequenceLayout make(int64_t seq_len, int64_t cp, SequenceSharding sharding);
+  // seq_len / cp, the same on every rank.
+  int64_t local_len() const { return seq_len / cp; }
+  // Rank r's global positions in local order: (local_len) int64 on `device`.
+  at::Tensor positions(int rank, at::Device device = at::kCPU) const;
+};
+
+// x (bs, seq_len, ...) -> rank r's (bs, local_len, ...) along dim 1, contiguous.
+at::Tensor shard_sequence(const at::Tensor& x, const SequenceLayout& layout, int rank);
+
+// Ring attention over the cp group (see the top of this file). It keeps no per-call state besides
+// the stats, so the layers of a model may share one instance; it must outlive the backward of its
+// outputs (the autograd node refers to it). Like the group, driven by one thread at a time.
+class RingAttention final : public InnerAttention {
+ public:
+  // Document id of every token of the whole sequence: (bs, seq_len) int64, read at each forward
+  // (the data loader's batch before sharding, the same on every cp rank).
+  using DocumentIds = std::function<at::Tensor()>;
+
+  // layout.cp must equal group->size(). With `document_ids` the mask is block-causal.
+  RingAttention(std::shared_ptr<dist::Group> group, SequenceLayout layout, RotateMethod rotate,
+                DocumentIds document_ids = {});
+
+  // q (bs, local_len, n_heads, head_dim), k and v (bs, local_len, n_kv_heads, head_dim), this
+  // rank's positions of the layout -> (bs, local_len, n_heads, head_dim), contiguous, v's dtype.
+  at::Tensor forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) override;
+
+  // (query chunk, key chunk) pairs computed and skipped as fully masked, forward and backward
+  // together, since construction or reset_stats().
+  struct Stats {
+    int64_t computed_pairs = 0;
+    int64_t skipped_pairs = 0;
+  };
+  const Stats& stats() const { return stats_; }
+  void reset_stats() { stats_ = {}; }
+
+  dist::Group& group() const { return *group_; }
+  const SequenceLayout& layout() const { return layout_; }
+  RotateMethod rotate() const { return rotate_; }
+
+  // Internal, for the autograd function.
+  Stats& mutable_stats() { return stats_; }
+
+ private:
+  std::shared_ptr<dist::Group> group_;
+  SequenceLayout layout_;
+  RotateMethod rotate_;
+  DocumentIds document_ids_;
+  Stats stats_;
+};
+
+}  // namespace titan

@@ -1,0 +1,256 @@
+// Context parallelism: sequence layouts (headtail and contiguous), and ring attention over cp 2,
+// 3 and 4 ranks in threads (Gloo), both rotate methods, GQA and MHA, causal and block-causal,
+// against full single-process attention on the whole sequence: each rank's output rows and its
+// dq/dk/dv equal the reference's at its positions (float32 within 1e-5, bf16 within a bf16
+// tolerance), and fully masked chunk pairs are skipped (counted exactly for causal masks).
+#include "../distributed/multirank.h"
+
+#include "titan/common/check.h"
+#include "titan/models/common/attention.h"
+#include "titan/parallel/context_parallel.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <limits>
+#include <string>
+#include <vector>
+
+namespace titan {
+namespace {
+
+using test::run_ranks;
+
+TEST(SequenceLayout, HeadTailAndContiguousChunks) {
+  const SequenceLayout ht = SequenceLayout::make(16, 2, SequenceSharding::kHeadTail);
+  ASSERT_EQ(ht.ranges.size(), 2u);
+  EXPECT_EQ(ht.local_len(), 8);
+  EXPECT_EQ(ht.ranges[0][0].start, 0);
+  EXPECT_EQ(ht.ranges[0][1].start, 12);
+  EXPECT_EQ(ht.ranges[1][0].start, 4);
+  EXPECT_EQ(ht.ranges[1][1].start, 8);
+  EXPECT_TRUE(at::equal(ht.positions(1), at::tensor({4, 5, 6, 7, 8, 9, 10, 11}, at::kLong)));
+  EXPECT_TRUE(at::equal(ht.positions(0), at::tensor({0, 1, 2, 3, 12, 13, 14, 15}, at::kLong)));
+
+  const SequenceLayout none = SequenceLayout::make(12, 3, SequenceSharding::kNone);
+  EXPECT_TRUE(at::equal(none.positions(2), at::arange(8, 12, at::kLong)));
+
+  // Sharding a (bs, seq, d) tensor takes exactly the rows at the layout's positions.
+  const at::Tensor x = at::arange(2 * 16 * 3, at::kFloat).view({2, 16, 3});
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_TRUE(at::equal(shard_sequence(x, ht, r), x.index_select(1, ht.positions(r))));
+  }
+  EXPECT_EQ(parse_sequence_sharding("headtail"), SequenceSharding::kHeadTail);
+  EXPECT_EQ(parse_rotate_method("alltoall"), RotateMethod::kAllToAll);
+  EXPECT_THROW(parse_rotate_method("ring"), ConfigError);
+}
+
+TEST(SequenceLayout, ErrorsShowTheArithmetic) {
+  try {
+    SequenceLayout::make(12, 4, SequenceSharding::kHeadTail);
+    FAIL() << "expected an error";
+  } catch (const c10::Error& e) {
+    const std::string msg = e.what_without_backtrace();
+    EXPECT_NE(msg.find("seq_len 12 is not divisible by 2 * cp = 2 * 4 = 8"), std::string::npos)
+        << msg;
+  }
+  try {
+    SequenceLayout::make(10, 4, SequenceSharding::kNone);
+    FAIL() << "expected an error";
+  } catch (const c10::Error& e) {
+    const std::string msg = e.what_without_backtrace();
+    EXPECT_NE(msg.find("seq_len 10 is not divisible by cp = 4"), std::string::npos) << msg;
+  }
+}
+
+struct Case {
+  RotateMethod rotate;
+  SequenceSharding sharding;
+  int64_t n_heads, n_kv;
+  bool block_causal;
+  at::ScalarType dtype;
+  std::string name() const {
+    return std::string(to_string(rotate)) + "/" + to_string(sharding) + "/" +
+           (n_heads == n_kv ? "mha" : "gqa") + "/" + (block_causal ? "block_causal" : "causal") +
+           "/" + c10::toString(dtype);
+  }
+};
+
+constexpr int64_t kBs = 2;
+constexpr int64_t kHeadDim = 8;
+
+// Explicit full attention in float64: causal, and within documents when docs (bs, seq) is given.
+at::Tensor masked_reference(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                            const at::Tensor& docs) {
+  const int64_t seq = q.size(1);
+  const int64_t rep = q.size(2) / k.size(2);
+  const at::Tensor qh = q.transpose(1, 2);  // (bs, n_heads, seq, hd)
+  const at::Tensor kh = k.repeat_interleave(rep, 2).transpose(1, 2);
+  const at::Tensor vh = v.repeat_interleave(rep, 2).transpose(1, 2);
+  const at::Tensor pos = at::arange(seq, at::kLong);
+  at::Tensor keep = pos.unsqueeze(0).le(pos.unsqueeze(1)).unsqueeze(0);  // (1, seq, seq)
+  if (docs.defined()) keep = keep.logical_and(docs.unsqueeze(2).eq(docs.unsqueeze(1)));
+  const at::Tensor s =
+      at::matmul(qh, kh.transpose(-1, -2))
+          .div(std::sqrt(static_cast<double>(q.size(3))))
+          .masked_fill(keep.unsqueeze(1).logical_not(), -std::numeric_limits<double>::infinity());
+  return at::matmul(at::softmax(s, -1), vh).transpose(1, 2);  // (bs, seq, n_heads, hd)
+}
+
+struct Reference {
+  at::Tensor q, k, v, dout, docs;  // the whole sequence, in the case's dtype; docs int64
+  at::Tensor out, dq, dk, dv;      // float32 or float64
+};
+
+// Packed documents: row 0 has a document [3, seq - 3) that spans several ranks' chunks; row 1
+// random boundaries.
+at::Tensor document_ids(int64_t seq) {
+  at::Tensor starts = at::zeros({kBs, seq}, at::kLong);
+  starts[0][3] = 1;
+  starts[0][seq - 3] = 1;
+  starts[1].copy_(at::rand({seq}).lt(0.25));
+  return starts.cumsum(1);
+}
+
+Reference reference(const Case& c, int64_t seq, uint64_t seed) {
+  at::manual_seed(seed);
+  Reference r;
+  r.q = at::randn({kBs, seq, c.n_heads, kHeadDim}).to(c.dtype);
+  r.k = at::randn({kBs, seq, c.n_kv, kHeadDim}).to(c.dtype);
+  r.v = at::randn({kBs, seq, c.n_kv, kHeadDim}).to(c.dtype);
+  r.dout = at::randn({kBs, seq, c.n_heads, kHeadDim}).to(c.dtype);
+  if (c.block_causal) r.docs = document_ids(seq);
+  // Causal float32: libtorch's fused single-process kernel. Block-causal or bf16: the explicit
+  // float64 reference of the same (rounded) inputs.
+  const bool fused = !c.block_causal && c.dtype == at::kFloat;
+  const at::ScalarType ref_dtype = fused ? at::kFloat : at::kDouble;
+  at::Tensor q = r.q.to(ref_dtype).clone().requires_grad_();
+  at::Tensor k = r.k.to(ref_dtype).clone().requires_grad_();
+  at::Tensor v = r.v.to(ref_dtype).clone().requires_grad_();
+  r.out = fused ? causal_attention(q, k, v) : masked_reference(q, k, v, r.docs);
+  r.out.backward(r.dout.to(ref_dtype));
+  r.out = r.out.detach();
+  r.dq = q.grad();
+  r.dk = k.grad();
+  r.dv = v.grad();
+  return r;
+}
+
+double max_diff(const at::Tensor& got, const at::Tensor& want) {
+  return (got.to(at::kDouble) - want.to(at::kDouble)).abs().max().item<double>();
+}
+
+// Every case on `cp` ranks at sequence length `seq`, in one set of rank threads.
+void check_ring_attention(int cp, int64_t seq, const std::vector<Case>& cases) {
+  std::vector<Reference> refs;
+  for (size_t i = 0; i < cases.size(); ++i) refs.push_back(reference(cases[i], seq, 100 + i));
+  // errors[case][rank] = {out, dq, dk, dv}; stats[case][rank]
+  std::vector<std::vector<std::vector<double>>> errors(cases.size(),
+                                                       std::vector<std::vector<double>>(cp));
+  std::vector<std::vector<RingAttention::Stats>> stats(cases.size(),
+                                                       std::vector<RingAttention::Stats>(cp));
+  run_ranks(cp, [&](int rank, std::shared_ptr<dist::Group> world) {
+    for (size_t i = 0; i < cases.size(); ++i) {
+      const Case& c = cases[i];
+      const Reference& r = refs[i];
+      const SequenceLayout layout = SequenceLayout::make(seq, cp, c.sharding);
+      RingAttention::DocumentIds docs;
+      if (c.block_causal) docs = [&r] { return r.docs; };
+      RingAttention ring(world, layout, c.rotate, docs);
+      at::Tensor q = shard_sequence(r.q, layout, rank).requires_grad_();
+      at::Tensor k = shard_sequence(r.k, layout, rank).requires_grad_();
+      at::Tensor v = shard_sequence(r.v, layout, rank).requires_grad_();
+      const at::Tensor out = ring.forward(q, k, v);
+      EXPECT_EQ(out.scalar_type(), c.dtype);
+      EXPECT_TRUE(out.is_contiguous());
+      out.backward(shard_sequence(r.dout, layout, rank));
+      errors[i][rank] = {max_diff(out, shard_sequence(r.out, layout, rank)),
+                         max_diff(q.grad(), shard_sequence(r.dq, layout, rank)),
+                         max_diff(k.grad(), shard_sequence(r.dk, layout, rank)),
+                         max_diff(v.grad(), shard_sequence(r.dv, layout, rank))};
+      stats[i][rank] = ring.stats();
+    }
+  });
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const Case& c = cases[i];
+    // bf16: the output and the gradients are rounded once to bf16 (8 bits of mantissa) from
+    // float32 sums; the reference sees the same bf16 inputs.
+    const double tol = c.dtype == at::kFloat ? 1e-5 : 3e-2;
+    std::vector<double> worst(4, 0.0);
+    int64_t skipped = 0, computed = 0;
+    for (int rank = 0; rank < cp; ++rank) {
+      if (errors[i][rank].size() != 4) continue;  // the rank failed: reported by run_ranks
+      for (int t = 0; t < 4; ++t) worst[t] = std::max(worst[t], errors[i][rank][t]);
+      skipped += stats[i][rank].skipped_pairs;
+      computed += stats[i][rank].computed_pairs;
+    }
+    const std::string what = "cp " + std::to_string(cp) + " " + c.name();
+    const char* names[] = {"out", "dq", "dk", "dv"};
+    for (int t = 0; t < 4; ++t) EXPECT_LE(worst[t], tol) << what << " " << names[t];
+    std::printf(
+        "[ring attention] %-44s max err out %.2e dq %.2e dk %.2e dv %.2e, pairs %lld "
+        "computed %lld skipped\n",
+        what.c_str(), worst[0], worst[1], worst[2], worst[3], static_cast<long long>(computed),
+        static_cast<long long>(skipped));
+    // Each of the layout's global chunks meets every chunk once per pass (forward, backward);
+    // with a causal mask the pairs whose key chunk is later than the query chunk are skipped.
+    const int64_t chunks = c.sharding == SequenceSharding::kHeadTail ? 2 * cp : cp;
+    const int64_t hidden = chunks * (chunks - 1) / 2;
+    if (c.block_causal) {
+      EXPECT_GE(skipped, 2 * hidden) << what;  // documents hide more
+    } else {
+      EXPECT_EQ(skipped, 2 * hidden) << what;
+    }
+    EXPECT_EQ(computed + skipped, 2 * chunks * chunks) << what;
+  }
+}
+
+std::vector<Case> all_cases(bool with_bf16) {
+  std::vector<Case> cases;
+  for (RotateMethod rotate : {RotateMethod::kAllGather, RotateMethod::kAllToAll}) {
+    for (SequenceSharding sharding : {SequenceSharding::kHeadTail, SequenceSharding::kNone}) {
+      for (int64_t n_kv : {2, 4}) {
+        for (bool block_causal : {false, true}) {
+          cases.push_back({rotate, sharding, 4, n_kv, block_causal, at::kFloat});
+        }
+      }
+      if (with_bf16) {
+        cases.push_back({rotate, sharding, 4, 2, false, at::kBFloat16});
+        cases.push_back({rotate, sharding, 4, 2, true, at::kBFloat16});
+      }
+    }
+  }
+  return cases;
+}
+
+TEST(RingAttention, MatchesFullAttentionCp2) { check_ring_attention(2, 16, all_cases(true)); }
+
+TEST(RingAttention, MatchesFullAttentionCp4) { check_ring_attention(4, 16, all_cases(true)); }
+
+// cp 3: an odd ring; 24 positions divide by 3 and by 2 * 3.
+TEST(RingAttention, MatchesFullAttentionCp3) { check_ring_attention(3, 24, all_cases(false)); }
+
+// One rank: no communication, the kernel alone.
+TEST(RingAttention, MatchesFullAttentionCp1) { check_ring_attention(1, 8, all_cases(false)); }
+
+TEST(RingAttention, RejectsMismatchedShapes) {
+  run_ranks(2, [&](int rank, std::shared_ptr<dist::Group> world) {
+    EXPECT_THROW(RingAttention(world, SequenceLayout::make(16, 4, SequenceSharding::kNone),
+                               RotateMethod::kAllToAll),
+                 c10::Error);
+    RingAttention ring(world, SequenceLayout::make(16, 2, SequenceSharding::kHeadTail),
+                       RotateMethod::kAllToAll);
+    const at::Tensor q = at::randn({1, 4, 4, kHeadDim});  // 4 local positions, layout wants 8
+    try {
+      ring.forward(q, q, q);
+      ADD_FAILURE() << "expected an error on rank " << rank;
+    } catch (const c10::Error& e) {
+      const std::string msg = e.what_without_backtrace();
+      EXPECT_NE(msg.find("4 != seq_len / cp = 16 / 2 = 8"), std::string::npos) << msg;
+    }
+  });
+}
+
+}  // namespace
+}  // namespace titan
