@@ -129,8 +129,8 @@ no_leftovers
 
 # --- training refuses a parallelism that is not implemented yet, on every rank ---
 expect_exit 2 timeout 60 "$TITAN" run --nproc_per_node 2 -- train \
-  --job.config_file configs/llama3/debug_model.toml --parallelism.context_parallel_degree 2
-expect_output 'context parallelism is not implemented yet'
+  --job.config_file configs/llama3/debug_model.toml --parallelism.expert_parallel_degree 2
+expect_output 'expert parallelism is not implemented yet'
 
 # --- ranks started by hand: torchrun, SLURM and OpenMPI variables ---
 # by_hand NAME VARS...: two background ranks; @R@ in VARS is the rank. Both must pass.

@@ -310,7 +310,9 @@ struct ParallelismSection {
       "Overlap expert- and pipeline-parallel communication (DualPipeV)", used_with(kPipeline));
     constexpr const char* kContext = "parallelism.context_parallel_degree";
     v("context_parallel_load_balancer", context_parallel_load_balancer,
-      "Context-parallel load balancer: headtail or ptrr", used_with(kContext));
+      "Context-parallel sequence sharding: headtail (causal load balancing) or none "
+      "(contiguous shares); ptrr is refused",
+      used_with(kContext));
     v("context_parallel_rotate_method", context_parallel_rotate_method,
       "Context-parallel exchange of key/value shards: allgather or alltoall", used_with(kContext));
     constexpr const char* kExpert = "parallelism.expert_parallel_degree";

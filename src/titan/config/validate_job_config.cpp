@@ -221,6 +221,8 @@ void validate_ranges(const JobConfig& c) {
   check_at_least("parallelism.expert_parallel_degree", p.expert_parallel_degree, 1);
   check_one_of("parallelism.context_parallel_rotate_method", p.context_parallel_rotate_method,
                {"allgather", "alltoall"});
+  check_one_of("parallelism.context_parallel_load_balancer", p.context_parallel_load_balancer,
+               {"headtail", "none", "", "ptrr"});
   check_one_of("parallelism.expert_parallel_comm_backend", p.expert_parallel_comm_backend,
                {"standard", "deepep"});
   check_one_of("quantize.linear.float8.recipe_name", c.quantize.linear.float8.recipe_name,

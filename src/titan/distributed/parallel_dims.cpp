@@ -124,7 +124,6 @@ void check_parallelism_implemented(const ParallelDegrees& d) {
     const char* where;
   };
   const Pending pending[] = {
-      {"context parallelism", "context_parallel_degree", d.cp, "a later issue"},
       {"expert parallelism", "expert_parallel_degree", d.ep, "a later issue"},
   };
   for (const Pending& p : pending) {
@@ -132,8 +131,9 @@ void check_parallelism_implemented(const ParallelDegrees& d) {
       fail(std::string(p.what) + " is not implemented yet (parallelism." + p.key + " = " +
            std::to_string(p.degree) + "); " + p.where +
            " brings it. HINT: set it to 1; data parallelism (data_parallel_replicate_degree, "
-           "data_parallel_shard_degree), tensor parallelism (tensor_parallel_degree) and "
-           "pipeline parallelism (pipeline_parallel_degree) are available.");
+           "data_parallel_shard_degree), tensor parallelism (tensor_parallel_degree), "
+           "pipeline parallelism (pipeline_parallel_degree) and context parallelism "
+           "(context_parallel_degree) are available.");
     }
   }
 }

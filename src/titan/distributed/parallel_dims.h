@@ -90,6 +90,7 @@ class ParallelDims {
   bool ddp_enabled() const { return dp_replicate_enabled() && !fsdp_enabled(); }
   bool tp_enabled() const { return d_.tp > 1; }
   bool pp_enabled() const { return d_.pp > 1; }
+  bool cp_enabled() const { return d_.cp > 1; }
   // Ranks the batch is split over (dp_replicate x dp_shard).
   int64_t dp_size() const { return d_.dp_replicate * d_.dp_shard; }
   // Ranks that hold the same data: cp x tp x pp.

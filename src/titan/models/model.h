@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace titan {
@@ -149,6 +150,12 @@ class Model : public torch::nn::Module {
   void remove_unit_runner(UnitRunner* runner);
   const std::vector<UnitRunner*>& unit_runners() const { return runners_; }
 
+  // The positions (seqlen) int64 of the tokens forward receives, for the rotary embedding:
+  // context parallelism hands each rank a subset of the sequence (parallel/context_parallel.h).
+  // Undefined (the default): 0 .. seqlen - 1.
+  void set_token_positions(at::Tensor positions) { token_positions_ = std::move(positions); }
+  const at::Tensor& token_positions() const { return token_positions_; }
+
   // Incremental inference without autograd: tokens (bs, n) int64 are positions
   // [start_pos, start_pos + n) of sequences whose positions [0, start_pos) are already in
   // `cache` (start_pos <= cache.length; a smaller start_pos rewinds). Returns their logits
@@ -167,6 +174,7 @@ class Model : public torch::nn::Module {
 
  private:
   std::vector<UnitRunner*> runners_;  // innermost first
+  at::Tensor token_positions_;
 };
 
 }  // namespace titan

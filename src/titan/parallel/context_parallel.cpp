@@ -455,4 +455,25 @@ at::Tensor RingAttention::forward(const at::Tensor& q, const at::Tensor& k, cons
   return RingAttentionFunction::apply(q, k, v, docs.defined() ? &docs : nullptr, this);
 }
 
+ContextParallelAttention::ContextParallelAttention(
+    std::vector<std::shared_ptr<RingAttention>> rings)
+    : rings_(std::move(rings)) {
+  TITAN_CHECK(!rings_.empty(), "context parallelism: no sequence length to attend over");
+}
+
+at::Tensor ContextParallelAttention::forward(const at::Tensor& q, const at::Tensor& k,
+                                             const at::Tensor& v) {
+  for (const auto& ring : rings_) {
+    if (ring->layout().local_len() == q.size(1)) return ring->forward(q, k, v);
+  }
+  std::string lengths;
+  for (const auto& ring : rings_) {
+    lengths += (lengths.empty() ? "" : ", ") + std::to_string(ring->layout().seq_len);
+  }
+  TITAN_CHECK(false, "context parallelism: a local sequence of ", q.size(1),
+              " tokens is no rank's share of the sequence lengths it was set up for (", lengths,
+              ")");
+  return {};
+}
+
 }  // namespace titan

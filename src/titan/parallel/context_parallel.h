@@ -127,4 +127,17 @@ class RingAttention final : public InnerAttention {
   Stats stats_;
 };
 
+// What context parallelism installs in every attention layer: one RingAttention per sequence
+// length the model runs at (training.seq_len, validation.seq_len), chosen by the local length
+// of the queries.
+class ContextParallelAttention final : public InnerAttention {
+ public:
+  explicit ContextParallelAttention(std::vector<std::shared_ptr<RingAttention>> rings);
+  at::Tensor forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) override;
+  const std::vector<std::shared_ptr<RingAttention>>& rings() const { return rings_; }
+
+ private:
+  std::vector<std::shared_ptr<RingAttention>> rings_;
+};
+
 }  // namespace titan

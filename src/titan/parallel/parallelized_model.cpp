@@ -6,6 +6,7 @@
 #include "titan/common/logging.h"
 #include "titan/components/loss.h"
 #include "titan/components/optimizer.h"
+#include "titan/models/common/attention.h"
 #include "titan/models/common/linear.h"
 #include "titan/parallel/activation_checkpoint.h"
 #include "titan/parallel/data_parallel.h"
@@ -106,6 +107,63 @@ void ParallelizedModel::apply_tensor_parallel(
   refresh_params();
 }
 
+void ParallelizedModel::apply_context_parallel(
+    const std::string& load_balancer, const std::string& rotate_method,
+    const std::vector<std::pair<std::string, int64_t>>& seq_lens) {
+  TITAN_CHECK(!applied_cp_ && !applied_ac_ && !applied_dp_,
+              "context parallelism must be applied after tensor parallelism (and once)");
+  applied_cp_ = true;
+  if (!dims_.cp_enabled()) return;
+  if (load_balancer == "ptrr") {
+    throw ConfigError(
+        "parallelism.context_parallel_load_balancer = \"ptrr\" is not supported (it balances "
+        "flex attention's block masks). HINT: use \"headtail\" (the default) or \"none\"");
+  }
+  const SequenceSharding sharding =
+      parse_sequence_sharding(load_balancer.empty() ? "none" : load_balancer);
+  const RotateMethod rotate = parse_rotate_method(rotate_method);
+  cp_rotate_ = rotate_method;
+  const int64_t cp = dims_.cp(), tp = dims_.tp();
+  for (const auto& [key, len] : seq_lens) {
+    const int64_t chunks = sharding == SequenceSharding::kHeadTail ? 2 * cp : cp;
+    if (len % (chunks * tp) != 0) {
+      throw ConfigError(key + " " + std::to_string(len) + " must be divisible by " +
+                        (sharding == SequenceSharding::kHeadTail ? "2 x " : "") +
+                        "cp x tp = " + std::to_string(chunks * tp) + " (" + key + " % " +
+                        std::to_string(chunks * tp) + " = " + std::to_string(len % (chunks * tp)) +
+                        "): context parallelism splits the sequence into " +
+                        std::to_string(chunks) + " chunks" +
+                        (tp > 1 ? ", and sequence parallelism each rank's share into tp" : "") +
+                        ". HINT: change " + key + " or the degrees");
+    }
+    cp_layouts_.emplace(len, SequenceLayout::make(len, cp, sharding));
+  }
+  for (auto& part : parts_) {
+    for (const auto& item : part->model->named_modules()) {
+      auto* attention = dynamic_cast<Attention*>(item.value().get());
+      if (attention == nullptr) continue;
+      std::vector<std::shared_ptr<RingAttention>> rings;
+      for (const auto& [len, layout] : cp_layouts_) {
+        rings.push_back(std::make_shared<RingAttention>(dims_.group_ptr("cp"), layout, rotate));
+      }
+      attention->inner_attention = std::make_shared<ContextParallelAttention>(std::move(rings));
+    }
+  }
+}
+
+std::pair<at::Tensor, at::Tensor> ParallelizedModel::context_shard(const at::Tensor& inputs,
+                                                                   const at::Tensor& labels) {
+  if (cp_layouts_.empty()) return {inputs, labels};
+  auto it = cp_layouts_.find(inputs.size(1));
+  TITAN_CHECK(it != cp_layouts_.end(), "context parallelism: batches of ", inputs.size(1),
+              " tokens per sequence, but it was set up for other lengths");
+  const int cp_rank = static_cast<int>(dims_.coordinate(rank_).cp);
+  const SequenceLayout& layout = it->second;
+  const at::Tensor positions = layout.positions(cp_rank, inputs.device());
+  for (auto& part : parts_) part->model->set_token_positions(positions);
+  return {shard_sequence(inputs, layout, cp_rank), shard_sequence(labels, layout, cp_rank)};
+}
+
 void ParallelizedModel::apply_activation_checkpointing(const ActivationCheckpointSection& ac) {
   TITAN_CHECK(!applied_ac_ && !applied_dp_,
               "activation checkpointing must be applied before data parallelism");
@@ -124,11 +182,13 @@ void ParallelizedModel::apply_data_parallel(const ParallelizeOptions& options) {
         "are not sharded (dp_shard = 1), so no weight is all-gathered; the float8 matmuls cast "
         "the weights themselves");
   }
-  if (!dims_.dp_enabled()) return;
+  // Context parallelism's ranks hold the same parameters and different tokens: FSDP shards over
+  // dp_shard x cp (and so sums their gradients), as in TorchTitan.
+  if (!dims_.dp_enabled() && !dims_.cp_enabled()) return;
   for (auto& part : parts_) {
     DataParallelOptions o;
     if (part->tp) o.placements = part->tp->placements();
-    if (dims_.dp_shard_enabled()) o.shard_group = dims_.group_ptr("dp_shard");
+    if (dims_.fsdp_enabled()) o.shard_group = dims_.group_ptr(shard_group_name());
     if (dims_.dp_replicate_enabled()) o.replicate_group = dims_.group_ptr("dp_replicate");
     o.param_dtype = options.param_dtype;
     o.reduce_dtype = options.reduce_dtype;
@@ -213,8 +273,9 @@ at::Tensor ParallelizedModel::loss(const at::Tensor& logits, const at::Tensor& l
   return last.tp ? last.tp->cross_entropy(logits, labels) : lm_cross_entropy_loss(logits, labels);
 }
 
-at::Tensor ParallelizedModel::forward_backward(const at::Tensor& inputs, const at::Tensor& labels,
-                                               double loss_scale) {
+at::Tensor ParallelizedModel::forward_backward(const at::Tensor& batch_inputs,
+                                               const at::Tensor& batch_labels, double loss_scale) {
+  const auto [inputs, labels] = context_shard(batch_inputs, batch_labels);
   at::Tensor loss_value;
   if (pipeline_) {
     loss_value = pipeline_->train_step(
@@ -230,8 +291,10 @@ at::Tensor ParallelizedModel::forward_backward(const at::Tensor& inputs, const a
   return loss_value;
 }
 
-at::Tensor ParallelizedModel::evaluate(const at::Tensor& inputs, const at::Tensor& labels) {
+at::Tensor ParallelizedModel::evaluate(const at::Tensor& batch_inputs,
+                                       const at::Tensor& batch_labels) {
   at::NoGradGuard no_grad;
+  const auto [inputs, labels] = context_shard(batch_inputs, batch_labels);
   if (pipeline_) {
     return pipeline_->evaluate(
         inputs, labels, [this](const at::Tensor& l, const at::Tensor& y) { return loss(l, y); });
@@ -240,8 +303,10 @@ at::Tensor ParallelizedModel::evaluate(const at::Tensor& inputs, const at::Tenso
 }
 
 double ParallelizedModel::batch_mean(double value) const {
-  if (dims_.dp_size() == 1) return value;
-  dist::Group& dp = dims_.group("dp");
+  // Context-parallel ranks hold different tokens of the same sequences: their (equal-sized)
+  // shares average too.
+  if (dims_.dp_size() * dims_.cp() == 1) return value;
+  dist::Group& dp = dims_.group(dims_.cp_enabled() ? "dp_cp" : "dp");
   at::Tensor t = at::full({1}, value, at::TensorOptions(at::kDouble).device(dp.device()));
   dp.all_reduce(t, dist::ReduceOp::kAvg).wait();
   return t.item<double>();
@@ -290,7 +355,7 @@ double ParallelizedModel::clip_grad_norm(double max_norm) {
     weights.push_back(params_[i].tp_replicated ? 1.0 / static_cast<double>(dims_.tp()) : 1.0);
   }
   std::vector<dist::Group*> groups;
-  if (has_dp() && dims_.dp_shard_enabled()) groups.push_back(&dims_.group("dp_shard"));
+  if (has_dp() && dims_.fsdp_enabled()) groups.push_back(&dims_.group(shard_group_name()));
   if (has_tp()) groups.push_back(&parts_[0]->tp->group());
   if (pipeline_) groups.push_back(&dims_.group("pp"));
   return clip_grad_norm_sharded(tensors, weights, groups, max_norm);
@@ -381,7 +446,13 @@ void ParallelizedModel::load_full_parameters(
   }
 }
 
-bool ParallelizedModel::communicates() const { return has_dp() || has_tp() || pipeline_; }
+bool ParallelizedModel::communicates() const {
+  return has_dp() || has_tp() || pipeline_ || !cp_layouts_.empty();
+}
+
+const char* ParallelizedModel::shard_group_name() const {
+  return dims_.cp_enabled() ? "dp_shard_cp" : "dp_shard";
+}
 
 double ParallelizedModel::comm_wait_seconds() const {
   double seconds = pipeline_ ? pipeline_->comm_wait_seconds() : 0.0;
@@ -395,6 +466,13 @@ double ParallelizedModel::comm_wait_seconds() const {
 std::vector<std::string> ParallelizedModel::describe() const {
   std::vector<std::string> lines;
   if (pipeline_) lines.push_back(pipeline_->describe());
+  if (!cp_layouts_.empty()) {
+    const SequenceLayout& layout = cp_layouts_.begin()->second;
+    lines.push_back("context parallelism: ring attention (" +
+                    std::string(to_string(parse_rotate_method(cp_rotate_))) + ") over cp " +
+                    std::to_string(layout.cp) + ", " + to_string(layout.sharding) +
+                    " sequence sharding; FSDP over dp_shard x cp, losses averaged over dp x cp");
+  }
   DataParallelMemory total;
   for (size_t pi = 0; pi < parts_.size(); ++pi) {
     const Part& part = *parts_[pi];
@@ -437,7 +515,8 @@ std::unique_ptr<ParallelizedModel> parallelize_decoder(std::shared_ptr<Model> mo
   // 1. TP: it slices the parameters in place, so FSDP later shards the TP-local tensors
   //    and activation checkpointing recomputes through its hooks (same collectives again).
   pm->apply_tensor_parallel(options.loss_parallel, options.seq_lens);
-  // 2. Context parallelism will go here (it swaps the inner attention kernel).
+  // 2. Context parallelism swaps the inner attention kernel for ring attention.
+  pm->apply_context_parallel(options.cp_load_balancer, options.cp_rotate_method, options.seq_lens);
   // 3. Activation checkpointing before FSDP: FSDP's runner then sits outside it and keeps a
   //    block's parameters gathered while the block's backward recomputes it.
   pm->apply_activation_checkpointing(options.activation_checkpoint);

@@ -9,7 +9,9 @@
 //      piece applies to each part; a schedule runtime (pipeline.h) runs them;
 //   1. tensor / sequence parallelism: slices parameters in place and installs forward hooks; the
 //      later pieces see the TP-local tensors;
-//   2. context parallelism (later): swaps the inner attention kernel;
+//   2. context parallelism: every attention layer's inner kernel becomes ring attention over the
+//      cp group; forward_backward / evaluate shard the batch along the sequence (and give the
+//      model its tokens' positions), FSDP shards over dp_shard x cp, losses average over dp x cp;
 //   3. activation checkpointing: a unit runner around transformer blocks;
 //   4. FSDP / HSDP / DDP last: the outermost unit runner, so a block's parameters are gathered
 //      before it runs and again before its backward recomputes it; it shards what TP left.
@@ -31,11 +33,13 @@
 #include "titan/config/job_config.h"
 #include "titan/distributed/parallel_dims.h"
 #include "titan/models/model.h"
+#include "titan/parallel/context_parallel.h"
 #include "titan/parallel/pipeline_split.h"
 
 #include <ATen/ATen.h>
 
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -65,6 +69,10 @@ struct ParallelizeOptions {
   // with the float8 converter on (DataParallelOptions::float8_all_gather).
   bool fsdp_float8_all_gather = false;
   bool fsdp_float8_precompute_scales = false;
+  // Context parallelism (dims.cp() > 1): parallelism.context_parallel_load_balancer ("headtail",
+  // or "none" / "" for contiguous shards) and context_parallel_rotate_method.
+  std::string cp_load_balancer = "headtail";
+  std::string cp_rotate_method = "allgather";
   // Pipeline parallelism (dims.pp() > 1): the layout (pp::validate_pipeline) and a builder of
   // another copy of the model as the given one was built (meta device, dtype, converters), for
   // this rank's further stages.
@@ -100,6 +108,10 @@ class ParallelizedModel {
                       const std::function<std::shared_ptr<Model>()>& build, at::Device device);
   void apply_tensor_parallel(bool loss_parallel,
                              const std::vector<std::pair<std::string, int64_t>>& seq_lens);
+  // Ring attention in every attention layer over the cp group, for the sequence lengths given
+  // (each must divide by 2 x cp with headtail, cp without, and the share by tp).
+  void apply_context_parallel(const std::string& load_balancer, const std::string& rotate_method,
+                              const std::vector<std::pair<std::string, int64_t>>& seq_lens);
   void apply_activation_checkpointing(const ActivationCheckpointSection& ac);
   // FSDP / HSDP / DDP from the options' param / reduce dtypes, reshard policy, device and float8
   // all-gather settings.
@@ -159,12 +171,19 @@ class ParallelizedModel {
   void refresh_params();
   bool has_tp() const;
   bool has_dp() const;
+  const char* shard_group_name() const;  // FSDP's: dp_shard, or dp_shard_cp with cp
 
   const ParallelDims& dims_;
   int64_t rank_;
   std::vector<std::unique_ptr<Part>> parts_;
   std::unique_ptr<PipelineRuntime> pipeline_;
-  bool applied_tp_ = false, applied_ac_ = false, applied_dp_ = false;
+  bool applied_tp_ = false, applied_cp_ = false, applied_ac_ = false, applied_dp_ = false;
+  // Context parallelism: the sequence layout of each sequence length (empty without cp).
+  std::map<int64_t, SequenceLayout> cp_layouts_;
+  std::string cp_rotate_;
+  // This rank's share of a batch along the sequence, and the model's token positions.
+  std::pair<at::Tensor, at::Tensor> context_shard(const at::Tensor& inputs,
+                                                  const at::Tensor& labels);
   std::vector<TrainedParam> params_;
   std::vector<size_t> param_part_;  // params_[i] belongs to parts_[param_part_[i]]
 };

@@ -180,6 +180,8 @@ void Trainer::build_model() {
   o.activation_checkpoint = config_.activation_checkpoint;
   o.seq_lens = {{"training.seq_len", config_.training.seq_len}};
   o.device = device_;
+  o.cp_load_balancer = config_.parallelism.context_parallel_load_balancer;
+  o.cp_rotate_method = config_.parallelism.context_parallel_rotate_method;
   // The float8 all-gather acts on the layers the float8 converter converted (none: inert, as in
   // TorchTitan when the converter is off).
   const Float8LinearSection& f8 = config_.quantize.linear.float8;

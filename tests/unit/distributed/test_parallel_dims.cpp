@@ -103,14 +103,14 @@ TEST(ParallelDegrees, UnimplementedParallelismsAreRefusedByName) {
     }
     return std::string();
   };
-  EXPECT_EQ(refusal(degrees(1, -1, 1, 2), 4), "");  // tensor parallelism is implemented
-  std::string cp = refusal(degrees(1, -1, 2), 4);
-  EXPECT_NE(cp.find("context parallelism is not implemented yet (parallelism.context_parallel_"
+  EXPECT_EQ(refusal(degrees(1, -1, 1, 2), 4), "");     // tensor parallelism is implemented
+  EXPECT_EQ(refusal(degrees(1, -1, 2), 4), "");        // context parallelism is implemented
+  EXPECT_EQ(refusal(degrees(1, -1, 1, 1, 2), 4), "");  // pipeline parallelism is implemented
+  std::string ep = refusal(degrees(1, -1, 1, 1, 1, 2), 4);
+  EXPECT_NE(ep.find("expert parallelism is not implemented yet (parallelism.expert_parallel_"
                     "degree = 2)"),
             std::string::npos)
-      << cp;
-  EXPECT_EQ(refusal(degrees(1, -1, 1, 1, 2), 4), "");  // pipeline parallelism is implemented
-  EXPECT_NE(refusal(degrees(1, -1, 1, 1, 1, 2), 4).find("expert parallelism"), std::string::npos);
+      << ep;
   // Arithmetic errors come first.
   EXPECT_NE(refusal(degrees(1, 2, 1, 2), 8).find("!= world_size 8"), std::string::npos);
   EXPECT_EQ(refusal(degrees(2, -1), 4), "");

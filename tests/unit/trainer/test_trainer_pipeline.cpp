@@ -1,9 +1,10 @@
-// Pipeline parallelism through the Trainer (threads as ranks): every schedule at pp 2 and pp 4,
-// and PP composed with FSDP, DDP, HSDP, TP, all three (pp 2 x dp_shard 2 x tp 2) and gradient
-// accumulation, reproduces
-// the one-process run of the same seed and global batch: losses within 1e-5 relative at every
-// step, grad norms within 1e-4, the validation loss, and the final parameters. Checkpoints move
-// between PP and other layouts both ways.
+// Pipeline and context parallelism through the Trainer (threads as ranks): every schedule at
+// pp 2 and pp 4; PP composed with FSDP, DDP, HSDP, TP, all three (pp 2 x dp_shard 2 x tp 2) and
+// gradient accumulation; context parallelism at cp 2 and 4 with both rotate methods, with and
+// without head-tail balancing, and with FSDP, TP and PP. Each reproduces the one-process run of
+// the same seed and global batch: losses within 1e-5 relative at every step, grad norms within
+// 1e-4, the validation loss, and the final parameters. Checkpoints move between PP, CP and other
+// layouts both ways.
 #include "../test_util.h"
 #include "trainer_ranks.h"
 
@@ -28,10 +29,16 @@ struct PpLayout {
   std::string schedule;
   int64_t pp = 2, dp_replicate = 1, dp_shard = 1, tp = 1;
   int64_t accumulation = 1;  // gradient accumulation steps
-  int64_t world() const { return pp * dp_replicate * dp_shard * tp; }
+  int64_t cp = 1;
+  std::string rotate = "allgather", balancer = "headtail";
+  int64_t world() const { return pp * dp_replicate * dp_shard * tp * cp; }
   int64_t dp() const { return dp_replicate * dp_shard; }
   std::string name() const {
-    std::string n = schedule + " pp " + std::to_string(pp);
+    std::string n = pp > 1 ? schedule + " pp " + std::to_string(pp) : "";
+    if (cp > 1) {
+      n += (n.empty() ? "cp " : " x cp ") + std::to_string(cp) + " (" + rotate + ", " + balancer +
+           ")";
+    }
     if (dp_replicate > 1) n += " x dp_replicate " + std::to_string(dp_replicate);
     if (dp_shard > 1) n += " x dp_shard " + std::to_string(dp_shard);
     if (tp > 1) n += " x tp " + std::to_string(tp);
@@ -58,6 +65,9 @@ JobConfig config_for(const fs::path& dump, const std::string& flavor, const PpLa
   c.parallelism.data_parallel_replicate_degree = layout.dp_replicate;
   c.parallelism.data_parallel_shard_degree = layout.dp_shard;
   c.parallelism.tensor_parallel_degree = layout.tp;
+  c.parallelism.context_parallel_degree = layout.cp;
+  c.parallelism.context_parallel_rotate_method = layout.rotate;
+  c.parallelism.context_parallel_load_balancer = layout.balancer;
   return c;
 }
 
@@ -159,6 +169,33 @@ TEST(TrainerPipeline, ComposesWithFsdpDdpHsdpAndTensorParallel) {
   fs::remove_all(root);
 }
 
+// Context parallelism (ring attention over the cp group): cp 2 and cp 4, both rotate methods,
+// with and without head-tail load balancing, and with FSDP, TP and PP.
+TEST(TrainerContextParallel, EveryLayoutReproducesOneProcess) {
+  const fs::path root = test::fresh_test_dir("titan_trainer_context");
+  const Outcome tiny = one_process(root / "one", "tiny");
+  const auto cp = [](int64_t degree, const char* rotate, const char* balancer) {
+    PpLayout l{"1F1B", 1};
+    l.cp = degree;
+    l.rotate = rotate;
+    l.balancer = balancer;
+    return l;
+  };
+  std::vector<PpLayout> layouts = {cp(2, "allgather", "headtail"), cp(2, "alltoall", "none"),
+                                   cp(4, "alltoall", "headtail"), cp(4, "allgather", "none")};
+  PpLayout fsdp = cp(2, "alltoall", "headtail");
+  fsdp.dp_shard = 2;
+  PpLayout tp = cp(2, "allgather", "headtail");
+  tp.tp = 2;
+  PpLayout pp = cp(2, "alltoall", "headtail");
+  pp.pp = 2;
+  layouts.insert(layouts.end(), {fsdp, tp, pp});
+  for (const PpLayout& layout : layouts) {
+    expect_same_run(on_layout(root / layout.name(), "tiny", layout), tiny, layout.name());
+  }
+  fs::remove_all(root);
+}
+
 // A checkpoint written under one layout resumes under another: steps 3 and 4 after resuming at
 // step 2 are the uninterrupted one-process run's.
 TEST(TrainerPipeline, CheckpointsMoveBetweenPipelineAndOtherLayouts) {
@@ -173,13 +210,16 @@ TEST(TrainerPipeline, CheckpointsMoveBetweenPipelineAndOtherLayouts) {
   };
   const PpLayout one{"1F1B", 1}, pp2{"1F1B", 2}, pp2_looped{"Interleaved1F1B", 2},
       fsdp2{"1F1B", 1, 1, 2, 1};
+  PpLayout cp2{"1F1B", 1};
+  cp2.cp = 2;
   const TrainResult reference =
       Trainer(with_checkpoints(config_for(root / "reference", "tiny", one))).train();
   ASSERT_EQ(reference.losses.size(), 4u);
   struct Move {
     PpLayout from, to;
   };
-  const std::vector<Move> moves = {{pp2, fsdp2}, {pp2, one}, {fsdp2, pp2_looped}, {one, pp2}};
+  const std::vector<Move> moves = {{pp2, fsdp2}, {pp2, one}, {fsdp2, pp2_looped},
+                                   {one, pp2},   {cp2, pp2}, {pp2, cp2}};
   for (const Move& move : moves) {
     const std::string what = move.from.name() + " (" + std::to_string(move.from.world()) +
                              " ranks) -> " + move.to.name() + " (" +

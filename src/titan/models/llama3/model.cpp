@@ -123,11 +123,13 @@ at::Tensor Transformer::forward(const at::Tensor& tokens) {
                 ". HINT: pass the previous stage's output unchanged");
     h = tokens;
   }
+  const at::Tensor positions = token_positions();  // undefined: 0 .. seqlen - 1
   for (const auto& layer : layers) {
     TransformerBlock* block = layer.get();
     const RotaryEmbedding* table = rope.get();
-    h = run_unit(unit++, h,
-                 [block, table](const at::Tensor& x) { return block->forward(x, *table); });
+    h = run_unit(unit++, h, [block, table, positions](const at::Tensor& x) {
+      return block->forward(x, *table, positions);
+    });
   }
   if (!norm) return h;
   const int64_t head_unit = output ? unit : 0;  // tied: the embedding's unit runs again
