@@ -53,12 +53,6 @@ bool ParallelizedModel::has_dp() const { return parts_[0]->dp != nullptr; }
 
 Model& ParallelizedModel::model() { return *parts_[0]->model; }
 
-std::vector<Model*> ParallelizedModel::parts() const {
-  std::vector<Model*> out;
-  for (const auto& part : parts_) out.push_back(part->model.get());
-  return out;
-}
-
 void ParallelizedModel::apply_pipeline(const pp::PipelineLayout& layout,
                                        const std::function<std::shared_ptr<Model>()>& build,
                                        at::Device device) {
@@ -122,7 +116,7 @@ void ParallelizedModel::apply_context_parallel(
   const SequenceSharding sharding =
       parse_sequence_sharding(load_balancer.empty() ? "none" : load_balancer);
   const RotateMethod rotate = parse_rotate_method(rotate_method);
-  cp_rotate_ = rotate_method;
+  cp_rotate_ = rotate;
   const int64_t cp = dims_.cp(), tp = dims_.tp();
   for (const auto& [key, len] : seq_lens) {
     const int64_t chunks = sharding == SequenceSharding::kHeadTail ? 2 * cp : cp;
@@ -468,9 +462,8 @@ std::vector<std::string> ParallelizedModel::describe() const {
   if (pipeline_) lines.push_back(pipeline_->describe());
   if (!cp_layouts_.empty()) {
     const SequenceLayout& layout = cp_layouts_.begin()->second;
-    lines.push_back("context parallelism: ring attention (" +
-                    std::string(to_string(parse_rotate_method(cp_rotate_))) + ") over cp " +
-                    std::to_string(layout.cp) + ", " + to_string(layout.sharding) +
+    lines.push_back("context parallelism: ring attention (" + std::string(to_string(cp_rotate_)) +
+                    ") over cp " + std::to_string(layout.cp) + ", " + to_string(layout.sharding) +
                     " sequence sharding; FSDP over dp_shard x cp, losses averaged over dp x cp");
   }
   DataParallelMemory total;

@@ -124,10 +124,8 @@ class ParallelizedModel {
   // values of a one-process model built with the same seed, at each piece's box.
   void init_weights(uint64_t seed);
 
-  // The model (under PP: this rank's first stage; see parts()).
+  // The model (under PP: this rank's first stage).
   Model& model();
-  // This rank's model parts: the model, or its pipeline stages, in stage order.
-  std::vector<Model*> parts() const;
   // What the optimizer trains on this rank, part by part in named_parameters() order.
   const std::vector<TrainedParam>& params() const { return params_; }
 
@@ -142,7 +140,8 @@ class ParallelizedModel {
 
   // Mean next-token loss of forward's logits (loss parallel under tensor parallelism).
   at::Tensor loss(const at::Tensor& logits, const at::Tensor& labels) const;
-  // Mean of a per-rank value over the ranks that split the batch (dp_replicate x dp_shard).
+  // Mean of a per-rank value over the ranks that split the batch (dp_replicate x dp_shard, and
+  // cp, whose ranks hold equal shares of the sequences).
   double batch_mean(double value) const;
 
   void zero_grad();
@@ -180,7 +179,7 @@ class ParallelizedModel {
   bool applied_tp_ = false, applied_cp_ = false, applied_ac_ = false, applied_dp_ = false;
   // Context parallelism: the sequence layout of each sequence length (empty without cp).
   std::map<int64_t, SequenceLayout> cp_layouts_;
-  std::string cp_rotate_;
+  RotateMethod cp_rotate_ = RotateMethod::kAllGather;  // for describe()
   // This rank's share of a batch along the sequence, and the model's token positions.
   std::pair<at::Tensor, at::Tensor> context_shard(const at::Tensor& inputs,
                                                   const at::Tensor& labels);

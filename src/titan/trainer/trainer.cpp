@@ -161,9 +161,15 @@ void Trainer::build_model() {
   // below fills them with the values a one-process build of this seed holds there.
   opts.meta = true;
   auto t0 = std::chrono::steady_clock::now();
-  model_ = spec_->build(config_.model.flavor, opts);
-  apply_training_dtype(*model_, config_.training, world_size_, dims_->describe());
-  apply_model_converters(*model_, config_, device_);  // model.converters (float8), pre-parallelize
+  // The model as parallelize receives it (pipeline parallelism builds a rank's further stages
+  // the same way): training dtype, then model.converters (float8), before any parallelism.
+  const auto build = [this, opts] {
+    std::shared_ptr<Model> model = spec_->build(config_.model.flavor, opts);
+    apply_training_dtype(*model, config_.training, world_size_, dims_->describe());
+    apply_model_converters(*model, config_, device_);
+    return model;
+  };
+  model_ = build();
   const ModelStats stats =
       model_->stats(config_.training.local_batch_size, config_.training.seq_len);
   log_info("model ", config_.model.name, " ", config_.model.flavor, ": ",
@@ -192,16 +198,10 @@ void Trainer::build_model() {
   if (config_.validation.enable)
     o.seq_lens.emplace_back("validation.seq_len", config_.validation.seq_len);
   if (dims_->pp_enabled()) {
-    // The stages, schedule and microbatches (errors show the arithmetic); a rank's further
-    // stages are built as this model was.
+    // The stages, schedule and microbatches (errors show the arithmetic).
     o.pipeline = pp::validate_pipeline(config_.parallelism, stats.n_layers,
                                        config_.training.local_batch_size);
-    o.build_model = [this, opts] {
-      std::shared_ptr<Model> stage = spec_->build(config_.model.flavor, opts);
-      apply_training_dtype(*stage, config_.training, world_size_, dims_->describe());
-      apply_model_converters(*stage, config_, device_);
-      return stage;
-    };
+    o.build_model = build;
   }
   TITAN_CHECK(spec_->parallelize, "model ", config_.model.name,
               " registers no parallelize function");
@@ -287,11 +287,6 @@ void Trainer::build_metrics() {
       /*start_step=*/train_state_.step, /*rank=*/rank_, device_);
 }
 
-at::Tensor Trainer::forward_backward_step(const at::Tensor& inputs, const at::Tensor& labels,
-                                          double loss_scale) {
-  return parallel_->forward_backward(inputs, labels, loss_scale);
-}
-
 std::optional<Batch> Trainer::next_local_batch(DataLoader& loader) {
   std::optional<Batch> batch = loader.next();
   if (!batch) return batch;
@@ -312,7 +307,7 @@ at::Tensor Trainer::train_step(int64_t step, double* grad_norm) {
   for (int64_t micro = 0; micro < accumulation_steps_; ++micro) {
     auto batch = next_local_batch(*train_loader_);
     TITAN_CHECK(batch.has_value(), "training data loader ran dry at step ", step);
-    total += forward_backward_step(batch->inputs, batch->labels, scale) * scale;
+    total += parallel_->forward_backward(batch->inputs, batch->labels, scale) * scale;
   }
   const double loss_value = parallel_->batch_mean(total.item<double>());
   total.fill_(loss_value);

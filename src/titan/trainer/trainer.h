@@ -1,6 +1,6 @@
-// The training loop: train() -> train_step() -> forward_backward_step(), with construction split
-// into small build_* steps. The trainer knows models only through the registry (ModelSpec) and
-// the Model interface; it never names a model.
+// The training loop: train() -> train_step() -> ParallelizedModel::forward_backward(), with
+// construction split into small build_* steps. The trainer knows models only through the registry
+// (ModelSpec) and the Model interface; it never names a model.
 #pragma once
 
 #include "titan/common/folder_lock.h"
@@ -61,10 +61,6 @@ class Trainer {
   // One optimizer step over `accumulation_steps()` micro-batches from the data loader. Returns
   // the mean loss over the micro-batches (a 0-d float tensor).
   at::Tensor train_step(int64_t step, double* grad_norm);
-
-  // Mean loss over `loss` micro-batch inputs/labels (bs, seqlen) int64, after backward.
-  at::Tensor forward_backward_step(const at::Tensor& inputs, const at::Tensor& labels,
-                                   double loss_scale);
 
   // Mean next-token loss over the validation set (validation.steps batches, or all).
   double validate(int64_t* tokens = nullptr);
