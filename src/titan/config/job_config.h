@@ -105,6 +105,7 @@ struct ModelSection {
   std::string tokenizer_path = "";
   std::vector<std::string> converters = {};
   bool print_after_conversion = false;
+  std::string attn_mask_type = "causal";
 
   template <class V>
   void visit(V& v) {
@@ -118,6 +119,11 @@ struct ModelSection {
       "Model converters applied after the build, before parallelism: \"quantize.linear.float8\" "
       "(or \"float8\"): float8 linear layers, see [quantize.linear.float8]");
     v("print_after_conversion", print_after_conversion, "Print the model after the converters ran");
+    v("attn_mask_type", attn_mask_type,
+      "Attention mask of training and validation: causal (every earlier token of the sequence) "
+      "or block_causal (every earlier token of the same document: packed documents, which end "
+      "at the tokenizer's EOS, do not attend to each other; TorchTitan sets this in its model "
+      "args)");
   }
 };
 

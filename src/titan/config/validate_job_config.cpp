@@ -219,6 +219,7 @@ void validate_ranges(const JobConfig& c) {
   check_at_least("parallelism.pipeline_parallel_degree", p.pipeline_parallel_degree, 1);
   check_at_least("parallelism.context_parallel_degree", p.context_parallel_degree, 1);
   check_at_least("parallelism.expert_parallel_degree", p.expert_parallel_degree, 1);
+  check_one_of("model.attn_mask_type", c.model.attn_mask_type, {"causal", "block_causal"});
   check_one_of("parallelism.context_parallel_rotate_method", p.context_parallel_rotate_method,
                {"allgather", "alltoall"});
   check_one_of("parallelism.context_parallel_load_balancer", p.context_parallel_load_balancer,

@@ -155,6 +155,12 @@ class Model : public torch::nn::Module {
   // Undefined (the default): 0 .. seqlen - 1.
   void set_token_positions(at::Tensor positions) { token_positions_ = std::move(positions); }
   const at::Tensor& token_positions() const { return token_positions_; }
+  // The document of every token of the whole sequences forward's tokens belong to, (bs, seqlen)
+  // int64 (document_ids() in models/common/attention.h): attention is then block-causal
+  // (model.attn_mask_type = "block_causal"). Under context parallelism forward receives a share
+  // of each sequence and these still cover the whole of it. Undefined (the default): causal.
+  void set_document_ids(at::Tensor ids) { document_ids_ = std::move(ids); }
+  const at::Tensor& document_ids() const { return document_ids_; }
 
   // Incremental inference without autograd: tokens (bs, n) int64 are positions
   // [start_pos, start_pos + n) of sequences whose positions [0, start_pos) are already in
@@ -175,6 +181,7 @@ class Model : public torch::nn::Module {
  private:
   std::vector<UnitRunner*> runners_;  // innermost first
   at::Tensor token_positions_;
+  at::Tensor document_ids_;
 };
 
 }  // namespace titan

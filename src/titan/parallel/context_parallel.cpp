@@ -419,18 +419,16 @@ struct RingAttentionFunction : public torch::autograd::Function<RingAttentionFun
 }  // namespace
 
 RingAttention::RingAttention(std::shared_ptr<dist::Group> group, SequenceLayout layout,
-                             RotateMethod rotate, DocumentIds document_ids)
-    : group_(std::move(group)),
-      layout_(std::move(layout)),
-      rotate_(rotate),
-      document_ids_(std::move(document_ids)) {
+                             RotateMethod rotate)
+    : group_(std::move(group)), layout_(std::move(layout)), rotate_(rotate) {
   TITAN_CHECK(group_ != nullptr, "RingAttention needs the cp group");
   TITAN_CHECK(layout_.cp == group_->size(), "RingAttention: the sequence layout is for cp ",
               layout_.cp, " but the group ", group_->describe(), " has ", group_->size(),
               " ranks. HINT: make the layout with the cp group's size");
 }
 
-at::Tensor RingAttention::forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+at::Tensor RingAttention::forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                  const at::Tensor& document_ids) {
   TITAN_CHECK(q.dim() == 4 && k.dim() == 4 && v.sizes() == k.sizes(),
               "RingAttention: expected q (bs, L, n_heads, hd), k and v (bs, L, n_kv_heads, hd), "
               "got ",
@@ -443,14 +441,12 @@ at::Tensor RingAttention::forward(const at::Tensor& q, const at::Tensor& k, cons
               " != seq_len / cp = ", layout_.seq_len, " / ", layout_.cp, " = ", layout_.local_len(),
               ". HINT: shard the batch with shard_sequence and this layout");
   at::Tensor docs;
-  if (document_ids_) {
-    docs = document_ids_();
-    TITAN_CHECK(docs.defined() && docs.dim() == 2 && docs.size(0) == q.size(0) &&
-                    docs.size(1) == layout_.seq_len,
+  if (document_ids.defined()) {
+    TITAN_CHECK(document_ids.dim() == 2 && document_ids.size(0) == q.size(0) &&
+                    document_ids.size(1) == layout_.seq_len,
                 "RingAttention: document ids must be (bs, seq_len) = (", q.size(0), ", ",
-                layout_.seq_len, ") for the whole sequence, got ",
-                docs.defined() ? docs.sizes() : at::IntArrayRef{});
-    docs = docs.to(q.device(), at::kLong);
+                layout_.seq_len, ") for the whole sequence, got ", document_ids.sizes());
+    docs = document_ids.to(q.device(), at::kLong);
   }
   return RingAttentionFunction::apply(q, k, v, docs.defined() ? &docs : nullptr, this);
 }
@@ -462,9 +458,9 @@ ContextParallelAttention::ContextParallelAttention(
 }
 
 at::Tensor ContextParallelAttention::forward(const at::Tensor& q, const at::Tensor& k,
-                                             const at::Tensor& v) {
+                                             const at::Tensor& v, const at::Tensor& document_ids) {
   for (const auto& ring : rings_) {
-    if (ring->layout().local_len() == q.size(1)) return ring->forward(q, k, v);
+    if (ring->layout().local_len() == q.size(1)) return ring->forward(q, k, v, document_ids);
   }
   std::string lengths;
   for (const auto& ring : rings_) {

@@ -16,7 +16,7 @@
 //
 // RingAttention is an InnerAttention (models/common/attention.h): causal softmax(q k^T /
 // sqrt(head_dim)) v over the whole sequence, for this rank's queries, with GQA and the softmax
-// in float32. With a document-id provider it is block-causal: a token attends only to earlier
+// in float32. With document ids it is block-causal: a token attends only to earlier
 // tokens of its own document. The attention of each (query chunk, key chunk) pair is explicit
 // float32 matmuls (the masks vary per pair and block-causal needs an arbitrary one; the fused
 // CPU kernels take no mask with LSE), merged with the running output by log-sum-exp; pairs that
@@ -43,7 +43,6 @@
 #include <ATen/ATen.h>
 
 #include <cstdint>
-#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -91,17 +90,15 @@ at::Tensor shard_sequence(const at::Tensor& x, const SequenceLayout& layout, int
 // outputs (the autograd node refers to it). Like the group, driven by one thread at a time.
 class RingAttention final : public InnerAttention {
  public:
-  // Document id of every token of the whole sequence: (bs, seq_len) int64, read at each forward
-  // (the data loader's batch before sharding, the same on every cp rank).
-  using DocumentIds = std::function<at::Tensor()>;
-
-  // layout.cp must equal group->size(). With `document_ids` the mask is block-causal.
-  RingAttention(std::shared_ptr<dist::Group> group, SequenceLayout layout, RotateMethod rotate,
-                DocumentIds document_ids = {});
+  // layout.cp must equal group->size().
+  RingAttention(std::shared_ptr<dist::Group> group, SequenceLayout layout, RotateMethod rotate);
 
   // q (bs, local_len, n_heads, head_dim), k and v (bs, local_len, n_kv_heads, head_dim), this
   // rank's positions of the layout -> (bs, local_len, n_heads, head_dim), contiguous, v's dtype.
-  at::Tensor forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) override;
+  // With `document_ids` (bs, seq_len) int64 for the whole sequence (the batch before sharding,
+  // the same on every cp rank) the mask is block-causal.
+  at::Tensor forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                     const at::Tensor& document_ids) override;
 
   // (query chunk, key chunk) pairs computed and skipped as fully masked, forward and backward
   // together, since construction or reset_stats().
@@ -123,7 +120,6 @@ class RingAttention final : public InnerAttention {
   std::shared_ptr<dist::Group> group_;
   SequenceLayout layout_;
   RotateMethod rotate_;
-  DocumentIds document_ids_;
   Stats stats_;
 };
 
@@ -133,7 +129,8 @@ class RingAttention final : public InnerAttention {
 class ContextParallelAttention final : public InnerAttention {
  public:
   explicit ContextParallelAttention(std::vector<std::shared_ptr<RingAttention>> rings);
-  at::Tensor forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) override;
+  at::Tensor forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                     const at::Tensor& document_ids) override;
   const std::vector<std::shared_ptr<RingAttention>>& rings() const { return rings_; }
 
  private:

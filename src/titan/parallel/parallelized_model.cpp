@@ -158,6 +158,22 @@ std::pair<at::Tensor, at::Tensor> ParallelizedModel::context_shard(const at::Ten
   return {shard_sequence(inputs, layout, cp_rank), shard_sequence(labels, layout, cp_rank)};
 }
 
+void ParallelizedModel::apply_block_causal_mask(int64_t end_token) {
+  if (pipeline_) {
+    throw ConfigError(
+        "model.attn_mask_type = \"block_causal\" with pipeline parallelism is not built yet "
+        "(each microbatch's document ids would have to follow it through the schedule). HINT: "
+        "use parallelism.pipeline_parallel_degree = 1, or model.attn_mask_type = \"causal\"");
+  }
+  document_end_token_ = end_token;
+}
+
+void ParallelizedModel::set_documents(const at::Tensor& inputs) {
+  if (!document_end_token_) return;
+  const at::Tensor ids = document_ids(inputs, *document_end_token_);
+  for (auto& part : parts_) part->model->set_document_ids(ids);
+}
+
 void ParallelizedModel::apply_activation_checkpointing(const ActivationCheckpointSection& ac) {
   TITAN_CHECK(!applied_ac_ && !applied_dp_,
               "activation checkpointing must be applied before data parallelism");
@@ -269,6 +285,7 @@ at::Tensor ParallelizedModel::loss(const at::Tensor& logits, const at::Tensor& l
 
 at::Tensor ParallelizedModel::forward_backward(const at::Tensor& batch_inputs,
                                                const at::Tensor& batch_labels, double loss_scale) {
+  set_documents(batch_inputs);
   const auto [inputs, labels] = context_shard(batch_inputs, batch_labels);
   at::Tensor loss_value;
   if (pipeline_) {
@@ -288,6 +305,7 @@ at::Tensor ParallelizedModel::forward_backward(const at::Tensor& batch_inputs,
 at::Tensor ParallelizedModel::evaluate(const at::Tensor& batch_inputs,
                                        const at::Tensor& batch_labels) {
   at::NoGradGuard no_grad;
+  set_documents(batch_inputs);
   const auto [inputs, labels] = context_shard(batch_inputs, batch_labels);
   if (pipeline_) {
     return pipeline_->evaluate(
@@ -459,6 +477,10 @@ double ParallelizedModel::comm_wait_seconds() const {
 
 std::vector<std::string> ParallelizedModel::describe() const {
   std::vector<std::string> lines;
+  if (document_end_token_) {
+    lines.push_back("attention: block-causal, documents end at token " +
+                    std::to_string(*document_end_token_) + " (model.attn_mask_type)");
+  }
   if (pipeline_) lines.push_back(pipeline_->describe());
   if (!cp_layouts_.empty()) {
     const SequenceLayout& layout = cp_layouts_.begin()->second;
@@ -517,6 +539,7 @@ std::unique_ptr<ParallelizedModel> parallelize_decoder(std::shared_ptr<Model> mo
   pm->apply_data_parallel(options);
   // 5. Storage for what is still on the meta device (a model built with ModelBuildOptions::meta).
   pm->materialize(options.device);
+  if (options.document_end_token) pm->apply_block_causal_mask(*options.document_end_token);
   return pm;
 }
 

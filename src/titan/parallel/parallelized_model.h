@@ -78,6 +78,9 @@ struct ParallelizeOptions {
   // this rank's further stages.
   std::optional<pp::PipelineLayout> pipeline;
   std::function<std::shared_ptr<Model>()> build_model;
+  // model.attn_mask_type = "block_causal": packed documents end at this token (the tokenizer's
+  // EOS), and attention stays within each document. Absent: causal over the whole sequence.
+  std::optional<int64_t> document_end_token;
 };
 
 // A parameter as this rank trains it: the tensor the optimizer updates (the whole parameter,
@@ -116,6 +119,10 @@ class ParallelizedModel {
   // FSDP / HSDP / DDP from the options' param / reduce dtypes, reshard policy, device and float8
   // all-gather settings.
   void apply_data_parallel(const ParallelizeOptions& options);
+  // Block-causal attention for training and validation: forward_backward and evaluate give the
+  // model the document ids of each batch (document_ids(inputs, end_token), from the whole
+  // sequences, before context parallelism shards them). Any time before the first step.
+  void apply_block_causal_mask(int64_t end_token);
   // Gives every parameter still on the meta device uninitialized storage on `device` (its
   // current, possibly TP-sliced shape); last, after the pieces above.
   void materialize(at::Device device);
@@ -183,6 +190,10 @@ class ParallelizedModel {
   // This rank's share of a batch along the sequence, and the model's token positions.
   std::pair<at::Tensor, at::Tensor> context_shard(const at::Tensor& inputs,
                                                   const at::Tensor& labels);
+  // Block-causal attention: the token ending a document (absent: causal). Sets the models'
+  // document ids for a batch.
+  std::optional<int64_t> document_end_token_;
+  void set_documents(const at::Tensor& inputs);
   std::vector<TrainedParam> params_;
   std::vector<size_t> param_part_;  // params_[i] belongs to parts_[param_part_[i]]
 };

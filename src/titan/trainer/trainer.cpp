@@ -17,6 +17,7 @@
 #include "titan/config/config_manager.h"
 #include "titan/distributed/init.h"
 #include "titan/distributed/parallel_dims.h"
+#include "titan/models/common/attention.h"
 #include "titan/models/common/linear.h"
 #include "titan/models/converters.h"
 #include "titan/parallel/parallelized_model.h"
@@ -79,6 +80,8 @@ Trainer::Trainer(JobConfig config, const DistributedContext* dist) : config_(std
   }
   accumulation_steps_ = global / per_step;
 
+  // The tokenizer first: block-causal attention needs its EOS token.
+  tokenizer_ = build_tokenizer(config_.model.hf_assets_path);
   build_model();
   build_data();
   build_optimizer();
@@ -197,6 +200,9 @@ void Trainer::build_model() {
       o.fsdp_float8_all_gather && f8.precompute_float8_dynamic_scale_for_fsdp;
   if (config_.validation.enable)
     o.seq_lens.emplace_back("validation.seq_len", config_.validation.seq_len);
+  if (parse_attention_mask(config_.model.attn_mask_type) == AttentionMask::kBlockCausal) {
+    o.document_end_token = tokenizer_->eos_id();  // the data loader ends each document with it
+  }
   if (dims_->pp_enabled()) {
     // The stages, schedule and microbatches (errors show the arithmetic).
     o.pipeline = pp::validate_pipeline(config_.parallelism, stats.n_layers,
@@ -220,7 +226,6 @@ std::vector<std::pair<std::string, at::Tensor>> Trainer::trained_params() const 
 }
 
 void Trainer::build_data() {
-  tokenizer_ = build_tokenizer(config_.model.hf_assets_path);
   const ModelStats stats = model_->stats(1, config_.training.seq_len);
   check_tokenizer_fits_model(*tokenizer_, stats.vocab_size, "flavor '" + config_.model.flavor + "'",
                              "pick a flavor with a larger vocab");

@@ -181,6 +181,7 @@ const std::set<std::string> kOwnKeys = {
     "metrics.peak_flops",       "training.dataset_text_field",
     "training.dataset_shuffle", "training.num_threads",
     "training.device",          "validation.dataset_text_field",
+    "model.attn_mask_type",
 };
 
 // Defaults of ours that differ from TorchTitan's, and why: our datasets and tokenizer.

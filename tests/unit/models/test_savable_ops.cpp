@@ -98,6 +98,24 @@ TEST(SavableOps, GqaAttentionReplaysFromOutputAndLogSumExp) {
       inputs, SavableOp::kAttention, 2);
 }
 
+TEST(SavableOps, MaskedAttentionReplaysWithItsMask) {
+  at::manual_seed(2);
+  const std::vector<at::Tensor> inputs{at::randn({2, 6, 4, 6}).transpose(1, 2),
+                                       at::randn({2, 6, 2, 6}).transpose(1, 2),
+                                       at::randn({2, 6, 2, 6}).transpose(1, 2)};
+  // Block-causal: two documents per row, split at different places.
+  const at::Tensor docs = at::tensor({0, 0, 1, 1, 1, 1, 0, 0, 0, 0, 1, 1}, at::kLong).view({2, 6});
+  const at::Tensor mask = docs.unsqueeze(2)
+                              .eq(docs.unsqueeze(1))
+                              .logical_and_(at::ones({6, 6}, at::kBool).tril())
+                              .unsqueeze(1);
+  check_replay(
+      [&](const auto& t) {
+        return savable_causal_sdpa(t[0], t[1], t[2], /*enable_gqa=*/true, mask);
+      },
+      inputs, SavableOp::kAttention, 2);
+}
+
 TEST(SavableOps, ResultIsTakenWithoutComputing) {
   KeepAll saver;
   int computed = 0;

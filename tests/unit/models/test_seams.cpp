@@ -122,9 +122,10 @@ TEST(RoPE, ExplicitPositionsSelectTheirRows) {
 // Counts its calls and runs the default kernel.
 class CountingAttention : public InnerAttention {
  public:
-  at::Tensor forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) override {
+  at::Tensor forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                     const at::Tensor& document_ids) override {
     ++calls;
-    return causal_attention(q, k, v);
+    return causal_attention(q, k, v, document_ids);
   }
   int calls = 0;
 };
@@ -143,6 +144,28 @@ TEST(Attention, InnerKernelIsASwappableSeam) {
   const at::Tensor cached = model->forward_cached(tokens, cache, 0);
   EXPECT_EQ(counting->calls, static_cast<int>(model->layers.size()));
   EXPECT_TRUE(at::allclose(cached, before, 1e-4, 1e-5));
+}
+
+// Block-causal attention keeps packed documents apart: with RoPE (relative positions) the
+// second document's logits inside a packed sequence are those of the document alone.
+TEST(Attention, BlockCausalDocumentsSeeOnlyThemselves) {
+  auto model = tiny_model();
+  at::NoGradGuard no_grad;
+  constexpr int64_t kEnd = 3;  // the token that ends a document
+  at::manual_seed(4);
+  const at::Tensor first = at::randint(4, model->args().vocab_size, {2, 6}, at::kLong);
+  const at::Tensor second = at::randint(4, model->args().vocab_size, {2, 9}, at::kLong);
+  first.select(1, 5).fill_(kEnd);
+  const at::Tensor packed = at::cat({first, second}, 1);
+  const at::Tensor alone = model->forward(second);
+  const at::Tensor first_alone = model->forward(first);
+  model->set_document_ids(document_ids(packed, kEnd));
+  const at::Tensor masked = model->forward(packed);
+  EXPECT_TRUE(at::allclose(masked.narrow(1, 6, 9), alone, 1e-4, 1e-5))
+      << (masked.narrow(1, 6, 9) - alone).abs().max();
+  EXPECT_TRUE(at::allclose(masked.narrow(1, 0, 6), first_alone, 1e-4, 1e-5));
+  model->set_document_ids({});
+  EXPECT_FALSE(at::allclose(model->forward(packed).narrow(1, 6, 9), alone, 1e-2, 1e-2));
 }
 
 }  // namespace

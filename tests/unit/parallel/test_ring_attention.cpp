@@ -105,7 +105,7 @@ struct Reference {
 
 // Packed documents: row 0 has a document [3, seq - 3) that spans several ranks' chunks; row 1
 // random boundaries.
-at::Tensor document_ids(int64_t seq) {
+at::Tensor packed_document_ids(int64_t seq) {
   at::Tensor starts = at::zeros({kBs, seq}, at::kLong);
   starts[0][3] = 1;
   starts[0][seq - 3] = 1;
@@ -120,7 +120,7 @@ Reference reference(const Case& c, int64_t seq, uint64_t seed) {
   r.k = at::randn({kBs, seq, c.n_kv, kHeadDim}).to(c.dtype);
   r.v = at::randn({kBs, seq, c.n_kv, kHeadDim}).to(c.dtype);
   r.dout = at::randn({kBs, seq, c.n_heads, kHeadDim}).to(c.dtype);
-  if (c.block_causal) r.docs = document_ids(seq);
+  if (c.block_causal) r.docs = packed_document_ids(seq);
   // Causal float32: libtorch's fused single-process kernel. Block-causal or bf16: the explicit
   // float64 reference of the same (rounded) inputs.
   const bool fused = !c.block_causal && c.dtype == at::kFloat;
@@ -155,13 +155,11 @@ void check_ring_attention(int cp, int64_t seq, const std::vector<Case>& cases) {
       const Case& c = cases[i];
       const Reference& r = refs[i];
       const SequenceLayout layout = SequenceLayout::make(seq, cp, c.sharding);
-      RingAttention::DocumentIds docs;
-      if (c.block_causal) docs = [&r] { return r.docs; };
-      RingAttention ring(world, layout, c.rotate, docs);
+      RingAttention ring(world, layout, c.rotate);
       at::Tensor q = shard_sequence(r.q, layout, rank).requires_grad_();
       at::Tensor k = shard_sequence(r.k, layout, rank).requires_grad_();
       at::Tensor v = shard_sequence(r.v, layout, rank).requires_grad_();
-      const at::Tensor out = ring.forward(q, k, v);
+      const at::Tensor out = ring.forward(q, k, v, c.block_causal ? r.docs : at::Tensor());
       EXPECT_EQ(out.scalar_type(), c.dtype);
       EXPECT_TRUE(out.is_contiguous());
       out.backward(shard_sequence(r.dout, layout, rank));
@@ -234,6 +232,49 @@ TEST(RingAttention, MatchesFullAttentionCp3) { check_ring_attention(3, 24, all_c
 // One rank: no communication, the kernel alone.
 TEST(RingAttention, MatchesFullAttentionCp1) { check_ring_attention(1, 8, all_cases(false)); }
 
+// The document of each token counts the EOS tokens before it: an EOS closes its own document.
+TEST(BlockCausalAttention, DocumentIdsCountEndsBeforeEachToken) {
+  constexpr int64_t kEos = 9;
+  const at::Tensor tokens =
+      at::tensor({5, 9, 8, 5, 9, 8, 9, 9, /**/ 8, 1, 2, 3, 4, 5, 6, 9}, at::kLong).view({2, 8});
+  const at::Tensor want =
+      at::tensor({0, 0, 1, 1, 1, 2, 2, 3, /**/ 0, 0, 0, 0, 0, 0, 0, 0}, at::kLong).view({2, 8});
+  EXPECT_TRUE(at::equal(document_ids(tokens, kEos), want)) << document_ids(tokens, kEos);
+  EXPECT_EQ(parse_attention_mask("block_causal"), AttentionMask::kBlockCausal);
+  try {
+    parse_attention_mask("block-causal");
+    FAIL() << "expected an error";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("did you mean 'block_causal'"), std::string::npos)
+        << e.what();
+  }
+}
+
+// The one-process kernel (libtorch's fused SDPA under a block-causal mask), GQA, forward and
+// backward, against the explicit float64 reference.
+TEST(BlockCausalAttention, FusedKernelMatchesTheReference) {
+  at::manual_seed(7);
+  const int64_t seq = 24;
+  const at::Tensor docs = packed_document_ids(seq);
+  const at::Tensor q = at::randn({kBs, seq, 4, kHeadDim}).requires_grad_();
+  const at::Tensor k = at::randn({kBs, seq, 2, kHeadDim}).requires_grad_();
+  const at::Tensor v = at::randn({kBs, seq, 2, kHeadDim}).requires_grad_();
+  const at::Tensor dout = at::randn({kBs, seq, 4, kHeadDim});
+  const at::Tensor out = causal_attention(q, k, v, docs);
+  out.backward(dout);
+  at::Tensor q64 = q.detach().to(at::kDouble).requires_grad_();
+  at::Tensor k64 = k.detach().to(at::kDouble).requires_grad_();
+  at::Tensor v64 = v.detach().to(at::kDouble).requires_grad_();
+  const at::Tensor want = masked_reference(q64, k64, v64, docs);
+  want.backward(dout.to(at::kDouble));
+  EXPECT_LT(max_diff(out, want), 1e-5);
+  EXPECT_LT(max_diff(q.grad(), q64.grad()), 1e-5);
+  EXPECT_LT(max_diff(k.grad(), k64.grad()), 1e-5);
+  EXPECT_LT(max_diff(v.grad(), v64.grad()), 1e-5);
+  // Not the causal result: the documents matter.
+  EXPECT_GT(max_diff(out, masked_reference(q64, k64, v64, at::Tensor())), 1e-2);
+}
+
 TEST(RingAttention, RejectsMismatchedShapes) {
   run_ranks(2, [&](int rank, std::shared_ptr<dist::Group> world) {
     EXPECT_THROW(RingAttention(world, SequenceLayout::make(16, 4, SequenceSharding::kNone),
@@ -243,7 +284,7 @@ TEST(RingAttention, RejectsMismatchedShapes) {
                        RotateMethod::kAllToAll);
     const at::Tensor q = at::randn({1, 4, 4, kHeadDim});  // 4 local positions, layout wants 8
     try {
-      ring.forward(q, q, q);
+      ring.forward(q, q, q, {});
       ADD_FAILURE() << "expected an error on rank " << rank;
     } catch (const c10::Error& e) {
       const std::string msg = e.what_without_backtrace();

@@ -15,9 +15,10 @@
 
 namespace titan::test {
 
-// `body(rank, trainer)` on `world` ranks; a rank's exception fails the test with its message.
-inline void on_ranks(const JobConfig& config, int64_t world,
-                     const std::function<void(int64_t rank, Trainer&)>& body) {
+// `body(rank, trainer)` on `world` ranks; returns each rank's exception message ("" if none).
+inline std::vector<std::string> errors_on_ranks(
+    const JobConfig& config, int64_t world,
+    const std::function<void(int64_t rank, Trainer&)>& body) {
   auto store = c10::make_intrusive<c10d::HashStore>();
   std::vector<std::string> errors(world);
   std::vector<std::thread> threads;
@@ -39,6 +40,13 @@ inline void on_ranks(const JobConfig& config, int64_t world,
     });
   }
   for (auto& t : threads) t.join();
+  return errors;
+}
+
+// `body(rank, trainer)` on `world` ranks; a rank's exception fails the test with its message.
+inline void on_ranks(const JobConfig& config, int64_t world,
+                     const std::function<void(int64_t rank, Trainer&)>& body) {
+  const std::vector<std::string> errors = errors_on_ranks(config, world, body);
   for (int64_t r = 0; r < world; ++r) EXPECT_EQ(errors[r], "") << "rank " << r;
 }
 

@@ -8,6 +8,7 @@
 #include "titan/models/common/attention.h"
 
 #include "titan/common/check.h"
+#include "titan/common/names.h"
 #include "titan/models/common/savable_ops.h"
 
 #include <algorithm>
@@ -36,7 +37,8 @@ at::Tensor chunk_causal_mask(int64_t t0, int64_t t1, int64_t n_rep,
 
 }  // namespace
 
-at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                            const at::Tensor& document_ids) {
   const int64_t n_heads = q.size(2);
   const int64_t n_kv_heads = k.size(2);
   TITAN_CHECK(n_kv_heads > 0 && n_heads % n_kv_heads == 0, "n_kv_heads (", n_kv_heads,
@@ -44,11 +46,38 @@ at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::
   const int64_t n_rep = n_heads / n_kv_heads;
   // Query head h reads kv head h / n_rep: SDPA's enable_gqa does this inside the kernel, with no
   // (bs, n_heads, seqlen, head_dim) copies of K and V.
+  at::Tensor mask;  // block-causal: (bs, 1, seqlen, seqlen), true where a query sees a key
+  if (document_ids.defined()) {
+    const int64_t seqlen = q.size(1);
+    TITAN_CHECK(document_ids.dim() == 2 && document_ids.size(0) == q.size(0) &&
+                    document_ids.size(1) == seqlen,
+                "block-causal attention: document ids must be (bs, seqlen) = (", q.size(0), ", ",
+                seqlen, "), got ", document_ids.sizes());
+    const at::Tensor docs = document_ids.to(q.device(), at::kLong);
+    const at::Tensor causal =
+        at::ones({seqlen, seqlen}, at::TensorOptions(at::kBool).device(q.device())).tril();
+    mask = docs.unsqueeze(2).eq(docs.unsqueeze(1)).logical_and_(causal).unsqueeze(1);
+  }
   // SDPA, whose output selective activation checkpointing may keep (savable_ops.h).
   const at::Tensor out =
       savable_causal_sdpa(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-                          /*enable_gqa=*/n_rep > 1);  // (bs, n_heads, seqlen, head_dim)
+                          /*enable_gqa=*/n_rep > 1, mask);  // (bs, n_heads, seqlen, head_dim)
   return out.transpose(1, 2).contiguous();
+}
+
+at::Tensor document_ids(const at::Tensor& tokens, int64_t end_token) {
+  TITAN_CHECK(tokens.dim() == 2, "document_ids: expected tokens (bs, seqlen), got ",
+              tokens.sizes());
+  const at::Tensor ends = tokens.eq(end_token).to(at::kLong);
+  return ends.cumsum(1).sub_(ends);  // ends strictly before each token
+}
+
+AttentionMask parse_attention_mask(const std::string& name) {
+  if (name == "causal") return AttentionMask::kCausal;
+  if (name == "block_causal") return AttentionMask::kBlockCausal;
+  throw ConfigError("unknown model.attn_mask_type '" + name + "'" +
+                    did_you_mean(likely_name(name, {"causal", "block_causal"})) +
+                    " (it is \"causal\" or \"block_causal\")");
 }
 
 at::Tensor cached_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
@@ -113,7 +142,8 @@ Attention::Attention(int64_t dim, int64_t n_heads, int64_t n_kv_heads, int64_t h
 }
 
 at::Tensor Attention::forward(const at::Tensor& x, const RotaryEmbedding& rope,
-                              const at::Tensor& positions, const KVCacheStep* cache) {
+                              const at::Tensor& positions, const KVCacheStep* cache,
+                              const at::Tensor& document_ids) {
   return hooked(x, [&](const at::Tensor& in) {
     const int64_t bs = in.size(0);
     const int64_t n = in.size(1);
@@ -133,8 +163,8 @@ at::Tensor Attention::forward(const at::Tensor& x, const RotaryEmbedding& rope,
     const at::Tensor q = rope.forward(wq->forward(xc).view({bs, n, -1, head_dim}), pos);
     const at::Tensor k = rope.forward(wk->forward(xc).view({bs, n, -1, head_dim}), pos);
     const at::Tensor v = wv->forward(xc).view({bs, n, -1, head_dim});  // (bs, n, n_kv, head_dim)
-    const at::Tensor out =
-        cache != nullptr ? attend_cached(q, k, v, *cache) : inner_attention->forward(q, k, v);
+    const at::Tensor out = cache != nullptr ? attend_cached(q, k, v, *cache)
+                                            : inner_attention->forward(q, k, v, document_ids);
     return wo->forward(out.view({bs, n, -1}));  // out: (bs, n, n_local_heads, head_dim)
   });
 }

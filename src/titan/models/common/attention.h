@@ -13,6 +13,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 
 namespace titan {
 
@@ -21,8 +22,26 @@ namespace titan {
 // statistics (bs, n_heads, seqlen): no probability matrix.
 // q (bs, seqlen, n_heads, head_dim), k and v (bs, seqlen, n_kv_heads, head_dim), n_kv_heads
 // dividing n_heads; query head h reads kv head h / (n_heads / n_kv_heads).
+// With `document_ids` (bs, seqlen) int64 the mask is block-causal: a token attends only to the
+// tokens at or before it with the same id (its document, see document_ids()); the kernel then
+// also reads a (bs, 1, seqlen, seqlen) boolean mask.
 // Returns (bs, seqlen, n_heads, head_dim), contiguous, in v's dtype.
-at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v);
+at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                            const at::Tensor& document_ids = {});
+
+// The document of every token of packed sequences tokens (bs, seqlen): the number of
+// `end_token`s (EOS) before it in its row, so a document's EOS still belongs to it and the next
+// document starts after it (a row that starts inside a document gives that part id 0).
+// (bs, seqlen) int64 on the tokens' device.
+at::Tensor document_ids(const at::Tensor& tokens, int64_t end_token);
+
+// model.attn_mask_type: how attention masks a training sequence.
+enum class AttentionMask {
+  kCausal,       // every earlier token of the sequence
+  kBlockCausal,  // every earlier token of the same document (packed documents stay apart)
+};
+// "causal" / "block_causal"; throws ConfigError naming the closest.
+AttentionMask parse_attention_mask(const std::string& name);
 
 // Inference attention of n new queries at positions [start_pos, start_pos + n) over the keys and
 // values of positions [0, start_pos + n), causal within the new block. q (bs, n, n_heads,
@@ -33,19 +52,23 @@ at::Tensor cached_attention(const at::Tensor& q, const at::Tensor& k, const at::
                             int64_t start_pos);
 
 // The kernel between the projections: q (bs, seqlen, n_heads, head_dim), k and v
-// (bs, seqlen, n_kv_heads, head_dim) -> (bs, seqlen, n_heads, head_dim), contiguous. The default
-// is causal_attention over the local sequence; context parallelism swaps in a kernel that also
-// attends to the other ranks' keys and values.
+// (bs, seqlen, n_kv_heads, head_dim) -> (bs, seqlen, n_heads, head_dim), contiguous.
+// `document_ids`: undefined (causal), or the document of every token of the whole sequence
+// (bs, whole seqlen) int64 (block-causal). The default is causal_attention over the local
+// sequence; context parallelism swaps in a kernel that also attends to the other ranks' keys and
+// values (its local sequence is a share of the whole one the document ids cover).
 class InnerAttention {
  public:
   virtual ~InnerAttention() = default;
-  virtual at::Tensor forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) = 0;
+  virtual at::Tensor forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                             const at::Tensor& document_ids) = 0;
 };
 
 class CausalAttention final : public InnerAttention {
  public:
-  at::Tensor forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) override {
-    return causal_attention(q, k, v);
+  at::Tensor forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                     const at::Tensor& document_ids) override {
+    return causal_attention(q, k, v, document_ids);
   }
 };
 
@@ -66,12 +89,14 @@ class Attention : public HookedModule {
 
   // x (bs, seqlen, dim) -> (bs, seqlen, dim) in the compute dtype. `positions` (seqlen) int64
   // are the tokens' absolute positions for RoPE (undefined: [0, seqlen)). Training runs
-  // inner_attention over the sequence; with `cache` (incremental inference, no autograd) x holds
+  // inner_attention over the sequence, block-causal with `document_ids` (see InnerAttention;
+  // undefined: causal); with `cache` (incremental inference, no autograd) x holds
   // positions [start_pos, start_pos + n), their keys and values are written into the cache
   // (allocated on first use, or when bs / heads / dtype change at start_pos 0) and the queries
   // attend over positions [0, start_pos + n) of it (cached_attention).
   at::Tensor forward(const at::Tensor& x, const RotaryEmbedding& rope,
-                     const at::Tensor& positions = {}, const KVCacheStep* cache = nullptr);
+                     const at::Tensor& positions = {}, const KVCacheStep* cache = nullptr,
+                     const at::Tensor& document_ids = {});
 
   std::shared_ptr<Linear> wq, wk, wv, wo;
   std::shared_ptr<InnerAttention> inner_attention = std::make_shared<CausalAttention>();

@@ -9,6 +9,9 @@
 #include <ATen/SDPBackend.h>
 #include <torch/csrc/autograd/custom_function.h>
 
+#include <limits>
+#include <optional>
+
 namespace titan {
 namespace {
 
@@ -37,29 +40,38 @@ struct ReplayedLinear : public torch::autograd::Function<ReplayedLinear> {
 };
 
 // Kept causal attention: q (bs, n_heads, seq, hd), k and v (bs, n_kv_heads, seq, hd), the output
-// (bs, n_heads, seq, hd) and the kernel's float32 log-sum-exp (bs, n_heads, seq).
+// (bs, n_heads, seq, hd) and the kernel's float32 log-sum-exp (bs, n_heads, seq); causal, or
+// under the boolean `mask` when it is defined.
 struct ReplayedAttention : public torch::autograd::Function<ReplayedAttention> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k,
-                            const at::Tensor& v, const at::Tensor& out,
-                            const at::Tensor& logsumexp) {
+                            const at::Tensor& v, const at::Tensor& out, const at::Tensor& logsumexp,
+                            const at::Tensor* mask_or_null) {
+    // The mask travels outside the tensor arguments: autograd needs a device for each of those,
+    // and causal attention has none.
     ctx->save_for_backward({q, k, v, out, logsumexp});
+    if (mask_or_null != nullptr) ctx->saved_data["mask"] = *mask_or_null;
     return out;
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const auto s = ctx->get_saved_variables();
+    const auto found = ctx->saved_data.find("mask");
+    const std::optional<at::Tensor> mask = found != ctx->saved_data.end()
+                                               ? std::optional<at::Tensor>(found->second.toTensor())
+                                               : std::nullopt;
     auto [grad_q, grad_k, grad_v] = at::_scaled_dot_product_flash_attention_for_cpu_backward(
-        grads[0], s[0], s[1], s[2], s[3], s[4], /*dropout_p=*/0.0, /*is_causal=*/true);
-    return {grad_q, grad_k, grad_v, at::Tensor(), at::Tensor()};
+        grads[0], s[0], s[1], s[2], s[3], s[4], /*dropout_p=*/0.0,
+        /*is_causal=*/!mask.has_value(), mask);
+    return {grad_q, grad_k, grad_v, at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
 // Whether libtorch runs this attention with the CPU flash kernel, the one whose results we can
 // keep (output and log-sum-exp) and differentiate later.
 bool runs_cpu_flash(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                    bool enable_gqa) {
+                    const std::optional<at::Tensor>& mask, bool enable_gqa) {
   if (!q.device().is_cpu()) return false;
   const int64_t backend =
-      at::_fused_sdp_choice(q, k, v, /*attn_mask=*/{}, /*dropout_p=*/0.0, /*is_causal=*/true,
+      at::_fused_sdp_choice(q, k, v, mask, /*dropout_p=*/0.0, /*is_causal=*/!mask.has_value(),
                             /*scale=*/std::nullopt, enable_gqa);
   return backend == static_cast<int64_t>(at::SDPBackend::flash_attention);
 }
@@ -108,20 +120,31 @@ at::Tensor savable_linear(const at::Tensor& x, const at::Tensor& weight) {
 }
 
 at::Tensor savable_causal_sdpa(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                               bool enable_gqa) {
+                               bool enable_gqa, const at::Tensor& mask) {
+  const std::optional<at::Tensor> attn_mask =
+      mask.defined() ? std::optional<at::Tensor>(mask) : std::nullopt;
+  const bool is_causal = !mask.defined();
   OpSaver* saver = t_saver;
-  if (saver == nullptr || !runs_cpu_flash(q, k, v, enable_gqa) ||
+  if (saver == nullptr || !runs_cpu_flash(q, k, v, attn_mask, enable_gqa) ||
       !saver->keeps(SavableOp::kAttention, at::Tensor())) {
-    return at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, /*dropout_p=*/0.0,
-                                            /*is_causal=*/true, /*scale=*/std::nullopt, enable_gqa);
+    return at::scaled_dot_product_attention(q, k, v, attn_mask, /*dropout_p=*/0.0, is_causal,
+                                            /*scale=*/std::nullopt, enable_gqa);
+  }
+  // The flash kernel itself takes an additive mask in the query's dtype (SDPA converts a boolean
+  // one the same way: 0 where kept, -inf elsewhere).
+  std::optional<at::Tensor> additive;
+  if (mask.defined()) {
+    additive = mask.scalar_type() == at::kBool
+                   ? at::zeros(mask.sizes(), q.options())
+                         .masked_fill_(mask.logical_not(), -std::numeric_limits<double>::infinity())
+                   : mask.to(q.scalar_type());
   }
   if (saver->replaying()) {
     const auto kept = take_checked(*saver, SavableOp::kAttention, q.sizes(), 2);
-    return ReplayedAttention::apply(q, k, v, kept[0], kept[1]);
+    return ReplayedAttention::apply(q, k, v, kept[0], kept[1], additive ? &*additive : nullptr);
   }
-  auto [out, logsumexp] =
-      at::_scaled_dot_product_flash_attention_for_cpu(q, k, v, /*dropout_p=*/0.0,
-                                                      /*is_causal=*/true);
+  auto [out, logsumexp] = at::_scaled_dot_product_flash_attention_for_cpu(
+      q, k, v, /*dropout_p=*/0.0, is_causal, additive);
   saver->keep(SavableOp::kAttention, {out, logsumexp});
   return out;
 }

@@ -64,10 +64,12 @@ at::Tensor savable_linear(const at::Tensor& x, const at::Tensor& weight);
 
 // Causal scaled-dot-product attention as at::scaled_dot_product_attention(q, k, v, /*mask=*/{},
 // /*dropout_p=*/0, /*is_causal=*/true, /*scale=*/default, enable_gqa). q (bs, n_heads, seq, hd),
-// k and v (bs, n_kv_heads, seq, hd) -> (bs, n_heads, seq, hd). Kept only where libtorch runs it
-// with the CPU flash kernel (whose backward takes the output and log-sum-exp).
+// k and v (bs, n_kv_heads, seq, hd) -> (bs, n_heads, seq, hd). With `mask` (bool, broadcasting to
+// (bs, n_heads, seq, seq), true where a query may attend to a key; e.g. block-causal) the mask
+// replaces the causal one. Kept only where libtorch runs it with the CPU flash kernel (whose
+// backward takes the output and log-sum-exp).
 at::Tensor savable_causal_sdpa(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                               bool enable_gqa);
+                               bool enable_gqa, const at::Tensor& mask = {});
 
 // For the forward of an autograd Function whose backward needs none of its forward values (a
 // collective): compute(), or the kept result while replaying.

@@ -56,10 +56,12 @@ TransformerBlock::TransformerBlock(int64_t layer_id, const Llama3Args& args,
 }
 
 at::Tensor TransformerBlock::forward(const at::Tensor& x, const RotaryEmbedding& rope,
-                                     const at::Tensor& positions, const KVCacheStep* cache) {
+                                     const at::Tensor& positions, const KVCacheStep* cache,
+                                     const at::Tensor& document_ids) {
   // x is in residual_dtype(compute_dtype); were it float32 under bf16 compute, the sums would
   // promote and keep it float32.
-  const at::Tensor h = x + attention->forward(attention_norm->forward(x), rope, positions, cache);
+  const at::Tensor h =
+      x + attention->forward(attention_norm->forward(x), rope, positions, cache, document_ids);
   return h + feed_forward->forward(ffn_norm->forward(h));
 }
 
@@ -124,11 +126,12 @@ at::Tensor Transformer::forward(const at::Tensor& tokens) {
     h = tokens;
   }
   const at::Tensor positions = token_positions();  // undefined: 0 .. seqlen - 1
+  const at::Tensor docs = document_ids();          // undefined: causal
   for (const auto& layer : layers) {
     TransformerBlock* block = layer.get();
     const RotaryEmbedding* table = rope.get();
-    h = run_unit(unit++, h, [block, table, positions](const at::Tensor& x) {
-      return block->forward(x, *table, positions);
+    h = run_unit(unit++, h, [block, table, positions, docs](const at::Tensor& x) {
+      return block->forward(x, *table, positions, /*cache=*/nullptr, docs);
     });
   }
   if (!norm) return h;

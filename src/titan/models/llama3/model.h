@@ -28,10 +28,12 @@ class TransformerBlock : public torch::nn::Module {
  public:
   TransformerBlock(int64_t layer_id, const Llama3Args& args, at::ScalarType compute_dtype);
 
-  // x (bs, seqlen, dim) -> (bs, seqlen, dim), in x's dtype. `positions` and `cache` as in
-  // Attention::forward (training: neither; incremental inference: the cache step).
+  // x (bs, seqlen, dim) -> (bs, seqlen, dim), in x's dtype. `positions`, `cache` and
+  // `document_ids` as in Attention::forward (training: no cache; incremental inference: the cache
+  // step).
   at::Tensor forward(const at::Tensor& x, const RotaryEmbedding& rope,
-                     const at::Tensor& positions = {}, const KVCacheStep* cache = nullptr);
+                     const at::Tensor& positions = {}, const KVCacheStep* cache = nullptr,
+                     const at::Tensor& document_ids = {});
   // TorchTitan's init of the parameter `name` (relative to the block): norms ones;
   // wq/wk/wv/w1 trunc_normal(0.02); wo/w2/w3 trunc_normal(weight_init_std).
   ParamInit param_init(const std::string& name) const;
