@@ -1,0 +1,252 @@
+// Mixture-of-experts layer (see moe.h).
+#include "titan/models/common/moe.h"
+
+#include "titan/common/check.h"
+#include "titan/models/common/init.h"
+
+#include <ATen/core/grad_mode.h>
+
+#include <algorithm>
+#include <limits>
+#include <optional>
+#include <string>
+
+namespace titan {
+namespace {
+
+std::string num(int64_t v) { return std::to_string(v); }
+
+// Rows of an expert group handed to a grouped GEMM are padded to a multiple of this (CUDA's
+// grouped kernels need 16-byte aligned group offsets for 16-bit types).
+constexpr int64_t kGroupAlign = 16;
+
+}  // namespace
+
+void MoEArgs::validate() const {
+  if (num_experts < 1) throw ConfigError("MoE: num_experts must be >= 1, got " + num(num_experts));
+  if (top_k < 1 || top_k > num_experts) {
+    throw ConfigError("MoE: top_k " + num(top_k) +
+                      " must be in [1, num_experts = " + num(num_experts) + "]");
+  }
+  if (hidden_dim < 1) throw ConfigError("MoE: hidden_dim must be >= 1, got " + num(hidden_dim));
+  if (num_shared_experts < 0) {
+    throw ConfigError("MoE: num_shared_experts must be >= 0, got " + num(num_shared_experts));
+  }
+  if (num_expert_groups > 0) {
+    if (num_experts % num_expert_groups != 0) {
+      throw ConfigError("MoE: num_experts " + num(num_experts) + " is not divisible by " +
+                        "num_expert_groups " + num(num_expert_groups) + " (" + num(num_experts) +
+                        " % " + num(num_expert_groups) + " = " +
+                        num(num_experts % num_expert_groups) + ")");
+    }
+    const int64_t per_group = num_experts / num_expert_groups;
+    if (num_limited_groups < 1 || num_limited_groups > num_expert_groups) {
+      throw ConfigError("MoE: num_limited_groups " + num(num_limited_groups) +
+                        " must be in [1, num_expert_groups = " + num(num_expert_groups) + "]");
+    }
+    if (top_k > num_limited_groups * per_group) {
+      throw ConfigError("MoE: top_k " + num(top_k) + " exceeds the experts of the " +
+                        num(num_limited_groups) + " groups a token may use (" +
+                        num(num_limited_groups) + " x " + num(per_group) + " = " +
+                        num(num_limited_groups * per_group) + ")");
+    }
+    if (score_func == Score::kSigmoid && per_group < 2) {
+      throw ConfigError("MoE: sigmoid group scores sum each group's two best experts; groups of " +
+                        num(per_group) + " expert are too small");
+    }
+  }
+  if (load_balance_coeff < 0) {
+    throw ConfigError("MoE: load_balance_coeff must be >= 0, got " +
+                      std::to_string(load_balance_coeff));
+  }
+}
+
+MoEArgs::Score parse_moe_score(const std::string& name) {
+  if (name == "softmax") return MoEArgs::Score::kSoftmax;
+  if (name == "sigmoid") return MoEArgs::Score::kSigmoid;
+  throw ConfigError("unknown MoE score function '" + name + "' (it is softmax or sigmoid)");
+}
+
+ExpertWeight::ExpertWeight(int64_t experts, int64_t out_features, int64_t in_features) {
+  weight = register_parameter("weight", new_parameter({experts, out_features, in_features}));
+}
+
+GroupedExperts::GroupedExperts(int64_t experts, int64_t dim, int64_t hidden_dim,
+                               at::ScalarType compute_dtype, bool use_grouped_mm)
+    : compute_dtype(compute_dtype), use_grouped_mm(use_grouped_mm) {
+  w1 = register_module("w1", std::make_shared<ExpertWeight>(experts, hidden_dim, dim));
+  w2 = register_module("w2", std::make_shared<ExpertWeight>(experts, dim, hidden_dim));
+  w3 = register_module("w3", std::make_shared<ExpertWeight>(experts, hidden_dim, dim));
+}
+
+at::Tensor GroupedExperts::forward(const at::Tensor& x, const std::vector<int64_t>& counts) {
+  TITAN_CHECK(static_cast<int64_t>(counts.size()) == experts(), "GroupedExperts: ", counts.size(),
+              " token counts for ", experts(), " experts");
+  int64_t total = 0;
+  for (int64_t c : counts) total += c;
+  TITAN_CHECK(x.dim() == 2 && x.size(0) == total, "GroupedExperts: x ", x.sizes(),
+              " does not hold the ", total, " tokens the counts add up to");
+  // The grouped kernel: CUDA (libtorch's CPU version has no backward), 16-bit compute.
+  if (use_grouped_mm && x.is_cuda() && is_reduced_float(compute_dtype)) {
+    return forward_grouped(x, counts);
+  }
+  return forward_loop(x, counts);
+}
+
+at::Tensor GroupedExperts::forward_loop(const at::Tensor& x, const std::vector<int64_t>& counts) {
+  const at::Tensor xc = to_compute(x, compute_dtype);
+  const at::Tensor a = to_compute(w1->weight, compute_dtype);
+  const at::Tensor b = to_compute(w2->weight, compute_dtype);
+  const at::Tensor c = to_compute(w3->weight, compute_dtype);
+  std::vector<at::Tensor> outs;
+  int64_t offset = 0;
+  for (size_t e = 0; e < counts.size(); ++e) {
+    if (counts[e] == 0) continue;
+    const at::Tensor xe = xc.narrow(0, offset, counts[e]);
+    const int64_t i = static_cast<int64_t>(e);
+    outs.push_back(at::linear(at::silu(at::linear(xe, a[i])) * at::linear(xe, c[i]), b[i]));
+    offset += counts[e];
+  }
+  if (outs.empty()) return at::zeros({0, b.size(1)}, xc.options());
+  return outs.size() == 1 ? outs[0] : at::cat(outs, 0);
+}
+
+at::Tensor GroupedExperts::forward_grouped(const at::Tensor& x,
+                                           const std::vector<int64_t>& counts) {
+  // Each group padded with zero rows to a multiple of kGroupAlign, run as one grouped GEMM per
+  // weight, then the padding dropped.
+  std::vector<int64_t> padded_offsets;
+  std::vector<at::Tensor> pieces;
+  std::vector<int64_t> keep;  // row index of every real row in the padded layout
+  const at::Tensor xc = to_compute(x, compute_dtype);
+  int64_t offset = 0, padded = 0;
+  for (int64_t c : counts) {
+    const int64_t rows = (c + kGroupAlign - 1) / kGroupAlign * kGroupAlign;
+    pieces.push_back(xc.narrow(0, offset, c));
+    if (rows > c) pieces.push_back(at::zeros({rows - c, xc.size(1)}, xc.options()));
+    for (int64_t r = 0; r < c; ++r) keep.push_back(padded + r);
+    offset += c;
+    padded += rows;
+    padded_offsets.push_back(padded);
+  }
+  const at::Tensor xp = at::cat(pieces, 0);
+  const at::Tensor offs =
+      at::tensor(std::vector<int32_t>(padded_offsets.begin(), padded_offsets.end()), at::kInt)
+          .to(x.device());
+  const auto gmm = [&](const at::Tensor& in, const at::Tensor& w) {
+    // w (experts, out, in) -> (experts, in, out): the layout _grouped_mm multiplies by.
+    return at::_grouped_mm(in, to_compute(w, compute_dtype).transpose(-2, -1), offs);
+  };
+  const at::Tensor h = at::silu(gmm(xp, w1->weight)) * gmm(xp, w3->weight);
+  const at::Tensor out = gmm(h, w2->weight);
+  return out.index_select(0, at::tensor(keep, at::kLong).to(x.device()));
+}
+
+MoE::MoE(int64_t dim, const MoEArgs& args, at::ScalarType compute_dtype)
+    : args_(args), compute_dtype_(compute_dtype) {
+  args_.validate();
+  gate = register_module("gate", std::make_shared<Linear>(dim, args.num_experts, compute_dtype));
+  experts = register_module("experts",
+                            std::make_shared<GroupedExperts>(args.num_experts, dim, args.hidden_dim,
+                                                             compute_dtype, args.use_grouped_mm));
+  if (args.num_shared_experts > 0) {
+    shared_experts = register_module(
+        "shared_experts", std::make_shared<FeedForward>(
+                              dim, args.hidden_dim * args.num_shared_experts, compute_dtype));
+  }
+  expert_bias = register_buffer("expert_bias", at::zeros({args.num_experts}, at::kFloat));
+  tokens_per_expert =
+      register_buffer("tokens_per_expert", at::zeros({args.num_experts}, at::kFloat));
+}
+
+Routing MoE::route(const at::Tensor& x) {
+  const int64_t n_tokens = x.size(0);
+  const int64_t n_experts = args_.num_experts;
+  const int64_t k = args_.top_k;
+  // Scores in float32 for 16-bit compute (float64 in tests stays float64).
+  const at::Tensor logits = gate->forward(x);
+  const at::Tensor logits_wide = logits.to(upcast_dtype(logits.scalar_type()));
+  const at::Tensor scores = args_.score_func == MoEArgs::Score::kSigmoid ? logits_wide.sigmoid()
+                                                                         : logits_wide.softmax(-1);
+  Routing r;
+  {
+    at::NoGradGuard no_grad;
+    if (force_load_balance) {
+      r.experts = at::arange(n_tokens * k, x.options().dtype(at::kLong))
+                      .remainder(n_experts)
+                      .view({n_tokens, k});
+    } else {
+      at::Tensor choice = scores.detach();
+      if (args_.load_balance_coeff > 0) choice = choice + expert_bias.to(choice.device());
+      if (args_.num_expert_groups > 0) {
+        const int64_t groups = args_.num_expert_groups;
+        const at::Tensor grouped = choice.view({n_tokens, groups, n_experts / groups});
+        const at::Tensor group_scores = args_.score_func == MoEArgs::Score::kSigmoid
+                                            ? std::get<0>(grouped.topk(2, -1)).sum(-1)
+                                            : std::get<0>(grouped.max(-1));
+        const at::Tensor best = std::get<1>(group_scores.topk(args_.num_limited_groups, -1));
+        const at::Tensor allowed = at::zeros({n_tokens, groups}, choice.options().dtype(at::kBool))
+                                       .scatter_(1, best, true);
+        choice = grouped
+                     .masked_fill(allowed.unsqueeze(-1).logical_not(),
+                                  -std::numeric_limits<double>::infinity())
+                     .view({n_tokens, n_experts});
+      }
+      r.experts = std::get<1>(choice.topk(k, -1));
+    }
+  }
+  r.weights = scores.gather(1, r.experts);
+  if (args_.route_norm) r.weights = r.weights / (r.weights.sum(-1, /*keepdim=*/true) + 1e-20);
+  if (args_.route_scale != 1.0) r.weights = r.weights * args_.route_scale;
+  return r;
+}
+
+at::Tensor MoE::forward(const at::Tensor& x) {
+  return hooked(x, [this](const at::Tensor& in) {
+    const int64_t dim = in.size(-1);
+    const at::Tensor tokens = to_compute(in, compute_dtype_).reshape({-1, dim});
+    const int64_t k = args_.top_k;
+    const Routing r = route(tokens);
+    const at::Tensor flat = r.experts.reshape({-1});  // (tokens * k)
+    const at::Tensor counts = at::bincount(flat, {}, args_.num_experts);
+    {
+      at::NoGradGuard no_grad;
+      tokens_per_expert.add_(counts.to(tokens_per_expert.device(), at::kFloat));
+    }
+    // Group the (token, choice) pairs by expert, in token order within each expert.
+    const at::Tensor order =
+        std::get<1>(at::sort(flat, /*stable=*/std::optional<bool>(true), /*dim=*/0));
+    const at::Tensor token_of = order.div(k, "floor");
+    at::Tensor routed = tokens.index_select(0, token_of);  // (tokens * k, dim)
+    const at::Tensor w = r.weights.reshape({-1}).index_select(0, order).unsqueeze(1);
+    const at::ScalarType wide = w.scalar_type();  // float32, or wider
+    if (args_.score_before_experts) routed = (routed.to(wide) * w).to(routed.scalar_type());
+    const at::Tensor host_counts = counts.to(at::kCPU);
+    const std::vector<int64_t> per_expert(host_counts.data_ptr<int64_t>(),
+                                          host_counts.data_ptr<int64_t>() + host_counts.numel());
+    at::Tensor out = runner->run(*experts, routed, per_expert);
+    if (!args_.score_before_experts) out = (out.to(wide) * w).to(out.scalar_type());
+    at::Tensor y = at::zeros({tokens.size(0), dim}, out.options()).index_add(0, token_of, out);
+    if (shared_experts) y = y + shared_experts->forward(tokens);
+    return y.view(in.sizes());
+  });
+}
+
+void MoE::update_expert_bias(const at::Tensor& loads) {
+  at::NoGradGuard no_grad;
+  const at::Tensor load = (loads.defined() ? loads : tokens_per_expert).to(at::kFloat);
+  if (args_.load_balance_coeff > 0) {
+    at::Tensor delta = (load.mean() - load).sign().mul_(args_.load_balance_coeff);
+    delta.sub_(delta.mean());
+    expert_bias.add_(delta.to(expert_bias.device()));
+  }
+  tokens_per_expert.zero_();
+}
+
+double load_imbalance(const at::Tensor& tokens_per_expert) {
+  const at::Tensor t = tokens_per_expert.to(at::kDouble);
+  const double mean = t.mean().item<double>();
+  return mean > 0 ? t.max().item<double>() / mean : 1.0;
+}
+
+}  // namespace titan

@@ -1,0 +1,155 @@
+// Mixture-of-experts feed-forward (TorchTitan's MoE layer, as Qwen3-MoE and DeepSeek-V3 use it):
+//
+//   scores   = score_func(router.gate(x))                  (tokens, experts), float32
+//   experts  = top_k(scores + expert_bias) per token       (within the best groups when routing
+//                                                            is group-limited; the bias steers the
+//                                                            choice only, never the weights)
+//   weights  = scores at the chosen experts                 (normalized to sum 1 when route_norm,
+//                                                            then times route_scale)
+//   out      = sum over chosen e of weight_e * expert_e(x)  + shared_experts(x)
+//
+// Tokens are reordered so that each expert's tokens are contiguous, run through the grouped
+// experts (three (experts, out, in) weights: SwiGLU per expert), and added back to their
+// positions. The experts run through an ExpertRunner: the default computes them here, expert
+// parallelism swaps in one that sends each token to the rank holding its expert and back.
+//
+// Load balancing without an auxiliary loss (DeepSeek-V3, TorchTitan's load_balance_coeff): the
+// layer counts the tokens each expert received (tokens_per_expert, a buffer, summed over the
+// steps' micro-batches); after each optimizer step update_expert_bias() moves expert_bias by
+// coeff toward the experts below the mean load and away from those above, and resets the counts.
+#pragma once
+
+#include "titan/models/common/feed_forward.h"
+#include "titan/models/common/linear.h"
+
+#include <ATen/ATen.h>
+#include <torch/nn/module.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace titan {
+
+struct MoEArgs {
+  int64_t num_experts = 8;
+  int64_t top_k = 1;
+  int64_t hidden_dim = 0;          // of each routed expert (moe_inter_dim)
+  int64_t num_shared_experts = 0;  // one SwiGLU of hidden_dim * num_shared_experts, every token
+  enum class Score { kSoftmax, kSigmoid } score_func = Score::kSoftmax;
+  bool route_norm = false;  // normalize the top-k weights to sum 1 (Qwen3's norm_topk_prob)
+  double route_scale = 1.0;
+  // Multiply the routed tokens by their weights before the experts (TorchTitan's default) or the
+  // experts' outputs after.
+  bool score_before_experts = true;
+  // Group-limited routing (DeepSeek-V3's n_group / topk_group): experts form num_expert_groups
+  // equal groups; a token picks its top_k among the num_limited_groups groups whose scores
+  // (sigmoid: the sum of the group's two best; softmax: its best) rank highest. 0: off.
+  int64_t num_expert_groups = 0;
+  int64_t num_limited_groups = 0;
+  // Auxiliary-loss-free balancing step size; 0 turns the expert bias off.
+  double load_balance_coeff = 1e-3;
+  // Experts as grouped GEMMs (at::_grouped_mm, on CUDA) rather than one GEMM per expert.
+  bool use_grouped_mm = true;
+
+  // Throws ConfigError (with the arithmetic) for impossible settings.
+  void validate() const;
+};
+
+// "softmax" / "sigmoid"; throws ConfigError.
+MoEArgs::Score parse_moe_score(const std::string& name);
+
+// One (experts, out, in) weight of the grouped experts.
+class ExpertWeight : public WeightLayer {
+ public:
+  ExpertWeight(int64_t experts, int64_t out_features, int64_t in_features);
+};
+
+// The routed experts: w1 and w3 (experts, hidden, dim), w2 (experts, dim, hidden); expert e is
+// w2[e](silu(w1[e] x) * w3[e] x). A rank may hold a contiguous range of the experts (expert
+// parallelism slices dim 0); nothing here depends on the count.
+class GroupedExperts : public torch::nn::Module {
+ public:
+  GroupedExperts(int64_t experts, int64_t dim, int64_t hidden_dim, at::ScalarType compute_dtype,
+                 bool use_grouped_mm);
+
+  // x (tokens, dim), grouped by expert: the first counts[0] rows go to this module's expert 0,
+  // the next counts[1] to expert 1, ... counts (experts held) int64 on the CPU, summing to
+  // tokens. Returns (tokens, dim) in the compute dtype.
+  at::Tensor forward(const at::Tensor& x, const std::vector<int64_t>& counts);
+  int64_t experts() const { return w1->weight.size(0); }
+
+  // The two implementations forward picks between: one GEMM per expert with tokens, or one
+  // grouped GEMM per weight (at::_grouped_mm; groups padded to 16 rows). forward uses the grouped
+  // one when use_grouped_mm is set, x is on a CUDA device and the compute dtype is 16-bit.
+  at::Tensor forward_loop(const at::Tensor& x, const std::vector<int64_t>& counts);
+  at::Tensor forward_grouped(const at::Tensor& x, const std::vector<int64_t>& counts);
+
+  std::shared_ptr<ExpertWeight> w1, w2, w3;
+  at::ScalarType compute_dtype;
+  bool use_grouped_mm;
+};
+
+// How the routed tokens reach their experts. `x` (routed tokens, dim) holds every token once per
+// chosen expert, grouped by global expert id with counts[e] rows for expert e (all experts of
+// the layer). Returns the experts' outputs in the same order.
+class ExpertRunner {
+ public:
+  virtual ~ExpertRunner() = default;
+  virtual at::Tensor run(GroupedExperts& experts, const at::Tensor& x,
+                         const std::vector<int64_t>& counts) = 0;
+};
+
+// The default: this rank holds every expert.
+class LocalExperts final : public ExpertRunner {
+ public:
+  at::Tensor run(GroupedExperts& experts, const at::Tensor& x,
+                 const std::vector<int64_t>& counts) override {
+    return experts.forward(x, counts);
+  }
+};
+
+// The router's choice for a batch of tokens.
+struct Routing {
+  at::Tensor experts;  // (tokens, top_k) int64: the chosen experts
+  at::Tensor weights;  // (tokens, top_k) float32 (or wider): their weights (differentiable)
+};
+
+class MoE : public HookedModule {
+ public:
+  MoE(int64_t dim, const MoEArgs& args, at::ScalarType compute_dtype = at::kFloat);
+
+  // x (bs, seqlen, dim) -> (bs, seqlen, dim) in the compute dtype.
+  at::Tensor forward(const at::Tensor& x);
+  // The router alone: x (tokens, dim).
+  Routing route(const at::Tensor& x);
+
+  // After an optimizer step: expert_bias += coeff * sign(mean load - load), centred; then the
+  // counts restart. `loads` are the counts to use (tokens_per_expert summed over the ranks that
+  // split the batch; undefined: this layer's own). No-op when load_balance_coeff is 0.
+  void update_expert_bias(const at::Tensor& loads = {});
+
+  const MoEArgs& args() const { return args_; }
+
+  std::shared_ptr<Linear> gate;  // router: (num_experts, dim)
+  std::shared_ptr<GroupedExperts> experts;
+  std::shared_ptr<FeedForward> shared_experts;  // null without shared experts
+  std::shared_ptr<ExpertRunner> runner = std::make_shared<LocalExperts>();
+  // debug.moe_force_load_balance: token t's j-th choice is expert (t * top_k + j) mod experts,
+  // whatever the scores (for benchmarks and tests that need even loads).
+  bool force_load_balance = false;
+  // Buffers: (num_experts) float32; expert_bias is state to checkpoint, tokens_per_expert the
+  // counts since the last update (float32 so it all-reduces on every backend).
+  at::Tensor expert_bias;
+  at::Tensor tokens_per_expert;
+
+ private:
+  MoEArgs args_;
+  at::ScalarType compute_dtype_;
+};
+
+// "max/mean expert load" of the counts: 1 when even, num_experts when one expert takes all.
+double load_imbalance(const at::Tensor& tokens_per_expert);
+
+}  // namespace titan
