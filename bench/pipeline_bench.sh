@@ -5,8 +5,9 @@
 # checkpointing) on the sotu corpus, seq 256, batch 8 per step (8 microbatches of 1 under PP),
 # validation and checkpoints off. Per schedule it prints the stages per rank, the microbatches,
 # the theoretical bubble (the closed form (p-1)/(m+p-1) for GPipe and 1F1B, else
-# `titan pipeline-schedule`'s simulation with costs F=1 B=2 I=1 W=1), the simulated bubble for
-# this runtime's costs (I runs the whole backward, W nothing: F=1 B=2 I=2 W=0), the measured bubble
+# `titan pipeline-schedule`'s simulation with costs F=1 B=2 I=1 W=1, which are this runtime's
+# since it splits I from W), the simulated bubble without that split (I runs the whole backward,
+# W nothing: F=1 B=2 I=2 W=0, the costs before the split, for comparison), the measured bubble
 # (mean over ranks of the share of the step time each rank was blocked on pipeline receives and
 # sends, over all steps; then each rank's), tokens/s per device (mean of the steps after the first
 # two), its ratio to 1F1B, each rank's peak RSS, and the CPU share (CPU seconds of all ranks over
@@ -108,7 +109,7 @@ for schedule in "${schedules[@]}"; do
   else
     theory=$(simulated "$schedule" $per_rank 1,2,1,1)
   fi
-  runtime=$(simulated "$schedule" $per_rank 1,2,2,0)
+  runtime=$(simulated "$schedule" $per_rank 1,2,2,0)  # without the split, for comparison
   # "[rank 1] ... parallelism: blocked in collectives 108.2 ms per step (5.89% of the step time)"
   blocked=$(sed -nE \
     's/.*blocked in collectives [0-9.eE+-]+ ms per step \(([0-9.eE+-]+)% .*/\1/p' "$log")
@@ -130,7 +131,7 @@ done
 echo "# pp $pp (2 processes x 1 thread), $(nproc) cores; float32; bench_small, seq 256, batch 8;" \
   "$steps steps, tokens/s over the last $((steps - 2)); bubbles as fractions of the step time"
 fmt='%-29s %6s %3s %7s %8s %20s %9s %7s %10s %5s\n'
-printf "$fmt" schedule stages mb theory sim_I2W0 measured 'tok/s/dev' vs_1F1B 'peak_GiB' cpu
+printf "$fmt" schedule stages mb theory nosplit measured 'tok/s/dev' vs_1F1B 'peak_GiB' cpu
 for row in "${rows[@]}"; do
   IFS='|' read -r label stages mb theory runtime measured tps mem cpu <<< "$row"
   printf "$fmt" "$label" "$stages" "$mb" "$theory" "$runtime" "$measured" \

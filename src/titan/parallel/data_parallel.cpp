@@ -146,6 +146,7 @@ struct DataParallel::Impl {
   // Time compute waited for collectives; the side streams of CUDA (inactive on the CPU).
   std::unique_ptr<WaitClock> clock;
   std::unique_ptr<SideStream> gather_stream, reduce_stream;
+  std::shared_ptr<WeightGradDeferral> deferral;  // see defer_weight_grads
 
   at::TensorOptions on_device(at::ScalarType dtype) const {
     return at::TensorOptions().dtype(dtype).device(device);
@@ -369,11 +370,35 @@ struct DataParallel::Impl {
     if (options.prefetch && ui >= 1) gather_start(ui - 1);
   }
 
-  // The unit's backward is complete: start reducing its gradients.
-  void post_backward(int64_t ui, const variable_list& grads) {
+  // The unit's backward is complete: start reducing its gradients, or, while an I step collects
+  // deferred weight gradients, once the W step has delivered them (grads[k] undefined: deferred
+  // or unused).
+  void post_backward(int64_t ui, variable_list grads) {
     Unit& u = units[ui];
     reshard(ui);
     u.uses = 0;
+    DeferredGrads* deferred = deferral ? deferral->current() : nullptr;
+    std::vector<const at::Tensor*> slots;
+    std::vector<size_t> missing;
+    grads.resize(u.params.size());
+    for (size_t k = 0; k < grads.size(); ++k) {
+      if (grads[k].defined()) continue;
+      slots.push_back(params[u.params[k]].slot);
+      missing.push_back(k);
+    }
+    if (deferred == nullptr || slots.empty()) {
+      reduce(ui, grads);
+      return;
+    }
+    deferred->add_consumer(slots, [this, ui, grads, missing](std::vector<at::Tensor> got) mutable {
+      for (size_t i = 0; i < missing.size(); ++i) grads[missing[i]] = std::move(got[i]);
+      reduce(ui, grads);
+    });
+  }
+
+  // Packs the unit's gradients (undefined: zero) and starts their reduction.
+  void reduce(int64_t ui, const variable_list& grads) {
+    Unit& u = units[ui];
     at::NoGradGuard no_grad;
     at::Tensor buffer = at::zeros({N * u.shard_numel}, on_device(options.reduce_dtype));
     const at::Tensor by_rank = buffer.view({N, u.shard_numel});
@@ -460,6 +485,7 @@ struct GatherParams : public torch::autograd::Function<GatherParams> {
                                DataParallel::Impl* impl, int64_t unit) {
     ctx->saved_data["impl"] = reinterpret_cast<int64_t>(impl);
     ctx->saved_data["unit"] = unit;
+    ctx->set_materialize_grads(false);  // undefined: no gradient (or deferred, see post_backward)
     return impl->param_tensors(impl->units[unit]);
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
@@ -694,6 +720,10 @@ at::Tensor DataParallel::run(int64_t index, const at::Tensor& input, const UnitF
     d.reshard(index);  // no backward will need it
   }
   return out;
+}
+
+void DataParallel::defer_weight_grads(std::shared_ptr<WeightGradDeferral> deferral) {
+  impl_->deferral = std::move(deferral);
 }
 
 void DataParallel::finish_backward() {

@@ -27,6 +27,9 @@
 //     loss over the global batch. Gradient accumulation adds each micro-batch's reduced shard.
 //   - DDP (shard group of 1, replicate group > 1): the same units act as gradient buckets; each is
 //     all-reduced asynchronously as soon as its backward is done. Parameters stay whole.
+//   - deferred weight gradients (defer_weight_grads, the pipeline's zero-bubble split): a unit's
+//     backward during an I step keeps the gradients it got (norms, embeddings) and waits; the W
+//     step hands it the Linear weights' gradients, and then its reduction starts as usual.
 //   - float8 all-gather (options.float8_all_gather): float8 Linear weights travel as float8
 //     bytes, cast on the shards with a scale over the whole weight (torchao's FSDP float8
 //     all-gather); the unsharded weight in the param dtype holds their dequantized values.
@@ -34,6 +37,7 @@
 
 #include "titan/common/shard_box.h"
 #include "titan/distributed/comm.h"
+#include "titan/models/common/deferred_grad.h"
 #include "titan/models/model.h"
 #include "titan/parallel/grad_norm.h"
 
@@ -103,6 +107,12 @@ class DataParallel : public UnitRunner {
   DataParallel& operator=(const DataParallel&) = delete;
 
   at::Tensor run(int64_t index, const at::Tensor& input, const UnitFn& next) override;
+
+  // The pipeline's zero-bubble split (pipeline.h): while `deferral` collects, a unit's backward
+  // adds itself to the collecting DeferredGrads as the consumer of its weights' deferred
+  // gradients, with the gradients it got kept aside; once the W step has computed them all, the
+  // unit's gradients are reduced as after a plain backward. Null: reduce at once (the default).
+  void defer_weight_grads(std::shared_ptr<WeightGradDeferral> deferral);
 
   // Completes the gradient reductions of the last backward and adds them to the shards'
   // gradients (params()[i].local.grad()). Call after every backward.

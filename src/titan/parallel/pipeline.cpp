@@ -2,12 +2,13 @@
 #include "titan/parallel/pipeline.h"
 
 #include "titan/common/check.h"
+#include "titan/models/common/linear.h"
+#include "titan/parallel/data_parallel.h"
 
 #include <ATen/core/grad_mode.h>
 #include <torch/csrc/autograd/autograd.h>
 
 #include <algorithm>
-#include <set>
 #include <sstream>
 #include <utility>
 
@@ -26,6 +27,27 @@ constexpr int64_t kHeaderLen = 8;
 constexpr int64_t kMaxDims = kHeaderLen - 2;
 
 using Key = std::pair<int64_t, int64_t>;  // (stage, microbatch)
+
+bool splits_backward(const std::vector<pp::Slot>& row) {
+  for (const pp::Slot& slot : row) {
+    if (!slot) continue;
+    if (slot->kind == pp::ActionKind::kBackwardInput) return true;
+    for (const pp::Action& sub : slot->sub_actions) {
+      if (sub.kind == pp::ActionKind::kBackwardInput) return true;
+    }
+  }
+  return false;
+}
+
+// Points the Linear layers of `model` and its data parallelism at `deferral` (null: detaches).
+void attach_deferral(Model& model, const std::shared_ptr<WeightGradDeferral>& deferral) {
+  for (const auto& module : model.modules(/*include_self=*/false)) {
+    if (auto* linear = dynamic_cast<Linear*>(module.get())) linear->deferral = deferral;
+  }
+  for (UnitRunner* runner : model.unit_runners()) {
+    if (auto* dp = dynamic_cast<DataParallel*>(runner)) dp->defer_weight_grads(deferral);
+  }
+}
 
 at::Tensor take(std::map<Key, at::Tensor>& from, const Key& key, const char* what) {
   auto it = from.find(key);
@@ -46,8 +68,8 @@ struct PipelineRuntime::StepState {
   std::map<Key, at::Tensor> input;       // a stage's input leaf (not the first stage's)
   std::map<Key, at::Tensor> output;      // a stage's output with its graph (last: scaled loss)
   std::map<Key, at::Tensor> grad_input;  // for the previous stage on this rank
-  std::set<Key> weights_due;             // I done, W not yet
-  std::vector<at::Tensor> losses;        // per microbatch, on the last stage's rank
+  std::map<Key, std::unique_ptr<DeferredGrads>> deferred;  // I done, W not yet
+  std::vector<at::Tensor> losses;  // per microbatch, on the last stage's rank
 };
 
 PipelineRuntime::PipelineRuntime(pp::PipelineLayout layout, std::shared_ptr<dist::Group> group,
@@ -67,6 +89,13 @@ PipelineRuntime::PipelineRuntime(pp::PipelineLayout layout, std::shared_ptr<dist
     TITAN_CHECK(stages_[i].id == mine[i] && stages_[i].model != nullptr, "pipeline runtime: stage ",
                 i, " of rank ", rank_, " should be stage ", mine[i]);
   }
+  deferrals_.resize(stages_.size());
+  if (splits_backward(layout_.table.at(rank_))) {
+    for (size_t i = 0; i < stages_.size(); ++i) {
+      deferrals_[i] = std::make_shared<WeightGradDeferral>();
+      attach_deferral(*stages_[i].model, deferrals_[i]);
+    }
+  }
   if (layout_.pp > 1) {
     std::vector<int> all(static_cast<size_t>(layout_.pp));
     for (size_t r = 0; r < all.size(); ++r) all[r] = static_cast<int>(r);
@@ -75,7 +104,18 @@ PipelineRuntime::PipelineRuntime(pp::PipelineLayout layout, std::shared_ptr<dist
   }
 }
 
-PipelineRuntime::~PipelineRuntime() = default;
+PipelineRuntime::~PipelineRuntime() {
+  for (size_t i = 0; i < stages_.size(); ++i) {
+    if (deferrals_[i]) attach_deferral(*stages_[i].model, nullptr);
+  }
+}
+
+WeightGradDeferral& PipelineRuntime::deferral(int64_t stage) {
+  const size_t i = static_cast<size_t>(&local(stage) - stages_.data());
+  TITAN_CHECK(deferrals_[i] != nullptr, "pipeline runtime: stage ", stage,
+              " runs an I action, but its rank's schedule row has none");
+  return *deferrals_[i];
+}
 
 PipelineRuntime::Stage& PipelineRuntime::local(int64_t stage) {
   for (Stage& s : stages_) {
@@ -212,6 +252,23 @@ void PipelineRuntime::backward(StepState& st, int64_t stage, int64_t m) {
   if (has_input) deliver(take(st.input, key, "input").grad());
 }
 
+void PipelineRuntime::backward_input(StepState& st, int64_t stage, int64_t m) {
+  std::unique_ptr<DeferredGrads>& into = st.deferred[{stage, m}];
+  TITAN_CHECK(into == nullptr, "pipeline runtime: a second I for stage ", stage, " microbatch ", m);
+  into = std::make_unique<DeferredGrads>();
+  WeightGradDeferral::Scope collect(deferral(stage), into.get());
+  backward(st, stage, m);
+}
+
+void PipelineRuntime::backward_weight(StepState& st, int64_t stage, int64_t m) {
+  auto it = st.deferred.find({stage, m});
+  TITAN_CHECK(it != st.deferred.end(), "pipeline runtime: W for stage ", stage, " microbatch ", m,
+              " runs before its I (backward for the input)");
+  std::unique_ptr<DeferredGrads> deferred = std::move(it->second);
+  st.deferred.erase(it);
+  deferred->run();
+}
+
 at::Tensor PipelineRuntime::mean_from_last_stage(const at::Tensor& local_mean) {
   at::Tensor t = local_mean.to(at::kFloat).reshape({1}).contiguous();
   if (group_ && layout_.pp > 1) {
@@ -233,19 +290,16 @@ at::Tensor PipelineRuntime::train_step(const at::Tensor& inputs, const at::Tenso
   st.loss_fn = &loss_fn;
   st.scale = loss_scale / static_cast<double>(n);
   st.losses.resize(n);
+  for (size_t i = 0; i < stages_.size(); ++i) {
+    // Data parallelism is applied after the runtime is built: attach it on every step.
+    if (deferrals_[i]) attach_deferral(*stages_[i].model, deferrals_[i]);
+  }
   const auto run = [&](const pp::Action& a) {
     switch (a.kind) {
       case pp::ActionKind::kForward: forward(st, a.stage, a.microbatch, /*grad=*/true); break;
       case pp::ActionKind::kFullBackward: backward(st, a.stage, a.microbatch); break;
-      case pp::ActionKind::kBackwardInput:
-        // The whole backward: W then has nothing left to do (see pipeline.h).
-        backward(st, a.stage, a.microbatch);
-        st.weights_due.insert({a.stage, a.microbatch});
-        break;
-      case pp::ActionKind::kBackwardWeight:
-        TITAN_CHECK(st.weights_due.erase({a.stage, a.microbatch}) == 1,
-                    "pipeline runtime: ", a.str(), " runs before its I (backward for the input)");
-        break;
+      case pp::ActionKind::kBackwardInput: backward_input(st, a.stage, a.microbatch); break;
+      case pp::ActionKind::kBackwardWeight: backward_weight(st, a.stage, a.microbatch); break;
       default:
         TITAN_CHECK(false, "pipeline runtime: cannot run action ", a.str(),
                     " (tables hold compute actions; sends and receives are implied)");
@@ -261,9 +315,9 @@ at::Tensor PipelineRuntime::train_step(const at::Tensor& inputs, const at::Tenso
   }
   finish_sends();
   TITAN_CHECK(
-      st.output.empty() && st.input.empty() && st.grad_input.empty() && st.weights_due.empty(),
+      st.output.empty() && st.input.empty() && st.grad_input.empty() && st.deferred.empty(),
       "pipeline runtime: rank ", rank_,
-      "'s schedule left work undone (a forward without its backward)");
+      "'s schedule left work undone (a forward without its backward, or an I without its W)");
   at::Tensor mean = at::zeros({}, at::TensorOptions(at::kFloat).device(device_));
   if (rank_of(layout_.n_stages() - 1) == rank_) {
     for (const at::Tensor& l : st.losses) mean = mean + l.to(at::kFloat);

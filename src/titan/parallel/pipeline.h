@@ -8,13 +8,19 @@
 //            on the last stage turned into the microbatch's loss.
 //   B(s, m)  the stage's backward from its output with the gradient received from stage s + 1
 //            (or from the loss); the gradient of its input goes to stage s - 1.
-//   I, W     the zero-bubble split of B into the input's gradient (I) and the weights' (W). Here
-//            I runs the whole backward and W nothing: the weight gradients leave through FSDP's
-//            and activation checkpointing's own backward functions, which cannot run a second
-//            time over one graph, and computing the input gradient alone first would cost the
-//            weight part's recomputation later (I + W = 1.5 B). The zero-bubble schedules
-//            therefore run their order and transfers with 1F1B's cost per microbatch; their
-//            bubble advantage needs the split, which is future work.
+//   I, W     the zero-bubble split of B (schedules with I actions only): I(s, m) runs the
+//            backward from the stage's output with weight-gradient deferral active
+//            (deferred_grad.h), so each Linear layer computes only the gradient of its input and
+//            records its weight GEMM (grad_output^T @ x, float8 as the recipe casts it); the
+//            input's gradient leaves for stage s - 1 at once. Gradients of the other weights
+//            (norms, embeddings) are computed in I. W(s, m) runs the recorded GEMMs of (s, m), in
+//            the order I met them, and frees their operands: no FSDP, each weight's .grad gets its
+//            gradient added; FSDP/DDP (DataParallel::defer_weight_grads), each unit's backward in I
+//            kept its other gradients and waits, and its reduction starts as soon as W has
+//            computed its weights' gradients. I + W cost one B: nothing runs twice (with
+//            activation checkpointing the recomputation happens once, in I). The operands
+//            (activation and output gradient of every Linear) stay alive from I to W. B actions
+//            of the same schedules run the plain backward.
 //
 // Sends are posted without blocking and completed at the end of the step; a receive blocks until
 // its data is there. A schedule that passes validate_pipeline's simulation (same rules: compute
@@ -33,6 +39,7 @@
 #pragma once
 
 #include "titan/distributed/comm.h"
+#include "titan/models/common/deferred_grad.h"
 #include "titan/models/model.h"
 #include "titan/parallel/device_streams.h"
 #include "titan/parallel/pipeline_split.h"
@@ -100,11 +107,18 @@ class PipelineRuntime {
 
   void forward(StepState& st, int64_t stage, int64_t m, bool grad);
   void backward(StepState& st, int64_t stage, int64_t m);
+  // I(s, m): backward with the weights' gradients deferred; W(s, m): their GEMMs.
+  void backward_input(StepState& st, int64_t stage, int64_t m);
+  void backward_weight(StepState& st, int64_t stage, int64_t m);
+  WeightGradDeferral& deferral(int64_t stage);
   at::Tensor mean_from_last_stage(const at::Tensor& local_mean);
 
   pp::PipelineLayout layout_;
   std::shared_ptr<dist::Group> group_;
   std::vector<Stage> stages_;
+  // Per stage (as stages_): the weight-gradient deferral its Linear layers and data parallelism
+  // share; null unless the schedule splits backwards into I and W.
+  std::vector<std::shared_ptr<WeightGradDeferral>> deferrals_;
   at::Device device_;
   int64_t rank_ = 0;
   std::unique_ptr<WaitClock> clock_;

@@ -1,10 +1,12 @@
 // Pipeline and context parallelism through the Trainer (threads as ranks): every schedule at
 // pp 2 and pp 4; PP composed with FSDP, DDP, HSDP, TP, all three (pp 2 x dp_shard 2 x tp 2) and
-// gradient accumulation; context parallelism at cp 2 and 4 with both rotate methods, with and
-// without head-tail balancing, and with FSDP, TP and PP. Each reproduces the one-process run of
-// the same seed and global batch: losses within 1e-5 relative at every step, grad norms within
-// 1e-4, the validation loss, and the final parameters. Checkpoints move between PP, CP and other
-// layouts both ways.
+// gradient accumulation, and the zero-bubble schedules' I/W split with those, each activation
+// checkpointing mode and float8; context parallelism at cp 2 and 4 with both rotate methods,
+// with and without head-tail balancing, and with FSDP, TP and PP. Each reproduces the
+// one-process run of the same seed and global batch (float8: 1F1B's run of the same
+// microbatches): losses within 1e-5 relative at every step, grad norms within 1e-4, the
+// validation loss, and the final parameters. Checkpoints move between PP, CP and other layouts
+// both ways.
 #include "../test_util.h"
 #include "trainer_ranks.h"
 
@@ -31,6 +33,8 @@ struct PpLayout {
   int64_t accumulation = 1;  // gradient accumulation steps
   int64_t cp = 1;
   std::string rotate = "allgather", balancer = "headtail";
+  std::string ac;       // activation checkpointing: full or op (empty: the config's default)
+  bool float8 = false;  // float8 linears, emulated (tensorwise)
   int64_t world() const { return pp * dp_replicate * dp_shard * tp * cp; }
   int64_t dp() const { return dp_replicate * dp_shard; }
   std::string name() const {
@@ -43,6 +47,8 @@ struct PpLayout {
     if (dp_shard > 1) n += " x dp_shard " + std::to_string(dp_shard);
     if (tp > 1) n += " x tp " + std::to_string(tp);
     if (accumulation > 1) n += ", " + std::to_string(accumulation) + " accumulation steps";
+    if (!ac.empty()) n += ", " + ac + " AC";
+    if (float8) n += ", float8";
     return n;
   }
 };
@@ -68,6 +74,14 @@ JobConfig config_for(const fs::path& dump, const std::string& flavor, const PpLa
   c.parallelism.context_parallel_degree = layout.cp;
   c.parallelism.context_parallel_rotate_method = layout.rotate;
   c.parallelism.context_parallel_load_balancer = layout.balancer;
+  if (!layout.ac.empty()) {
+    c.activation_checkpoint.mode = layout.ac == "op" ? "selective" : layout.ac;
+    c.activation_checkpoint.selective_ac_option = "op";
+  }
+  if (layout.float8) {
+    c.model.converters = {"quantize.linear.float8"};
+    c.quantize.linear.float8.emulate = true;
+  }
   return c;
 }
 
@@ -165,6 +179,42 @@ TEST(TrainerPipeline, ComposesWithFsdpDdpHsdpAndTensorParallel) {
   };
   for (const PpLayout& layout : layouts) {
     expect_same_run(on_layout(root / layout.name(), "tiny", layout), tiny, layout.name());
+  }
+  fs::remove_all(root);
+}
+
+// The zero-bubble schedules split each backward into I and W (pipeline.h): composed with DDP,
+// TP, FSDP x TP, gradient accumulation and each activation checkpointing mode they reproduce one
+// process. With float8 (whose dynamic scales depend on the microbatch) they reproduce 1F1B's run
+// of the same microbatches, whose backward is not split.
+TEST(TrainerPipeline, ZeroBubbleSplitComposes) {
+  const fs::path root = test::fresh_test_dir("titan_trainer_pipeline_zb");
+  const Outcome tiny = one_process(root / "one", "tiny");
+  std::vector<PpLayout> layouts = {
+      {"InterleavedZeroBubble", 2, 2, 1, 1},     // PP x DDP
+      {"DualPipeV", 2, 1, 1, 2},                 // PP x TP
+      {"ZBVZeroBubble", 2, 1, 2, 2},             // PP x FSDP x TP
+      {"InterleavedZeroBubble", 2, 1, 2, 1, 2},  // PP x FSDP with gradient accumulation
+  };
+  PpLayout full{"InterleavedZeroBubble", 2, 1, 2, 1};
+  full.ac = "full";
+  PpLayout op{"ZBVZeroBubble", 2, 1, 2, 1};
+  op.ac = "op";
+  layouts.insert(layouts.end(), {full, op});
+  for (const PpLayout& layout : layouts) {
+    expect_same_run(on_layout(root / layout.name(), "tiny", layout), tiny, layout.name());
+  }
+  for (int64_t dp_shard : {1, 2}) {
+    PpLayout one_f_one_b{"1F1B", 2, 1, dp_shard, 1};
+    one_f_one_b.float8 = true;
+    const Outcome want = on_layout(root / one_f_one_b.name(), "tiny", one_f_one_b);
+    for (const char* schedule : {"InterleavedZeroBubble", "ZBVZeroBubble"}) {
+      PpLayout zb = one_f_one_b;
+      zb.schedule = schedule;
+      zb.ac = dp_shard == 1 ? "op" : "full";
+      expect_same_run(on_layout(root / zb.name(), "tiny", zb), want,
+                      zb.name() + " (against " + one_f_one_b.name() + ")");
+    }
   }
   fs::remove_all(root);
 }

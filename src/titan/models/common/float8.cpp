@@ -5,7 +5,7 @@
 #include "titan/models/common/float8.h"
 
 #include "titan/common/check.h"
-#include "titan/models/common/savable_ops.h"
+#include "titan/models/common/linear.h"
 
 #include <ATen/core/grad_mode.h>
 #include <torch/csrc/autograd/custom_function.h>
@@ -86,15 +86,17 @@ at::Tensor scaled_mm(const Float8Tensor& a, const Float8Tensor& b, at::ScalarTyp
 struct Float8LinearFunction : public torch::autograd::Function<Float8LinearFunction> {
   // A copy of the options rides in the graph (callers may pass a temporary).
   struct Saved : torch::CustomClassHolder {
-    explicit Saved(Float8LinearOptions o) : options(std::move(o)) {}
+    Saved(Float8LinearOptions o, DeferTarget d) : options(std::move(o)), defer(d) {}
     Float8LinearOptions options;
+    DeferTarget defer;
   };
 
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
                             const at::Tensor& kept, const at::Tensor& w8_data,
-                            const at::Tensor& w8_scale, const Float8LinearOptions& given) {
+                            const at::Tensor& w8_scale, const Float8LinearOptions& given,
+                            DeferTarget defer) {
     ctx->save_for_backward({x, weight, w8_data, w8_scale});
-    auto saved = c10::make_intrusive<Saved>(given);
+    auto saved = c10::make_intrusive<Saved>(given, defer);
     const Float8LinearOptions* options = &saved->options;
     ctx->saved_data["options"] = c10::IValue::make_capsule(std::move(saved));
     if (kept.numel() > 0) return kept;
@@ -127,7 +129,6 @@ struct Float8LinearFunction : public torch::autograd::Function<Float8LinearFunct
     const auto split = [&](std::optional<int64_t> Float8TensorParallel::*dim) {
       return tp != nullptr ? tp->*dim : std::nullopt;
     };
-    const auto x_split = split(&Float8TensorParallel::input_dim);
     const auto w_split = split(&Float8TensorParallel::weight_dim);
     const auto g_split = split(&Float8TensorParallel::grad_output_dim);
     const at::Tensor grad = grads[0].contiguous();  // (rows, out)
@@ -143,18 +144,35 @@ struct Float8LinearFunction : public torch::autograd::Function<Float8LinearFunct
       grad_x = float8_mm(g8, w8, grad.scalar_type(), emulate, /*use_fast_accum=*/false);
     }
     if (ctx->needs_input_grad(1)) {
-      if (c.grad_weight_hp) {
-        grad_weight = grad.t().mm(x);
+      const DeferTarget& defer = static_cast<const Saved*>(capsule.get())->defer;
+      if (DeferredGrads* deferred = defer.current()) {
+        // The capsule keeps the options alive until W runs.
+        deferred->add_weight_grad(defer.layer, [capsule, grad, x] {
+          return weight_grad(grad, x, static_cast<const Saved*>(capsule.get())->options);
+        });
       } else {
-        // (out, rows) @ (rows, in): both scaled per feature over the rows.
-        const Float8Tensor g8 =
-            to_float8(grad, c.grad_dtype, granularity(c.rowwise, 0), c.power_of_2, tp, g_split);
-        const Float8Tensor x8 =
-            to_float8(x, kE4M3, granularity(c.rowwise, 0), c.power_of_2, tp, x_split);
-        grad_weight = float8_mm(g8.t(), x8, grad.scalar_type(), emulate, /*use_fast_accum=*/false);
+        grad_weight = weight_grad(grad, x, *options);
       }
     }
-    return {grad_x, grad_weight, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+    return {grad_x,       grad_weight,  at::Tensor(), at::Tensor(),
+            at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+
+  // grad (rows, out)^T @ x (rows, in) -> (out, in) in grad's dtype, as the recipe casts it.
+  static at::Tensor weight_grad(const at::Tensor& grad, const at::Tensor& x,
+                                const Float8LinearOptions& options) {
+    const RecipeCasts c = casts_of(options.recipe);
+    if (c.grad_weight_hp) return grad.t().mm(x);
+    const Float8TensorParallel* tp = options.tp.get();
+    const auto split = [&](std::optional<int64_t> Float8TensorParallel::*dim) {
+      return tp != nullptr ? tp->*dim : std::nullopt;
+    };
+    // (out, rows) @ (rows, in): both scaled per feature over the rows.
+    const Float8Tensor g8 = to_float8(grad, c.grad_dtype, granularity(c.rowwise, 0), c.power_of_2,
+                                      tp, split(&Float8TensorParallel::grad_output_dim));
+    const Float8Tensor x8 = to_float8(x, kE4M3, granularity(c.rowwise, 0), c.power_of_2, tp,
+                                      split(&Float8TensorParallel::input_dim));
+    return float8_mm(g8.t(), x8, grad.scalar_type(), options.emulate, /*use_fast_accum=*/false);
   }
 };
 
@@ -237,7 +255,8 @@ at::Tensor float8_mm(const Float8Tensor& a, const Float8Tensor& b, at::ScalarTyp
 }
 
 at::Tensor float8_linear(const at::Tensor& x, const at::Tensor& weight,
-                         const Float8LinearOptions& options, const Float8Tensor* weight8) {
+                         const Float8LinearOptions& options, const Float8Tensor* weight8,
+                         const DeferTarget& defer) {
   std::vector<int64_t> out_sizes = x.sizes().vec();
   out_sizes.back() = weight.size(0);
   const at::Tensor rows = x.reshape({-1, x.size(-1)});  // (rows, in)
@@ -254,24 +273,12 @@ at::Tensor float8_linear(const at::Tensor& x, const at::Tensor& weight,
     w8_data = weight8->data;
     w8_scale = weight8->scale;
   }
-  const auto run = [&](const at::Tensor& kept) {
-    return Float8LinearFunction::apply(rows, weight, kept, w8_data, w8_scale, options)
+  return savable_matmul(weight, out_sizes, [&](const at::Tensor& kept) {
+    return Float8LinearFunction::apply(rows, weight,
+                                       kept.defined() ? kept.reshape({-1, weight.size(0)}) : none,
+                                       w8_data, w8_scale, options, defer)
         .view(out_sizes);
-  };
-  OpSaver* saver = current_op_saver();
-  if (saver == nullptr || !saver->keeps(SavableOp::kMatmul, weight)) return run(none);
-  if (saver->replaying()) {
-    const std::vector<at::Tensor> kept = saver->take(SavableOp::kMatmul);
-    TITAN_CHECK(kept.size() == 1 && kept[0].sizes() == at::IntArrayRef(out_sizes),
-                "activation checkpointing: the recomputed float8 matmul has output shape ",
-                at::IntArrayRef(out_sizes), " but the forward kept ",
-                kept.empty() ? at::IntArrayRef{} : kept[0].sizes(),
-                "; the checkpointed block ran differently when recomputed");
-    return run(kept[0].reshape({-1, weight.size(0)}));
-  }
-  at::Tensor out = run(none);
-  saver->keep(SavableOp::kMatmul, {out});
-  return out;
+  });
 }
 
 }  // namespace titan

@@ -16,6 +16,8 @@
 // operands (data / scale), the same numbers on any device.
 #pragma once
 
+#include "titan/models/common/deferred_grad.h"
+
 #include <ATen/ATen.h>
 
 #include <functional>
@@ -92,8 +94,10 @@ at::Tensor float8_mm(const Float8Tensor& a, const Float8Tensor& b, at::ScalarTyp
 // activation checkpointing (savable_ops.h) the output is a savable matmul like at::linear's.
 // `weight8`: the weight already cast (tensorwise recipe only: FSDP's float8 all-gather gathers
 // it in float8 with one scale over the whole weight); both GEMMs that read the weight use it
-// instead of casting `weight`, which then only carries the gradient.
+// instead of casting `weight`, which then only carries the gradient. `defer`: while it collects
+// (deferred_grad.h), backward leaves the grad_weight GEMM (same casts, same numbers) for later.
 at::Tensor float8_linear(const at::Tensor& x, const at::Tensor& weight,
-                         const Float8LinearOptions& options, const Float8Tensor* weight8 = nullptr);
+                         const Float8LinearOptions& options, const Float8Tensor* weight8 = nullptr,
+                         const DeferTarget& defer = {});
 
 }  // namespace titan

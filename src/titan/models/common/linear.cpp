@@ -5,10 +5,56 @@
 #include "titan/models/common/init.h"
 #include "titan/models/common/savable_ops.h"
 
+#include <ATen/core/grad_mode.h>
+#include <torch/csrc/autograd/custom_function.h>
+
 #include <algorithm>
 #include <map>
 
 namespace titan {
+
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// A single row (a decode step of one sequence), which mixed_linear multiplies as a vector.
+bool single_row(const at::Tensor& xc) {
+  return xc.numel() == xc.size(-1) && xc.dim() > 1 && !is_reduced_float(xc.scalar_type());
+}
+
+// x @ w^T of a Linear whose weight gradient may be deferred (deferred_grad.h). x (..., in) and
+// weight (out, in) in the compute dtype; `kept`: the output a per-op activation checkpoint kept,
+// or an empty tensor. Backward uses the formulas autograd runs for at::linear (rows folded,
+// grad_x = g @ W, grad_W = g^T @ x), so the gradients match the plain op's.
+struct DeferrableLinear : public torch::autograd::Function<DeferrableLinear> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
+                            const at::Tensor& kept, Linear* layer) {
+    ctx->save_for_backward({x, weight});
+    ctx->saved_data["layer"] = reinterpret_cast<int64_t>(layer);
+    if (kept.numel() > 0) return kept;
+    return at::linear(x, weight);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor x = saved[0].reshape({-1, saved[0].size(-1)});     // (rows, in)
+    const at::Tensor& weight = saved[1];                                // (out, in)
+    const at::Tensor grad = grads[0].reshape({-1, grads[0].size(-1)});  // (rows, out)
+    at::Tensor grad_x, grad_weight;
+    if (ctx->needs_input_grad(0)) grad_x = grad.mm(weight).reshape(saved[0].sizes());
+    if (ctx->needs_input_grad(1)) {
+      auto* layer = reinterpret_cast<Linear*>(ctx->saved_data["layer"].toInt());
+      if (DeferredGrads* deferred = DeferTarget{layer->deferral.get(), layer}.current()) {
+        deferred->add_weight_grad(layer, [grad, x] { return grad.t().mm(x); });
+      } else {
+        grad_weight = grad.t().mm(x);
+      }
+    }
+    return {grad_x, grad_weight, at::Tensor(), at::Tensor()};
+  }
+};
+
+}  // namespace
 
 void HookedModule::add_forward_hook(std::shared_ptr<ForwardHook> hook) {
   TITAN_CHECK(hook != nullptr, "add_forward_hook: null hook");
@@ -57,7 +103,7 @@ at::Tensor mixed_linear(const at::Tensor& x, const at::Tensor& weight,
                         at::ScalarType compute_dtype) {
   const at::Tensor xc = to_compute(x, compute_dtype);
   const at::Tensor wc = to_compute(weight, compute_dtype);
-  if (xc.numel() == xc.size(-1) && xc.dim() > 1 && !is_reduced_float(xc.scalar_type())) {
+  if (single_row(xc)) {
     // A single row (a decode step of one sequence): a matrix-vector product. As a 1-row GEMM,
     // BLAS would repack the whole weight matrix on every call, which dominated decoding.
     std::vector<int64_t> sizes = xc.sizes().vec();
@@ -65,6 +111,23 @@ at::Tensor mixed_linear(const at::Tensor& x, const at::Tensor& weight,
     return at::mv(wc, xc.reshape({-1})).view(sizes);
   }
   return savable_linear(xc, wc);  // at::linear, unless a block is checkpointed op by op
+}
+
+at::Tensor savable_matmul(const at::Tensor& weight, at::IntArrayRef out_sizes,
+                          const std::function<at::Tensor(const at::Tensor& kept)>& run) {
+  OpSaver* saver = current_op_saver();
+  if (saver == nullptr || !saver->keeps(SavableOp::kMatmul, weight)) return run(at::Tensor());
+  if (saver->replaying()) {
+    const std::vector<at::Tensor> kept = saver->take(SavableOp::kMatmul);
+    TITAN_CHECK(kept.size() == 1 && kept[0].sizes() == out_sizes,
+                "activation checkpointing: the recomputed matmul has output shape ", out_sizes,
+                " but the forward kept ", kept.empty() ? at::IntArrayRef{} : kept[0].sizes(),
+                "; the checkpointed block ran differently when recomputed");
+    return run(kept[0]);
+  }
+  at::Tensor out = run(at::Tensor());
+  saver->keep(SavableOp::kMatmul, {out});
+  return out;
 }
 
 void WeightLayer::replace_weight(const at::Tensor& w) {
@@ -83,9 +146,21 @@ at::Tensor Linear::forward(const at::Tensor& x) {
   return hooked(x, [this](const at::Tensor& in) {
     if (float8) {
       return float8_linear(to_compute(in, compute_dtype), to_compute(weight, compute_dtype),
-                           *float8, float8_weight ? &*float8_weight : nullptr);
+                           *float8, float8_weight ? &*float8_weight : nullptr,
+                           DeferTarget{deferral.get(), this});
     }
-    return mixed_linear(in, weight, compute_dtype);
+    if (deferral == nullptr || !at::GradMode::is_enabled()) {
+      return mixed_linear(in, weight, compute_dtype);
+    }
+    const at::Tensor xc = to_compute(in, compute_dtype);
+    const at::Tensor wc = to_compute(weight, compute_dtype);
+    if (single_row(xc)) return mixed_linear(in, weight, compute_dtype);
+    std::vector<int64_t> out_sizes = xc.sizes().vec();
+    out_sizes.back() = wc.size(0);
+    return savable_matmul(wc, out_sizes, [&](const at::Tensor& kept) {
+      return DeferrableLinear::apply(xc, wc, kept.defined() ? kept : at::empty({0}, xc.options()),
+                                     this);
+    });
   });
 }
 

@@ -4,6 +4,7 @@
 // never from cached constructor arguments, so a parallelism plan can shard them in place.
 #pragma once
 
+#include "titan/models/common/deferred_grad.h"
 #include "titan/models/common/float8.h"
 
 #include <ATen/ATen.h>
@@ -41,6 +42,13 @@ inline at::Tensor to_compute(const at::Tensor& x, at::ScalarType compute_dtype) 
 // compute dtype. x (..., in), weight (out, in) -> (..., out).
 at::Tensor mixed_linear(const at::Tensor& x, const at::Tensor& weight,
                         at::ScalarType compute_dtype);
+
+// A matmul whose output per-op activation checkpointing may keep (savable_ops.h), for matmuls
+// that wire their own autograd function: `run(kept)` computes x @ weight^T of shape `out_sizes`,
+// or, given a defined `kept` (the output the checkpointed forward kept, while recomputing),
+// returns it with the function's backward attached.
+at::Tensor savable_matmul(const at::Tensor& weight, at::IntArrayRef out_sizes,
+                          const std::function<at::Tensor(const at::Tensor& kept)>& run);
 
 // A module whose forward a parallelism may wrap without the module knowing (as PyTorch's forward
 // hooks): forward calls hooked(x, body), which runs body(x) through the module's hooks, each
@@ -82,6 +90,8 @@ class WeightLayer : public HookedModule {
   // device). The `weight` member follows when it held the old parameter; a member a parallelism
   // rebound (or cleared) keeps what it holds.
   void replace_weight(const at::Tensor& w);
+  // The registered parameter "weight" (which `weight` holds unless a parallelism rebound it).
+  at::Tensor& registered_weight() { return parameters_["weight"]; }
 };
 
 // Where forward reads each parameter of a module tree: "<fqn>" -> the WeightLayer member.
@@ -111,6 +121,10 @@ class Linear : public WeightLayer {
   // weight as gathered in float8 with its tensorwise scale; the matmuls use it instead of casting
   // `weight`, which then carries only the gradient.
   std::optional<Float8Tensor> float8_weight;
+  // Set by the pipeline runtime for the zero-bubble schedules (deferred_grad.h): while the
+  // deferral collects, backward leaves the weight's gradient GEMM to the runtime's W step. Unset,
+  // the layer computes as plain autograd ops.
+  std::shared_ptr<WeightGradDeferral> deferral;
 };
 
 // The Linear layers of `root` that compute in float8, by the name of their weight parameter
