@@ -82,10 +82,15 @@ int run_inspect(const std::vector<std::string>& args) {
 
   std::printf("model            %s %s: %s\n", config.model.name.c_str(),
               config.model.flavor.c_str(), spec.describe_flavor(config.model.flavor).c_str());
-  std::printf("parameters       %s total, %s non-embedding\n", with_commas(s.n_params).c_str(),
+  std::printf("parameters       %s total, %s non-embedding", with_commas(s.n_params).c_str(),
               with_commas(s.n_params - s.n_embedding_params).c_str());
-  std::printf("FLOPs per token  %.4g (seq_len %lld; 6*(N - N_emb) + 12*L*H*head_dim*T)\n", flops,
-              (long long)t.seq_len);
+  if (s.active_params() != s.n_params) {
+    std::printf(", %s active per token (MoE: the chosen experts)",
+                with_commas(s.active_params()).c_str());
+  }
+  std::printf("\n");
+  std::printf("FLOPs per token  %.4g (seq_len %lld; 6*(N%s - N_emb) + 12*L*H*head_dim*T)\n", flops,
+              (long long)t.seq_len, s.active_params() != s.n_params ? "_active" : "");
   std::printf("FLOPs per step   %.4g per rank (local_batch_size %lld x seq_len %lld)\n",
               flops * static_cast<double>(t.local_batch_size * t.seq_len),
               (long long)t.local_batch_size, (long long)t.seq_len);

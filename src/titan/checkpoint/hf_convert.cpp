@@ -106,6 +106,18 @@ void load_checkpoint_parameters(Model& model, const CheckpointReader& reader) {
     }
     item.value().copy_(reader.read(item.key()));
   }
+  // Buffers that are state: MoE expert biases steer routing at inference too.
+  const std::string bias = ".expert_bias";
+  for (const auto& item : model.named_buffers()) {
+    const std::string& name = item.key();
+    if (name.size() < bias.size() || name.compare(name.size() - bias.size(), bias.size(), bias)) {
+      continue;
+    }
+    if (!reader.has(name)) {
+      throw DataError(reader.dir() + ": checkpoint has no tensor for the MoE state '" + name + "'");
+    }
+    item.value().copy_(reader.read(name).to(item.value().scalar_type()));
+  }
 }
 
 TensorMap read_model_tensors(const CheckpointReader& reader) {

@@ -637,7 +637,8 @@ struct DebugSection {
       "With deterministic: warn about ops without a deterministic implementation instead of "
       "failing");
     v("moe_force_load_balance", moe_force_load_balance,
-      "Route tokens to experts round-robin (MoE debugging)", kNotYet);
+      "Route tokens to experts round-robin, whatever the router's scores (MoE benchmarks and "
+      "debugging: even expert loads)");
   }
 };
 

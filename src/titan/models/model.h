@@ -23,12 +23,16 @@ namespace titan {
 struct ModelStats {
   int64_t n_params = 0;            // all trainable parameters (tied weights counted once)
   int64_t n_embedding_params = 0;  // token embedding parameters
+  // Parameters one token uses (mixture of experts: the chosen experts only); 0: n_params.
+  int64_t n_active_params = 0;
   int64_t n_layers = 0;
   int64_t n_heads = 0;
   int64_t head_dim = 0;
   int64_t dim = 0;
   int64_t vocab_size = 0;
-  // TorchTitan's formula: 6 * (n_params - n_embedding_params) + 12 * L * H * head_dim * seq_len.
+  int64_t active_params() const { return n_active_params > 0 ? n_active_params : n_params; }
+  // TorchTitan's formula: 6 * (active params - n_embedding_params) + 12 * L * H * head_dim *
+  // seq_len.
   double flops_per_token(int64_t seq_len) const;
   // Bytes of activations kept for backward by one training micro-batch of (batch, seq_len) tokens
   // when matmuls run in `compute_dtype` (an estimate; attention scores are materialised on CPU).

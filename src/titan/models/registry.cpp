@@ -6,6 +6,7 @@
 #include "titan/common/check.h"
 #include "titan/config/job_config.h"
 #include "titan/models/llama3/spec.h"
+#include "titan/models/qwen3/spec.h"
 
 #include <algorithm>
 #include <mutex>
@@ -36,7 +37,10 @@ void add_spec(ModelSpec spec) {
 
 Registry& registry() {
   static std::once_flag builtins;
-  std::call_once(builtins, [] { add_spec(make_llama3_spec()); });
+  std::call_once(builtins, [] {
+    add_spec(make_llama3_spec());
+    add_spec(make_qwen3_spec());
+  });
   return registry_storage();
 }
 

@@ -263,6 +263,7 @@ variable_list recompute_backward(Recompute& r, const variable_list& saved, const
   size_t kept_taken = 0;
   {
     at::AutoGradMode enable_grad(true);
+    RecomputeScope recomputing;
     std::optional<RngReplay> rng;
     if (d.preserve_rng_state) rng.emplace(leaves[0].device(), r.rng_states);
     if (d.mode == Mode::kOps) {

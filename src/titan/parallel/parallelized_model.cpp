@@ -8,6 +8,7 @@
 #include "titan/components/optimizer.h"
 #include "titan/models/common/attention.h"
 #include "titan/models/common/linear.h"
+#include "titan/models/common/moe.h"
 #include "titan/parallel/activation_checkpoint.h"
 #include "titan/parallel/data_parallel.h"
 #include "titan/parallel/grad_norm.h"
@@ -283,6 +284,40 @@ at::Tensor ParallelizedModel::loss(const at::Tensor& logits, const at::Tensor& l
   return last.tp ? last.tp->cross_entropy(logits, labels) : lm_cross_entropy_loss(logits, labels);
 }
 
+namespace {
+
+// The MoE layers of `model` by module name.
+std::vector<std::pair<std::string, MoE*>> moe_layers(Model& model) {
+  std::vector<std::pair<std::string, MoE*>> out;
+  for (const auto& item : model.named_modules()) {
+    if (auto* moe = dynamic_cast<MoE*>(item.value().get())) out.emplace_back(item.key(), moe);
+  }
+  return out;
+}
+
+// Evaluation forwards do not count tokens for MoE load balancing, for the scope's lifetime.
+class NoTokenCounting {
+ public:
+  explicit NoTokenCounting(const std::vector<Model*>& models) {
+    for (Model* m : models) {
+      for (const auto& [name, moe] : moe_layers(*m)) {
+        moe->count_tokens = false;
+        layers_.push_back(moe);
+      }
+    }
+  }
+  ~NoTokenCounting() {
+    for (MoE* moe : layers_) moe->count_tokens = true;
+  }
+  NoTokenCounting(const NoTokenCounting&) = delete;
+  NoTokenCounting& operator=(const NoTokenCounting&) = delete;
+
+ private:
+  std::vector<MoE*> layers_;
+};
+
+}  // namespace
+
 at::Tensor ParallelizedModel::forward_backward(const at::Tensor& batch_inputs,
                                                const at::Tensor& batch_labels, double loss_scale) {
   set_documents(batch_inputs);
@@ -305,6 +340,9 @@ at::Tensor ParallelizedModel::forward_backward(const at::Tensor& batch_inputs,
 at::Tensor ParallelizedModel::evaluate(const at::Tensor& batch_inputs,
                                        const at::Tensor& batch_labels) {
   at::NoGradGuard no_grad;
+  std::vector<Model*> models;
+  for (auto& part : parts_) models.push_back(part->model.get());
+  const NoTokenCounting no_counting(models);
   set_documents(batch_inputs);
   const auto [inputs, labels] = context_shard(batch_inputs, batch_labels);
   if (pipeline_) {
@@ -312,6 +350,52 @@ at::Tensor ParallelizedModel::evaluate(const at::Tensor& batch_inputs,
         inputs, labels, [this](const at::Tensor& l, const at::Tensor& y) { return loss(l, y); });
   }
   return loss(parts_[0]->model->forward(inputs), labels);
+}
+
+std::vector<std::pair<std::string, double>> ParallelizedModel::update_moe_load_balance() {
+  std::vector<std::pair<std::string, MoE*>> layers;
+  for (auto& part : parts_) {
+    for (const auto& layer : moe_layers(*part->model)) layers.push_back(layer);
+  }
+  std::vector<std::pair<std::string, double>> loads;
+  if (layers.empty()) return loads;
+  // Every layer's counts in one tensor, summed over the token-splitting groups.
+  std::vector<at::Tensor> counts;
+  for (const auto& [name, moe] : layers) counts.push_back(moe->tokens_per_expert);
+  at::Tensor all = at::cat(counts);
+  const auto sum_over = [&](const char* group) {
+    dist::Group& g = dims_.group(group);
+    at::Tensor t = all.to(g.device());
+    g.all_reduce(t, dist::ReduceOp::kSum).wait();
+    all = t.to(all.device());
+  };
+  if (dims_.dp_size() * dims_.cp() > 1) sum_over(dims_.cp_enabled() ? "dp_cp" : "dp");
+  if (dims_.tp() > 1) sum_over("tp");
+  int64_t offset = 0;
+  for (const auto& [name, moe] : layers) {
+    const int64_t n = moe->tokens_per_expert.numel();
+    const at::Tensor layer_loads = all.narrow(0, offset, n);
+    offset += n;
+    loads.emplace_back(name, load_imbalance(layer_loads));
+    moe->update_expert_bias(layer_loads);
+  }
+  return loads;
+}
+
+std::vector<std::pair<std::string, at::Tensor>> ParallelizedModel::state_buffers() const {
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  for (const auto& part : parts_) {
+    for (const auto& [name, moe] : moe_layers(*part->model)) {
+      out.emplace_back(name + ".expert_bias", moe->expert_bias);
+    }
+  }
+  return out;
+}
+
+bool ParallelizedModel::writes_state_buffers() const {
+  // Every rank but the pipeline's holds equal biases: the first of them writes.
+  const MeshCoord c = dims_.coordinate(rank_);
+  return c.dp_replicate == 0 && c.dp_shard == 0 && c.cp == 0 && c.tp == 0;
 }
 
 double ParallelizedModel::batch_mean(double value) const {

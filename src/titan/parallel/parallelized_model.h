@@ -164,6 +164,17 @@ class ParallelizedModel {
   // Sets this rank's pieces from whole parameters: whole(name) is the (global shape) tensor.
   void load_full_parameters(const std::function<at::Tensor(const std::string&)>& whole);
 
+  // Mixture-of-experts layers, after each optimizer step (collective: every rank): each layer's
+  // token counts since the last call, summed over the ranks that split the batch (dp x cp, and
+  // tp, whose ranks route their own sequence shards), move the layer's expert bias toward balance
+  // (MoE::update_expert_bias) and restart. Returns (layer name, max/mean expert load) for this
+  // rank's MoE layers (none for a dense model).
+  std::vector<std::pair<std::string, double>> update_moe_load_balance();
+  // Buffers that are training state, by name (the MoE layers' expert biases, identical on the
+  // ranks that hold the layer), and whether this rank is the one that writes them to checkpoints.
+  std::vector<std::pair<std::string, at::Tensor>> state_buffers() const;
+  bool writes_state_buffers() const;
+
   // Whether any collective runs during a step.
   bool communicates() const;
   // Seconds this rank has spent blocked in collectives since construction.

@@ -19,6 +19,7 @@
 #include "titan/distributed/parallel_dims.h"
 #include "titan/models/common/attention.h"
 #include "titan/models/common/linear.h"
+#include "titan/models/common/moe.h"
 #include "titan/models/converters.h"
 #include "titan/parallel/parallelized_model.h"
 #include "titan/trainer/interrupt.h"
@@ -27,7 +28,9 @@
 
 #include <chrono>
 #include <cmath>
+#include <iomanip>
 #include <random>
+#include <sstream>
 
 namespace titan {
 
@@ -170,6 +173,11 @@ void Trainer::build_model() {
     std::shared_ptr<Model> model = spec_->build(config_.model.flavor, opts);
     apply_training_dtype(*model, config_.training, world_size_, dims_->describe());
     apply_model_converters(*model, config_, device_);
+    if (config_.debug.moe_force_load_balance) {
+      for (const auto& module : model->modules()) {
+        if (auto* moe = dynamic_cast<MoE*>(module.get())) moe->force_load_balance = true;
+      }
+    }
     return model;
   };
   model_ = build();
@@ -325,6 +333,7 @@ at::Tensor Trainer::train_step(int64_t step, double* grad_norm) {
   }
   *grad_norm = parallel_->clip_grad_norm(config_.training.max_norm);
   optimizer_->step(lr_scheduler_->lr_at(step));
+  moe_loads_ = parallel_->update_moe_load_balance();  // MoE: expert biases toward even loads
   return total;
 }
 
@@ -389,7 +398,17 @@ TrainResult Trainer::train() {
     at::Tensor loss = train_step(step, &grad_norm);
     result.losses.push_back(loss.item<double>());
     result.grad_norms.push_back(grad_norm);
-    metrics_->on_step(step, tokens_per_step, loss, grad_norm, lr_scheduler_->lr_at(step));
+    const bool logged =
+        metrics_->on_step(step, tokens_per_step, loss, grad_norm, lr_scheduler_->lr_at(step))
+            .has_value();
+    if (logged && !moe_loads_.empty()) {
+      std::ostringstream os;
+      for (size_t i = 0; i < moe_loads_.size(); ++i) {
+        os << (i ? ", " : "") << moe_loads_[i].first << " " << std::fixed << std::setprecision(2)
+           << moe_loads_[i].second;
+      }
+      log_info("step ", step, " expert load max/mean: ", os.str());
+    }
     if (config_.validation.enable && (step % config_.validation.freq == 0 || step == t.steps)) {
       auto v0 = std::chrono::steady_clock::now();
       int64_t tokens = 0;

@@ -15,6 +15,8 @@
 
 #include <memory>
 #include <optional>
+#include <string>
+#include <utility>
 #include <vector>
 
 namespace titan {
@@ -102,6 +104,8 @@ class Trainer {
   at::Device device_ = at::kCPU;
   int64_t seed_ = 0;
   int64_t accumulation_steps_ = 1;
+  // The last step's max/mean expert load of each MoE layer on this rank (empty: a dense model).
+  std::vector<std::pair<std::string, double>> moe_loads_;
   const ModelSpec* spec_ = nullptr;
   std::shared_ptr<Model> model_;
   std::unique_ptr<Tokenizer> tokenizer_;

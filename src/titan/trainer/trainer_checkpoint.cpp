@@ -150,11 +150,18 @@ void Trainer::build_checkpoint() {
     boxes[p.name] = p.box;
     if (p.writer) written.insert(p.name);
   }
+  // Buffers that are state (MoE expert biases) go with the parameters, whole, written once.
+  std::vector<std::pair<std::string, at::Tensor>> model_tensors = params;
+  for (const auto& [name, buffer] : parallel_->state_buffers()) {
+    model_tensors.emplace_back(name, buffer);
+    boxes[name] = ShardBox::whole(buffer.sizes());
+    if (parallel_->writes_state_buffers()) written.insert(name);
+  }
   LayoutFn layout = [boxes](const std::string& name) { return boxes.at(name); };
   OwnerFn owner = [written](const std::string& name) { return written.count(name) > 0; };
   // The loader reads the global stream (identical on every rank): its state is one entry.
   std::vector<StateEntry> states = {
-      model_entry(params, layout, owner),
+      model_entry(model_tensors, layout, owner),
       optimizer_entry(*optimizer_, layout, owner),
       lr_scheduler_entry(*lr_scheduler_, train_state_),
       dataloader_entry(*train_loader_, /*dp_rank=*/0,

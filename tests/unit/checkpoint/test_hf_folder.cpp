@@ -205,7 +205,8 @@ TEST(HfFolder, TrainerHooksLoadAndSave) {
   }
   // load_model labels dims of no flavor by their sizes.
   EXPECT_EQ(ckpt::load_model((dir / "hf").string(), at::kFloat, 16).flavor,
-            "custom (dim 96, ffn_dim 200, n_heads 6, n_kv_heads 2, n_layers 2, vocab_size 130)");
+            "custom (dim 96, ffn_dim 200, head_dim 16, n_heads 6, n_kv_heads 2, n_layers 2, "
+            "vocab_size 130)");
   // Another architecture: named, with both values.
   nlohmann::json other = tied;
   other["args"]["n_heads"] = 3;

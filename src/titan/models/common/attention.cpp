@@ -133,12 +133,16 @@ at::Tensor cached_attention(const at::Tensor& q, const at::Tensor& k, const at::
 }
 
 Attention::Attention(int64_t dim, int64_t n_heads, int64_t n_kv_heads, int64_t head_dim,
-                     at::ScalarType compute_dtype)
+                     at::ScalarType compute_dtype, bool qk_norm, double norm_eps)
     : head_dim(head_dim), compute_dtype(compute_dtype) {
   wq = register_module("wq", std::make_shared<Linear>(dim, n_heads * head_dim, compute_dtype));
   wk = register_module("wk", std::make_shared<Linear>(dim, n_kv_heads * head_dim, compute_dtype));
   wv = register_module("wv", std::make_shared<Linear>(dim, n_kv_heads * head_dim, compute_dtype));
   wo = register_module("wo", std::make_shared<Linear>(n_heads * head_dim, dim, compute_dtype));
+  if (qk_norm) {
+    q_norm = register_module("q_norm", std::make_shared<RMSNorm>(head_dim, norm_eps));
+    k_norm = register_module("k_norm", std::make_shared<RMSNorm>(head_dim, norm_eps));
+  }
 }
 
 at::Tensor Attention::forward(const at::Tensor& x, const RotaryEmbedding& rope,
@@ -160,8 +164,14 @@ at::Tensor Attention::forward(const at::Tensor& x, const RotaryEmbedding& rope,
     // Cast once for the three projections rather than once per projection.
     const at::Tensor xc = to_compute(in, compute_dtype);
     // -1 heads: the local head count follows the (possibly sharded) weights.
-    const at::Tensor q = rope.forward(wq->forward(xc).view({bs, n, -1, head_dim}), pos);
-    const at::Tensor k = rope.forward(wk->forward(xc).view({bs, n, -1, head_dim}), pos);
+    at::Tensor q = wq->forward(xc).view({bs, n, -1, head_dim});
+    at::Tensor k = wk->forward(xc).view({bs, n, -1, head_dim});
+    if (q_norm) {
+      q = q_norm->forward(q);
+      k = k_norm->forward(k);
+    }
+    q = rope.forward(q, pos);
+    k = rope.forward(k, pos);
     const at::Tensor v = wv->forward(xc).view({bs, n, -1, head_dim});  // (bs, n, n_kv, head_dim)
     const at::Tensor out = cache != nullptr ? attend_cached(q, k, v, *cache)
                                             : inner_attention->forward(q, k, v, document_ids);

@@ -6,6 +6,7 @@
 
 #include "titan/models/common/kv_cache.h"
 #include "titan/models/common/linear.h"
+#include "titan/models/common/norms.h"
 #include "titan/models/common/rope.h"
 
 #include <ATen/ATen.h>
@@ -81,11 +82,13 @@ struct KVCacheStep {
 };
 
 // Multi-head causal self-attention with RoPE on q and k. Parameters: wq (n_heads * head_dim, dim),
-// wk and wv (n_kv_heads * head_dim, dim), wo (dim, n_heads * head_dim).
+// wk and wv (n_kv_heads * head_dim, dim), wo (dim, n_heads * head_dim); with qk_norm (Qwen3) also
+// q_norm and k_norm (head_dim): an RMSNorm of every head of q and of k before RoPE.
 class Attention : public HookedModule {
  public:
   Attention(int64_t dim, int64_t n_heads, int64_t n_kv_heads, int64_t head_dim,
-            at::ScalarType compute_dtype = at::kFloat);
+            at::ScalarType compute_dtype = at::kFloat, bool qk_norm = false,
+            double norm_eps = 1e-6);
 
   // x (bs, seqlen, dim) -> (bs, seqlen, dim) in the compute dtype. `positions` (seqlen) int64
   // are the tokens' absolute positions for RoPE (undefined: [0, seqlen)). Training runs
@@ -99,6 +102,7 @@ class Attention : public HookedModule {
                      const at::Tensor& document_ids = {});
 
   std::shared_ptr<Linear> wq, wk, wv, wo;
+  std::shared_ptr<RMSNorm> q_norm, k_norm;  // null without qk_norm
   std::shared_ptr<InnerAttention> inner_attention = std::make_shared<CausalAttention>();
   int64_t head_dim;
   at::ScalarType compute_dtype;

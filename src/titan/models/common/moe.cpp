@@ -3,6 +3,7 @@
 
 #include "titan/common/check.h"
 #include "titan/models/common/init.h"
+#include "titan/models/common/savable_ops.h"
 
 #include <ATen/core/grad_mode.h>
 
@@ -209,7 +210,9 @@ at::Tensor MoE::forward(const at::Tensor& x) {
     const Routing r = route(tokens);
     const at::Tensor flat = r.experts.reshape({-1});  // (tokens * k)
     const at::Tensor counts = at::bincount(flat, {}, args_.num_experts);
-    {
+    // Each training forward counts once: not a checkpointed block's recomputation during
+    // backward (its first forward, under no-grad, counted), not evaluation (count_tokens off).
+    if (count_tokens && !recomputing()) {
       at::NoGradGuard no_grad;
       tokens_per_expert.add_(counts.to(tokens_per_expert.device(), at::kFloat));
     }

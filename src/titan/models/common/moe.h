@@ -15,7 +15,8 @@
 //
 // Load balancing without an auxiliary loss (DeepSeek-V3, TorchTitan's load_balance_coeff): the
 // layer counts the tokens each expert received (tokens_per_expert, a buffer, summed over the
-// steps' micro-batches); after each optimizer step update_expert_bias() moves expert_bias by
+// steps' micro-batches; while count_tokens is on, and not during activation checkpointing's
+// recomputation); after each optimizer step update_expert_bias() moves expert_bias by
 // coeff toward the experts below the mean load and away from those above, and resets the counts.
 #pragma once
 
@@ -139,6 +140,8 @@ class MoE : public HookedModule {
   // debug.moe_force_load_balance: token t's j-th choice is expert (t * top_k + j) mod experts,
   // whatever the scores (for benchmarks and tests that need even loads).
   bool force_load_balance = false;
+  // Whether forward adds its routing to tokens_per_expert (evaluation turns it off).
+  bool count_tokens = true;
   // Buffers: (num_experts) float32; expert_bias is state to checkpoint, tokens_per_expert the
   // counts since the last update (float32 so it all-reduces on every backend).
   at::Tensor expert_bias;

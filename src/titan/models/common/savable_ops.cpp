@@ -19,6 +19,7 @@ using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
 thread_local OpSaver* t_saver = nullptr;
+thread_local bool t_recomputing = false;
 
 // A kept x @ w^T. x (..., in), weight (out, in), out (..., out).
 struct ReplayedLinear : public torch::autograd::Function<ReplayedLinear> {
@@ -101,6 +102,12 @@ const char* savable_op_name(SavableOp op) {
 }
 
 OpSaver* current_op_saver() { return t_saver; }
+
+bool recomputing() { return t_recomputing; }
+
+RecomputeScope::RecomputeScope() : previous_(t_recomputing) { t_recomputing = true; }
+
+RecomputeScope::~RecomputeScope() { t_recomputing = previous_; }
 
 OpSaverScope::OpSaverScope(OpSaver* saver) : previous_(t_saver) { t_saver = saver; }
 

@@ -71,6 +71,21 @@ at::Tensor savable_linear(const at::Tensor& x, const at::Tensor& weight);
 at::Tensor savable_causal_sdpa(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                bool enable_gqa, const at::Tensor& mask = {});
 
+// True on a thread while activation checkpointing recomputes a block for its backward (any
+// mode): a forward that updates state once per step (an MoE layer's token counts) skips it then.
+bool recomputing();
+// Marks the calling thread as recomputing for the scope's lifetime (nests).
+class RecomputeScope {
+ public:
+  RecomputeScope();
+  ~RecomputeScope();
+  RecomputeScope(const RecomputeScope&) = delete;
+  RecomputeScope& operator=(const RecomputeScope&) = delete;
+
+ private:
+  bool previous_;
+};
+
 // For the forward of an autograd Function whose backward needs none of its forward values (a
 // collective): compute(), or the kept result while replaying.
 at::Tensor savable_result(SavableOp op, const std::function<at::Tensor()>& compute);

@@ -31,9 +31,9 @@ Llama3Args make_args(int64_t dim, int64_t n_layers, int64_t n_heads, int64_t n_k
 
 int64_t dtype_bytes(at::ScalarType dtype) { return static_cast<int64_t>(c10::elementSize(dtype)); }
 
-std::vector<std::string> flavor_names() {
+std::vector<std::string> flavor_names(const Family& family) {
   std::vector<std::string> names;
-  for (const auto& [name, args] : flavors()) {
+  for (const auto& [name, args] : *family.flavors) {
     names.push_back(name);
   }
   return names;
@@ -84,12 +84,25 @@ void Llama3Args::validate() const {
     throw ConfigError("llama3: ffn_dim_multiplier = " + std::to_string(ffn_dim_multiplier) +
                       " is out of range (want <= 1000; <= 0 means none)");
   }
-  if (dim % n_heads != 0 || head_dim() % 2 != 0) {
+  if (head_dim_override < 0 || head_dim_override > kMaxWidth || n_dense_layers < 0 ||
+      n_dense_layers > n_layers) {
+    throw ConfigError(
+        "llama3: head_dim = " + std::to_string(head_dim_override) +
+        " (0: dim / n_heads) and n_dense_layers = " + std::to_string(n_dense_layers) +
+        " must be in range (n_dense_layers at most n_layers = " + std::to_string(n_layers) + ")");
+  }
+  if (head_dim_override > 0) {
+    if (head_dim_override % 2 != 0) {
+      throw ConfigError("llama3: head_dim " + std::to_string(head_dim_override) +
+                        " must be even (RoPE rotates pairs)");
+    }
+  } else if (dim % n_heads != 0 || head_dim() % 2 != 0) {
     std::ostringstream os;
     os << "llama3: dim (" << dim << ") must be divisible by n_heads (" << n_heads
        << ") into an even head_dim (RoPE rotates pairs)";
     throw ConfigError(os.str());
   }
+  if (has_moe()) moe.validate();
   if (n_heads % kv_heads() != 0) {
     std::ostringstream os;
     os << "llama3: n_kv_heads (" << kv_heads() << ") must divide n_heads (" << n_heads << ")";
@@ -119,14 +132,19 @@ const std::vector<std::pair<std::string, Llama3Args>>& flavors() {
   return kFlavors;
 }
 
-Llama3Args args_for_flavor(const std::string& flavor) {
-  for (const auto& [name, args] : flavors()) {
+const Family& llama3_family() {
+  static const Family kFamily{"llama3", &flavors()};
+  return kFamily;
+}
+
+Llama3Args args_for_flavor(const std::string& flavor, const Family& family) {
+  for (const auto& [name, args] : *family.flavors) {
     if (name == flavor) {
       return args;
     }
   }
-  check_flavor("llama3", flavor_names(), flavor);  // throws, naming the nearest flavor
-  throw ConfigError("unknown llama3 flavor '" + flavor + "'");
+  check_flavor(family.name, flavor_names(family), flavor);  // throws, naming the nearest flavor
+  throw ConfigError("unknown " + family.name + " flavor '" + flavor + "'");
 }
 
 at::ScalarType residual_dtype(at::ScalarType compute_dtype) {
@@ -159,14 +177,25 @@ ModelStats compute_stats(const Llama3Args& args, int64_t batch, int64_t seq_len,
   const int64_t ffn = args.ffn_hidden_dim();
   const int64_t vocab = args.vocab_size;
 
-  const int64_t attention_params = dim * args.n_heads * head_dim * 2 + dim * n_kv * head_dim * 2;
+  const int64_t attention_params = dim * args.n_heads * head_dim * 2 + dim * n_kv * head_dim * 2 +
+                                   (args.qk_norm ? 2 * head_dim : 0);
   const int64_t ffn_params = 3 * dim * ffn;
   const int64_t layer_params = attention_params + ffn_params + 2 * dim;
+  // An MoE block: the router, every expert, the shared experts; a token uses top_k experts.
+  const MoEArgs& moe = args.moe;
+  const int64_t expert_params = 3 * dim * moe.hidden_dim;
+  const int64_t moe_common =
+      attention_params + 2 * dim + moe.num_experts * dim + moe.num_shared_experts * expert_params;
+  const int64_t moe_layer_params = moe_common + moe.num_experts * expert_params;
+  const int64_t moe_layer_active = moe_common + moe.top_k * expert_params;
+  const int64_t n_moe = args.has_moe() ? args.n_layers - args.n_dense_layers : 0;
+  const int64_t n_dense = args.n_layers - n_moe;
 
   ModelStats stats;
   stats.n_embedding_params = vocab * dim;
-  stats.n_params = stats.n_embedding_params + args.n_layers * layer_params + dim +
-                   (args.tie_embeddings ? 0 : vocab * dim);
+  const int64_t outside = stats.n_embedding_params + dim + (args.tie_embeddings ? 0 : vocab * dim);
+  stats.n_params = outside + n_dense * layer_params + n_moe * moe_layer_params;
+  stats.n_active_params = outside + n_dense * layer_params + n_moe * moe_layer_active;
   stats.n_layers = args.n_layers;
   stats.n_heads = args.n_heads;
   stats.head_dim = head_dim;
@@ -178,16 +207,24 @@ ModelStats compute_stats(const Llama3Args& args, int64_t batch, int64_t seq_len,
   const int64_t r = dtype_bytes(residual_dtype(reduced ? compute_dtype : at::kFloat));
   const int64_t tokens = batch * seq_len;
   const int64_t attention_stats = 4 * batch * args.n_heads * seq_len;
-  int64_t per_layer = 2 * (r * tokens * dim + 4 * tokens) + 2 * c * tokens * dim +
-                      c * tokens * (args.n_heads + 2 * n_kv) * head_dim + attention_stats +
-                      c * tokens * dim + 4 * c * tokens * ffn;
+  const int64_t attention_part = 2 * (r * tokens * dim + 4 * tokens) + 2 * c * tokens * dim +
+                                 c * tokens * (args.n_heads + 2 * n_kv) * head_dim +
+                                 attention_stats + c * tokens * dim;
+  int64_t per_layer = attention_part + 4 * c * tokens * ffn;
   if (reduced) {
     per_layer += c * layer_params;
   }
-  stats.activation_bytes = args.n_layers * per_layer + r * tokens * dim + 4 * tokens +
-                           c * tokens * dim + (reduced ? c * vocab * dim : 0) +
+  // An MoE block keeps, per (token, choice): the routed input, the SwiGLU's four hidden tensors
+  // and the expert output; per token the float32 router scores; and the shared experts' SwiGLU.
+  const int64_t routed = tokens * moe.top_k;
+  int64_t moe_per_layer = attention_part + 2 * c * routed * dim + 4 * c * routed * moe.hidden_dim +
+                          4 * tokens * moe.num_experts +
+                          4 * c * tokens * moe.hidden_dim * moe.num_shared_experts;
+  if (reduced) moe_per_layer += c * moe_layer_params;
+  stats.activation_bytes = n_dense * per_layer + n_moe * moe_per_layer + r * tokens * dim +
+                           4 * tokens + c * tokens * dim + (reduced ? c * vocab * dim : 0) +
                            2 * 4 * tokens * vocab + 8 * tokens;
-  stats.block_activation_bytes = per_layer;
+  stats.block_activation_bytes = n_moe > 0 ? moe_per_layer : per_layer;
   stats.block_input_bytes = r * tokens * dim;
   // Selective "op" keeps the outputs of wq, wv, w1 and w2 (every second matmul) and of the
   // attention kernel (output and log-sum-exp), besides the block's input.
@@ -200,8 +237,19 @@ ModelStats compute_stats(const Llama3Args& args, int64_t batch, int64_t seq_len,
 std::string describe(const Llama3Args& args) {
   std::ostringstream os;
   os << "dim " << args.dim << ", " << args.n_layers << " layers, " << args.n_heads << " heads, "
-     << args.kv_heads() << " kv heads, ffn " << args.ffn_hidden_dim() << ", vocab "
-     << args.vocab_size;
+     << args.kv_heads() << " kv heads";
+  if (args.head_dim_override > 0) os << " of " << args.head_dim();
+  if (args.qk_norm) os << ", qk norm";
+  if (!args.has_moe() || args.n_dense_layers > 0) {
+    os << ", ffn " << args.ffn_hidden_dim();
+  }
+  if (args.has_moe()) {
+    os << ", MoE " << args.moe.num_experts << " experts top-" << args.moe.top_k << " of ffn "
+       << args.moe.hidden_dim;
+    if (args.moe.num_shared_experts > 0) os << " + " << args.moe.num_shared_experts << " shared";
+    if (args.n_dense_layers > 0) os << " after " << args.n_dense_layers << " dense layers";
+  }
+  os << ", vocab " << args.vocab_size;
   if (args.tie_embeddings) {
     os << ", tied embeddings";
   }
@@ -227,7 +275,21 @@ const std::vector<std::string>& arg_keys() {
                                                  "rope_scaling",
                                                  "depth_init",
                                                  "tie_embeddings",
-                                                 "max_seq_len"};
+                                                 "max_seq_len",
+                                                 "head_dim",
+                                                 "qk_norm",
+                                                 "moe",
+                                                 "n_dense_layers"};
+  return kKeys;
+}
+
+const std::vector<std::string>& moe_keys() {
+  static const std::vector<std::string> kKeys = {"num_experts",       "top_k",
+                                                 "hidden_dim",        "num_shared_experts",
+                                                 "score_func",        "route_norm",
+                                                 "route_scale",       "score_before_experts",
+                                                 "num_expert_groups", "num_limited_groups",
+                                                 "load_balance_coeff"};
   return kKeys;
 }
 
@@ -301,6 +363,50 @@ void apply_args_json(const nlohmann::json& json, Llama3Args& args) {
   set_bool("depth_init", args.depth_init);
   set_bool("tie_embeddings", args.tie_embeddings);
   set_int("max_seq_len", args.max_seq_len);
+  set_int("head_dim", args.head_dim_override);
+  set_bool("qk_norm", args.qk_norm);
+  set_int("n_dense_layers", args.n_dense_layers);
+  if (json.contains("moe")) {
+    const nlohmann::json& moe = json["moe"];
+    if (moe.is_null()) {
+      args.moe = Llama3Args::dense_moe();
+    } else {
+      const std::string sub = where + ".moe";
+      if (!moe.is_object())
+        throw ConfigError(sub + " must be an object or null, got " + moe.dump());
+      check_keys(moe, moe_keys(), sub);
+      MoEArgs& m = args.moe;
+      if (m.num_experts == 0) m = MoEArgs{};  // a dense flavor made MoE: the defaults
+      const auto moe_int = [&](const char* key, int64_t& field) {
+        if (moe.contains(key)) field = get_int(moe, key, sub);
+      };
+      const auto moe_double = [&](const char* key, double& field) {
+        if (moe.contains(key)) field = get_double(moe, key, sub);
+      };
+      const auto moe_bool = [&](const char* key, bool& field) {
+        if (moe.contains(key)) field = get_bool(moe, key, sub);
+      };
+      moe_int("num_experts", m.num_experts);
+      moe_int("top_k", m.top_k);
+      moe_int("hidden_dim", m.hidden_dim);
+      moe_int("num_shared_experts", m.num_shared_experts);
+      moe_bool("route_norm", m.route_norm);
+      moe_double("route_scale", m.route_scale);
+      moe_bool("score_before_experts", m.score_before_experts);
+      moe_int("num_expert_groups", m.num_expert_groups);
+      moe_int("num_limited_groups", m.num_limited_groups);
+      moe_double("load_balance_coeff", m.load_balance_coeff);
+      if (moe.contains("score_func")) {
+        if (!moe["score_func"].is_string()) {
+          throw ConfigError(sub + ".score_func must be a string, got " + moe["score_func"].dump());
+        }
+        m.score_func = parse_moe_score(moe["score_func"].get<std::string>());
+      }
+      if (m.num_experts < 1) {
+        throw ConfigError(sub + ".num_experts must be >= 1 (null \"moe\": a dense model)");
+      }
+    }
+  }
   if (json.contains("rope_scaling")) {
     const nlohmann::json& scaling = json["rope_scaling"];
     if (scaling.is_null()) {
@@ -334,6 +440,22 @@ void apply_args_json(const nlohmann::json& json, Llama3Args& args) {
   }
 }
 
+nlohmann::json moe_json(const Llama3Args& args) {
+  if (!args.has_moe()) return nullptr;
+  const MoEArgs& m = args.moe;
+  return {{"num_experts", m.num_experts},
+          {"top_k", m.top_k},
+          {"hidden_dim", m.hidden_dim},
+          {"num_shared_experts", m.num_shared_experts},
+          {"score_func", m.score_func == MoEArgs::Score::kSigmoid ? "sigmoid" : "softmax"},
+          {"route_norm", m.route_norm},
+          {"route_scale", m.route_scale},
+          {"score_before_experts", m.score_before_experts},
+          {"num_expert_groups", m.num_expert_groups},
+          {"num_limited_groups", m.num_limited_groups},
+          {"load_balance_coeff", m.load_balance_coeff}};
+}
+
 nlohmann::json rope_scaling_json(const RopeScaling& rs) {
   return {{"scaling_factor", rs.scaling_factor},
           {"low_freq_factor", rs.low_freq_factor},
@@ -343,18 +465,18 @@ nlohmann::json rope_scaling_json(const RopeScaling& rs) {
 
 }  // namespace
 
-Llama3Args args_from_description(const nlohmann::json& model) {
+Llama3Args args_from_description(const nlohmann::json& model, const Family& family) {
   if (!model.is_object() || !model.contains("flavor") || !model["flavor"].is_string()) {
-    throw ConfigError("llama3 model description " + model.dump() + " has no \"flavor\"");
+    throw ConfigError(family.name + " model description " + model.dump() + " has no \"flavor\"");
   }
   const std::string flavor = model["flavor"].get<std::string>();
-  const auto names = flavor_names();
+  const auto names = flavor_names(family);
   const bool registered = std::find(names.begin(), names.end(), flavor) != names.end();
   const bool has_args = model.contains("args");
   if (!registered && !has_args) {
-    check_flavor("llama3", names, flavor);  // throws, naming the nearest flavor
+    check_flavor(family.name, names, flavor);  // throws, naming the nearest flavor
   }
-  Llama3Args args = registered ? args_for_flavor(flavor) : Llama3Args{};
+  Llama3Args args = registered ? args_for_flavor(flavor, family) : Llama3Args{};
   if (has_args) {
     apply_args_json(model["args"], args);
   }
@@ -377,35 +499,48 @@ nlohmann::json args_to_json(const Llama3Args& args) {
           {"rope_scaling", rope_scaling_json(args.rope_scaling)},
           {"depth_init", args.depth_init},
           {"tie_embeddings", args.tie_embeddings},
-          {"max_seq_len", args.max_seq_len}};
+          {"max_seq_len", args.max_seq_len},
+          {"head_dim", args.head_dim_override},
+          {"qk_norm", args.qk_norm},
+          {"moe", moe_json(args)},
+          {"n_dense_layers", args.n_dense_layers}};
 }
 
 nlohmann::json resolved_args(const Llama3Args& args) {
-  return {{"dim", args.dim},
-          {"n_layers", args.n_layers},
-          {"n_heads", args.n_heads},
-          {"n_kv_heads", args.kv_heads()},
-          {"vocab_size", args.vocab_size},
-          {"ffn_dim", args.ffn_hidden_dim()},
-          {"norm_eps", args.norm_eps},
-          {"rope_theta", args.rope_theta},
-          {"rope_scaling",
-           args.use_rope_scaling ? rope_scaling_json(args.rope_scaling) : nlohmann::json(nullptr)},
-          {"tie_embeddings", args.tie_embeddings}};
+  nlohmann::json resolved = {
+      {"dim", args.dim},
+      {"n_layers", args.n_layers},
+      {"n_heads", args.n_heads},
+      {"n_kv_heads", args.kv_heads()},
+      {"vocab_size", args.vocab_size},
+      {"ffn_dim", args.ffn_hidden_dim()},
+      {"norm_eps", args.norm_eps},
+      {"rope_theta", args.rope_theta},
+      {"rope_scaling",
+       args.use_rope_scaling ? rope_scaling_json(args.rope_scaling) : nlohmann::json(nullptr)},
+      {"tie_embeddings", args.tie_embeddings},
+      {"head_dim", args.head_dim()},
+      {"qk_norm", args.qk_norm}};
+  // Dense models: no MoE keys (they would only say "none").
+  if (args.has_moe()) {
+    resolved["moe"] = moe_json(args);
+    resolved["n_dense_layers"] = args.n_dense_layers;
+  }
+  return resolved;
 }
 
-nlohmann::json describe_args(const Llama3Args& args) {
+nlohmann::json describe_args(const Llama3Args& args, const Family& family) {
   const nlohmann::json resolved = resolved_args(args);
-  for (const auto& [name, flavor_args] : flavors()) {
+  for (const auto& [name, flavor_args] : *family.flavors) {
     if (resolved_args(flavor_args) == resolved) {
-      nlohmann::json model = {{"name", "llama3"}, {"flavor", name}};
+      nlohmann::json model = {{"name", family.name}, {"flavor", name}};
       if (flavor_args.max_seq_len != args.max_seq_len) {
         model["args"] = {{"max_seq_len", args.max_seq_len}};
       }
       return model;
     }
   }
-  return {{"name", "llama3"}, {"flavor", "custom"}, {"args", args_to_json(args)}};
+  return {{"name", family.name}, {"flavor", "custom"}, {"args", args_to_json(args)}};
 }
 
 }  // namespace titan::llama3

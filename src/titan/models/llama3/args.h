@@ -2,6 +2,7 @@
 // tests and benchmarks), and the analytic sizes of a configuration (no weights allocated).
 #pragma once
 
+#include "titan/models/common/moe.h"
 #include "titan/models/common/rope.h"
 #include "titan/models/model.h"
 
@@ -32,9 +33,23 @@ struct Llama3Args {
   bool depth_init = true;        // per-layer init std from the layer id (else from n_layers)
   bool tie_embeddings = false;   // output projection shares tok_embeddings.weight
   int64_t max_seq_len = 131072;  // RoPE table length; build() takes it from ModelBuildOptions
+  // Variations that Qwen3 (model "qwen3", models/qwen3) builds on this decoder:
+  int64_t head_dim_override = 0;  // > 0: the head size, independent of dim / n_heads
+  bool qk_norm = false;           // RMSNorm (eps norm_eps) over each head of q and k before RoPE
+  // Mixture of experts: every block from layer n_dense_layers on has an MoE (moe.hidden_dim per
+  // expert) instead of the SwiGLU feed-forward; moe.num_experts = 0 means a dense model.
+  MoEArgs moe = dense_moe();
+  int64_t n_dense_layers = 0;
 
+  static MoEArgs dense_moe() {
+    MoEArgs m;
+    m.num_experts = 0;
+    return m;
+  }
+  bool has_moe() const { return moe.num_experts > 0; }
+  bool is_moe_layer(int64_t layer) const { return has_moe() && layer >= n_dense_layers; }
   int64_t kv_heads() const { return n_kv_heads > 0 ? n_kv_heads : n_heads; }
-  int64_t head_dim() const { return dim / n_heads; }
+  int64_t head_dim() const { return head_dim_override > 0 ? head_dim_override : dim / n_heads; }
   // ffn_dim if set; else TorchTitan's integer arithmetic: h = int(2 * 4 * dim / 3);
   // h = int(ffn_dim_multiplier * h) if set; then rounded up to a multiple of multiple_of.
   int64_t ffn_hidden_dim() const;
@@ -45,8 +60,16 @@ struct Llama3Args {
 // All flavors in registration order (small to large).
 const std::vector<std::pair<std::string, Llama3Args>>& flavors();
 
+// A model family built on this decoder: its registry name and flavors. Llama 3's, and Qwen3's
+// (models/qwen3: the same decoder with head_dim, qk_norm and MoE set).
+struct Family {
+  std::string name;
+  const std::vector<std::pair<std::string, Llama3Args>>* flavors;
+};
+const Family& llama3_family();
+
 // The arguments of `flavor`; throws ConfigError naming the nearest flavor if unknown.
-Llama3Args args_for_flavor(const std::string& flavor);
+Llama3Args args_for_flavor(const std::string& flavor, const Family& family = llama3_family());
 
 // Analytic statistics for a micro-batch of (batch, seq_len) tokens with matmuls in
 // `compute_dtype` (see args.cpp for the activation-memory formula).
@@ -62,7 +85,8 @@ std::string describe(const Llama3Args& args);
 //
 // The arguments of a description: the flavor's (defaults when it is not registered, which needs
 // "args"), overridden by "args". ConfigError for unknown flavors or keys, with the nearest name.
-Llama3Args args_from_description(const nlohmann::json& model);
+Llama3Args args_from_description(const nlohmann::json& model,
+                                 const Family& family = llama3_family());
 // Every field of `args` as "args" JSON (args_from_description inverts it exactly).
 nlohmann::json args_to_json(const Llama3Args& args);
 // The architecture of `args`, normalized (resolved ffn_dim and n_kv_heads, rope_scaling null
@@ -71,7 +95,7 @@ nlohmann::json resolved_args(const Llama3Args& args);
 // The shortest description of `args`: {"name": "llama3", "flavor": F} when a registered flavor
 // has the same resolved_args (plus "args": {"max_seq_len": ..} if that differs), else
 // {"name": "llama3", "flavor": "custom", "args": args_to_json(args)}.
-nlohmann::json describe_args(const Llama3Args& args);
+nlohmann::json describe_args(const Llama3Args& args, const Family& family = llama3_family());
 
 // The dtype of the residual stream between blocks when matmuls run in `compute_dtype`.
 at::ScalarType residual_dtype(at::ScalarType compute_dtype);

@@ -22,14 +22,22 @@ double block_init_std(const Llama3Args& args, int64_t layer_id) {
 }
 
 // The init of a block parameter `name` (relative to the block), see TransformerBlock::param_init.
+// MoE blocks (TorchTitan's MoE init): the first expert projection and the shared experts' w1 at
+// 0.02, the router and the other expert projections at the block's output std.
 ParamInit block_param_init(const std::string& name, double weight_init_std) {
-  if (name == "attention_norm.weight" || name == "ffn_norm.weight") return ParamInit::ones();
+  if (name == "attention_norm.weight" || name == "ffn_norm.weight" ||
+      name == "attention.q_norm.weight" || name == "attention.k_norm.weight") {
+    return ParamInit::ones();
+  }
   if (name == "attention.wq.weight" || name == "attention.wk.weight" ||
-      name == "attention.wv.weight" || name == "feed_forward.w1.weight") {
+      name == "attention.wv.weight" || name == "feed_forward.w1.weight" ||
+      name == "moe.experts.w1.weight" || name == "moe.shared_experts.w1.weight") {
     return ParamInit::trunc_normal(/*mean=*/0.0, /*std=*/0.02);
   }
   if (name == "attention.wo.weight" || name == "feed_forward.w2.weight" ||
-      name == "feed_forward.w3.weight") {
+      name == "feed_forward.w3.weight" || name == "moe.gate.weight" ||
+      name == "moe.experts.w2.weight" || name == "moe.experts.w3.weight" ||
+      name == "moe.shared_experts.w2.weight" || name == "moe.shared_experts.w3.weight") {
     return ParamInit::trunc_normal(/*mean=*/0.0, /*std=*/weight_init_std);
   }
   TITAN_CHECK(false, "llama3 block: no init for parameter '", name, "'");
@@ -42,12 +50,17 @@ std::string layer_name(int64_t layer_id) { return "layers." + std::to_string(lay
 
 TransformerBlock::TransformerBlock(int64_t layer_id, const Llama3Args& args,
                                    at::ScalarType compute_dtype) {
-  attention = register_module("attention",
-                              std::make_shared<Attention>(args.dim, args.n_heads, args.kv_heads(),
-                                                          args.head_dim(), compute_dtype));
-  feed_forward = register_module(
-      "feed_forward",
-      std::make_shared<FeedForward>(args.dim, args.ffn_hidden_dim(), compute_dtype));
+  attention = register_module(
+      "attention",
+      std::make_shared<Attention>(args.dim, args.n_heads, args.kv_heads(), args.head_dim(),
+                                  compute_dtype, args.qk_norm, args.norm_eps));
+  if (args.is_moe_layer(layer_id)) {
+    moe = register_module("moe", std::make_shared<MoE>(args.dim, args.moe, compute_dtype));
+  } else {
+    feed_forward = register_module(
+        "feed_forward",
+        std::make_shared<FeedForward>(args.dim, args.ffn_hidden_dim(), compute_dtype));
+  }
   attention_norm =
       register_module("attention_norm", std::make_shared<RMSNorm>(args.dim, args.norm_eps));
   ffn_norm = register_module("ffn_norm", std::make_shared<RMSNorm>(args.dim, args.norm_eps));
@@ -62,7 +75,8 @@ at::Tensor TransformerBlock::forward(const at::Tensor& x, const RotaryEmbedding&
   // promote and keep it float32.
   const at::Tensor h =
       x + attention->forward(attention_norm->forward(x), rope, positions, cache, document_ids);
-  return h + feed_forward->forward(ffn_norm->forward(h));
+  const at::Tensor hn = ffn_norm->forward(h);
+  return h + (moe ? moe->forward(hn) : feed_forward->forward(hn));
 }
 
 ParamInit TransformerBlock::param_init(const std::string& name) const {

@@ -8,6 +8,7 @@
 #include "titan/models/common/attention.h"
 #include "titan/models/common/feed_forward.h"
 #include "titan/models/common/linear.h"
+#include "titan/models/common/moe.h"
 #include "titan/models/common/norms.h"
 #include "titan/models/common/rope.h"
 #include "titan/models/llama3/args.h"
@@ -23,7 +24,8 @@
 
 namespace titan::llama3 {
 
-// h = x + attention(attention_norm(x)); out = h + feed_forward(ffn_norm(h)).
+// h = x + attention(attention_norm(x)); out = h + feed_forward(ffn_norm(h)), with an MoE in
+// place of the feed-forward in MoE layers.
 class TransformerBlock : public torch::nn::Module {
  public:
   TransformerBlock(int64_t layer_id, const Llama3Args& args, at::ScalarType compute_dtype);
@@ -39,7 +41,8 @@ class TransformerBlock : public torch::nn::Module {
   ParamInit param_init(const std::string& name) const;
 
   std::shared_ptr<Attention> attention;
-  std::shared_ptr<FeedForward> feed_forward;
+  std::shared_ptr<FeedForward> feed_forward;  // null in an MoE block
+  std::shared_ptr<MoE> moe;                   // null in a dense block
   std::shared_ptr<RMSNorm> attention_norm;
   std::shared_ptr<RMSNorm> ffn_norm;
   int64_t layer_id;        // index in the whole model (the N of layers.N)

@@ -2,6 +2,8 @@
 // parallelism in it; src/titan/parallel/tensor_parallel.cpp applies the plan.
 #include "titan/models/llama3/model.h"
 
+#include <algorithm>
+
 namespace titan::llama3 {
 
 std::vector<TpRule> Transformer::tensor_parallel_plan() const {
@@ -17,12 +19,20 @@ std::vector<TpRule> Transformer::tensor_parallel_plan() const {
       {"layers.*.attention.wv", TpStyle::kColwise},
       {"layers.*.attention.wo", TpStyle::kRowwise},
       {"layers.*.ffn_norm", TpStyle::kSequenceParallel},
+  };
+  const std::vector<TpRule> dense_rules = {
       {"layers.*.feed_forward", TpStyle::kGatherInput},
       {"layers.*.feed_forward.w1", TpStyle::kColwise},
       {"layers.*.feed_forward.w3", TpStyle::kColwise},
       {"layers.*.feed_forward.w2", TpStyle::kRowwise},
   };
+  // Qwen3's q_norm / k_norm and MoE blocks need no rule: replicated weights whose gradients are
+  // partial over tp (heads, sequence shards) and summed like the norms'. An MoE runs on the
+  // sequence shard it gets: its tokens are routed independently.
   if (!layers.empty()) plan.insert(plan.end(), block_rules.begin(), block_rules.end());
+  const bool dense_present = std::any_of(layers.begin(), layers.end(),
+                                         [](const auto& layer) { return layer->feed_forward; });
+  if (dense_present) plan.insert(plan.end(), dense_rules.begin(), dense_rules.end());
   if (norm) plan.push_back({"norm", TpStyle::kSequenceParallel});
   if (output) plan.push_back({"output", TpStyle::kOutput});
   return plan;
