@@ -160,19 +160,14 @@ std::pair<at::Tensor, at::Tensor> ParallelizedModel::context_shard(const at::Ten
 }
 
 void ParallelizedModel::apply_block_causal_mask(int64_t end_token) {
-  if (pipeline_) {
-    throw ConfigError(
-        "model.attn_mask_type = \"block_causal\" with pipeline parallelism is not built yet "
-        "(each microbatch's document ids would have to follow it through the schedule). HINT: "
-        "use parallelism.pipeline_parallel_degree = 1, or model.attn_mask_type = \"causal\"");
-  }
   document_end_token_ = end_token;
 }
 
-void ParallelizedModel::set_documents(const at::Tensor& inputs) {
-  if (!document_end_token_) return;
+at::Tensor ParallelizedModel::set_documents(const at::Tensor& inputs) {
+  if (!document_end_token_) return {};
   const at::Tensor ids = document_ids(inputs, *document_end_token_);
-  for (auto& part : parts_) part->model->set_document_ids(ids);
+  if (!pipeline_) parts_[0]->model->set_document_ids(ids);
+  return ids;
 }
 
 void ParallelizedModel::apply_activation_checkpointing(const ActivationCheckpointSection& ac) {
@@ -320,13 +315,13 @@ class NoTokenCounting {
 
 at::Tensor ParallelizedModel::forward_backward(const at::Tensor& batch_inputs,
                                                const at::Tensor& batch_labels, double loss_scale) {
-  set_documents(batch_inputs);
+  const at::Tensor documents = set_documents(batch_inputs);
   const auto [inputs, labels] = context_shard(batch_inputs, batch_labels);
   at::Tensor loss_value;
   if (pipeline_) {
     loss_value = pipeline_->train_step(
         inputs, labels, [this](const at::Tensor& l, const at::Tensor& y) { return loss(l, y); },
-        loss_scale);
+        loss_scale, documents);
   } else {
     at::Tensor logits = parts_[0]->model->forward(inputs);  // (bs, seqlen, vocab) float32
     at::Tensor l = loss(logits, labels);
@@ -343,11 +338,12 @@ at::Tensor ParallelizedModel::evaluate(const at::Tensor& batch_inputs,
   std::vector<Model*> models;
   for (auto& part : parts_) models.push_back(part->model.get());
   const NoTokenCounting no_counting(models);
-  set_documents(batch_inputs);
+  const at::Tensor documents = set_documents(batch_inputs);
   const auto [inputs, labels] = context_shard(batch_inputs, batch_labels);
   if (pipeline_) {
     return pipeline_->evaluate(
-        inputs, labels, [this](const at::Tensor& l, const at::Tensor& y) { return loss(l, y); });
+        inputs, labels, [this](const at::Tensor& l, const at::Tensor& y) { return loss(l, y); },
+        documents);
   }
   return loss(parts_[0]->model->forward(inputs), labels);
 }

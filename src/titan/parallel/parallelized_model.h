@@ -201,10 +201,11 @@ class ParallelizedModel {
   // This rank's share of a batch along the sequence, and the model's token positions.
   std::pair<at::Tensor, at::Tensor> context_shard(const at::Tensor& inputs,
                                                   const at::Tensor& labels);
-  // Block-causal attention: the token ending a document (absent: causal). Sets the models'
-  // document ids for a batch.
+  // Block-causal attention: the token ending a document (absent: causal). The document ids of a
+  // batch (undefined when causal); without PP they are set on the model here, under PP the
+  // runtime sets each microbatch's.
   std::optional<int64_t> document_end_token_;
-  void set_documents(const at::Tensor& inputs);
+  at::Tensor set_documents(const at::Tensor& inputs);
   std::vector<TrainedParam> params_;
   std::vector<size_t> param_part_;  // params_[i] belongs to parts_[param_part_[i]]
 };

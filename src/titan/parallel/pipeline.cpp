@@ -63,6 +63,7 @@ at::Tensor take(std::map<Key, at::Tensor>& from, const Key& key, const char* wha
 
 struct PipelineRuntime::StepState {
   std::vector<at::Tensor> tokens, labels;  // per microbatch
+  std::vector<at::Tensor> documents;       // per microbatch (block-causal attention), or none
   const LossFn* loss_fn = nullptr;
   double scale = 1.0;                    // on each microbatch's loss
   std::map<Key, at::Tensor> input;       // a stage's input leaf (not the first stage's)
@@ -213,6 +214,9 @@ void PipelineRuntime::forward(StepState& st, int64_t stage, int64_t m, bool grad
       if (rank_of(stage - 1) == rank_) st.output.erase({stage - 1, m});
     }
   }
+  // Block-causal attention: this microbatch's documents (a checkpointed block keeps the ids its
+  // forward saw for the recomputation).
+  if (!st.documents.empty()) s.model->set_document_ids(st.documents[m]);
   at::Tensor out = s.model->forward(in);
   if (is_last(stage)) {
     at::Tensor loss = (*st.loss_fn)(out, st.labels[m]);
@@ -279,7 +283,8 @@ at::Tensor PipelineRuntime::mean_from_last_stage(const at::Tensor& local_mean) {
 }
 
 at::Tensor PipelineRuntime::train_step(const at::Tensor& inputs, const at::Tensor& labels,
-                                       const LossFn& loss_fn, double loss_scale) {
+                                       const LossFn& loss_fn, double loss_scale,
+                                       const at::Tensor& document_ids) {
   const int64_t n = layout_.n_microbatches;
   TITAN_CHECK(inputs.size(0) == n * layout_.microbatch_size, "pipeline: the local batch of ",
               inputs.size(0), " sequences is not ", n,
@@ -287,6 +292,7 @@ at::Tensor PipelineRuntime::train_step(const at::Tensor& inputs, const at::Tenso
   StepState st;
   st.tokens = inputs.chunk(n, 0);
   st.labels = labels.chunk(n, 0);
+  if (document_ids.defined()) st.documents = document_ids.chunk(n, 0);
   st.loss_fn = &loss_fn;
   st.scale = loss_scale / static_cast<double>(n);
   st.losses.resize(n);
@@ -327,11 +333,12 @@ at::Tensor PipelineRuntime::train_step(const at::Tensor& inputs, const at::Tenso
 }
 
 at::Tensor PipelineRuntime::evaluate(const at::Tensor& inputs, const at::Tensor& labels,
-                                     const LossFn& loss_fn) {
+                                     const LossFn& loss_fn, const at::Tensor& document_ids) {
   at::NoGradGuard no_grad;
   StepState st;
   st.tokens = inputs.split(layout_.microbatch_size, 0);
   st.labels = labels.split(layout_.microbatch_size, 0);
+  if (document_ids.defined()) st.documents = document_ids.split(layout_.microbatch_size, 0);
   st.loss_fn = &loss_fn;
   const int64_t n = static_cast<int64_t>(st.tokens.size());
   st.losses.resize(n);

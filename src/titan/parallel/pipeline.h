@@ -74,12 +74,15 @@ class PipelineRuntime {
   // One step's forward and backward of this rank's local batch (inputs / labels (bs, seq)),
   // split into the layout's microbatches, as this rank's row of the schedule says. Returns the
   // mean microbatch loss (a float32 scalar on the device), on every rank of the pp group.
+  // `document_ids` (bs, whole seq; block-causal attention, Model::set_document_ids) are split
+  // into the same microbatches, and each stage's model gets its microbatch's before running it.
   at::Tensor train_step(const at::Tensor& inputs, const at::Tensor& labels, const LossFn& loss_fn,
-                        double loss_scale);
+                        double loss_scale, const at::Tensor& document_ids = {});
   // Forward only, without autograd (validation): microbatches of the layout's size (the last may
   // be smaller), each through every stage in order. Returns the token-weighted mean loss on
   // every rank of the pp group.
-  at::Tensor evaluate(const at::Tensor& inputs, const at::Tensor& labels, const LossFn& loss_fn);
+  at::Tensor evaluate(const at::Tensor& inputs, const at::Tensor& labels, const LossFn& loss_fn,
+                      const at::Tensor& document_ids = {});
 
   const pp::PipelineLayout& layout() const { return layout_; }
   // Seconds this rank spent blocked on receives and sends since construction.

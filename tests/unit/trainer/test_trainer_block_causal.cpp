@@ -2,10 +2,11 @@
 // of short documents so that every 32-token window packs several of them: the mask changes the
 // losses; per-op selective activation checkpointing (which keeps the masked attention's output)
 // and context parallelism (ring attention with the documents of the whole sequence, cp 2 and 4,
-// both rotate methods, with and without head-tail balancing, and with FSDP) reproduce the
-// one-process block-causal run of the same seed and global batch: losses within 1e-5 relative at
-// every step, grad norms within 1e-4, the validation loss. Pipeline parallelism, TorchTitan's
-// "ptrr" load balancer and unknown mask names are refused.
+// both rotate methods, with and without head-tail balancing, with FSDP) and pipeline parallelism
+// (1F1B, and zero-bubble with CP) reproduce the one-process block-causal run of the same seed and
+// global batch: losses within 1e-5 relative at every step, grad norms within 1e-4, the validation
+// loss. TorchTitan's "ptrr" load balancer and
+// unknown mask names are refused.
 #include "../test_util.h"
 #include "trainer_ranks.h"
 
@@ -46,10 +47,11 @@ fs::path write_short_documents(const fs::path& dir) {
 
 struct Layout {
   int64_t cp = 1, dp_shard = 1, pp = 1;
-  std::string rotate = "allgather", balancer = "headtail";
+  std::string rotate = "allgather", balancer = "headtail", schedule = "1F1B";
   std::string name() const {
     std::string n = "cp " + std::to_string(cp) + " (" + rotate + ", " + balancer + ")";
     if (dp_shard > 1) n += " x dp_shard " + std::to_string(dp_shard);
+    if (pp > 1) n += " x " + schedule + " pp " + std::to_string(pp);
     return n;
   }
 };
@@ -77,6 +79,7 @@ JobConfig config_for(const fs::path& dump, const fs::path& corpus, const std::st
   c.parallelism.context_parallel_rotate_method = layout.rotate;
   c.parallelism.context_parallel_load_balancer = layout.balancer;
   c.parallelism.pipeline_parallel_degree = layout.pp;
+  c.parallelism.pipeline_parallel_schedule = layout.schedule;
   return c;
 }
 
@@ -131,30 +134,29 @@ TEST(TrainerBlockCausal, MasksDocumentsAndEveryLayoutReproducesOneProcess) {
   };
   Layout fsdp = cp(2, "alltoall", "headtail");
   fsdp.dp_shard = 2;
+  // Pipeline: each microbatch's documents follow it through the schedule (1F1B, and the
+  // zero-bubble split with CP).
+  Layout pp = cp(1, "allgather", "headtail");
+  pp.pp = 2;
+  Layout pp_cp = cp(2, "alltoall", "headtail");
+  pp_cp.pp = 2;
+  pp_cp.schedule = "ZBVZeroBubble";
   for (const Layout& layout : {cp(2, "allgather", "headtail"), cp(2, "alltoall", "none"),
-                               cp(4, "alltoall", "headtail"), fsdp}) {
+                               cp(4, "alltoall", "headtail"), fsdp, pp, pp_cp}) {
     const JobConfig c = config_for(root / layout.name(), corpus, "block_causal", layout);
-    expect_same_run(on_layout(c, layout.cp * layout.dp_shard), block, layout.name());
+    expect_same_run(on_layout(c, layout.cp * layout.dp_shard * layout.pp), block, layout.name());
   }
   fs::remove_all(root);
 }
 
-TEST(TrainerBlockCausal, RefusesPipelineParallelismPtrrAndUnknownMasks) {
+TEST(TrainerBlockCausal, RefusesPtrrAndUnknownMasks) {
   const fs::path root = test::fresh_test_dir("titan_trainer_block_causal_errors");
   const fs::path corpus = write_short_documents(root / "data");
-  Layout pp;
-  pp.pp = 2;
-  JobConfig c = config_for(root / "pp", corpus, "block_causal", pp);
-  c.validation.enable = false;
-  for (const std::string& error : test::errors_on_ranks(c, 2, [](int64_t, Trainer&) {})) {
-    EXPECT_TRUE(test::contains(error, "block_causal\" with pipeline parallelism is not built"))
-        << error;
-  }
   // TorchTitan's "ptrr" balancer reorders flex attention's block masks; we refuse it by name.
   Layout ptrr;
   ptrr.cp = 2;
   ptrr.balancer = "ptrr";
-  c = config_for(root / "ptrr", corpus, "block_causal", ptrr);
+  JobConfig c = config_for(root / "ptrr", corpus, "block_causal", ptrr);
   c.validation.enable = false;
   for (const std::string& error : test::errors_on_ranks(c, 2, [](int64_t, Trainer&) {})) {
     EXPECT_TRUE(test::contains(error, "context_parallel_load_balancer = \"ptrr\" is not supported"))
