@@ -2,6 +2,7 @@
 #include "titan/models/qwen3/spec.h"
 
 #include "titan/models/llama3/spec.h"
+#include "titan/models/qwen3/hf_adapter.h"
 
 namespace titan::qwen3 {
 namespace {
@@ -71,6 +72,10 @@ const llama3::Family& family() {
 
 namespace titan {
 
-ModelSpec make_qwen3_spec() { return make_decoder_spec(qwen3::family()); }
+ModelSpec make_qwen3_spec() {
+  ModelSpec spec = make_decoder_spec(qwen3::family());
+  spec.hf = qwen3::make_hf_adapter();
+  return spec;
+}
 
 }  // namespace titan
