@@ -9,8 +9,8 @@
 # every weight used and whose logits equal ours.
 # Tolerances: logits max |titan - transformers| <= 1e-4 in float32; the MoE seed model at 1e-5,
 # since with init-scale weights a swapped gate/up or router row moves its logits by only ~3e-4.
-# Not covered: HF -> ours for Qwen3-MoE folders (config model_type "qwen3_moe"), which the
-# registry's one-model_type-per-spec lookup does not route to the qwen3 adapter yet.
+# (C) That Qwen3-MoE folder back to ours (config model_type "qwen3_moe"), converted and loaded
+# directly: the same logits, bit for bit.
 source "$(dirname "$0")/lib.sh"
 PY="${TITAN_PYTHON:-}"
 [ -n "$PY" ] || fail "TITAN_PYTHON is not set. HINT: run through ctest, or \
@@ -61,6 +61,15 @@ expect_exit 0 "$TITAN" convert to-hf "$ck" "$WORK/hf_moe"
 grep -q '"model_type": "qwen3_moe"' "$WORK/hf_moe/config.json" || fail "model_type not qwen3_moe"
 checks+=(check-logits "$WORK/hf_moe" "$WORK/logits_moe.st" --ids "$IDS" --atol 1e-5 +
          same-names "$WORK/hf_moe" "$WORK/hf_moe_probe")
+
+# ---- C: Qwen3-MoE, HF -> ours ------------------------------------------------------------------
+expect_exit 0 "$TITAN" convert from-hf "$WORK/hf_moe" "$WORK/ck_moe_back"
+expect_exit 0 "$TITAN" convert logits "$WORK/ck_moe_back" --ids "$IDS" --out "$WORK/logits_moe_back.st"
+expect_exit 0 "$TITAN" convert logits "$WORK/hf_moe" --ids "$IDS" --out "$WORK/logits_moe_hf.st"
+cmp "$WORK/logits_moe.st" "$WORK/logits_moe_back.st" ||
+  fail "the MoE model converted back from HF gives other logits"
+cmp "$WORK/logits_moe.st" "$WORK/logits_moe_hf.st" ||
+  fail "the MoE HF folder loaded directly gives other logits"
 
 # All transformers checks in one process (importing transformers takes seconds).
 "$PY" "$REF" "${checks[@]}" || fail "transformers disagrees (see the FAIL lines above)"

@@ -192,6 +192,15 @@ void hf_to_checkpoint(const std::string& hf_dir, const std::string& out_dir) {
       throw DataError(hf_dir + ": tensor '" + name + "' is not a parameter of the model");
     }
   }
+  // MoE expert biases: state of ours that Hugging Face models do not have; they start at zero.
+  const std::string bias = ".expert_bias";
+  for (const auto& item : model->named_buffers()) {
+    const std::string& name = item.key();
+    if (name.size() >= bias.size() &&
+        name.compare(name.size() - bias.size(), bias.size(), bias) == 0) {
+      saved.push_back(SavedTensor{name, at::zeros(item.value().sizes(), at::kFloat), {}});
+    }
+  }
   const std::string tokenizer = hf_tokenizer_path(hf_dir);
   // "model_only" and "entries" as the checkpoint manager writes a model-only save, so that
   // checkpoint.initial_load_path restores it like one.

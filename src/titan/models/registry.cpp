@@ -90,10 +90,13 @@ const ModelSpec& spec_for_hf_model_type(const std::string& model_type) {
     if (spec->hf.model_type.empty()) {
       continue;
     }
-    if (spec->hf.model_type == model_type) {
+    const auto& others = spec->hf.other_model_types;
+    if (spec->hf.model_type == model_type ||
+        std::find(others.begin(), others.end(), model_type) != others.end()) {
       return *spec;
     }
     types.push_back(spec->hf.model_type);
+    types.insert(types.end(), others.begin(), others.end());
   }
   throw ConfigError("Hugging Face model_type '" + model_type + "' is not supported" +
                     suggestion(model_type, types, "supported"));

@@ -30,6 +30,8 @@ using TensorMap = std::map<std::string, at::Tensor>;
 // TorchTitan calls a state-dict adapter). Every function is pure: no files, no model instance.
 struct HfAdapter {
   std::string model_type;  // config.json "model_type" this adapter reads, e.g. "llama"
+  // Further model_type values from_hf_config reads (Qwen3's MoE configs: "qwen3_moe").
+  std::vector<std::string> other_model_types;
   // The config.json for a model description (architectures, model_type, dims; no dtype or
   // token ids, which the caller adds).
   std::function<nlohmann::json(const nlohmann::json& model)> to_hf_config;

@@ -12,6 +12,7 @@
 
 #include <torch/csrc/autograd/custom_function.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <utility>
@@ -304,7 +305,13 @@ std::pair<at::Tensor, at::Tensor> fold_kv(const at::Tensor& kv) {
   return {f[0], f[1]};
 }
 
-// The shared walk over every (query chunk, key chunk) pair of one step.
+// Positions per side of the blocks a chunk pair is computed in: a block's float32 scores are
+// bs * n_heads * kBlock^2 * 4 bytes (32 MiB for 8 heads), whatever the sequence length, and the
+// blocks above the causal diagonal (or between two documents) are skipped.
+constexpr int64_t kBlock = 1024;
+
+// The shared walk over every (query block, key block) pair of one step: the chunk pairs of the
+// layout, each cut into blocks of at most kBlock positions per side.
 template <typename Body>
 void for_each_pair(const SequenceLayout& layout, int rank, int source, const at::Tensor& docs,
                    at::Device device, RingAttention::Stats& stats, const Body& body) {
@@ -314,13 +321,21 @@ void for_each_pair(const SequenceLayout& layout, int rank, int source, const at:
   const std::vector<int64_t> k_off = local_offsets(k_ranges);
   for (size_t i = 0; i < q_ranges.size(); ++i) {
     for (size_t j = 0; j < k_ranges.size(); ++j) {
-      const PairMask mask = pair_mask(q_ranges[i], k_ranges[j], docs, device);
-      if (mask.kind == PairMask::kHidden) {
-        ++stats.skipped_pairs;
-        continue;
+      const PositionRange& qr = q_ranges[i];
+      const PositionRange& kr = k_ranges[j];
+      for (int64_t qa = 0; qa < qr.size(); qa += kBlock) {
+        const PositionRange qb{qr.start + qa, std::min(qr.end, qr.start + qa + kBlock)};
+        for (int64_t ka = 0; ka < kr.size(); ka += kBlock) {
+          const PositionRange kb{kr.start + ka, std::min(kr.end, kr.start + ka + kBlock)};
+          const PairMask mask = pair_mask(qb, kb, docs, device);
+          if (mask.kind == PairMask::kHidden) {
+            ++stats.skipped_pairs;
+            continue;
+          }
+          ++stats.computed_pairs;
+          body(q_off[i] + qa, qb.size(), k_off[j] + ka, kb.size(), mask);
+        }
       }
-      ++stats.computed_pairs;
-      body(q_off[i], q_ranges[i].size(), k_off[j], k_ranges[j].size(), mask);
     }
   }
 }

@@ -17,7 +17,8 @@
 // RingAttention is an InnerAttention (models/common/attention.h): causal softmax(q k^T /
 // sqrt(head_dim)) v over the whole sequence, for this rank's queries, with GQA and the softmax
 // in float32. With document ids it is block-causal: a token attends only to earlier
-// tokens of its own document. The attention of each (query chunk, key chunk) pair is explicit
+// tokens of its own document. Each (query chunk, key chunk) pair is computed in blocks of at most
+// 1024 x 1024 positions, so score memory does not grow with the sequence. Each block is explicit
 // float32 matmuls (the masks vary per pair and block-causal needs an arbitrary one; the fused
 // CPU kernels take no mask with LSE), merged with the running output by log-sum-exp; pairs that
 // the mask hides entirely are skipped. Backward is exact (recomputation per pair from q, k, v,
@@ -100,8 +101,9 @@ class RingAttention final : public InnerAttention {
   at::Tensor forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                      const at::Tensor& document_ids) override;
 
-  // (query chunk, key chunk) pairs computed and skipped as fully masked, forward and backward
-  // together, since construction or reset_stats().
+  // (query block, key block) pairs (chunk pairs cut into blocks of at most 1024 positions)
+  // computed and skipped as fully masked, forward and backward together, since construction or
+  // reset_stats().
   struct Stats {
     int64_t computed_pairs = 0;
     int64_t skipped_pairs = 0;

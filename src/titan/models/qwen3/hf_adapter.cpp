@@ -279,6 +279,7 @@ TensorMap from_hf_tensors(const TensorMap& hf, const Llama3Args& args) {
 HfAdapter make_hf_adapter() {
   HfAdapter adapter;
   adapter.model_type = "qwen3";
+  adapter.other_model_types = {"qwen3_moe"};
   adapter.to_hf_config = [](const nlohmann::json& model) {
     return qwen3::hf_config(llama3::args_from_description(model, family()));
   };
