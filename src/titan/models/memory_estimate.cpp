@@ -114,7 +114,8 @@ MemoryEstimate estimate_training_memory(const ModelSpec& spec, const std::string
   }
   e.parts.push_back({"RoPE tables", rope_bytes(one, seq_len), /*scales_with_tokens=*/true});
   e.parts.push_back({activations_label(options),
-                     activations / static_cast<double>(activation_shards),
+                     activations / static_cast<double>(activation_shards) /
+                         static_cast<double>(std::max<int64_t>(1, options.sequence_shards)),
                      /*scales_with_tokens=*/true});
   return e;
 }

@@ -37,6 +37,8 @@ struct MemoryOptions {
   // (tp x pp).
   int64_t param_shards = 1;
   int64_t activation_shards = 1;
+  // Context parallelism splits every sequence over this many ranks: activations only.
+  int64_t sequence_shards = 1;
   // Activation checkpointing (ac_policy, activation_checkpoint.h): checkpointed blocks (every
   // `ac_every`-th; 1 = full) keep their input, with `ac_per_op` every block keeps its costly ops'
   // outputs; during backward one block's activations come back at a time.

@@ -17,6 +17,8 @@ MemoryOptions training_memory_options(const JobConfig& config, int64_t param_sha
   // microbatches in flight (GPipe: all of them over 1/pp of the layers; the other schedules keep
   // fewer), so the whole model's activations over pp bound them.
   o.activation_shards = tp * std::max<int64_t>(1, config.parallelism.pipeline_parallel_degree);
+  // Context parallelism: each rank holds seq_len / cp tokens of every sequence.
+  o.sequence_shards = std::max<int64_t>(1, config.parallelism.context_parallel_degree);
   const AcPolicy ac = ac_policy(config.activation_checkpoint);
   o.ac_every = ac.every;
   o.ac_per_op = ac.per_op;

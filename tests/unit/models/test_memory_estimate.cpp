@@ -48,6 +48,12 @@ TEST(MemoryEstimate, MatchesTheModelStatsAtOrdinarySizes) {
       estimate_training_memory(spec, "debugmodel", 8, 256, at::kBFloat16, layout);
   EXPECT_DOUBLE_EQ(part(sharded, "weights (fp32)"), s.n_params);
   EXPECT_DOUBLE_EQ(part(sharded, "activations (estimate)"), s.activation_bytes / 2.0);
+  // Context parallelism divides the activations only (each rank holds seq / cp of a sequence).
+  layout.sequence_shards = 4;
+  const MemoryEstimate cp =
+      estimate_training_memory(spec, "debugmodel", 8, 256, at::kBFloat16, layout);
+  EXPECT_DOUBLE_EQ(part(cp, "activations (estimate)"), s.activation_bytes / 8.0);
+  EXPECT_DOUBLE_EQ(part(cp, "bf16 weight copies"), part(sharded, "bf16 weight copies"));
 }
 
 // Activation checkpointing: a checkpointed block keeps its input (full, every Nth) or its costly
