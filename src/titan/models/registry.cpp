@@ -5,6 +5,7 @@
 
 #include "titan/common/check.h"
 #include "titan/config/job_config.h"
+#include "titan/models/deepseek_v3/spec.h"
 #include "titan/models/llama3/spec.h"
 #include "titan/models/qwen3/spec.h"
 
@@ -40,6 +41,7 @@ Registry& registry() {
   std::call_once(builtins, [] {
     add_spec(make_llama3_spec());
     add_spec(make_qwen3_spec());
+    add_spec(make_deepseek_v3_spec());
   });
   return registry_storage();
 }

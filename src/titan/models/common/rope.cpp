@@ -6,6 +6,7 @@
 #include "titan/models/common/linear.h"
 #include "titan/models/memory_estimate.h"
 
+#include <algorithm>
 #include <cmath>
 
 namespace titan {
@@ -37,6 +38,30 @@ at::Tensor rope_frequencies(int64_t head_dim, double theta, const RopeScaling* s
   return at::where(is_medium, smoothed, freqs);
 }
 
+at::Tensor yarn_frequencies(int64_t dim, double theta, const YarnScaling& yarn) {
+  const at::Tensor freqs = rope_frequencies(dim, theta, /*scaling=*/nullptr);  // (dim / 2)
+  if (!yarn.enabled()) return freqs;
+  TITAN_CHECK(yarn.beta_fast > 0 && yarn.beta_slow > 0 && yarn.original_seq_len > 0,
+              "YaRN needs beta_fast, beta_slow and original_seq_len > 0, got ", yarn.beta_fast,
+              ", ", yarn.beta_slow, ", ", yarn.original_seq_len);
+  // The dimension index whose frequency turns `rotations` times over original_seq_len positions.
+  const auto correction_dim = [&](double rotations) {
+    return static_cast<double>(dim) *
+           std::log(static_cast<double>(yarn.original_seq_len) / (rotations * 2 * M_PI)) /
+           (2 * std::log(theta));
+  };
+  const double low = std::max(std::floor(correction_dim(yarn.beta_fast)), 0.0);
+  double high = std::min(std::ceil(correction_dim(yarn.beta_slow)), static_cast<double>(dim - 1));
+  if (low == high) high += 0.001;  // no division by zero
+  // 0 below `low` (keep the frequency), 1 above `high` (divide it by the factor).
+  const at::Tensor ramp = ((at::arange(dim / 2, at::kFloat) - low) / (high - low)).clamp(0, 1);
+  return freqs / yarn.factor * ramp + freqs * (1 - ramp);
+}
+
+double yarn_mscale(double factor, double mscale) {
+  return factor > 1.0 ? 0.1 * mscale * std::log(factor) + 1.0 : 1.0;
+}
+
 at::Tensor apply_rotary_emb(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
   const int64_t bs = x.size(0);
   const int64_t seqlen = x.size(1);
@@ -63,6 +88,16 @@ double rope_table_bytes(int64_t head_dim, int64_t max_seq_len) {
 
 RotaryEmbedding::RotaryEmbedding(int64_t head_dim, int64_t max_seq_len, double theta,
                                  const RopeScaling* scaling) {
+  build_tables(head_dim, max_seq_len, [&] { return rope_frequencies(head_dim, theta, scaling); });
+}
+
+RotaryEmbedding::RotaryEmbedding(int64_t head_dim, int64_t max_seq_len, double theta,
+                                 const YarnScaling& yarn) {
+  build_tables(head_dim, max_seq_len, [&] { return yarn_frequencies(head_dim, theta, yarn); });
+}
+
+void RotaryEmbedding::build_tables(int64_t head_dim, int64_t max_seq_len,
+                                   const std::function<at::Tensor()>& freqs) {
   // The one buffer that grows with the sequence length alone: every path that builds a model
   // (train, generate from a flavor, a checkpoint or a Hugging Face folder) passes here.
   const double need = rope_table_bytes(head_dim, max_seq_len);
@@ -74,9 +109,8 @@ RotaryEmbedding::RotaryEmbedding(int64_t head_dim, int64_t max_seq_len, double t
                       ". HINT: lower the sequence length: --max_seq_len for `titan generate`, "
                       "training.seq_len for `titan train`");
   }
-  const at::Tensor freqs = rope_frequencies(head_dim, theta, scaling);
   // float32 angles, like TorchTitan's torch.outer(t, freqs).
-  const at::Tensor angles = at::outer(at::arange(max_seq_len, at::kFloat), freqs);
+  const at::Tensor angles = at::outer(at::arange(max_seq_len, at::kFloat), freqs());
   cos = register_buffer("cos", angles.cos());
   sin = register_buffer("sin", angles.sin());
 }

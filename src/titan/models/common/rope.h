@@ -7,6 +7,7 @@
 #include <torch/nn/module.h>
 
 #include <cstdint>
+#include <functional>
 
 namespace titan {
 
@@ -20,6 +21,25 @@ struct RopeScaling {
   double high_freq_factor = 4.0;
   int64_t original_max_position_embeddings = 8192;
 };
+
+// YaRN ("NTK-by-parts") scaling as DeepSeek-V3 and TorchTitan's deepseek_v3 use it: frequency i
+// keeps its value when the dimension i rotates more than beta_fast times over original_seq_len
+// positions, is divided by factor when it rotates fewer than beta_slow times, and blends linearly
+// (in i) in between; the two boundary indices are floored / ceiled (DeepSeek's truncation) and
+// clamped to [0, dim - 1]. Applied when factor > 1. The attention's matching softmax correction is
+// yarn_mscale (the rotation itself is unscaled).
+struct YarnScaling {
+  double factor = 1.0;  // <= 1: no scaling
+  double beta_fast = 32.0;
+  double beta_slow = 1.0;
+  int64_t original_seq_len = 4096;
+  bool enabled() const { return factor > 1.0; }
+};
+
+// The dim / 2 YaRN frequencies (float32) for rotary dimension `dim` and base `theta`.
+at::Tensor yarn_frequencies(int64_t dim, double theta, const YarnScaling& yarn);
+// YaRN's attention temperature: 0.1 * mscale * ln(factor) + 1 when factor > 1, else 1.
+double yarn_mscale(double factor, double mscale);
 
 // The head_dim / 2 rotation frequencies theta^(-2i / head_dim), float32, scaled as above when
 // `scaling` is non-null. Mirrors TorchTitan's precompute_freqs_cis (float32 arithmetic).
@@ -40,6 +60,8 @@ class RotaryEmbedding : public torch::nn::Module {
  public:
   // ConfigError, before allocating, when the tables alone exceed this machine's memory.
   RotaryEmbedding(int64_t head_dim, int64_t max_seq_len, double theta, const RopeScaling* scaling);
+  // With YaRN frequencies (yarn_frequencies) instead, or plain ones when !yarn.enabled().
+  RotaryEmbedding(int64_t head_dim, int64_t max_seq_len, double theta, const YarnScaling& yarn);
 
   // x (bs, seqlen, n_heads, head_dim) rotated for its tokens' absolute `positions` (seqlen)
   // int64, each < max_seq_len; undefined: positions [0, seqlen). Context parallelism passes the
@@ -48,6 +70,11 @@ class RotaryEmbedding : public torch::nn::Module {
 
   at::Tensor cos;
   at::Tensor sin;
+
+ private:
+  // Checks the tables fit this machine, then builds them from the frequencies `freqs()`.
+  void build_tables(int64_t head_dim, int64_t max_seq_len,
+                    const std::function<at::Tensor()>& freqs);
 };
 
 }  // namespace titan

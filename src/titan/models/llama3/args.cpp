@@ -91,7 +91,9 @@ void Llama3Args::validate() const {
         " (0: dim / n_heads) and n_dense_layers = " + std::to_string(n_dense_layers) +
         " must be in range (n_dense_layers at most n_layers = " + std::to_string(n_layers) + ")");
   }
-  if (head_dim_override > 0) {
+  if (mla.enabled()) {
+    mla.validate();  // heads of their own sizes: dim / n_heads and head_dim do not apply
+  } else if (head_dim_override > 0) {
     if (head_dim_override % 2 != 0) {
       throw ConfigError("llama3: head_dim " + std::to_string(head_dim_override) +
                         " must be even (RoPE rotates pairs)");
@@ -172,13 +174,18 @@ at::ScalarType residual_dtype(at::ScalarType compute_dtype) {
 ModelStats compute_stats(const Llama3Args& args, int64_t batch, int64_t seq_len,
                          at::ScalarType compute_dtype) {
   const int64_t dim = args.dim;
-  const int64_t head_dim = args.head_dim();
-  const int64_t n_kv = args.kv_heads();
+  const bool mla = args.mla.enabled();
+  // MLA: q, k and v of every head are padded to one size (mla.h), which the terms below count.
+  const int64_t head_dim =
+      mla ? std::max(args.mla.qk_head_dim(), args.mla.v_head_dim) : args.head_dim();
+  const int64_t n_kv = mla ? args.n_heads : args.kv_heads();
   const int64_t ffn = args.ffn_hidden_dim();
   const int64_t vocab = args.vocab_size;
 
-  const int64_t attention_params = dim * args.n_heads * head_dim * 2 + dim * n_kv * head_dim * 2 +
-                                   (args.qk_norm ? 2 * head_dim : 0);
+  const int64_t attention_params = mla ? args.mla.params(dim, args.n_heads)
+                                       : dim * args.n_heads * head_dim * 2 +
+                                             dim * n_kv * head_dim * 2 +
+                                             (args.qk_norm ? 2 * head_dim : 0);
   const int64_t ffn_params = 3 * dim * ffn;
   const int64_t layer_params = attention_params + ffn_params + 2 * dim;
   // An MoE block: the router, every expert, the shared experts; a token uses top_k experts.
@@ -198,7 +205,9 @@ ModelStats compute_stats(const Llama3Args& args, int64_t batch, int64_t seq_len,
   stats.n_active_params = outside + n_dense * layer_params + n_moe * moe_layer_active;
   stats.n_layers = args.n_layers;
   stats.n_heads = args.n_heads;
-  stats.head_dim = head_dim;
+  // flops_per_token counts 12 * head_dim FLOPs per head and key position: scores and weighted
+  // sum. MLA's are (nope + rope) and v_head_dim wide (TorchTitan: 6 * (qk + v)), their mean here.
+  stats.head_dim = mla ? (args.mla.qk_head_dim() + args.mla.v_head_dim) / 2 : head_dim;
   stats.dim = dim;
   stats.vocab_size = vocab;
 
@@ -207,9 +216,16 @@ ModelStats compute_stats(const Llama3Args& args, int64_t batch, int64_t seq_len,
   const int64_t r = dtype_bytes(residual_dtype(reduced ? compute_dtype : at::kFloat));
   const int64_t tokens = batch * seq_len;
   const int64_t attention_stats = 4 * batch * args.n_heads * seq_len;
+  // MLA also keeps its latents: the q latent and its norm, the kv latent and its norm, wkv_b's
+  // output, and the attention output before the padding is cut off.
+  const int64_t mla_latents =
+      mla ? c * tokens *
+                (2 * args.mla.q_lora_rank + 2 * args.mla.kv_lora_rank + args.mla.qk_rope_head_dim +
+                 args.n_heads * (args.mla.qk_nope_head_dim + args.mla.v_head_dim + head_dim))
+          : 0;
   const int64_t attention_part = 2 * (r * tokens * dim + 4 * tokens) + 2 * c * tokens * dim +
                                  c * tokens * (args.n_heads + 2 * n_kv) * head_dim +
-                                 attention_stats + c * tokens * dim;
+                                 attention_stats + c * tokens * dim + mla_latents;
   int64_t per_layer = attention_part + 4 * c * tokens * ffn;
   if (reduced) {
     per_layer += c * layer_params;
@@ -236,9 +252,18 @@ ModelStats compute_stats(const Llama3Args& args, int64_t batch, int64_t seq_len,
 
 std::string describe(const Llama3Args& args) {
   std::ostringstream os;
-  os << "dim " << args.dim << ", " << args.n_layers << " layers, " << args.n_heads << " heads, "
-     << args.kv_heads() << " kv heads";
-  if (args.head_dim_override > 0) os << " of " << args.head_dim();
+  os << "dim " << args.dim << ", " << args.n_layers << " layers, " << args.n_heads << " heads, ";
+  if (args.mla.enabled()) {
+    const MlaArgs& m = args.mla;
+    os << "MLA (";
+    if (m.q_lora_rank > 0) os << "q rank " << m.q_lora_rank << ", ";
+    os << "kv rank " << m.kv_lora_rank << ", qk " << m.qk_nope_head_dim << " + rope "
+       << m.qk_rope_head_dim << ", v " << m.v_head_dim << ")";
+    if (m.yarn.enabled()) os << ", YaRN x" << m.yarn.factor;
+  } else {
+    os << args.kv_heads() << " kv heads";
+  }
+  if (args.head_dim_override > 0 && !args.mla.enabled()) os << " of " << args.head_dim();
   if (args.qk_norm) os << ", qk norm";
   if (!args.has_moe() || args.n_dense_layers > 0) {
     os << ", ffn " << args.ffn_hidden_dim();
@@ -279,7 +304,8 @@ const std::vector<std::string>& arg_keys() {
                                                  "head_dim",
                                                  "qk_norm",
                                                  "moe",
-                                                 "n_dense_layers"};
+                                                 "n_dense_layers",
+                                                 "mla"};
   return kKeys;
 }
 
@@ -290,6 +316,14 @@ const std::vector<std::string>& moe_keys() {
                                                  "route_scale",       "score_before_experts",
                                                  "num_expert_groups", "num_limited_groups",
                                                  "load_balance_coeff"};
+  return kKeys;
+}
+
+const std::vector<std::string>& mla_keys() {
+  static const std::vector<std::string> kKeys = {
+      "q_lora_rank", "kv_lora_rank",    "qk_nope_head_dim", "qk_rope_head_dim",
+      "v_head_dim",  "latent_norm_eps", "mscale",           "rope_factor",
+      "beta_fast",   "beta_slow",       "original_seq_len"};
   return kKeys;
 }
 
@@ -407,6 +441,40 @@ void apply_args_json(const nlohmann::json& json, Llama3Args& args) {
       }
     }
   }
+  if (json.contains("mla")) {
+    const nlohmann::json& mla = json["mla"];
+    if (mla.is_null()) {
+      args.mla = MlaArgs{};
+    } else {
+      const std::string sub = where + ".mla";
+      if (!mla.is_object()) {
+        throw ConfigError(sub + " must be an object or null, got " + mla.dump());
+      }
+      check_keys(mla, mla_keys(), sub);
+      MlaArgs& m = args.mla;
+      if (!m.enabled()) m.kv_lora_rank = 512;  // a GQA flavor made MLA: DeepSeek's latent size
+      const auto mla_int = [&](const char* key, int64_t& field) {
+        if (mla.contains(key)) field = get_int(mla, key, sub);
+      };
+      const auto mla_double = [&](const char* key, double& field) {
+        if (mla.contains(key)) field = get_double(mla, key, sub);
+      };
+      mla_int("q_lora_rank", m.q_lora_rank);
+      mla_int("kv_lora_rank", m.kv_lora_rank);
+      mla_int("qk_nope_head_dim", m.qk_nope_head_dim);
+      mla_int("qk_rope_head_dim", m.qk_rope_head_dim);
+      mla_int("v_head_dim", m.v_head_dim);
+      mla_double("latent_norm_eps", m.norm_eps);
+      mla_double("mscale", m.mscale);
+      mla_double("rope_factor", m.yarn.factor);
+      mla_double("beta_fast", m.yarn.beta_fast);
+      mla_double("beta_slow", m.yarn.beta_slow);
+      mla_int("original_seq_len", m.yarn.original_seq_len);
+      if (m.kv_lora_rank < 1) {
+        throw ConfigError(sub + ".kv_lora_rank must be >= 1 (null \"mla\": no latent attention)");
+      }
+    }
+  }
   if (json.contains("rope_scaling")) {
     const nlohmann::json& scaling = json["rope_scaling"];
     if (scaling.is_null()) {
@@ -456,6 +524,22 @@ nlohmann::json moe_json(const Llama3Args& args) {
           {"load_balance_coeff", m.load_balance_coeff}};
 }
 
+nlohmann::json mla_json(const Llama3Args& args) {
+  if (!args.mla.enabled()) return nullptr;
+  const MlaArgs& m = args.mla;
+  return {{"q_lora_rank", m.q_lora_rank},
+          {"kv_lora_rank", m.kv_lora_rank},
+          {"qk_nope_head_dim", m.qk_nope_head_dim},
+          {"qk_rope_head_dim", m.qk_rope_head_dim},
+          {"v_head_dim", m.v_head_dim},
+          {"latent_norm_eps", m.norm_eps},
+          {"mscale", m.mscale},
+          {"rope_factor", m.yarn.factor},
+          {"beta_fast", m.yarn.beta_fast},
+          {"beta_slow", m.yarn.beta_slow},
+          {"original_seq_len", m.yarn.original_seq_len}};
+}
+
 nlohmann::json rope_scaling_json(const RopeScaling& rs) {
   return {{"scaling_factor", rs.scaling_factor},
           {"low_freq_factor", rs.low_freq_factor},
@@ -503,7 +587,8 @@ nlohmann::json args_to_json(const Llama3Args& args) {
           {"head_dim", args.head_dim_override},
           {"qk_norm", args.qk_norm},
           {"moe", moe_json(args)},
-          {"n_dense_layers", args.n_dense_layers}};
+          {"n_dense_layers", args.n_dense_layers},
+          {"mla", mla_json(args)}};
 }
 
 nlohmann::json resolved_args(const Llama3Args& args) {
@@ -525,6 +610,13 @@ nlohmann::json resolved_args(const Llama3Args& args) {
   if (args.has_moe()) {
     resolved["moe"] = moe_json(args);
     resolved["n_dense_layers"] = args.n_dense_layers;
+  }
+  // MLA: its own head sizes and RoPE (GQA's keys would only describe unused fields).
+  if (args.mla.enabled()) {
+    resolved["mla"] = mla_json(args);
+    for (const char* unused : {"n_kv_heads", "head_dim", "qk_norm", "rope_scaling"}) {
+      resolved.erase(unused);
+    }
   }
   return resolved;
 }

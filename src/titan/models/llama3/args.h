@@ -2,6 +2,7 @@
 // tests and benchmarks), and the analytic sizes of a configuration (no weights allocated).
 #pragma once
 
+#include "titan/models/common/mla.h"
 #include "titan/models/common/moe.h"
 #include "titan/models/common/rope.h"
 #include "titan/models/model.h"
@@ -40,6 +41,10 @@ struct Llama3Args {
   // expert) instead of the SwiGLU feed-forward; moe.num_experts = 0 means a dense model.
   MoEArgs moe = dense_moe();
   int64_t n_dense_layers = 0;
+  // Multi-head latent attention in every block instead of GQA (DeepSeek-V3, models/deepseek_v3),
+  // when mla.kv_lora_rank > 0. RoPE then rotates mla.qk_rope_head_dim dimensions with mla.yarn
+  // (rope_scaling and n_kv_heads / head_dim unused).
+  MlaArgs mla;
 
   static MoEArgs dense_moe() {
     MoEArgs m;

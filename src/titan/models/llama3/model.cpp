@@ -26,11 +26,14 @@ double block_init_std(const Llama3Args& args, int64_t layer_id) {
 // 0.02, the router and the other expert projections at the block's output std.
 ParamInit block_param_init(const std::string& name, double weight_init_std) {
   if (name == "attention_norm.weight" || name == "ffn_norm.weight" ||
-      name == "attention.q_norm.weight" || name == "attention.k_norm.weight") {
+      name == "attention.q_norm.weight" || name == "attention.k_norm.weight" ||
+      name == "attention.kv_norm.weight") {
     return ParamInit::ones();
   }
   if (name == "attention.wq.weight" || name == "attention.wk.weight" ||
-      name == "attention.wv.weight" || name == "feed_forward.w1.weight" ||
+      name == "attention.wv.weight" || name == "attention.wq_a.weight" ||
+      name == "attention.wq_b.weight" || name == "attention.wkv_a.weight" ||
+      name == "attention.wkv_b.weight" || name == "feed_forward.w1.weight" ||
       name == "moe.experts.w1.weight" || name == "moe.shared_experts.w1.weight") {
     return ParamInit::trunc_normal(/*mean=*/0.0, /*std=*/0.02);
   }
@@ -50,10 +53,16 @@ std::string layer_name(int64_t layer_id) { return "layers." + std::to_string(lay
 
 TransformerBlock::TransformerBlock(int64_t layer_id, const Llama3Args& args,
                                    at::ScalarType compute_dtype) {
-  attention = register_module(
-      "attention",
-      std::make_shared<Attention>(args.dim, args.n_heads, args.kv_heads(), args.head_dim(),
-                                  compute_dtype, args.qk_norm, args.norm_eps));
+  if (args.mla.enabled()) {
+    latent_attention =
+        register_module("attention", std::make_shared<MultiHeadLatentAttention>(
+                                         args.dim, args.n_heads, args.mla, compute_dtype));
+  } else {
+    attention = register_module(
+        "attention",
+        std::make_shared<Attention>(args.dim, args.n_heads, args.kv_heads(), args.head_dim(),
+                                    compute_dtype, args.qk_norm, args.norm_eps));
+  }
   if (args.is_moe_layer(layer_id)) {
     moe = register_module("moe", std::make_shared<MoE>(args.dim, args.moe, compute_dtype));
   } else {
@@ -73,8 +82,10 @@ at::Tensor TransformerBlock::forward(const at::Tensor& x, const RotaryEmbedding&
                                      const at::Tensor& document_ids) {
   // x is in residual_dtype(compute_dtype); were it float32 under bf16 compute, the sums would
   // promote and keep it float32.
+  const at::Tensor xn = attention_norm->forward(x);
   const at::Tensor h =
-      x + attention->forward(attention_norm->forward(x), rope, positions, cache, document_ids);
+      x + (attention ? attention->forward(xn, rope, positions, cache, document_ids)
+                     : latent_attention->forward(xn, rope, positions, cache, document_ids));
   const at::Tensor hn = ffn_norm->forward(h);
   return h + (moe ? moe->forward(hn) : feed_forward->forward(hn));
 }
@@ -88,9 +99,13 @@ Transformer::Transformer(const Llama3Args& args, at::ScalarType compute_dtype)
   args_.validate();
   tok_embeddings =
       register_module("tok_embeddings", std::make_shared<Embedding>(args.vocab_size, args.dim));
-  rope = register_module("rope", std::make_shared<RotaryEmbedding>(
-                                     args.head_dim(), args.max_seq_len, args.rope_theta,
-                                     args.use_rope_scaling ? &args.rope_scaling : nullptr));
+  rope = register_module(
+      "rope", args.mla.enabled()
+                  ? std::make_shared<RotaryEmbedding>(args.mla.qk_rope_head_dim, args.max_seq_len,
+                                                      args.rope_theta, args.mla.yarn)
+                  : std::make_shared<RotaryEmbedding>(
+                        args.head_dim(), args.max_seq_len, args.rope_theta,
+                        args.use_rope_scaling ? &args.rope_scaling : nullptr));
   layer_list_ = register_module("layers", std::make_shared<torch::nn::Module>());
   for (int64_t i = 0; i < args.n_layers; ++i) {
     layers.push_back(layer_list_->register_module(

@@ -8,6 +8,7 @@
 #include "titan/models/common/attention.h"
 #include "titan/models/common/feed_forward.h"
 #include "titan/models/common/linear.h"
+#include "titan/models/common/mla.h"
 #include "titan/models/common/moe.h"
 #include "titan/models/common/norms.h"
 #include "titan/models/common/rope.h"
@@ -25,7 +26,8 @@
 namespace titan::llama3 {
 
 // h = x + attention(attention_norm(x)); out = h + feed_forward(ffn_norm(h)), with an MoE in
-// place of the feed-forward in MoE layers.
+// place of the feed-forward in MoE layers and multi-head latent attention in place of GQA in
+// MLA models.
 class TransformerBlock : public torch::nn::Module {
  public:
   TransformerBlock(int64_t layer_id, const Llama3Args& args, at::ScalarType compute_dtype);
@@ -37,10 +39,13 @@ class TransformerBlock : public torch::nn::Module {
                      const at::Tensor& positions = {}, const KVCacheStep* cache = nullptr,
                      const at::Tensor& document_ids = {});
   // TorchTitan's init of the parameter `name` (relative to the block): norms ones;
-  // wq/wk/wv/w1 trunc_normal(0.02); wo/w2/w3 trunc_normal(weight_init_std).
+  // wq/wk/wv/w1 (and MLA's wq_a/wq_b/wkv_a/wkv_b) trunc_normal(0.02); wo/w2/w3
+  // trunc_normal(weight_init_std).
   ParamInit param_init(const std::string& name) const;
 
-  std::shared_ptr<Attention> attention;
+  std::shared_ptr<Attention> attention;  // null with MLA (args.mla), which latent_attention is
+  // Multi-head latent attention, registered as "attention" too (DeepSeek-V3); null without MLA.
+  std::shared_ptr<MultiHeadLatentAttention> latent_attention;
   std::shared_ptr<FeedForward> feed_forward;  // null in an MoE block
   std::shared_ptr<MoE> moe;                   // null in a dense block
   std::shared_ptr<RMSNorm> attention_norm;

@@ -11,7 +11,7 @@ std::vector<TpRule> Transformer::tensor_parallel_plan() const {
   // that matches nothing is an error.
   std::vector<TpRule> plan;
   if (tok_embeddings) plan.push_back({"tok_embeddings", TpStyle::kEmbedding});
-  const std::vector<TpRule> block_rules = {
+  std::vector<TpRule> block_rules = {
       {"layers.*.attention_norm", TpStyle::kSequenceParallel},
       {"layers.*.attention", TpStyle::kGatherInput},
       {"layers.*.attention.wq", TpStyle::kColwise},
@@ -20,6 +20,19 @@ std::vector<TpRule> Transformer::tensor_parallel_plan() const {
       {"layers.*.attention.wo", TpStyle::kRowwise},
       {"layers.*.ffn_norm", TpStyle::kSequenceParallel},
   };
+  if (args_.mla.enabled()) {
+    // TorchTitan's MLA plan: heads split by the query and wkv_b rows, wo by columns; wq_a, wkv_a
+    // and the latent norms replicated (their gradients are partial over heads and summed).
+    block_rules = {
+        {"layers.*.attention_norm", TpStyle::kSequenceParallel},
+        {"layers.*.attention", TpStyle::kGatherInput},
+        {args_.mla.q_lora_rank > 0 ? "layers.*.attention.wq_b" : "layers.*.attention.wq",
+         TpStyle::kColwise},
+        {"layers.*.attention.wkv_b", TpStyle::kColwise},
+        {"layers.*.attention.wo", TpStyle::kRowwise},
+        {"layers.*.ffn_norm", TpStyle::kSequenceParallel},
+    };
+  }
   const std::vector<TpRule> dense_rules = {
       {"layers.*.feed_forward", TpStyle::kGatherInput},
       {"layers.*.feed_forward.w1", TpStyle::kColwise},
