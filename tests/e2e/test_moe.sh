@@ -1,7 +1,9 @@
 # Qwen3 MoE end to end with the real binary: `titan inspect` prints total and active parameters;
 # the tiny MoE flavor trains 30 steps (the loss falls, expert loads are logged, the expert biases
 # move) with a checkpoint; `titan generate` from that checkpoint gives the same greedy ids with and
-# without the KV cache; a 2-process FSDP run reproduces the single-process losses within 1e-5.
+# without the KV cache; 2-process FSDP and FSDP x EP runs reproduce the single-process losses
+# within 1e-5, and the EP run's checkpoint generates what one process's does; ep on a dense model
+# exits 2 with the reason.
 source "$(dirname "$0")/lib.sh"
 
 expect_exit 0 "$TITAN" inspect --model.name qwen3 --model.flavor 30B-A3B
@@ -37,8 +39,35 @@ expect_exit 0 timeout 300 "$TITAN" run --nproc_per_node 2 -- train "${moe[@]}" \
   --training.steps 10 --training.local_batch_size 4 --job.dump_folder "$WORK/fsdp"
 expect_exit 0 "$TITAN" train "${moe[@]}" --training.steps 10 --training.local_batch_size 8 \
   --job.dump_folder "$WORK/ref"
-paste -d' ' <(grep '"loss":' "$WORK/ref/metrics.jsonl" | sed -E 's/.*"loss":([0-9.eE+-]+).*/\1/') \
-  <(grep '"loss":' "$WORK/fsdp/metrics.jsonl" | sed -E 's/.*"loss":([0-9.eE+-]+).*/\1/') |
-  awk '{ d = $1 - $2; if (d < 0) d = -d; if (d / $1 > 1e-5) bad = 1; n++ }
-       END { exit bad || n == 0 }' || fail "FSDP 2 does not reproduce the single-process losses"
+same_losses() {
+  paste -d' ' <(grep '"loss":' "$1" | sed -E 's/.*"loss":([0-9.eE+-]+).*/\1/') \
+    <(grep '"loss":' "$2" | sed -E 's/.*"loss":([0-9.eE+-]+).*/\1/') |
+    awk '{ d = $1 - $2; if (d < 0) d = -d; if (d / $1 > 1e-5) bad = 1; n++ }
+         END { exit bad || n == 0 }'
+}
+same_losses "$WORK/ref/metrics.jsonl" "$WORK/fsdp/metrics.jsonl" ||
+  fail "FSDP 2 does not reproduce the single-process losses"
+
+# Expert parallelism: tiny_moe's 4 experts, 2 per rank, tokens exchanged by all-to-all.
+expect_exit 0 timeout 300 "$TITAN" run --nproc_per_node 2 -- train "${moe[@]}" \
+  --training.steps 10 --training.local_batch_size 4 --job.dump_folder "$WORK/ep" \
+  --parallelism.expert_parallel_degree 2 --checkpoint.enable --checkpoint.interval 10
+expect_output "expert parallel over ep 2: 2 MoE layers, 2 experts per rank"
+same_losses "$WORK/ref/metrics.jsonl" "$WORK/ep/metrics.jsonl" ||
+  fail "EP 2 does not reproduce the single-process losses"
+expect_exit 0 "$TITAN" train "${moe[@]}" --training.steps 10 --training.local_batch_size 8 \
+  --job.dump_folder "$WORK/ref_ckpt" --checkpoint.enable --checkpoint.interval 10
+for run in ep ref_ckpt; do
+  "$TITAN" generate --checkpoint "$WORK/$run/checkpoint" --prompt "The" --temperature 0 \
+    --max_new_tokens 12 --print_ids >"$WORK/$run.gen" 2>"$WORK/gen.err" ||
+    { cat "$WORK/gen.err" >&2; fail "generate from the $run checkpoint failed"; }
+done
+cmp -s "$WORK/ep.gen" "$WORK/ref_ckpt.gen" ||
+  fail "the EP checkpoint generates $(cat "$WORK/ep.gen"), one process's $(cat "$WORK/ref_ckpt.gen")"
+
+expect_exit 2 timeout 120 "$TITAN" run --nproc_per_node 2 -- train "${moe[@]}" \
+  --training.steps 1 --training.local_batch_size 4 --parallelism.expert_parallel_degree 2 \
+  --model.flavor tiny \
+  --job.dump_folder "$WORK/dense"
+expect_output "expert_parallel_degree = 2 needs a mixture-of-experts model"
 echo "ok"

@@ -226,6 +226,11 @@ void validate_ranges(const JobConfig& c) {
                {"headtail", "none", "", "ptrr"});
   check_one_of("parallelism.expert_parallel_comm_backend", p.expert_parallel_comm_backend,
                {"standard", "deepep"});
+  if (p.expert_parallel_degree > 1 && p.expert_parallel_comm_backend == "deepep") {
+    throw ConfigError(
+        "parallelism.expert_parallel_comm_backend = \"deepep\" (DeepEP's dispatch kernels) is not "
+        "available. HINT: \"standard\" (the default): all-to-all over the ep group");
+  }
   check_one_of("quantize.linear.float8.recipe_name", c.quantize.linear.float8.recipe_name,
                {"", "tensorwise", "rowwise", "rowwise_with_gw_hp"});
   check_one_of("quantize.linear.mx.mxfp8_dim1_cast_kernel_choice",

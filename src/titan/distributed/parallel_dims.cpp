@@ -60,6 +60,7 @@ ParallelDegrees ParallelDegrees::from_config(const ParallelismSection& p) {
   d.tp = p.tensor_parallel_degree;
   d.pp = p.pipeline_parallel_degree;
   d.ep = p.expert_parallel_degree;
+  d.etp = p.expert_tensor_parallel_degree;
   return d;
 }
 
@@ -79,6 +80,7 @@ ParallelDegrees resolve_parallel_degrees(const ParallelDegrees& degrees, int64_t
   check_degree("tensor_parallel_degree", "tp", d.tp);
   check_degree("pipeline_parallel_degree", "pp", d.pp);
   check_degree("expert_parallel_degree", "ep", d.ep);
+  check_degree("expert_tensor_parallel_degree", "etp", d.etp);
 
   if (d.dp_shard == -1) {
     const int64_t others = d.dp_replicate * d.cp * d.tp * d.pp;
@@ -117,24 +119,12 @@ ParallelDegrees resolve_parallel_degrees(const ParallelDegrees& degrees, int64_t
 }
 
 void check_parallelism_implemented(const ParallelDegrees& d) {
-  struct Pending {
-    const char* what;
-    const char* key;
-    int64_t degree;
-    const char* where;
-  };
-  const Pending pending[] = {
-      {"expert parallelism", "expert_parallel_degree", d.ep, "a later issue"},
-  };
-  for (const Pending& p : pending) {
-    if (p.degree > 1) {
-      fail(std::string(p.what) + " is not implemented yet (parallelism." + p.key + " = " +
-           std::to_string(p.degree) + "); " + p.where +
-           " brings it. HINT: set it to 1; data parallelism (data_parallel_replicate_degree, "
-           "data_parallel_shard_degree), tensor parallelism (tensor_parallel_degree), "
-           "pipeline parallelism (pipeline_parallel_degree) and context parallelism "
-           "(context_parallel_degree) are available.");
-    }
+  if (d.etp != 1) {
+    fail("parallelism.expert_tensor_parallel_degree = " + std::to_string(d.etp) +
+         " (routed experts split over tensor-parallel ranks) is not implemented. HINT: set it to "
+         "1: under tensor parallelism each rank routes its own sequence shard, and with "
+         "expert_parallel_degree > 1 the tp ranks take part in the token exchange and each hold "
+         "whole experts (TorchTitan's expert_tensor_parallel_degree = 1)");
   }
 }
 
@@ -181,6 +171,9 @@ const std::vector<std::pair<std::string, std::vector<std::string>>>& group_table
       {"dp", {"dp_replicate", "dp_shard"}},
       {"dp_shard_cp", {"dp_shard", "cp"}},
       {"dp_cp", {"dp_replicate", "dp_shard", "cp"}},
+      // Expert parallelism's (built when ep > 1): dp_shard's inner and outer parts.
+      {"ep", {"dp_shard_in_ep", "cp", "tp"}},
+      {"dp_shard_mod_ep", {"dp_shard_mod_ep"}},
   };
   return table;
 }
@@ -233,6 +226,24 @@ int64_t ParallelDims::rank_at(const MeshCoord& c) const {
 
 std::vector<int> ParallelDims::group_ranks(const std::string& name, int64_t rank) const {
   const auto& dims = group_dims(name);
+  if (name == "ep" || name == "dp_shard_mod_ep") {
+    // dp_shard = dp_shard_mod_ep x dp_shard_in_ep (outer x inner): the ranks that share this
+    // one's other coordinates and (ep) its dp_shard_mod_ep coordinate, or (dp_shard_mod_ep) its
+    // dp_shard_in_ep, cp and tp coordinates. Ascending world ranks are row-major in the group.
+    TITAN_CHECK(d_.ep > 1, "parallel group '", name, "' exists only with expert parallelism");
+    const int64_t in_ep = dp_shard_in_ep();
+    const MeshCoord me = coordinate(rank);
+    std::vector<int> ranks;
+    for (int64_t r = 0; r < world_size_; ++r) {
+      const MeshCoord c = coordinate(r);
+      if (c.pp != me.pp || c.dp_replicate != me.dp_replicate) continue;
+      const bool same_mod = c.dp_shard / in_ep == me.dp_shard / in_ep;
+      const bool same_in =
+          c.dp_shard % in_ep == me.dp_shard % in_ep && c.cp == me.cp && c.tp == me.tp;
+      if (name == "ep" ? same_mod : same_in) ranks.push_back(static_cast<int>(r));
+    }
+    return ranks;
+  }
   // Varying dims in mesh order (outer first), so the enumeration below is row-major.
   std::vector<int> varying;
   for (const auto& dim_name : dims) varying.push_back(dim_index(dim_name));
@@ -271,6 +282,7 @@ void ParallelDims::build_groups(const std::shared_ptr<dist::Group>& world) {
   // Names that share a rank set share a group; the group is named after all of them.
   std::vector<std::pair<std::vector<int>, std::vector<std::string>>> unique;
   for (const auto& name : group_names()) {
+    if (d_.ep == 1 && (name == "ep" || name == "dp_shard_mod_ep")) continue;
     std::vector<int> ranks = group_ranks(name, rank);
     auto it =
         std::find_if(unique.begin(), unique.end(), [&](const auto& u) { return u.first == ranks; });
@@ -296,7 +308,10 @@ std::shared_ptr<dist::Group> ParallelDims::group_ptr(const std::string& name) co
   group_dims(name);  // unknown names throw with the list
   TITAN_CHECK(!groups_.empty(), "parallel group '", name,
               "' requested before ParallelDims::build_groups(world)");
-  return groups_.at(name);
+  auto it = groups_.find(name);
+  TITAN_CHECK(it != groups_.end(), "parallel group '", name,
+              "' was not built (it exists only with expert parallelism)");
+  return it->second;
 }
 
 dist::Group& ParallelDims::group(const std::string& name) const { return *group_ptr(name); }
@@ -305,7 +320,11 @@ std::string ParallelDims::describe() const {
   std::ostringstream os;
   os << "world " << world_size_ << " = pp(" << d_.pp << ") x dp_replicate(" << d_.dp_replicate
      << ") x dp_shard(" << d_.dp_shard << ") x cp(" << d_.cp << ") x tp(" << d_.tp << ")";
-  if (d_.ep > 1) os << ", ep(" << d_.ep << ")";
+  if (d_.ep > 1) {
+    os << "; experts: ep(" << d_.ep << ") = dp_shard_in_ep(" << dp_shard_in_ep() << ") x cp("
+       << d_.cp << ") x tp(" << d_.tp << "), FSDP of experts over dp_shard_mod_ep("
+       << dp_shard_mod_ep() << ")";
+  }
   return os.str();
 }
 

@@ -8,6 +8,15 @@
 //   "dp_shard_cp"  dp_shard x cp             FSDP shards parameters over it
 //   "dp_cp"        dp_replicate x dp_shard x cp   the loss is averaged over it
 //
+// Expert parallelism (ep > 1; TorchTitan's rule with expert_tensor_parallel_degree 1): the ep
+// ranks of a group take all of cp x tp and part of dp_shard, which splits in two, outer to inner,
+// dp_shard = dp_shard_mod_ep x dp_shard_in_ep with dp_shard_in_ep = ep / (cp x tp):
+//
+//   "ep"               dp_shard_in_ep x cp x tp   routed tokens are exchanged over it; each of
+//                                                 its ranks holds 1/ep of every MoE layer's experts
+//   "dp_shard_mod_ep"  dp_shard_mod_ep            FSDP shards the experts over it (replicas of the
+//                                                 same experts); with dp_replicate, HSDP
+//
 // A rank's position in a flattened group is its row-major position over the group's dims, so
 // the "dp" rank is dp_replicate_coord * dp_shard + dp_shard_coord.
 //
@@ -15,9 +24,8 @@
 //   dims.build_groups(world);                         // every rank, same point of start-up
 //   dims.group("dp_shard").all_reduce(grad, dist::ReduceOp::kAvg).wait();
 //
-// Data parallelism (dp_replicate, dp_shard) and tensor parallelism (tp) are implemented; cp, pp
-// and ep above 1 are refused with a clear message until their issues land; the mesh and the group
-// names already have their places.
+// Every parallelism is implemented; an expert_tensor_parallel_degree other than 1 is refused
+// (experts split over tp) with the reason.
 #pragma once
 
 #include "titan/config/job_config.h"
@@ -39,6 +47,7 @@ struct ParallelDegrees {
   int64_t tp = 1;
   int64_t pp = 1;
   int64_t ep = 1;
+  int64_t etp = 1;  // expert_tensor_parallel_degree
 
   static ParallelDegrees from_config(const ParallelismSection& p);
   // "dp_replicate(2) * dp_shard(2) * cp(1) * tp(1) * pp(1)"
@@ -78,6 +87,10 @@ class ParallelDims {
   int64_t tp() const { return d_.tp; }
   int64_t pp() const { return d_.pp; }
   int64_t ep() const { return d_.ep; }
+  bool ep_enabled() const { return d_.ep > 1; }
+  // Expert parallelism's split of dp_shard (see the top): 1 and dp_shard without ep.
+  int64_t dp_shard_in_ep() const { return d_.ep > 1 ? d_.ep / (d_.cp * d_.tp) : 1; }
+  int64_t dp_shard_mod_ep() const { return d_.dp_shard / dp_shard_in_ep(); }
   const ParallelDegrees& degrees() const { return d_; }
 
   bool dp_enabled() const { return d_.dp_replicate * d_.dp_shard > 1; }

@@ -272,7 +272,7 @@ struct DataParallel::Impl {
 
   void gather_start(int64_t ui) {
     Unit& u = units[ui];
-    if (u.state != State::kSharded) return;
+    if (u.state != State::kSharded || u.params.empty()) return;
     if (!u.allocated) {
       allocate_storage(u.unsharded);
       if (u.f8_numel > 0) allocate_storage(u.unsharded8);
@@ -521,7 +521,7 @@ DataParallel::DataParallel(Model& model, DataParallelOptions options)
   d.N = o.shard_group ? o.shard_group->size() : 1;
   d.rank = o.shard_group ? o.shard_group->rank() : 0;
   d.R = o.replicate_group ? o.replicate_group->size() : 1;
-  d.divide_factor = static_cast<double>(d.N * d.R);
+  d.divide_factor = o.grad_divisor > 0 ? o.grad_divisor : static_cast<double>(d.N * d.R);
   TITAN_CHECK(o.reshard_after_forward == "default" || o.reshard_after_forward == "always" ||
                   o.reshard_after_forward == "never",
               "fsdp_reshard_after_forward must be default, always or never, got '",
@@ -537,6 +537,9 @@ DataParallel::DataParallel(Model& model, DataParallelOptions options)
   for (const ParamSlot& s : parameter_slots(model)) slots[s.name] = s.slot;
   std::map<std::string, int64_t> index_of;
   const auto named = model.named_parameters();
+  const auto managed = [&](const std::string& name) {
+    return !o.param_filter || o.param_filter(name);
+  };
   TITAN_CHECK(!named.is_empty(), "the model has no parameters to shard");
   d.device = named[0].value().device();
   const bool from_meta = d.device.is_meta();  // shapes only: nothing to copy into the shards
@@ -549,6 +552,7 @@ DataParallel::DataParallel(Model& model, DataParallelOptions options)
   d.gather_stream = std::make_unique<SideStream>(stream_device);
   d.reduce_stream = std::make_unique<SideStream>(stream_device);
   for (const auto& item : named) {
+    if (!managed(item.key())) continue;
     Impl::Param p;
     p.name = item.key();
     p.slot = slots.at(p.name);
@@ -585,6 +589,7 @@ DataParallel::DataParallel(Model& model, DataParallelOptions options)
     u.name = mu.name;
     u.reused = mu.reused_in_forward;
     for (const std::string& name : mu.params) {
+      if (!managed(name) && named.contains(name)) continue;  // another instance's
       auto it = index_of.find(name);
       TITAN_CHECK(it != index_of.end(), "model unit '", mu.name, "' names unknown parameter ",
                   name);
@@ -647,7 +652,9 @@ DataParallel::DataParallel(Model& model, DataParallelOptions options)
       }
     }
   }
+  TITAN_CHECK(!d.params.empty(), "data parallelism: no parameter passes the filter");
   for (const auto& item : named) {
+    if (!managed(item.key())) continue;
     at::Tensor t = item.value();
     t.set_data(at::empty({0}, t.options()));
   }
@@ -700,6 +707,7 @@ at::Tensor DataParallel::run(int64_t index, const at::Tensor& input, const UnitF
     if (d.options.float8_precompute_scales && !with_float8.empty()) d.compute_scales(with_float8);
   }
   Impl::Unit& u = d.units[index];
+  if (u.params.empty()) return next(input);  // none of this instance's parameters
   d.gather_finish(index);
   if (d.options.prefetch && pos + 1 < static_cast<int64_t>(d.units.size()) &&
       index + 1 < static_cast<int64_t>(d.units.size())) {
@@ -762,6 +770,7 @@ std::vector<std::pair<std::string, at::Tensor>> DataParallel::gather_full_parame
   at::NoGradGuard no_grad;
   std::vector<at::Tensor> full(d.params.size());
   for (auto& u : d.units) {
+    if (u.params.empty()) continue;
     at::Tensor by_rank;
     if (d.N > 1) {
       at::Tensor out = at::empty({d.N * u.shard_numel}, d.on_device(at::kFloat));
@@ -812,19 +821,26 @@ DataParallelMemory DataParallel::memory() const {
 
 std::string DataParallel::describe() const {
   const Impl& d = *impl_;
-  std::string s;
+  std::string s = d.options.label.empty() ? "" : d.options.label + ": ";
   if (d.N > 1 && d.R > 1) {
-    s = "HSDP: sharded over " + std::to_string(d.N) + " ranks, replicated " + std::to_string(d.R) +
-        "x";
+    s += "HSDP: sharded over " + std::to_string(d.N) + " ranks, replicated " + std::to_string(d.R) +
+         "x";
   } else if (d.N > 1) {
-    s = "FSDP: sharded over " + std::to_string(d.N) + " ranks";
+    s += "FSDP: sharded over " + std::to_string(d.N) + " ranks";
+  } else if (d.R > 1) {
+    s += "DDP: replicated over " + std::to_string(d.R) + " ranks";
   } else {
-    s = "DDP: replicated over " + std::to_string(d.R) + " ranks";
+    s += "one copy (no other rank holds these parameters)";
   }
-  s += " (" + std::to_string(d.units.size()) + " units";
+  int64_t used_units = 0;
+  for (const auto& u : d.units) used_units += u.params.empty() ? 0 : 1;
+  s += " (" + std::to_string(used_units) + " units";
   if (d.N > 1) s += ", reshard_after_forward " + d.options.reshard_after_forward;
   s += std::string(", param ") + dtype_short(d.options.param_dtype) + ", reduce " +
        dtype_short(d.options.reduce_dtype);
+  if (d.divide_factor != static_cast<double>(d.N * d.R)) {
+    s += ", gradients divided by " + std::to_string(static_cast<int64_t>(d.divide_factor));
+  }
   int64_t float8_weights = 0;
   for (const auto& u : d.units) float8_weights += static_cast<int64_t>(u.f8_params.size());
   if (float8_weights > 0) {

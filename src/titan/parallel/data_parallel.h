@@ -79,6 +79,17 @@ struct DataParallelOptions {
   // computed at the start of each forward with one all-reduce, instead of one per unit.
   bool float8_all_gather = false;
   bool float8_precompute_scales = false;
+  // The parameters this instance takes (null: all). Two instances can split one model's
+  // parameters, each with its own groups (expert parallelism: the experts over dp_shard_mod_ep,
+  // the rest over dp_shard); both join the unit-runner chain, and units without parameters of
+  // theirs pass through.
+  std::function<bool(const std::string&)> param_filter;
+  // Reduced gradients are divided by this (0: shard group size x replicate group size, the
+  // data-parallel ranks when the groups span them; expert parallelism's instance gives the whole
+  // data-parallel size, its ep ranks having summed their tokens' gradients already).
+  double grad_divisor = 0;
+  // What describe() calls the parameters ("" for all of them; e.g. "experts").
+  std::string label;
 };
 
 // This rank's part of one parameter.

@@ -11,6 +11,7 @@
 #include "titan/models/common/moe.h"
 #include "titan/parallel/activation_checkpoint.h"
 #include "titan/parallel/data_parallel.h"
+#include "titan/parallel/expert_parallel.h"
 #include "titan/parallel/grad_norm.h"
 #include "titan/parallel/pipeline.h"
 #include "titan/parallel/tensor_parallel.h"
@@ -25,12 +26,17 @@ struct ParallelizedModel::Part {
   std::shared_ptr<Model> model;
   int64_t stage = 0;  // its pipeline stage (0 without PP)
   std::unique_ptr<TensorParallel> tp;
+  std::unique_ptr<ExpertParallel> ep;
   std::unique_ptr<ActivationCheckpointing> ac;
   std::unique_ptr<DataParallel> dp;
+  std::unique_ptr<DataParallel> expert_dp;  // expert parallelism's experts (dp_shard_mod_ep)
+  bool is_expert(const std::string& param) const { return ep != nullptr && ep->holds(param); }
   ~Part() {
     // Runners leave the model's chain outermost first.
+    expert_dp.reset();
     dp.reset();
     ac.reset();
+    ep.reset();
     tp.reset();
   }
 };
@@ -51,13 +57,14 @@ ParallelizedModel::~ParallelizedModel() {
 
 bool ParallelizedModel::has_tp() const { return parts_[0]->tp != nullptr; }
 bool ParallelizedModel::has_dp() const { return parts_[0]->dp != nullptr; }
+bool ParallelizedModel::has_ep() const { return parts_[0]->ep != nullptr; }
 
 Model& ParallelizedModel::model() { return *parts_[0]->model; }
 
 void ParallelizedModel::apply_pipeline(const pp::PipelineLayout& layout,
                                        const std::function<std::shared_ptr<Model>()>& build,
                                        at::Device device) {
-  TITAN_CHECK(!pipeline_ && !applied_tp_ && !applied_ac_ && !applied_dp_,
+  TITAN_CHECK(!pipeline_ && !applied_tp_ && !applied_ep_ && !applied_ac_ && !applied_dp_,
               "pipeline parallelism must be applied first (and once)");
   if (!dims_.pp_enabled()) return;
   TITAN_CHECK(layout.pp == dims_.pp(), "pipeline layout for pp ", layout.pp, ", mesh pp ",
@@ -84,7 +91,7 @@ void ParallelizedModel::apply_pipeline(const pp::PipelineLayout& layout,
 
 void ParallelizedModel::apply_tensor_parallel(
     bool loss_parallel, const std::vector<std::pair<std::string, int64_t>>& seq_lens) {
-  TITAN_CHECK(!applied_tp_ && !applied_ac_ && !applied_dp_,
+  TITAN_CHECK(!applied_tp_ && !applied_ep_ && !applied_ac_ && !applied_dp_,
               "tensor parallelism must be applied first (and once)");
   applied_tp_ = true;
   if (!dims_.tp_enabled()) return;
@@ -98,6 +105,18 @@ void ParallelizedModel::apply_tensor_parallel(
   }
   for (auto& part : parts_) {
     part->tp = std::make_unique<TensorParallel>(*part->model, dims_.group_ptr("tp"), loss_parallel);
+  }
+  refresh_params();
+}
+
+void ParallelizedModel::apply_expert_parallel() {
+  TITAN_CHECK(!applied_ep_ && !applied_ac_ && !applied_dp_,
+              "expert parallelism must be applied before activation checkpointing and data "
+              "parallelism (and once)");
+  applied_ep_ = true;
+  if (!dims_.ep_enabled()) return;
+  for (auto& part : parts_) {
+    part->ep = std::make_unique<ExpertParallel>(*part->model, dims_.group_ptr("ep"));
   }
   refresh_params();
 }
@@ -205,6 +224,24 @@ void ParallelizedModel::apply_data_parallel(const ParallelizeOptions& options) {
     o.device = options.device;
     o.float8_all_gather = options.fsdp_float8_all_gather;
     o.float8_precompute_scales = options.fsdp_float8_precompute_scales;
+    if (part->ep) {
+      // The experts: sharded over the ranks holding the same ones (dp_shard_mod_ep), replicated
+      // over dp_replicate, their gradients (summed over ep by the token exchange) divided by the
+      // whole data-parallel size.
+      DataParallelOptions e = o;
+      const ExpertParallel* ep = part->ep.get();
+      o.param_filter = [ep](const std::string& name) { return !ep->holds(name); };
+      e.param_filter = [ep](const std::string& name) { return ep->holds(name); };
+      e.shard_group = dims_.dp_shard_mod_ep() > 1 ? dims_.group_ptr("dp_shard_mod_ep") : nullptr;
+      e.placements = ep->placements();
+      e.grad_divisor = static_cast<double>(dims_.dp_size() * dims_.cp());
+      e.label = "experts";
+      e.float8_all_gather = false;
+      e.float8_precompute_scales = false;
+      part->dp = std::make_unique<DataParallel>(*part->model, o);
+      part->expert_dp = std::make_unique<DataParallel>(*part->model, e);
+      continue;
+    }
     part->dp = std::make_unique<DataParallel>(*part->model, o);
   }
   refresh_params();
@@ -252,13 +289,20 @@ void ParallelizedModel::refresh_params() {
   for (size_t pi = 0; pi < parts_.size(); ++pi) {
     const Part& part = *parts_[pi];
     const auto tp_replicated = [&](const std::string& name) {
-      return part.tp != nullptr && part.tp->replicated(name);
+      return part.tp != nullptr && !part.is_expert(name) && part.tp->replicated(name);
     };
     const auto writer = [&](const std::string& name) {
       return coord.dp_replicate == 0 && (coord.tp == 0 || !tp_replicated(name));
     };
     if (part.dp) {
-      for (const ShardedParam& p : part.dp->params()) {
+      // In named_parameters() order, from the instance that holds each.
+      std::map<std::string, const ShardedParam*> held;
+      for (const DataParallel* dp : {part.dp.get(), part.expert_dp.get()}) {
+        if (dp == nullptr) continue;
+        for (const ShardedParam& p : dp->params()) held[p.name] = &p;
+      }
+      for (const auto& item : part.model->named_parameters()) {
+        const ShardedParam& p = *held.at(item.key());
         params_.push_back({p.name, p.local, p.box, writer(p.name), tp_replicated(p.name)});
         param_part_.push_back(pi);
       }
@@ -266,8 +310,9 @@ void ParallelizedModel::refresh_params() {
     }
     for (const auto& item : part.model->named_parameters()) {
       const std::string& name = item.key();
-      const ShardBox box =
-          part.tp ? part.tp->placements().at(name).box : ShardBox::whole(item.value().sizes());
+      const ShardBox box = part.is_expert(name) ? part.ep->placements().at(name).box
+                           : part.tp            ? part.tp->placements().at(name).box
+                                                : ShardBox::whole(item.value().sizes());
       params_.push_back({name, item.value(), box, writer(name), tp_replicated(name)});
       param_part_.push_back(pi);
     }
@@ -406,7 +451,10 @@ double ParallelizedModel::batch_mean(double value) const {
 
 void ParallelizedModel::zero_grad() {
   if (has_dp()) {
-    for (auto& part : parts_) part->dp->zero_grad();
+    for (auto& part : parts_) {
+      part->dp->zero_grad();
+      if (part->expert_dp) part->expert_dp->zero_grad();
+    }
     return;
   }
   for (TrainedParam& p : params_) {
@@ -417,11 +465,12 @@ void ParallelizedModel::zero_grad() {
 void ParallelizedModel::finish_backward() {
   for (auto& part : parts_) {
     if (part->dp) part->dp->finish_backward();
+    if (part->expert_dp) part->expert_dp->finish_backward();
   }
 }
 
 double ParallelizedModel::clip_grad_norm(double max_norm) {
-  if (!has_dp() && !has_tp() && !pipeline_) {
+  if (!has_dp() && !has_tp() && !has_ep() && !pipeline_) {
     std::vector<at::Tensor> locals;
     for (const TrainedParam& p : params_) locals.push_back(p.local);
     return titan::clip_grad_norm(locals, max_norm);
@@ -433,13 +482,18 @@ double ParallelizedModel::clip_grad_norm(double max_norm) {
     for (size_t pi = 0; pi < parts_.size(); ++pi) {
       std::vector<std::pair<std::string, at::Tensor>> mine;
       for (size_t i = 0; i < grads.size(); ++i) {
-        if (param_part_[i] == pi) mine.push_back(grads[i]);
+        // Experts are whole on each rank of the tp group (distinct ones under expert
+        // parallelism): their gradients are complete.
+        if (param_part_[i] == pi && !parts_[pi]->is_expert(grads[i].first)) {
+          mine.push_back(grads[i]);
+        }
       }
       parts_[pi]->tp->reduce_replicated_grads(mine);
     }
   }
   // Squares summed over every shard once: TP-replicated parameters are on every tp rank, and
-  // the pipeline's stages hold disjoint parameters.
+  // the pipeline's stages hold disjoint parameters. Experts under expert parallelism are split
+  // over ep x dp_shard_mod_ep = dp_shard x cp x tp, the ranks these groups span.
   std::vector<at::Tensor> tensors;
   std::vector<double> weights;
   for (size_t i = 0; i < params_.size(); ++i) {
@@ -459,14 +513,26 @@ std::vector<std::pair<std::string, at::Tensor>> ParallelizedModel::gather_full_p
   for (auto& part : parts_) {
     std::vector<std::pair<std::string, at::Tensor>> full;
     if (part->dp) {
-      full = part->dp->gather_full_parameters();  // as the model holds them: TP boxes under 2D
+      // As the model holds them (TP boxes under 2D, EP slices), in named_parameters() order.
+      std::map<std::string, at::Tensor> held;
+      for (DataParallel* dp : {part->dp.get(), part->expert_dp.get()}) {
+        if (dp == nullptr) continue;
+        for (auto& [name, t] : dp->gather_full_parameters()) held[name] = std::move(t);
+      }
+      for (const auto& item : part->model->named_parameters()) {
+        full.emplace_back(item.key(), held.at(item.key()));
+      }
     } else {
       for (const auto& item : part->model->named_parameters()) {
         full.emplace_back(item.key(), item.value().detach().to(at::kCPU));
       }
     }
-    if (part->tp) {
-      for (auto& [name, t] : full) t = part->tp->gather_whole(name, t);
+    for (auto& [name, t] : full) {
+      if (part->is_expert(name)) {
+        t = part->ep->gather_whole(name, t);
+      } else if (part->tp) {
+        t = part->tp->gather_whole(name, t);
+      }
     }
     by_part.push_back(std::move(full));
   }
@@ -526,7 +592,10 @@ std::vector<std::pair<std::string, at::Tensor>> ParallelizedModel::gather_full_p
 void ParallelizedModel::load_full_parameters(
     const std::function<at::Tensor(const std::string&)>& whole) {
   if (has_dp()) {
-    for (auto& part : parts_) part->dp->load_full_parameters(whole);
+    for (auto& part : parts_) {
+      part->dp->load_full_parameters(whole);
+      if (part->expert_dp) part->expert_dp->load_full_parameters(whole);
+    }
     return;
   }
   at::NoGradGuard no_grad;
@@ -539,7 +608,7 @@ void ParallelizedModel::load_full_parameters(
 }
 
 bool ParallelizedModel::communicates() const {
-  return has_dp() || has_tp() || pipeline_ || !cp_layouts_.empty();
+  return has_dp() || has_tp() || has_ep() || pipeline_ || !cp_layouts_.empty();
 }
 
 const char* ParallelizedModel::shard_group_name() const {
@@ -550,6 +619,8 @@ double ParallelizedModel::comm_wait_seconds() const {
   double seconds = pipeline_ ? pipeline_->comm_wait_seconds() : 0.0;
   for (const auto& part : parts_) {
     if (part->dp) seconds += part->dp->comm_wait_seconds();
+    if (part->expert_dp) seconds += part->expert_dp->comm_wait_seconds();
+    if (part->ep) seconds += part->ep->comm_wait_seconds();
     if (part->tp) seconds += part->tp->comm_wait_seconds();
   }
   return seconds;
@@ -574,14 +645,17 @@ std::vector<std::string> ParallelizedModel::describe() const {
     const std::string prefix =
         parts_.size() > 1 ? "stage " + std::to_string(part.stage) + ": " : std::string();
     if (part.tp) lines.push_back(prefix + part.tp->describe());
+    if (part.ep) lines.push_back(prefix + part.ep->describe());
     if (part.ac) lines.push_back(prefix + part.ac->describe());
-    if (!part.dp) continue;
-    lines.push_back(prefix + part.dp->describe());
-    const DataParallelMemory m = part.dp->memory();
-    total.shard_param_bytes += m.shard_param_bytes;
-    total.total_param_bytes += m.total_param_bytes;
-    total.max_unit_unsharded_bytes =
-        std::max(total.max_unit_unsharded_bytes, m.max_unit_unsharded_bytes);
+    for (const DataParallel* dp : {part.dp.get(), part.expert_dp.get()}) {
+      if (dp == nullptr) continue;
+      lines.push_back(prefix + dp->describe());
+      const DataParallelMemory m = dp->memory();
+      total.shard_param_bytes += m.shard_param_bytes;
+      total.total_param_bytes += m.total_param_bytes;
+      total.max_unit_unsharded_bytes =
+          std::max(total.max_unit_unsharded_bytes, m.max_unit_unsharded_bytes);
+    }
   }
   if (has_dp()) {
     lines.push_back("memory per rank: parameters " + human_bytes(total.shard_param_bytes) +
@@ -610,6 +684,8 @@ std::unique_ptr<ParallelizedModel> parallelize_decoder(std::shared_ptr<Model> mo
   // 1. TP: it slices the parameters in place, so FSDP later shards the TP-local tensors
   //    and activation checkpointing recomputes through its hooks (same collectives again).
   pm->apply_tensor_parallel(options.loss_parallel, options.seq_lens);
+  // 1b. Expert parallelism slices the experts TP left whole (each rank routes its own tokens).
+  pm->apply_expert_parallel();
   // 2. Context parallelism swaps the inner attention kernel for ring attention.
   pm->apply_context_parallel(options.cp_load_balancer, options.cp_rotate_method, options.seq_lens);
   // 3. Activation checkpointing before FSDP: FSDP's runner then sits outside it and keeps a

@@ -9,6 +9,9 @@
 //      piece applies to each part; a schedule runtime (pipeline.h) runs them;
 //   1. tensor / sequence parallelism: slices parameters in place and installs forward hooks; the
 //      later pieces see the TP-local tensors;
+//   1b. expert parallelism: slices every MoE layer's routed experts over the ep group and swaps
+//      in the all-to-all token exchange (expert_parallel.h); FSDP later shards the experts over
+//      dp_shard_mod_ep with a second DataParallel instance, the rest as usual;
 //   2. context parallelism: every attention layer's inner kernel becomes ring attention over the
 //      cp group; forward_backward / evaluate shard the batch along the sequence (and give the
 //      model its tokens' positions), FSDP shards over dp_shard x cp, losses average over dp x cp;
@@ -111,6 +114,10 @@ class ParallelizedModel {
                       const std::function<std::shared_ptr<Model>()>& build, at::Device device);
   void apply_tensor_parallel(bool loss_parallel,
                              const std::vector<std::pair<std::string, int64_t>>& seq_lens);
+  // Experts split over the ep group (dims.ep() > 1; a no-op otherwise). After tensor
+  // parallelism, before activation checkpointing. ConfigError for a model without MoE layers or
+  // expert counts that ep does not divide.
+  void apply_expert_parallel();
   // Ring attention in every attention layer over the cp group, for the sequence lengths given
   // (each must divide by 2 x cp with headtail, cp without, and the share by tp).
   void apply_context_parallel(const std::string& load_balancer, const std::string& rotate_method,
@@ -188,13 +195,15 @@ class ParallelizedModel {
   void refresh_params();
   bool has_tp() const;
   bool has_dp() const;
+  bool has_ep() const;
   const char* shard_group_name() const;  // FSDP's: dp_shard, or dp_shard_cp with cp
 
   const ParallelDims& dims_;
   int64_t rank_;
   std::vector<std::unique_ptr<Part>> parts_;
   std::unique_ptr<PipelineRuntime> pipeline_;
-  bool applied_tp_ = false, applied_cp_ = false, applied_ac_ = false, applied_dp_ = false;
+  bool applied_tp_ = false, applied_ep_ = false, applied_cp_ = false, applied_ac_ = false,
+       applied_dp_ = false;
   // Context parallelism: the sequence layout of each sequence length (empty without cp).
   std::map<int64_t, SequenceLayout> cp_layouts_;
   RotateMethod cp_rotate_ = RotateMethod::kAllGather;  // for describe()

@@ -118,6 +118,12 @@ TEST(ConfigValidate, ParallelDegrees) {
   EXPECT_TRUE(
       contains(validation_error([](JobConfig& c) { c.parallelism.expert_parallel_degree = 0; }),
                "parallelism.expert_parallel_degree must be >= 1"));
+  EXPECT_TRUE(contains(validation_error([](JobConfig& c) {
+                         c.parallelism.expert_parallel_degree = 2;
+                         c.parallelism.expert_parallel_comm_backend = "deepep";
+                       }),
+                       "expert_parallel_comm_backend = \"deepep\" (DeepEP's dispatch kernels) is "
+                       "not available"));
 }
 
 TEST(ConfigValidate, GlobalBatchSizeMustBeMultipleOfLocalTimesDp) {

@@ -7,6 +7,8 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
+
 namespace titan {
 namespace {
 
@@ -103,12 +105,16 @@ TEST(ParallelDegrees, UnimplementedParallelismsAreRefusedByName) {
     }
     return std::string();
   };
-  EXPECT_EQ(refusal(degrees(1, -1, 1, 2), 4), "");     // tensor parallelism is implemented
-  EXPECT_EQ(refusal(degrees(1, -1, 2), 4), "");        // context parallelism is implemented
-  EXPECT_EQ(refusal(degrees(1, -1, 1, 1, 2), 4), "");  // pipeline parallelism is implemented
-  std::string ep = refusal(degrees(1, -1, 1, 1, 1, 2), 4);
-  EXPECT_NE(ep.find("expert parallelism is not implemented yet (parallelism.expert_parallel_"
-                    "degree = 2)"),
+  EXPECT_EQ(refusal(degrees(1, -1, 1, 2), 4), "");        // tensor parallelism is implemented
+  EXPECT_EQ(refusal(degrees(1, -1, 2), 4), "");           // context parallelism is implemented
+  EXPECT_EQ(refusal(degrees(1, -1, 1, 1, 2), 4), "");     // pipeline parallelism is implemented
+  EXPECT_EQ(refusal(degrees(1, -1, 1, 1, 1, 2), 4), "");  // expert parallelism is implemented
+  // Experts split over tp ranks (expert_tensor_parallel_degree = tp) are not.
+  ParallelDegrees etp = degrees(1, -1, 1, 2, 1, 2);
+  etp.etp = 2;
+  const std::string ep = refusal(etp, 4);
+  EXPECT_NE(ep.find("parallelism.expert_tensor_parallel_degree = 2 (routed experts split over "
+                    "tensor-parallel ranks) is not implemented"),
             std::string::npos)
       << ep;
   // Arithmetic errors come first.
@@ -178,6 +184,37 @@ TEST(ParallelDims, MeshCoordinatesAndGroupMembership) {
   EXPECT_EQ(cp.group_ranks("cp", 0), (std::vector<int>{0, 2}));
   EXPECT_EQ(cp.group_ranks("dp_shard", 0), (std::vector<int>{0, 4}));
   EXPECT_EQ(cp.group_ranks("dp_shard_cp", 1), (std::vector<int>{1, 3, 5, 7}));
+}
+
+// Expert parallelism splits dp_shard into dp_shard_mod_ep (outer) x dp_shard_in_ep (inner); the
+// ep group is dp_shard_in_ep x cp x tp, the experts' FSDP group dp_shard_mod_ep.
+TEST(ParallelDims, ExpertGroupsSplitDpShard) {
+  // dp_shard 4 x tp 2, ep 4: dp_shard_in_ep 2, dp_shard_mod_ep 2. Rank = dp_shard * 2 + tp.
+  ParallelDims dims = ParallelDims::planned(degrees(1, 4, 1, 2, 1, 4), 8);
+  EXPECT_EQ(dims.dp_shard_in_ep(), 2);
+  EXPECT_EQ(dims.dp_shard_mod_ep(), 2);
+  EXPECT_EQ(dims.group_ranks("ep", 0), (std::vector<int>{0, 1, 2, 3}));
+  EXPECT_EQ(dims.group_ranks("ep", 5), (std::vector<int>{4, 5, 6, 7}));
+  EXPECT_EQ(dims.group_ranks("dp_shard_mod_ep", 0), (std::vector<int>{0, 4}));
+  EXPECT_EQ(dims.group_ranks("dp_shard_mod_ep", 5), (std::vector<int>{1, 5}));
+  // Every rank sits in one ep group and one dp_shard_mod_ep group, which cross in it alone.
+  for (int r = 0; r < 8; ++r) {
+    const auto ep = dims.group_ranks("ep", r);
+    const auto mod = dims.group_ranks("dp_shard_mod_ep", r);
+    int both = 0;
+    for (int x : ep) both += std::count(mod.begin(), mod.end(), x);
+    EXPECT_EQ(both, 1) << r;
+  }
+  EXPECT_NE(dims.describe().find("ep(4) = dp_shard_in_ep(2) x cp(1) x tp(2), FSDP of experts over "
+                                 "dp_shard_mod_ep(2)"),
+            std::string::npos)
+      << dims.describe();
+  // With cp and HSDP: dp_replicate 2 x dp_shard 2 x cp 2, ep 4 = dp_shard 2 x cp 2 (all of it).
+  ParallelDims hsdp = ParallelDims::planned(degrees(2, 2, 2, 1, 1, 4), 8);
+  EXPECT_EQ(hsdp.group_ranks("ep", 6), (std::vector<int>{4, 5, 6, 7}));
+  EXPECT_EQ(hsdp.group_ranks("dp_shard_mod_ep", 6), (std::vector<int>{6}));
+  // No ep groups without expert parallelism.
+  EXPECT_THROW(ParallelDims::planned(degrees(1, 4), 4).group_ranks("ep", 0), c10::Error);
 }
 
 TEST(ParallelDims, NamedGroupsOnFourRanks) {

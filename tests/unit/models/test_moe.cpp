@@ -177,6 +177,37 @@ TEST(MoE, GroupedGemmMatchesTheLoop) {
   EXPECT_TRUE(at::allclose(grouped, loop, 1e-5, 1e-5)) << (grouped - loop).abs().max();
 }
 
+// The grouped GEMM's backward (libtorch's, CPU included) gives the loop's gradients.
+TEST(MoE, GroupedGemmGradientsMatchTheLoop) {
+  MoEArgs a = small_args();
+  a.hidden_dim = 8;
+  auto moe = make_moe(a);
+  const std::vector<int64_t> counts = {5, 0, 17, 1};
+  const at::Tensor x0 = at::randn({23, 8});
+  const at::Tensor g = at::randn({23, 8});
+  std::vector<at::Tensor> grads[2];
+  for (int grouped = 0; grouped < 2; ++grouped) {
+    moe->zero_grad();
+    const at::Tensor x = x0.clone().requires_grad_(true);
+    at::Tensor y;
+    try {
+      y = grouped ? moe->experts->forward_grouped(x, counts)
+                  : moe->experts->forward_loop(x, counts);
+      y.backward(g);
+    } catch (const c10::Error& e) {
+      GTEST_SKIP() << "this libtorch has no CPU grouped GEMM backward: "
+                   << e.what_without_backtrace();
+    }
+    grads[grouped] = {x.grad(), moe->experts->w1->weight.grad().clone(),
+                      moe->experts->w2->weight.grad().clone(),
+                      moe->experts->w3->weight.grad().clone()};
+  }
+  for (size_t i = 0; i < grads[0].size(); ++i) {
+    EXPECT_TRUE(at::allclose(grads[1][i], grads[0][i], 1e-5, 1e-5))
+        << i << ": " << (grads[1][i] - grads[0][i]).abs().max();
+  }
+}
+
 TEST(MoE, BiasMovesTowardUnderloadedExperts) {
   MoEArgs a = small_args();
   a.load_balance_coeff = 0.01;

@@ -3,7 +3,8 @@
 // DDP, TP, FSDP x TP and PP reproduce the one-process run of the same seed and global batch
 // (losses within 1e-5 relative, grad norms within 1e-4, and the expert biases, which depend on the
 // token counts summed over every rank); a checkpoint carries the biases, resumed in another
-// layout.
+// layout. Expert parallelism (ep 2, alone and with FSDP, HSDP, TP and PP) reproduces it too,
+// and its checkpoints resume in other layouts.
 #include "../test_util.h"
 #include "trainer_ranks.h"
 
@@ -27,11 +28,12 @@ namespace fs = std::filesystem;
 constexpr int64_t kGlobalBatch = 8;
 
 struct Layout {
-  int64_t dp_replicate = 1, dp_shard = 1, tp = 1, pp = 1;
+  int64_t dp_replicate = 1, dp_shard = 1, tp = 1, pp = 1, ep = 1;
   int64_t world() const { return dp_replicate * dp_shard * tp * pp; }
   std::string name() const {
     return "dp_replicate " + std::to_string(dp_replicate) + " x dp_shard " +
-           std::to_string(dp_shard) + " x tp " + std::to_string(tp) + " x pp " + std::to_string(pp);
+           std::to_string(dp_shard) + " x tp " + std::to_string(tp) + " x pp " +
+           std::to_string(pp) + (ep > 1 ? " with ep " + std::to_string(ep) : "");
   }
 };
 
@@ -49,7 +51,16 @@ JobConfig config_for(const fs::path& dump, const Layout& layout, int64_t steps) 
   c.parallelism.data_parallel_shard_degree = layout.dp_shard;
   c.parallelism.tensor_parallel_degree = layout.tp;
   c.parallelism.pipeline_parallel_degree = layout.pp;
+  c.parallelism.expert_parallel_degree = layout.ep;
   c.parallelism.pipeline_parallel_schedule = "1F1B";
+  return c;
+}
+
+// Full checkpoints every 2 steps.
+JobConfig with_checkpoints(JobConfig c) {
+  c.checkpoint.enable = true;
+  c.checkpoint.interval = 2;
+  c.checkpoint.last_save_model_only = false;
   return c;
 }
 
@@ -69,21 +80,9 @@ Outcome run(const JobConfig& config, int64_t world) {
   return out;
 }
 
-TEST(TrainerMoE, LearnsBalancesAndEveryLayoutReproducesOneProcess) {
-  const fs::path root = test::fresh_test_dir("titan_trainer_moe");
-  const Outcome one = run(config_for(root / "one", {}, 4), 1);
-  ASSERT_EQ(one.result.losses.size(), 4u);
-  EXPECT_LT(one.result.losses.back(), one.result.losses.front());
-  ASSERT_EQ(one.biases.size(), 2u);
-  for (const auto& [name, b] : one.biases) {
-    EXPECT_GT(b.abs().max().item<double>(), 0.0) << name << ": the bias never moved";
-  }
-  std::vector<Layout> layouts(5);
-  layouts[0].dp_shard = 2;                     // FSDP
-  layouts[1].dp_replicate = 2;                 // DDP
-  layouts[2].tp = 2;                           // TP: MoE on sequence shards
-  layouts[3].dp_shard = 2, layouts[3].tp = 2;  // FSDP x TP
-  layouts[4].pp = 2;                           // PP: one MoE layer per stage
+// Every layout's run against the one-process run `one` (4 steps).
+void expect_reproduces(const fs::path& root, const Outcome& one,
+                       const std::vector<Layout>& layouts) {
   for (const Layout& layout : layouts) {
     SCOPED_TRACE(layout.name());
     const Outcome got = run(config_for(root / layout.name(), layout, 4), layout.world());
@@ -102,6 +101,93 @@ TEST(TrainerMoE, LearnsBalancesAndEveryLayoutReproducesOneProcess) {
       EXPECT_TRUE(at::allclose(b, one.biases.at(name), 0, 1e-9)) << name;
     }
     std::printf("MoE %s vs one process: worst loss %.2e relative\n", layout.name().c_str(), worst);
+  }
+}
+
+TEST(TrainerMoE, LearnsBalancesAndEveryLayoutReproducesOneProcess) {
+  const fs::path root = test::fresh_test_dir("titan_trainer_moe");
+  const Outcome one = run(config_for(root / "one", {}, 4), 1);
+  ASSERT_EQ(one.result.losses.size(), 4u);
+  EXPECT_LT(one.result.losses.back(), one.result.losses.front());
+  ASSERT_EQ(one.biases.size(), 2u);
+  for (const auto& [name, b] : one.biases) {
+    EXPECT_GT(b.abs().max().item<double>(), 0.0) << name << ": the bias never moved";
+  }
+  std::vector<Layout> layouts(5);
+  layouts[0].dp_shard = 2;                     // FSDP
+  layouts[1].dp_replicate = 2;                 // DDP
+  layouts[2].tp = 2;                           // TP: MoE on sequence shards
+  layouts[3].dp_shard = 2, layouts[3].tp = 2;  // FSDP x TP
+  layouts[4].pp = 2;                           // PP: one MoE layer per stage
+  expect_reproduces(root, one, layouts);
+  fs::remove_all(root);
+}
+
+// Expert parallelism: tiny_moe's 4 experts split 2 + 2 over ep 2, tokens exchanged by all-to-all.
+TEST(TrainerMoE, ExpertParallelReproducesOneProcess) {
+  const fs::path root = test::fresh_test_dir("titan_trainer_moe_ep");
+  const Outcome one = run(config_for(root / "one", {}, 4), 1);
+  std::vector<Layout> layouts(5);
+  layouts[0].dp_shard = 2;  // EP 2 (the experts' FSDP group has one rank)
+  layouts[1].dp_shard = 4;  // EP 2 x FSDP 2: experts sharded over dp_shard_mod_ep 2
+  layouts[2].dp_shard = 2, layouts[2].tp = 2;  // EP over the tp ranks, FSDP of experts over 2
+  layouts[3].dp_replicate = 2, layouts[3].dp_shard = 2;  // EP 2 under HSDP
+  layouts[4].pp = 2, layouts[4].dp_shard = 2;            // EP 2 in each pipeline stage
+  for (Layout& layout : layouts) layout.ep = 2;
+  expect_reproduces(root, one, layouts);
+  // The same seed routes the same way: a second EP run equals the first bitwise.
+  const Outcome a = run(config_for(root / "again_a", layouts[0], 4), 2);
+  const Outcome b = run(config_for(root / "again_b", layouts[0], 4), 2);
+  EXPECT_EQ(a.result.losses, b.result.losses);
+  for (const auto& [name, bias] : a.biases) EXPECT_TRUE(at::equal(bias, b.biases.at(name))) << name;
+  fs::remove_all(root);
+}
+
+// ep 3 does not divide tiny_moe's 4 experts: every rank refuses with the arithmetic.
+TEST(TrainerMoE, ExpertCountsMustDivideByEp) {
+  const fs::path root = test::fresh_test_dir("titan_trainer_moe_ep3");
+  Layout layout;
+  layout.dp_shard = 3, layout.ep = 3;
+  JobConfig c = config_for(root, layout, 1);
+  c.training.local_batch_size = 2;
+  c.training.global_batch_size = 6;
+  const std::vector<std::string> errors =
+      test::errors_on_ranks(c, 3, [](int64_t, Trainer& t) { t.train(); });
+  for (const std::string& e : errors) {
+    EXPECT_TRUE(test::contains(e,
+                               "MoE layer layers.0.moe has 4 experts, not divisible by "
+                               "expert_parallel_degree 3 (4 % 3 = 1)"))
+        << e;
+  }
+  fs::remove_all(root);
+}
+
+// A checkpoint written under EP 2 x FSDP 2 resumes in one process and one process's under EP 2
+// x TP 2; steps 3-4 match the uninterrupted run.
+TEST(TrainerMoE, CheckpointsMoveBetweenExpertLayouts) {
+  const fs::path root = test::fresh_test_dir("titan_trainer_moe_ep_ckpt");
+  const Outcome reference = run(config_for(root / "reference", {}, 4), 1);
+  Layout ep_fsdp;
+  ep_fsdp.dp_shard = 4, ep_fsdp.ep = 2;
+  Layout ep_tp;
+  ep_tp.dp_shard = 2, ep_tp.tp = 2, ep_tp.ep = 2;
+  struct Move {
+    Layout from, to;
+  };
+  for (const Move& move : {Move{ep_fsdp, Layout{}}, Move{Layout{}, ep_tp}}) {
+    SCOPED_TRACE(move.from.name() + " -> " + move.to.name());
+    const fs::path dump = root / (move.from.name() + " to " + move.to.name());
+    run(with_checkpoints(config_for(dump, move.from, 4)), move.from.world());
+    fs::remove_all(dump / "checkpoint" / "step-4");
+    const Outcome resumed = run(with_checkpoints(config_for(dump, move.to, 4)), move.to.world());
+    ASSERT_EQ(resumed.result.losses.size(), 2u);
+    for (size_t s = 0; s < 2; ++s) {
+      EXPECT_NEAR(resumed.result.losses[s], reference.result.losses[s + 2],
+                  1e-5 * reference.result.losses[s + 2]);
+    }
+    for (const auto& [name, b] : resumed.biases) {
+      EXPECT_TRUE(at::allclose(b, reference.biases.at(name), 0, 1e-9)) << name;
+    }
   }
   fs::remove_all(root);
 }
@@ -133,12 +219,6 @@ TEST(TrainerMoE, ForcedBalanceKeepsLoadsEven) {
 
 TEST(TrainerMoE, CheckpointsCarryTheExpertBias) {
   const fs::path root = test::fresh_test_dir("titan_trainer_moe_ckpt");
-  const auto with_checkpoints = [](JobConfig c) {
-    c.checkpoint.enable = true;
-    c.checkpoint.interval = 2;
-    c.checkpoint.last_save_model_only = false;
-    return c;
-  };
   const Outcome reference = run(config_for(root / "reference", {}, 4), 1);
   // The biases after step 2, from a run stopped there (same schedule: steps = 4).
   JobConfig stop = config_for(root / "stopped", {}, 4);

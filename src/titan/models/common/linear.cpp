@@ -90,8 +90,11 @@ std::vector<ParamSlot> parameter_slots(torch::nn::Module& root) {
   std::vector<ParamSlot> slots;
   for (const auto& item : root.named_parameters()) {
     auto it = by_name.find(item.key());
+    // A member a parallelism has cleared (another data-parallel instance holds its shards) is
+    // still the parameter's slot.
     TITAN_CHECK(it != by_name.end() &&
-                    it->second->unsafeGetTensorImpl() == item.value().unsafeGetTensorImpl(),
+                    (!it->second->defined() ||
+                     it->second->unsafeGetTensorImpl() == item.value().unsafeGetTensorImpl()),
                 "parameter ", item.key(), " is not the weight member of a WeightLayer, so a ",
                 "parallelism cannot rebind it; hold parameters in WeightLayer subclasses");
     slots.push_back({item.key(), it->second});

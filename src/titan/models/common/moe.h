@@ -51,7 +51,7 @@ struct MoEArgs {
   int64_t num_limited_groups = 0;
   // Auxiliary-loss-free balancing step size; 0 turns the expert bias off.
   double load_balance_coeff = 1e-3;
-  // Experts as grouped GEMMs (at::_grouped_mm, on CUDA) rather than one GEMM per expert.
+  // Experts as grouped GEMMs (at::_grouped_mm, 16-bit compute) rather than one GEMM per expert.
   bool use_grouped_mm = true;
 
   // Throws ConfigError (with the arithmetic) for impossible settings.
@@ -83,7 +83,7 @@ class GroupedExperts : public torch::nn::Module {
 
   // The two implementations forward picks between: one GEMM per expert with tokens, or one
   // grouped GEMM per weight (at::_grouped_mm; groups padded to 16 rows). forward uses the grouped
-  // one when use_grouped_mm is set, x is on a CUDA device and the compute dtype is 16-bit.
+  // one when use_grouped_mm is set and the compute dtype is 16-bit (CUDA or CPU).
   at::Tensor forward_loop(const at::Tensor& x, const std::vector<int64_t>& counts);
   at::Tensor forward_grouped(const at::Tensor& x, const std::vector<int64_t>& counts);
 
