@@ -28,12 +28,13 @@ namespace fs = std::filesystem;
 constexpr int64_t kGlobalBatch = 8;
 
 struct Layout {
-  int64_t dp_replicate = 1, dp_shard = 1, tp = 1, pp = 1, ep = 1;
-  int64_t world() const { return dp_replicate * dp_shard * tp * pp; }
+  int64_t dp_replicate = 1, dp_shard = 1, tp = 1, pp = 1, ep = 1, cp = 1;
+  int64_t world() const { return dp_replicate * dp_shard * tp * pp * cp; }
   std::string name() const {
     return "dp_replicate " + std::to_string(dp_replicate) + " x dp_shard " +
            std::to_string(dp_shard) + " x tp " + std::to_string(tp) + " x pp " +
-           std::to_string(pp) + (ep > 1 ? " with ep " + std::to_string(ep) : "");
+           std::to_string(pp) + (cp > 1 ? " x cp " + std::to_string(cp) : "") +
+           (ep > 1 ? " with ep " + std::to_string(ep) : "");
   }
 };
 
@@ -52,6 +53,7 @@ JobConfig config_for(const fs::path& dump, const Layout& layout, int64_t steps) 
   c.parallelism.tensor_parallel_degree = layout.tp;
   c.parallelism.pipeline_parallel_degree = layout.pp;
   c.parallelism.expert_parallel_degree = layout.ep;
+  c.parallelism.context_parallel_degree = layout.cp;
   c.parallelism.pipeline_parallel_schedule = "1F1B";
   return c;
 }
@@ -127,12 +129,13 @@ TEST(TrainerMoE, LearnsBalancesAndEveryLayoutReproducesOneProcess) {
 TEST(TrainerMoE, ExpertParallelReproducesOneProcess) {
   const fs::path root = test::fresh_test_dir("titan_trainer_moe_ep");
   const Outcome one = run(config_for(root / "one", {}, 4), 1);
-  std::vector<Layout> layouts(5);
+  std::vector<Layout> layouts(6);
   layouts[0].dp_shard = 2;  // EP 2 (the experts' FSDP group has one rank)
   layouts[1].dp_shard = 4;  // EP 2 x FSDP 2: experts sharded over dp_shard_mod_ep 2
   layouts[2].dp_shard = 2, layouts[2].tp = 2;  // EP over the tp ranks, FSDP of experts over 2
   layouts[3].dp_replicate = 2, layouts[3].dp_shard = 2;  // EP 2 under HSDP
   layouts[4].pp = 2, layouts[4].dp_shard = 2;            // EP 2 in each pipeline stage
+  layouts[5].cp = 2;  // EP over the cp ranks (each routes its share of the sequences)
   for (Layout& layout : layouts) layout.ep = 2;
   expect_reproduces(root, one, layouts);
   // The same seed routes the same way: a second EP run equals the first bitwise.
