@@ -102,7 +102,13 @@ ParallelDegrees resolve_parallel_degrees(const ParallelDegrees& degrees, int64_t
           "set parallelism.data_parallel_shard_degree = -1 to take the rest.";
     fail(os.str());
   }
-  if (d.ep > 1) {
+  if (d.etp != 1 && d.etp != d.tp) {
+    fail("parallelism.expert_tensor_parallel_degree (etp) must be 1 or tensor_parallel_degree (" +
+         std::to_string(d.tp) + "), got " + std::to_string(d.etp) +
+         ". HINT: 1 keeps experts whole (each rank routes its own sequence shard); tp splits each "
+         "expert's hidden features over the tp ranks");
+  }
+  if (d.ep > 1 && d.etp == 1) {
     // TorchTitan's rule: experts borrow all of cp * tp and part of dp_shard.
     const int64_t cp_tp = d.cp * d.tp;
     const int64_t shard_cp_tp = d.dp_shard * cp_tp;
@@ -114,18 +120,23 @@ ParallelDegrees resolve_parallel_degrees(const ParallelDegrees& degrees, int64_t
          << ". HINT: expert parallelism borrows ranks from dp_shard x cp x tp.";
       fail(os.str());
     }
+  } else if (d.ep > 1) {
+    // etp = tp: the experts already split over tp; ep borrows all of cp and part of dp_shard.
+    const int64_t shard_cp = d.dp_shard * d.cp;
+    if (d.ep % d.cp != 0 || shard_cp % d.ep != 0) {
+      std::ostringstream os;
+      os << "with expert_tensor_parallel_degree = tp, ep(" << d.ep << ") must be a multiple of cp("
+         << d.cp << ") and divide dp_shard(" << d.dp_shard << ") * cp(" << d.cp
+         << ") = " << shard_cp
+         << ". HINT: expert parallelism then borrows ranks from dp_shard x cp only.";
+      fail(os.str());
+    }
   }
   return d;
 }
 
-void check_parallelism_implemented(const ParallelDegrees& d) {
-  if (d.etp != 1) {
-    fail("parallelism.expert_tensor_parallel_degree = " + std::to_string(d.etp) +
-         " (routed experts split over tensor-parallel ranks) is not implemented. HINT: set it to "
-         "1: under tensor parallelism each rank routes its own sequence shard, and with "
-         "expert_parallel_degree > 1 the tp ranks take part in the token exchange and each hold "
-         "whole experts (TorchTitan's expert_tensor_parallel_degree = 1)");
-  }
+void check_parallelism_implemented(const ParallelDegrees&) {
+  // Every parallelism and layout that resolve_parallel_degrees accepts is implemented.
 }
 
 // ---- ParallelDims ----
@@ -237,7 +248,9 @@ std::vector<int> ParallelDims::group_ranks(const std::string& name, int64_t rank
     for (int64_t r = 0; r < world_size_; ++r) {
       const MeshCoord c = coordinate(r);
       if (c.pp != me.pp || c.dp_replicate != me.dp_replicate) continue;
-      const bool same_mod = c.dp_shard / in_ep == me.dp_shard / in_ep;
+      // With experts split over tp, each tp rank exchanges tokens with its own tp coordinate.
+      const bool same_mod =
+          c.dp_shard / in_ep == me.dp_shard / in_ep && (d_.etp == 1 || c.tp == me.tp);
       const bool same_in =
           c.dp_shard % in_ep == me.dp_shard % in_ep && c.cp == me.cp && c.tp == me.tp;
       if (name == "ep" ? same_mod : same_in) ranks.push_back(static_cast<int>(r));
@@ -322,8 +335,12 @@ std::string ParallelDims::describe() const {
      << ") x dp_shard(" << d_.dp_shard << ") x cp(" << d_.cp << ") x tp(" << d_.tp << ")";
   if (d_.ep > 1) {
     os << "; experts: ep(" << d_.ep << ") = dp_shard_in_ep(" << dp_shard_in_ep() << ") x cp("
-       << d_.cp << ") x tp(" << d_.tp << "), FSDP of experts over dp_shard_mod_ep("
-       << dp_shard_mod_ep() << ")";
+       << d_.cp << ")";
+    if (d_.etp == 1) os << " x tp(" << d_.tp << ")";
+    os << ", FSDP of experts over dp_shard_mod_ep(" << dp_shard_mod_ep() << ")";
+  }
+  if (d_.etp > 1) {
+    os << "; each expert split over tp(" << d_.tp << ") (expert_tensor_parallel_degree)";
   }
   return os.str();
 }

@@ -8,12 +8,14 @@
 //   "dp_shard_cp"  dp_shard x cp             FSDP shards parameters over it
 //   "dp_cp"        dp_replicate x dp_shard x cp   the loss is averaged over it
 //
-// Expert parallelism (ep > 1; TorchTitan's rule with expert_tensor_parallel_degree 1): the ep
-// ranks of a group take all of cp x tp and part of dp_shard, which splits in two, outer to inner,
-// dp_shard = dp_shard_mod_ep x dp_shard_in_ep with dp_shard_in_ep = ep / (cp x tp):
+// Expert parallelism (ep > 1; TorchTitan's rules): the ep ranks of a group take all of cp, all
+// of tp when expert_tensor_parallel_degree (etp) is 1, and part of dp_shard, which splits in two,
+// outer to inner, dp_shard = dp_shard_mod_ep x dp_shard_in_ep with dp_shard_in_ep = ep / (cp x
+// tp) (etp 1) or ep / cp (etp = tp, the experts themselves split over tp):
 //
-//   "ep"               dp_shard_in_ep x cp x tp   routed tokens are exchanged over it; each of
-//                                                 its ranks holds 1/ep of every MoE layer's experts
+//   "ep"               dp_shard_in_ep x cp (x tp when etp is 1)   routed tokens are exchanged
+//                                  over it; each of its ranks holds 1/ep of every MoE layer's
+//                                  experts
 //   "dp_shard_mod_ep"  dp_shard_mod_ep            FSDP shards the experts over it (replicas of the
 //                                                 same experts); with dp_replicate, HSDP
 //
@@ -24,8 +26,7 @@
 //   dims.build_groups(world);                         // every rank, same point of start-up
 //   dims.group("dp_shard").all_reduce(grad, dist::ReduceOp::kAvg).wait();
 //
-// Every parallelism is implemented; an expert_tensor_parallel_degree other than 1 is refused
-// (experts split over tp) with the reason.
+// Every parallelism is implemented.
 #pragma once
 
 #include "titan/config/job_config.h"
@@ -87,9 +88,15 @@ class ParallelDims {
   int64_t tp() const { return d_.tp; }
   int64_t pp() const { return d_.pp; }
   int64_t ep() const { return d_.ep; }
+  int64_t etp() const { return d_.etp; }
   bool ep_enabled() const { return d_.ep > 1; }
+  // expert_tensor_parallel_degree = tp > 1: MoE layers see whole sequences and split each
+  // expert's hidden features over tp.
+  bool experts_split_over_tp() const { return d_.etp > 1; }
   // Expert parallelism's split of dp_shard (see the top): 1 and dp_shard without ep.
-  int64_t dp_shard_in_ep() const { return d_.ep > 1 ? d_.ep / (d_.cp * d_.tp) : 1; }
+  int64_t dp_shard_in_ep() const {
+    return d_.ep > 1 ? d_.ep / (d_.cp * (d_.etp > 1 ? 1 : d_.tp)) : 1;
+  }
   int64_t dp_shard_mod_ep() const { return d_.dp_shard / dp_shard_in_ep(); }
   const ParallelDegrees& degrees() const { return d_; }
 

@@ -125,7 +125,8 @@ class AllToAllExperts final : public ExpertRunner {
 
 }  // namespace
 
-ExpertParallel::ExpertParallel(Model& model, std::shared_ptr<dist::Group> group)
+ExpertParallel::ExpertParallel(Model& model, std::shared_ptr<dist::Group> group,
+                               const std::map<std::string, ParamPlacement>* tp_placements)
     : model_(model), group_(std::move(group)), stats_(std::make_shared<Stats>()) {
   TITAN_CHECK(group_ != nullptr, "expert parallelism needs its group");
   const int64_t ep = group_->size();
@@ -150,10 +151,14 @@ ExpertParallel::ExpertParallel(Model& model, std::shared_ptr<dist::Group> group)
           {"w2", experts.w2.get()},
           {"w3", experts.w3.get()}}) {
       at::Tensor& w = layer->weight;
+      const std::string name = item.key() + ".experts." + wname + ".weight";
       ParamPlacement place{ShardBox::whole(w.sizes()), /*replicated=*/false};
+      if (tp_placements != nullptr && tp_placements->count(name)) {
+        place.box = tp_placements->at(name).box;  // hidden features already split over tp
+      }
       place.box.offsets[0] = r * local;
       w.set_data(w.narrow(0, r * local, local).clone());
-      placements_[item.key() + ".experts." + wname + ".weight"] = place;
+      placements_[name] = place;
     }
     moe->runner = std::make_shared<AllToAllExperts>(group_, stats_);
     ++layers_;

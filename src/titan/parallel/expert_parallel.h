@@ -34,9 +34,12 @@ namespace titan {
 class ExpertParallel {
  public:
   // Slices the experts of every MoE layer of `model` (identical on every rank; the meta device is
-  // fine) and installs the all-to-all runner. ConfigError when the model has no MoE layer or a
-  // layer's expert count does not divide by the group size.
-  ExpertParallel(Model& model, std::shared_ptr<dist::Group> group);
+  // fine) and installs the all-to-all runner. `tp_placements`: tensor parallelism's boxes when it
+  // already split the experts' hidden features (expert_tensor_parallel_degree = tp); the experts'
+  // boxes then carry both splits. ConfigError when the model has no MoE layer or a layer's expert
+  // count does not divide by the group size.
+  ExpertParallel(Model& model, std::shared_ptr<dist::Group> group,
+                 const std::map<std::string, ParamPlacement>* tp_placements = nullptr);
   ~ExpertParallel();
   ExpertParallel(const ExpertParallel&) = delete;
   ExpertParallel& operator=(const ExpertParallel&) = delete;
@@ -44,7 +47,8 @@ class ExpertParallel {
   // The expert weights ("<layer>.experts.w1.weight", ...) with this rank's boxes.
   const std::map<std::string, ParamPlacement>& placements() const { return placements_; }
   bool holds(const std::string& param) const { return placements_.count(param) != 0; }
-  // The whole expert weight from this rank's slice (collective over the group).
+  // The expert weight whole along the experts from this rank's slice (collective over the group;
+  // a tensor-parallel split stays for TensorParallel::gather_whole).
   at::Tensor gather_whole(const std::string& param, const at::Tensor& local) const;
 
   dist::Group& group() const { return *group_; }

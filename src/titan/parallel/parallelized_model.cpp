@@ -104,7 +104,8 @@ void ParallelizedModel::apply_tensor_parallel(
     }
   }
   for (auto& part : parts_) {
-    part->tp = std::make_unique<TensorParallel>(*part->model, dims_.group_ptr("tp"), loss_parallel);
+    part->tp = std::make_unique<TensorParallel>(*part->model, dims_.group_ptr("tp"), loss_parallel,
+                                                dims_.experts_split_over_tp());
   }
   refresh_params();
 }
@@ -116,7 +117,8 @@ void ParallelizedModel::apply_expert_parallel() {
   applied_ep_ = true;
   if (!dims_.ep_enabled()) return;
   for (auto& part : parts_) {
-    part->ep = std::make_unique<ExpertParallel>(*part->model, dims_.group_ptr("ep"));
+    part->ep = std::make_unique<ExpertParallel>(*part->model, dims_.group_ptr("ep"),
+                                                part->tp ? &part->tp->placements() : nullptr);
   }
   refresh_params();
 }
@@ -411,7 +413,9 @@ std::vector<std::pair<std::string, double>> ParallelizedModel::update_moe_load_b
     all = t.to(all.device());
   };
   if (dims_.dp_size() * dims_.cp() > 1) sum_over(dims_.cp_enabled() ? "dp_cp" : "dp");
-  if (dims_.tp() > 1) sum_over("tp");
+  // tp ranks route their own sequence shards, unless the experts are split over tp (each routes
+  // the whole sequences).
+  if (dims_.tp() > 1 && !dims_.experts_split_over_tp()) sum_over("tp");
   int64_t offset = 0;
   for (const auto& [name, moe] : layers) {
     const int64_t n = moe->tokens_per_expert.numel();
@@ -528,11 +532,8 @@ std::vector<std::pair<std::string, at::Tensor>> ParallelizedModel::gather_full_p
       }
     }
     for (auto& [name, t] : full) {
-      if (part->is_expert(name)) {
-        t = part->ep->gather_whole(name, t);
-      } else if (part->tp) {
-        t = part->tp->gather_whole(name, t);
-      }
+      if (part->is_expert(name)) t = part->ep->gather_whole(name, t);
+      if (part->tp) t = part->tp->gather_whole(name, t);  // replicated: t itself
     }
     by_part.push_back(std::move(full));
   }

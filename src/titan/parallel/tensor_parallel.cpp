@@ -4,6 +4,7 @@
 #include "titan/common/check.h"
 #include "titan/models/common/attention.h"
 #include "titan/models/common/linear.h"
+#include "titan/models/common/moe.h"
 #include "titan/models/common/savable_ops.h"
 #include "titan/parallel/device_streams.h"
 
@@ -186,6 +187,19 @@ class RowwiseHook : public ForwardHook {
   dist::Group* g_;
 };
 
+// A mixture-of-experts layer whose experts are split over tp: whole sequences in, the partial
+// outputs summed and scattered back to sequence shards.
+class SplitExpertsHook : public ForwardHook {
+ public:
+  explicit SplitExpertsHook(dist::Group* g) : g_(g) {}
+  at::Tensor run(HookedModule&, const at::Tensor& x, const ForwardBody& body) override {
+    return ReduceScatterSeq::apply(body(AllGatherSeq::apply(x, g_)), g_);
+  }
+
+ private:
+  dist::Group* g_;
+};
+
 // Tokens outside this rank's vocabulary rows look up row 0 and are zeroed; the partial sums over
 // ranks are reduce-scattered to sequence shards.
 class EmbeddingHook : public ForwardHook {
@@ -235,8 +249,12 @@ bool matches(const std::string& pattern, const std::string& name) {
 
 }  // namespace
 
-TensorParallel::TensorParallel(Model& model, std::shared_ptr<dist::Group> group, bool loss_parallel)
-    : model_(model), group_(std::move(group)), loss_parallel_(loss_parallel) {
+TensorParallel::TensorParallel(Model& model, std::shared_ptr<dist::Group> group, bool loss_parallel,
+                               bool split_experts)
+    : model_(model),
+      group_(std::move(group)),
+      loss_parallel_(loss_parallel),
+      split_experts_(split_experts) {
   TITAN_CHECK(group_ != nullptr, "tensor parallelism needs a tp group");
   const int64_t t = group_->size(), r = group_->rank();
   const std::vector<TpRule> plan = model.tensor_parallel_plan();
@@ -336,6 +354,33 @@ TensorParallel::TensorParallel(Model& model, std::shared_ptr<dist::Group> group,
     }
     TITAN_CHECK(found, "tensor-parallel plan: no module matches '", rule.module, "'");
   }
+  if (!split_experts) return;
+  for (const auto& [name, module] : modules) {
+    auto* moe = dynamic_cast<MoE*>(module.get());
+    if (moe == nullptr) continue;
+    const std::string experts = name + ".experts.";
+    shard(experts + "w1", *moe->experts->w1, 1, "hidden features per expert");
+    shard(experts + "w3", *moe->experts->w3, 1, "hidden features per expert");
+    shard(experts + "w2", *moe->experts->w2, 2, "hidden features per expert");
+    if (moe->shared_experts) {
+      const std::string shared = name + ".shared_experts.";
+      FeedForward& ffn = *moe->shared_experts;
+      shard(shared + "w1", *ffn.w1, 0, "hidden features");
+      shard(shared + "w3", *ffn.w3, 0, "hidden features");
+      shard(shared + "w2", *ffn.w2, 1, "hidden features");
+      float8_over_group(ffn.w1.get(), std::nullopt, 0, 1);
+      float8_over_group(ffn.w3.get(), std::nullopt, 0, 1);
+      float8_over_group(ffn.w2.get(), 1, 1, std::nullopt);
+    }
+    install_hook(*moe, std::make_shared<SplitExpertsHook>(group_.get()));
+    ++split_moe_layers_;
+  }
+  if (split_moe_layers_ == 0) {
+    throw ConfigError(
+        "parallelism.expert_tensor_parallel_degree = " + std::to_string(t) +
+        " splits the experts of mixture-of-experts layers over tp, and this model has none. "
+        "HINT: set it to 1");
+  }
 }
 
 void TensorParallel::install_hook(HookedModule& module, std::shared_ptr<ForwardHook> hook) {
@@ -402,7 +447,11 @@ std::string TensorParallel::describe() const {
   for (const auto& [name, p] : placements_) sharded += p.replicated ? 0 : 1;
   return "tensor parallel over " + std::to_string(size()) + " ranks (sequence parallel, " +
          std::to_string(sharded) + " of " + std::to_string(placements_.size()) +
-         " parameters sharded, loss parallel " + (loss_parallel_ ? "on" : "off") + ")";
+         " parameters sharded, loss parallel " + (loss_parallel_ ? "on" : "off") +
+         (split_moe_layers_ > 0 ? ", experts of " + std::to_string(split_moe_layers_) +
+                                      " MoE layers split over tp (whole sequences routed)"
+                                : std::string()) +
+         ")";
 }
 
 }  // namespace titan

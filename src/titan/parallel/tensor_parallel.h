@@ -15,6 +15,14 @@
 // parallel the cross-entropy runs on those vocab-sharded logits (max, sum of exponentials and
 // target logit all-reduced), without it the logits are all-gathered first.
 //
+// Mixture-of-experts layers (found by type, whatever the plan) run on each rank's sequence shard
+// with whole, replicated experts by default (their router and expert gradients are partial over
+// tp and summed like the norms'). With split_experts (parallelism.expert_tensor_parallel_degree =
+// tp) each MoE layer all-gathers its input on seq, so every tp rank routes the whole sequences the
+// same way, and holds a slice of every expert's hidden features (routed experts w1 / w3 by rows,
+// w2 by columns; the shared experts likewise); the partial outputs are reduce-scattered back to
+// sequence shards.
+//
 // Parameters keep their names; each rank holds a box of every sharded parameter (placements()),
 // so checkpoints load into any layout. FSDP composes on top (2D): it shards the TP-local tensors.
 #pragma once
@@ -38,7 +46,8 @@ class TensorParallel {
   // Slices `model`'s parameters (identical on every rank) and installs the hooks. Throws
   // ConfigError when the plan is empty, a split does not divide (heads, kv heads, hidden, vocab),
   // or embeddings are tied.
-  TensorParallel(Model& model, std::shared_ptr<dist::Group> group, bool loss_parallel);
+  TensorParallel(Model& model, std::shared_ptr<dist::Group> group, bool loss_parallel,
+                 bool split_experts = false);
   ~TensorParallel();
 
   // Mean next-token cross-entropy of the model's output (vocab-sharded logits with loss parallel,
@@ -66,6 +75,8 @@ class TensorParallel {
   Model& model_;
   std::shared_ptr<dist::Group> group_;
   bool loss_parallel_;
+  bool split_experts_;
+  int64_t split_moe_layers_ = 0;
   int64_t vocab_start_ = 0;  // first vocabulary id of this rank's output slice
   std::map<std::string, ParamPlacement> placements_;
   // The hooks this object added, removed again by the destructor.

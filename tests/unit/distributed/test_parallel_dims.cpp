@@ -109,14 +109,22 @@ TEST(ParallelDegrees, UnimplementedParallelismsAreRefusedByName) {
   EXPECT_EQ(refusal(degrees(1, -1, 2), 4), "");           // context parallelism is implemented
   EXPECT_EQ(refusal(degrees(1, -1, 1, 1, 2), 4), "");     // pipeline parallelism is implemented
   EXPECT_EQ(refusal(degrees(1, -1, 1, 1, 1, 2), 4), "");  // expert parallelism is implemented
-  // Experts split over tp ranks (expert_tensor_parallel_degree = tp) are not.
+  // Experts split over tp (expert_tensor_parallel_degree = tp) too; etp is 1 or tp.
   ParallelDegrees etp = degrees(1, -1, 1, 2, 1, 2);
   etp.etp = 2;
+  EXPECT_EQ(refusal(etp, 4), "");
+  etp.etp = 3;
   const std::string ep = refusal(etp, 4);
-  EXPECT_NE(ep.find("parallelism.expert_tensor_parallel_degree = 2 (routed experts split over "
-                    "tensor-parallel ranks) is not implemented"),
+  EXPECT_NE(ep.find("parallelism.expert_tensor_parallel_degree (etp) must be 1 or "
+                    "tensor_parallel_degree (2), got 3"),
             std::string::npos)
       << ep;
+  // With etp = tp, ep borrows from dp_shard x cp only: ep 4 does not divide dp_shard 2 x cp 1.
+  etp = degrees(1, -1, 1, 2, 1, 4);
+  etp.etp = 2;
+  EXPECT_NE(refusal(etp, 4).find("with expert_tensor_parallel_degree = tp, ep(4) must be a "
+                                 "multiple of cp(1) and divide dp_shard(2) * cp(1) = 2"),
+            std::string::npos);
   // Arithmetic errors come first.
   EXPECT_NE(refusal(degrees(1, 2, 1, 2), 8).find("!= world_size 8"), std::string::npos);
   EXPECT_EQ(refusal(degrees(2, -1), 4), "");
@@ -213,6 +221,15 @@ TEST(ParallelDims, ExpertGroupsSplitDpShard) {
   ParallelDims hsdp = ParallelDims::planned(degrees(2, 2, 2, 1, 1, 4), 8);
   EXPECT_EQ(hsdp.group_ranks("ep", 6), (std::vector<int>{4, 5, 6, 7}));
   EXPECT_EQ(hsdp.group_ranks("dp_shard_mod_ep", 6), (std::vector<int>{6}));
+  // etp = tp: ep = dp_shard_in_ep x cp, each tp rank exchanging with its own tp coordinate.
+  ParallelDegrees split = degrees(1, 4, 1, 2, 1, 2);
+  split.etp = 2;
+  ParallelDims etp = ParallelDims::planned(split, 8);
+  EXPECT_EQ(etp.dp_shard_in_ep(), 2);
+  EXPECT_EQ(etp.dp_shard_mod_ep(), 2);
+  EXPECT_EQ(etp.group_ranks("ep", 0), (std::vector<int>{0, 2}));
+  EXPECT_EQ(etp.group_ranks("ep", 5), (std::vector<int>{5, 7}));
+  EXPECT_EQ(etp.group_ranks("dp_shard_mod_ep", 0), (std::vector<int>{0, 4}));
   // No ep groups without expert parallelism.
   EXPECT_THROW(ParallelDims::planned(degrees(1, 4), 4).group_ranks("ep", 0), c10::Error);
 }

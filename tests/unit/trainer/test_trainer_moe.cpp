@@ -28,20 +28,22 @@ namespace fs = std::filesystem;
 constexpr int64_t kGlobalBatch = 8;
 
 struct Layout {
-  int64_t dp_replicate = 1, dp_shard = 1, tp = 1, pp = 1, ep = 1, cp = 1;
+  int64_t dp_replicate = 1, dp_shard = 1, tp = 1, pp = 1, ep = 1, cp = 1, etp = 1;
+  std::string model = "qwen3", flavor = "tiny_moe";
   int64_t world() const { return dp_replicate * dp_shard * tp * pp * cp; }
   std::string name() const {
-    return "dp_replicate " + std::to_string(dp_replicate) + " x dp_shard " +
-           std::to_string(dp_shard) + " x tp " + std::to_string(tp) + " x pp " +
+    return model + " " + flavor + ": dp_replicate " + std::to_string(dp_replicate) +
+           " x dp_shard " + std::to_string(dp_shard) + " x tp " + std::to_string(tp) + " x pp " +
            std::to_string(pp) + (cp > 1 ? " x cp " + std::to_string(cp) : "") +
-           (ep > 1 ? " with ep " + std::to_string(ep) : "");
+           (ep > 1 ? " with ep " + std::to_string(ep) : "") +
+           (etp > 1 ? ", etp " + std::to_string(etp) : "");
   }
 };
 
 JobConfig config_for(const fs::path& dump, const Layout& layout, int64_t steps) {
   JobConfig c = test::tiny_training_config(dump.string());
-  c.model.name = "qwen3";
-  c.model.flavor = "tiny_moe";
+  c.model.name = layout.model;
+  c.model.flavor = layout.flavor;
   c.training.steps = steps;
   c.training.local_batch_size = kGlobalBatch / (layout.dp_replicate * layout.dp_shard);
   c.training.global_batch_size = kGlobalBatch;
@@ -54,6 +56,7 @@ JobConfig config_for(const fs::path& dump, const Layout& layout, int64_t steps) 
   c.parallelism.pipeline_parallel_degree = layout.pp;
   c.parallelism.expert_parallel_degree = layout.ep;
   c.parallelism.context_parallel_degree = layout.cp;
+  c.parallelism.expert_tensor_parallel_degree = layout.etp;
   c.parallelism.pipeline_parallel_schedule = "1F1B";
   return c;
 }
@@ -143,6 +146,26 @@ TEST(TrainerMoE, ExpertParallelReproducesOneProcess) {
   const Outcome b = run(config_for(root / "again_b", layouts[0], 4), 2);
   EXPECT_EQ(a.result.losses, b.result.losses);
   for (const auto& [name, bias] : a.biases) EXPECT_TRUE(at::equal(bias, b.biases.at(name))) << name;
+  fs::remove_all(root);
+}
+
+// expert_tensor_parallel_degree = tp: every tp rank routes the whole sequences and holds a slice of
+// each expert's hidden features (the shared experts' too), alone and under EP; and DeepSeek-V3's
+// tiny flavor (sigmoid routing in groups, a shared expert, a dense first layer) under EP and
+// expert-split TP.
+TEST(TrainerMoE, ExpertsSplitOverTpAndDeepSeekReproduceOneProcess) {
+  const fs::path root = test::fresh_test_dir("titan_trainer_moe_etp");
+  for (const std::string model : {"qwen3", "deepseek_v3"}) {
+    Layout base;
+    base.model = model;
+    base.flavor = model == "qwen3" ? "tiny_moe" : "tiny";
+    const Outcome one = run(config_for(root / (model + " one"), base, 4), 1);
+    std::vector<Layout> layouts(3, base);
+    layouts[0].tp = 2, layouts[0].etp = 2;  // TP of experts
+    layouts[1].dp_shard = 2, layouts[1].tp = 2, layouts[1].ep = 2, layouts[1].etp = 2;  // EP x TP
+    layouts[2].dp_shard = 2, layouts[2].ep = 2;                                         // EP 2
+    expect_reproduces(root, one, layouts);
+  }
   fs::remove_all(root);
 }
 
