@@ -2,7 +2,8 @@
 # the tiny MoE flavor trains 30 steps (the loss falls, expert loads are logged, the expert biases
 # move) with a checkpoint; `titan generate` from that checkpoint gives the same greedy ids with and
 # without the KV cache; 2-process FSDP and FSDP x EP runs reproduce the single-process losses
-# within 1e-5, and the EP run's checkpoint generates what one process's does; ep on a dense model
+# within 1e-5, the EP run's checkpoint generates what one process's does and its HF export holds
+# the same tensors (1e-5); ep on a dense model
 # exits 2 with the reason.
 source "$(dirname "$0")/lib.sh"
 
@@ -51,12 +52,14 @@ same_losses "$WORK/ref/metrics.jsonl" "$WORK/fsdp/metrics.jsonl" ||
 # Expert parallelism: tiny_moe's 4 experts, 2 per rank, tokens exchanged by all-to-all.
 expect_exit 0 timeout 300 "$TITAN" run --nproc_per_node 2 -- train "${moe[@]}" \
   --training.steps 10 --training.local_batch_size 4 --job.dump_folder "$WORK/ep" \
-  --parallelism.expert_parallel_degree 2 --checkpoint.enable --checkpoint.interval 10
+  --parallelism.expert_parallel_degree 2 --checkpoint.enable --checkpoint.interval 10 \
+  --checkpoint.last_save_in_hf true
 expect_output "expert parallel over ep 2: 2 MoE layers, 2 experts per rank"
 same_losses "$WORK/ref/metrics.jsonl" "$WORK/ep/metrics.jsonl" ||
   fail "EP 2 does not reproduce the single-process losses"
 expect_exit 0 "$TITAN" train "${moe[@]}" --training.steps 10 --training.local_batch_size 8 \
-  --job.dump_folder "$WORK/ref_ckpt" --checkpoint.enable --checkpoint.interval 10
+  --job.dump_folder "$WORK/ref_ckpt" --checkpoint.enable --checkpoint.interval 10 \
+  --checkpoint.last_save_in_hf true
 for run in ep ref_ckpt; do
   "$TITAN" generate --checkpoint "$WORK/$run/checkpoint" --prompt "The" --temperature 0 \
     --max_new_tokens 12 --print_ids >"$WORK/$run.gen" 2>"$WORK/gen.err" ||
@@ -64,6 +67,20 @@ for run in ep ref_ckpt; do
 done
 cmp -s "$WORK/ep.gen" "$WORK/ref_ckpt.gen" ||
   fail "the EP checkpoint generates $(cat "$WORK/ep.gen"), one process's $(cat "$WORK/ref_ckpt.gen")"
+# The HF export under EP gathers every expert: the same tensors as one process's export.
+if [ -n "${TITAN_PYTHON:-}" ]; then
+  "$TITAN_PYTHON" - "$WORK/ep/checkpoint/step-10-hf" "$WORK/ref_ckpt/checkpoint/step-10-hf" <<'PY' ||
+import sys
+from safetensors.torch import load_file
+a = load_file(sys.argv[1] + "/model.safetensors")
+b = load_file(sys.argv[2] + "/model.safetensors")
+assert a.keys() == b.keys(), sorted(set(a) ^ set(b))
+worst = max((a[k] - b[k]).abs().max().item() for k in a)
+print(f"EP 2 HF export vs one process: {len(a)} tensors, max difference {worst:.1e}")
+assert worst < 1e-5, worst
+PY
+    fail "the HF export under EP differs from one process's"
+fi
 
 expect_exit 2 timeout 120 "$TITAN" run --nproc_per_node 2 -- train "${moe[@]}" \
   --training.steps 1 --training.local_batch_size 4 --parallelism.expert_parallel_degree 2 \
