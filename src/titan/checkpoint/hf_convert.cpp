@@ -26,6 +26,23 @@ const HfAdapter& adapter_of(const ModelSpec& spec) {
   return spec.hf;
 }
 
+// MoE expert biases (auxiliary-loss-free balancing): buffers that are state, carried with the
+// parameters; DeepSeek-V3's Hugging Face models hold them too (e_score_correction_bias).
+bool is_expert_bias(const std::string& name) {
+  const std::string suffix = ".expert_bias";
+  return name.size() >= suffix.size() &&
+         name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+// The expert-bias buffers of `model` by name.
+TensorMap expert_biases(const Model& model) {
+  TensorMap out;
+  for (const auto& item : model.named_buffers()) {
+    if (is_expert_bias(item.key())) out.emplace(item.key(), item.value());
+  }
+  return out;
+}
+
 // An empty model of `description` whose parameter names and shapes say what to load.
 std::shared_ptr<Model> empty_model(const nlohmann::json& description) {
   const ModelSpec& spec = spec_for_description(description);
@@ -80,14 +97,27 @@ void copy_into_model(Model& model, const TensorMap& tensors, const std::string& 
                       shape_str(item.value().sizes()));
     }
   }
+  const TensorMap biases = expert_biases(model);
   for (const auto& [name, tensor] : tensors) {
-    if (params.find(name) == nullptr) {
+    if (params.find(name) == nullptr && biases.count(name) == 0) {
       throw DataError(source + ": tensor '" + name + "' is not a parameter of the model");
     }
   }
   at::NoGradGuard no_grad;
   for (const auto& item : params) {
     item.value().copy_(tensors.at(item.key()));
+  }
+  // Expert biases where the source has them (a Hugging Face DeepSeek-V3); else kept as they are.
+  for (const auto& [name, buffer] : biases) {
+    const auto it = tensors.find(name);
+    if (it == tensors.end()) continue;
+    if (it->second.sizes() != buffer.sizes()) {
+      throw DataError(source + ": tensor '" + name + "' has shape " +
+                      shape_str(it->second.sizes()) + ", the model expects " +
+                      shape_str(buffer.sizes()));
+    }
+    at::Tensor target = buffer;
+    target.copy_(it->second);
   }
 }
 
@@ -107,16 +137,12 @@ void load_checkpoint_parameters(Model& model, const CheckpointReader& reader) {
     item.value().copy_(reader.read(item.key()));
   }
   // Buffers that are state: MoE expert biases steer routing at inference too.
-  const std::string bias = ".expert_bias";
-  for (const auto& item : model.named_buffers()) {
-    const std::string& name = item.key();
-    if (name.size() < bias.size() || name.compare(name.size() - bias.size(), bias.size(), bias)) {
-      continue;
-    }
+  for (const auto& [name, buffer] : expert_biases(model)) {
     if (!reader.has(name)) {
       throw DataError(reader.dir() + ": checkpoint has no tensor for the MoE state '" + name + "'");
     }
-    item.value().copy_(reader.read(name).to(item.value().scalar_type()));
+    at::Tensor target = buffer;
+    target.copy_(reader.read(name).to(buffer.scalar_type()));
   }
 }
 
@@ -156,7 +182,11 @@ void checkpoint_to_hf(const std::string& checkpoint_dir, const std::string& out_
   const CheckpointReader reader(checkpoint_dir);
   const nlohmann::json& description = checkpoint_model(reader);
   const HfAdapter& adapter = adapter_of(spec_for_description(description));
-  const TensorMap ours = read_model_tensors(reader);
+  TensorMap ours = read_model_tensors(reader);
+  // Expert biases go along: an adapter maps them (DeepSeek-V3) or drops them (Qwen3).
+  for (const auto& [name, buffer] : expert_biases(*empty_model(description))) {
+    if (reader.has(name)) ours.emplace(name, reader.read(name));
+  }
   write_hf_folder(out_dir, adapter.to_hf_config(description), adapter.to_hf(ours, description),
                   options);
 }
@@ -187,19 +217,25 @@ void hf_to_checkpoint(const std::string& hf_dir, const std::string& out_dir) {
     }
     saved.push_back(SavedTensor{item.key(), it->second, {}});
   }
+  const TensorMap biases = expert_biases(*model);
   for (const auto& [name, tensor] : ours) {
-    if (model->named_parameters().find(name) == nullptr) {
+    if (model->named_parameters().find(name) == nullptr && biases.count(name) == 0) {
       throw DataError(hf_dir + ": tensor '" + name + "' is not a parameter of the model");
     }
   }
-  // MoE expert biases: state of ours that Hugging Face models do not have; they start at zero.
-  const std::string bias = ".expert_bias";
-  for (const auto& item : model->named_buffers()) {
-    const std::string& name = item.key();
-    if (name.size() >= bias.size() &&
-        name.compare(name.size() - bias.size(), bias.size(), bias) == 0) {
-      saved.push_back(SavedTensor{name, at::zeros(item.value().sizes(), at::kFloat), {}});
+  // MoE expert biases: from the folder where its model has them (DeepSeek-V3), else zero
+  // (Qwen3-MoE has none).
+  for (const auto& [name, buffer] : biases) {
+    const auto it = ours.find(name);
+    if (it != ours.end() && it->second.sizes() != buffer.sizes()) {
+      throw DataError(hf_dir + ": tensor for '" + name + "' has shape " +
+                      shape_str(it->second.sizes()) + ", config.json implies " +
+                      shape_str(buffer.sizes()));
     }
+    saved.push_back(SavedTensor{
+        name,
+        it != ours.end() ? it->second.to(at::kFloat) : at::zeros(buffer.sizes(), at::kFloat),
+        {}});
   }
   const std::string tokenizer = hf_tokenizer_path(hf_dir);
   // "model_only" and "entries" as the checkpoint manager writes a model-only save, so that
@@ -241,6 +277,7 @@ void save_hf_weights(const Model& model, const nlohmann::json& model_description
   // The adapter's permutes and concatenations run on the host, not in device memory.
   TensorMap on_host;
   for (const auto& [name, t] : model_tensors(model)) on_host.emplace(name, t.detach().cpu());
+  for (const auto& [name, t] : expert_biases(model)) on_host.emplace(name, t.detach().cpu());
   write_hf_folder(out_dir, adapter.to_hf_config(model_description),
                   adapter.to_hf(on_host, model_description), options);
 }

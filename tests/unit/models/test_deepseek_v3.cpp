@@ -1,11 +1,13 @@
 // DeepSeek-V3 on the Llama 3 decoder: the released sizes (total and active parameters), the MLA
 // parameter names, multi-head latent attention against a direct float64 computation, YaRN
 // frequencies against their formula, gradients of the tiny flavor against central differences,
-// KV-cache decoding against the full forward, the tensor-parallel plan and refusals, and a few
-// optimizer steps that lower the loss.
+// KV-cache decoding against the full forward, the tensor-parallel plan and refusals, a few
+// optimizer steps that lower the loss, and the Hugging Face adapter's names, config and round trip
+// (tests/e2e/test_deepseek_v3_hf.sh checks it against transformers).
 #include "titan/common/check.h"
 #include "titan/distributed/parallel_dims.h"
 #include "titan/models/common/mla.h"
+#include "titan/models/deepseek_v3/hf_adapter.h"
 #include "titan/models/deepseek_v3/spec.h"
 #include "titan/models/llama3/model.h"
 #include "titan/models/registry.h"
@@ -17,6 +19,7 @@
 #include <torch/optim/adamw.h>
 
 #include <cmath>
+#include <functional>
 #include <set>
 #include <string>
 
@@ -351,6 +354,63 @@ TEST(DeepSeekV3, TrainingLowersTheLoss) {
       moved |= moe->expert_bias.abs().sum().item<double>() > 0;
   }
   EXPECT_TRUE(moved);
+}
+
+TEST(DeepSeekV3, HuggingFaceRoundTrip) {
+  const auto model = tiny_model(/*seed=*/2);
+  const llama3::Llama3Args& args = model->args();
+  // config.json back to the same flavor.
+  const nlohmann::json config = deepseek_v3::hf_config(args);
+  EXPECT_EQ(config["q_lora_rank"], 32);
+  EXPECT_EQ(config["n_group"], 4);
+  EXPECT_EQ(config["rope_scaling"]["rope_type"], "yarn");
+  // (max_position_embeddings carries the model's RoPE table length, 64 here.)
+  EXPECT_EQ(llama3::describe_args(deepseek_v3::args_from_hf_config(config), deepseek_v3::family()),
+            nlohmann::json(
+                {{"name", "deepseek_v3"}, {"flavor", "tiny"}, {"args", {{"max_seq_len", 64}}}}));
+  // Tensors (parameters and expert biases) to HF names and back, bit for bit.
+  TensorMap ours;
+  for (const auto& item : model->named_parameters()) ours.emplace(item.key(), item.value());
+  for (const auto& item : model->named_buffers()) {
+    if (item.key().find("expert_bias") != std::string::npos) {
+      ours.emplace(item.key(), at::randn(item.value().sizes()));
+    }
+  }
+  const TensorMap hf = deepseek_v3::to_hf_tensors(ours, args);
+  for (const char* name : {"model.layers.0.self_attn.q_a_proj.weight",
+                           "model.layers.0.self_attn.kv_a_proj_with_mqa.weight",
+                           "model.layers.1.mlp.gate.e_score_correction_bias",
+                           "model.layers.2.mlp.experts.7.down_proj.weight",
+                           "model.layers.1.mlp.shared_experts.up_proj.weight", "lm_head.weight"}) {
+    EXPECT_TRUE(hf.count(name)) << name;
+  }
+  const TensorMap back = deepseek_v3::from_hf_tensors(hf, args);
+  ASSERT_EQ(back.size(), ours.size());
+  for (const auto& [name, t] : ours) {
+    ASSERT_TRUE(back.count(name)) << name;
+    EXPECT_TRUE(at::equal(back.at(name), t)) << name;
+  }
+  // What DeepseekV3ForCausalLM cannot express, and what we cannot read, is refused by name.
+  const auto refusal = [](const std::function<void()>& f) {
+    try {
+      f();
+    } catch (const ConfigError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no ConfigError");
+  };
+  EXPECT_NE(refusal([] {
+              deepseek_v3::hf_config(llama3::args_for_flavor("16B", deepseek_v3::family()));
+            }).find("sigmoid"),
+            std::string::npos);
+  nlohmann::json halves = config;
+  halves["rope_interleave"] = false;
+  EXPECT_NE(refusal([&] { deepseek_v3::args_from_hf_config(halves); }).find("rope_interleave"),
+            std::string::npos);
+  nlohmann::json scaled = config;
+  scaled["rope_scaling"]["mscale"] = 0.5;  // cos/sin scaled by mscale(0.5) / mscale(1)
+  EXPECT_NE(refusal([&] { deepseek_v3::args_from_hf_config(scaled); }).find("attention factor"),
+            std::string::npos);
 }
 
 }  // namespace

@@ -3,6 +3,7 @@
 
 #include "titan/common/check.h"
 #include "titan/distributed/parallel_dims.h"
+#include "titan/models/deepseek_v3/hf_adapter.h"
 #include "titan/models/llama3/model.h"
 #include "titan/models/llama3/spec.h"
 #include "titan/parallel/parallelized_model.h"
@@ -108,6 +109,7 @@ namespace titan {
 
 ModelSpec make_deepseek_v3_spec() {
   ModelSpec spec = make_decoder_spec(deepseek_v3::family());
+  spec.hf = deepseek_v3::make_hf_adapter();
   spec.parallelize = [](std::shared_ptr<Model> model, const ParallelDims& dims, int64_t rank,
                         const ParallelizeOptions& options) {
     if (dims.cp() > 1) {
