@@ -407,6 +407,10 @@ TEST(DeepSeekV3, HuggingFaceRoundTrip) {
   halves["rope_interleave"] = false;
   EXPECT_NE(refusal([&] { deepseek_v3::args_from_hf_config(halves); }).find("rope_interleave"),
             std::string::npos);
+  nlohmann::json fp8 = config;
+  fp8["quantization_config"] = {{"quant_method", "fp8"}};
+  EXPECT_NE(refusal([&] { deepseek_v3::args_from_hf_config(fp8); }).find("dequantize"),
+            std::string::npos);
   nlohmann::json scaled = config;
   scaled["rope_scaling"]["mscale"] = 0.5;  // cos/sin scaled by mscale(0.5) / mscale(1)
   EXPECT_NE(refusal([&] { deepseek_v3::args_from_hf_config(scaled); }).find("attention factor"),

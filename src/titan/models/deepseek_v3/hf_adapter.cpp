@@ -247,6 +247,17 @@ Llama3Args args_from_hf_config(const nlohmann::json& c) {
   }
   check_false(c, "attention_bias");
   check_false(c, "tie_word_embeddings");
+  if (has(c, "quantization_config")) {
+    throw ConfigError(
+        "config.json has a \"quantization_config\" (DeepSeek-V3's released weights are fp8 "
+        "blocks with scales): quantized folders are not supported. HINT: dequantize to bf16 or "
+        "fp32 first (e.g. DeepSeek's fp8_cast_bf16.py) and drop quantization_config");
+  }
+  // DeepSeek's own config.json (remote code) names the router; transformers' is always sigmoid.
+  if (c.value("scoring_func", std::string("sigmoid")) != "sigmoid") {
+    throw ConfigError("config.json \"scoring_func\" " + c["scoring_func"].dump() +
+                      " is not supported by DeepseekV3 (only \"sigmoid\")");
+  }
   if (!bool_or(c, "rope_interleave", true)) {
     throw ConfigError(
         "config.json \"rope_interleave\": false is not supported (rotary dimensions in "

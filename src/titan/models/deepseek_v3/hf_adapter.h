@@ -33,7 +33,8 @@ namespace titan::deepseek_v3 {
 nlohmann::json hf_config(const llama3::Llama3Args& args);
 // The arguments of a "deepseek_v3" config.json (transformers' defaults for absent keys);
 // ConfigError naming a key we cannot represent (rope_interleave false, another rope type, a
-// rotation scaled by attention_factor != 1, biases, tied embeddings, another activation).
+// rotation scaled by attention_factor != 1, biases, tied embeddings, another activation, a
+// quantization_config: the released fp8 weights must be dequantized first).
 llama3::Llama3Args args_from_hf_config(const nlohmann::json& config);
 
 TensorMap to_hf_tensors(const TensorMap& ours, const llama3::Llama3Args& args);
