@@ -20,6 +20,8 @@ int run_launch(const std::vector<std::string>& args);    // `titan run`
 int run_selftest(const std::vector<std::string>& args);  // multi-process launch check
 // `titan pipeline-schedule`: a pipeline schedule's per-rank table and simulated bubble.
 int run_pipeline_schedule(const std::vector<std::string>& args);
+// `titan plot`: an SVG of runs' metrics (loss, lr, tokens/s, memory, ...) against steps.
+int run_plot(const std::vector<std::string>& args);
 
 // True (and prints help for `command`) when args ask for --help / -h.
 bool maybe_print_help(const std::string& command, const std::vector<std::string>& args);

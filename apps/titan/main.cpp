@@ -33,7 +33,9 @@ void print_usage() {
       "  run       launch N ranks of a command: `titan run --nproc_per_node N -- train ...` "
       "(`titan run --help`)\n"
       "  pipeline-schedule  print a pipeline schedule's per-rank actions and bubble "
-      "(`titan pipeline-schedule --help`)\n");
+      "(`titan pipeline-schedule --help`)\n"
+      "  plot      draw runs' metrics (loss, lr, tokens/s, memory) into one SVG "
+      "(`titan plot --help`)\n");
 }
 
 int run_command(const std::string& command, const std::vector<std::string>& args) {
@@ -44,6 +46,7 @@ int run_command(const std::string& command, const std::vector<std::string>& args
   if (command == "run") return titan::run_launch(args);
   if (command == "selftest") return titan::run_selftest(args);
   if (command == "pipeline-schedule") return titan::run_pipeline_schedule(args);
+  if (command == "plot") return titan::run_plot(args);
   if (titan::maybe_print_help(command, args)) return 0;
   if (command == "train") return titan::run_train(args);
   if (command == "inspect") return titan::run_inspect(args);
