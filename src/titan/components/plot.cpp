@@ -392,6 +392,8 @@ std::string metric_title(const std::string& name) {
       {"tflops", "TFLOP/s per rank"},
       {"mfu", "MFU (%)"},
       {"memory_gib", "memory (GiB)"},
+      {"memory_pct", "memory (% of RAM or device)"},
+      {"time_metrics/end_to_end(s)", "step time (s)"},
       {"grad_norm", "gradient norm"},
       {"elapsed_s", "elapsed (s)"},
   };
