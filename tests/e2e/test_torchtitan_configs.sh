@@ -70,8 +70,8 @@ expect_output "'parallelism.enable_async_tensor_parallel' = true is not supporte
 printf '[model]\nconverters = ["quantize.linear.mx"]\n' >"$WORK/tt.toml"
 expect_exit 2 "$TITAN" inspect --job.config_file "$WORK/tt.toml"
 expect_output "model.converters entry 'quantize.linear.mx' is not supported yet"
-expect_exit 2 "$TITAN" inspect --metrics.enable_tensorboard
-expect_output "'metrics.enable_tensorboard' = true is not supported yet"
+expect_exit 2 "$TITAN" inspect --metrics.enable_wandb
+expect_output "'metrics.enable_wandb' = true is not supported yet"
 # --help lists the new sections and marks what is not supported yet.
 expect_exit 0 "$TITAN" train --help
 expect_output "^\[quantize.grouped_mm.mx\]"

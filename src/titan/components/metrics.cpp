@@ -21,6 +21,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <ctime>
 #include <filesystem>
 #include <sstream>
 
@@ -128,7 +129,7 @@ std::string metrics_file_name(const MetricsSection& config, int64_t rank) {
 MetricsLogger::MetricsLogger(const MetricsSection& config, const std::string& dump_folder,
                              double flops_per_token, double peak_flops, int64_t total_steps,
                              bool write_file, int64_t start_step, int64_t rank,
-                             const at::Device& device)
+                             const at::Device& device, int64_t tb_started)
     : config_(config),
       device_(device),
       flops_per_token_(flops_per_token),
@@ -161,6 +162,13 @@ MetricsLogger::MetricsLogger(const MetricsSection& config, const std::string& du
           nlohmann::json{{"event", "resume"}, {"step", start_step}, {"dropped_rows", dropped}}
               .dump());
     }
+    if (config.enable_tensorboard) {
+      const int64_t started =
+          tb_started > 0 ? tb_started : static_cast<int64_t>(std::time(nullptr));
+      tb_ = std::make_unique<TensorBoardWriter>(
+          tensorboard_folder(config, dump_folder, rank, started));
+      log_info("TensorBoard logging enabled; event file ", tb_->path());
+    }
   }
   start_ = last_log_ = std::chrono::steady_clock::now();
   last_log_step_ = start_step;
@@ -171,6 +179,7 @@ MetricsLogger::~MetricsLogger() {
 }
 
 void MetricsLogger::close() {
+  if (tb_) tb_->close();
   if (jsonl_fd_ < 0) return;
   const int fd = jsonl_fd_;
   jsonl_fd_ = -1;
@@ -234,8 +243,8 @@ std::optional<StepMetrics> MetricsLogger::on_step(int64_t step, int64_t tokens,
     m.memory_pct = 100.0 * static_cast<double>(rss) / static_cast<double>(total_ram_bytes());
   }
   m.elapsed_s = std::chrono::duration<double>(now - start_).count();
-  const double per_step = window / static_cast<double>(std::max<int64_t>(1, step - last_log_step_));
-  m.eta_s = per_step * static_cast<double>(total_steps_ - step);
+  m.step_time_s = window / static_cast<double>(std::max<int64_t>(1, step - last_log_step_));
+  m.eta_s = m.step_time_s * static_cast<double>(total_steps_ - step);
 
   char line[512];
   std::snprintf(line, sizeof(line),
@@ -250,6 +259,7 @@ std::optional<StepMetrics> MetricsLogger::on_step(int64_t step, int64_t tokens,
                 format_duration(m.elapsed_s).c_str(), format_duration(m.eta_s).c_str());
   log_info(line);
   write_json(m);
+  if (tb_) tb_->add_scalars(step, tensorboard_scalars(m, device_.is_cuda()));
 
   tokens_since_log_ = 0;
   last_log_ = std::chrono::steady_clock::now();
@@ -268,6 +278,31 @@ void MetricsLogger::log_validation(int64_t step, double loss, int64_t tokens, do
   append_row(nlohmann::json{
       {"step", step}, {"validation_loss", loss}, {"validation_perplexity", std::exp(loss)}}
                  .dump());
+  if (tb_) {
+    tb_->add_scalars(step, {{"validation_metrics/loss", loss},
+                            {"validation_metrics/perplexity", std::exp(loss)}});
+  }
+}
+
+std::vector<Scalar> tensorboard_scalars(const StepMetrics& m, bool cuda) {
+  std::vector<Scalar> s = {{"loss_metrics/global_avg_loss", m.loss},
+                           {"grad_norm", m.grad_norm},
+                           {"lr", m.lr},
+                           {"throughput(tps)", m.tps},
+                           {"tflops", m.tflops},
+                           {"mfu(%)", m.mfu},
+                           {"time_metrics/end_to_end(s)", m.step_time_s}};
+  if (cuda) {
+    s.insert(s.end(), {{"memory/max_active(GiB)", m.max_active_gib},
+                       {"memory/max_active(%)", m.max_active_pct},
+                       {"memory/max_reserved(GiB)", m.max_reserved_gib},
+                       {"memory/max_reserved(%)", m.max_reserved_pct},
+                       {"memory/num_alloc_retries", static_cast<double>(m.alloc_retries)},
+                       {"memory/num_ooms", static_cast<double>(m.ooms)}});
+  } else {
+    s.insert(s.end(), {{"memory/max_rss(GiB)", m.memory_gib}, {"memory/max_rss(%)", m.memory_pct}});
+  }
+  return s;
 }
 
 void MetricsLogger::write_json(const StepMetrics& m) {
@@ -279,6 +314,8 @@ void MetricsLogger::write_json(const StepMetrics& m) {
                       {"tflops", m.tflops},
                       {"mfu", m.mfu},
                       {"memory_gib", m.memory_gib},
+                      {"memory_pct", m.memory_pct},
+                      {"time_metrics/end_to_end(s)", m.step_time_s},
                       {"elapsed_s", m.elapsed_s}};
   if (device_.is_cuda()) {
     j["memory/max_active(GiB)"] = m.max_active_gib;

@@ -10,16 +10,23 @@
 //
 // With metrics.save_for_all_ranks every rank writes its own file, metrics_rank_<rank>.jsonl
 // (TorchTitan's per-rank logging), rank 0 included.
+//
+// With metrics.enable_tensorboard the ranks that write a metrics file also write the same values
+// as TensorBoard scalars under TorchTitan's names (tensorboard_scalars; the event files are
+// described in tensorboard.h).
 #pragma once
 
+#include "titan/components/tensorboard.h"
 #include "titan/config/job_config.h"
 
 #include <ATen/ATen.h>
 
 #include <chrono>
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 namespace titan {
 
@@ -68,9 +75,17 @@ struct StepMetrics {
   double max_reserved_pct = 0.0;
   int64_t alloc_retries = 0;
   int64_t ooms = 0;
+  double step_time_s = 0.0;  // mean wall time per step in the log window
   double elapsed_s = 0.0;
   double eta_s = 0.0;
 };
+
+// A logged step's TensorBoard scalars, TorchTitan's tags, each with the metrics.jsonl key that
+// holds the same value: loss_metrics/global_avg_loss (loss), grad_norm, lr, throughput(tps)
+// (tps), tflops, mfu(%) (mfu), time_metrics/end_to_end(s); memory/max_active and max_reserved
+// (GiB and %), num_alloc_retries and num_ooms on CUDA (same keys), memory/max_rss(GiB) and (%)
+// (memory_gib, memory_pct) elsewhere.
+std::vector<Scalar> tensorboard_scalars(const StepMetrics& m, bool cuda);
 
 class MetricsLogger {
  public:
@@ -79,10 +94,13 @@ class MetricsLogger {
   // of truncating it (see the top of this file). `rank` names the file under
   // metrics.save_for_all_ranks (metrics_file_name).
   // On a CUDA `device` memory is the allocator's (reset every log window), else the process's
-  // peak RSS.
+  // peak RSS. With metrics.enable_tensorboard and `write_file`, TensorBoard files go to
+  // tensorboard_folder(), its timestamp from `tb_started` (Unix seconds; 0: now), which
+  // the ranks agree on under save_for_all_ranks so they share one folder.
   MetricsLogger(const MetricsSection& config, const std::string& dump_folder,
                 double flops_per_token, double peak_flops, int64_t total_steps, bool write_file,
-                int64_t start_step = 0, int64_t rank = 0, const at::Device& device = at::kCPU);
+                int64_t start_step = 0, int64_t rank = 0, const at::Device& device = at::kCPU,
+                int64_t tb_started = 0);
   ~MetricsLogger();
   MetricsLogger(const MetricsLogger&) = delete;
   MetricsLogger& operator=(const MetricsLogger&) = delete;
@@ -94,7 +112,10 @@ class MetricsLogger {
   void log_validation(int64_t step, double loss, int64_t tokens, double seconds);
 
   const std::string& jsonl_path() const { return jsonl_path_; }
-  // Closes metrics.jsonl, throwing DataError when the close reports a lost write (NFS, quota).
+  // The TensorBoard event file; "" when this rank writes none.
+  std::string tensorboard_path() const { return tb_ ? tb_->path() : ""; }
+  // Closes metrics.jsonl and the TensorBoard file, throwing DataError when a close reports a
+  // lost write (NFS, quota).
   void close();
 
  private:
@@ -110,6 +131,7 @@ class MetricsLogger {
   int64_t total_steps_;
   std::string jsonl_path_;
   int jsonl_fd_ = -1;
+  std::unique_ptr<TensorBoardWriter> tb_;
   bool colors_;
   std::chrono::steady_clock::time_point start_;
   std::chrono::steady_clock::time_point last_log_;

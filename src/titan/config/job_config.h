@@ -84,13 +84,14 @@ struct MetricsSection {
   template <class V>
   void visit(V& v) {
     v("log_freq", log_freq, "Log metrics every N steps (>= 1)");
-    v("enable_tensorboard", enable_tensorboard, "Log metrics to TensorBoard", kNotYet);
+    v("enable_tensorboard", enable_tensorboard,
+      "Also write the metrics as TensorBoard event files, under "
+      "<dump_folder>/<save_tb_folder>/<YYYYmmdd-HHMM>/");
     v("disable_color_printing", disable_color_printing, "Disable ANSI colors in the metrics line");
-    v("save_tb_folder", save_tb_folder, "TensorBoard folder, under dump_folder",
-      used_with("metrics.enable_tensorboard"));
+    v("save_tb_folder", save_tb_folder, "TensorBoard folder, under dump_folder");
     v("save_for_all_ranks", save_for_all_ranks,
-      "Every rank writes its own metrics file, metrics_rank_<rank>.jsonl; otherwise rank 0 "
-      "writes metrics.jsonl");
+      "Every rank writes its own metrics file, metrics_rank_<rank>.jsonl, and TensorBoard folder, "
+      "rank_<rank>/; otherwise rank 0 writes metrics.jsonl");
     v("enable_wandb", enable_wandb, "Log metrics to Weights & Biases", kNotYet);
     v("peak_flops", peak_flops,
       "Peak FLOP/s per rank used for MFU; 0 measures it with a short GEMM probe at start");

@@ -108,6 +108,14 @@ void validate_finite(const JobConfig& c) {
 // TorchTitan keys whose feature is not built yet (kNotYet in job_config.h) keep their defaults;
 // one table-driven check covers them all, so no value is silently ignored.
 void validate_not_yet_supported(const JobConfig& c) {
+  if (c.metrics.enable_wandb) {  // the generic message below, with the reason and the alternative
+    fail(
+        "config key 'metrics.enable_wandb' = true is not supported yet: Weights & Biases logs to "
+        "a network service, which titan.cpp does not talk to. HINT: remove "
+        "'metrics.enable_wandb' (or set it to false); for plots set metrics.enable_tensorboard = "
+        "true (TensorBoard event files under <job.dump_folder>/<metrics.save_tb_folder>/), or "
+        "read <job.dump_folder>/metrics.jsonl");
+  }
   JobConfig copy = c;
   JobConfig defaults;
   const detail::FieldTable table = detail::FieldTable::of(copy);

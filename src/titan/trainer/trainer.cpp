@@ -28,6 +28,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <ctime>
 #include <iomanip>
 #include <random>
 #include <sstream>
@@ -293,11 +294,19 @@ void Trainer::build_metrics() {
                 "the datasheet peak (MFU reads high). HINT: set metrics.peak_flops to the "
                 "device's dense bf16 FLOP/s");
   }
+  // TensorBoard's <save_tb_folder>/<YYYYmmdd-HHMM>/ folder is named from rank 0's clock, so
+  // that the rank_<r> folders of save_for_all_ranks land in one folder.
+  int64_t tb_started = static_cast<int64_t>(std::time(nullptr));
+  if (config_.metrics.enable_tensorboard && config_.metrics.save_for_all_ranks && world_) {
+    at::Tensor t = at::full({1}, tb_started, at::TensorOptions(at::kLong).device(world_->device()));
+    world_->broadcast(t, 0).wait();
+    tb_started = t.item<int64_t>();
+  }
   metrics_ = std::make_unique<MetricsLogger>(
       config_.metrics, config_.job.dump_folder, stats.flops_per_token(config_.training.seq_len),
       peak, config_.training.steps,
       /*write_file=*/!metrics_file_name(config_.metrics, rank_).empty(),
-      /*start_step=*/train_state_.step, /*rank=*/rank_, device_);
+      /*start_step=*/train_state_.step, /*rank=*/rank_, device_, tb_started);
 }
 
 std::optional<Batch> Trainer::next_local_batch(DataLoader& loader) {
