@@ -8,6 +8,7 @@
 #include "titan/components/optimizer.h"
 #include "titan/models/common/attention.h"
 #include "titan/models/common/linear.h"
+#include "titan/models/common/mla.h"
 #include "titan/models/common/moe.h"
 #include "titan/parallel/activation_checkpoint.h"
 #include "titan/parallel/data_parallel.h"
@@ -156,13 +157,20 @@ void ParallelizedModel::apply_context_parallel(
   }
   for (auto& part : parts_) {
     for (const auto& item : part->model->named_modules()) {
-      auto* attention = dynamic_cast<Attention*>(item.value().get());
-      if (attention == nullptr) continue;
+      // Grouped-query attention and multi-head latent attention (whose q, k and v reach the
+      // kernel padded to one head size) share the inner kernel's seam.
+      std::shared_ptr<InnerAttention>* inner = nullptr;
+      if (auto* attention = dynamic_cast<Attention*>(item.value().get())) {
+        inner = &attention->inner_attention;
+      } else if (auto* latent = dynamic_cast<MultiHeadLatentAttention*>(item.value().get())) {
+        inner = &latent->inner_attention;
+      }
+      if (inner == nullptr) continue;
       std::vector<std::shared_ptr<RingAttention>> rings;
       for (const auto& [len, layout] : cp_layouts_) {
         rings.push_back(std::make_shared<RingAttention>(dims_.group_ptr("cp"), layout, rotate));
       }
-      attention->inner_attention = std::make_shared<ContextParallelAttention>(std::move(rings));
+      *inner = std::make_shared<ContextParallelAttention>(std::move(rings));
     }
   }
 }

@@ -151,8 +151,8 @@ TEST(TrainerMoE, ExpertParallelReproducesOneProcess) {
 
 // expert_tensor_parallel_degree = tp: every tp rank routes the whole sequences and holds a slice of
 // each expert's hidden features (the shared experts' too), alone and under EP; and DeepSeek-V3's
-// tiny flavor (sigmoid routing in groups, a shared expert, a dense first layer) under EP and
-// expert-split TP.
+// tiny flavor (sigmoid routing in groups, a shared expert, a dense first layer) under EP,
+// expert-split TP and CP.
 TEST(TrainerMoE, ExpertsSplitOverTpAndDeepSeekReproduceOneProcess) {
   const fs::path root = test::fresh_test_dir("titan_trainer_moe_etp");
   for (const std::string model : {"qwen3", "deepseek_v3"}) {
@@ -160,10 +160,11 @@ TEST(TrainerMoE, ExpertsSplitOverTpAndDeepSeekReproduceOneProcess) {
     base.model = model;
     base.flavor = model == "qwen3" ? "tiny_moe" : "tiny";
     const Outcome one = run(config_for(root / (model + " one"), base, 4), 1);
-    std::vector<Layout> layouts(3, base);
+    std::vector<Layout> layouts(4, base);
     layouts[0].tp = 2, layouts[0].etp = 2;  // TP of experts
     layouts[1].dp_shard = 2, layouts[1].tp = 2, layouts[1].ep = 2, layouts[1].etp = 2;  // EP x TP
     layouts[2].dp_shard = 2, layouts[2].ep = 2;                                         // EP 2
+    layouts[3].cp = 2, layouts[3].ep = 2;  // ring attention (MLA's too), EP over the cp ranks
     expect_reproduces(root, one, layouts);
   }
   fs::remove_all(root);

@@ -50,19 +50,20 @@ at::Tensor GroupedExperts::forward(const at::Tensor& x, const std::vector<int64_
 
 at::Tensor GroupedExperts::forward_loop(const at::Tensor& x, const std::vector<int64_t>& counts) {
   const at::Tensor xc = to_compute(x, compute_dtype);
-  const at::Tensor a = to_compute(w1->weight, compute_dtype);
-  const at::Tensor b = to_compute(w2->weight, compute_dtype);
-  const at::Tensor c = to_compute(w3->weight, compute_dtype);
+  // unbind: one backward that stacks the experts' gradients; indexing each expert would add a
+  // zero-filled gradient of the whole (experts, out, in) weight per expert.
+  const std::vector<at::Tensor> a = to_compute(w1->weight, compute_dtype).unbind(0);
+  const std::vector<at::Tensor> b = to_compute(w2->weight, compute_dtype).unbind(0);
+  const std::vector<at::Tensor> c = to_compute(w3->weight, compute_dtype).unbind(0);
   std::vector<at::Tensor> outs;
   int64_t offset = 0;
   for (size_t e = 0; e < counts.size(); ++e) {
     if (counts[e] == 0) continue;
     const at::Tensor xe = xc.narrow(0, offset, counts[e]);
-    const int64_t i = static_cast<int64_t>(e);
-    outs.push_back(at::linear(at::silu(at::linear(xe, a[i])) * at::linear(xe, c[i]), b[i]));
+    outs.push_back(at::linear(at::silu(at::linear(xe, a[e])) * at::linear(xe, c[e]), b[e]));
     offset += counts[e];
   }
-  if (outs.empty()) return at::zeros({0, b.size(1)}, xc.options());
+  if (outs.empty()) return at::zeros({0, w2->weight.size(1)}, xc.options());
   return outs.size() == 1 ? outs[0] : at::cat(outs, 0);
 }
 

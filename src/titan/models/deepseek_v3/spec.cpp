@@ -112,12 +112,6 @@ ModelSpec make_deepseek_v3_spec() {
   spec.hf = deepseek_v3::make_hf_adapter();
   spec.parallelize = [](std::shared_ptr<Model> model, const ParallelDims& dims, int64_t rank,
                         const ParallelizeOptions& options) {
-    if (dims.cp() > 1) {
-      throw ConfigError(
-          "deepseek_v3: context parallelism (context_parallel_degree " + std::to_string(dims.cp()) +
-          ") is not supported: ring attention is wired into the grouped-query attention, not "
-          "into multi-head latent attention. HINT: set parallelism.context_parallel_degree = 1");
-    }
     const auto* decoder = dynamic_cast<const llama3::Transformer*>(model.get());
     TITAN_CHECK(decoder != nullptr, "deepseek_v3: parallelize expects the decoder model");
     const int64_t heads = decoder->args().n_heads;
