@@ -40,8 +40,8 @@ at::Tensor GroupedExperts::forward(const at::Tensor& x, const std::vector<int64_
   for (int64_t c : counts) total += c;
   TITAN_CHECK(x.dim() == 2 && x.size(0) == total, "GroupedExperts: x ", x.sizes(),
               " does not hold the ", total, " tokens the counts add up to");
-  // The grouped kernel for 16-bit compute (CUDA; on the CPU bf16 GEMMs through oneDNN gain from
-  // one call per weight, float32 does not: bench/moe_bench).
+  // The grouped kernel for 16-bit compute, on CUDA and on the CPU (bench/moe_bench compares it
+  // with the loop in both dtypes).
   if (use_grouped_mm && is_reduced_float(compute_dtype)) {
     return forward_grouped(x, counts);
   }
