@@ -18,6 +18,7 @@ int run_convert(const std::vector<std::string>& args);
 int run_generate(const std::vector<std::string>& args);
 int run_launch(const std::vector<std::string>& args);    // `titan run`
 int run_selftest(const std::vector<std::string>& args);  // multi-process launch check
+int run_fr(const std::vector<std::string>& args);  // `titan fr analyze`: flight-recorder dumps
 // `titan pipeline-schedule`: a pipeline schedule's per-rank table and simulated bubble.
 int run_pipeline_schedule(const std::vector<std::string>& args);
 // `titan plot`: an SVG of runs' metrics (loss, lr, tokens/s, memory, ...) against steps.

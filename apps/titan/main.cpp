@@ -32,6 +32,8 @@ void print_usage() {
       "--help`)\n"
       "  run       launch N ranks of a command: `titan run --nproc_per_node N -- train ...` "
       "(`titan run --help`)\n"
+      "  fr        flight recorder: `titan fr analyze DIR` finds where ranks' collectives "
+      "diverge\n"
       "  pipeline-schedule  print a pipeline schedule's per-rank actions and bubble "
       "(`titan pipeline-schedule --help`)\n"
       "  plot      draw runs' metrics (loss, lr, tokens/s, memory) into one SVG "
@@ -45,6 +47,7 @@ int run_command(const std::string& command, const std::vector<std::string>& args
   if (command == "generate") return titan::run_generate(args);
   if (command == "run") return titan::run_launch(args);
   if (command == "selftest") return titan::run_selftest(args);
+  if (command == "fr") return titan::run_fr(args);
   if (command == "pipeline-schedule") return titan::run_pipeline_schedule(args);
   if (command == "plot") return titan::run_plot(args);
   if (titan::maybe_print_help(command, args)) return 0;

@@ -31,17 +31,18 @@ namespace {
 struct FaultOptions {
   int64_t rank = -1;               // -1: no fault
   std::string mode = "exception";  // exception, exit, abort, segv, kill9, hang
-  std::string at = "exchange";     // rendezvous (before joining) or exchange (after joining)
+  std::string at = "exchange";     // rendezvous (before joining), exchange (after), collective
 };
 
 constexpr const char* kUsage =
     "usage: titan selftest [--fail_rank R] [--fail_mode exception|exit|abort|segv|kill9|hang]\n"
-    "                      [--fail_at rendezvous|exchange] [--section.key value ...]\n"
+    "                      [--fail_at rendezvous|exchange|collective] [--section.key value ...]\n"
     "\n"
     "Joins the job described by the launch environment (titan run, torchrun, srun, mpirun),\n"
     "exchanges values through the store, runs collectives over Gloo and checks the results.\n"
     "Timeouts: --comm.init_timeout_seconds (joining), --comm.train_timeout_seconds (exchanges).\n"
-    "--fail_rank R makes rank R fail in the given way, before joining or after (default).\n";
+    "--fail_rank R makes rank R fail in the given way, before joining, after (default),\n"
+    "or between the all_reduce and the all_gather (collective).\n";
 
 // Splits the fault options off; the rest are job-config arguments.
 FaultOptions parse_fault_options(const std::vector<std::string>& args,
@@ -75,8 +76,8 @@ FaultOptions parse_fault_options(const std::vector<std::string>& args,
       }
       f.mode = value;
     } else {
-      if (value != "rendezvous" && value != "exchange") {
-        throw ConfigError("--fail_at '" + value + "' is not rendezvous or exchange");
+      if (value != "rendezvous" && value != "exchange" && value != "collective") {
+        throw ConfigError("--fail_at '" + value + "' is not rendezvous, exchange or collective");
       }
       f.at = value;
     }
@@ -181,10 +182,12 @@ int run_selftest(const std::vector<std::string>& args) {
 
   dist::GroupOptions options = world_group_options(dist, config.comm);  // selftest: Gloo (CPU)
   options.timeout = timeout;
+  options.recorder = start_flight_recorder(config.comm, config.job.dump_folder, rank, world);
   auto group =
       dist::Group::create(dist.store, static_cast<int>(rank), static_cast<int>(world), options);
   at::Tensor t = at::full({4}, static_cast<double>(rank + 1), at::kFloat);
   group->all_reduce(t).wait();
+  maybe_fail(fault, "collective", rank);  // between two collectives: the flight recorder's case
   const double want = static_cast<double>(world * (world + 1) / 2);
   TITAN_CHECK(at::allclose(t, at::full({4}, want, at::kFloat)), "selftest: all_reduce on rank ",
               rank, " gave ", t[0].item<double>(), ", expected ", want);

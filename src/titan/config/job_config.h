@@ -345,12 +345,11 @@ struct CommSection {
       "Timeout for rendezvous and the first collectives, in seconds");
     v("train_timeout_seconds", train_timeout_seconds,
       "Timeout for every collective after the first training step, in seconds");
-    v("trace_buf_size", trace_buf_size, "Collectives kept by the flight recorder (0 disables it)",
-      kNotYet);
+    v("trace_buf_size", trace_buf_size, "Collectives kept by the flight recorder (0 disables it)");
     v("save_traces_folder", save_traces_folder,
-      "Folder (under job.dump_folder) for flight-recorder dumps", kNotYet);
+      "Folder (under job.dump_folder) for flight-recorder dumps");
     v("save_traces_file_prefix", save_traces_file_prefix,
-      "File-name prefix of flight-recorder dumps", kNotYet);
+      "File-name prefix of flight-recorder dumps");
     v("mode", mode,
       "Communication mode: default, fake_backend (dry run) or local_tensor (simulated ranks)",
       kNotYet);

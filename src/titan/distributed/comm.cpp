@@ -196,6 +196,11 @@ void Group::State::mark_broken(const std::string& reason) {
 }
 
 void Group::State::fail(const std::string& op, const std::string& cause, double seconds) {
+  if (options.recorder) {
+    // Every rank that sees the failure dumps; the launcher asks the others (SIGUSR1).
+    options.recorder->finish(fr_checking, OpState::kFailed);
+    options.recorder->dump();
+  }
   std::string what = op + " on process group " + describe() + " failed after " +
                      seconds_text(seconds) + " (timeout " +
                      seconds_text(static_cast<double>(timeout_ms.load()) / 1000.0) + "): " + cause;
@@ -299,6 +304,8 @@ Work make_work(const std::shared_ptr<Group::State>& state, std::string op,
   impl->work = std::move(work);
   impl->finish = std::move(finish);
   impl->issued = std::chrono::steady_clock::now();
+  impl->fr_id = state->fr_pending;
+  state->fr_pending = -1;
   return Work(std::move(impl));
 }
 
@@ -331,18 +338,31 @@ void Work::wait() {
                                   std::chrono::steady_clock::now() - w.issued);
     if (left.count() < 1) left = std::chrono::milliseconds(1);
     bool ok = false;
+    // Before fail() dumps the recorder: a wait that ran into the deadline is a timeout.
+    auto note_failure = [&] {
+      if (!s.options.recorder) return;
+      const bool timed_out = std::chrono::steady_clock::now() - w.issued >=
+                             s.timeout() - std::chrono::milliseconds(50);
+      s.options.recorder->finish(w.fr_id, timed_out ? OpState::kTimedOut : OpState::kFailed);
+    };
     try {
       // NCCL: wait() with a timeout would block this thread until the op is done; without one it
       // makes the current CUDA stream wait (the host runs on) and the watchdog enforces the
       // group's timeout, aborting the process on a hung or failed peer.
       ok = s.options.backend == Backend::kNccl ? w.work->wait() : w.work->wait(left);
     } catch (const c10::Error& e) {
+      note_failure();
       s.fail(w.op, e.what_without_backtrace(), elapsed());
     } catch (const std::exception& e) {
+      note_failure();
       s.fail(w.op, e.what(), elapsed());
     }
-    if (!ok) s.fail(w.op, "the backend reported failure", elapsed());
+    if (!ok) {
+      note_failure();
+      s.fail(w.op, "the backend reported failure", elapsed());
+    }
   }
+  if (s.options.recorder) s.options.recorder->finish(w.fr_id, OpState::kCompleted);
   if (w.finish) w.finish();
   w.done = true;
   w.finish = nullptr;

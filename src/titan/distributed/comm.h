@@ -41,7 +41,8 @@
 //     issuing synchronous with the peers, so it is a debugging and testing aid, off by default.
 //   Not checked: send/recv pairing (a recv with no matching send waits for the timeout).
 // A collective that fails or outlives the group's timeout throws CommError naming the op, the
-// group and the rank, and marks the group broken: later ops on it throw at once.
+// group and the rank, and marks the group broken: later ops on it throw at once. With a flight
+// recorder in the options, every op is recorded and the recorder is dumped before that throw.
 //
 // Threading: like c10d, one thread issues a group's ops, in the same order on every member.
 #pragma once
@@ -75,6 +76,7 @@ struct CommError : std::runtime_error {
 };
 
 class Work;
+class FlightRecorder;  // flight_recorder.h
 
 // Which Gloo ops go to Gloo's own implementation (true) and which are built on others here
 // (false); see the top of this file. The defaults are the faster of the two as measured by
@@ -108,6 +110,8 @@ struct GroupOptions {
   int gloo_threads = 2;
   // Gloo: native or built implementation per op. Sub-groups inherit it.
   GlooOps gloo_ops;
+  // Records every op of the group (and its sub-groups) and is dumped when one fails (null: off).
+  std::shared_ptr<FlightRecorder> recorder;
 };
 
 // One process group: `size` ranks that run collectives together. Create with Group::create on

@@ -162,11 +162,49 @@ std::string describe_row(const int64_t* row, int64_t size) {
 
 }  // namespace
 
+namespace {
+
+int64_t record(Group::State& s, int64_t seq, const char* op, int peer, const at::Tensor* t,
+               at::ScalarType dtype, int64_t numel, at::IntArrayRef shape) {
+  FlightRecorder* fr = s.options.recorder.get();
+  if (fr == nullptr) return -1;
+  FlightRecorder::Op r;
+  r.group = &s.options.name;
+  r.group_size = s.size;
+  r.group_rank = s.rank;
+  r.group_ranks = &s.ranks;
+  r.seq = seq;
+  r.op = op;
+  r.peer = peer;
+  r.dtype = c10::toString(t != nullptr ? t->scalar_type() : dtype);
+  r.numel = t != nullptr ? t->numel() : numel;
+  if (t != nullptr) shape = t->sizes();
+  r.shape = shape.data();
+  r.dims = shape.size();
+  return fr->record(r);
+}
+
+}  // namespace
+
+void record_p2p(Group::State& s, const char* op, int peer, const at::Tensor& tensor) {
+  s.fr_pending = record(s, -1, op, peer, &tensor, tensor.scalar_type(), 0, {});
+}
+
 std::string begin_collective(Group::State& s, const OpDesc& d) {
   const int64_t seq = s.collective_seq++;
   std::string label = std::string(to_string(d.kind)) + " #" + std::to_string(seq);
   s.check_healthy(label);
-  if (!s.options.check_agreement || s.size == 1) return label;
+  const int64_t fr_id = record(s, seq, to_string(d.kind), -1, nullptr, d.dtype, d.numel, d.shape);
+  if (!s.options.check_agreement || s.size == 1) {
+    s.fr_pending = fr_id;
+    return label;
+  }
+  // The check's own all-gather is not recorded; a failure of it fails this op (Work::wait).
+  s.fr_checking = fr_id;
+  struct Reset {
+    Group::State& s;
+    ~Reset() { s.fr_checking = -1; }
+  } reset{s};
 
   const int64_t n = s.size;
   const int64_t width = kHeader + 2 * n;
@@ -221,9 +259,11 @@ std::string begin_collective(Group::State& s, const OpDesc& d) {
       }
     }
   }
+  if (!problem.empty() && s.options.recorder) s.options.recorder->finish(fr_id, OpState::kFailed);
   TITAN_CHECK(problem.empty(), "collective mismatch on process group ", s.describe(), ": ", problem,
               ". Nothing was issued; the group is still usable. HINT: every rank must "
               "issue the same collectives in the same order, with matching dtypes and sizes.");
+  s.fr_pending = fr_id;
   return label;
 }
 

@@ -4,6 +4,7 @@
 
 #include "titan/common/torch_compat.h"
 #include "titan/distributed/comm.h"
+#include "titan/distributed/flight_recorder.h"
 
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
@@ -55,6 +56,9 @@ struct Group::State : std::enable_shared_from_this<Group::State> {
   std::string broken_reason;
   // An op was dropped unwaited and unfinished (an exception unwound past its Work).
   std::atomic<bool> abandoned_work{false};
+  // Flight-recorder id of the op being issued (begin_collective / p2p -> make_work); -1: none.
+  int64_t fr_pending = -1;
+  int64_t fr_checking = -1;  // the op whose agreement check is running
 
   // A broken group, or one with abandoned work, may have backend threads stuck in an op until
   // the timeout it was issued with (comm.init_timeout_seconds for ops of the first step); the
@@ -76,6 +80,7 @@ struct Work::Impl {
   std::function<void()> finish;         // local part of an emulated op, after success
   std::string op;                       // "all_reduce #12", for errors
   std::chrono::steady_clock::time_point issued;
+  int64_t fr_id = -1;  // its flight-recorder entry
   bool done = false;
   ~Impl();  // marks the group's abandoned_work when dropped while the op may still run
 };
@@ -102,6 +107,7 @@ struct OpDesc {
   int64_t aux = 0;                                     // ReduceOp or broadcast root
   const std::vector<int64_t>* input_splits = nullptr;  // all-to-all, resolved (never empty)
   const std::vector<int64_t>* output_splits = nullptr;
+  at::IntArrayRef shape;  // recorded by the flight recorder (the input's, or the output's)
 };
 
 // Local checks (comm_check.cpp). Each throws c10::Error naming op, argument, value and the fix.
@@ -121,5 +127,7 @@ void check_peer(const Group::State& s, const char* op, const char* arg, int peer
 // Starts collective number collective_seq (returns its label, "all_reduce #3") and, when
 // check_agreement is on, verifies that every rank issues the same one (comm_check.cpp).
 std::string begin_collective(Group::State& s, const OpDesc& desc);
+// Records a send/recv with the flight recorder (when there is one) for the next make_work.
+void record_p2p(Group::State& s, const char* op, int peer, const at::Tensor& tensor);
 
 }  // namespace titan::dist

@@ -115,8 +115,9 @@ Work Group::all_reduce(const at::Tensor& tensor, ReduceOp op) {
   const char* name = "all_reduce";
   check_tensor(s, name, "tensor", tensor);
   check_dtype(s, name, tensor, /*reduction=*/true, op);
-  std::string label = begin_collective(
-      s, {OpKind::kAllReduce, tensor.scalar_type(), tensor.numel(), static_cast<int64_t>(op)});
+  OpDesc desc{OpKind::kAllReduce, tensor.scalar_type(), tensor.numel(), static_cast<int64_t>(op)};
+  desc.shape = tensor.sizes();
+  std::string label = begin_collective(s, desc);
   if (tensor.numel() == 0) return make_work(state_, label, {});
 
   c10d::AllreduceOptions opts;
@@ -153,8 +154,9 @@ Work Group::all_gather_into_tensor(const at::Tensor& output, const at::Tensor& i
   check_same_dtype(s, name, output, input);
   check_dtype(s, name, input, /*reduction=*/false, ReduceOp::kSum);
   check_gathered_shape(s, name, "output", output, "input", input);
-  std::string label =
-      begin_collective(s, {OpKind::kAllGather, input.scalar_type(), input.numel(), 0});
+  OpDesc desc{OpKind::kAllGather, input.scalar_type(), input.numel(), 0};
+  desc.shape = input.sizes();
+  std::string label = begin_collective(s, desc);
   if (input.numel() == 0) return make_work(state_, label, {});
 
   c10d::AllgatherOptions opts;
@@ -187,8 +189,10 @@ Work Group::reduce_scatter_tensor(const at::Tensor& output, const at::Tensor& in
   check_same_dtype(s, name, output, input);
   check_dtype(s, name, input, /*reduction=*/true, op);
   check_gathered_shape(s, name, "input", input, "output", output);
-  std::string label = begin_collective(
-      s, {OpKind::kReduceScatter, output.scalar_type(), output.numel(), static_cast<int64_t>(op)});
+  OpDesc desc{OpKind::kReduceScatter, output.scalar_type(), output.numel(),
+              static_cast<int64_t>(op)};
+  desc.shape = output.sizes();
+  std::string label = begin_collective(s, desc);
   if (output.numel() == 0) return make_work(state_, label, {});
 
   if (!is_gloo(s) || s.options.gloo_ops.reduce_scatter) {
@@ -230,6 +234,7 @@ Work Group::all_to_all_single(const at::Tensor& output, const at::Tensor& input,
               " must have the same trailing dims (rows are exchanged along dim 0)");
   const int64_t row = input.numel() / std::max<int64_t>(1, input.size(0));
   OpDesc desc{OpKind::kAllToAll, input.scalar_type(), row, 0, &in_splits, &out_splits};
+  desc.shape = input.sizes();
   // Never skipped, even with nothing to move here: the peers' exchange may still need this rank.
   std::string label = begin_collective(s, desc);
 
@@ -252,8 +257,9 @@ Work Group::broadcast(const at::Tensor& tensor, int root) {
   check_tensor(s, name, "tensor", tensor);
   check_dtype(s, name, tensor, /*reduction=*/false, ReduceOp::kSum);
   check_peer(s, name, "root", root, /*allow_self=*/true);
-  std::string label =
-      begin_collective(s, {OpKind::kBroadcast, tensor.scalar_type(), tensor.numel(), root});
+  OpDesc desc{OpKind::kBroadcast, tensor.scalar_type(), tensor.numel(), root};
+  desc.shape = tensor.sizes();
+  std::string label = begin_collective(s, desc);
   if (tensor.numel() == 0) return make_work(state_, label, {});
   c10d::BroadcastOptions opts;
   opts.rootRank = root;
@@ -270,6 +276,7 @@ Work Group::send(const at::Tensor& tensor, int dst, int tag) {
   check_peer(s, "send", "dst", dst, /*allow_self=*/false);
   std::string label = "send to rank " + std::to_string(dst) + " (tag " + std::to_string(tag) + ")";
   s.check_healthy(label);
+  record_p2p(s, "send", dst, tensor);
   if (tensor.numel() == 0) return make_work(state_, label, {});
   std::vector<at::Tensor> v{is_gloo(s) ? gloo_wire(tensor) : tensor};
   return make_work(state_, label, s.pg->send(v, dst, tag));
@@ -283,6 +290,7 @@ Work Group::recv(const at::Tensor& tensor, int src, int tag) {
   std::string label =
       "recv from rank " + std::to_string(src) + " (tag " + std::to_string(tag) + ")";
   s.check_healthy(label);
+  record_p2p(s, "recv", src, tensor);
   if (tensor.numel() == 0) return make_work(state_, label, {});
   std::vector<at::Tensor> v{is_gloo(s) ? gloo_wire(tensor) : tensor};
   return make_work(state_, label, s.pg->recv(v, src, tag));

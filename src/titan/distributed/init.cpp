@@ -7,6 +7,7 @@
 #include "titan/common/cpu.h"
 #include "titan/common/format.h"
 #include "titan/common/logging.h"
+#include "titan/distributed/flight_recorder.h"
 
 #include <c10/util/Exception.h>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
@@ -296,6 +297,18 @@ dist::GroupOptions world_group_options(const DistributedContext& dist, const Com
   const std::string& addr = dist.env.master_addr;
   if (addr == "127.0.0.1" || addr == "localhost") options.gloo_hostname = "127.0.0.1";
   return options;
+}
+
+std::shared_ptr<dist::FlightRecorder> start_flight_recorder(const CommSection& comm,
+                                                            const std::string& dump_folder,
+                                                            int64_t rank, int64_t world_size) {
+  if (comm.trace_buf_size <= 0) return nullptr;
+  const std::string path = dump_folder + "/" + comm.save_traces_folder + "/" +
+                           comm.save_traces_file_prefix + std::to_string(rank) + ".json";
+  auto recorder = std::make_shared<dist::FlightRecorder>(
+      comm.trace_buf_size, path, static_cast<int>(rank), static_cast<int>(world_size));
+  dist::install_dump_on_sigusr1(recorder);
+  return recorder;
 }
 
 }  // namespace titan

@@ -63,6 +63,15 @@ dist::GroupOptions world_group_options(const DistributedContext& dist, const Com
                                        const std::string& fingerprint = "",
                                        const at::Device& device = at::kCPU);
 
+// The job's flight recorder (flight_recorder.h) when comm.trace_buf_size > 0, else null: it
+// keeps this rank's last trace_buf_size ops of every group made with options that carry it, and
+// dumps them to <dump_folder>/<comm.save_traces_folder>/<comm.save_traces_file_prefix><rank>.json
+// when a collective fails or times out, on SIGUSR1 (which `titan run` sends to the surviving
+// ranks when one fails) and on a fatal error of training (dist::dump_installed_flight_recorder).
+std::shared_ptr<dist::FlightRecorder> start_flight_recorder(const CommSection& comm,
+                                                            const std::string& dump_folder,
+                                                            int64_t rank, int64_t world_size);
+
 // Intra-op threads for this rank, to pass to configure_threads(n, local_world_size):
 // `configured` (training.num_threads) when > 0; else, in a multi-process job, OMP_NUM_THREADS
 // when set (titan run sets cores / local ranks unless the user set it; torchrun sets 1);

@@ -26,6 +26,7 @@
 #include <cstring>
 #include <set>
 #include <sstream>
+#include <thread>
 
 extern char** environ;
 
@@ -35,6 +36,8 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 constexpr int kPollMs = 50;
+// How long the survivors of a failed rank get to write their flight-recorder dumps (SIGUSR1).
+constexpr int kTraceDumpMs = 500;
 constexpr size_t kMaxLine = 1 << 16;  // a longer run without newline is printed in pieces
 constexpr auto kDrainAfterExit = std::chrono::seconds(1);  // grandchildren may hold a pipe open
 
@@ -172,6 +175,8 @@ bool Job::spawn(Child& c, const std::vector<std::string>& argv, bool search_path
     signal(SIGPIPE, SIG_DFL);
     signal(SIGINT, SIG_DFL);
     signal(SIGTERM, SIG_DFL);
+    // SIGUSR1 asks for a flight-recorder dump (see reap()); a rank without a recorder ignores it.
+    signal(SIGUSR1, SIG_IGN);
     sigset_t none;
     sigemptyset(&none);
     sigprocmask(SIG_SETMASK, &none, nullptr);
@@ -308,6 +313,12 @@ void Job::reap() {
     if (f.signaled && !first->signaled) first = &f;
   }
   exit_code_ = first->code;
+  // The survivors dump their flight recorders (comm.trace_buf_size) before they are stopped; a
+  // stopped (SIGSTOP) rank cannot, and its missing dump is itself the analyzer's clue.
+  for (const auto& c : children_) {
+    if (c.running) kill(c.pid, SIGUSR1);
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(kTraceDumpMs));
   stop_cause_ = "rank " + std::to_string(first->rank) + " failed";
   stop(SIGTERM, "stopping the job because " + stop_cause_);
 }

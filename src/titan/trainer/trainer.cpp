@@ -15,6 +15,7 @@
 #include "titan/components/tokenizer/tokenizer_identity.h"
 #include "titan/components/training_dtype.h"
 #include "titan/config/config_manager.h"
+#include "titan/distributed/flight_recorder.h"
 #include "titan/distributed/init.h"
 #include "titan/distributed/parallel_dims.h"
 #include "titan/models/common/attention.h"
@@ -119,8 +120,11 @@ void Trainer::build_parallelism(const DistributedContext* dist) {
   const std::string toml = render_config_toml(config_);
   char digest[32];
   std::snprintf(digest, sizeof(digest), "config-%016zx", std::hash<std::string>{}(toml));
+  dist::GroupOptions options = world_group_options(*dist, config_.comm, digest, device_);
+  options.recorder =
+      start_flight_recorder(config_.comm, config_.job.dump_folder, rank_, world_size_);
   world_ = dist::Group::create(dist->store, static_cast<int>(rank_), static_cast<int>(world_size_),
-                               world_group_options(*dist, config_.comm, digest, device_));
+                               options);
   dims_->build_groups(world_);
   log_info("parallelism: ", dims_->describe(), "; data-parallel rank ", dp_rank_, " of ", dp_size_);
 }
@@ -404,7 +408,13 @@ TrainResult Trainer::train() {
   for (int64_t step = train_state_.step + 1; step <= t.steps; ++step) {
     interrupt.set_step(step);
     double grad_norm = 0.0;
-    at::Tensor loss = train_step(step, &grad_norm);
+    at::Tensor loss;
+    try {
+      loss = train_step(step, &grad_norm);
+    } catch (...) {
+      dist::dump_installed_flight_recorder();  // a fatal error: leave the last collectives
+      throw;
+    }
     result.losses.push_back(loss.item<double>());
     result.grad_norms.push_back(grad_norm);
     const bool logged =
