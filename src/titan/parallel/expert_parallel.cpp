@@ -19,7 +19,6 @@ using torch::autograd::variable_list;
 
 struct ExpertParallel::Stats {
   WaitClock clock{at::kCPU};
-  int64_t exchanges = 0;
 };
 
 namespace {
@@ -90,7 +89,6 @@ class AllToAllExperts final : public ExpertRunner {
         per_expert[e] += got[j * local + e];
       }
     }
-    ++stats_->exchanges;
     // 2. Dispatch: rows arrive grouped by source rank, then by local expert.
     const at::Tensor arrived = ExchangeRows::apply(x, &g, send, recv, stats_.get());
     // 3. Regroup by local expert (sources in rank order within each), run, and restore.

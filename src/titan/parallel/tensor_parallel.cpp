@@ -251,10 +251,7 @@ bool matches(const std::string& pattern, const std::string& name) {
 
 TensorParallel::TensorParallel(Model& model, std::shared_ptr<dist::Group> group, bool loss_parallel,
                                bool split_experts)
-    : model_(model),
-      group_(std::move(group)),
-      loss_parallel_(loss_parallel),
-      split_experts_(split_experts) {
+    : model_(model), group_(std::move(group)), loss_parallel_(loss_parallel) {
   TITAN_CHECK(group_ != nullptr, "tensor parallelism needs a tp group");
   const int64_t t = group_->size(), r = group_->rank();
   const std::vector<TpRule> plan = model.tensor_parallel_plan();

@@ -75,7 +75,6 @@ class TensorParallel {
   Model& model_;
   std::shared_ptr<dist::Group> group_;
   bool loss_parallel_;
-  bool split_experts_;
   int64_t split_moe_layers_ = 0;
   int64_t vocab_start_ = 0;  // first vocabulary id of this rank's output slice
   std::map<std::string, ParamPlacement> placements_;
