@@ -9,6 +9,7 @@
 #include <c10/core/Allocator.h>
 #include <c10/core/CPUAllocator.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <mutex>
@@ -21,6 +22,7 @@ constexpr size_t kHeader = 64;
 
 std::atomic<int64_t> g_live{0};
 std::atomic<int64_t> g_peak{0};
+std::atomic<int64_t> g_limit{0};
 c10::DeleterFnPtr g_inner_delete = nullptr;
 
 void release(void* data) {
@@ -37,8 +39,14 @@ class CountingAllocator final : public c10::Allocator {
   explicit CountingAllocator(c10::Allocator* inner) : inner_(inner) {}
 
   c10::DataPtr allocate(size_t n) override {
-    char* base = static_cast<char*>(inner_->raw_allocate(n + kHeader));
     const int64_t bytes = static_cast<int64_t>(n);
+    const int64_t limit = g_limit.load(std::memory_order_relaxed);
+    if (limit > 0 && g_live.load() + bytes > limit) {
+      TORCH_CHECK_WITH(OutOfMemoryError, false, "CPU out of memory: tried to allocate ", bytes,
+                       " bytes with ", g_live.load(), " bytes in use and a limit of ", limit,
+                       " bytes (TITAN_CPU_MEMORY_LIMIT)");
+    }
+    char* base = static_cast<char*>(inner_->raw_allocate(n + kHeader));
     std::memcpy(base, &bytes, sizeof(bytes));
     const int64_t live = g_live.fetch_add(bytes) + bytes;
     int64_t peak = g_peak.load();
@@ -78,5 +86,7 @@ int64_t CpuMemoryProbe::live_bytes() { return g_live.load(); }
 int64_t CpuMemoryProbe::peak_bytes() { return g_peak.load(); }
 
 void CpuMemoryProbe::reset_peak() { g_peak.store(g_live.load()); }
+
+void CpuMemoryProbe::set_limit(int64_t bytes) { g_limit.store(std::max<int64_t>(0, bytes)); }
 
 }  // namespace titan

@@ -21,6 +21,10 @@ class CpuMemoryProbe {
   static int64_t peak_bytes();
   // Starts a new peak at the current live bytes.
   static void reset_peak();
+  // An allocation that would take live_bytes() past `bytes` throws c10::OutOfMemoryError, as a
+  // device's allocator does when it is full (0: no limit, the default). Lets a CPU run rehearse
+  // what happens on an out-of-memory error (TITAN_CPU_MEMORY_LIMIT; see the README).
+  static void set_limit(int64_t bytes);
 };
 
 }  // namespace titan

@@ -24,7 +24,8 @@ static_assert(TITAN_TORCH_VERSION_AT_LEAST(2, 11), "titan.cpp needs libtorch 2.1
 #endif
 
 // CUDA: defined to 1 by CMake for a CUDA libtorch (cmake/titan_torch.cmake's TITAN_TORCH_CUDA).
-// Only titan/common/device.cpp and the files that drive streams include CUDA headers.
+// Only titan/common/device.cpp, the files that drive streams and the memory profiler
+// (titan/components/profiling.cpp) include CUDA headers.
 #ifndef TITAN_HAS_CUDA
 #define TITAN_HAS_CUDA 0
 #endif

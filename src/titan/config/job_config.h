@@ -55,19 +55,15 @@ struct ProfilingSection {
 
   template <class V>
   void visit(V& v) {
-    v("enable_profiling", enable_profiling, "Record profiler traces", kNotYet);
-    v("save_traces_folder", save_traces_folder, "Folder for profiler traces, under dump_folder",
-      used_with("profiling.enable_profiling"));
-    v("profile_freq", profile_freq, "Profile one cycle every N steps",
-      used_with("profiling.enable_profiling"));
-    v("profiler_active", profiler_active, "Steps recorded per profiling cycle",
-      used_with("profiling.enable_profiling"));
-    v("profiler_warmup", profiler_warmup, "Warmup steps before the recorded ones in each cycle",
-      used_with("profiling.enable_profiling"));
-    v("enable_memory_snapshot", enable_memory_snapshot, "Dump allocator memory snapshots", kNotYet);
+    v("enable_profiling", enable_profiling, "Record profiler traces (Kineto, Chrome trace JSON)");
+    v("save_traces_folder", save_traces_folder, "Folder for profiler traces, under dump_folder");
+    v("profile_freq", profile_freq, "Profile one cycle every N steps");
+    v("profiler_active", profiler_active, "Steps recorded per profiling cycle");
+    v("profiler_warmup", profiler_warmup, "Warmup steps before the recorded ones in each cycle");
+    v("enable_memory_snapshot", enable_memory_snapshot,
+      "Write memory timelines by phase (and the CUDA allocator's history)");
     v("save_memory_snapshot_folder", save_memory_snapshot_folder,
-      "Folder for memory snapshots, under dump_folder",
-      used_with("profiling.enable_memory_snapshot"));
+      "Folder for memory snapshots, under dump_folder");
   }
 };
 
@@ -294,39 +290,34 @@ struct ParallelismSection {
       "of computing the cross-entropy on the shards");
     v("enable_async_tensor_parallel", enable_async_tensor_parallel,
       "Overlap tensor-parallel communication with compute (needs compile)", kNotYet);
-    constexpr const char* kPipeline = "parallelism.pipeline_parallel_degree";
     v("module_fqns_per_model_part", module_fqns_per_model_part,
       "Modules of each pipeline model part, e.g. [[\"tok_embeddings\", \"layers.0\"], "
-      "[\"layers.1\", \"norm\", \"output\"]]; on the command line a;b parts with a,b modules",
-      used_with(kPipeline));
+      "[\"layers.1\", \"norm\", \"output\"]]; on the command line a;b parts with a,b modules");
     v("pipeline_parallel_first_stage_less_layers", pipeline_parallel_first_stage_less_layers,
-      "Layers fewer in the first pipeline stage (it holds the embedding)", used_with(kPipeline));
+      "Layers fewer in the first pipeline stage (it holds the embedding)");
     v("pipeline_parallel_last_stage_less_layers", pipeline_parallel_last_stage_less_layers,
-      "Layers fewer in the last pipeline stage (it holds the output)", used_with(kPipeline));
+      "Layers fewer in the last pipeline stage (it holds the output)");
     v("pipeline_parallel_layers_per_stage", pipeline_parallel_layers_per_stage,
-      "Layers per (virtual) pipeline stage; -1 infers it", used_with(kPipeline));
+      "Layers per (virtual) pipeline stage; -1 infers it");
     v("pipeline_parallel_schedule", pipeline_parallel_schedule,
       "Pipeline schedule: 1F1B, GPipe, Interleaved1F1B, LoopedBFS, InterleavedZeroBubble, "
-      "ZBVZeroBubble, DualPipeV",
-      used_with(kPipeline));
+      "ZBVZeroBubble, DualPipeV");
     v("pipeline_parallel_schedule_csv", pipeline_parallel_schedule_csv,
-      "CSV file with a custom pipeline schedule", used_with(kPipeline));
+      "CSV file with a custom pipeline schedule");
     v("pipeline_parallel_microbatch_size", pipeline_parallel_microbatch_size,
-      "Sequences per pipeline microbatch", used_with(kPipeline));
+      "Sequences per pipeline microbatch");
     v("pipeline_parallel_expert_parallel_overlap", pipeline_parallel_expert_parallel_overlap,
-      "Overlap expert- and pipeline-parallel communication (DualPipeV)", used_with(kPipeline));
-    constexpr const char* kContext = "parallelism.context_parallel_degree";
+      "Overlap expert- and pipeline-parallel communication in DualPipeV (accepted; the overlapped "
+      "forward and backward run one after the other either way)");
     v("context_parallel_load_balancer", context_parallel_load_balancer,
       "Context-parallel sequence sharding: headtail (causal load balancing) or none "
-      "(contiguous shares); ptrr is refused",
-      used_with(kContext));
+      "(contiguous shares); ptrr is refused");
     v("context_parallel_rotate_method", context_parallel_rotate_method,
-      "Context-parallel exchange of key/value shards: allgather or alltoall", used_with(kContext));
-    constexpr const char* kExpert = "parallelism.expert_parallel_degree";
+      "Context-parallel exchange of key/value shards: allgather or alltoall");
     v("expert_tensor_parallel_degree", expert_tensor_parallel_degree,
-      "Tensor-parallel degree of routed experts (1 or tensor_parallel_degree)", used_with(kExpert));
+      "Tensor-parallel degree of routed experts (1 or tensor_parallel_degree)");
     v("expert_parallel_comm_backend", expert_parallel_comm_backend,
-      "Expert-parallel all-to-all: standard or deepep", used_with(kExpert));
+      "Expert-parallel all-to-all: standard or deepep");
   }
 };
 

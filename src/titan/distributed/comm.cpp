@@ -2,6 +2,7 @@
 // The collectives themselves are in comm_ops.cpp, the checks in comm_check.cpp.
 #include "titan/common/check.h"
 #include "titan/common/format.h"
+#include "titan/common/phase.h"
 #include "titan/distributed/comm_internal.h"
 
 #include <c10/core/impl/DeviceGuardImplInterface.h>
@@ -328,6 +329,7 @@ void Work::wait() {
   if (!impl_ || impl_->done) return;
   Impl& w = *impl_;
   Group::State& s = *w.group;
+  const PhaseScope phase(Phase::kCollective, "wait", w.op + " " + s.options.name);
   auto elapsed = [&] {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - w.issued).count();
   };

@@ -2,6 +2,7 @@
 // wait() finishes the local part of an emulated op. See comm.h for what Gloo lacks and how each
 // gap is filled.
 #include "titan/common/check.h"
+#include "titan/common/phase.h"
 #include "titan/distributed/comm_internal.h"
 
 #include <ATen/ATen.h>
@@ -112,6 +113,7 @@ c10::intrusive_ptr<c10d::Work> equal_all_to_all(Group::State& s, at::Tensor out,
 
 Work Group::all_reduce(const at::Tensor& tensor, ReduceOp op) {
   State& s = *state_;
+  const PhaseScope phase(Phase::kCollective, "all_reduce", s.options.name);
   const char* name = "all_reduce";
   check_tensor(s, name, "tensor", tensor);
   check_dtype(s, name, tensor, /*reduction=*/true, op);
@@ -148,6 +150,7 @@ Work Group::all_reduce(const at::Tensor& tensor, ReduceOp op) {
 
 Work Group::all_gather_into_tensor(const at::Tensor& output, const at::Tensor& input) {
   State& s = *state_;
+  const PhaseScope phase(Phase::kCollective, "all_gather_into_tensor", s.options.name);
   const char* name = "all_gather_into_tensor";
   check_tensor(s, name, "output", output);
   check_tensor(s, name, "input", input);
@@ -183,6 +186,7 @@ Work Group::all_gather_into_tensor(const at::Tensor& output, const at::Tensor& i
 
 Work Group::reduce_scatter_tensor(const at::Tensor& output, const at::Tensor& input, ReduceOp op) {
   State& s = *state_;
+  const PhaseScope phase(Phase::kCollective, "reduce_scatter_tensor", s.options.name);
   const char* name = "reduce_scatter_tensor";
   check_tensor(s, name, "output", output);
   check_tensor(s, name, "input", input);
@@ -222,6 +226,7 @@ Work Group::all_to_all_single(const at::Tensor& output, const at::Tensor& input,
                               const std::vector<int64_t>& output_splits,
                               const std::vector<int64_t>& input_splits) {
   State& s = *state_;
+  const PhaseScope phase(Phase::kCollective, "all_to_all_single", s.options.name);
   const char* name = "all_to_all_single";
   check_tensor(s, name, "output", output);
   check_tensor(s, name, "input", input);
@@ -253,6 +258,7 @@ Work Group::all_to_all_single(const at::Tensor& output, const at::Tensor& input,
 
 Work Group::broadcast(const at::Tensor& tensor, int root) {
   State& s = *state_;
+  const PhaseScope phase(Phase::kCollective, "broadcast", s.options.name);
   const char* name = "broadcast";
   check_tensor(s, name, "tensor", tensor);
   check_dtype(s, name, tensor, /*reduction=*/false, ReduceOp::kSum);
@@ -271,6 +277,7 @@ Work Group::broadcast(const at::Tensor& tensor, int root) {
 
 Work Group::send(const at::Tensor& tensor, int dst, int tag) {
   State& s = *state_;
+  const PhaseScope phase(Phase::kCollective, "send", s.options.name);
   check_tensor(s, "send", "tensor", tensor);
   check_dtype(s, "send", tensor, /*reduction=*/false, ReduceOp::kSum);
   check_peer(s, "send", "dst", dst, /*allow_self=*/false);
@@ -284,6 +291,7 @@ Work Group::send(const at::Tensor& tensor, int dst, int tag) {
 
 Work Group::recv(const at::Tensor& tensor, int src, int tag) {
   State& s = *state_;
+  const PhaseScope phase(Phase::kCollective, "recv", s.options.name);
   check_tensor(s, "recv", "tensor", tensor);
   check_dtype(s, "recv", tensor, /*reduction=*/false, ReduceOp::kSum);
   check_peer(s, "recv", "src", src, /*allow_self=*/false);
@@ -298,6 +306,7 @@ Work Group::recv(const at::Tensor& tensor, int src, int tag) {
 
 Work Group::barrier() {
   State& s = *state_;
+  const PhaseScope phase(Phase::kCollective, "barrier", s.options.name);
   std::string label = begin_collective(s, {OpKind::kBarrier, at::kFloat, 0, 0});
   c10d::BarrierOptions opts;
   opts.timeout = s.timeout();

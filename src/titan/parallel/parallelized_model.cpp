@@ -4,6 +4,7 @@
 #include "titan/common/check.h"
 #include "titan/common/format.h"
 #include "titan/common/logging.h"
+#include "titan/common/phase.h"
 #include "titan/components/loss.h"
 #include "titan/components/optimizer.h"
 #include "titan/models/common/attention.h"
@@ -377,13 +378,20 @@ at::Tensor ParallelizedModel::forward_backward(const at::Tensor& batch_inputs,
     loss_value = pipeline_->train_step(
         inputs, labels, [this](const at::Tensor& l, const at::Tensor& y) { return loss(l, y); },
         loss_scale, documents);
+    const PhaseScope phase(Phase::kBackward, "finish backward");
+    finish_backward();
   } else {
-    at::Tensor logits = parts_[0]->model->forward(inputs);  // (bs, seqlen, vocab) float32
-    at::Tensor l = loss(logits, labels);
+    at::Tensor l;
+    {
+      const PhaseScope phase(Phase::kForward);
+      at::Tensor logits = parts_[0]->model->forward(inputs);  // (bs, seqlen, vocab) float32
+      l = loss(logits, labels);
+    }
+    const PhaseScope phase(Phase::kBackward);
     (l * loss_scale).backward();
     loss_value = l.detach();
+    finish_backward();
   }
-  finish_backward();
   return loss_value;
 }
 

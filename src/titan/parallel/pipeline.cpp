@@ -2,6 +2,7 @@
 #include "titan/parallel/pipeline.h"
 
 #include "titan/common/check.h"
+#include "titan/common/phase.h"
 #include "titan/models/common/linear.h"
 #include "titan/parallel/data_parallel.h"
 
@@ -301,6 +302,9 @@ at::Tensor PipelineRuntime::train_step(const at::Tensor& inputs, const at::Tenso
     if (deferrals_[i]) attach_deferral(*stages_[i].model, deferrals_[i]);
   }
   const auto run = [&](const pp::Action& a) {
+    const bool fwd = a.kind == pp::ActionKind::kForward;
+    const PhaseScope phase(fwd ? Phase::kForward : Phase::kBackward, fwd ? "forward" : "backward",
+                           a.str());
     switch (a.kind) {
       case pp::ActionKind::kForward: forward(st, a.stage, a.microbatch, /*grad=*/true); break;
       case pp::ActionKind::kFullBackward: backward(st, a.stage, a.microbatch); break;

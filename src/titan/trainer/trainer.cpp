@@ -8,9 +8,12 @@
 #include "titan/common/device.h"
 #include "titan/common/format.h"
 #include "titan/common/logging.h"
+#include "titan/common/memory_probe.h"
+#include "titan/common/phase.h"
 #include "titan/components/data/data_loader.h"
 #include "titan/components/data/dataset.h"
 #include "titan/components/loss.h"
+#include "titan/components/profiling.h"
 #include "titan/components/tokenizer/tokenizer.h"
 #include "titan/components/tokenizer/tokenizer_identity.h"
 #include "titan/components/training_dtype.h"
@@ -29,6 +32,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <ctime>
 #include <iomanip>
 #include <random>
@@ -55,6 +59,7 @@ namespace {
 Trainer::Trainer(JobConfig config, const DistributedContext* dist) : config_(std::move(config)) {
   build_parallelism(dist);
   lock_dump_folder();
+  build_profiling();
   seed_ = config_.debug.seed;
   if (seed_ < 0) {
     seed_ = static_cast<int64_t>(std::random_device{}() & 0x7fffffff);
@@ -130,6 +135,32 @@ void Trainer::build_parallelism(const DistributedContext* dist) {
 }
 
 Trainer::~Trainer() = default;
+
+void Trainer::build_profiling() {
+  const ProfilingSection& p = config_.profiling;
+  // A rehearsal of running out of memory on the CPU (see memory_probe.h).
+  if (const char* limit = std::getenv("TITAN_CPU_MEMORY_LIMIT"); limit != nullptr && *limit) {
+    char* end = nullptr;
+    const long long bytes = std::strtoll(limit, &end, 10);
+    if (end == limit || *end != '\0' || bytes <= 0) {
+      throw ConfigError("TITAN_CPU_MEMORY_LIMIT must be a positive number of bytes, got '" +
+                        std::string(limit) + "'");
+    }
+    if (!device_.is_cpu()) {
+      throw ConfigError("TITAN_CPU_MEMORY_LIMIT limits CPU tensors; this run trains on " +
+                        device_.str());
+    }
+    CpuMemoryProbe::install();
+    CpuMemoryProbe::set_limit(bytes);
+    log_warning("CPU tensors limited to ", bytes, " bytes (TITAN_CPU_MEMORY_LIMIT)");
+  }
+  if (p.enable_memory_snapshot) {
+    memory_profiler_ = std::make_unique<MemoryProfiler>(p, config_.job.dump_folder, rank_, device_);
+  }
+  if (p.enable_profiling) {
+    trace_profiler_ = std::make_unique<TraceProfiler>(p, config_.job.dump_folder, rank_, device_);
+  }
+}
 
 void Trainer::lock_dump_folder() {
   enum : int64_t { kLocked = 0, kDataError = 1, kConfigError = 2 };
@@ -327,11 +358,18 @@ std::optional<Batch> Trainer::next_local_batch(DataLoader& loader) {
 }
 
 at::Tensor Trainer::train_step(int64_t step, double* grad_norm) {
-  parallel_->zero_grad();
+  {
+    const PhaseScope phase(Phase::kOptimizer, "zero_grad");
+    parallel_->zero_grad();
+  }
   at::Tensor total = at::zeros({}, at::TensorOptions(at::kFloat).device(device_));
   const double scale = 1.0 / static_cast<double>(accumulation_steps_);
   for (int64_t micro = 0; micro < accumulation_steps_; ++micro) {
-    auto batch = next_local_batch(*train_loader_);
+    std::optional<Batch> batch;
+    {
+      const PhaseScope data(Phase::kData);
+      batch = next_local_batch(*train_loader_);
+    }
     TITAN_CHECK(batch.has_value(), "training data loader ran dry at step ", step);
     total += parallel_->forward_backward(batch->inputs, batch->labels, scale) * scale;
   }
@@ -344,6 +382,7 @@ at::Tensor Trainer::train_step(int64_t step, double* grad_norm) {
                         "lr_scheduler.warmup_steps, or use training.mixed_precision_param = "
                         "\"float32\"");
   }
+  const PhaseScope optimizer(Phase::kOptimizer);
   *grad_norm = parallel_->clip_grad_norm(config_.training.max_norm);
   optimizer_->step(lr_scheduler_->lr_at(step));
   moe_loads_ = parallel_->update_moe_load_balance();  // MoE: expert biases toward even loads
@@ -352,6 +391,7 @@ at::Tensor Trainer::train_step(int64_t step, double* grad_norm) {
 
 double Trainer::validate(int64_t* tokens) {
   TITAN_CHECK(validation_docs_ != nullptr, "validation is not enabled");
+  const PhaseScope phase(Phase::kValidation);
   at::NoGradGuard no_grad;
   // Like training, every rank reads the whole stream and keeps its slice, so all ranks run the
   // same number of batches.
@@ -407,12 +447,21 @@ TrainResult Trainer::train() {
       /*log=*/rank_ == 0);
   for (int64_t step = train_state_.step + 1; step <= t.steps; ++step) {
     interrupt.set_step(step);
+    if (memory_profiler_) memory_profiler_->begin_step(step);
+    if (trace_profiler_) trace_profiler_->begin_step(step);
     double grad_norm = 0.0;
     at::Tensor loss;
     try {
       loss = train_step(step, &grad_norm);
     } catch (...) {
       dist::dump_installed_flight_recorder();  // a fatal error: leave the last collectives
+      if (memory_profiler_ && is_out_of_memory(std::current_exception())) {
+        try {
+          memory_profiler_->dump_after_error(step);
+        } catch (const std::exception& e) {  // the out-of-memory error is the one to report
+          log_warning("memory snapshot after the error not written: ", e.what());
+        }
+      }
       throw;
     }
     result.losses.push_back(loss.item<double>());
@@ -445,8 +494,13 @@ TrainResult Trainer::train() {
     train_state_.step = step;
     train_state_.tokens_seen += global_tokens_per_step;
     result.steps = step;
-    checkpointer_->maybe_save(step, t.steps);
-    if (step == t.steps) save_final_hf(step);
+    {
+      const PhaseScope phase(Phase::kCheckpoint);
+      checkpointer_->maybe_save(step, t.steps);
+      if (step == t.steps) save_final_hf(step);
+    }
+    if (trace_profiler_) trace_profiler_->end_step(step);
+    if (memory_profiler_) memory_profiler_->end_step(step);
   }
   checkpointer_->wait();
   metrics_->close();  // a write the close reports lost fails the run, not just a log line

@@ -28,6 +28,8 @@ class ParallelizedModel;
 struct Batch;
 class ParallelDims;
 struct DistributedContext;
+class TraceProfiler;
+class MemoryProfiler;
 namespace ckpt {
 class CheckpointManager;
 }
@@ -90,6 +92,8 @@ class Trainer {
   // checkpoint.last_save_in_hf: the final model as a Hugging Face folder <folder>/step-N-hf.
   void save_final_hf(int64_t step);
   void build_metrics();
+  // [profiling]: traces and memory snapshots (before the model, so that memory counts it).
+  void build_profiling();
   void build_parallelism(const DistributedContext* dist);
   // Rank 0 locks job.dump_folder (no second run may share it); every rank throws if it cannot.
   void lock_dump_folder();
@@ -115,6 +119,8 @@ class Trainer {
   std::unique_ptr<LRScheduler> lr_scheduler_;
   std::unique_ptr<ckpt::CheckpointManager> checkpointer_;
   std::unique_ptr<MetricsLogger> metrics_;
+  std::unique_ptr<TraceProfiler> trace_profiler_;
+  std::unique_ptr<MemoryProfiler> memory_profiler_;
   int64_t rank_ = 0;
   int64_t world_size_ = 1;
   int64_t dp_size_ = 1;

@@ -1,0 +1,63 @@
+// Phases and spans (see phase.h).
+#include "titan/common/phase.h"
+
+#include <atomic>
+#include <utility>
+
+namespace titan {
+namespace {
+
+std::atomic<PhaseListener*> g_listener{nullptr};
+std::atomic<Phase> g_phase{Phase::kOther};
+
+void change_phase(Phase from, Phase to) {
+  g_phase.store(to, std::memory_order_relaxed);
+  if (PhaseListener* l = g_listener.load(std::memory_order_acquire)) {
+    if (from != to) l->on_phase_change(from, to);
+  }
+}
+
+}  // namespace
+
+const char* to_string(Phase phase) {
+  switch (phase) {
+    case Phase::kOther: return "other";
+    case Phase::kData: return "data";
+    case Phase::kForward: return "forward";
+    case Phase::kBackward: return "backward";
+    case Phase::kOptimizer: return "optimizer";
+    case Phase::kCollective: return "collective";
+    case Phase::kValidation: return "validation";
+    case Phase::kCheckpoint: return "checkpoint";
+  }
+  return "?";
+}
+
+void set_phase_listener(PhaseListener* listener) {
+  g_listener.store(listener, std::memory_order_release);
+}
+
+Phase current_phase() { return g_phase.load(std::memory_order_relaxed); }
+
+TraceSpan::TraceSpan(const char* name, const std::string& detail)
+    : record_(at::RecordScope::USER_SCOPE) {
+  if (!record_.isActive()) return;
+  name_ = name;
+  if (!detail.empty()) name_ += " " + detail;
+  record_.before(name_.c_str(), c10::ArrayRef<const c10::IValue>{});
+}
+
+TraceSpan::TraceSpan(std::string name) : record_(at::RecordScope::USER_SCOPE) {
+  if (!record_.isActive()) return;
+  name_ = std::move(name);
+  record_.before(name_.c_str(), c10::ArrayRef<const c10::IValue>{});
+}
+
+PhaseScope::PhaseScope(Phase phase, const char* name, const std::string& detail)
+    : span_(name != nullptr ? name : to_string(phase), detail), previous_(current_phase()) {
+  change_phase(previous_, phase);
+}
+
+PhaseScope::~PhaseScope() { change_phase(current_phase(), previous_); }
+
+}  // namespace titan
