@@ -1,6 +1,11 @@
 // AdamW / Adam over float32 master parameters (or bfloat16 ones under training.dtype =
 // "bfloat16", with bf16 states), and gradient clipping by global norm.
 //
+// optimizer.implementation picks how the update runs, as in torch.optim: "fused" (one pass per
+// parameter through titan::kernels::adam_step on CPU), "foreach" (ATen's multi-tensor
+// _foreach_* ops over all parameters at once) or "for-loop" (ATen ops per parameter, the
+// reference). All three compute the same update.
+//
 // The optimizer only ever sees the tensors it is given (this rank's shards under FSDP or tensor
 // parallelism), keeps its state (exp_avg, exp_avg_sq, step) per parameter, and exposes it by name
 // for checkpointing.
@@ -38,11 +43,18 @@ class Optimizer {
   void set_step_count(int64_t steps) { step_count_ = steps; }
 
  private:
+  enum class Implementation { kFused, kForeach, kForLoop };
+
+  // One parameter through ATen ops (for-loop, and fused's fallback for what it cannot take).
+  void step_param_aten(size_t i, double lr);
+  void step_foreach(double lr);
+
   std::vector<NamedParam> params_;
   std::vector<at::Tensor> exp_avg_;
   std::vector<at::Tensor> exp_avg_sq_;
   OptimizerSection config_;
   bool decoupled_;  // AdamW (decoupled weight decay) vs Adam (L2 added to the gradient)
+  Implementation implementation_;
   int64_t step_count_ = 0;
 };
 

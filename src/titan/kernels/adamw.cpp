@@ -1,0 +1,145 @@
+// The one-pass AdamW / Adam kernel (see adamw.h). Elements are split over ATen's thread pool and
+// each thread walks its range in blocks small enough to stay in L1: a first loop updates the
+// moments, a second takes square roots, a third updates the parameter. The square roots have a
+// loop of their own because GCC does not vectorize sqrt without -fno-math-errno (its errno path is
+// a call); the scalar sqrtss it emits instead is fast enough not to matter to a kernel bound by
+// memory, and the other two loops vectorize.
+#include "titan/kernels/adamw.h"
+
+#include "titan/common/check.h"
+#include "titan/kernels/cpu_simd.h"
+
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cmath>
+
+namespace titan::kernels {
+namespace {
+
+// Elements per block: two float buffers of this size live on the stack.
+constexpr int64_t kBlock = 512;
+// Elements per parallel_for task: enough to amortize waking a thread.
+constexpr int64_t kGrain = 32768;
+
+// The step's scalars, rounded to float once, as ATen rounds a double Scalar for float math.
+struct Coefficients {
+  float decay;         // 1 - lr * wd (AdamW)
+  float l2;            // wd (Adam)
+  float one_minus_b1;  // lerp weight of the first moment
+  float beta2;
+  float one_minus_b2;
+  float bias2_sqrt;  // sqrt(1 - beta2^step)
+  float eps;
+  float neg_step_size;  // -lr / (1 - beta1^step)
+};
+
+// n <= kBlock elements. Kept in float between the loops (m_new, denom), so a bf16 moment is
+// rounded once, on its store, and the parameter update uses the unrounded value.
+template <class T, bool kDecoupled>
+__attribute__((always_inline)) inline void adam_block(T* __restrict p, const T* __restrict g,
+                                                      T* __restrict m, T* __restrict v, int64_t n,
+                                                      const Coefficients& c) {
+  float m_new[kBlock];
+  float denom[kBlock];
+  for (int64_t i = 0; i < n; ++i) {
+    float gi = load(g, i);
+    if constexpr (!kDecoupled) gi = gi + c.l2 * load(p, i);
+    const float mi = load(m, i);
+    const float mn = mi + c.one_minus_b1 * (gi - mi);  // lerp_(g, 1 - beta1)
+    const float vn = load(v, i) * c.beta2 + c.one_minus_b2 * gi * gi;
+    store(m, i, mn);
+    store(v, i, vn);
+    m_new[i] = mn;
+    denom[i] = vn;
+  }
+  for (int64_t i = 0; i < n; ++i) denom[i] = std::sqrt(denom[i]);
+  for (int64_t i = 0; i < n; ++i) {
+    float pi = load(p, i);
+    if constexpr (kDecoupled) pi = pi * c.decay;
+    const float d = denom[i] / c.bias2_sqrt + c.eps;
+    store(p, i, pi + c.neg_step_size * m_new[i] / d);
+  }
+}
+
+template <class T>
+__attribute__((always_inline)) inline void adam_range(T* p, const T* g, T* m, T* v, int64_t begin,
+                                                      int64_t end, const Coefficients& c,
+                                                      bool decoupled) {
+  for (int64_t b = begin; b < end; b += kBlock) {
+    const int64_t n = std::min(kBlock, end - b);
+    if (decoupled) {
+      adam_block<T, true>(p + b, g + b, m + b, v + b, n, c);
+    } else {
+      adam_block<T, false>(p + b, g + b, m + b, v + b, n, c);
+    }
+  }
+}
+
+TITAN_CPU_CLONES void adam_range_float(float* p, const float* g, float* m, float* v, int64_t begin,
+                                       int64_t end, const Coefficients& c, bool decoupled) {
+  adam_range(p, g, m, v, begin, end, c, decoupled);
+}
+
+TITAN_CPU_CLONES void adam_range_bf16(c10::BFloat16* p, const c10::BFloat16* g, c10::BFloat16* m,
+                                      c10::BFloat16* v, int64_t begin, int64_t end,
+                                      const Coefficients& c, bool decoupled) {
+  adam_range(p, g, m, v, begin, end, c, decoupled);
+}
+
+}  // namespace
+
+bool adam_step_supported(const at::Tensor& param, const at::Tensor& grad, const at::Tensor& exp_avg,
+                         const at::Tensor& exp_avg_sq) {
+  const at::ScalarType dtype = param.scalar_type();
+  if (dtype != at::kFloat && dtype != at::kBFloat16) return false;
+  for (const at::Tensor* t : {&param, &grad, &exp_avg, &exp_avg_sq}) {
+    if (!t->device().is_cpu() || t->scalar_type() != dtype || t->sizes() != param.sizes() ||
+        t->strides() != param.strides()) {
+      return false;
+    }
+  }
+  // Same sizes and strides plus dense: every tensor is the same permutation of one flat range.
+  return param.is_non_overlapping_and_dense();
+}
+
+void adam_step(const at::Tensor& param, const at::Tensor& grad, const at::Tensor& exp_avg,
+               const at::Tensor& exp_avg_sq, const AdamStepOptions& o) {
+  TITAN_CHECK(adam_step_supported(param, grad, exp_avg, exp_avg_sq),
+              "adam_step: unsupported tensors (param ", param.scalar_type(), " ", param.sizes(),
+              " strides ", param.strides(), " on ", param.device(), ", grad ", grad.scalar_type(),
+              " strides ", grad.strides(), "). HINT: check adam_step_supported first");
+  const double step = static_cast<double>(o.step);
+  Coefficients c;
+  c.decay = static_cast<float>(1.0 - o.lr * o.weight_decay);
+  c.l2 = static_cast<float>(o.weight_decay);
+  c.one_minus_b1 = static_cast<float>(1.0 - o.beta1);
+  c.beta2 = static_cast<float>(o.beta2);
+  c.one_minus_b2 = static_cast<float>(1.0 - o.beta2);
+  c.bias2_sqrt = static_cast<float>(std::sqrt(1.0 - std::pow(o.beta2, step)));
+  c.eps = static_cast<float>(o.eps);
+  c.neg_step_size = static_cast<float>(-o.lr / (1.0 - std::pow(o.beta1, step)));
+  // No decay at all: AdamW's factor 1 is exact, Adam's term 0 * p would turn an inf p into NaN.
+  const bool decoupled = o.decoupled || o.weight_decay == 0;
+
+  const int64_t n = param.numel();
+  if (param.scalar_type() == at::kFloat) {
+    float* p = param.data_ptr<float>();
+    const float* g = grad.data_ptr<float>();
+    float* m = exp_avg.data_ptr<float>();
+    float* v = exp_avg_sq.data_ptr<float>();
+    at::parallel_for(0, n, kGrain, [&](int64_t begin, int64_t end) {
+      adam_range_float(p, g, m, v, begin, end, c, decoupled);
+    });
+  } else {
+    auto* p = param.data_ptr<c10::BFloat16>();
+    const auto* g = grad.data_ptr<c10::BFloat16>();
+    auto* m = exp_avg.data_ptr<c10::BFloat16>();
+    auto* v = exp_avg_sq.data_ptr<c10::BFloat16>();
+    at::parallel_for(0, n, kGrain, [&](int64_t begin, int64_t end) {
+      adam_range_bf16(p, g, m, v, begin, end, c, decoupled);
+    });
+  }
+}
+
+}  // namespace titan::kernels
