@@ -5,11 +5,16 @@
 // belongs to one variant. Batches come from the configured dataset through the trainer's loader
 // (tokenized ahead of the model, a small share of a step); the trainer's outputs go to a temporary
 // job.dump_folder, removed at the end, so a bench never touches a training run's folder.
+//
+// --breakdown: after the timed steps, runs the same number of steps again under a StepBreakdown
+// (titan/components/breakdown.h) and prints where a step's time goes: per phase and per family of
+// ops, with the matmuls' achieved FLOP/s against the GEMM probe.
 #include "commands.h"
 
 #include "titan/common/check.h"
 #include "titan/common/cpu.h"
 #include "titan/common/format.h"
+#include "titan/components/breakdown.h"
 #include "titan/components/metrics.h"
 #include "titan/config/config_manager.h"
 #include "titan/trainer/trainer.h"
@@ -46,11 +51,21 @@ struct ScratchFolder {
 
 }  // namespace
 
-int run_bench(const std::vector<std::string>& args) {
+int run_bench(const std::vector<std::string>& all_args) {
+  std::vector<std::string> args;
+  bool breakdown = false;
+  for (const std::string& a : all_args) {
+    if (a == "--breakdown") {
+      breakdown = true;
+    } else {
+      args.push_back(a);
+    }
+  }
   JobConfig config = parse_job_config(args);
   const int64_t steps = config.training.steps;
   const int64_t warmup = 2;
-  config.training.steps = warmup + steps;  // the learning-rate schedule spans the warm-up too
+  // The learning-rate schedule spans the warm-up (and the breakdown's steps) too.
+  config.training.steps = warmup + steps * (breakdown ? 2 : 1);
   if (config.debug.seed < 0) config.debug.seed = 0;
   // Threads first, so that the GEMM probe runs with the trainer's thread settings; the trainer
   // then takes the probe's figure (metrics.peak_flops) instead of probing again.
@@ -86,6 +101,16 @@ int run_bench(const std::vector<std::string>& args) {
       (long long)steps, tps, flops / 1e12, peak / 1e12, 100.0 * flops / peak,
       static_cast<double>(peak_rss_bytes()) / (1024.0 * 1024.0 * 1024.0),
       seconds / static_cast<double>(steps), threads.c_str());
+  if (breakdown) {
+    StepBreakdown b;
+    for (int64_t step = warmup + steps + 1; step <= warmup + 2 * steps; ++step) {
+      b.begin_step();
+      trainer.train_step(step, &grad_norm);
+      b.end_step();
+    }
+    std::printf("%s",
+                format_breakdown(b.report(), seconds / static_cast<double>(steps), peak).c_str());
+  }
   return 0;
 }
 

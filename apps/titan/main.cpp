@@ -24,7 +24,7 @@ void print_usage() {
       "commands:\n"
       "  train     train a model (see `titan train --help` for every config key)\n"
       "  inspect   parameter counts, FLOPs per token and per-rank memory, without allocating\n"
-      "  bench     time training steps of the benchmark models (tokens/s, MFU, peak memory)\n"
+      "  bench     time training steps (tokens/s, MFU, peak memory; --breakdown: where it goes)\n"
       "  data      corpus tools: `titan data prepare` pre-tokenizes text into token files\n"
       "  tokenizer encode / decode / bench with tokenizer files (`titan tokenizer --help`)\n"
       "  convert   Hugging Face interop: to-hf, from-hf (`titan convert --help`)\n"

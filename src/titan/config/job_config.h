@@ -475,9 +475,11 @@ struct CompileSection {
 
   template <class V>
   void visit(V& v) {
-    v("enable", enable, "Compile the model and loss with torch.compile", kNotYet);
-    v("components", components, "What to compile: model, loss", used_with("compile.enable"));
-    v("backend", backend, "torch.compile backend", used_with("compile.enable"));
+    v("enable", enable,
+      "Run titan's fused CPU kernels (RMSNorm, SwiGLU, RoPE) in the components (torch.compile's "
+      "place)");
+    v("components", components, "What to fuse: model (loss: not supported yet)");
+    v("backend", backend, "Compiler backend: inductor (titan's fused kernels; the only one)");
   }
 };
 

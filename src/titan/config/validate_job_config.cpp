@@ -286,6 +286,31 @@ void validate_activation_checkpoint(const ActivationCheckpointSection& ac) {
                       /*include_one=*/true);
 }
 
+// [compile]: titan's fused kernels stand in for torch.compile (models/converters.h). The
+// components are "model" and "loss"; the fused linear + cross-entropy is not built, so "loss" is
+// refused while compile is on. backend: titan has one, under TorchTitan's default name.
+void validate_compile(const CompileSection& c) {
+  bool loss = false;
+  for (const std::string& part : c.components) {
+    if (part != "model" && part != "loss") {
+      fail("compile.components entry '" + part + "' is not a component (model, loss)");
+    }
+    loss = loss || part == "loss";
+  }
+  if (!c.enable) return;
+  if (loss) {
+    fail(
+        "compile.components entry 'loss' is not supported yet: titan's fused linear + "
+        "cross-entropy is not built. HINT: set compile.components = [\"model\"] "
+        "(--compile.components model) for the fused RMSNorm, SwiGLU and RoPE kernels");
+  }
+  if (c.backend != "inductor") {
+    fail("compile.backend '" + c.backend +
+         "' is not supported: titan's fused kernels are its one backend, named \"inductor\" "
+         "(the default). HINT: remove compile.backend");
+  }
+}
+
 // model.converters: TorchTitan's registered names; the float8 linear converter is built (under
 // its v0.2.2 name and its older one), the others are refused by name. Its FSDP float8 all-gather
 // is not built, so its two switches are refused while the converter is on.
@@ -378,6 +403,7 @@ void validate_job_config(const JobConfig& config) {
   validate_activation_checkpoint(config.activation_checkpoint);
   validate_batch_sizes(config.training, config.parallelism);
   validate_model_converters(config);
+  validate_compile(config.compile);
 }
 
 }  // namespace titan

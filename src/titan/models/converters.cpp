@@ -6,7 +6,10 @@
 
 #include "titan/common/check.h"
 #include "titan/common/logging.h"
+#include "titan/models/common/feed_forward.h"
 #include "titan/models/common/linear.h"
+#include "titan/models/common/norms.h"
+#include "titan/models/common/rope.h"
 
 #include <algorithm>
 #include <sstream>
@@ -74,6 +77,26 @@ Float8Conversion convert_to_float8(torch::nn::Module& model, const Float8LinearS
     }
   }
   return out;
+}
+
+int64_t apply_compile(torch::nn::Module& model, const CompileSection& config,
+                      const at::Device& device) {
+  const bool model_part = std::find(config.components.begin(), config.components.end(), "model") !=
+                          config.components.end();
+  if (!config.enable || !model_part) return 0;
+  int64_t norms = 0, ffns = 0, ropes = 0;
+  for (const auto& m : model.modules(/*include_self=*/true)) {
+    if (auto* n = dynamic_cast<RMSNorm*>(m.get())) n->fused = true, ++norms;
+    if (auto* f = dynamic_cast<FeedForward*>(m.get())) f->fused = true, ++ffns;
+    if (auto* r = dynamic_cast<RotaryEmbedding*>(m.get())) r->fused = true, ++ropes;
+  }
+  log_info("compile: fused kernels for ", norms, " RMSNorm, ", ffns, " SwiGLU and ", ropes,
+           " RoPE layers");
+  if (!device.is_cpu()) {
+    log_warning("compile.enable: titan's fused kernels are CPU kernels; on ", device.str(),
+                " these layers keep ATen's ops");
+  }
+  return norms + ffns + ropes;
 }
 
 void apply_model_converters(torch::nn::Module& model, const JobConfig& config,

@@ -332,6 +332,7 @@ void ParallelizedModel::refresh_params() {
 
 at::Tensor ParallelizedModel::loss(const at::Tensor& logits, const at::Tensor& labels) const {
   const Part& last = *parts_.back();
+  const TraceSpan span("loss");
   return last.tp ? last.tp->cross_entropy(logits, labels) : lm_cross_entropy_loss(logits, labels);
 }
 

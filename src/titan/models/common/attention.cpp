@@ -9,6 +9,7 @@
 
 #include "titan/common/check.h"
 #include "titan/common/names.h"
+#include "titan/common/phase.h"
 #include "titan/models/common/savable_ops.h"
 
 #include <algorithm>
@@ -39,6 +40,7 @@ at::Tensor chunk_causal_mask(int64_t t0, int64_t t1, int64_t n_rep,
 
 at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                             const at::Tensor& document_ids) {
+  const TraceSpan span("attention");
   const int64_t n_heads = q.size(2);
   const int64_t n_kv_heads = k.size(2);
   TITAN_CHECK(n_kv_heads > 0 && n_heads % n_kv_heads == 0, "n_kv_heads (", n_kv_heads,

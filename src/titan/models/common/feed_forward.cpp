@@ -1,6 +1,10 @@
 // SwiGLU feed-forward (see feed_forward.h).
 #include "titan/models/common/feed_forward.h"
 
+#include "titan/common/phase.h"
+#include "titan/kernels/fused_layers.h"
+#include "titan/models/common/fused_ops.h"
+
 namespace titan {
 
 FeedForward::FeedForward(int64_t dim, int64_t hidden_dim, at::ScalarType compute_dtype)
@@ -13,8 +17,14 @@ FeedForward::FeedForward(int64_t dim, int64_t hidden_dim, at::ScalarType compute
 at::Tensor FeedForward::forward(const at::Tensor& x) {
   return hooked(x, [this](const at::Tensor& in) {
     const at::Tensor xc = to_compute(in, compute_dtype);  // one cast for both w1 and w3
-    return w2->forward(at::silu(w1->forward(xc)) *
-                       w3->forward(xc));  // hidden: (bs, seqlen, hidden_dim)
+    at::Tensor hidden;                                    // (bs, seqlen, hidden_dim)
+    {
+      const at::Tensor gate = w1->forward(xc), up = w3->forward(xc);
+      const TraceSpan span("swiglu");  // the profiler's and `titan bench --breakdown`'s name
+      hidden =
+          fused && kernels::cpu_fusable({gate, up}) ? fused_swiglu(gate, up) : at::silu(gate) * up;
+    }
+    return w2->forward(hidden);
   });
 }
 

@@ -22,6 +22,9 @@ class FeedForward : public HookedModule {
 
   std::shared_ptr<Linear> w1, w2, w3;
   at::ScalarType compute_dtype;
+  // silu(w1 x) * w3 x by the fused CPU kernel (titan/models/common/fused_ops.h) for float32 /
+  // bfloat16 CPU tensors (compile.enable).
+  bool fused = false;
 };
 
 }  // namespace titan

@@ -3,6 +3,9 @@
 // the gradient in closed form.
 #include "titan/models/common/norms.h"
 
+#include "titan/common/phase.h"
+#include "titan/kernels/fused_layers.h"
+#include "titan/models/common/fused_ops.h"
 #include "titan/models/common/init.h"
 #include "titan/models/common/linear.h"
 
@@ -57,8 +60,11 @@ RMSNorm::RMSNorm(int64_t dim, double eps) : eps(eps) {
 }
 
 at::Tensor RMSNorm::forward(const at::Tensor& x) {
-  return hooked(x,
-                [this](const at::Tensor& in) { return RMSNormFunction::apply(in, weight, eps); });
+  return hooked(x, [this](const at::Tensor& in) {
+    const TraceSpan span("rmsnorm");
+    if (fused && kernels::cpu_fusable({in, weight})) return fused_rms_norm(in, weight, eps);
+    return RMSNormFunction::apply(in, weight, eps);
+  });
 }
 
 void RMSNorm::reset_parameters() {

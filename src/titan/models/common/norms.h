@@ -21,6 +21,9 @@ class RMSNorm : public WeightLayer {
   void reset_parameters();
 
   double eps;
+  // The fused CPU kernel (titan/models/common/fused_ops.h) for float32 / bfloat16 CPU inputs
+  // (compile.enable); other inputs take the composition either way.
+  bool fused = false;
 };
 
 }  // namespace titan

@@ -3,6 +3,9 @@
 
 #include "titan/common/check.h"
 #include "titan/common/cpu.h"
+#include "titan/common/phase.h"
+#include "titan/kernels/fused_layers.h"
+#include "titan/models/common/fused_ops.h"
 #include "titan/models/common/linear.h"
 #include "titan/models/memory_estimate.h"
 
@@ -116,7 +119,11 @@ void RotaryEmbedding::build_tables(int64_t head_dim, int64_t max_seq_len,
 }
 
 at::Tensor RotaryEmbedding::forward(const at::Tensor& x, const at::Tensor& positions) const {
-  if (!positions.defined()) return apply_rotary_emb(x, cos, sin);
+  const TraceSpan span("rope");
+  if (!positions.defined()) {
+    if (fused && kernels::cpu_fusable({x}) && x.dim() == 4) return fused_rope(x, cos, sin);
+    return apply_rotary_emb(x, cos, sin);
+  }
   TITAN_CHECK(positions.dim() == 1 && positions.size(0) == x.size(1), "RoPE positions must be (",
               x.size(1), "), got ", positions.sizes());
   const int64_t last = positions.numel() == 0 ? 0 : positions.max().item<int64_t>();

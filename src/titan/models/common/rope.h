@@ -70,6 +70,9 @@ class RotaryEmbedding : public torch::nn::Module {
 
   at::Tensor cos;
   at::Tensor sin;
+  // Positions [0, seqlen) of float32 / bfloat16 CPU inputs through the fused CPU kernel
+  // (titan/models/common/fused_ops.h; compile.enable).
+  bool fused = false;
 
  private:
   // Checks the tables fit this machine, then builds them from the frequencies `freqs()`.

@@ -1,0 +1,128 @@
+// Fused CPU kernels against the compositions the layers run without them (compile.enable off):
+// RMSNorm, SwiGLU's product and RoPE, forward + backward through autograd, at the activation
+// shapes of the two benchmark models of bench/run_bench.sh, float32 and bfloat16. Prints the
+// median milliseconds of each, the fused kernel's effective GB/s (bytes it must read and write)
+// and the ratio. A benchmark, not a test: it never fails on speed.
+//   build/kernel_bench [--threads N] [--iters N]
+#include "titan/common/cpu.h"
+#include "titan/models/common/fused_ops.h"
+#include "titan/models/common/norms.h"
+#include "titan/models/common/rope.h"
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace {
+
+using titan::RMSNorm;
+using titan::RotaryEmbedding;
+
+double median_ms(const std::function<void()>& fn, int iters) {
+  for (int i = 0; i < 3; ++i) fn();
+  std::vector<double> ms;
+  for (int i = 0; i < iters; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    fn();
+    ms.push_back(
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+  }
+  std::sort(ms.begin(), ms.end());
+  return ms[ms.size() / 2];
+}
+
+struct Shape {
+  const char* model;
+  int64_t bs, seqlen, dim, n_heads, head_dim, hidden;
+};
+
+void row(const char* op, const Shape& s, at::ScalarType dtype, double composed, double fused,
+         double bytes) {
+  std::printf("%-8s %-10s %-9s %10.3f %10.3f %8.2fx %9.1f\n", op, s.model,
+              dtype == at::kFloat ? "float32" : "bfloat16", composed, fused, composed / fused,
+              bytes / (fused * 1e-3) / 1e9);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int threads = 2, iters = 20;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    if (std::strcmp(argv[i], "--threads") == 0) threads = std::atoi(argv[i + 1]);
+    if (std::strcmp(argv[i], "--iters") == 0) iters = std::atoi(argv[i + 1]);
+  }
+  std::printf("threads: %s\n", titan::configure_threads(threads).c_str());
+  const std::vector<Shape> shapes = {{"(a)", 8, 256, 256, 8, 32, 768},
+                                     {"(b)", 4, 512, 512, 8, 64, 1536}};
+  std::printf("%-8s %-10s %-9s %10s %10s %9s %9s\n", "op", "model", "dtype", "ATen ms", "fused ms",
+              "ratio", "fused GB/s");
+  for (const Shape& s : shapes) {
+    for (at::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
+      const double esize = dtype == at::kFloat ? 4.0 : 2.0;
+      at::manual_seed(0);
+      // RMSNorm over (bs, seqlen, dim): forward reads x, writes y; backward reads g, x, writes gx.
+      {
+        RMSNorm norm(s.dim);
+        const at::Tensor x = at::randn({s.bs, s.seqlen, s.dim}).to(dtype).requires_grad_();
+        const at::Tensor g = at::randn({s.bs, s.seqlen, s.dim}).to(dtype);
+        auto run = [&](bool fused) {
+          norm.fused = fused;
+          return median_ms(
+              [&] {
+                norm.forward(x).backward(g);
+                x.mutable_grad() = at::Tensor();
+                norm.weight.mutable_grad() = at::Tensor();
+              },
+              iters);
+        };
+        const double a = run(false), b = run(true);
+        row("rmsnorm", s, dtype, a, b, 5.0 * static_cast<double>(x.numel()) * esize);
+      }
+      // SwiGLU's product over (bs, seqlen, hidden): reads gate, up; writes h; backward reads g,
+      // gate, up and writes both gradients.
+      {
+        const at::Tensor a = at::randn({s.bs, s.seqlen, s.hidden}).to(dtype).requires_grad_();
+        const at::Tensor u = at::randn({s.bs, s.seqlen, s.hidden}).to(dtype).requires_grad_();
+        const at::Tensor g = at::randn({s.bs, s.seqlen, s.hidden}).to(dtype);
+        auto run = [&](bool fused) {
+          return median_ms(
+              [&] {
+                (fused ? titan::fused_swiglu(a, u) : at::silu(a) * u).backward(g);
+                a.mutable_grad() = at::Tensor();
+                u.mutable_grad() = at::Tensor();
+              },
+              iters);
+        };
+        const double c = run(false), f = run(true);
+        row("swiglu", s, dtype, c, f, 8.0 * static_cast<double>(a.numel()) * esize);
+      }
+      // RoPE over (bs, seqlen, n_heads, head_dim): reads x, writes out; backward reads g, writes.
+      {
+        RotaryEmbedding rope(s.head_dim, s.seqlen, 10000.0, nullptr);
+        const at::Tensor x =
+            at::randn({s.bs, s.seqlen, s.n_heads, s.head_dim}).to(dtype).requires_grad_();
+        const at::Tensor g = at::randn({s.bs, s.seqlen, s.n_heads, s.head_dim}).to(dtype);
+        auto run = [&](bool fused) {
+          rope.fused = fused;
+          return median_ms(
+              [&] {
+                rope.forward(x).backward(g);
+                x.mutable_grad() = at::Tensor();
+              },
+              iters);
+        };
+        const double c = run(false), f = run(true);
+        row("rope", s, dtype, c, f, 4.0 * static_cast<double>(x.numel()) * esize);
+      }
+    }
+  }
+  return 0;
+}

@@ -1,0 +1,41 @@
+// Fused CPU kernels for the layers of a Llama-style block, each a forward and a backward that
+// read and write every element once (the ATen compositions they replace take 4-8 passes and keep
+// more tensors alive for the backward): RMSNorm, SwiGLU and RoPE. float32 and bfloat16 tensors
+// on the CPU, any shape (made contiguous first), arithmetic in float32 with one rounding at the
+// end; other dtypes and devices are the caller's to route elsewhere (cpu_fusable()).
+// Vectorized per instruction set at run time (cpu_simd.h), rows or elements split over ATen's
+// thread pool. Gradient reductions (RMSNorm's weight) sum fixed blocks of rows in a fixed order,
+// so results do not depend on the number of threads.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <utility>
+
+namespace titan::kernels {
+
+// True when the fused CPU kernels take these tensors: all on the CPU, float32 or bfloat16.
+bool cpu_fusable(std::initializer_list<at::Tensor> tensors);
+
+// RMSNorm: y = x * rstd * weight, rstd = 1 / sqrt(mean(x^2 over the last dim) + eps).
+// x (..., dim), weight (dim) -> y (x's dtype), rstd (x.numel() / dim rows) float32.
+std::pair<at::Tensor, at::Tensor> rms_norm_forward(const at::Tensor& x, const at::Tensor& weight,
+                                                   double eps);
+// -> grad_x (x's dtype), grad_weight (weight's dtype).
+std::pair<at::Tensor, at::Tensor> rms_norm_backward(const at::Tensor& grad, const at::Tensor& x,
+                                                    const at::Tensor& weight,
+                                                    const at::Tensor& rstd);
+
+// SwiGLU's product: h = silu(gate) * up, elementwise; gate and up of one shape and dtype.
+at::Tensor swiglu_forward(const at::Tensor& gate, const at::Tensor& up);
+// -> grad_gate, grad_up.
+std::pair<at::Tensor, at::Tensor> swiglu_backward(const at::Tensor& grad, const at::Tensor& gate,
+                                                  const at::Tensor& up);
+
+// RoPE on interleaved pairs (x[2i], x[2i+1]) of x (bs, seqlen, n_heads, head_dim), position s
+// rotated by the angle whose cos and sin are cos[s][i], sin[s][i] (tables (>= seqlen, head_dim /
+// 2), float32). inverse: rotate the other way (the backward: grad_x = rope(grad, -angle)).
+at::Tensor rope_rotate(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
+                       bool inverse);
+
+}  // namespace titan::kernels

@@ -1,0 +1,71 @@
+// Autograd wrappers of the fused CPU kernels (see fused_ops.h).
+#include "titan/models/common/fused_ops.h"
+
+#include "titan/kernels/fused_layers.h"
+
+#include <torch/csrc/autograd/custom_function.h>
+
+namespace titan {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+struct FusedRMSNorm : public torch::autograd::Function<FusedRMSNorm> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
+                            double eps) {
+    auto [y, rstd] = kernels::rms_norm_forward(x, weight, eps);
+    ctx->save_for_backward({x, weight, rstd});
+    return y;
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    auto [grad_x, grad_weight] = kernels::rms_norm_backward(grads[0].to(saved[0].scalar_type()),
+                                                            saved[0], saved[1], saved[2]);
+    return {grad_x, grad_weight, at::Tensor()};
+  }
+};
+
+struct FusedSwiGLU : public torch::autograd::Function<FusedSwiGLU> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& gate, const at::Tensor& up) {
+    ctx->save_for_backward({gate, up});
+    return kernels::swiglu_forward(gate, up);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    auto [grad_gate, grad_up] =
+        kernels::swiglu_backward(grads[0].to(saved[0].scalar_type()), saved[0], saved[1]);
+    return {grad_gate, grad_up};
+  }
+};
+
+struct FusedRope : public torch::autograd::Function<FusedRope> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& cos,
+                            const at::Tensor& sin) {
+    ctx->save_for_backward({cos, sin});
+    ctx->saved_data["dtype"] = static_cast<int64_t>(x.scalar_type());
+    return kernels::rope_rotate(x, cos, sin, /*inverse=*/false);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const auto dtype = static_cast<at::ScalarType>(ctx->saved_data["dtype"].toInt());
+    return {kernels::rope_rotate(grads[0].to(dtype), saved[0], saved[1], /*inverse=*/true),
+            at::Tensor(), at::Tensor()};
+  }
+};
+
+}  // namespace
+
+at::Tensor fused_rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  return FusedRMSNorm::apply(x, weight, eps);
+}
+
+at::Tensor fused_swiglu(const at::Tensor& gate, const at::Tensor& up) {
+  return FusedSwiGLU::apply(gate, up);
+}
+
+at::Tensor fused_rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  return FusedRope::apply(x, cos, sin);
+}
+
+}  // namespace titan

@@ -1,0 +1,19 @@
+// The fused CPU kernels (titan/kernels/fused_layers.h) as autograd ops, for the layers to call
+// when their `fused` switch is on (compile.enable; see titan/models/converters.h) and the tensors
+// are float32 or bfloat16 on the CPU. Each keeps less for the backward than the composition it
+// replaces: RMSNorm its input and 1/rms, SwiGLU its two inputs (not silu(gate)), RoPE nothing but
+// the tables.
+#pragma once
+
+#include <ATen/ATen.h>
+
+namespace titan {
+
+// x (..., dim), weight (dim) -> x's dtype.
+at::Tensor fused_rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
+// silu(gate) * up.
+at::Tensor fused_swiglu(const at::Tensor& gate, const at::Tensor& up);
+// RoPE of x (bs, seqlen, n_heads, head_dim) with tables cos, sin (>= seqlen, head_dim / 2).
+at::Tensor fused_rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
+
+}  // namespace titan
