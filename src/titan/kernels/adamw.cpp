@@ -1,9 +1,10 @@
-// The one-pass AdamW / Adam kernel (see adamw.h). Elements are split over ATen's thread pool and
-// each thread walks its range in blocks small enough to stay in L1: a first loop updates the
-// moments, a second takes square roots, a third updates the parameter. The square roots have a
-// loop of their own because GCC does not vectorize sqrt without -fno-math-errno (its errno path is
-// a call); the scalar sqrtss it emits instead is fast enough not to matter to a kernel bound by
-// memory, and the other two loops vectorize.
+// The one-pass AdamW / Adam kernel (see adamw.h): elements are split over ATen's thread pool, and
+// each thread runs one loop over its range that GCC vectorizes per instruction set.
+//
+// sqrtf is redeclared const below. GCC treats it as writing errno (as C requires for a negative
+// argument) unless the whole file is built with -fno-math-errno; a call that writes memory keeps
+// the loop scalar, which made the kernel 2.4x slower (11.8 vs 4.8 ms on 6M floats). Declared const,
+// it becomes sqrtps. Its argument here, the second moment, is never negative (NaN stays NaN).
 #include "titan/kernels/adamw.h"
 
 #include "titan/common/check.h"
@@ -11,14 +12,13 @@
 
 #include <ATen/Parallel.h>
 
-#include <algorithm>
 #include <cmath>
+
+extern "C" float sqrtf(float) noexcept __attribute__((const));
 
 namespace titan::kernels {
 namespace {
 
-// Elements per block: two float buffers of this size live on the stack.
-constexpr int64_t kBlock = 512;
 // Elements per parallel_for task: enough to amortize waking a thread.
 constexpr int64_t kGrain = 32768;
 
@@ -34,31 +34,28 @@ struct Coefficients {
   float neg_step_size;  // -lr / (1 - beta1^step)
 };
 
-// n <= kBlock elements. Kept in float between the loops (m_new, denom), so a bf16 moment is
-// rounded once, on its store, and the parameter update uses the unrounded value.
+// Moments stay in float between their update and the parameter's: a bf16 moment is rounded once,
+// on its store, and the parameter update uses the unrounded value.
 template <class T, bool kDecoupled>
-__attribute__((always_inline)) inline void adam_block(T* __restrict p, const T* __restrict g,
-                                                      T* __restrict m, T* __restrict v, int64_t n,
-                                                      const Coefficients& c) {
-  float m_new[kBlock];
-  float denom[kBlock];
-  for (int64_t i = 0; i < n; ++i) {
-    float gi = load(g, i);
-    if constexpr (!kDecoupled) gi = gi + c.l2 * load(p, i);
-    const float mi = load(m, i);
-    const float mn = mi + c.one_minus_b1 * (gi - mi);  // lerp_(g, 1 - beta1)
-    const float vn = load(v, i) * c.beta2 + c.one_minus_b2 * gi * gi;
-    store(m, i, mn);
-    store(v, i, vn);
-    m_new[i] = mn;
-    denom[i] = vn;
-  }
-  for (int64_t i = 0; i < n; ++i) denom[i] = std::sqrt(denom[i]);
-  for (int64_t i = 0; i < n; ++i) {
+__attribute__((always_inline)) inline void adam_loop(T* __restrict p, const T* __restrict g,
+                                                     T* __restrict m, T* __restrict v,
+                                                     int64_t begin, int64_t end,
+                                                     const Coefficients& c) {
+  for (int64_t i = begin; i < end; ++i) {
     float pi = load(p, i);
-    if constexpr (kDecoupled) pi = pi * c.decay;
-    const float d = denom[i] / c.bias2_sqrt + c.eps;
-    store(p, i, pi + c.neg_step_size * m_new[i] / d);
+    float gi = load(g, i);
+    if constexpr (kDecoupled) {
+      pi = pi * c.decay;
+    } else {
+      gi = gi + c.l2 * pi;
+    }
+    const float mi = load(m, i);
+    const float m_new = mi + c.one_minus_b1 * (gi - mi);  // lerp_(g, 1 - beta1)
+    const float v_new = load(v, i) * c.beta2 + c.one_minus_b2 * gi * gi;
+    store(m, i, m_new);
+    store(v, i, v_new);
+    const float denom = sqrtf(v_new) / c.bias2_sqrt + c.eps;
+    store(p, i, pi + c.neg_step_size * m_new / denom);
   }
 }
 
@@ -66,13 +63,10 @@ template <class T>
 __attribute__((always_inline)) inline void adam_range(T* p, const T* g, T* m, T* v, int64_t begin,
                                                       int64_t end, const Coefficients& c,
                                                       bool decoupled) {
-  for (int64_t b = begin; b < end; b += kBlock) {
-    const int64_t n = std::min(kBlock, end - b);
-    if (decoupled) {
-      adam_block<T, true>(p + b, g + b, m + b, v + b, n, c);
-    } else {
-      adam_block<T, false>(p + b, g + b, m + b, v + b, n, c);
-    }
+  if (decoupled) {
+    adam_loop<T, true>(p, g, m, v, begin, end, c);
+  } else {
+    adam_loop<T, false>(p, g, m, v, begin, end, c);
   }
 }
 
