@@ -7,12 +7,14 @@
 #   (b) dim 512, 8 layers, 8 heads, vocab 32000, seq 512, batch 4              (flavor bench_medium)
 # Variants, each in its own process so that peak RSS belongs to it:
 #   titan        `titan bench` (which sets its heap up at start, configure_cpu_allocator)
+#   fused        the same with titan's fused kernels (--compile.enable --compile.components model:
+#                RMSNorm, SwiGLU, RoPE)
 #   eager_glibc  bench/reference_train.py with glibc's default heap, as a user gets it
 #   eager        the same loop with titan's heap settings, given through glibc's MALLOC_* tunables
 #   compile      the loop with torch.compile (forward + loss with its backward, and clip + AdamW),
 #                titan's heap settings; compilation happens in warm-up steps, untimed, and is
 #                reported as compile_s (with a fresh inductor cache, i.e. a first run's cost)
-# Prints tokens/s, titan's ratio to each reference, titan's MFU, compile seconds and peak RSS.
+# Prints tokens/s, titan's and fused titan's ratios to the references, MFU, compile s, peak RSS.
 # A benchmark, not a test: it never fails on speed.
 #   bench/run_bench.sh [STEPS]        STEPS (default 10) may also come from the environment
 #   THREADS=2 BENCH_QUICK=1 STEPS=2 bench/run_bench.sh  # smoke test: seq 64 for both models
@@ -68,9 +70,9 @@ run() {
 
 echo "# $steps timed steps after warm-up, $threads threads, $(nproc) cores; PyTorch" \
   "$("$py" -c 'import torch; print(torch.__version__)')${BENCH_QUICK:+; BENCH_QUICK: seq 64}"
-fmt='%-4s %-8s %9s %11s %9s %9s %8s %8s %8s %7s %8s %7s %8s %7s %7s\n'
-printf "$fmt" case dtype titan eager_glibc eager compile t/glibc t/eager t/comp t_mfu compile_s \
-  t_GiB glibc_GiB e_GiB c_GiB
+fmt='%-4s %-8s %9s %9s %11s %9s %9s %8s %8s %8s %8s %8s %7s %7s %8s %7s %7s %7s %7s\n'
+printf "$fmt" case dtype titan fused eager_glibc eager compile t/glibc t/eager t/comp f/eager \
+  f/comp t_mfu f_mfu compile_s t_GiB f_GiB e_GiB c_GiB
 for case in a b; do
   if [ $case = a ]; then
     flavor=bench_small; batch=8; seq=256
@@ -87,6 +89,10 @@ for case in a b; do
         --training.local_batch_size $batch --training.seq_len $seq \
         --training.mixed_precision_param $dtype --training.steps "$steps" \
         --training.num_threads "$threads")
+    f=$(run "$id-fused" bench "$titan" bench --model.flavor $flavor \
+        --training.local_batch_size $batch --training.seq_len $seq \
+        --training.mixed_precision_param $dtype --training.steps "$steps" \
+        --training.num_threads "$threads" --compile.enable --compile.components model)
     reference=("$py" "$root/bench/reference_train.py" "${ref[@]}" --dtype $dtype)
     g=$(run "$id-eager_glibc" reference "${reference[@]}")
     e=$(run "$id-eager" reference env "${heap[@]}" "${reference[@]}")
@@ -99,10 +105,11 @@ for case in a b; do
         echo "note: $id compile recompiled during the timed steps; raise the warm-up" >&2
     fi
     tt=$(field tokens_per_s "$t"); gt=$(field tokens_per_s "$g"); et=$(field tokens_per_s "$e")
-    ct=$(field tokens_per_s "$c")
-    printf "$fmt" "$case" $dtype "$tt" "$gt" "$et" "$ct" "$(ratio "$tt" "$gt")" \
-      "$(ratio "$tt" "$et")" "$(ratio "$tt" "$ct")" "$(field mfu_pct "$t")%" \
-      "$(field compile_s "$c")" "$(field peak_rss_gib "$t")" "$(field peak_rss_gib "$g")" \
-      "$(field peak_rss_gib "$e")" "$(field peak_rss_gib "$c")"
+    ct=$(field tokens_per_s "$c"); ft=$(field tokens_per_s "$f")
+    printf "$fmt" "$case" $dtype "$tt" "$ft" "$gt" "$et" "$ct" "$(ratio "$tt" "$gt")" \
+      "$(ratio "$tt" "$et")" "$(ratio "$tt" "$ct")" "$(ratio "$ft" "$et")" "$(ratio "$ft" "$ct")" \
+      "$(field mfu_pct "$t")%" "$(field mfu_pct "$f")%" "$(field compile_s "$c")" \
+      "$(field peak_rss_gib "$t")" "$(field peak_rss_gib "$f")" "$(field peak_rss_gib "$e")" \
+      "$(field peak_rss_gib "$c")"
   done
 done

@@ -1,10 +1,7 @@
 // The one-pass AdamW / Adam kernel (see adamw.h): elements are split over ATen's thread pool, and
 // each thread runs one loop over its range that GCC vectorizes per instruction set.
-//
-// sqrtf is redeclared const below. GCC treats it as writing errno (as C requires for a negative
-// argument) unless the whole file is built with -fno-math-errno; a call that writes memory keeps
-// the loop scalar, which made the kernel 2.4x slower (11.8 vs 4.8 ms on 6M floats). Declared const,
-// it becomes sqrtps. Its argument here, the second moment, is never negative (NaN stays NaN).
+// (titan_kernels is built with -fno-math-errno, so std::sqrt becomes sqrtps: a sqrt that may
+// write errno keeps the loop scalar, 2.4x slower on 6M floats.)
 #include "titan/kernels/adamw.h"
 
 #include "titan/common/check.h"
@@ -13,8 +10,6 @@
 #include <ATen/Parallel.h>
 
 #include <cmath>
-
-extern "C" float sqrtf(float) noexcept __attribute__((const));
 
 namespace titan::kernels {
 namespace {
