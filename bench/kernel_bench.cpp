@@ -1,4 +1,5 @@
-// Fused CPU kernels against the compositions the layers run without them (compile.enable off):
+// Fused CPU kernels against the compositions the layers run without them (compile.enable off),
+// whichever the layers pick with it on (kernels::fused_is_faster decides from these figures):
 // RMSNorm, SwiGLU's product and RoPE, forward + backward through autograd, at the activation
 // shapes of the two benchmark models of bench/run_bench.sh, float32 and bfloat16. Prints the
 // median milliseconds of each, the fused kernel's effective GB/s (bytes it must read and write)
@@ -74,10 +75,10 @@ int main(int argc, char** argv) {
         const at::Tensor x = at::randn({s.bs, s.seqlen, s.dim}).to(dtype).requires_grad_();
         const at::Tensor g = at::randn({s.bs, s.seqlen, s.dim}).to(dtype);
         auto run = [&](bool fused) {
-          norm.fused = fused;
           return median_ms(
               [&] {
-                norm.forward(x).backward(g);
+                (fused ? titan::fused_rms_norm(x, norm.weight, norm.eps) : norm.forward(x))
+                    .backward(g);
                 x.mutable_grad() = at::Tensor();
                 norm.weight.mutable_grad() = at::Tensor();
               },
@@ -111,10 +112,9 @@ int main(int argc, char** argv) {
             at::randn({s.bs, s.seqlen, s.n_heads, s.head_dim}).to(dtype).requires_grad_();
         const at::Tensor g = at::randn({s.bs, s.seqlen, s.n_heads, s.head_dim}).to(dtype);
         auto run = [&](bool fused) {
-          rope.fused = fused;
           return median_ms(
               [&] {
-                rope.forward(x).backward(g);
+                (fused ? titan::fused_rope(x, rope.cos, rope.sin) : rope.forward(x)).backward(g);
                 x.mutable_grad() = at::Tensor();
               },
               iters);

@@ -85,13 +85,14 @@ for case in a b; do
   ref+=(--seq $seq --batch $batch --steps "$steps" --threads "$threads")
   for dtype in float32 bfloat16; do
     id="$case-$dtype"
+    # No activation checkpointing (the job config's default is selective), as the reference.
     t=$(run "$id-titan" bench "$titan" bench --model.flavor $flavor \
-        --training.local_batch_size $batch --training.seq_len $seq \
-        --training.mixed_precision_param $dtype --training.steps "$steps" \
+        --activation_checkpoint.mode none --training.local_batch_size $batch \
+        --training.seq_len $seq --training.mixed_precision_param $dtype --training.steps "$steps" \
         --training.num_threads "$threads")
     f=$(run "$id-fused" bench "$titan" bench --model.flavor $flavor \
-        --training.local_batch_size $batch --training.seq_len $seq \
-        --training.mixed_precision_param $dtype --training.steps "$steps" \
+        --activation_checkpoint.mode none --training.local_batch_size $batch \
+        --training.seq_len $seq --training.mixed_precision_param $dtype --training.steps "$steps" \
         --training.num_threads "$threads" --compile.enable --compile.components model)
     reference=("$py" "$root/bench/reference_train.py" "${ref[@]}" --dtype $dtype)
     g=$(run "$id-eager_glibc" reference "${reference[@]}")

@@ -40,4 +40,15 @@ expect_exit 0 env TITAN="$TITAN" NGPU=2 timeout 120 bash scripts/run_train.sh \
 expect_output "FSDP: sharded over 2 ranks"
 expect_output "step: +3 "
 [ "$(grep -c '"loss":' "$WORK/launcher2/metrics.jsonl")" = 3 ] || fail "NGPU=2 run logged != 3 steps"
+
+# titan bench --breakdown with the fused kernels: the speed line, then phases and op families.
+expect_exit 0 "$TITAN" bench --model.flavor tiny --model.hf_assets_path "" --training.seq_len 32 \
+  --training.local_batch_size 2 --training.steps 2 --metrics.peak_flops 1e12 --breakdown \
+  --compile.enable --compile.components model
+expect_output "^bench model=llama3 flavor=tiny .*tokens_per_s="
+expect_output "^breakdown of a step \(mean of 2\): [0-9.]+ ms with the op callback, [0-9.]+ ms without"
+expect_output "^  backward +[0-9.]+ +[0-9.]+%"
+expect_output "^  matmul +[0-9.]+ +[0-9.]+% +[0-9.]+ TFLOP/s = [0-9]+% of the GEMM probe"
+expect_output "^  rope +[0-9.]+"
+expect_output "compile: fused kernels for 5 RMSNorm, 2 SwiGLU and 1 RoPE layers"
 echo "ok"

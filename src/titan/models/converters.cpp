@@ -91,7 +91,7 @@ int64_t apply_compile(torch::nn::Module& model, const CompileSection& config,
     if (auto* r = dynamic_cast<RotaryEmbedding*>(m.get())) r->fused = true, ++ropes;
   }
   log_info("compile: fused kernels for ", norms, " RMSNorm, ", ffns, " SwiGLU and ", ropes,
-           " RoPE layers");
+           " RoPE layers (RMSNorm and SwiGLU in float32 only: in bfloat16 ATen's are faster)");
   if (!device.is_cpu()) {
     log_warning("compile.enable: titan's fused kernels are CPU kernels; on ", device.str(),
                 " these layers keep ATen's ops");

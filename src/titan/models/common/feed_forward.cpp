@@ -21,8 +21,10 @@ at::Tensor FeedForward::forward(const at::Tensor& x) {
     {
       const at::Tensor gate = w1->forward(xc), up = w3->forward(xc);
       const TraceSpan span("swiglu");  // the profiler's and `titan bench --breakdown`'s name
-      hidden =
-          fused && kernels::cpu_fusable({gate, up}) ? fused_swiglu(gate, up) : at::silu(gate) * up;
+      const bool use_fused =
+          fused && kernels::cpu_fusable({gate, up}) &&
+          kernels::fused_is_faster(kernels::FusedOp::kSwiGLU, gate.scalar_type());
+      hidden = use_fused ? fused_swiglu(gate, up) : at::silu(gate) * up;
     }
     return w2->forward(hidden);
   });

@@ -22,8 +22,8 @@ class FeedForward : public HookedModule {
 
   std::shared_ptr<Linear> w1, w2, w3;
   at::ScalarType compute_dtype;
-  // silu(w1 x) * w3 x by the fused CPU kernel (titan/models/common/fused_ops.h) for float32 /
-  // bfloat16 CPU tensors (compile.enable).
+  // silu(w1 x) * w3 x by the fused CPU kernel (titan/models/common/fused_ops.h) for CPU tensors
+  // of the dtypes where it is faster (kernels::fused_is_faster; compile.enable).
   bool fused = false;
 };
 

@@ -62,7 +62,10 @@ RMSNorm::RMSNorm(int64_t dim, double eps) : eps(eps) {
 at::Tensor RMSNorm::forward(const at::Tensor& x) {
   return hooked(x, [this](const at::Tensor& in) {
     const TraceSpan span("rmsnorm");
-    if (fused && kernels::cpu_fusable({in, weight})) return fused_rms_norm(in, weight, eps);
+    if (fused && kernels::cpu_fusable({in, weight}) &&
+        kernels::fused_is_faster(kernels::FusedOp::kRmsNorm, in.scalar_type())) {
+      return fused_rms_norm(in, weight, eps);
+    }
     return RMSNormFunction::apply(in, weight, eps);
   });
 }

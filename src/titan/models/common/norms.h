@@ -21,8 +21,8 @@ class RMSNorm : public WeightLayer {
   void reset_parameters();
 
   double eps;
-  // The fused CPU kernel (titan/models/common/fused_ops.h) for float32 / bfloat16 CPU inputs
-  // (compile.enable); other inputs take the composition either way.
+  // The fused CPU kernel (titan/models/common/fused_ops.h) for CPU inputs of the dtypes where it
+  // is faster (kernels::fused_is_faster; compile.enable); other inputs take the composition.
   bool fused = false;
 };
 
