@@ -2,7 +2,6 @@
 #include "titan/common/phase.h"
 
 #include <atomic>
-#include <utility>
 
 namespace titan {
 namespace {
@@ -39,22 +38,21 @@ void set_phase_listener(PhaseListener* listener) {
 
 Phase current_phase() { return g_phase.load(std::memory_order_relaxed); }
 
-TraceSpan::TraceSpan(const char* name, const std::string& detail)
+TraceSpan::TraceSpan(std::string_view name, std::string_view detail, std::string_view more)
     : record_(at::RecordScope::USER_SCOPE) {
   if (!record_.isActive()) return;
   name_ = name;
-  if (!detail.empty()) name_ += " " + detail;
+  for (std::string_view part : {detail, more}) {
+    if (part.empty()) continue;
+    name_ += ' ';
+    name_ += part;
+  }
   record_.before(name_.c_str(), c10::ArrayRef<const c10::IValue>{});
 }
 
-TraceSpan::TraceSpan(std::string name) : record_(at::RecordScope::USER_SCOPE) {
-  if (!record_.isActive()) return;
-  name_ = std::move(name);
-  record_.before(name_.c_str(), c10::ArrayRef<const c10::IValue>{});
-}
-
-PhaseScope::PhaseScope(Phase phase, const char* name, const std::string& detail)
-    : span_(name != nullptr ? name : to_string(phase), detail), previous_(current_phase()) {
+PhaseScope::PhaseScope(Phase phase, const char* name, std::string_view detail,
+                       std::string_view more)
+    : span_(name != nullptr ? name : to_string(phase), detail, more), previous_(current_phase()) {
   change_phase(previous_, phase);
 }
 

@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
 
 namespace titan {
 
@@ -41,13 +42,12 @@ void set_phase_listener(PhaseListener* listener);
 // The innermost open phase (process-wide).
 Phase current_phase();
 
-// A user span in profiler traces, named `name` (+ " " + `detail` when given; built only while a
-// profiler records).
+// A user span in profiler traces, named `name` followed by the non-empty details, space-separated
+// (the name is built only while a profiler records, so callers on hot paths pass views).
 class TraceSpan {
  public:
-  explicit TraceSpan(const char* name, const std::string& detail = {});
-  // A name built by the caller (once per step or rarer).
-  explicit TraceSpan(std::string name);
+  explicit TraceSpan(std::string_view name, std::string_view detail = {},
+                     std::string_view more = {});
   TraceSpan(const TraceSpan&) = delete;
   TraceSpan& operator=(const TraceSpan&) = delete;
 
@@ -60,7 +60,8 @@ class TraceSpan {
 // phase until it closes, when the enclosing one is current again.
 class PhaseScope {
  public:
-  explicit PhaseScope(Phase phase, const char* name = nullptr, const std::string& detail = {});
+  explicit PhaseScope(Phase phase, const char* name = nullptr, std::string_view detail = {},
+                      std::string_view more = {});
   ~PhaseScope();
   PhaseScope(const PhaseScope&) = delete;
   PhaseScope& operator=(const PhaseScope&) = delete;

@@ -337,31 +337,24 @@ void MemoryProfiler::begin_step(int64_t step) {
   in_step_ = true;
 }
 
+bool MemoryProfiler::close_step() {
+  const std::lock_guard<std::mutex> lock(mutex_);
+  if (!in_step_) return false;
+  close_segment(current_phase());
+  MemoryStep& s = steps_.back();
+  s.end_bytes = segment_start_bytes_;
+  s.seconds = seconds_between(step_start_, segment_start_);
+  in_step_ = false;
+  return true;
+}
+
 std::optional<std::string> MemoryProfiler::end_step(int64_t step) {
-  {
-    const std::lock_guard<std::mutex> lock(mutex_);
-    if (!in_step_) return std::nullopt;
-    close_segment(current_phase());
-    MemoryStep& s = steps_.back();
-    s.end_bytes = segment_start_bytes_;
-    s.seconds = seconds_between(step_start_, segment_start_);
-    in_step_ = false;
-  }
-  if (!schedule_.ends_window(step)) return std::nullopt;
+  if (!close_step() || !schedule_.ends_window(step)) return std::nullopt;
   return write(step, /*exit=*/false);
 }
 
 std::string MemoryProfiler::dump_after_error(int64_t step) {
-  {
-    const std::lock_guard<std::mutex> lock(mutex_);
-    if (in_step_) {
-      close_segment(current_phase());
-      MemoryStep& s = steps_.back();
-      s.end_bytes = segment_start_bytes_;
-      s.seconds = seconds_between(step_start_, segment_start_);
-      in_step_ = false;
-    }
-  }
+  close_step();
   return write(step, /*exit=*/true);
 }
 

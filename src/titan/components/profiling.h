@@ -146,6 +146,8 @@ class MemoryProfiler final : public PhaseListener {
   int64_t bytes_now() const;
   // Closes the stretch of `phase` that ran until now and starts the next one.
   void close_segment(Phase phase);
+  // Ends the open step (false when none is open).
+  bool close_step();
   std::string write(int64_t step, bool exit);
 
   ProfileSchedule schedule_;  // only freq: a file every profile_freq steps

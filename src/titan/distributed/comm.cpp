@@ -329,7 +329,7 @@ void Work::wait() {
   if (!impl_ || impl_->done) return;
   Impl& w = *impl_;
   Group::State& s = *w.group;
-  const PhaseScope phase(Phase::kCollective, "wait", w.op + " " + s.options.name);
+  const PhaseScope phase(Phase::kCollective, "wait", w.op, s.options.name);
   auto elapsed = [&] {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - w.issued).count();
   };
