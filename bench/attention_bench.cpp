@@ -3,7 +3,10 @@
 // head, and our own materialised attention (the KV-cache path of attention.cpp run over a whole
 // sequence: scores in query chunks, softmax in fp32, probabilities kept for backward). Prints,
 // per dtype and sequence length, forward+backward milliseconds, the ratio to the fused kernel,
-// and the largest difference of outputs and input gradients from a float64 reference.
+// and the largest difference of outputs and input gradients from a float64 reference. "training"
+// is the same algorithm as the model trains with it (materialised_causal_attention, chosen by
+// compile.enable where materialised_attention_is_faster): an autograd function that keeps the
+// probabilities in the compute dtype and differentiates with batched matmuls.
 // A benchmark: it prints, it never fails on speed.
 //
 //   attention_bench [--tokens 4096] [--heads 8] [--kv-heads 4] [--head-dim 64] [--iters 5]
@@ -55,6 +58,11 @@ at::Tensor fused_expanded(const at::Tensor& q, const at::Tensor& k, const at::Te
 at::Tensor materialised(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
   return titan::cached_attention(q, k.transpose(1, 2).contiguous(), v.transpose(1, 2).contiguous(),
                                  /*start_pos=*/0);
+}
+
+// titan's training attention (materialised_causal_attention).
+at::Tensor training(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+  return titan::materialised_causal_attention(q, k, v);
 }
 
 struct Outcome {
@@ -120,9 +128,9 @@ int main(int argc, char** argv) {
       "per step (batch x seq), %d threads, forward + backward ms\n",
       static_cast<long long>(heads), static_cast<long long>(kv_heads),
       static_cast<long long>(head_dim), static_cast<long long>(tokens), threads);
-  std::printf("%-9s %6s %6s | %10s | %10s %6s | %10s %6s | %9s %9s %9s\n", "dtype", "seq", "batch",
-              "fused gqa", "expanded", "ratio", "material.", "ratio", "err gqa", "err exp",
-              "err mat");
+  std::printf("%-9s %6s %6s | %10s | %10s %6s | %10s %6s | %10s %6s | %9s %9s %9s %9s\n", "dtype",
+              "seq", "batch", "fused gqa", "expanded", "ratio", "material.", "ratio", "training",
+              "ratio", "err gqa", "err exp", "err mat", "err train");
   for (at::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
     for (int64_t seq : {256, 512, 1024, 2048}) {
       const int64_t bs = std::max<int64_t>(1, tokens / seq);
@@ -134,10 +142,14 @@ int main(int argc, char** argv) {
       const Outcome gqa = measure(fused_gqa, in, dtype, iters, reference);
       const Outcome expanded = measure(fused_expanded, in, dtype, iters, reference);
       const Outcome mat = measure(materialised, in, dtype, iters, reference);
-      std::printf("%-9s %6lld %6lld | %10.1f | %10.1f %6.2f | %10.1f %6.2f | %9.1e %9.1e %9.1e\n",
-                  dtype == at::kFloat ? "float32" : "bfloat16", static_cast<long long>(seq),
-                  static_cast<long long>(bs), gqa.ms, expanded.ms, expanded.ms / gqa.ms, mat.ms,
-                  mat.ms / gqa.ms, gqa.max_diff, expanded.max_diff, mat.max_diff);
+      const Outcome train = measure(training, in, dtype, iters, reference);
+      std::printf(
+          "%-9s %6lld %6lld | %10.1f | %10.1f %6.2f | %10.1f %6.2f | %10.1f %6.2f | %9.1e %9.1e "
+          "%9.1e %9.1e\n",
+          dtype == at::kFloat ? "float32" : "bfloat16", static_cast<long long>(seq),
+          static_cast<long long>(bs), gqa.ms, expanded.ms, expanded.ms / gqa.ms, mat.ms,
+          mat.ms / gqa.ms, train.ms, train.ms / gqa.ms, gqa.max_diff, expanded.max_diff,
+          mat.max_diff, train.max_diff);
       std::fflush(stdout);
     }
   }

@@ -6,6 +6,7 @@
 
 #include "titan/common/check.h"
 #include "titan/common/logging.h"
+#include "titan/models/common/attention.h"
 #include "titan/models/common/feed_forward.h"
 #include "titan/models/common/linear.h"
 #include "titan/models/common/norms.h"
@@ -84,14 +85,22 @@ int64_t apply_compile(torch::nn::Module& model, const CompileSection& config,
   const bool model_part = std::find(config.components.begin(), config.components.end(), "model") !=
                           config.components.end();
   if (!config.enable || !model_part) return 0;
-  int64_t norms = 0, ffns = 0, ropes = 0;
+  int64_t norms = 0, ffns = 0, ropes = 0, attentions = 0;
   for (const auto& m : model.modules(/*include_self=*/true)) {
     if (auto* n = dynamic_cast<RMSNorm*>(m.get())) n->fused = true, ++norms;
     if (auto* f = dynamic_cast<FeedForward*>(m.get())) f->fused = true, ++ffns;
     if (auto* r = dynamic_cast<RotaryEmbedding*>(m.get())) r->fused = true, ++ropes;
+    // Grouped-query attention's default kernel only (multi-head latent attention keeps SDPA;
+    // context parallelism, applied later, replaces the kernel with its own).
+    if (auto* a = dynamic_cast<Attention*>(m.get())) {
+      if (auto* c = dynamic_cast<CausalAttention*>(a->inner_attention.get()))
+        c->fused = true, ++attentions;
+    }
   }
   log_info("compile: fused kernels for ", norms, " RMSNorm, ", ffns, " SwiGLU and ", ropes,
-           " RoPE layers (RMSNorm and SwiGLU in float32 only: in bfloat16 ATen's are faster)");
+           " RoPE layers (RMSNorm and SwiGLU in float32 only: in bfloat16 ATen's are faster); ",
+           "titan's attention for ", attentions,
+           " attention layers where it is faster than SDPA (materialised_attention_is_faster)");
   if (!device.is_cpu()) {
     log_warning("compile.enable: titan's fused kernels are CPU kernels; on ", device.str(),
                 " these layers keep ATen's ops");

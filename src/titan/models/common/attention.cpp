@@ -4,13 +4,17 @@
 // one query per head, so the scores are a (n_rep, L) row block per kv head and a fused kernel
 // would gain nothing; the query heads that share a kv head are folded into the row dimension, so
 // one batched matmul serves all of them without copying K and V n_rep times, and long prompts go
-// in query chunks that skip the fully masked part of the score matrix.
+// in query chunks that skip the fully masked part of the score matrix. The same algorithm also
+// trains (materialised_causal_attention, chosen by compile.enable where it measured faster): an
+// autograd function that keeps the chunks' probabilities and differentiates with batched matmuls.
 #include "titan/models/common/attention.h"
 
 #include "titan/common/check.h"
 #include "titan/common/names.h"
 #include "titan/common/phase.h"
 #include "titan/models/common/savable_ops.h"
+
+#include <torch/csrc/autograd/custom_function.h>
 
 #include <algorithm>
 #include <cmath>
@@ -36,26 +40,221 @@ at::Tensor chunk_causal_mask(int64_t t0, int64_t t1, int64_t n_rep,
       .masked_fill_(key_pos.gt(query_pos), -std::numeric_limits<double>::infinity());
 }
 
+// Additive block-causal mask for query positions [t0, t1) against keys [0, t1), rows ordered
+// (position, rep) as in chunk_causal_mask: 0 where the key is at or before the query in the same
+// document, -inf elsewhere. docs (bs, seqlen) int64 -> (bs, 1, (t1 - t0) * n_rep, t1).
+at::Tensor chunk_document_mask(const at::Tensor& docs, int64_t t0, int64_t t1, int64_t n_rep,
+                               const at::TensorOptions& options) {
+  const auto long_options = options.dtype(at::kLong);
+  const at::Tensor query_pos = at::arange(t0, t1, long_options).repeat_interleave(n_rep);
+  const at::Tensor key_pos = at::arange(t1, long_options);
+  const at::Tensor query_docs = docs.narrow(1, t0, t1 - t0).repeat_interleave(n_rep, 1);
+  const at::Tensor hidden = docs.narrow(1, 0, t1)
+                                .unsqueeze(1)
+                                .ne(query_docs.unsqueeze(2))
+                                .logical_or_(key_pos.unsqueeze(0).gt(query_pos.unsqueeze(1)));
+  return at::zeros(hidden.sizes(), options)
+      .masked_fill_(hidden, -std::numeric_limits<double>::infinity())
+      .unsqueeze(1);
+}
+
+// Queries with the heads that share a kv head folded into rows: q (bs, seqlen, n_heads, hd) ->
+// (bs * n_kv_heads, seqlen * n_rep, hd) in `dtype`, row s * n_rep + r of batch b * n_kv_heads + g
+// holding position s of query head g * n_rep + r. One copy (layout and dtype together).
+at::Tensor fold_query_heads(const at::Tensor& q, int64_t n_kv_heads, at::ScalarType dtype) {
+  const int64_t bs = q.size(0), seqlen = q.size(1), head_dim = q.size(3);
+  const int64_t n_rep = q.size(2) / n_kv_heads;
+  at::Tensor rows =
+      at::empty({bs * n_kv_heads, seqlen * n_rep, head_dim}, q.options().dtype(dtype));
+  rows.view({bs, n_kv_heads, seqlen, n_rep, head_dim})
+      .copy_(q.reshape({bs, seqlen, n_kv_heads, n_rep, head_dim}).permute({0, 2, 1, 3, 4}));
+  return rows;
+}
+
+// The inverse: (bs * n_kv_heads, seqlen * n_rep, hd) -> (bs, seqlen, n_heads, hd) in `dtype`,
+// contiguous.
+at::Tensor unfold_query_heads(const at::Tensor& rows, int64_t bs, int64_t seqlen,
+                              int64_t n_kv_heads, at::ScalarType dtype) {
+  const int64_t head_dim = rows.size(2);
+  const int64_t n_rep = rows.size(1) / seqlen;
+  at::Tensor out =
+      at::empty({bs, seqlen, n_kv_heads * n_rep, head_dim}, rows.options().dtype(dtype));
+  out.view({bs, seqlen, n_kv_heads, n_rep, head_dim})
+      .copy_(rows.view({bs, n_kv_heads, seqlen, n_rep, head_dim}).permute({0, 2, 1, 3, 4}));
+  return out;
+}
+
+// Keys or values per kv head: (bs, seqlen, n_kv_heads, hd) -> (bs * n_kv_heads, seqlen, hd) in
+// `dtype` (a copy).
+at::Tensor fold_kv_heads(const at::Tensor& t, at::ScalarType dtype) {
+  const int64_t bs = t.size(0), seqlen = t.size(1), n_kv_heads = t.size(2), head_dim = t.size(3);
+  at::Tensor rows = at::empty({bs * n_kv_heads, seqlen, head_dim}, t.options().dtype(dtype));
+  rows.view({bs, n_kv_heads, seqlen, head_dim}).copy_(t.transpose(1, 2));
+  return rows;
+}
+
+// The inverse: (bs * n_kv_heads, seqlen, hd) -> (bs, seqlen, n_kv_heads, hd) in `dtype`,
+// contiguous.
+at::Tensor unfold_kv_heads(const at::Tensor& rows, int64_t bs, at::ScalarType dtype) {
+  return rows.view({bs, -1, rows.size(1), rows.size(2)})
+      .transpose(1, 2)
+      .to(dtype, /*non_blocking=*/false, /*copy=*/false, at::MemoryFormat::Contiguous);
+}
+
+// softmax over the last dimension with float32 arithmetic, in the scores' dtype (ATen's CPU
+// kernel computes a bfloat16 softmax in float32 and rounds once: the numbers of upcasting first,
+// 6x faster).
+at::Tensor softmax_rows(const at::Tensor& scores) {
+  return is_reduced_float(scores.scalar_type()) && !scores.device().is_cpu()
+             ? at::softmax(scores, -1, at::kFloat).to(scores.scalar_type())
+             : at::softmax(scores, -1);
+}
+
+// Whether this CPU multiplies bfloat16 matrices at speed: ATen's bf16 matmuls go through oneDNN
+// only with AVX-512 (BW, VL, DQ: ATen's own test); without them (AVX2) a generic loop runs them
+// at about 1 GFLOP/s on 2 cores against 50 in float32, so attention is then faster in float32.
+bool fast_bf16_matmul() {
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+  static const bool fast = __builtin_cpu_supports("avx512bw") &&
+                           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+  return fast;
+#else
+  return true;
+#endif
+}
+
+// The document ids of block-causal attention checked against q (bs, seqlen, ...), as int64 on
+// q's device.
+at::Tensor checked_documents(const at::Tensor& q, const at::Tensor& document_ids) {
+  const int64_t seqlen = q.size(1);
+  TITAN_CHECK(document_ids.dim() == 2 && document_ids.size(0) == q.size(0) &&
+                  document_ids.size(1) == seqlen,
+              "block-causal attention: document ids must be (bs, seqlen) = (", q.size(0), ", ",
+              seqlen, "), got ", document_ids.sizes());
+  return document_ids.to(q.device(), at::kLong);
+}
+
+// n_heads / n_kv_heads of q (bs, seqlen, n_heads, hd) and k (bs, seqlen, n_kv_heads, hd).
+int64_t query_heads_per_kv_head(const at::Tensor& q, const at::Tensor& k) {
+  const int64_t n_heads = q.size(2);
+  const int64_t n_kv_heads = k.size(2);
+  TITAN_CHECK(n_kv_heads > 0 && n_heads % n_kv_heads == 0, "n_kv_heads (", n_kv_heads,
+              ") must divide n_heads (", n_heads, ")");
+  return n_heads / n_kv_heads;
+}
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// Materialised causal attention as an autograd function. Forward, per chunk of query positions
+// [t0, t1) (rows = (t1 - t0) * n_rep folded query rows, keys [0, t1)):
+//   S = scale * Q K^T + mask, P = softmax(S) (float32 arithmetic, kept for backward), O = P V.
+// Backward, per chunk: dV += P^T dO, dP = dO V^T, dS = P * (dP - rowsum(dP * P)) (softmax's
+// backward, which needs no O), dQ = scale * dS K, dK += scale * dS^T Q; dK and dV accumulate
+// over chunks in float32. Everything runs in the inputs' dtype, except bfloat16 / float16 on a
+// CPU without fast bf16 matmuls (fast_bf16_matmul), which runs in float32: the inputs are
+// widened as they are folded, and the results rounded once as they are unfolded.
+struct MaterialisedAttention : public torch::autograd::Function<MaterialisedAttention> {
+  // q (bs, seqlen, n_heads, hd), k and v (bs, seqlen, n_kv_heads, hd); docs null (causal) or
+  // (bs, seqlen) int64 on q's device (block-causal). The documents travel as a pointer: autograd
+  // wants a device for every tensor argument, and causal attention has none.
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k,
+                            const at::Tensor& v, const at::Tensor* docs) {
+    const int64_t bs = q.size(0), seqlen = q.size(1), n_kv_heads = k.size(2);
+    const int64_t n_rep = q.size(2) / n_kv_heads;
+    const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(3)));
+    const at::ScalarType dtype = q.scalar_type();
+    const at::ScalarType work =
+        is_reduced_float(dtype) && !(q.device().is_cpu() && fast_bf16_matmul()) ? at::kFloat
+                                                                                : dtype;
+    const at::TensorOptions options = q.options().dtype(work);
+    const at::Tensor q_rows = fold_query_heads(q, n_kv_heads, work);  // (batch, seq * n_rep, hd)
+    const at::Tensor k_rows = fold_kv_heads(k, work);                 // (batch, seqlen, hd)
+    const at::Tensor v_rows = fold_kv_heads(v, work);
+    variable_list saved = {q_rows, k_rows, v_rows};
+    std::vector<at::Tensor> outs;
+    for (int64_t t0 = 0; t0 < seqlen; t0 += kQueryChunk) {
+      const int64_t t1 = std::min(seqlen, t0 + kQueryChunk);
+      const int64_t rows = (t1 - t0) * n_rep;
+      const at::Tensor q_chunk = q_rows.narrow(1, t0 * n_rep, rows);
+      const at::Tensor k_t = k_rows.narrow(1, 0, t1).transpose(1, 2);  // (batch, hd, t1)
+      at::Tensor scores;                                               // (batch, rows, t1)
+      if (docs == nullptr) {
+        scores = at::baddbmm(chunk_causal_mask(t0, t1, n_rep, options), q_chunk, k_t,
+                             /*beta=*/1.0, /*alpha=*/scale);
+      } else {
+        scores = at::bmm(q_chunk, k_t);
+        scores.view({bs, n_kv_heads, rows, t1})
+            .mul_(scale)
+            .add_(chunk_document_mask(*docs, t0, t1, n_rep, options));
+      }
+      const at::Tensor probs = softmax_rows(scores);
+      outs.push_back(at::bmm(probs, v_rows.narrow(1, 0, t1)));  // (batch, rows, hd)
+      saved.push_back(probs);
+    }
+    ctx->save_for_backward(saved);
+    ctx->saved_data["bs"] = bs;
+    ctx->saved_data["dtype"] = static_cast<int64_t>(dtype);
+    return unfold_query_heads(outs.size() == 1 ? outs[0] : at::cat(outs, 1), bs, seqlen, n_kv_heads,
+                              dtype);
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const variable_list saved = ctx->get_saved_variables();
+    const at::Tensor& q_rows = saved[0];
+    const at::Tensor& k_rows = saved[1];
+    const at::Tensor& v_rows = saved[2];
+    const int64_t bs = ctx->saved_data["bs"].toInt();
+    const auto dtype = static_cast<at::ScalarType>(ctx->saved_data["dtype"].toInt());
+    const int64_t batch = k_rows.size(0), seqlen = k_rows.size(1), head_dim = k_rows.size(2);
+    const int64_t n_kv_heads = batch / bs;
+    const int64_t n_rep = q_rows.size(1) / seqlen;
+    const double scale = 1.0 / std::sqrt(static_cast<double>(head_dim));
+    const at::ScalarType work = q_rows.scalar_type();
+    const at::Tensor grad_rows = fold_query_heads(grads[0], n_kv_heads, work);
+    const int64_t n_chunks = static_cast<int64_t>(saved.size()) - 3;
+    std::vector<at::Tensor> grad_q(n_chunks);
+    at::Tensor grad_k, grad_v;  // (batch, seqlen, hd), float32 for reduced floats
+    // Last chunk first: it reaches every key, so its products start the sums.
+    for (int64_t c = n_chunks - 1; c >= 0; --c) {
+      const int64_t t0 = c * kQueryChunk;
+      const int64_t t1 = std::min(seqlen, t0 + kQueryChunk);
+      const int64_t rows = (t1 - t0) * n_rep;
+      const at::Tensor& probs = saved[3 + c];  // (batch, rows, t1)
+      const at::Tensor grad_out = grad_rows.narrow(1, t0 * n_rep, rows);
+      const at::Tensor grad_probs = at::bmm(grad_out, v_rows.narrow(1, 0, t1).transpose(1, 2));
+      const at::Tensor grad_scores = at::_softmax_backward_data(grad_probs, probs, -1, work);
+      grad_q[c] = at::bmm(grad_scores, k_rows.narrow(1, 0, t1));
+      const at::Tensor dv = at::bmm(probs.transpose(1, 2), grad_out);  // (batch, t1, hd)
+      const at::Tensor dk =
+          at::bmm(grad_scores.transpose(1, 2), q_rows.narrow(1, t0 * n_rep, rows));
+      if (c == n_chunks - 1) {
+        grad_v = dv.to(upcast_dtype(work));
+        grad_k = dk.to(upcast_dtype(work));
+      } else {
+        grad_v.narrow(1, 0, t1).add_(dv);
+        grad_k.narrow(1, 0, t1).add_(dk);
+      }
+    }
+    const at::Tensor dq = n_chunks == 1 ? grad_q[0] : at::cat(grad_q, 1);
+    return {unfold_query_heads(dq.mul_(scale), bs, seqlen, n_kv_heads, dtype),
+            unfold_kv_heads(grad_k.mul_(scale), bs, dtype), unfold_kv_heads(grad_v, bs, dtype),
+            at::Tensor()};
+  }
+};
+
 }  // namespace
 
 at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                             const at::Tensor& document_ids) {
   const TraceSpan span("attention");
-  const int64_t n_heads = q.size(2);
-  const int64_t n_kv_heads = k.size(2);
-  TITAN_CHECK(n_kv_heads > 0 && n_heads % n_kv_heads == 0, "n_kv_heads (", n_kv_heads,
-              ") must divide n_heads (", n_heads, ")");
-  const int64_t n_rep = n_heads / n_kv_heads;
+  const int64_t n_rep = query_heads_per_kv_head(q, k);
   // Query head h reads kv head h / n_rep: SDPA's enable_gqa does this inside the kernel, with no
   // (bs, n_heads, seqlen, head_dim) copies of K and V.
   at::Tensor mask;  // block-causal: (bs, 1, seqlen, seqlen), true where a query sees a key
   if (document_ids.defined()) {
     const int64_t seqlen = q.size(1);
-    TITAN_CHECK(document_ids.dim() == 2 && document_ids.size(0) == q.size(0) &&
-                    document_ids.size(1) == seqlen,
-                "block-causal attention: document ids must be (bs, seqlen) = (", q.size(0), ", ",
-                seqlen, "), got ", document_ids.sizes());
-    const at::Tensor docs = document_ids.to(q.device(), at::kLong);
+    const at::Tensor docs = checked_documents(q, document_ids);
     const at::Tensor causal =
         at::ones({seqlen, seqlen}, at::TensorOptions(at::kBool).device(q.device())).tril();
     mask = docs.unsqueeze(2).eq(docs.unsqueeze(1)).logical_and_(causal).unsqueeze(1);
@@ -65,6 +264,36 @@ at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::
       savable_causal_sdpa(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
                           /*enable_gqa=*/n_rep > 1, mask);  // (bs, n_heads, seqlen, head_dim)
   return out.transpose(1, 2).contiguous();
+}
+
+at::Tensor materialised_causal_attention(const at::Tensor& q, const at::Tensor& k,
+                                         const at::Tensor& v, const at::Tensor& document_ids) {
+  const TraceSpan span("attention");
+  query_heads_per_kv_head(q, k);
+  if (!document_ids.defined()) return MaterialisedAttention::apply(q, k, v, nullptr);
+  const at::Tensor docs = checked_documents(q, document_ids);
+  return MaterialisedAttention::apply(q, k, v, &docs);
+}
+
+bool materialised_attention_is_faster(at::ScalarType dtype, int64_t seqlen) {
+  // bench/attention_bench: forward + backward, 8 heads, 4 kv heads, head_dim 64, 4,096 tokens
+  // per step, 2 threads; ms of SDPA's flash kernel (enable_gqa) / ours, at seq 256, 512, 1024,
+  // 2048:
+  //   2-core AMD EPYC, AVX2 (no fast bf16 matmuls; ours computes bf16 in float32):
+  //     float32   385 / 481, 678 / 705, 859 / 1174, 1591 / 2461  (0.64-0.96x: SDPA)
+  //     bfloat16  2095 / 479, 4011 / 864, 5563 / 1431, 9203 / 3101  (3.0-4.6x: ours)
+  //   2-core AVX-512 (README's table, the same algorithm composed of ATen ops, in bf16):
+  //     float32   57.7 / 57.2, 82.7 / 94.9, 114.1 / 147.6, 226.2 / 238.2  (at best equal: SDPA)
+  //     bfloat16  68.3 / 40.1, 95.1 / 63.7, 104.7 / 116.3, 169.5 / 221.9  (ours up to 512)
+  // Beyond 2048 nothing was measured, and the kept probabilities (seqlen^2 / 2 per head) grow.
+  return dtype == at::kBFloat16 && seqlen <= (fast_bf16_matmul() ? 512 : 2048);
+}
+
+at::Tensor CausalAttention::forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                    const at::Tensor& document_ids) {
+  if (fused && q.device().is_cpu() && materialised_attention_is_faster(q.scalar_type(), q.size(1)))
+    return materialised_causal_attention(q, k, v, document_ids);
+  return causal_attention(q, k, v, document_ids);
 }
 
 at::Tensor document_ids(const at::Tensor& tokens, int64_t end_token) {
@@ -97,11 +326,9 @@ at::Tensor cached_attention(const at::Tensor& q, const at::Tensor& k, const at::
   const int64_t n_rep = n_heads / n_kv_heads;
   const int64_t batch = bs * n_kv_heads;
   const double scale = 1.0 / std::sqrt(static_cast<double>(head_dim));
-  // The same row folding as causal_attention: row i * n_rep + r is (new position i, query head
-  // g * n_rep + r) of kv head g. (batch, n * n_rep, head_dim)
-  const at::Tensor q_rows = q.view({bs, n, n_kv_heads, n_rep, head_dim})
-                                .permute({0, 2, 1, 3, 4})
-                                .reshape({batch, n * n_rep, head_dim});
+  // Row i * n_rep + r is (new position i, query head g * n_rep + r) of kv head g.
+  const at::Tensor q_rows =
+      fold_query_heads(q, n_kv_heads, q.scalar_type());  // (batch, n * n_rep, head_dim)
   // Views into the cache buffers, no copies: (bs, n_kv_heads, end, head_dim) merges its first two
   // dimensions because each head's block is max_len positions long.
   const at::Tensor k_rows = k.narrow(2, 0, end).reshape({batch, end, head_dim});
@@ -122,16 +349,10 @@ at::Tensor cached_attention(const at::Tensor& q, const at::Tensor& k, const at::
       scores = at::baddbmm(mask, q_chunk, k_t, /*beta=*/1.0, /*alpha=*/scale);
     }
     // float32 softmax, probabilities back in the compute dtype as in training.
-    const at::Tensor probs = is_reduced_float(scores.scalar_type())
-                                 ? at::softmax(scores, -1, at::kFloat).to(scores.scalar_type())
-                                 : at::softmax(scores, -1);
-    chunks.push_back(at::bmm(probs, v_rows.narrow(1, 0, keys)));
+    chunks.push_back(at::bmm(softmax_rows(scores), v_rows.narrow(1, 0, keys)));
   }
-  const at::Tensor out = chunks.size() == 1 ? chunks[0] : at::cat(chunks, 1);
-  return out.view({bs, n_kv_heads, n, n_rep, head_dim})
-      .permute({0, 2, 1, 3, 4})
-      .contiguous()
-      .view({bs, n, n_heads, head_dim});
+  return unfold_query_heads(chunks.size() == 1 ? chunks[0] : at::cat(chunks, 1), bs, n, n_kv_heads,
+                            v.scalar_type());
 }
 
 Attention::Attention(int64_t dim, int64_t n_heads, int64_t n_kv_heads, int64_t head_dim,

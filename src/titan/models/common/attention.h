@@ -30,6 +30,22 @@ namespace titan {
 at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                             const at::Tensor& document_ids = {});
 
+// The same attention computed by titan with the scores materialised, as the KV-cache path does
+// (cached_attention): the query heads that share a kv head are folded into rows, so one batched
+// matmul serves them without copying K and V n_rep times; queries go in chunks of 128 that skip
+// the fully masked part of the score matrix; the softmax runs in float32 and the probabilities
+// are kept, in the compute dtype, for a backward of batched matmuls. Memory for backward:
+// about seqlen^2 / 2 probabilities per head instead of causal_attention's O(seqlen) statistics.
+// Same arguments, masks and result as causal_attention. Not savable by selective activation
+// checkpointing (savable_ops.h): a checkpointed block recomputes it.
+at::Tensor materialised_causal_attention(const at::Tensor& q, const at::Tensor& k,
+                                         const at::Tensor& v, const at::Tensor& document_ids = {});
+
+// Whether materialised_causal_attention beats causal_attention (forward + backward) for CPU
+// tensors of `dtype` over sequences of `seqlen` tokens, by measurement (bench/attention_bench;
+// the numbers are in attention.cpp).
+bool materialised_attention_is_faster(at::ScalarType dtype, int64_t seqlen);
+
 // The document of every token of packed sequences tokens (bs, seqlen): the number of
 // `end_token`s (EOS) before it in its row, so a document's EOS still belongs to it and the next
 // document starts after it (a row that starts inside a document gives that part id 0).
@@ -68,9 +84,10 @@ class InnerAttention {
 class CausalAttention final : public InnerAttention {
  public:
   at::Tensor forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                     const at::Tensor& document_ids) override {
-    return causal_attention(q, k, v, document_ids);
-  }
+                     const at::Tensor& document_ids) override;
+  // compile.enable: materialised_causal_attention for the CPU inputs where it is faster
+  // (materialised_attention_is_faster); causal_attention for the others and when false.
+  bool fused = false;
 };
 
 // Incremental inference: the layer's cache, the position of the first new token, and the cache's
