@@ -5,6 +5,7 @@
 #include "titan/models/common/linear.h"
 
 #include <ATen/core/grad_mode.h>
+#include <c10/core/InferenceMode.h>
 
 #include <algorithm>
 #include <chrono>
@@ -69,7 +70,10 @@ GenerationResult generate(Model& model, const std::vector<int64_t>& prompt,
                       std::to_string(options.max_new_tokens));
   }
   Sampler sampler(options.sampler);
-  at::NoGradGuard no_grad;
+  // Inference mode, not just no-grad: the tensors made here (cache, activations, logits) carry
+  // no version counters or view tracking, which takes autograd's dispatch off every op of a
+  // decode step (single-token steps are short enough for that to show).
+  c10::InferenceMode inference_mode;
   const at::Device device = model_device(model);
   // The cache never needs more than the sequence can grow to.
   KVCache cache(std::min(options.max_seq_len, n_prompt + options.max_new_tokens));
