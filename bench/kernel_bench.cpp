@@ -1,12 +1,15 @@
 // Fused CPU kernels against the compositions the layers run without them (compile.enable off),
 // whichever the layers pick with it on (kernels::fused_is_faster decides from these figures):
-// RMSNorm, SwiGLU's product and RoPE, forward + backward through autograd, at the activation
-// shapes of the two benchmark models of bench/run_bench.sh, float32 and bfloat16. Prints the
+// RMSNorm, SwiGLU's product, RoPE and the head + loss (the fused linear + cross-entropy), forward
+// + backward through autograd, at the activation shapes of the two benchmark models of
+// bench/run_bench.sh, float32 and bfloat16. Prints the
 // median milliseconds of each, the fused kernel's effective GB/s (bytes it must read and write)
 // and the ratio. A benchmark, not a test: it never fails on speed.
 //   build/kernel_bench [--threads N] [--iters N]
 #include "titan/common/cpu.h"
+#include "titan/models/common/fused_loss.h"
 #include "titan/models/common/fused_ops.h"
+#include "titan/models/common/linear.h"
 #include "titan/models/common/norms.h"
 #include "titan/models/common/rope.h"
 
@@ -42,7 +45,7 @@ double median_ms(const std::function<void()>& fn, int iters) {
 
 struct Shape {
   const char* model;
-  int64_t bs, seqlen, dim, n_heads, head_dim, hidden;
+  int64_t bs, seqlen, dim, n_heads, head_dim, hidden, vocab;
 };
 
 void row(const char* op, const Shape& s, at::ScalarType dtype, double composed, double fused,
@@ -61,8 +64,8 @@ int main(int argc, char** argv) {
     if (std::strcmp(argv[i], "--iters") == 0) iters = std::atoi(argv[i + 1]);
   }
   std::printf("threads: %s\n", titan::configure_threads(threads).c_str());
-  const std::vector<Shape> shapes = {{"(a)", 8, 256, 256, 8, 32, 768},
-                                     {"(b)", 4, 512, 512, 8, 64, 1536}};
+  const std::vector<Shape> shapes = {{"(a)", 8, 256, 256, 8, 32, 768, 8192},
+                                     {"(b)", 4, 512, 512, 8, 64, 1536, 32000}};
   std::printf("%-8s %-10s %-9s %10s %10s %9s %9s\n", "op", "model", "dtype", "ATen ms", "fused ms",
               "ratio", "fused GB/s");
   for (const Shape& s : shapes) {
@@ -121,6 +124,30 @@ int main(int argc, char** argv) {
         };
         const double c = run(false), f = run(true);
         row("rope", s, dtype, c, f, 4.0 * static_cast<double>(x.numel()) * esize);
+      }
+      // The head and the loss, (bs * seqlen, dim) @ (vocab, dim)^T then cross-entropy, forward +
+      // backward: the unfused head as the model runs it (logits in the compute dtype, upcast,
+      // log-softmax) against the fused linear + cross-entropy. GB/s: the fused op's logits, each
+      // written once by the GEMM, read three times and written once.
+      {
+        const int64_t tokens = s.bs * s.seqlen;
+        const at::Tensor h = at::randn({tokens, s.dim}).to(dtype).requires_grad_();
+        const at::Tensor w = (at::randn({s.vocab, s.dim}) * 0.05).to(dtype).requires_grad_();
+        const at::Tensor labels = at::randint(s.vocab, {tokens}, at::kLong);
+        auto run = [&](bool fused) {
+          return median_ms(
+              [&] {
+                (fused ? titan::fused_linear_cross_entropy(h, w, labels, dtype)
+                       : at::cross_entropy_loss(titan::mixed_linear(h, w, dtype).to(at::kFloat),
+                                                labels))
+                    .backward();
+                h.mutable_grad() = at::Tensor();
+                w.mutable_grad() = at::Tensor();
+              },
+              std::max(3, iters / 4));
+        };
+        const double c = run(false), f = run(true);
+        row("head+ce", s, dtype, c, f, 5.0 * static_cast<double>(tokens * s.vocab) * esize);
       }
     }
   }

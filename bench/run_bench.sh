@@ -7,8 +7,8 @@
 #   (b) dim 512, 8 layers, 8 heads, vocab 32000, seq 512, batch 4              (flavor bench_medium)
 # Variants, each in its own process so that peak RSS belongs to it:
 #   titan        `titan bench` (which sets its heap up at start, configure_cpu_allocator)
-#   fused        the same with titan's fused kernels (--compile.enable --compile.components model:
-#                RMSNorm, SwiGLU, RoPE)
+#   fused        the same with titan's fused kernels (--compile.enable: components model and
+#                loss, i.e. the layers' kernels and the fused linear + cross-entropy)
 #   eager_glibc  bench/reference_train.py with glibc's default heap, as a user gets it
 #   eager        the same loop with titan's heap settings, given through glibc's MALLOC_* tunables
 #   compile      the loop with torch.compile (forward + loss with its backward, and clip + AdamW),
@@ -93,7 +93,7 @@ for case in a b; do
     f=$(run "$id-fused" bench "$titan" bench --model.flavor $flavor \
         --activation_checkpoint.mode none --training.local_batch_size $batch \
         --training.seq_len $seq --training.mixed_precision_param $dtype --training.steps "$steps" \
-        --training.num_threads "$threads" --compile.enable --compile.components model)
+        --training.num_threads "$threads" --compile.enable)
     reference=("$py" "$root/bench/reference_train.py" "${ref[@]}" --dtype $dtype)
     g=$(run "$id-eager_glibc" reference "${reference[@]}")
     e=$(run "$id-eager" reference env "${heap[@]}" "${reference[@]}")

@@ -1,6 +1,7 @@
 # Pipeline parallelism end to end, real processes over Gloo: 10 float32 steps of the debug model
 # (6 layers; seq 64, global batch 8, validation every 5 steps) in one process, then pp 2 with the
-# debug config's Interleaved1F1B (2 stages per rank), pp 2 with ZBVZeroBubble (V placement), and
+# debug config's Interleaved1F1B (2 stages per rank), pp 2 with ZBVZeroBubble (V placement), the
+# same with the fused linear + cross-entropy on the last stage (compile.components loss), and
 # pp 2 x FSDP 2 with 1F1B. Each gives the single-process training and validation losses within
 # 1e-5 relative and final parameters within the data-parallel tests' tolerance. A checkpoint saved
 # under pp 2 exports to Hugging Face safetensors equal to the checkpoint and resumes in one
@@ -13,10 +14,12 @@ pp=(--parallelism.pipeline_parallel_degree 2 --parallelism.data_parallel_shard_d
     --training.local_batch_size 8 --validation.local_batch_size 4)
 train pp2 2 "${pp[@]}"
 train pp2_zbv 2 "${pp[@]}" --parallelism.pipeline_parallel_schedule ZBVZeroBubble
+train pp2_zbv_fused_loss 2 "${pp[@]}" --parallelism.pipeline_parallel_schedule ZBVZeroBubble \
+  --compile.enable true --compile.components loss
 train pp2_fsdp2 4 --parallelism.pipeline_parallel_degree 2 --parallelism.data_parallel_shard_degree 2 \
   --parallelism.pipeline_parallel_schedule 1F1B --training.local_batch_size 4 \
   --validation.local_batch_size 2
-for name in pp2 pp2_zbv pp2_fsdp2; do
+for name in pp2 pp2_zbv pp2_zbv_fused_loss pp2_fsdp2; do
   same_losses single "$name" loss
   same_losses single "$name" validation_loss
   same_params single "$name"

@@ -1,7 +1,8 @@
 # Tensor + sequence parallelism end to end, on CPU over Gloo: the debug model (16 heads, vocab
 # 2048) trained 10 float32 steps (seq 64, global batch 8) in one process and with TP 2, TP 4,
-# TP 2 without loss parallel, FSDP 2 x TP 2 and HSDP 2 x 2 x TP 2 (8 processes). Every layout
-# must give the single-process loss curves within 1e-5 relative and final parameters within 3e-4
+# TP 2 without loss parallel, FSDP 2 x TP 2, HSDP 2 x 2 x TP 2 (8 processes) and FSDP 2 x TP 2
+# with the fused linear + cross-entropy over vocabulary shards (compile.components loss). Every
+# layout must give the single-process loss curves within 1e-5 relative and final parameters within 3e-4
 # (see test_data_parallel.sh for why Adam needs the absolute bound). Checkpoints cross-load:
 # TP 2's step 5 resumes under FSDP 4 and one process, FSDP 4's under TP 2 and FSDP 2 x TP 2;
 # Hugging Face export / import work on TP shards; splits that do not divide are refused.
@@ -15,8 +16,9 @@ declare -A layouts=(
   [fsdp2_tp2]="4 --training.local_batch_size 4 --validation.local_batch_size 2 --parallelism.tensor_parallel_degree 2"
   [hsdp2x2_tp2]="8 --training.local_batch_size 2 --validation.local_batch_size 1 --parallelism.tensor_parallel_degree 2 --parallelism.data_parallel_replicate_degree 2"
   [fsdp4]="4 --training.local_batch_size 2 --validation.local_batch_size 1"
+  [fsdp2_tp2_fused_loss]="4 --training.local_batch_size 4 --validation.local_batch_size 2 --parallelism.tensor_parallel_degree 2 --compile.enable true --compile.components loss"
 )
-for name in tp2 tp4 tp2_gathered_loss fsdp2_tp2 hsdp2x2_tp2; do
+for name in tp2 tp4 tp2_gathered_loss fsdp2_tp2 hsdp2x2_tp2 fsdp2_tp2_fused_loss; do
   # shellcheck disable=SC2086
   train "$name" ${layouts[$name]}
   same_losses single "$name" loss
@@ -26,6 +28,7 @@ done
 grep -q 'tensor parallel over 4 ranks (sequence parallel, 44 of 57 parameters sharded, loss parallel on)' \
   "$WORK/tp4.log" || fail "tp4 plan"
 grep -q 'loss parallel off' "$WORK/tp2_gathered_loss.log" || fail "disable_loss_parallel"
+grep -q 'loss: fused linear + cross-entropy' "$WORK/fsdp2_tp2_fused_loss.log" || fail "fused loss line"
 grep -q 'world 8 = pp(1) x dp_replicate(2) x dp_shard(2) x cp(1) x tp(2)' "$WORK/hsdp2x2_tp2.log" ||
   fail "hsdp2x2_tp2 mesh"
 

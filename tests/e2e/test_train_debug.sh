@@ -44,11 +44,13 @@ expect_output "step: +3 "
 # titan bench --breakdown with the fused kernels: the speed line, then phases and op families.
 expect_exit 0 "$TITAN" bench --model.flavor tiny --model.hf_assets_path "" --training.seq_len 32 \
   --training.local_batch_size 2 --training.steps 2 --metrics.peak_flops 1e12 --breakdown \
-  --compile.enable --compile.components model
+  --compile.enable
 expect_output "^bench model=llama3 flavor=tiny .*tokens_per_s="
 expect_output "^breakdown of a step \(mean of 2\): [0-9.]+ ms with the op callback, [0-9.]+ ms without"
 expect_output "^  backward +[0-9.]+ +[0-9.]+%"
 expect_output "^  matmul +[0-9.]+ +[0-9.]+% +[0-9.]+ TFLOP/s = [0-9]+% of the GEMM probe"
 expect_output "^  rope +[0-9.]+"
 expect_output "compile: fused kernels for 5 RMSNorm, 2 SwiGLU and 1 RoPE layers"
+expect_output "loss: fused linear \+ cross-entropy \(compile.components loss\)"
+expect_output "^  loss +[0-9.]+ +[0-9.]+%"
 echo "ok"

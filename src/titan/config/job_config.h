@@ -475,10 +475,9 @@ struct CompileSection {
 
   template <class V>
   void visit(V& v) {
-    v("enable", enable,
-      "Run titan's fused CPU kernels (RMSNorm, SwiGLU, RoPE) in the components (torch.compile's "
-      "place)");
-    v("components", components, "What to fuse: model (loss: not supported yet)");
+    v("enable", enable, "Run titan's fused kernels in the components (torch.compile's place)");
+    v("components", components,
+      "What to fuse: model (RMSNorm, SwiGLU, RoPE, attention) and loss (linear + cross-entropy)");
     v("backend", backend, "Compiler backend: inductor (titan's fused kernels; the only one)");
   }
 };

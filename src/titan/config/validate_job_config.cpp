@@ -286,24 +286,17 @@ void validate_activation_checkpoint(const ActivationCheckpointSection& ac) {
                       /*include_one=*/true);
 }
 
-// [compile]: titan's fused kernels stand in for torch.compile (models/converters.h). The
-// components are "model" and "loss"; the fused linear + cross-entropy is not built, so "loss" is
-// refused while compile is on. backend: titan has one, under TorchTitan's default name.
+// [compile]: titan's fused kernels stand in for torch.compile (models/converters.h): "model"
+// for the layers' kernels, "loss" for the fused linear + cross-entropy. backend: titan has one,
+// under TorchTitan's default name.
 void validate_compile(const CompileSection& c) {
-  bool loss = false;
   for (const std::string& part : c.components) {
     if (part != "model" && part != "loss") {
-      fail("compile.components entry '" + part + "' is not a component (model, loss)");
+      fail("compile.components entry '" + part + "' is not a component (model, loss)" +
+           did_you_mean(likely_name(part, {"model", "loss"})));
     }
-    loss = loss || part == "loss";
   }
   if (!c.enable) return;
-  if (loss) {
-    fail(
-        "compile.components entry 'loss' is not supported yet: titan's fused linear + "
-        "cross-entropy is not built. HINT: set compile.components = [\"model\"] "
-        "(--compile.components model) for the fused RMSNorm, SwiGLU and RoPE kernels");
-  }
   if (c.backend != "inductor") {
     fail("compile.backend '" + c.backend +
          "' is not supported: titan's fused kernels are its one backend, named \"inductor\" "

@@ -165,6 +165,13 @@ class Model : public torch::nn::Module {
   // of each sequence and these still cover the whole of it. Undefined (the default): causal.
   void set_document_ids(at::Tensor ids) { document_ids_ = std::move(ids); }
   const at::Tensor& document_ids() const { return document_ids_; }
+  // The fused linear + cross-entropy (compile.components "loss", models/common/fused_loss.h):
+  // while labels (the targets of forward's tokens, (bs, seqlen) int64) are set, a model that
+  // holds its head returns from forward the mean cross-entropy of its logits against them, a 0-d
+  // float32 tensor, without materialising the logits. Undefined (the default): logits.
+  virtual bool supports_fused_loss() const { return false; }
+  void set_loss_labels(at::Tensor labels) { loss_labels_ = std::move(labels); }
+  const at::Tensor& loss_labels() const { return loss_labels_; }
 
   // Incremental inference without autograd: tokens (bs, n) int64 are positions
   // [start_pos, start_pos + n) of sequences whose positions [0, start_pos) are already in
@@ -186,6 +193,7 @@ class Model : public torch::nn::Module {
   std::vector<UnitRunner*> runners_;  // innermost first
   at::Tensor token_positions_;
   at::Tensor document_ids_;
+  at::Tensor loss_labels_;
 };
 
 }  // namespace titan

@@ -1,6 +1,8 @@
 // One parallelized model for the trainer (see parallelized_model.h).
 #include "titan/parallel/parallelized_model.h"
 
+#include "titan/models/common/fused_loss.h"
+
 #include "titan/common/check.h"
 #include "titan/common/format.h"
 #include "titan/common/logging.h"
@@ -8,6 +10,7 @@
 #include "titan/components/loss.h"
 #include "titan/components/optimizer.h"
 #include "titan/models/common/attention.h"
+#include "titan/models/common/fused_loss.h"
 #include "titan/models/common/linear.h"
 #include "titan/models/common/mla.h"
 #include "titan/models/common/moe.h"
@@ -191,6 +194,28 @@ std::pair<at::Tensor, at::Tensor> ParallelizedModel::context_shard(const at::Ten
 
 void ParallelizedModel::apply_block_causal_mask(int64_t end_token) {
   document_end_token_ = end_token;
+}
+
+void ParallelizedModel::apply_fused_loss() {
+  Model& last = *parts_.back()->model;
+  if (!last.supports_fused_loss()) {
+    throw ConfigError(
+        "this model has no fused linear + cross-entropy. HINT: set compile.components = "
+        "[\"model\"] (--compile.components model)");
+  }
+  fused_loss_ = true;
+  if (pipeline_) pipeline_->set_fused_loss(true);
+}
+
+at::Tensor ParallelizedModel::forward_loss(const at::Tensor& inputs, const at::Tensor& labels) {
+  Model& model = *parts_[0]->model;
+  if (!fused_loss_) return loss(model.forward(inputs), labels);  // logits (bs, seqlen, vocab)
+  model.set_loss_labels(labels);
+  struct Clear {
+    Model& model;
+    ~Clear() { model.set_loss_labels({}); }
+  } clear{model};
+  return model.forward(inputs);
 }
 
 at::Tensor ParallelizedModel::set_documents(const at::Tensor& inputs) {
@@ -385,8 +410,7 @@ at::Tensor ParallelizedModel::forward_backward(const at::Tensor& batch_inputs,
     at::Tensor l;
     {
       const PhaseScope phase(Phase::kForward);
-      at::Tensor logits = parts_[0]->model->forward(inputs);  // (bs, seqlen, vocab) float32
-      l = loss(logits, labels);
+      l = forward_loss(inputs, labels);
     }
     const PhaseScope phase(Phase::kBackward);
     (l * loss_scale).backward();
@@ -409,7 +433,7 @@ at::Tensor ParallelizedModel::evaluate(const at::Tensor& batch_inputs,
         inputs, labels, [this](const at::Tensor& l, const at::Tensor& y) { return loss(l, y); },
         documents);
   }
-  return loss(parts_[0]->model->forward(inputs), labels);
+  return forward_loss(inputs, labels);
 }
 
 std::vector<std::pair<std::string, double>> ParallelizedModel::update_moe_load_balance() {
@@ -650,6 +674,13 @@ std::vector<std::string> ParallelizedModel::describe() const {
     lines.push_back("attention: block-causal, documents end at token " +
                     std::to_string(*document_end_token_) + " (model.attn_mask_type)");
   }
+  if (fused_loss_) {
+    lines.push_back(
+        "loss: fused linear + cross-entropy (compile.components loss): no (tokens, vocab) logits, "
+        "blocks of " +
+        std::to_string(fused_loss_block_tokens(parts_.back()->model->stats(1, 1).vocab_size)) +
+        " tokens");
+  }
   if (pipeline_) lines.push_back(pipeline_->describe());
   if (!cp_layouts_.empty()) {
     const SequenceLayout& layout = cp_layouts_.begin()->second;
@@ -714,6 +745,7 @@ std::unique_ptr<ParallelizedModel> parallelize_decoder(std::shared_ptr<Model> mo
   // 5. Storage for what is still on the meta device (a model built with ModelBuildOptions::meta).
   pm->materialize(options.device);
   if (options.document_end_token) pm->apply_block_causal_mask(*options.document_end_token);
+  if (options.fused_loss) pm->apply_fused_loss();
   return pm;
 }
 

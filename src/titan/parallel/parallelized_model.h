@@ -84,6 +84,9 @@ struct ParallelizeOptions {
   // model.attn_mask_type = "block_causal": packed documents end at this token (the tokenizer's
   // EOS), and attention stays within each document. Absent: causal over the whole sequence.
   std::optional<int64_t> document_end_token;
+  // compile.enable with "loss" in compile.components: the head and the loss run as the fused
+  // linear + cross-entropy (Model::set_loss_labels; models/common/fused_loss.h).
+  bool fused_loss = false;
 };
 
 // A parameter as this rank trains it: the tensor the optimizer updates (the whole parameter,
@@ -130,6 +133,10 @@ class ParallelizedModel {
   // model the document ids of each batch (document_ids(inputs, end_token), from the whole
   // sequences, before context parallelism shards them). Any time before the first step.
   void apply_block_causal_mask(int64_t end_token);
+  // The fused linear + cross-entropy for training and validation: the last stage computes the
+  // loss in its head (Model::set_loss_labels) instead of returning logits. ConfigError for a
+  // model without it. Any time before the first step.
+  void apply_fused_loss();
   // Gives every parameter still on the meta device uninitialized storage on `device` (its
   // current, possibly TP-sliced shape); last, after the pieces above.
   void materialize(at::Device device);
@@ -215,6 +222,9 @@ class ParallelizedModel {
   // runtime sets each microbatch's.
   std::optional<int64_t> document_end_token_;
   at::Tensor set_documents(const at::Tensor& inputs);
+  bool fused_loss_ = false;
+  // Forward of the whole model (no PP) to the mean loss.
+  at::Tensor forward_loss(const at::Tensor& inputs, const at::Tensor& labels);
   std::vector<TrainedParam> params_;
   std::vector<size_t> param_part_;  // params_[i] belongs to parts_[param_part_[i]]
 };

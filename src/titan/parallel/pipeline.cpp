@@ -218,9 +218,17 @@ void PipelineRuntime::forward(StepState& st, int64_t stage, int64_t m, bool grad
   // Block-causal attention: this microbatch's documents (a checkpointed block keeps the ids its
   // forward saw for the recomputation).
   if (!st.documents.empty()) s.model->set_document_ids(st.documents[m]);
+  const bool fused_loss = fused_loss_ && is_last(stage);
+  if (fused_loss) s.model->set_loss_labels(st.labels[m]);
+  struct Clear {
+    Model* model;
+    ~Clear() {
+      if (model != nullptr) model->set_loss_labels({});
+    }
+  } clear{fused_loss ? s.model : nullptr};
   at::Tensor out = s.model->forward(in);
   if (is_last(stage)) {
-    at::Tensor loss = (*st.loss_fn)(out, st.labels[m]);
+    at::Tensor loss = fused_loss ? out : (*st.loss_fn)(out, st.labels[m]);
     st.losses[m] = loss.detach();
     if (grad) st.output[key] = loss * st.scale;
     return;

@@ -84,6 +84,9 @@ class PipelineRuntime {
   at::Tensor evaluate(const at::Tensor& inputs, const at::Tensor& labels, const LossFn& loss_fn,
                       const at::Tensor& document_ids = {});
 
+  // The fused linear + cross-entropy (Model::set_loss_labels): the last stage gets each
+  // microbatch's labels before its forward, which then returns the loss; loss_fn goes unused.
+  void set_fused_loss(bool on) { fused_loss_ = on; }
   const pp::PipelineLayout& layout() const { return layout_; }
   // Seconds this rank spent blocked on receives and sends since construction.
   double comm_wait_seconds() const { return clock_->seconds(); }
@@ -119,6 +122,7 @@ class PipelineRuntime {
   pp::PipelineLayout layout_;
   std::shared_ptr<dist::Group> group_;
   std::vector<Stage> stages_;
+  bool fused_loss_ = false;
   // Per stage (as stages_): the weight-gradient deferral its Linear layers and data parallelism
   // share; null unless the schedule splits backwards into I and W.
   std::vector<std::shared_ptr<WeightGradDeferral>> deferrals_;

@@ -221,9 +221,12 @@ class EmbeddingHook : public ForwardHook {
 class OutputHook : public ForwardHook {
  public:
   OutputHook(dist::Group* g, bool loss_parallel) : g_(g), loss_parallel_(loss_parallel) {}
-  at::Tensor run(HookedModule&, const at::Tensor& x, const ForwardBody& body) override {
-    at::Tensor logits = body(AllGatherSeq::apply(x, g_));
-    return loss_parallel_ ? logits : AllGatherLastDim::apply(logits, g_);
+  at::Tensor run(HookedModule& module, const at::Tensor& x, const ForwardBody& body) override {
+    at::Tensor out = body(AllGatherSeq::apply(x, g_));
+    // The fused linear + cross-entropy returns the loss, combined over the vocabulary shards.
+    const auto* linear = dynamic_cast<const Linear*>(&module);
+    if (linear != nullptr && linear->computing_loss()) return out;
+    return loss_parallel_ ? out : AllGatherLastDim::apply(out, g_);
   }
 
  private:
@@ -346,6 +349,19 @@ TensorParallel::TensorParallel(Model& model, std::shared_ptr<dist::Group> group,
           shard(name, *layer, 0, "vocabulary rows");
           float8_over_group(layer, std::nullopt, 0, 1);
           install_hook(*hooked, std::make_shared<OutputHook>(group_.get(), loss_parallel_));
+          if (auto* linear = dynamic_cast<Linear*>(layer)) {
+            // The fused loss works on the vocabulary shards with or without loss parallel: the
+            // logits it would lay out never exist.
+            dist::Group* g = group_.get();
+            linear->vocab_shard.start = vocab_start_;
+            linear->vocab_shard.all_reduce_sum = [g](at::Tensor& t) {
+              timed_wait(*g, g->all_reduce(t, dist::ReduceOp::kSum));
+            };
+            linear->vocab_shard.all_reduce_max = [g](at::Tensor& t) {
+              timed_wait(*g, g->all_reduce(t, dist::ReduceOp::kMax));
+            };
+            vocab_sharded_.push_back(linear);
+          }
           break;
       }
     }
@@ -387,6 +403,7 @@ void TensorParallel::install_hook(HookedModule& module, std::shared_ptr<ForwardH
 
 TensorParallel::~TensorParallel() {
   for (const auto& [module, hook] : installed_) module->remove_forward_hook(hook);
+  for (Linear* linear : vocab_sharded_) linear->vocab_shard = VocabShard{};
 }
 
 int64_t TensorParallel::size() const { return group_->size(); }

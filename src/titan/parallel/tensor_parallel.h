@@ -80,6 +80,7 @@ class TensorParallel {
   std::map<std::string, ParamPlacement> placements_;
   // The hooks this object added, removed again by the destructor.
   std::vector<std::pair<HookedModule*, const ForwardHook*>> installed_;
+  std::vector<Linear*> vocab_sharded_;  // heads whose vocab_shard this instance set
 
   void install_hook(HookedModule& module, std::shared_ptr<ForwardHook> hook);
 };

@@ -30,6 +30,7 @@
 
 #include <ATen/Parallel.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
@@ -245,6 +246,19 @@ void Trainer::build_model() {
       o.fsdp_float8_all_gather && f8.precompute_float8_dynamic_scale_for_fsdp;
   if (config_.validation.enable)
     o.seq_lens.emplace_back("validation.seq_len", config_.validation.seq_len);
+  const std::vector<std::string>& compiled = config_.compile.components;
+  o.fused_loss = config_.compile.enable &&
+                 std::find(compiled.begin(), compiled.end(), "loss") != compiled.end();
+  if (o.fused_loss) {
+    for (const auto& [name, layer] : float8_linears(*model_)) {
+      if (name != "output.weight") continue;
+      throw ConfigError(
+          "compile.components 'loss' fuses the output projection with the cross-entropy in " +
+          std::string(c10::toString(compute_dtype_)) +
+          ", and model.converters float8 converted it. HINT: add \"output\" to "
+          "quantize.linear.float8.filter_fqns, or set compile.components = [\"model\"]");
+    }
+  }
   if (parse_attention_mask(config_.model.attn_mask_type) == AttentionMask::kBlockCausal) {
     o.document_end_token = tokenizer_->eos_id();  // the data loader ends each document with it
   }

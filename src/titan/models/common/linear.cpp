@@ -167,6 +167,19 @@ at::Tensor Linear::forward(const at::Tensor& x) {
   });
 }
 
+at::Tensor Linear::forward_loss(const at::Tensor& x, const at::Tensor& labels) {
+  TITAN_CHECK(!float8, "the fused linear + cross-entropy runs its GEMMs in ", compute_dtype,
+              ", not float8: keep the head out of the float8 conversion (filter_fqns \"output\")");
+  loss_labels_ = &labels;
+  struct Clear {
+    const at::Tensor*& labels;
+    ~Clear() { labels = nullptr; }
+  } clear{loss_labels_};
+  return hooked(x, [this](const at::Tensor& in) {
+    return fused_linear_cross_entropy(in, weight, *loss_labels_, compute_dtype, vocab_shard);
+  });
+}
+
 std::vector<std::pair<std::string, Linear*>> float8_linears(torch::nn::Module& root) {
   std::vector<std::pair<std::string, Linear*>> out;
   for (const auto& item : root.named_modules()) {

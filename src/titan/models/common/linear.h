@@ -6,6 +6,7 @@
 
 #include "titan/models/common/deferred_grad.h"
 #include "titan/models/common/float8.h"
+#include "titan/models/common/fused_loss.h"
 
 #include <ATen/ATen.h>
 #include <torch/nn/module.h>
@@ -110,6 +111,12 @@ class Linear : public WeightLayer {
 
   // x (..., in_features) -> (..., out_features) in the compute dtype.
   at::Tensor forward(const at::Tensor& x);
+  // The layer as a model's head fused with the loss (fused_loss.h): the mean cross-entropy of
+  // forward(x) against labels (x's leading dims) int64, a 0-d float32 tensor, through the
+  // layer's hooks (tensor parallelism gathers x and sets vocab_shard).
+  at::Tensor forward_loss(const at::Tensor& x, const at::Tensor& labels);
+  // Whether forward_loss is running (for hooks that must not treat its result as logits).
+  bool computing_loss() const { return loss_labels_ != nullptr; }
   // "titan::Linear(in_features=256, out_features=768, float8=tensorwise)".
   void pretty_print(std::ostream& stream) const override;
 
@@ -125,6 +132,11 @@ class Linear : public WeightLayer {
   // deferral collects, backward leaves the weight's gradient GEMM to the runtime's W step. Unset,
   // the layer computes as plain autograd ops.
   std::shared_ptr<WeightGradDeferral> deferral;
+  // Set by tensor parallelism on a vocabulary-sharded head: forward_loss combines the shards.
+  VocabShard vocab_shard;
+
+ private:
+  const at::Tensor* loss_labels_ = nullptr;  // during forward_loss
 };
 
 // The Linear layers of `root` that compute in float8, by the name of their weight parameter

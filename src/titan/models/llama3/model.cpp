@@ -132,6 +132,11 @@ at::Tensor Transformer::embed(const at::Tensor& tokens) {
 at::Tensor Transformer::head(const at::Tensor& h) {
   TITAN_CHECK(norm, "llama3: head on a pipeline stage without norm and output");
   const at::Tensor hn = norm->forward(h);
+  const at::Tensor& labels = loss_labels();
+  if (labels.defined()) {  // the fused linear + cross-entropy (model.h)
+    return output ? output->forward_loss(hn, labels)
+                  : fused_linear_cross_entropy(hn, tok_embeddings->weight, labels, compute_dtype_);
+  }
   const at::Tensor logits = output ? output->forward(hn)  // (bs, seqlen, vocab)
                                    : mixed_linear(hn, tok_embeddings->weight, compute_dtype_);
   return is_reduced_float(logits.scalar_type()) ? logits.to(at::kFloat) : logits;

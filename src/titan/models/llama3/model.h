@@ -91,6 +91,7 @@ class Transformer : public Model {
   void keep_only(const std::vector<std::string>& modules) override;
   bool is_first_stage() const override { return tok_embeddings != nullptr; }
   bool is_last_stage() const override { return norm != nullptr; }
+  bool supports_fused_loss() const override { return true; }
 
   // The stages of forward, for callers that run layers themselves (pipeline stages,
   // activation checkpointing). embed: (bs, seqlen) -> h (bs, seqlen, dim) in the residual dtype;

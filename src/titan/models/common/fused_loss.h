@@ -1,0 +1,45 @@
+// The head and the loss of a causal LM as one op (compile.components "loss"): the mean
+// cross-entropy of h @ weight^T against the labels, computed over blocks of tokens so that the
+// (tokens, vocab) logits are never materialised, only one block of them at a time.
+//
+// Training computes the gradients during the forward: the loss is the end of the graph, so the
+// gradient of each block of logits is known as soon as its log-sum-exp is (softmax minus the
+// one-hot target, over the number of tokens); the block then becomes grad_h rows and a share of
+// grad_weight, and is dropped. Backward only scales the two by the incoming gradient (the loss
+// scale). The three GEMMs are those of the unfused head; what goes is the float32 logits, their
+// log-softmax and its gradient (about 12 bytes per logit kept or allocated at once), and five of
+// the eight passes over them (kernels/cross_entropy.h).
+//
+// Tensor parallelism's loss parallel passes its vocabulary shard: each rank then holds
+// weight rows [start, start + rows) and the per-token statistics are combined over the shards
+// (two float32 all-reduces of one value per token); the block logits are computed twice (once for
+// the statistics, once for the gradient), one GEMM more than unsharded.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <functional>
+
+namespace titan {
+
+struct VocabShard {
+  int64_t start = 0;  // the vocabulary id of weight row 0
+  // In place over the ranks that hold the other shards: sum, and maximum, of a float32 tensor.
+  // Unset: `weight` holds the whole vocabulary.
+  std::function<void(at::Tensor&)> all_reduce_sum;
+  std::function<void(at::Tensor&)> all_reduce_max;
+};
+
+// h (..., dim), weight (vocab rows, dim), labels (...) int64 -> 0-d float32: the mean over the
+// labels that are not kernels::kIgnoreIndex of cross_entropy(h @ weight^T, labels), the matmuls in
+// `compute_dtype` (as mixed_linear), the softmax in float32 (as lm_cross_entropy_loss).
+// Differentiable in h and weight; its graph can be run backward once.
+at::Tensor fused_linear_cross_entropy(const at::Tensor& h, const at::Tensor& weight,
+                                      const at::Tensor& labels, at::ScalarType compute_dtype,
+                                      const VocabShard& shard = {});
+
+// Tokens per block for a vocabulary of `vocab` rows: about 2^20 logits (4 MiB in float32), at
+// least 64 tokens so that the GEMMs stay efficient.
+int64_t fused_loss_block_tokens(int64_t vocab);
+
+}  // namespace titan
