@@ -79,4 +79,14 @@ std::string host_name() {
   return name;
 }
 
+bool cpu_has_fast_bf16_matmul() {
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+  static const bool fast = __builtin_cpu_supports("avx512bw") &&
+                           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+  return fast;
+#else
+  return true;
+#endif
+}
+
 }  // namespace titan

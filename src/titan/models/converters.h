@@ -43,9 +43,11 @@ void apply_model_converters(torch::nn::Module& model, const JobConfig& config,
                             const at::Device& device);
 
 // [compile] (TorchTitan's torch.compile): with enable and "model" in components, the layers of
-// `model` run titan's fused kernels (titan/models/common/fused_ops.h: RMSNorm, SwiGLU, RoPE) for
-// float32 and bfloat16 CPU tensors. Returns how many layers were switched (logged). The kernels
-// are CPU kernels: on another device a warning says the layers keep ATen's ops.
+// `model` run titan's fused kernels (titan/models/common/fused_ops.h: RMSNorm, SwiGLU, RoPE; and
+// attention.h's own training attention) where they measured faster, for float32 and bfloat16 CPU
+// tensors. Returns how many RMSNorm, SwiGLU and RoPE layers were switched (all switches are
+// logged). The kernels are CPU kernels: on another device a warning says the layers keep ATen's
+// ops. "loss" in components is the trainer's (ParallelizeOptions::fused_loss).
 int64_t apply_compile(torch::nn::Module& model, const CompileSection& config,
                       const at::Device& device);
 

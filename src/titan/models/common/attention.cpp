@@ -10,6 +10,7 @@
 #include "titan/models/common/attention.h"
 
 #include "titan/common/check.h"
+#include "titan/common/cpu.h"
 #include "titan/common/names.h"
 #include "titan/common/phase.h"
 #include "titan/models/common/savable_ops.h"
@@ -110,19 +111,6 @@ at::Tensor softmax_rows(const at::Tensor& scores) {
              : at::softmax(scores, -1);
 }
 
-// Whether this CPU multiplies bfloat16 matrices at speed: ATen's bf16 matmuls go through oneDNN
-// only with AVX-512 (BW, VL, DQ: ATen's own test); without them (AVX2) a generic loop runs them
-// at about 1 GFLOP/s on 2 cores against 50 in float32, so attention is then faster in float32.
-bool fast_bf16_matmul() {
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-  static const bool fast = __builtin_cpu_supports("avx512bw") &&
-                           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
-  return fast;
-#else
-  return true;
-#endif
-}
-
 // The document ids of block-causal attention checked against q (bs, seqlen, ...), as int64 on
 // q's device.
 at::Tensor checked_documents(const at::Tensor& q, const at::Tensor& document_ids) {
@@ -165,8 +153,8 @@ struct MaterialisedAttention : public torch::autograd::Function<MaterialisedAtte
     const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(3)));
     const at::ScalarType dtype = q.scalar_type();
     const at::ScalarType work =
-        is_reduced_float(dtype) && !(q.device().is_cpu() && fast_bf16_matmul()) ? at::kFloat
-                                                                                : dtype;
+        is_reduced_float(dtype) && !(q.device().is_cpu() && cpu_has_fast_bf16_matmul()) ? at::kFloat
+                                                                                        : dtype;
     const at::TensorOptions options = q.options().dtype(work);
     const at::Tensor q_rows = fold_query_heads(q, n_kv_heads, work);  // (batch, seq * n_rep, hd)
     const at::Tensor k_rows = fold_kv_heads(k, work);                 // (batch, seqlen, hd)
@@ -286,7 +274,7 @@ bool materialised_attention_is_faster(at::ScalarType dtype, int64_t seqlen) {
   //     float32   57.7 / 57.2, 82.7 / 94.9, 114.1 / 147.6, 226.2 / 238.2  (at best equal: SDPA)
   //     bfloat16  68.3 / 40.1, 95.1 / 63.7, 104.7 / 116.3, 169.5 / 221.9  (ours up to 512)
   // Beyond 2048 nothing was measured, and the kept probabilities (seqlen^2 / 2 per head) grow.
-  return dtype == at::kBFloat16 && seqlen <= (fast_bf16_matmul() ? 512 : 2048);
+  return dtype == at::kBFloat16 && seqlen <= (cpu_has_fast_bf16_matmul() ? 512 : 2048);
 }
 
 at::Tensor CausalAttention::forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,

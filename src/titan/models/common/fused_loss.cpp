@@ -4,6 +4,7 @@
 #include "titan/models/common/fused_loss.h"
 
 #include "titan/common/check.h"
+#include "titan/common/cpu.h"
 #include "titan/common/phase.h"
 #include "titan/kernels/cross_entropy.h"
 #include "titan/models/common/linear.h"
@@ -124,9 +125,10 @@ Outcome compute(const at::Tensor& h, const at::Tensor& w, const at::Tensor& labe
 
 struct FusedLinearCrossEntropy : public torch::autograd::Function<FusedLinearCrossEntropy> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& h, const at::Tensor& w,
-                            const at::Tensor& labels, const VocabShard* shard) {
-    Outcome out = compute(h, w, labels, *shard, /*grads=*/true);
-    ctx->saved_data["grad_h"] = out.grad_h;
+                            const at::Tensor& labels, const VocabShard* shard, bool widen) {
+    Outcome out = widen ? compute(h.to(at::kFloat), w.to(at::kFloat), labels, *shard, true)
+                        : compute(h, w, labels, *shard, /*grads=*/true);
+    ctx->saved_data["grad_h"] = out.grad_h.to(h.scalar_type());
     ctx->saved_data["grad_w"] = out.grad_w;
     ctx->saved_data["w_dtype"] = static_cast<int64_t>(w.scalar_type());
     return out.loss;
@@ -144,7 +146,7 @@ struct FusedLinearCrossEntropy : public torch::autograd::Function<FusedLinearCro
     const at::Tensor& g = grads[0];
     gh.mul_(g);
     gw.mul_(g);
-    return {gh, gw, at::Tensor(), at::Tensor()};
+    return {gh, gw, at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -171,10 +173,15 @@ at::Tensor fused_linear_cross_entropy(const at::Tensor& h, const at::Tensor& wei
               hc.scalar_type(), " and weight in ", wc.scalar_type(), " under compute dtype ",
               compute_dtype);
   const at::Tensor y = labels.reshape({-1}).to(hc.device(), at::kLong).contiguous();
+  // Where ATen's bf16 GEMMs run in a generic loop (cpu_has_fast_bf16_matmul), a bf16 head runs
+  // its GEMMs in float32 (about 50x faster there), its gradients rounded once at the end.
+  const bool widen =
+      is_reduced_float(hc.scalar_type()) && hc.device().is_cpu() && !cpu_has_fast_bf16_matmul();
   if (at::GradMode::is_enabled() && (hc.requires_grad() || wc.requires_grad())) {
-    return FusedLinearCrossEntropy::apply(hc, wc, y, &shard);
+    return FusedLinearCrossEntropy::apply(hc, wc, y, &shard, widen);
   }
-  return compute(hc, wc, y, shard, /*grads=*/false).loss;
+  return widen ? compute(hc.to(at::kFloat), wc.to(at::kFloat), y, shard, false).loss
+               : compute(hc, wc, y, shard, /*grads=*/false).loss;
 }
 
 }  // namespace titan

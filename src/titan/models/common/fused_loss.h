@@ -32,7 +32,8 @@ struct VocabShard {
 
 // h (..., dim), weight (vocab rows, dim), labels (...) int64 -> 0-d float32: the mean over the
 // labels that are not kernels::kIgnoreIndex of cross_entropy(h @ weight^T, labels), the matmuls in
-// `compute_dtype` (as mixed_linear), the softmax in float32 (as lm_cross_entropy_loss).
+// `compute_dtype` (as mixed_linear; in float32 on a CPU whose bf16 GEMMs are slow, see
+// cpu_has_fast_bf16_matmul), the softmax in float32 (as lm_cross_entropy_loss).
 // Differentiable in h and weight; its graph can be run backward once.
 at::Tensor fused_linear_cross_entropy(const at::Tensor& h, const at::Tensor& weight,
                                       const at::Tensor& labels, at::ScalarType compute_dtype,
