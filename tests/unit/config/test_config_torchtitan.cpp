@@ -320,10 +320,14 @@ TEST(ConfigTorchTitan, NotYetSupportedKeysRefuseOtherValuesNamingTheKey) {
   EXPECT_TRUE(contains(
       config_error([] { parse_job_config({"--parallelism.enable_async_tensor_parallel"}); }),
       "config key 'parallelism.enable_async_tensor_parallel' = true is not supported yet"));
-  // compile: the model's fused kernels are built, the fused loss (a default component) not yet.
-  EXPECT_TRUE(contains(config_error([] { parse_job_config({"--compile.enable"}); }),
-                       "compile.components entry 'loss' is not supported yet"));
+  // compile: both components are built (the default); an unknown one is named, with the nearest.
+  EXPECT_NO_THROW(parse_job_config({"--compile.enable"}));
   EXPECT_NO_THROW(parse_job_config({"--compile.enable", "--compile.components", "model"}));
+  EXPECT_TRUE(contains(
+      config_error([] {
+        parse_job_config({"--compile.enable", "--compile.components", "los"});
+      }),
+      "compile.components entry 'los' is not a component (model, loss); did you mean 'loss'"));
   EXPECT_TRUE(contains(config_error([] {
                          parse_job_config({"--compile.enable", "--compile.components", "model",
                                            "--compile.backend", "aot_eager"});
