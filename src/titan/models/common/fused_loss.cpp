@@ -58,8 +58,15 @@ struct Outcome {
 };
 
 // h (tokens, dim) and w (rows, dim) contiguous in one dtype, labels (tokens) int64 on h's device.
-Outcome compute(const at::Tensor& h, const at::Tensor& w, const at::Tensor& labels,
+// grad_h comes back in h's dtype.
+Outcome compute(const at::Tensor& h_in, const at::Tensor& w_in, const at::Tensor& labels,
                 const VocabShard& shard, bool grads) {
+  // Where ATen's bf16 GEMMs run in a generic loop (cpu_has_fast_bf16_matmul), a bf16 head runs
+  // its GEMMs in float32 (about 50x faster there), its gradients rounded once at the end.
+  const bool widen =
+      is_reduced_float(h_in.scalar_type()) && h_in.device().is_cpu() && !cpu_has_fast_bf16_matmul();
+  const at::Tensor h = widen ? h_in.to(at::kFloat) : h_in;
+  const at::Tensor w = widen ? w_in.to(at::kFloat) : w_in;
   const int64_t tokens = h.size(0), rows = w.size(0), dim = h.size(1);
   const auto f32 = h.options().dtype(at::kFloat);
   const at::Tensor valid = labels.ne(kernels::kIgnoreIndex);
@@ -120,15 +127,15 @@ Outcome compute(const at::Tensor& h, const at::Tensor& w, const at::Tensor& labe
     }
   }
   out.loss = lse.sub(target).mul_(valid).sum().div_(count);
+  if (grads) out.grad_h = out.grad_h.to(h_in.scalar_type());
   return out;
 }
 
 struct FusedLinearCrossEntropy : public torch::autograd::Function<FusedLinearCrossEntropy> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& h, const at::Tensor& w,
-                            const at::Tensor& labels, const VocabShard* shard, bool widen) {
-    Outcome out = widen ? compute(h.to(at::kFloat), w.to(at::kFloat), labels, *shard, true)
-                        : compute(h, w, labels, *shard, /*grads=*/true);
-    ctx->saved_data["grad_h"] = out.grad_h.to(h.scalar_type());
+                            const at::Tensor& labels, const VocabShard* shard) {
+    Outcome out = compute(h, w, labels, *shard, /*grads=*/true);
+    ctx->saved_data["grad_h"] = out.grad_h;
     ctx->saved_data["grad_w"] = out.grad_w;
     ctx->saved_data["w_dtype"] = static_cast<int64_t>(w.scalar_type());
     return out.loss;
@@ -146,7 +153,7 @@ struct FusedLinearCrossEntropy : public torch::autograd::Function<FusedLinearCro
     const at::Tensor& g = grads[0];
     gh.mul_(g);
     gw.mul_(g);
-    return {gh, gw, at::Tensor(), at::Tensor(), at::Tensor()};
+    return {gh, gw, at::Tensor(), at::Tensor()};
   }
 };
 
@@ -173,15 +180,10 @@ at::Tensor fused_linear_cross_entropy(const at::Tensor& h, const at::Tensor& wei
               hc.scalar_type(), " and weight in ", wc.scalar_type(), " under compute dtype ",
               compute_dtype);
   const at::Tensor y = labels.reshape({-1}).to(hc.device(), at::kLong).contiguous();
-  // Where ATen's bf16 GEMMs run in a generic loop (cpu_has_fast_bf16_matmul), a bf16 head runs
-  // its GEMMs in float32 (about 50x faster there), its gradients rounded once at the end.
-  const bool widen =
-      is_reduced_float(hc.scalar_type()) && hc.device().is_cpu() && !cpu_has_fast_bf16_matmul();
   if (at::GradMode::is_enabled() && (hc.requires_grad() || wc.requires_grad())) {
-    return FusedLinearCrossEntropy::apply(hc, wc, y, &shard, widen);
+    return FusedLinearCrossEntropy::apply(hc, wc, y, &shard);
   }
-  return widen ? compute(hc.to(at::kFloat), wc.to(at::kFloat), y, shard, false).loss
-               : compute(hc, wc, y, shard, /*grads=*/false).loss;
+  return compute(hc, wc, y, shard, /*grads=*/false).loss;
 }
 
 }  // namespace titan
