@@ -18,6 +18,7 @@ import argparse
 import concurrent.futures
 import json
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -103,28 +104,43 @@ def main():
                  % a.build)
     new_include = headers_for(a.release)
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    sources = sorted({c["file"] for c in commands if c["file"].endswith(".cpp") and
-                      (not a.only or
-                       any(os.path.relpath(c["file"], root).startswith(o) for o in a.only))})
+    # A unity build (CMAKE_UNITY_BUILD) compiles generated files that #include several sources:
+    # each is checked as one unit, selected and reported by the sources it holds.
+    units = {}
+    for c in commands:
+        path = c["file"]
+        if path.endswith(".cpp"):
+            units[path] = [path]
+        elif os.sep + "Unity" + os.sep in path:
+            with open(path) as f:
+                units[path] = re.findall(r'^#include "(.+\.cpp)"', f.read(), re.M)
+    if a.only:
+        units = {u: m for u, m in units.items()
+                 if any(os.path.relpath(s, root).startswith(o) for s in m for o in a.only)}
+    if not units:
+        sys.exit("check_libtorch_compat: no sources to check in %s/compile_commands.json"
+                 % a.build)
     by_file = {c["file"]: c for c in commands}
     start = time.time()
 
-    def check(path):
-        c = by_file[path]
+    def check(unit):
+        c = by_file[unit]
         r = subprocess.run(rewrite(c["command"], torch_include, new_include), cwd=c["directory"],
                            capture_output=True, text=True)
-        return path, r.returncode, r.stderr
+        return unit, r.returncode, r.stderr
 
     failures = []
     with concurrent.futures.ThreadPoolExecutor(max_workers=a.jobs) as pool:
-        for path, code, err in pool.map(check, sources):
+        for unit, code, err in pool.map(check, sorted(units)):
             if code != 0:
-                failures.append((path, err))
+                failures.append((unit, err))
     took = time.time() - start
-    for path, err in failures:
-        print("== %s\n%s" % (path, err[-6000:]), file=sys.stderr)
-    print("check_libtorch_compat: %d of %d sources compile against torch %s headers (%.0f s)"
-          % (len(sources) - len(failures), len(sources), a.release, took))
+    for unit, err in failures:
+        print("== %s\n%s" % (" ".join(units[unit]), err[-6000:]), file=sys.stderr)
+    sources = sum(len(m) for m in units.values())
+    failed = sum(len(units[u]) for u, _ in failures)
+    print("check_libtorch_compat: %d of %d sources (%d compile units) compile against torch %s "
+          "headers (%.0f s)" % (sources - failed, sources, len(units), a.release, took))
     sys.exit(1 if failures else 0)
 
 

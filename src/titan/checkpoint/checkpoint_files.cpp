@@ -30,14 +30,6 @@ constexpr const char* kFormat = "titan-checkpoint";
 constexpr int kVersion = 2;
 constexpr const char* kChecksumKey = "checksum";
 
-void fsync_path(const std::string& path, bool directory) {
-  const int fd = ::open(path.c_str(), (directory ? O_RDONLY | O_DIRECTORY : O_RDONLY) | O_CLOEXEC);
-  if (fd < 0) throw DataError("cannot open '" + path + "' to fsync: " + std::strerror(errno));
-  const int rc = ::fsync(fd);
-  ::close(fd);
-  if (rc != 0) throw DataError("cannot fsync '" + path + "': " + std::strerror(errno));
-}
-
 void write_text_file(const std::string& path, const std::string& text) {
   {
     std::ofstream out(path, std::ios::binary | std::ios::trunc);

@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <climits>
 #include <fstream>
 #include <sstream>
@@ -79,7 +80,14 @@ std::string host_name() {
   return name;
 }
 
+namespace {
+// -1: detect; 0 or 1: a test's override.
+std::atomic<int> fast_bf16_matmul_override{-1};
+}  // namespace
+
 bool cpu_has_fast_bf16_matmul() {
+  const int forced = fast_bf16_matmul_override.load(std::memory_order_relaxed);
+  if (forced >= 0) return forced == 1;
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
   static const bool fast = __builtin_cpu_supports("avx512bw") &&
                            __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
@@ -87,6 +95,10 @@ bool cpu_has_fast_bf16_matmul() {
 #else
   return true;
 #endif
+}
+
+void override_fast_bf16_matmul_for_testing(std::optional<bool> fast) {
+  fast_bf16_matmul_override.store(fast ? (*fast ? 1 : 0) : -1, std::memory_order_relaxed);
 }
 
 }  // namespace titan

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 namespace titan {
@@ -15,6 +16,8 @@ constexpr int64_t kMaxNumThreads = 1024;
 // only with AVX-512 (BW, VL, DQ: ATen's own test); without them (AVX2) a generic loop runs them
 // at about 1 GFLOP/s on 2 cores against 50 in float32. True off x86.
 bool cpu_has_fast_bf16_matmul();
+// Tests take either path on any CPU: true or false overrides the detection, nullopt restores it.
+void override_fast_bf16_matmul_for_testing(std::optional<bool> fast);
 
 // Sets ATen's intra-op threads (and OpenBLAS's, when it has its own pool) to `num_threads`;
 // 0 means hardware cores / local_ranks. Logs a warning when asked for more than the cores.

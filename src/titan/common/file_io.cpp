@@ -122,6 +122,17 @@ void replace_file(const std::string& path, std::string_view data) {
   }
 }
 
+void fsync_path(const std::string& path, bool directory) {
+  const int fd = ::open(path.c_str(), (directory ? O_RDONLY | O_DIRECTORY : O_RDONLY) | O_CLOEXEC);
+  if (fd < 0) throw DataError(path + ": cannot open to sync: " + errno_text(errno));
+  const int rc = ::fsync(fd);
+  const int err = errno;
+  ::close(fd);
+  if (rc != 0 && err != EINVAL && err != EROFS) {
+    throw DataError(path + ": cannot sync: " + errno_text(err));
+  }
+}
+
 void check_stdout_written() {
   if (std::fflush(stdout) != 0) {
     throw DataError("cannot write standard output: " + errno_text(errno) +

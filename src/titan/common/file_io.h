@@ -41,6 +41,11 @@ void close_checked(int fd, const std::string& path);
 // errno text on any failure; the temporary is removed.
 void replace_file(const std::string& path, std::string_view data);
 
+// Syncs the file or directory `path` to its device (a directory after a rename in it makes the
+// rename durable). DataError with the errno text when it cannot be opened or synced; file systems
+// that cannot sync it (EINVAL, EROFS) are not an error.
+void fsync_path(const std::string& path, bool directory);
+
 // Flushes standard output; DataError "cannot write standard output: <errno text>" when the flush
 // or an earlier write failed (output redirected to a full disk, for example).
 void check_stdout_written();

@@ -15,7 +15,7 @@ namespace titan::dist {
 
 namespace {
 
-std::string join(const std::vector<int>& v) {
+std::string join_ranks(const std::vector<int>& v) {
   std::ostringstream os;
   for (size_t i = 0; i < v.size(); ++i) os << (i ? ", " : "") << v[i];
   return os.str();
@@ -29,7 +29,7 @@ std::string describe(const FlightEntry& e) {
 
 std::string no_dump_note(const std::vector<int>& no_dump) {
   if (no_dump.empty()) return "";
-  return "\n  ranks [" + join(no_dump) +
+  return "\n  ranks [" + join_ranks(no_dump) +
          "] left no dump (stopped, killed or hung before their recorder was made?): they "
          "never reported this collective";
 }
@@ -55,7 +55,7 @@ std::string check_group(const GroupView& g, const std::set<int>& dumped) {
     end = std::max(end, seqs.rbegin()->first);
   }
   std::ostringstream os;
-  const std::string where = "group '" + g.name + "' (world ranks [" + join(g.members) + "])";
+  const std::string where = "group '" + g.name + "' (world ranks [" + join_ranks(g.members) + "])";
   for (int64_t seq = start; seq <= end; ++seq) {
     std::vector<int> issued, not_issued;
     const FlightEntry* first = nullptr;
@@ -77,14 +77,14 @@ std::string check_group(const GroupView& g, const std::set<int>& dumped) {
     }
     if (kinds.size() > 1) {
       os << where << ": collective #" << seq << " differs between ranks:";
-      for (const auto& [k, ranks] : kinds) os << "\n  ranks [" << join(ranks) << "]: " << k;
+      for (const auto& [k, ranks] : kinds) os << "\n  ranks [" << join_ranks(ranks) << "]: " << k;
       os << "\n  HINT: the ranks issued different collectives here; look for rank-dependent "
             "control flow before it.";
       return os.str();
     }
     if (!not_issued.empty()) {
-      os << where << ": " << describe(*first) << " was issued by ranks [" << join(issued)
-         << "] but not by ranks [" << join(not_issued) << "]";
+      os << where << ": " << describe(*first) << " was issued by ranks [" << join_ranks(issued)
+         << "] but not by ranks [" << join_ranks(not_issued) << "]";
       for (int r : not_issued) {
         auto it = g.by_rank.find(r);
         if (it == g.by_rank.end() || it->second.empty()) {
@@ -94,7 +94,7 @@ std::string check_group(const GroupView& g, const std::set<int>& dumped) {
              << ", " << to_string(it->second.rbegin()->second->state);
         }
       }
-      os << no_dump_note(no_dump) << "\n  lagging ranks: [" << join(not_issued) << "]";
+      os << no_dump_note(no_dump) << "\n  lagging ranks: [" << join_ranks(not_issued) << "]";
       return os.str();
     }
     std::vector<int> unfinished;
@@ -109,9 +109,9 @@ std::string check_group(const GroupView& g, const std::set<int>& dumped) {
     }
     if (!unfinished.empty()) {
       os << where << ": " << describe(*first) << " was issued by every rank that left a dump but "
-         << "not completed on ranks [" << join(unfinished) << "] (" << states << ")";
+         << "not completed on ranks [" << join_ranks(unfinished) << "] (" << states << ")";
       os << no_dump_note(no_dump);
-      if (!no_dump.empty()) os << "\n  lagging ranks: [" << join(no_dump) << "]";
+      if (!no_dump.empty()) os << "\n  lagging ranks: [" << join_ranks(no_dump) << "]";
       return os.str();
     }
   }
@@ -135,7 +135,7 @@ FlightAnalysis analyze_flight_dumps(const std::vector<FlightDump>& dumps) {
     world = std::max(world, d.world_size);
     for (const FlightEntry& e : d.entries) {
       if (e.seq < 0) continue;  // send/recv: no sequence to line up
-      GroupView& g = groups[e.group + " [" + join(e.group_ranks) + "]"];
+      GroupView& g = groups[e.group + " [" + join_ranks(e.group_ranks) + "]"];
       g.name = e.group;
       g.members = e.group_ranks;
       g.by_rank[d.rank][e.seq] = &e;
@@ -147,14 +147,14 @@ FlightAnalysis analyze_flight_dumps(const std::vector<FlightDump>& dumps) {
     if (!dumped.count(r)) missing.push_back(r);
   }
   os << dumps.size() << " dump" << (dumps.size() == 1 ? "" : "s") << " (ranks [";
-  os << join(std::vector<int>(dumped.begin(), dumped.end())) << "]";
-  if (!missing.empty()) os << "; no dump from ranks [" << join(missing) << "]";
+  os << join_ranks(std::vector<int>(dumped.begin(), dumped.end())) << "]";
+  if (!missing.empty()) os << "; no dump from ranks [" << join_ranks(missing) << "]";
   os << "), " << groups.size() << " group" << (groups.size() == 1 ? "" : "s") << "\n";
   if (!missing.empty()) out.problem = true;
   for (const auto& [key, g] : groups) {
     const std::string finding = check_group(g, dumped);
     if (finding.empty()) {
-      os << "group '" << g.name << "' (world ranks [" << join(g.members)
+      os << "group '" << g.name << "' (world ranks [" << join_ranks(g.members)
          << "]): every rank issued and completed the same collectives\n";
     } else {
       out.problem = true;

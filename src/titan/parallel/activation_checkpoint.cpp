@@ -27,12 +27,13 @@
 
 namespace titan {
 
+// Outside the anonymous namespace: Impl, declared in the header, holds one.
+enum class AcMode { kFull, kEveryNth, kOps };
+
 namespace {
 
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
-
-enum class Mode { kFull, kEveryNth, kOps };
 
 // Results an op kept in forward, for the recomputation to take back in the same order.
 struct KeptResult {
@@ -52,7 +53,7 @@ struct ActivationCheckpointing::Impl {
     // Weight shapes (out, in) whose matmuls "op" mode always recomputes.
     std::vector<std::vector<int64_t>> force_recompute;
   };
-  Mode mode = Mode::kFull;
+  AcMode mode = AcMode::kFull;
   int64_t every = 1;  // kEveryNth: one block in `every`
   bool preserve_rng_state = true;
   bool determinism_check = true;
@@ -195,7 +196,7 @@ at::Tensor checkpointed_forward(Recompute& r, const at::Tensor& input) {
   const Impl& d = *r.impl;
   if (d.preserve_rng_state) r.rng_states = rng_states(generators(input.device()));
   at::Tensor out;
-  if (d.mode == Mode::kOps) {
+  if (d.mode == AcMode::kOps) {
     OpPolicy policy(d.units[r.unit], r.kept, /*replaying=*/false);
     OpSaverScope scope(&policy);
     out = r.next(input);
@@ -266,7 +267,7 @@ variable_list recompute_backward(Recompute& r, const variable_list& saved, const
     RecomputeScope recomputing;
     std::optional<RngReplay> rng;
     if (d.preserve_rng_state) rng.emplace(leaves[0].device(), r.rng_states);
-    if (d.mode == Mode::kOps) {
+    if (d.mode == AcMode::kOps) {
       OpPolicy policy(unit, r.kept, /*replaying=*/true);
       OpSaverScope scope(&policy);
       out = r.next(leaves[0]);
@@ -313,8 +314,8 @@ struct CheckpointFunction : public torch::autograd::Function<CheckpointFunction>
 };
 
 // The mode from mode / selective_ac_option (every = N for kEveryNth).
-Mode parse_mode(const ActivationCheckpointSection& config, int64_t& every) {
-  if (config.mode == "full") return Mode::kFull;
+AcMode parse_mode(const ActivationCheckpointSection& config, int64_t& every) {
+  if (config.mode == "full") return AcMode::kFull;
   if (config.mode == "memory_budget") {
     throw ConfigError(
         "activation_checkpoint.mode = \"memory_budget\" is not supported (it needs a graph "
@@ -325,7 +326,7 @@ Mode parse_mode(const ActivationCheckpointSection& config, int64_t& every) {
                       config.mode + "'");
   }
   const std::string& option = config.selective_ac_option;
-  if (option == "op") return Mode::kOps;
+  if (option == "op") return AcMode::kOps;
   const bool digits = !option.empty() && option.size() <= 18 &&
                       option.find_first_not_of("0123456789") == std::string::npos;
   every = digits ? std::stoll(option) : 0;
@@ -335,7 +336,7 @@ Mode parse_mode(const ActivationCheckpointSection& config, int64_t& every) {
         "activation_checkpoint.selective_ac_option must be \"op\" or an integer >= 1, got '" +
         option + hint);
   }
-  return Mode::kEveryNth;
+  return AcMode::kEveryNth;
 }
 
 // Weight shapes of the unit's Linear layers whose names contain one of `fqns` (TorchTitan's
@@ -402,9 +403,9 @@ ActivationCheckpointing::ActivationCheckpointing(Model& model,
     u.block = mu.block >= 0;
     if (u.block) {
       ++blocks;  // TorchTitan's counter: incremented per block, then tested
-      u.checkpointed = d.mode != Mode::kEveryNth || blocks % d.every == 0;
+      u.checkpointed = d.mode != AcMode::kEveryNth || blocks % d.every == 0;
     }
-    if (u.checkpointed && d.mode == Mode::kOps) {
+    if (u.checkpointed && d.mode == AcMode::kOps) {
       u.force_recompute = force_recompute_shapes(
           mu, config.per_op_sac_force_recompute_mm_shapes_by_fqns, modules, slots);
     }
@@ -454,9 +455,9 @@ std::string ActivationCheckpointing::describe() const {
   }
   std::string s = "activation checkpointing: ";
   switch (d.mode) {
-    case Mode::kFull: s += "full"; break;
-    case Mode::kEveryNth: s += "selective, one block in " + std::to_string(d.every); break;
-    case Mode::kOps:
+    case AcMode::kFull: s += "full"; break;
+    case AcMode::kEveryNth: s += "selective, one block in " + std::to_string(d.every); break;
+    case AcMode::kOps:
       s += "selective op (keeps matmul outputs but every second one, attention and "
            "reduce-scatter outputs)";
       break;
@@ -469,9 +470,9 @@ AcPolicy ac_policy(const ActivationCheckpointSection& config) {
   AcPolicy policy;
   if (config.mode == "none") return policy;
   int64_t every = 0;
-  const Mode mode = parse_mode(config, every);
-  policy.per_op = mode == Mode::kOps;
-  policy.every = mode == Mode::kFull ? 1 : mode == Mode::kEveryNth ? every : 0;
+  const AcMode mode = parse_mode(config, every);
+  policy.per_op = mode == AcMode::kOps;
+  policy.every = mode == AcMode::kFull ? 1 : mode == AcMode::kEveryNth ? every : 0;
   return policy;
 }
 

@@ -22,7 +22,7 @@
 #include <map>
 
 namespace titan::ckpt {
-namespace {
+namespace test_checkpoint_device {
 
 namespace fs = std::filesystem;
 
@@ -389,5 +389,5 @@ TEST(RngLayoutCuda, CudaGeneratorRoundTripAndCrossDeviceLoad) {
   EXPECT_TRUE(at::equal(back, w));
 }
 
-}  // namespace
+}  // namespace test_checkpoint_device
 }  // namespace titan::ckpt

@@ -15,7 +15,7 @@
 #include <thread>
 
 namespace titan::ckpt {
-namespace {
+namespace test_checkpoint_distributed {
 
 namespace fs = std::filesystem;
 using test::run_ranks;
@@ -446,5 +446,5 @@ TEST(CheckpointDistributed, AsyncSavesCommitOnTheCallingThread) {
   }
 }
 
-}  // namespace
+}  // namespace test_checkpoint_distributed
 }  // namespace titan::ckpt

@@ -13,7 +13,7 @@
 #include <fstream>
 
 namespace titan::ckpt {
-namespace {
+namespace test_checkpoint_files {
 
 namespace fs = std::filesystem;
 using test::message_of;
@@ -211,5 +211,5 @@ TEST(CheckpointFiles, DetectsCorruptionNamingTheFile) {
   EXPECT_NE(err.find("is not a checkpoint"), std::string::npos) << err;
 }
 
-}  // namespace
+}  // namespace test_checkpoint_files
 }  // namespace titan::ckpt

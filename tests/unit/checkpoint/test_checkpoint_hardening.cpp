@@ -20,7 +20,7 @@
 #include <unistd.h>
 
 namespace titan {
-namespace {
+namespace test_checkpoint_hardening {
 
 namespace fs = std::filesystem;
 using ckpt::CheckpointManager;
@@ -460,5 +460,5 @@ TEST(CheckpointHardening, SafetensorsOffsetsMustTileTheDataSection) {
   EXPECT_EQ(message_of([&] { ckpt::SafetensorsReader r(dir + "/ok.safetensors"); }), "");
 }
 
-}  // namespace
+}  // namespace test_checkpoint_hardening
 }  // namespace titan

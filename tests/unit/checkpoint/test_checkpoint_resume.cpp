@@ -13,7 +13,7 @@
 #include <fstream>
 
 namespace titan {
-namespace {
+namespace test_checkpoint_resume {
 
 namespace fs = std::filesystem;
 
@@ -240,5 +240,5 @@ TEST(CheckpointResume, LastSaveInHfAndInitialLoadInHf) {
   }
 }
 
-}  // namespace
+}  // namespace test_checkpoint_resume
 }  // namespace titan

@@ -12,7 +12,7 @@
 #include <set>
 
 namespace titan {
-namespace {
+namespace test_hf_adapter {
 
 using test::bit_equal;
 using test::contains;
@@ -346,5 +346,5 @@ TEST(HfAdapter, DescriptionErrorsNameTheNearestKey) {
             nlohmann::json({{"name", "llama3"}, {"flavor", "bench_small"}}));
 }
 
-}  // namespace
+}  // namespace test_hf_adapter
 }  // namespace titan

@@ -19,7 +19,7 @@
 #include <sstream>
 
 namespace titan {
-namespace {
+namespace test_hf_folder {
 
 namespace fs = std::filesystem;
 using test::bit_equal;
@@ -331,5 +331,5 @@ TEST(HfFolder, CorruptFoldersNameTheFile) {
   EXPECT_FALSE(fs::exists(dir / "out"));
 }
 
-}  // namespace
+}  // namespace test_hf_folder
 }  // namespace titan

@@ -9,7 +9,7 @@
 #include <fstream>
 
 namespace titan {
-namespace {
+namespace test_hf_folder_hints {
 
 namespace fs = std::filesystem;
 
@@ -43,5 +43,5 @@ TEST(HfFolderHints, TitanCheckpointIsNamedWithTheFlagToDrop) {
   fs::remove_all(root);
 }
 
-}  // namespace
+}  // namespace test_hf_folder_hints
 }  // namespace titan

@@ -12,7 +12,7 @@
 #include <filesystem>
 
 namespace titan {
-namespace {
+namespace test_hf_inputs {
 
 namespace fs = std::filesystem;
 using test::contains;
@@ -36,5 +36,5 @@ TEST(HfInputs, AFifoConfigOrWeightShardIsRefused) {
   fs::remove_all(dir);
 }
 
-}  // namespace
+}  // namespace test_hf_inputs
 }  // namespace titan

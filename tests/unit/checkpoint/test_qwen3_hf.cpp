@@ -11,7 +11,7 @@
 #include <gtest/gtest.h>
 
 namespace titan {
-namespace {
+namespace test_qwen3_hf {
 
 using test::bit_equal;
 using test::contains;
@@ -139,5 +139,5 @@ TEST(Qwen3Hf, RefusesWhatItCannotRepresent) {
   EXPECT_TRUE(contains(message_of([&] { hf.from_hf(out, kTinyMoe); }), "layer 1 has 3 w3"));
 }
 
-}  // namespace
+}  // namespace test_qwen3_hf
 }  // namespace titan

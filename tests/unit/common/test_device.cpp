@@ -9,7 +9,7 @@
 #include <string>
 
 namespace titan {
-namespace {
+namespace test_device {
 
 std::string selection_error(const std::string& setting, int64_t local_rank, int64_t local_world,
                             int64_t devices) {
@@ -132,5 +132,5 @@ TEST_F(CudaDevice, PinnedCopiesArriveAndMemoryIsCounted) {
   EXPECT_EQ(mem.ooms, 0);
 }
 
-}  // namespace
+}  // namespace test_device
 }  // namespace titan

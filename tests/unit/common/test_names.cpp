@@ -9,7 +9,7 @@
 #include <vector>
 
 namespace titan {
-namespace {
+namespace test_names {
 
 TEST(Names, EditDistance) {
   EXPECT_EQ(edit_distance("", ""), 0u);
@@ -60,5 +60,5 @@ TEST(Format, Join) {
   EXPECT_EQ(join(std::vector<std::string>{"", ""}, "+"), "+");
 }
 
-}  // namespace
+}  // namespace test_names
 }  // namespace titan

@@ -10,7 +10,7 @@
 #include <gtest/gtest.h>
 
 namespace titan {
-namespace {
+namespace breakdown_test {
 
 TEST(Breakdown, OpNamesMapToFamilies) {
   EXPECT_EQ(op_family_of_name("aten::addmm"), OpFamily::kMatmul);
@@ -89,5 +89,5 @@ TEST(Breakdown, ForwardBackwardOfTheTinyModel) {
   for (const auto& [name, seconds] : r.top_other) EXPECT_NE(name, "MulBackward0") << seconds;
 }
 
-}  // namespace
+}  // namespace breakdown_test
 }  // namespace titan

@@ -5,7 +5,7 @@
 #include <gtest/gtest.h>
 
 namespace titan {
-namespace {
+namespace format_test {
 
 TEST(Format, WithCommas) {
   EXPECT_EQ(with_commas(8030261248), "8,030,261,248");
@@ -27,5 +27,5 @@ TEST(Format, DtypeFromName) {
   EXPECT_THROW(dtype_from_name("fp8"), ConfigError);
 }
 
-}  // namespace
+}  // namespace format_test
 }  // namespace titan

@@ -6,7 +6,7 @@
 #include <cmath>
 
 namespace titan {
-namespace {
+namespace lr_scheduler_test {
 
 LRSchedulerSection section(int64_t warmup, double decay_ratio, const std::string& type,
                            double min_factor) {
@@ -99,5 +99,5 @@ TEST(LRScheduler, TotalStepsSetsTheScheduleLength) {
   EXPECT_EQ(LRScheduler(config, 1.0, 7).decay_steps(), 5);
 }
 
-}  // namespace
+}  // namespace lr_scheduler_test
 }  // namespace titan

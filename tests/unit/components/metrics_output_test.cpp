@@ -18,7 +18,7 @@
 #include <fstream>
 
 namespace titan {
-namespace {
+namespace metrics_output_test {
 
 namespace fs = std::filesystem;
 using test::contains;
@@ -113,5 +113,5 @@ TEST(MetricsOutput, DroppingRowsLeavesMissingAndSpecialFilesAlone) {
   fs::remove_all(dir);
 }
 
-}  // namespace
+}  // namespace metrics_output_test
 }  // namespace titan

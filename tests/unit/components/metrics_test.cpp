@@ -9,7 +9,7 @@
 #include <fstream>
 
 namespace titan {
-namespace {
+namespace metrics_test {
 
 TEST(Metrics, JsonLinesHaveEveryKeyAndConsistentMfu) {
   auto dir = std::filesystem::temp_directory_path() / "titan_metrics_test";
@@ -77,5 +77,5 @@ TEST(PeakFlops, DatasheetFiguresByDeviceName) {
   EXPECT_FALSE(datasheet_peak_flops("Intel(R) Xeon(R) Platinum 8480C").has_value());
 }
 
-}  // namespace
+}  // namespace metrics_test
 }  // namespace titan

@@ -12,7 +12,7 @@
 #include <vector>
 
 namespace titan {
-namespace {
+namespace optimizer_test {
 
 // Reference AdamW/Adam for one scalar over several steps with given gradients.
 double reference_adam(double p, const std::vector<double>& grads, double lr, double b1, double b2,
@@ -301,5 +301,5 @@ TEST(OptimizerImplementation, FusedKernelTakesDenseFloatAndBFloat16Only) {
   EXPECT_FALSE(kernels::adam_step_supported(s, s.clone(), s.clone(), s.clone()));
 }
 
-}  // namespace
+}  // namespace optimizer_test
 }  // namespace titan

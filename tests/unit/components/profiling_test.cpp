@@ -16,7 +16,7 @@
 #include <set>
 
 namespace titan {
-namespace {
+namespace profiling_test {
 
 namespace fs = std::filesystem;
 using test::contains;
@@ -200,5 +200,5 @@ TEST(Profiling, KinetoTraceHoldsTheRecordedStepsAndOurSpans) {
   }
 }
 
-}  // namespace
+}  // namespace profiling_test
 }  // namespace titan

@@ -19,7 +19,7 @@
 #include <map>
 
 namespace titan {
-namespace {
+namespace tensorboard_test {
 
 namespace fs = std::filesystem;
 
@@ -265,5 +265,5 @@ TEST(TensorBoardWriter, MetricsLoggerWritesEveryJsonlValueAsAScalar) {
   fs::remove_all(dir);
 }
 
-}  // namespace
+}  // namespace tensorboard_test
 }  // namespace titan

@@ -15,7 +15,7 @@
 #include <sstream>
 
 namespace titan {
-namespace {
+namespace test_plot {
 
 namespace fs = std::filesystem;
 using test::contains;
@@ -508,5 +508,5 @@ TEST(PlotSvg, TheReaderRejectsMalformedDocuments) {
   EXPECT_EQ(XmlReader("<a t=\"&lt;\">x<b/>y</a>").document().attrs.at("t"), "<");
 }
 
-}  // namespace
+}  // namespace test_plot
 }  // namespace titan

@@ -10,7 +10,7 @@
 #include <torch/nn/modules/linear.h>
 
 namespace titan {
-namespace {
+namespace training_dtype_test {
 
 TEST(TrainingDtype, ComputeDtypeFollowsTrainingDtypeThenMixedPrecision) {
   TrainingSection t;
@@ -76,5 +76,5 @@ TEST(MetricsFileName, RankZeroOnlyOrEveryRankSuffixed) {
   EXPECT_EQ(metrics_file_name(m, 3), "metrics_rank_3.jsonl");
 }
 
-}  // namespace
+}  // namespace training_dtype_test
 }  // namespace titan

@@ -5,7 +5,7 @@
 #include "config_test_util.h"
 
 namespace titan {
-namespace {
+namespace test_config_errors {
 
 using config_test::config_error;
 using config_test::contains;
@@ -159,5 +159,5 @@ TEST(ConfigErrors, TomlSyntaxErrorHasLineAndColumn) {
   EXPECT_GT(message.size(), (file + ":3:1: ").size() + 30) << message;
 }
 
-}  // namespace
+}  // namespace test_config_errors
 }  // namespace titan

@@ -9,7 +9,7 @@
 #include <gtest/gtest.h>
 
 namespace titan {
-namespace {
+namespace test_config_float8 {
 
 using config_test::config_error;
 using config_test::contains;
@@ -91,5 +91,5 @@ TEST(ConfigFloat8, Float8AllGatherNeedsTensorwiseAndPrecomputeNeedsTheGather) {
   EXPECT_NO_THROW(validate_job_config(c));
 }
 
-}  // namespace
+}  // namespace test_config_float8
 }  // namespace titan

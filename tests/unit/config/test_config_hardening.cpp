@@ -11,7 +11,7 @@
 #include <limits>
 
 namespace titan {
-namespace {
+namespace test_config_hardening {
 
 using config_test::config_error;
 using config_test::contains;
@@ -74,5 +74,5 @@ TEST(ConfigHardening, ThreadCountIsCapped) {
   EXPECT_TRUE(contains(render_help("train"), "At most 1024"));
 }
 
-}  // namespace
+}  // namespace test_config_hardening
 }  // namespace titan

@@ -5,7 +5,7 @@
 #include "config_test_util.h"
 
 namespace titan {
-namespace {
+namespace test_config_parse {
 
 using config_test::TempDir;
 
@@ -165,5 +165,5 @@ TEST(ConfigParse, ParseRunsValidation) {
   EXPECT_THROW(parse_job_config({"--training.steps", "0"}), ConfigError);
 }
 
-}  // namespace
+}  // namespace test_config_parse
 }  // namespace titan

@@ -10,7 +10,7 @@
 #include <sstream>
 
 namespace titan {
-namespace {
+namespace test_config_render {
 
 using config_test::config_error;
 using config_test::contains;
@@ -310,5 +310,5 @@ TEST(ConfigLists, HelpShowsCommaList) {
   EXPECT_TRUE(contains(help, "(default: true)"));
 }
 
-}  // namespace
+}  // namespace test_config_render
 }  // namespace titan

@@ -15,7 +15,7 @@
 #include <sstream>
 
 namespace titan {
-namespace {
+namespace test_config_torchtitan {
 
 using config_test::config_error;
 using config_test::contains;
@@ -590,5 +590,5 @@ TEST(ConfigActivationCheckpoint, RefusesBadValuesNamingTheKey) {
       contains(message, "activation_checkpoint.determinism_check must be one of default, none"));
 }
 
-}  // namespace
+}  // namespace test_config_torchtitan
 }  // namespace titan

@@ -7,7 +7,7 @@
 #include <functional>
 
 namespace titan {
-namespace {
+namespace test_config_validate {
 
 using config_test::config_error;
 using config_test::contains;
@@ -162,5 +162,5 @@ TEST(ConfigValidate, NumbersPrintWithoutFloatNoise) {
   EXPECT_FALSE(contains(message, "0.30000000000000004"));
 }
 
-}  // namespace
+}  // namespace test_config_validate
 }  // namespace titan

@@ -8,7 +8,7 @@
 #include <gtest/gtest.h>
 
 namespace titan {
-namespace {
+namespace test_data_loader {
 
 constexpr int64_t B = ByteTokenizer::kBosId;
 constexpr int64_t E = ByteTokenizer::kEosId;
@@ -241,5 +241,5 @@ TEST(DataLoader, StateRoundTripsThroughJson) {
   EXPECT_NE(data_error_of(nlohmann::json::array()).find("not a JSON object"), std::string::npos);
 }
 
-}  // namespace
+}  // namespace test_data_loader
 }  // namespace titan

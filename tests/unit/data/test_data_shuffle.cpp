@@ -14,7 +14,7 @@
 #include <set>
 
 namespace titan {
-namespace {
+namespace test_data_shuffle {
 
 namespace fs = std::filesystem;
 
@@ -178,5 +178,5 @@ TEST_F(ResumeCorpus, StateCarriesPositionAndSeed) {
   EXPECT_GT(s.token_offset + s.doc_index, 0);
 }
 
-}  // namespace
+}  // namespace test_data_shuffle
 }  // namespace titan

@@ -17,7 +17,7 @@
 #include <set>
 
 namespace titan {
-namespace {
+namespace test_dataset {
 
 namespace fs = std::filesystem;
 using test::contains;
@@ -211,5 +211,5 @@ TEST(SotuCorpus, RealCorpusSplitsAreDisjointAndComplete) {
                              [](const Document& a, const Document& b) { return a.name < b.name; }));
 }
 
-}  // namespace
+}  // namespace test_dataset
 }  // namespace titan

@@ -16,7 +16,7 @@
 #include <fstream>
 
 namespace titan {
-namespace {
+namespace test_document_source {
 
 namespace fs = std::filesystem;
 using test::contains;
@@ -266,5 +266,5 @@ TEST_F(CorpusDir, LoaderRejectsTokensFromAnotherTokenizer) {
   EXPECT_TRUE(contains(msg, "vocab 258")) << msg;
 }
 
-}  // namespace
+}  // namespace test_document_source
 }  // namespace titan

@@ -21,7 +21,7 @@
 #include <filesystem>
 
 namespace titan {
-namespace {
+namespace test_input_files {
 
 namespace fs = std::filesystem;
 using test::contains;
@@ -181,5 +181,5 @@ TEST(TokenizerIdentity, FingerprintFollowsTheTokenizerNotThePath) {
   fs::remove_all(dir);
 }
 
-}  // namespace
+}  // namespace test_input_files
 }  // namespace titan

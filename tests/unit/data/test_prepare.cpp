@@ -16,7 +16,7 @@
 #include <fstream>
 
 namespace titan {
-namespace {
+namespace test_prepare {
 
 namespace fs = std::filesystem;
 using test::contains;
@@ -169,5 +169,5 @@ TEST_F(PrepareDir, StreamingALargeCorpusKeepsMemoryBounded) {
       << "resident memory grew by " << (peak - baseline) / (1 << 20) << " MiB";
 }
 
-}  // namespace
+}  // namespace test_prepare
 }  // namespace titan

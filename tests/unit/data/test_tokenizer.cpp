@@ -5,7 +5,7 @@
 #include <gtest/gtest.h>
 
 namespace titan {
-namespace {
+namespace test_tokenizer {
 
 TEST(ByteTokenizer, SizesAndSpecialIds) {
   ByteTokenizer tok;
@@ -73,5 +73,5 @@ TEST(BuildTokenizer, MissingAssetsPathNamesTheKey) {
   }
 }
 
-}  // namespace
+}  // namespace test_tokenizer
 }  // namespace titan

@@ -9,7 +9,7 @@
 #include <tuple>
 
 namespace titan {
-namespace {
+namespace test_comm {
 
 using dist::ReduceOp;
 using test::run_ranks;
@@ -323,5 +323,5 @@ TEST(Comm, SingleRankGroupIsIdentity) {
   });
 }
 
-}  // namespace
+}  // namespace test_comm
 }  // namespace titan

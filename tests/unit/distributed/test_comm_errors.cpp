@@ -8,7 +8,7 @@
 #include <future>
 
 namespace titan {
-namespace {
+namespace test_comm_errors {
 
 using dist::ReduceOp;
 using test::loopback_options;
@@ -252,5 +252,5 @@ TEST(CommErrors, UnknownGlooOpsValueIsRefused) {
   EXPECT_NE(errors[0].find("'native'"), std::string::npos) << errors[0];
 }
 
-}  // namespace
+}  // namespace test_comm_errors
 }  // namespace titan

@@ -9,7 +9,7 @@
 #include <future>
 
 namespace titan {
-namespace {
+namespace test_comm_teardown {
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -58,5 +58,5 @@ TEST(CommTeardown, BrokenGroupIsDestroyedWithoutWaitingForTheBackendTimeout) {
   EXPECT_LT(teardown_seconds, 3.0);
 }
 
-}  // namespace
+}  // namespace test_comm_teardown
 }  // namespace titan

@@ -13,7 +13,7 @@
 #include <unistd.h>
 
 namespace titan {
-namespace {
+namespace test_flight_recorder {
 
 using dist::FlightDump;
 using dist::FlightEntry;
@@ -262,5 +262,5 @@ TEST(FlightRecorder, SkippedCollectiveTimesOutAndBothDumpsNameIt) {
   EXPECT_TRUE(contains(a.report, "lagging ranks: [1]")) << a.report;
 }
 
-}  // namespace
+}  // namespace test_flight_recorder
 }  // namespace titan

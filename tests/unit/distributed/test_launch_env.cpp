@@ -18,7 +18,7 @@
 #include <thread>
 
 namespace titan {
-namespace {
+namespace test_launch_env {
 
 EnvLookup fake(std::map<std::string, std::string> vars) {
   return [vars](const std::string& name) -> std::optional<std::string> {
@@ -529,5 +529,5 @@ TEST(ExitBarrier, AllRanksLeaveTogether) {
   EXPECT_EQ(errors[1], "");
 }
 
-}  // namespace
+}  // namespace test_launch_env
 }  // namespace titan

@@ -10,7 +10,7 @@
 #include <algorithm>
 
 namespace titan {
-namespace {
+namespace test_parallel_dims {
 
 ParallelDegrees degrees(int64_t dp_replicate, int64_t dp_shard, int64_t cp = 1, int64_t tp = 1,
                         int64_t pp = 1, int64_t ep = 1) {
@@ -291,5 +291,5 @@ TEST(ParallelDims, NamedGroupsOnTwoAndThreeRanks) {
   });
 }
 
-}  // namespace
+}  // namespace test_parallel_dims
 }  // namespace titan

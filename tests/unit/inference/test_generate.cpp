@@ -14,7 +14,7 @@
 #include <set>
 
 namespace titan {
-namespace {
+namespace test_generate {
 
 std::shared_ptr<Model> tiny_model(at::ScalarType compute_dtype = at::kFloat,
                                   int64_t max_seq_len = 128) {
@@ -213,5 +213,5 @@ TEST(TextStream, HoldsBackSplitCharacters) {
   EXPECT_EQ(stream.flush(), "");
 }
 
-}  // namespace
+}  // namespace test_generate
 }  // namespace titan

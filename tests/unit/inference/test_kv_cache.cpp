@@ -13,7 +13,7 @@
 #include <vector>
 
 namespace titan {
-namespace {
+namespace test_kv_cache {
 
 std::shared_ptr<Model> tiny_model(at::ScalarType compute_dtype, int64_t max_seq_len,
                                   uint64_t seed = 0) {
@@ -157,5 +157,5 @@ TEST(KVCache, SingleRowLinearMatchesMatrixProduct) {
   EXPECT_LT(max_abs_diff(x.grad().view({16}), weight.detach().sum(0)), 1e-12);
 }
 
-}  // namespace
+}  // namespace test_kv_cache
 }  // namespace titan

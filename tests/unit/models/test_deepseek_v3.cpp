@@ -24,7 +24,7 @@
 #include <string>
 
 namespace titan {
-namespace {
+namespace test_deepseek_v3 {
 
 std::shared_ptr<llama3::Transformer> tiny_model(uint64_t seed, int64_t max_seq_len = 64) {
   ModelBuildOptions options;
@@ -413,5 +413,5 @@ TEST(DeepSeekV3, HuggingFaceRoundTrip) {
             std::string::npos);
 }
 
-}  // namespace
+}  // namespace test_deepseek_v3
 }  // namespace titan

@@ -16,7 +16,7 @@
 #include <cmath>
 
 namespace titan {
-namespace {
+namespace test_float8 {
 
 constexpr at::ScalarType kE4M3 = at::kFloat8_e4m3fn;
 constexpr at::ScalarType kE5M2 = at::kFloat8_e5m2;
@@ -358,5 +358,5 @@ TEST(Float8Converter, DeviceWithoutFloat8NeedsEmulate) {
   EXPECT_EQ(float8_layers(*model), 0u);
 }
 
-}  // namespace
+}  // namespace test_float8
 }  // namespace titan

@@ -23,7 +23,7 @@
 #include <vector>
 
 namespace titan {
-namespace {
+namespace test_fused_attention {
 
 using AttentionFn = std::function<at::Tensor(const at::Tensor&, const at::Tensor&,
                                              const at::Tensor&, const at::Tensor&)>;
@@ -282,5 +282,5 @@ TEST(FusedAttention, CompileSwitchesEveryLayer) {
   EXPECT_LT(rel_error(got[0], want[0]), 2e-2);
 }
 
-}  // namespace
+}  // namespace test_fused_attention
 }  // namespace titan

@@ -17,7 +17,7 @@
 #include <vector>
 
 namespace titan {
-namespace {
+namespace test_fused_loss {
 
 double rel_error(const at::Tensor& a, const at::Tensor& b) {
   const at::Tensor bd = b.to(at::kDouble);
@@ -248,5 +248,5 @@ TEST(FusedLoss, TinyModelKeepsItsLossAndGradients) {
   }
 }
 
-}  // namespace
+}  // namespace test_fused_loss
 }  // namespace titan

@@ -13,7 +13,7 @@
 #include <vector>
 
 namespace titan {
-namespace {
+namespace test_fused_ops {
 
 // max |a - b| / max(1, max |b|), in float64.
 double rel_error(const at::Tensor& a, const at::Tensor& b) {
@@ -205,5 +205,5 @@ TEST(FusedOps, CompileSwitchesKeepTheTinyModelsNumbers) {
   }
 }
 
-}  // namespace
+}  // namespace test_fused_ops
 }  // namespace titan

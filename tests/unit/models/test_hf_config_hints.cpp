@@ -6,7 +6,7 @@
 #include <gtest/gtest.h>
 
 namespace titan {
-namespace {
+namespace test_hf_config_hints {
 
 std::string config_error(const nlohmann::json& config) {
   try {
@@ -36,5 +36,5 @@ TEST(HfConfigHints, NonPositiveFloatsAreNamedByTheirKey) {
       << msg;
 }
 
-}  // namespace
+}  // namespace test_hf_config_hints
 }  // namespace titan

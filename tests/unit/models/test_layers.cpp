@@ -1,6 +1,7 @@
 // The reusable model pieces against direct reference computations: RMSNorm, RoPE (frequencies
 // with Llama 3.1 scaling and the pairwise rotation), causal GQA attention, the mixed-precision
 // linear layer and the truncated-normal initializer.
+#include "titan/common/cpu.h"
 #include "titan/models/common/attention.h"
 #include "titan/models/common/init.h"
 #include "titan/models/common/linear.h"
@@ -9,11 +10,13 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <optional>
 #include <vector>
 
 namespace titan {
-namespace {
+namespace test_layers {
 
 TEST(RMSNorm, MatchesDirectComputation) {
   at::manual_seed(0);
@@ -275,6 +278,55 @@ TEST(Linear, Bf16ComputeKeepsFloat32MasterGradients) {
   EXPECT_TRUE(at::allclose(linear.weight.grad(), expected, 5e-2, 5e-2));
 }
 
+// mixed_linear in bf16 takes one of two paths by CPU: ATen's bf16 GEMM (AVX-512, oneDNN) or, on
+// CPUs where that is a slow generic loop, the bf16-rounded operands multiplied in float32 and
+// rounded once. Both are forced here, whatever this CPU has, and must agree with float64 on
+// the rounded operands, forward and gradients, for odd sizes and a non-contiguous input.
+TEST(Linear, Bf16PathsOnEitherCpuMatchFloat64) {
+  struct RestoreDetection {
+    ~RestoreDetection() { override_fast_bf16_matmul_for_testing(std::nullopt); }
+  } restore;
+  at::manual_seed(11);
+  const at::Tensor x_base = at::randn({45, 37});
+  const at::Tensor w_base = at::randn({29, 45}) * 0.2;
+  const at::Tensor g = at::randn({37, 29});
+  // The operands as the bf16 compute sees them, in float64.
+  const at::Tensor xr = x_base.t().to(at::kBFloat16).to(at::kDouble);
+  const at::Tensor wr = w_base.to(at::kBFloat16).to(at::kDouble);
+  const at::Tensor y_ref = at::matmul(xr, wr.t());
+  const at::Tensor gx_ref = at::matmul(g.to(at::kDouble), wr);
+  const at::Tensor gw_ref = at::matmul(g.to(at::kDouble).t(), xr);
+  auto rel = [](const at::Tensor& a, const at::Tensor& ref) {
+    return (a.to(at::kDouble) - ref).abs().max().item<double>() /
+           std::max(1.0, ref.abs().max().item<double>());
+  };
+  for (const bool fast : {false, true}) {
+    SCOPED_TRACE(fast ? "ATen bf16 GEMM" : "float32 on bf16-rounded operands");
+    override_fast_bf16_matmul_for_testing(fast);
+    const at::Tensor x = x_base.clone().requires_grad_(true);
+    const at::Tensor w = w_base.clone().requires_grad_(true);
+    const at::Tensor xt = x.t();  // (37, 45), not contiguous
+    ASSERT_FALSE(xt.is_contiguous());
+    const at::Tensor y = mixed_linear(xt, w, at::kBFloat16);
+    EXPECT_EQ(y.scalar_type(), at::kBFloat16);
+    EXPECT_LT(rel(y, y_ref), 1e-2);
+    if (!fast) {
+      // Exactly one rounding: the float32 product of the rounded operands, rounded to bf16.
+      const at::Tensor once = at::linear(xr.to(at::kFloat), wr.to(at::kFloat)).to(at::kBFloat16);
+      EXPECT_TRUE(at::equal(y, once));
+    }
+    (y.to(at::kFloat) * g).sum().backward();
+    EXPECT_EQ(x.grad().scalar_type(), at::kFloat);
+    EXPECT_EQ(w.grad().scalar_type(), at::kFloat);
+    EXPECT_LT(rel(x.grad().t(), gx_ref), 2e-2);
+    EXPECT_LT(rel(w.grad(), gw_ref), 2e-2);
+    {
+      at::NoGradGuard no_grad;
+      EXPECT_TRUE(at::equal(mixed_linear(xt, w, at::kBFloat16), y));
+    }
+  }
+}
+
 TEST(Init, TruncNormalMatchesMomentsAndBounds) {
   at::Tensor t = at::empty({200000});
   init_whole(t, ParamInit::trunc_normal(/*mean=*/0.0, /*std=*/1.0, /*a=*/-1.0, /*b=*/1.0), 6, "t");
@@ -349,5 +401,5 @@ TEST(Init, ParametersCreatedUnderAMetaGuardHaveNoStorage) {
   EXPECT_TRUE(at::equal(norm.weight, at::ones({8})));
 }
 
-}  // namespace
+}  // namespace test_layers
 }  // namespace titan

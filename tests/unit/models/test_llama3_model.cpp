@@ -8,7 +8,7 @@
 #include <set>
 
 namespace titan {
-namespace {
+namespace test_llama3_model {
 
 std::shared_ptr<llama3::Transformer> tiny_model(at::ScalarType compute_dtype = at::kFloat,
                                                 bool tied = false, uint64_t seed = 0) {
@@ -211,5 +211,5 @@ TEST(Llama3Model, Bf16ComputeIsCloseToFloat32) {
   }
 }
 
-}  // namespace
+}  // namespace test_llama3_model
 }  // namespace titan

@@ -10,7 +10,7 @@
 #include <cmath>
 
 namespace titan {
-namespace {
+namespace test_memory_estimate {
 
 constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 
@@ -144,5 +144,5 @@ TEST(MemoryEstimate, RopeTablesLargerThanTheMachineAreRefused) {
   EXPECT_EQ(ok.cos.size(0), 4096);
 }
 
-}  // namespace
+}  // namespace test_memory_estimate
 }  // namespace titan

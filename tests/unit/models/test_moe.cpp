@@ -15,7 +15,7 @@
 #include <vector>
 
 namespace titan {
-namespace {
+namespace test_moe {
 
 MoEArgs small_args() {
   MoEArgs a;
@@ -222,5 +222,5 @@ TEST(MoE, BiasMovesTowardUnderloadedExperts) {
   EXPECT_EQ(moe->tokens_per_expert.sum().item<double>(), 0.0);
 }
 
-}  // namespace
+}  // namespace test_moe
 }  // namespace titan

@@ -20,7 +20,7 @@
 #include <vector>
 
 namespace titan {
-namespace {
+namespace test_pipeline_stage {
 
 using Parts = std::vector<std::vector<std::string>>;
 
@@ -306,5 +306,5 @@ TEST(PipelineStage, ModelsWithoutASplitSaySo) {
   }
 }
 
-}  // namespace
+}  // namespace test_pipeline_stage
 }  // namespace titan

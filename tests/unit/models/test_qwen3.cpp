@@ -15,7 +15,7 @@
 #include <string>
 
 namespace titan {
-namespace {
+namespace test_qwen3 {
 
 TEST(Qwen3, ReleasedSizesMatchTheModelCards) {
   const ModelSpec& spec = get_model_spec("qwen3");
@@ -103,7 +103,9 @@ TEST(Qwen3, TinyMoeGradientsMatchFiniteDifferences) {
   auto model = get_model_spec("qwen3").build("tiny_moe", options);
   model->to(at::kDouble);
   for (auto& moe : model->modules()) {
-    if (auto* m = dynamic_cast<MoE*>(moe.get())) ASSERT_EQ(m->args().top_k, 2);
+    if (auto* m = dynamic_cast<MoE*>(moe.get())) {
+      ASSERT_EQ(m->args().top_k, 2);
+    }
   }
   at::manual_seed(5);
   const at::Tensor tokens = at::randint(300, {2, 8}, at::kLong);
@@ -126,5 +128,5 @@ TEST(Qwen3, TinyMoeGradientsMatchFiniteDifferences) {
   }
 }
 
-}  // namespace
+}  // namespace test_qwen3
 }  // namespace titan

@@ -12,7 +12,7 @@
 #include <chrono>
 
 namespace titan {
-namespace {
+namespace test_registry {
 
 int64_t count_parameters(const torch::nn::Module& module) {
   int64_t n = 0;
@@ -186,5 +186,5 @@ TEST(Llama3Args, HugeOrNegativeSizesAreConfigErrors) {
   EXPECT_NO_THROW(llama3::args_for_flavor("405B").validate());
 }
 
-}  // namespace
+}  // namespace test_registry
 }  // namespace titan

@@ -9,7 +9,7 @@
 #include <vector>
 
 namespace titan {
-namespace {
+namespace test_savable_ops {
 
 // Keeps every op it is asked about; replays them in order.
 class KeepAll : public OpSaver {
@@ -139,5 +139,5 @@ TEST(SavableOps, ResultIsTakenWithoutComputing) {
   EXPECT_EQ(computed, 2);  // taken, not computed
 }
 
-}  // namespace
+}  // namespace test_savable_ops
 }  // namespace titan

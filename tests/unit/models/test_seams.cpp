@@ -9,7 +9,7 @@
 #include <vector>
 
 namespace titan {
-namespace {
+namespace test_seams {
 
 std::shared_ptr<llama3::Transformer> tiny_model() {
   llama3::Llama3Args args = llama3::args_for_flavor("tiny");
@@ -168,5 +168,5 @@ TEST(Attention, BlockCausalDocumentsSeeOnlyThemselves) {
   EXPECT_FALSE(at::allclose(model->forward(packed).narrow(1, 6, 9), alone, 1e-2, 1e-2));
 }
 
-}  // namespace
+}  // namespace test_seams
 }  // namespace titan

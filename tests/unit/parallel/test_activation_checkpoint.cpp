@@ -21,7 +21,7 @@
 #include <map>
 
 namespace titan {
-namespace {
+namespace test_activation_checkpoint {
 
 using test::message_of;
 using test::run_ranks;
@@ -440,7 +440,9 @@ void check_composed(int shard, int tp, const ActivationCheckpointSection& config
                                         : lm_cross_entropy_loss(logits, labels);
       loss.backward();
       if (fsdp) fsdp->finish_backward();
-      if (ac) EXPECT_EQ(ac->recomputations(), 2);
+      if (ac) {
+        EXPECT_EQ(ac->recomputations(), 2);
+      }
       return std::make_pair(loss.item<double>(), local_grads(model, fsdp.get()));
     };
     const auto want = step(*plain[rank], false);
@@ -466,5 +468,5 @@ TEST(ActivationCheckpointing, TwoDimensionalFsdpTimesTp) {
   check_composed(/*shard=*/2, /*tp=*/2, ac_config("selective", "op"));
 }
 
-}  // namespace
+}  // namespace test_activation_checkpoint
 }  // namespace titan

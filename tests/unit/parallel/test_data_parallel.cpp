@@ -15,7 +15,7 @@
 #include <mutex>
 
 namespace titan {
-namespace {
+namespace test_data_parallel {
 
 using test::kBatchPerRank;
 using test::kSeq;
@@ -364,7 +364,9 @@ TEST(DataParallel, Bf16ParamsCloseToReference) {
     world->all_reduce(mean, dist::ReduceOp::kAvg).wait();
     EXPECT_NEAR(mean.item<double>(), want, 2e-2 * want);
     for (const auto& p : dp.params()) {
-      if (p.local.numel() > 0) EXPECT_EQ(p.local.grad().scalar_type(), at::kFloat) << p.name;
+      if (p.local.numel() > 0) {
+        EXPECT_EQ(p.local.grad().scalar_type(), at::kFloat) << p.name;
+      }
     }
   });
 }
@@ -378,5 +380,5 @@ TEST(DataParallel, ParameterSlotsCoverEveryParameter) {
   EXPECT_EQ(in_units, static_cast<int64_t>(slots.size()));
 }
 
-}  // namespace
+}  // namespace test_data_parallel
 }  // namespace titan

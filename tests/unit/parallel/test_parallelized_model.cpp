@@ -9,7 +9,7 @@
 #include <gtest/gtest.h>
 
 namespace titan {
-namespace {
+namespace test_parallelized_model {
 
 using test::kBatchPerRank;
 using test::make_model;
@@ -124,5 +124,5 @@ TEST(ParallelizedModel, OneProcessIsTheBareModel) {
   }
 }
 
-}  // namespace
+}  // namespace test_parallelized_model
 }  // namespace titan

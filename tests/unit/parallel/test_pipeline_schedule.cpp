@@ -14,7 +14,7 @@
 #include <set>
 
 namespace titan::pp {
-namespace {
+namespace test_pipeline_schedule {
 
 using test::contains;
 using test::message_of;
@@ -393,5 +393,5 @@ TEST(PipelineSchedule, SimulatorCostsAndCommLatency) {
   EXPECT_EQ(sim.n_actions, 4);
 }
 
-}  // namespace
+}  // namespace test_pipeline_schedule
 }  // namespace titan::pp

@@ -9,7 +9,7 @@
 #include <gtest/gtest.h>
 
 namespace titan::pp {
-namespace {
+namespace test_pipeline_split {
 
 using test::contains;
 using test::message_of;
@@ -186,5 +186,5 @@ TEST(PipelineSplit, ScheduleCsvIsCheckedAgainstThePlacement) {
   std::filesystem::remove_all(dir);
 }
 
-}  // namespace
+}  // namespace test_pipeline_split
 }  // namespace titan::pp

@@ -19,7 +19,7 @@
 #include <vector>
 
 namespace titan {
-namespace {
+namespace test_ring_attention {
 
 using test::run_ranks;
 
@@ -315,5 +315,5 @@ TEST(RingAttention, RejectsMismatchedShapes) {
   });
 }
 
-}  // namespace
+}  // namespace test_ring_attention
 }  // namespace titan

@@ -9,7 +9,7 @@
 #include <gtest/gtest.h>
 
 namespace titan {
-namespace {
+namespace test_tensor_parallel {
 
 using test::kBatchPerRank;
 using test::make_model;
@@ -159,5 +159,5 @@ TEST(TensorParallel, SplitsThatDoNotDivideAreConfigErrors) {
   EXPECT_NE(errors[1].find("does not support tied embeddings"), std::string::npos) << errors[1];
 }
 
-}  // namespace
+}  // namespace test_tensor_parallel
 }  // namespace titan

@@ -16,7 +16,7 @@
 #include <gtest/gtest.h>
 
 namespace titan {
-namespace {
+namespace test_zero_bubble {
 
 constexpr int64_t kMicrobatches = 2;
 
@@ -152,5 +152,5 @@ TEST(ZeroBubble, WeightGradientsWaitForW) {
   check({2, "op", /*float8=*/true});
 }
 
-}  // namespace
+}  // namespace test_zero_bubble
 }  // namespace titan

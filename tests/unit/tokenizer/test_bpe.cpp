@@ -17,7 +17,7 @@
 #include <thread>
 
 namespace titan {
-namespace {
+namespace test_bpe {
 
 namespace fs = std::filesystem;
 using nlohmann::json;
@@ -403,5 +403,5 @@ TEST(BpeTokenizer, Gpt2RealVocabulary) {
   expect_round_trips(*tok);
 }
 
-}  // namespace
+}  // namespace test_bpe
 }  // namespace titan

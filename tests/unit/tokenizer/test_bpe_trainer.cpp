@@ -15,7 +15,7 @@
 #include <unistd.h>
 
 namespace titan {
-namespace {
+namespace test_bpe_trainer {
 
 namespace fs = std::filesystem;
 using Merges = std::vector<std::pair<std::string, std::string>>;
@@ -185,5 +185,5 @@ TEST(BpeTrainer, Errors) {
   EXPECT_THROW(list_training_files({empty.path()}), ConfigError);
 }
 
-}  // namespace
+}  // namespace test_bpe_trainer
 }  // namespace titan

@@ -13,7 +13,7 @@
 #include <random>
 
 namespace titan {
-namespace {
+namespace test_pre_tokenizer {
 
 std::vector<std::string> split(PreTokenizer kind, std::string_view text) {
   std::vector<std::string_view> pieces;
@@ -119,5 +119,5 @@ TEST(PreTokenizer, PatternRoundTrip) {
   EXPECT_FALSE(pre_tokenizer_from_pattern("\\w+").has_value());
 }
 
-}  // namespace
+}  // namespace test_pre_tokenizer
 }  // namespace titan

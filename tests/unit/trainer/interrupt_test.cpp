@@ -12,7 +12,7 @@
 #include <filesystem>
 
 namespace titan {
-namespace {
+namespace interrupt_test {
 
 namespace fs = std::filesystem;
 using test::contains;
@@ -74,5 +74,5 @@ TEST(Interrupt, SignalsActAsBeforeOnceTheReporterIsGone) {
   EXPECT_NE(now.sa_handler, before.sa_handler);
 }
 
-}  // namespace
+}  // namespace interrupt_test
 }  // namespace titan

@@ -10,7 +10,7 @@
 #include <filesystem>
 
 namespace titan {
-namespace {
+namespace memory_check_test {
 
 constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 
@@ -73,5 +73,5 @@ TEST(MemoryCheck, ALargeModelNamesTheFlavorAndShardingHelps) {
   EXPECT_EQ(refusal(c, many, 32 * kGiB), "");
 }
 
-}  // namespace
+}  // namespace memory_check_test
 }  // namespace titan

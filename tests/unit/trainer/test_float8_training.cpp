@@ -14,7 +14,7 @@
 #include <filesystem>
 
 namespace titan {
-namespace {
+namespace test_float8_training {
 
 namespace fs = std::filesystem;
 
@@ -115,5 +115,5 @@ TEST(Float8Training, DeviceWithoutFloat8IsRefusedAtStartUp) {
   fs::remove_all(root);
 }
 
-}  // namespace
+}  // namespace test_float8_training
 }  // namespace titan

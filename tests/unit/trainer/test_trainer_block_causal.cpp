@@ -23,7 +23,7 @@
 #include <string>
 
 namespace titan {
-namespace {
+namespace test_trainer_block_causal {
 
 namespace fs = std::filesystem;
 
@@ -172,5 +172,5 @@ TEST(TrainerBlockCausal, RefusesPtrrAndUnknownMasks) {
   fs::remove_all(root);
 }
 
-}  // namespace
+}  // namespace test_trainer_block_causal
 }  // namespace titan

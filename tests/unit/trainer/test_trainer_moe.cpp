@@ -21,7 +21,7 @@
 #include <string>
 
 namespace titan {
-namespace {
+namespace test_trainer_moe {
 
 namespace fs = std::filesystem;
 
@@ -278,5 +278,5 @@ TEST(TrainerMoE, CheckpointsCarryTheExpertBias) {
   fs::remove_all(root);
 }
 
-}  // namespace
+}  // namespace test_trainer_moe
 }  // namespace titan

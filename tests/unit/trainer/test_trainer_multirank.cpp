@@ -19,7 +19,7 @@
 #include <numeric>
 
 namespace titan {
-namespace {
+namespace test_trainer_multirank {
 
 namespace fs = std::filesystem;
 
@@ -216,5 +216,5 @@ TEST(TrainerMultiRank, MetaBuildAllocatesNoParameters) {
   EXPECT_LT(allocated, param_bytes / 100);  // the RoPE table, not the weights
 }
 
-}  // namespace
+}  // namespace test_trainer_multirank
 }  // namespace titan

@@ -20,7 +20,7 @@
 #include <map>
 
 namespace titan {
-namespace {
+namespace test_trainer_pipeline {
 
 namespace fs = std::filesystem;
 
@@ -290,5 +290,5 @@ TEST(TrainerPipeline, CheckpointsMoveBetweenPipelineAndOtherLayouts) {
   fs::remove_all(root);
 }
 
-}  // namespace
+}  // namespace test_trainer_pipeline
 }  // namespace titan

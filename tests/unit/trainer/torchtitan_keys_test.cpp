@@ -14,7 +14,7 @@
 #include <fstream>
 
 namespace titan {
-namespace {
+namespace torchtitan_keys_test {
 
 namespace fs = std::filesystem;
 
@@ -106,5 +106,5 @@ TEST(TorchTitanKeys, SaveForAllRanksNamesTheFileByRank) {
   EXPECT_FALSE(fs::exists(fs::path(c.job.dump_folder) / "metrics.jsonl"));
 }
 
-}  // namespace
+}  // namespace torchtitan_keys_test
 }  // namespace titan

@@ -14,7 +14,7 @@
 #include <limits>
 
 namespace titan {
-namespace {
+namespace trainer_test {
 
 JobConfig tiny_config(const std::string& tag) {
   JobConfig c = test::tiny_training_config(
@@ -120,5 +120,5 @@ TEST(Trainer, RejectsMultiRankDegrees) {
   EXPECT_THROW(Trainer{c}, ConfigError);
 }
 
-}  // namespace
+}  // namespace trainer_test
 }  // namespace titan

@@ -10,7 +10,7 @@
 #include <fstream>
 
 namespace titan {
-namespace {
+namespace validation_startup_test {
 
 namespace fs = std::filesystem;
 
@@ -62,5 +62,5 @@ TEST(ValidationStartup, TooSmallValidationSetIsRefusedBeforeTraining) {
   fs::remove_all(c.job.dump_folder);
 }
 
-}  // namespace
+}  // namespace validation_startup_test
 }  // namespace titan
