@@ -323,6 +323,12 @@ TEST(Linear, Bf16PathsOnEitherCpuMatchFloat64) {
     {
       at::NoGradGuard no_grad;
       EXPECT_TRUE(at::equal(mixed_linear(xt, w, at::kBFloat16), y));
+      // Few rows (a decode step: one; a short prompt) take ATen's bf16 product on either CPU.
+      for (const int64_t rows : {1, 3}) {
+        const at::Tensor few = mixed_linear(xt.narrow(0, 0, rows).unsqueeze(0), w, at::kBFloat16);
+        EXPECT_EQ(few.sizes(), (std::vector<int64_t>{1, rows, 29}));
+        EXPECT_LT(rel(few[0], y_ref.narrow(0, 0, rows)), 1e-2) << rows << " rows";
+      }
     }
   }
 }
