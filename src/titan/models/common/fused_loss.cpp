@@ -161,7 +161,7 @@ struct FusedLinearCrossEntropy : public torch::autograd::Function<FusedLinearCro
 
 int64_t fused_loss_block_tokens(int64_t vocab) {
   constexpr int64_t kBlockLogits = int64_t{1} << 20;
-  return std::max<int64_t>(64, kBlockLogits / std::max<int64_t>(vocab, 1));
+  return std::max<int64_t>(256, kBlockLogits / std::max<int64_t>(vocab, 1));
 }
 
 at::Tensor fused_linear_cross_entropy(const at::Tensor& h, const at::Tensor& weight,

@@ -40,7 +40,10 @@ at::Tensor fused_linear_cross_entropy(const at::Tensor& h, const at::Tensor& wei
                                       const VocabShard& shard = {});
 
 // Tokens per block for a vocabulary of `vocab` rows: about 2^20 logits (4 MiB in float32), at
-// least 64 tokens so that the GEMMs stay efficient.
+// least 256 tokens: the weight gradient is one GEMM per block with the block's tokens as its inner
+// dimension, reading and writing the whole float32 (vocab, dim) gradient each time (with 64-token
+// blocks a 32000-id head ran at 0.71x ATen's unfused head + loss, with 256 at 1.04x, 1.30x in
+// bf16).
 int64_t fused_loss_block_tokens(int64_t vocab);
 
 }  // namespace titan
