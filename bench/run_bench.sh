@@ -19,6 +19,10 @@
 #   bench/run_bench.sh [STEPS]        STEPS (default 10) may also come from the environment
 #   THREADS=2 BENCH_QUICK=1 STEPS=2 bench/run_bench.sh  # smoke test: seq 64 for both models
 #   INDUCTOR_CACHE=DIR bench/run_bench.sh               # keep compiled kernels in DIR (warm reruns)
+#   DTYPES=float32 CASES=b bench/run_bench.sh           # some of the rows (default: all)
+# On a CPU without AVX-512 PyTorch runs bf16 matmuls in ATen's generic loop (about 1 GFLOP/s on
+# 2 cores: one step of model (a) takes minutes), so the bf16 reference columns take hours there;
+# DTYPES=float32 leaves them out.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 steps="${1:-${STEPS:-10}}"
@@ -73,7 +77,7 @@ echo "# $steps timed steps after warm-up, $threads threads, $(nproc) cores; PyTo
 fmt='%-4s %-8s %9s %9s %11s %9s %9s %8s %8s %8s %8s %8s %7s %7s %8s %7s %7s %7s %7s\n'
 printf "$fmt" case dtype titan fused eager_glibc eager compile t/glibc t/eager t/comp f/eager \
   f/comp t_mfu f_mfu compile_s t_GiB f_GiB e_GiB c_GiB
-for case in a b; do
+for case in ${CASES:-a b}; do
   if [ $case = a ]; then
     flavor=bench_small; batch=8; seq=256
     ref=(--dim 256 --layers 6 --heads 8 --kv-heads 4 --vocab 8192)
@@ -83,7 +87,7 @@ for case in a b; do
   fi
   [ -z "${BENCH_QUICK:-}" ] || seq=64
   ref+=(--seq $seq --batch $batch --steps "$steps" --threads "$threads")
-  for dtype in float32 bfloat16; do
+  for dtype in ${DTYPES:-float32 bfloat16}; do
     id="$case-$dtype"
     # No activation checkpointing (the job config's default is selective), as the reference.
     t=$(run "$id-titan" bench "$titan" bench --model.flavor $flavor \

@@ -234,6 +234,8 @@ int run_generate(const std::vector<std::string>& args) {
   const at::Device device =
       select_device(opts.device, /*local_rank=*/0, /*local_world_size=*/1, "--device");
   if (!device.is_cpu()) model->to(device);  // parameters and buffers (RoPE tables)
+  // After the cast and the move: packing makes the projections views of one matrix each.
+  const InferencePreparation prepared = prepare_for_inference(*model);
   const std::string model_tokenizer_path = tokenizer_path;
   if (opts.tokenizer) tokenizer_path = *opts.tokenizer;
   const std::unique_ptr<Tokenizer> tokenizer = build_tokenizer(tokenizer_path);
@@ -260,9 +262,12 @@ int run_generate(const std::vector<std::string>& args) {
   opts.generation.eos_id = eos_id_or_none(*tokenizer);
   opts.generation.vocab_limit = tokenizer->vocab_size();
 
-  std::fprintf(stderr, "generate: %s on %s, %s compute, %s, KV cache %s, %zu prompt tokens\n",
+  std::fprintf(stderr,
+               "generate: %s on %s, %s compute, %s, KV cache %s, %zu prompt tokens, %lld packed "
+               "projection groups\n",
                description.c_str(), device.str().c_str(), opts.dtype.c_str(), threads.c_str(),
-               opts.generation.use_kv_cache ? "on" : "off", prompt.size());
+               opts.generation.use_kv_cache ? "on" : "off", prompt.size(),
+               static_cast<long long>(prepared.packed));
   TextStream stream(*tokenizer);
   std::function<void(int64_t)> on_token;
   if (!opts.print_ids) {

@@ -101,4 +101,9 @@ void override_fast_bf16_matmul_for_testing(std::optional<bool> fast) {
   fast_bf16_matmul_override.store(fast ? (*fast ? 1 : 0) : -1, std::memory_order_relaxed);
 }
 
+bool widens_reduced_matmul(c10::ScalarType dtype, const c10::Device& device) {
+  return (dtype == c10::kBFloat16 || dtype == c10::kHalf) && device.is_cpu() &&
+         !cpu_has_fast_bf16_matmul();
+}
+
 }  // namespace titan

@@ -2,6 +2,9 @@
 // rank; two pools spinning side by side (OpenBLAS pthreads next to OpenMP) run ~3x slower.
 #pragma once
 
+#include <c10/core/Device.h>
+#include <c10/core/ScalarType.h>
+
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -18,6 +21,11 @@ constexpr int64_t kMaxNumThreads = 1024;
 bool cpu_has_fast_bf16_matmul();
 // Tests take either path on any CPU: true or false overrides the detection, nullopt restores it.
 void override_fast_bf16_matmul_for_testing(std::optional<bool> fast);
+// Whether titan runs matmuls of `dtype` on `device` in float32 on the operands as rounded to
+// `dtype` (one rounding of the result at the end): 16-bit floats on a CPU without fast bf16
+// GEMMs. The one rule for every matmul that decides it (Linear, the fused loss, titan's
+// attention) and for the GEMM probe that MFU is measured against.
+bool widens_reduced_matmul(c10::ScalarType dtype, const c10::Device& device);
 
 // Sets ATen's intra-op threads (and OpenBLAS's, when it has its own pool) to `num_threads`;
 // 0 means hardware cores / local_ranks. Logs a warning when asked for more than the cores.

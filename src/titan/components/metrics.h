@@ -47,7 +47,8 @@ int64_t drop_metrics_rows_after(const std::string& path, int64_t step);
 
 // Measures the FLOP/s of a square GEMM in `dtype` on `device` (on the CPU with the current thread
 // settings; 1024^3 there, 8192^3 on a GPU): the best of several timed multiplies over about
-// `budget_s` seconds.
+// `budget_s` seconds. A 16-bit dtype on a CPU without fast bf16 GEMMs is probed in float32, the
+// precision titan multiplies it in there (widens_reduced_matmul).
 double probe_peak_flops(at::ScalarType dtype, double budget_s = 0.3,
                         const at::Device& device = at::kCPU);
 

@@ -90,7 +90,8 @@ double now_seconds() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
-std::string host_name() {
+// The host part of an event file's name ("localhost" when unknown: a file name, so never "?").
+std::string event_file_host() {
   char host[256] = {};
   if (gethostname(host, sizeof(host) - 1) != 0 || host[0] == '\0') return "localhost";
   return host;
@@ -161,8 +162,8 @@ TensorBoardWriter::TensorBoardWriter(const std::string& folder) {
   static std::atomic<int> writers{0};
   const double now = now_seconds();
   path_ = (std::filesystem::path(folder) /
-           ("events.out.tfevents." + std::to_string(static_cast<int64_t>(now)) + "." + host_name() +
-            "." + std::to_string(getpid()) + "." + std::to_string(writers++)))
+           ("events.out.tfevents." + std::to_string(static_cast<int64_t>(now)) + "." +
+            event_file_host() + "." + std::to_string(getpid()) + "." + std::to_string(writers++)))
               .string();
   fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_APPEND | O_CLOEXEC, 0644);
   if (fd_ < 0) {

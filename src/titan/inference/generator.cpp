@@ -2,7 +2,11 @@
 #include "titan/inference/generator.h"
 
 #include "titan/common/check.h"
+#include "titan/models/common/attention.h"
+#include "titan/models/common/feed_forward.h"
 #include "titan/models/common/linear.h"
+#include "titan/models/common/norms.h"
+#include "titan/models/common/rope.h"
 
 #include <ATen/core/grad_mode.h>
 #include <c10/core/InferenceMode.h>
@@ -134,6 +138,22 @@ void cast_parameters_for_inference(Model& model, at::ScalarType dtype) {
       param.set_data(param.to(dtype));
     }
   }
+}
+
+InferencePreparation prepare_for_inference(Model& model) {
+  InferencePreparation out;
+  for (const auto& m : model.modules(/*include_self=*/true)) {
+    if (auto* a = dynamic_cast<Attention*>(m.get())) {
+      out.packed += a->packed_qkv.pack({a->wq.get(), a->wk.get(), a->wv.get()}) ? 1 : 0;
+    }
+    if (auto* f = dynamic_cast<FeedForward*>(m.get())) {
+      out.packed += f->packed_w13.pack({f->w1.get(), f->w3.get()}) ? 1 : 0;
+      f->fused = true, ++out.fused;
+    }
+    if (auto* n = dynamic_cast<RMSNorm*>(m.get())) n->fused = true, ++out.fused;
+    if (auto* r = dynamic_cast<RotaryEmbedding*>(m.get())) r->fused = true, ++out.fused;
+  }
+  return out;
 }
 
 }  // namespace titan

@@ -55,4 +55,18 @@ GenerationResult generate(Model& model, const std::vector<int64_t>& prompt,
 // weight on every step as mixed-precision training does. Irreversible; inference only.
 void cast_parameters_for_inference(Model& model, at::ScalarType dtype);
 
+// What prepare_for_inference changed.
+struct InferencePreparation {
+  int64_t packed = 0;  // groups of projections packed into one matrix
+  int64_t fused = 0;   // RMSNorm, SwiGLU and RoPE layers switched to the fused CPU kernels
+};
+
+// Readies a model whose parameters are final (cast, on their device) for generation: the
+// projections that read one input (attention's wq, wk, wv; the feed-forward's w1, w3) become one
+// matrix each (PackedLinear: a decode step runs two matrix-vector products where it ran five),
+// and RMSNorm, SwiGLU and RoPE take titan's fused CPU kernels where they measured faster
+// (kernels::fused_is_faster, as compile.enable does in training; other devices keep ATen's ops).
+// The values computed are the same up to float rounding. Irreversible; inference only.
+InferencePreparation prepare_for_inference(Model& model);
+
 }  // namespace titan

@@ -329,8 +329,14 @@ void Trainer::build_metrics() {
   } else if (device_.is_cpu()) {
     peak = probe_peak_flops(compute_dtype_);
     log_info("peak FLOP/s for MFU: ", peak / 1e12, " TFLOP/s, measured by a ",
-             compute_dtype_ == at::kBFloat16 ? "bfloat16" : "float32", " 1024^3 GEMM probe with ",
-             at::get_num_threads(), " threads (set metrics.peak_flops to override)");
+             compute_dtype_ == at::kBFloat16 && !widens_reduced_matmul(compute_dtype_, device_)
+                 ? "bfloat16"
+                 : "float32",
+             " 1024^3 GEMM probe with ", at::get_num_threads(), " threads",
+             widens_reduced_matmul(compute_dtype_, device_)
+                 ? " (bf16 matmuls run in float32 on this CPU)"
+                 : "",
+             " (set metrics.peak_flops to override)");
   } else if (const std::optional<double> sheet = datasheet_peak_flops(device_name)) {
     peak = *sheet;
     log_info("peak FLOP/s for MFU: ", peak / 1e12, " TFLOP/s, the bf16 dense datasheet figure of ",

@@ -1,6 +1,7 @@
 // Metrics: the JSON lines carry every documented key with the MFU arithmetic, and the GEMM probe
 // reports a plausible positive FLOP/s.
 #include "titan/components/metrics.h"
+#include "titan/common/cpu.h"
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -50,6 +51,20 @@ TEST(Metrics, JsonLinesHaveEveryKeyAndConsistentMfu) {
 }
 
 TEST(Metrics, GemmProbeIsPositive) { EXPECT_GT(probe_peak_flops(at::kFloat, 0.05), 1e8); }
+
+TEST(Metrics, GemmProbeMeasuresThePrecisionMatmulsRunIn) {
+  // Without fast bf16 GEMMs the model multiplies bf16 in float32, and the probe follows: ATen's
+  // generic bf16 loop does ~1 GFLOP/s on such a CPU, float32 tens.
+  override_fast_bf16_matmul_for_testing(false);
+  EXPECT_TRUE(widens_reduced_matmul(at::kBFloat16, at::kCPU));
+  EXPECT_TRUE(widens_reduced_matmul(at::kHalf, at::kCPU));
+  EXPECT_FALSE(widens_reduced_matmul(at::kFloat, at::kCPU));
+  EXPECT_FALSE(widens_reduced_matmul(at::kBFloat16, at::Device(at::kCUDA, 0)));
+  EXPECT_GT(probe_peak_flops(at::kBFloat16, 0.05), 5e9);
+  override_fast_bf16_matmul_for_testing(true);
+  EXPECT_FALSE(widens_reduced_matmul(at::kBFloat16, at::kCPU));
+  override_fast_bf16_matmul_for_testing(std::nullopt);
+}
 
 TEST(Metrics, PeakRssIsBelowRam) {
   EXPECT_GT(peak_rss_bytes(), 0);

@@ -6,7 +6,11 @@
 #include "titan/inference/generator.h"
 #include "titan/inference/sampler.h"
 #include "titan/inference/text_stream.h"
+#include "titan/models/common/linear.h"
+#include "titan/models/llama3/model.h"
 #include "titan/models/registry.h"
+
+#include <c10/core/InferenceMode.h>
 
 #include <gtest/gtest.h>
 
@@ -64,6 +68,112 @@ TEST(Generate, GreedyAgreesUnderBFloat16WithCastParameters) {
   const GenerationResult cached = generate(*model, kPrompt, greedy(20, true));
   const GenerationResult uncached = generate(*model, kPrompt, greedy(20, false));
   EXPECT_EQ(cached.tokens, uncached.tokens);
+}
+
+// The largest |a - b| relative to the largest |b|.
+double relative_gap(const at::Tensor& a, const at::Tensor& b) {
+  return (a.to(at::kDouble) - b.to(at::kDouble)).abs().max().item<double>() /
+         b.to(at::kDouble).abs().max().item<double>();
+}
+
+TEST(Generate, PreparedModelComputesTheSame) {
+  const auto plain = tiny_model();
+  const auto prepared = tiny_model();  // same seed: the same weights
+  std::vector<at::Tensor> before;
+  for (const auto& p : prepared->parameters()) before.push_back(p.clone());
+  const InferencePreparation prep = prepare_for_inference(*prepared);
+  // tiny: 2 layers, each wq/wk/wv and w1/w3; 5 RMSNorm (2 per layer, final), 2 SwiGLU, 1 RoPE.
+  EXPECT_EQ(prep.packed, 4);
+  EXPECT_EQ(prep.fused, 8);
+  const auto params = prepared->named_parameters();
+  ASSERT_EQ(params.size(), before.size());
+  for (size_t i = 0; i < before.size(); ++i) {
+    EXPECT_TRUE(at::equal(params[i].value(), before[i])) << params[i].key();
+  }
+  // The packed layers read one matrix: wk's rows follow wq's in memory.
+  const at::Tensor wq = params["layers.0.attention.wq.weight"];
+  const at::Tensor wk = params["layers.0.attention.wk.weight"];
+  EXPECT_EQ(static_cast<const float*>(wk.const_data_ptr()),
+            static_cast<const float*>(wq.const_data_ptr()) + wq.numel());
+
+  const at::Tensor tokens = at::tensor(kPrompt, at::kLong).view({1, -1});
+  {
+    c10::InferenceMode inference;
+    EXPECT_LT(relative_gap(prepared->forward(tokens), plain->forward(tokens)), 1e-5);
+    // The KV-cache path, prefill then one step, against the full forward.
+    KVCache cache(16);
+    prepared->forward_cached(tokens.narrow(1, 0, 5), cache, 0);
+    const at::Tensor step = prepared->forward_cached(tokens.narrow(1, 5, 1), cache, 5);
+    EXPECT_LT(relative_gap(step[0][0], plain->forward(tokens)[0][5]), 1e-5);
+  }
+  const GenerationResult a = generate(*plain, kPrompt, greedy(40, true));
+  EXPECT_EQ(generate(*prepared, kPrompt, greedy(40, true)).tokens, a.tokens);
+  EXPECT_EQ(generate(*prepared, kPrompt, greedy(40, false)).tokens, a.tokens);
+}
+
+TEST(Generate, PackingFollowsLaterChanges) {
+  // Preparing before the bf16 cast: the cast rebinds every parameter, the packs are no longer
+  // intact and the layers compute one by one, still correctly.
+  const auto model = tiny_model(at::kBFloat16);
+  const auto reference = tiny_model(at::kBFloat16);
+  cast_parameters_for_inference(*reference, at::kBFloat16);
+  EXPECT_EQ(prepare_for_inference(*model).packed, 4);
+  cast_parameters_for_inference(*model, at::kBFloat16);
+  const auto* block = dynamic_cast<llama3::Transformer*>(model.get())->layers[0].get();
+  EXPECT_FALSE(block->attention->packed_qkv.intact());
+  EXPECT_FALSE(block->feed_forward->packed_w13.intact());
+  const GenerationResult expected = generate(*reference, kPrompt, greedy(20, true));
+  EXPECT_EQ(generate(*model, kPrompt, greedy(20, true)).tokens, expected.tokens);
+  // Prepared after the cast (as `titan generate` does): packed in bf16, same tokens.
+  const auto packed = tiny_model(at::kBFloat16);
+  cast_parameters_for_inference(*packed, at::kBFloat16);
+  EXPECT_EQ(prepare_for_inference(*packed).packed, 4);
+  EXPECT_TRUE(
+      dynamic_cast<llama3::Transformer*>(packed.get())->layers[1]->attention->packed_qkv.intact());
+  EXPECT_EQ(generate(*packed, kPrompt, greedy(20, true)).tokens, expected.tokens);
+}
+
+TEST(PackedLinear, OutputsMatchTheLayersAndRefusesWhatItCannotPack) {
+  at::manual_seed(3);
+  const auto make = [](int64_t in, int64_t out) {
+    auto layer = std::make_shared<Linear>(in, out);
+    at::NoGradGuard no_grad;
+    layer->weight.normal_();
+    return layer;
+  };
+  auto a = make(7, 5), b = make(7, 3), c = make(7, 4);
+  const at::Tensor wa = a->weight.clone(), wb = b->weight.clone(), wc = c->weight.clone();
+  PackedLinear packed;
+  EXPECT_FALSE(packed.intact());
+  ASSERT_TRUE(packed.pack({a.get(), b.get(), c.get()}));
+  EXPECT_TRUE(packed.intact());
+  EXPECT_TRUE(at::equal(a->weight, wa) && at::equal(b->weight, wb) && at::equal(c->weight, wc));
+  EXPECT_TRUE(a->weight.is_same(a->registered_weight()));
+  at::NoGradGuard no_grad;
+  for (const int64_t rows : {1, 4}) {
+    const at::Tensor x = at::randn({1, rows, 7});
+    const std::vector<at::Tensor> outs = packed.forward(x);
+    ASSERT_EQ(outs.size(), 3u);
+    EXPECT_LT(relative_gap(outs[0], at::linear(x, wa)), 1e-6);
+    EXPECT_LT(relative_gap(outs[1], at::linear(x, wb)), 1e-6);
+    EXPECT_LT(relative_gap(outs[2], at::linear(x, wc)), 1e-6);
+    EXPECT_EQ(outs[2].sizes(), (std::vector<int64_t>{1, rows, 4}));
+  }
+  // A rebound weight (a cast, a move) breaks the pack; the layer keeps its own tensor.
+  b->weight.set_data(wb.clone());
+  EXPECT_FALSE(packed.intact());
+
+  PackedLinear refused;
+  auto other_in = make(6, 2);
+  EXPECT_FALSE(refused.pack({a.get(), other_in.get()}));
+  auto f8 = make(7, 2);
+  f8->float8 = Float8LinearOptions{};
+  EXPECT_FALSE(refused.pack({a.get(), f8.get()}));
+  auto half = make(7, 2);
+  half->weight.set_data(half->weight.to(at::kBFloat16));
+  EXPECT_FALSE(refused.pack({a.get(), half.get()}));
+  EXPECT_FALSE(refused.intact());
+  EXPECT_TRUE(at::equal(a->weight, wa));  // untouched by the refusals
 }
 
 TEST(Generate, SamplingIsDeterministicPerSeed) {

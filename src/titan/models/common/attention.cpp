@@ -152,9 +152,8 @@ struct MaterialisedAttention : public torch::autograd::Function<MaterialisedAtte
     const int64_t n_rep = q.size(2) / n_kv_heads;
     const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(3)));
     const at::ScalarType dtype = q.scalar_type();
-    const at::ScalarType work =
-        is_reduced_float(dtype) && !(q.device().is_cpu() && cpu_has_fast_bf16_matmul()) ? at::kFloat
-                                                                                        : dtype;
+    // The forward runs on the CPU only (CausalAttention::forward).
+    const at::ScalarType work = widens_reduced_matmul(dtype, q.device()) ? at::kFloat : dtype;
     const at::TensorOptions options = q.options().dtype(work);
     const at::Tensor q_rows = fold_query_heads(q, n_kv_heads, work);  // (batch, seq * n_rep, hd)
     const at::Tensor k_rows = fold_kv_heads(k, work);                 // (batch, seqlen, hd)
@@ -362,28 +361,36 @@ at::Tensor Attention::forward(const at::Tensor& x, const RotaryEmbedding& rope,
   return hooked(x, [&](const at::Tensor& in) {
     const int64_t bs = in.size(0);
     const int64_t n = in.size(1);
-    at::Tensor pos = positions;
     if (cache != nullptr) {
       TITAN_CHECK(cache->start_pos >= 0 && cache->start_pos + n <= cache->max_len, "positions [",
                   cache->start_pos, ", ", cache->start_pos + n, ") do not fit a KV cache of ",
                   cache->max_len, " positions");
-      if (!pos.defined()) {
-        pos = at::arange(cache->start_pos, cache->start_pos + n,
-                         at::TensorOptions(at::kLong).device(in.device()));
-      }
     }
     // Cast once for the three projections rather than once per projection.
     const at::Tensor xc = to_compute(in, compute_dtype);
     // -1 heads: the local head count follows the (possibly sharded) weights.
-    at::Tensor q = wq->forward(xc).view({bs, n, -1, head_dim});
-    at::Tensor k = wk->forward(xc).view({bs, n, -1, head_dim});
+    at::Tensor q, k, v;
+    if (packed_qkv.intact()) {  // inference (pack_for_inference): one product for the three
+      const std::vector<at::Tensor> qkv = packed_qkv.forward(xc);
+      q = qkv[0].view({bs, n, -1, head_dim});
+      k = qkv[1].view({bs, n, -1, head_dim});
+      v = qkv[2].view({bs, n, -1, head_dim});
+    } else {
+      q = wq->forward(xc).view({bs, n, -1, head_dim});
+      k = wk->forward(xc).view({bs, n, -1, head_dim});
+      v = wv->forward(xc).view({bs, n, -1, head_dim});  // (bs, n, n_kv, head_dim)
+    }
     if (q_norm) {
       q = q_norm->forward(q);
       k = k_norm->forward(k);
     }
-    q = rope.forward(q, pos);
-    k = rope.forward(k, pos);
-    const at::Tensor v = wv->forward(xc).view({bs, n, -1, head_dim});  // (bs, n, n_kv, head_dim)
+    if (cache != nullptr && !positions.defined()) {  // positions [start_pos, start_pos + n)
+      q = rope.forward_from(q, cache->start_pos);
+      k = rope.forward_from(k, cache->start_pos);
+    } else {
+      q = rope.forward(q, positions);
+      k = rope.forward(k, positions);
+    }
     const at::Tensor out = cache != nullptr ? attend_cached(q, k, v, *cache)
                                             : inner_attention->forward(q, k, v, document_ids);
     return wo->forward(out.view({bs, n, -1}));  // out: (bs, n, n_local_heads, head_dim)

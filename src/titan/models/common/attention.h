@@ -108,7 +108,8 @@ class Attention : public HookedModule {
             double norm_eps = 1e-6);
 
   // x (bs, seqlen, dim) -> (bs, seqlen, dim) in the compute dtype. `positions` (seqlen) int64
-  // are the tokens' absolute positions for RoPE (undefined: [0, seqlen)). Training runs
+  // are the tokens' absolute positions for RoPE (undefined: [0, seqlen), or with `cache`
+  // [start_pos, start_pos + n)). Training runs
   // inner_attention over the sequence, block-causal with `document_ids` (see InnerAttention;
   // undefined: causal); with `cache` (incremental inference, no autograd) x holds
   // positions [start_pos, start_pos + n), their keys and values are written into the cache
@@ -121,6 +122,8 @@ class Attention : public HookedModule {
   std::shared_ptr<Linear> wq, wk, wv, wo;
   std::shared_ptr<RMSNorm> q_norm, k_norm;  // null without qk_norm
   std::shared_ptr<InnerAttention> inner_attention = std::make_shared<CausalAttention>();
+  // wq, wk and wv packed into one matrix for inference (pack_for_inference); used while intact.
+  PackedLinear packed_qkv;
   int64_t head_dim;
   at::ScalarType compute_dtype;
 

@@ -19,7 +19,13 @@ at::Tensor FeedForward::forward(const at::Tensor& x) {
     const at::Tensor xc = to_compute(in, compute_dtype);  // one cast for both w1 and w3
     at::Tensor hidden;                                    // (bs, seqlen, hidden_dim)
     {
-      const at::Tensor gate = w1->forward(xc), up = w3->forward(xc);
+      at::Tensor gate, up;
+      if (packed_w13.intact()) {  // inference (pack_for_inference): one product for both
+        const std::vector<at::Tensor> outs = packed_w13.forward(xc);
+        gate = outs[0], up = outs[1];
+      } else {
+        gate = w1->forward(xc), up = w3->forward(xc);
+      }
       const TraceSpan span("swiglu");  // the profiler's and `titan bench --breakdown`'s name
       const bool use_fused =
           fused && kernels::cpu_fusable({gate, up}) &&

@@ -63,8 +63,7 @@ Outcome compute(const at::Tensor& h_in, const at::Tensor& w_in, const at::Tensor
                 const VocabShard& shard, bool grads) {
   // Where ATen's bf16 GEMMs run in a generic loop (cpu_has_fast_bf16_matmul), a bf16 head runs
   // its GEMMs in float32 (about 50x faster there), its gradients rounded once at the end.
-  const bool widen =
-      is_reduced_float(h_in.scalar_type()) && h_in.device().is_cpu() && !cpu_has_fast_bf16_matmul();
+  const bool widen = widens_reduced_matmul(h_in.scalar_type(), h_in.device());
   const at::Tensor h = widen ? h_in.to(at::kFloat) : h_in;
   const at::Tensor w = widen ? w_in.to(at::kFloat) : w_in;
   const int64_t tokens = h.size(0), rows = w.size(0), dim = h.size(1);

@@ -26,7 +26,7 @@ using torch::autograd::variable_list;
 bool single_row(const at::Tensor& xc) {
   if (xc.numel() != xc.size(-1) || xc.dim() <= 1) return false;
   return !is_reduced_float(xc.scalar_type()) ||
-         (xc.device().is_cpu() && !cpu_has_fast_bf16_matmul());
+         widens_reduced_matmul(xc.scalar_type(), xc.device());
 }
 
 // Rows from which a bf16 matmul on a CPU without fast bf16 GEMMs runs in float32 on the rounded
@@ -124,7 +124,7 @@ at::Tensor mixed_linear(const at::Tensor& x, const at::Tensor& weight,
     sizes.back() = wc.size(0);
     return at::mv(wc, xc.reshape({-1})).view(sizes);
   }
-  if (is_reduced_float(compute_dtype) && xc.device().is_cpu() && !cpu_has_fast_bf16_matmul() &&
+  if (widens_reduced_matmul(xc.scalar_type(), xc.device()) &&
       xc.numel() >= kMinRowsToWiden * xc.size(-1)) {
     // ATen would run this bf16 GEMM in a generic loop (about 50x slower than float32 here). The
     // operands as rounded to bf16, multiplied in float32 and rounded once: what a bf16 GEMM with
@@ -132,6 +132,63 @@ at::Tensor mixed_linear(const at::Tensor& x, const at::Tensor& weight,
     return savable_linear(xc.to(at::kFloat), wc.to(at::kFloat)).to(compute_dtype);
   }
   return savable_linear(xc, wc);  // at::linear, unless a block is checkpointed op by op
+}
+
+bool PackedLinear::pack(const std::vector<Linear*>& layers) {
+  TITAN_CHECK(!layers.empty(), "PackedLinear: no layers");
+  const at::Tensor& first = layers.front()->weight;
+  for (const Linear* layer : layers) {
+    const at::Tensor& w = layer->weight;
+    if (!w.defined() || w.is_meta() || w.dim() != 2 || !w.is_contiguous() ||
+        w.scalar_type() != first.scalar_type() || w.device() != first.device() ||
+        w.size(1) != first.size(1) || layer->has_forward_hooks() || layer->float8 ||
+        layer->deferral != nullptr || layer->compute_dtype != layers.front()->compute_dtype) {
+      return false;
+    }
+  }
+  at::NoGradGuard no_grad;
+  std::vector<at::Tensor> blocks;
+  for (const Linear* layer : layers) blocks.push_back(layer->weight);
+  weight_ = at::cat(blocks, 0);
+  int64_t row = 0;
+  for (Linear* layer : layers) {
+    const int64_t rows = layer->weight.size(0);
+    // set_data: the registered parameter and the member are one tensor object; both now read
+    // their rows of the packed matrix.
+    layer->weight.set_data(weight_.narrow(0, row, rows));
+    row += rows;
+  }
+  layers_ = layers;
+  return true;
+}
+
+bool PackedLinear::intact() const {
+  if (!weight_.defined()) return false;
+  int64_t row = 0;
+  for (const Linear* layer : layers_) {
+    const at::Tensor& w = layer->weight;
+    if (!w.defined() || layer->has_forward_hooks() || layer->float8 || w.dim() != 2 ||
+        w.size(1) != weight_.size(1) || row + w.size(0) > weight_.size(0) ||
+        w.scalar_type() != weight_.scalar_type() ||
+        w.const_data_ptr() != static_cast<const char*>(weight_.const_data_ptr()) +
+                                  row * weight_.stride(0) * weight_.element_size()) {
+      return false;
+    }
+    row += w.size(0);
+  }
+  return row == weight_.size(0);
+}
+
+std::vector<at::Tensor> PackedLinear::forward(const at::Tensor& x) const {
+  const at::Tensor out = mixed_linear(x, weight_, layers_.front()->compute_dtype);
+  std::vector<at::Tensor> outs;
+  int64_t col = 0;
+  for (const Linear* layer : layers_) {
+    const int64_t n = layer->weight.size(0);
+    outs.push_back(out.narrow(-1, col, n));
+    col += n;
+  }
+  return outs;
 }
 
 at::Tensor savable_matmul(const at::Tensor& weight, at::IntArrayRef out_sizes,

@@ -71,6 +71,7 @@ class HookedModule : public torch::nn::Module {
   void add_forward_hook(std::shared_ptr<ForwardHook> hook);
   // Removes `hook` (no-op if absent).
   void remove_forward_hook(const ForwardHook* hook);
+  bool has_forward_hooks() const { return !hooks_.empty(); }
 
  protected:
   at::Tensor hooked(const at::Tensor& x, const ForwardBody& body);
@@ -137,6 +138,27 @@ class Linear : public WeightLayer {
 
  private:
   const at::Tensor* loss_labels_ = nullptr;  // during forward_loss
+};
+
+// Inference: the weights of several Linear layers that read the same input (wq, wk, wv; w1, w3) as
+// consecutive row blocks of one matrix, so that one product computes all their outputs (a decode
+// step: one matrix-vector product instead of three). The layers' parameters become views of that
+// matrix (same values, no extra memory) and keep working one by one.
+class PackedLinear {
+ public:
+  // Packs `layers` and returns true when they qualify: weights defined on a real device, of one
+  // dtype, device and input size, contiguous, and no layer with hooks, float8 or a gradient
+  // deferral (a parallelism's or a converter's layers stay as they are). Under no-grad.
+  bool pack(const std::vector<Linear*>& layers);
+  // Whether the layers still compute with views of the packed matrix: false when never packed,
+  // or when something rebound a weight (a cast, a move to another device) or hooked a layer since.
+  bool intact() const;
+  // x (..., in) -> each layer's output (..., out_i) in the compute dtype, views of one product.
+  std::vector<at::Tensor> forward(const at::Tensor& x) const;
+
+ private:
+  at::Tensor weight_;  // (sum of out_i, in)
+  std::vector<Linear*> layers_;
 };
 
 // The Linear layers of `root` that compute in float8, by the name of their weight parameter

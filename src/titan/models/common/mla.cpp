@@ -55,24 +55,24 @@ at::Tensor MultiHeadLatentAttention::forward(const at::Tensor& x, const RotaryEm
     const int64_t n = in.size(1);
     const int64_t nope = args.qk_nope_head_dim, rot = args.qk_rope_head_dim;
     const int64_t qk = args.qk_head_dim(), vd = args.v_head_dim;
-    at::Tensor pos = positions;
     if (cache != nullptr) {
       TITAN_CHECK(cache->start_pos >= 0 && cache->start_pos + n <= cache->max_len, "positions [",
                   cache->start_pos, ", ", cache->start_pos + n, ") do not fit a KV cache of ",
                   cache->max_len, " positions");
-      if (!pos.defined()) {
-        pos = at::arange(cache->start_pos, cache->start_pos + n,
-                         at::TensorOptions(at::kLong).device(in.device()));
-      }
     }
+    // With a cache and no positions: [start_pos, start_pos + n).
+    const auto rotate = [&](const at::Tensor& t) {
+      return cache != nullptr && !positions.defined() ? rope.forward_from(t, cache->start_pos)
+                                                      : rope.forward(t, positions);
+    };
     const at::Tensor xc = to_compute(in, compute_dtype);
     // -1 heads: the local head count follows the (possibly sharded) weights.
     const at::Tensor q = (wq ? wq->forward(xc) : wq_b->forward(q_norm->forward(wq_a->forward(xc))))
                              .view({bs, n, -1, qk});  // (bs, n, heads, qk)
     const at::Tensor kv = wkv_a->forward(xc);         // (bs, n, kv_lora + rope)
     // The rotary key, one "head" that every query head reads: (bs, n, 1, rope).
-    const at::Tensor k_pe = rope.forward(kv.narrow(-1, args.kv_lora_rank, rot).unsqueeze(2), pos);
-    const at::Tensor q_pe = rope.forward(q.narrow(-1, nope, rot), pos);
+    const at::Tensor k_pe = rotate(kv.narrow(-1, args.kv_lora_rank, rot).unsqueeze(2));
+    const at::Tensor q_pe = rotate(q.narrow(-1, nope, rot));
     const at::Tensor kvb = wkv_b->forward(kv_norm->forward(kv.narrow(-1, 0, args.kv_lora_rank)))
                                .view({bs, n, -1, nope + vd});  // (bs, n, heads, nope + v)
     const int64_t heads = kvb.size(2);

@@ -132,4 +132,15 @@ at::Tensor RotaryEmbedding::forward(const at::Tensor& x, const at::Tensor& posit
   return apply_rotary_emb(x, cos.index_select(0, positions), sin.index_select(0, positions));
 }
 
+at::Tensor RotaryEmbedding::forward_from(const at::Tensor& x, int64_t start_pos) const {
+  const TraceSpan span("rope");
+  const int64_t n = x.size(1);
+  TITAN_CHECK(start_pos >= 0 && start_pos + n <= cos.size(0), "positions [", start_pos, ", ",
+              start_pos + n, ") are past the RoPE table (", cos.size(0),
+              " positions). HINT: build the model with a larger max_seq_len");
+  const at::Tensor c = cos.narrow(0, start_pos, n), s = sin.narrow(0, start_pos, n);
+  if (fused && kernels::cpu_fusable({x}) && x.dim() == 4) return fused_rope(x, c, s);
+  return apply_rotary_emb(x, c, s);
+}
+
 }  // namespace titan

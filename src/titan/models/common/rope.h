@@ -67,11 +67,14 @@ class RotaryEmbedding : public torch::nn::Module {
   // int64, each < max_seq_len; undefined: positions [0, seqlen). Context parallelism passes the
   // positions of its sequence chunks, incremental inference those after the cached ones.
   at::Tensor forward(const at::Tensor& x, const at::Tensor& positions = {}) const;
+  // x rotated for positions [start_pos, start_pos + seqlen) (incremental inference): the tables'
+  // rows are views, with no index lookup and no read-back of the largest position per call.
+  at::Tensor forward_from(const at::Tensor& x, int64_t start_pos) const;
 
   at::Tensor cos;
   at::Tensor sin;
-  // Positions [0, seqlen) of float32 / bfloat16 CPU inputs through the fused CPU kernel
-  // (titan/models/common/fused_ops.h; compile.enable).
+  // Positions [0, seqlen) and forward_from's ranges of float32 / bfloat16 CPU inputs through the
+  // fused CPU kernel (titan/models/common/fused_ops.h; compile.enable, and `titan generate`).
   bool fused = false;
 
  private:

@@ -201,12 +201,10 @@ at::Tensor Transformer::forward_cached(const at::Tensor& tokens, KVCache& cache,
   TITAN_CHECK(start_pos >= 0 && start_pos <= cache.length, "start_pos ", start_pos,
               " would leave a gap after the ", cache.length, " cached positions");
   at::Tensor h = embed(tokens);  // (bs, n, dim)
-  // The new tokens' absolute positions, once for every layer.
-  const at::Tensor positions = at::arange(start_pos, start_pos + tokens.size(1),
-                                          at::TensorOptions(at::kLong).device(tokens.device()));
   for (size_t i = 0; i < layers.size(); ++i) {
+    // No positions: the cache step's [start_pos, start_pos + n), rows of the RoPE tables.
     const KVCacheStep step{&cache.layer(i), start_pos, cache.max_len};
-    h = layers[i]->forward(h, *rope, positions, &step);
+    h = layers[i]->forward(h, *rope, /*positions=*/{}, &step);
   }
   cache.length = start_pos + tokens.size(1);
   return head(h);
