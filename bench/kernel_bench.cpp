@@ -15,6 +15,7 @@
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
+#include <torch/csrc/autograd/autograd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -23,6 +24,7 @@
 #include <cstring>
 #include <functional>
 #include <string>
+#include <tuple>
 #include <vector>
 
 namespace {
@@ -89,6 +91,39 @@ int main(int argc, char** argv) {
         };
         const double a = run(false), b = run(true);
         row("rmsnorm", s, dtype, a, b, 5.0 * static_cast<double>(x.numel()) * esize);
+      }
+      // The residual add + RMSNorm after attention, (bs, seqlen, dim): forward reads x, delta,
+      // writes h, y; backward reads both gradients and h, writes one gradient. Two baselines: the
+      // ATen composition (x + delta, then the unfused norm) as "add+norm", and the add followed
+      // by the fused RMSNorm (what compile.enable ran before this kernel) as "add,norm".
+      {
+        RMSNorm norm(s.dim);
+        const auto shape = std::vector<int64_t>{s.bs, s.seqlen, s.dim};
+        const at::Tensor x = at::randn(shape).to(dtype).requires_grad_();
+        const at::Tensor d = at::randn(shape).to(dtype).requires_grad_();
+        const at::Tensor gh = at::randn(shape).to(dtype), gy = at::randn(shape).to(dtype);
+        auto run = [&](int variant) {  // 0: ATen, 1: add then fused norm, 2: fused add + norm
+          return median_ms(
+              [&] {
+                at::Tensor h, y;
+                if (variant == 2) {
+                  std::tie(h, y) = titan::fused_add_rms_norm(x, d, norm.weight, norm.eps);
+                } else {
+                  h = x + d;
+                  y = variant == 0 ? norm.forward(h)
+                                   : titan::fused_rms_norm(h, norm.weight, norm.eps);
+                }
+                torch::autograd::backward({h, y}, {gh, gy});
+                x.mutable_grad() = at::Tensor();
+                d.mutable_grad() = at::Tensor();
+                norm.weight.mutable_grad() = at::Tensor();
+              },
+              iters);
+        };
+        const double a = run(0), b = run(1), f = run(2);
+        const double bytes = 7.0 * static_cast<double>(x.numel()) * esize;
+        row("add+norm", s, dtype, a, f, bytes);
+        row("add,norm", s, dtype, b, f, bytes);
       }
       // SwiGLU's product over (bs, seqlen, hidden): reads gate, up; writes h; backward reads g,
       // gate, up and writes both gradients.

@@ -38,13 +38,13 @@ inline __attribute__((always_inline)) void rms_norm_rows(const T* x, const float
   }
 }
 
-// grad_w accumulates sum(g * x * rstd) over the rows.
+// grad_w accumulates sum(g * x * rstd) over the rows; `add` (nullable) is added to gx.
 template <class T>
 inline __attribute__((always_inline)) void rms_norm_backward_rows(const T* g, const T* x,
                                                                   const float* w, const float* rstd,
-                                                                  T* gx, float* grad_w,
-                                                                  int64_t begin, int64_t end,
-                                                                  int64_t dim) {
+                                                                  const T* add, T* gx,
+                                                                  float* grad_w, int64_t begin,
+                                                                  int64_t end, int64_t dim) {
   const float inv_dim = 1.0f / static_cast<float>(dim);
   for (int64_t r = begin; r < end; ++r) {
     const T* gr = g + r * dim;
@@ -54,12 +54,27 @@ inline __attribute__((always_inline)) void rms_norm_backward_rows(const T* g, co
     for (int64_t i = 0; i < dim; ++i) dot += load(gr, i) * w[i] * load(xr, i);
     const float c = dot * s * inv_dim;
     T* gxr = gx + r * dim;
+    const T* ar = add == nullptr ? nullptr : add + r * dim;
     for (int64_t i = 0; i < dim; ++i) {
       const float xh = load(xr, i) * s;
       const float gv = load(gr, i);
-      store(gxr, i, s * (gv * w[i] - xh * c));
+      store(gxr, i, s * (gv * w[i] - xh * c) + (ar == nullptr ? 0.0f : load(ar, i)));
       grad_w[i] += gv * xh;
     }
+  }
+}
+
+// h = x + d rounded to T, then rms_norm_rows over h (the row is still in L1).
+template <class T>
+inline __attribute__((always_inline)) void add_rms_norm_rows(const T* x, const T* d, const float* w,
+                                                             T* h, T* y, float* rstd, int64_t begin,
+                                                             int64_t end, int64_t dim, float eps) {
+  for (int64_t r = begin; r < end; ++r) {
+    const T* xr = x + r * dim;
+    const T* dr = d + r * dim;
+    T* hr = h + r * dim;
+    for (int64_t i = 0; i < dim; ++i) store(hr, i, load(xr, i) + load(dr, i));
+    rms_norm_rows(h, w, y, rstd, r, r + 1, dim, eps);
   }
 }
 
@@ -73,15 +88,26 @@ TITAN_CPU_CLONES void rms_norm_rows_bf16(const BFloat16* x, const float* w, BFlo
   rms_norm_rows(x, w, y, rstd, begin, end, dim, eps);
 }
 TITAN_CPU_CLONES void rms_norm_backward_rows_f32(const float* g, const float* x, const float* w,
-                                                 const float* rstd, float* gx, float* grad_w,
-                                                 int64_t begin, int64_t end, int64_t dim) {
-  rms_norm_backward_rows(g, x, w, rstd, gx, grad_w, begin, end, dim);
+                                                 const float* rstd, const float* add, float* gx,
+                                                 float* grad_w, int64_t begin, int64_t end,
+                                                 int64_t dim) {
+  rms_norm_backward_rows(g, x, w, rstd, add, gx, grad_w, begin, end, dim);
 }
 TITAN_CPU_CLONES void rms_norm_backward_rows_bf16(const BFloat16* g, const BFloat16* x,
-                                                  const float* w, const float* rstd, BFloat16* gx,
-                                                  float* grad_w, int64_t begin, int64_t end,
-                                                  int64_t dim) {
-  rms_norm_backward_rows(g, x, w, rstd, gx, grad_w, begin, end, dim);
+                                                  const float* w, const float* rstd,
+                                                  const BFloat16* add, BFloat16* gx, float* grad_w,
+                                                  int64_t begin, int64_t end, int64_t dim) {
+  rms_norm_backward_rows(g, x, w, rstd, add, gx, grad_w, begin, end, dim);
+}
+TITAN_CPU_CLONES void add_rms_norm_rows_f32(const float* x, const float* d, const float* w,
+                                            float* h, float* y, float* rstd, int64_t begin,
+                                            int64_t end, int64_t dim, float eps) {
+  add_rms_norm_rows(x, d, w, h, y, rstd, begin, end, dim, eps);
+}
+TITAN_CPU_CLONES void add_rms_norm_rows_bf16(const BFloat16* x, const BFloat16* d, const float* w,
+                                             BFloat16* h, BFloat16* y, float* rstd, int64_t begin,
+                                             int64_t end, int64_t dim, float eps) {
+  add_rms_norm_rows(x, d, w, h, y, rstd, begin, end, dim, eps);
 }
 
 // --- SwiGLU -----------------------------------------------------------------------------------
@@ -201,6 +227,43 @@ void check_fusable(const char* op, std::initializer_list<at::Tensor> tensors) {
               ": the fused CPU kernels take float32 or bfloat16 CPU tensors");
 }
 
+// RMSNorm of x, or of h = x + delta when delta is defined -> {h (undefined without delta), y,
+// rstd}. The callers have checked the tensors.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> norm_forward(const at::Tensor& x_in,
+                                                            const at::Tensor& delta_in,
+                                                            const at::Tensor& weight, double eps) {
+  const int64_t dim = x_in.size(-1);
+  TITAN_CHECK(weight.dim() == 1 && weight.size(0) == dim, "rms_norm: weight ", weight.sizes(),
+              " does not match the last dim of x ", x_in.sizes());
+  const bool add = delta_in.defined();
+  const at::Tensor x = x_in.contiguous();
+  const at::Tensor d = add ? delta_in.contiguous() : at::Tensor();
+  const at::Tensor w = weight.to(at::kFloat).contiguous();
+  const int64_t rows = dim == 0 ? 0 : x.numel() / dim;
+  at::Tensor h = add ? at::empty_like(x) : at::Tensor(), y = at::empty_like(x);
+  at::Tensor rstd = at::empty({rows}, x.options().dtype(at::kFloat));
+  const float e = static_cast<float>(eps);
+  const float* wp = w.const_data_ptr<float>();
+  float* rp = rstd.data_ptr<float>();
+  at::parallel_for(0, rows, row_grain(dim), [&](int64_t b, int64_t e_) {
+    if (x.scalar_type() == at::kFloat) {
+      if (add) {
+        add_rms_norm_rows_f32(x.const_data_ptr<float>(), d.const_data_ptr<float>(), wp,
+                              h.data_ptr<float>(), y.data_ptr<float>(), rp, b, e_, dim, e);
+      } else {
+        rms_norm_rows_f32(x.const_data_ptr<float>(), wp, y.data_ptr<float>(), rp, b, e_, dim, e);
+      }
+    } else if (add) {
+      add_rms_norm_rows_bf16(x.const_data_ptr<BFloat16>(), d.const_data_ptr<BFloat16>(), wp,
+                             h.data_ptr<BFloat16>(), y.data_ptr<BFloat16>(), rp, b, e_, dim, e);
+    } else {
+      rms_norm_rows_bf16(x.const_data_ptr<BFloat16>(), wp, y.data_ptr<BFloat16>(), rp, b, e_, dim,
+                         e);
+    }
+  });
+  return {h, y, rstd};
+}
+
 }  // namespace
 
 bool fused_is_faster(FusedOp op, at::ScalarType dtype) {
@@ -218,36 +281,26 @@ bool cpu_fusable(std::initializer_list<at::Tensor> tensors) {
 std::pair<at::Tensor, at::Tensor> rms_norm_forward(const at::Tensor& x_in, const at::Tensor& weight,
                                                    double eps) {
   check_fusable("rms_norm_forward", {x_in, weight});
-  const int64_t dim = x_in.size(-1);
-  TITAN_CHECK(weight.dim() == 1 && weight.size(0) == dim, "rms_norm: weight ", weight.sizes(),
-              " does not match the last dim of x ", x_in.sizes());
-  const at::Tensor x = x_in.contiguous();
-  const at::Tensor w = weight.to(at::kFloat).contiguous();
-  const int64_t rows = dim == 0 ? 0 : x.numel() / dim;
-  at::Tensor y = at::empty_like(x);
-  at::Tensor rstd = at::empty({rows}, x.options().dtype(at::kFloat));
-  const float e = static_cast<float>(eps);
-  const float* wp = w.const_data_ptr<float>();
-  float* rp = rstd.data_ptr<float>();
-  at::parallel_for(0, rows, row_grain(dim), [&](int64_t b, int64_t e_) {
-    if (x.scalar_type() == at::kFloat) {
-      rms_norm_rows_f32(x.const_data_ptr<float>(), wp, y.data_ptr<float>(), rp, b, e_, dim, e);
-    } else {
-      rms_norm_rows_bf16(x.const_data_ptr<BFloat16>(), wp, y.data_ptr<BFloat16>(), rp, b, e_, dim,
-                         e);
-    }
-  });
-  return {y, rstd};
+  auto out = norm_forward(x_in, at::Tensor(), weight, eps);
+  return {std::get<1>(out), std::get<2>(out)};
 }
 
 std::pair<at::Tensor, at::Tensor> rms_norm_backward(const at::Tensor& grad_in,
                                                     const at::Tensor& x_in,
                                                     const at::Tensor& weight,
-                                                    const at::Tensor& rstd) {
+                                                    const at::Tensor& rstd,
+                                                    const at::Tensor& residual_grad) {
   check_fusable("rms_norm_backward", {grad_in, x_in, weight, rstd});
   TITAN_CHECK(grad_in.sizes() == x_in.sizes() && grad_in.scalar_type() == x_in.scalar_type(),
               "rms_norm_backward: grad ", grad_in.sizes(), " ", grad_in.scalar_type(),
               " does not match x ", x_in.sizes(), " ", x_in.scalar_type());
+  TITAN_CHECK(!residual_grad.defined() || (residual_grad.sizes() == x_in.sizes() &&
+                                           residual_grad.scalar_type() == x_in.scalar_type() &&
+                                           residual_grad.device().is_cpu()),
+              "rms_norm_backward: residual grad ",
+              residual_grad.defined() ? residual_grad.sizes() : at::IntArrayRef{},
+              " does not match x ", x_in.sizes(), " ", x_in.scalar_type());
+  const at::Tensor add = residual_grad.defined() ? residual_grad.contiguous() : at::Tensor();
   const at::Tensor x = x_in.contiguous();
   const at::Tensor g = grad_in.contiguous();
   const at::Tensor w = weight.to(at::kFloat).contiguous();
@@ -266,14 +319,27 @@ std::pair<at::Tensor, at::Tensor> rms_norm_backward(const at::Tensor& grad_in,
       float* pw = partial.data_ptr<float>() + blk * dim;
       if (x.scalar_type() == at::kFloat) {
         rms_norm_backward_rows_f32(g.const_data_ptr<float>(), x.const_data_ptr<float>(), wp, sp,
+                                   add.defined() ? add.const_data_ptr<float>() : nullptr,
                                    gx.data_ptr<float>(), pw, begin, end, dim);
       } else {
         rms_norm_backward_rows_bf16(g.const_data_ptr<BFloat16>(), x.const_data_ptr<BFloat16>(), wp,
-                                    sp, gx.data_ptr<BFloat16>(), pw, begin, end, dim);
+                                    sp, add.defined() ? add.const_data_ptr<BFloat16>() : nullptr,
+                                    gx.data_ptr<BFloat16>(), pw, begin, end, dim);
       }
     }
   });
   return {gx, partial.sum(0).to(weight.scalar_type())};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> add_rms_norm_forward(const at::Tensor& x_in,
+                                                                    const at::Tensor& delta_in,
+                                                                    const at::Tensor& weight,
+                                                                    double eps) {
+  check_fusable("add_rms_norm_forward", {x_in, delta_in, weight});
+  TITAN_CHECK(x_in.sizes() == delta_in.sizes() && x_in.scalar_type() == delta_in.scalar_type(),
+              "add_rms_norm: x ", x_in.sizes(), " ", x_in.scalar_type(), " and delta ",
+              delta_in.sizes(), " ", delta_in.scalar_type(), " must match in shape and dtype");
+  return norm_forward(x_in, delta_in, weight, eps);
 }
 
 at::Tensor swiglu_forward(const at::Tensor& gate_in, const at::Tensor& up_in) {

@@ -10,6 +10,7 @@
 
 #include <ATen/ATen.h>
 
+#include <tuple>
 #include <utility>
 
 namespace titan::kernels {
@@ -27,10 +28,19 @@ bool fused_is_faster(FusedOp op, at::ScalarType dtype);
 // x (..., dim), weight (dim) -> y (x's dtype), rstd (x.numel() / dim rows) float32.
 std::pair<at::Tensor, at::Tensor> rms_norm_forward(const at::Tensor& x, const at::Tensor& weight,
                                                    double eps);
-// -> grad_x (x's dtype), grad_weight (weight's dtype).
+// -> grad_x (x's dtype), grad_weight (weight's dtype). A defined `residual_grad` (x's shape and
+// dtype) is added to grad_x in the same pass (the residual add + RMSNorm's backward).
 std::pair<at::Tensor, at::Tensor> rms_norm_backward(const at::Tensor& grad, const at::Tensor& x,
                                                     const at::Tensor& weight,
-                                                    const at::Tensor& rstd);
+                                                    const at::Tensor& rstd,
+                                                    const at::Tensor& residual_grad = {});
+
+// Residual add + RMSNorm, one pass over the rows: h = x + delta (rounded to the dtype, as ATen's
+// add), y = RMSNorm(h). x and delta of one shape and dtype. -> h, y (x's dtype), rstd float32.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> add_rms_norm_forward(const at::Tensor& x,
+                                                                    const at::Tensor& delta,
+                                                                    const at::Tensor& weight,
+                                                                    double eps);
 
 // SwiGLU's product: h = silu(gate) * up, elementwise; gate and up of one shape and dtype.
 at::Tensor swiglu_forward(const at::Tensor& gate, const at::Tensor& up);

@@ -89,6 +89,58 @@ TEST(FusedOps, RmsNormMatchesTheComposition) {
   }
 }
 
+TEST(FusedOps, AddRmsNormMatchesTheComposition) {
+  at::manual_seed(5);
+  // Both outputs in one tensor, so that one upstream gradient reaches h and y.
+  const auto both = [](const at::Tensor& h, const at::Tensor& y) {
+    return at::cat({h.flatten(), y.flatten()});
+  };
+  const auto fused = [&](const std::vector<at::Tensor>& in) {
+    auto [h, y] = fused_add_rms_norm(in[0], in[1], in[2], 1e-5);
+    return both(h, y);
+  };
+  const auto reference = [&](const std::vector<at::Tensor>& in) {
+    const at::Tensor h = in[0] + in[1];
+    return both(h, rms_reference({h, in[2]}));
+  };
+  for (at::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
+    for (const std::vector<int64_t>& shape :
+         std::vector<std::vector<int64_t>>{{1, 1}, {3, 7}, {2, 5, 33}, {4, 64, 256}}) {
+      check_against_reference({at::randn(shape), at::randn(shape), at::rand({shape.back()}) + 0.5},
+                              dtype, fused, reference, "add+rmsnorm " + c10::str(shape));
+    }
+    // Non-contiguous x (every other row) and a transposed delta.
+    const at::Tensor big = at::randn({10, 40});
+    check_against_reference(
+        {big, at::randn({40, 5}), at::rand({40}) + 0.5}, dtype,
+        [&](const std::vector<at::Tensor>& in) {
+          return fused({in[0].slice(0, 0, 10, 2), in[1].t(), in[2]});
+        },
+        [&](const std::vector<at::Tensor>& in) {
+          return reference({in[0].slice(0, 0, 10, 2), in[1].t(), in[2]});
+        },
+        "add+rmsnorm strided");
+    // Only one of the outputs used: the other's gradient is undefined in backward.
+    const std::vector<at::Tensor> in = {at::randn({3, 9}), at::randn({3, 9}), at::rand({9}) + 0.5};
+    const at::Tensor weight = in[2].to(dtype);  // a constant here: y, unused, gives it no grad
+    check_against_reference(
+        {in[0], in[1]}, dtype,
+        [&](const std::vector<at::Tensor>& t) {
+          return fused_add_rms_norm(t[0], t[1], weight, 1e-5).first * 1.5;
+        },
+        [](const std::vector<at::Tensor>& t) { return (t[0] + t[1]) * 1.5; }, "add+rmsnorm h only");
+    check_against_reference(
+        in, dtype,
+        [](const std::vector<at::Tensor>& t) {
+          return fused_add_rms_norm(t[0], t[1], t[2], 1e-5).second;
+        },
+        [](const std::vector<at::Tensor>& t) {
+          return rms_reference({t[0] + t[1], t[2]});
+        },
+        "add+rmsnorm y only");
+  }
+}
+
 TEST(FusedOps, SwiGLUMatchesTheComposition) {
   at::manual_seed(1);
   const auto ref = [](const std::vector<at::Tensor>& in) { return at::silu(in[0]) * in[1]; };

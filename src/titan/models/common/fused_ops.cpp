@@ -26,6 +26,29 @@ struct FusedRMSNorm : public torch::autograd::Function<FusedRMSNorm> {
   }
 };
 
+struct FusedAddRMSNorm : public torch::autograd::Function<FusedAddRMSNorm> {
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& delta,
+                               const at::Tensor& weight, double eps) {
+    auto [h, y, rstd] = kernels::add_rms_norm_forward(x, delta, weight, eps);
+    ctx->save_for_backward({h, weight, rstd});
+    return {h, y};
+  }
+  // grads: {d h, d y}, either undefined when its output was not used.
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor& h = saved[0];
+    const at::Tensor grad_h = grads[0].defined() ? grads[0].to(h.scalar_type()) : at::Tensor();
+    at::Tensor grad, grad_weight;
+    if (grads[1].defined()) {
+      std::tie(grad, grad_weight) =
+          kernels::rms_norm_backward(grads[1].to(h.scalar_type()), h, saved[1], saved[2], grad_h);
+    } else {
+      grad = grad_h.defined() ? grad_h : at::zeros_like(h);
+    }
+    return {grad, grad, grad_weight, at::Tensor()};
+  }
+};
+
 struct FusedSwiGLU : public torch::autograd::Function<FusedSwiGLU> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& gate, const at::Tensor& up) {
     ctx->save_for_backward({gate, up});
@@ -58,6 +81,12 @@ struct FusedRope : public torch::autograd::Function<FusedRope> {
 
 at::Tensor fused_rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
   return FusedRMSNorm::apply(x, weight, eps);
+}
+
+std::pair<at::Tensor, at::Tensor> fused_add_rms_norm(const at::Tensor& x, const at::Tensor& delta,
+                                                     const at::Tensor& weight, double eps) {
+  const variable_list out = FusedAddRMSNorm::apply(x, delta, weight, eps);
+  return {out[0], out[1]};
 }
 
 at::Tensor fused_swiglu(const at::Tensor& gate, const at::Tensor& up) {

@@ -7,10 +7,17 @@
 
 #include <ATen/ATen.h>
 
+#include <utility>
+
 namespace titan {
 
 // x (..., dim), weight (dim) -> x's dtype.
 at::Tensor fused_rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
+// The residual add and the RMSNorm after it, one pass: h = x + delta, y = RMSNorm(h); x and delta
+// of one shape and dtype. Returns {h, y}; keeps h and 1/rms for the backward, which adds the two
+// gradients reaching h (through the residual stream and through the norm) in the same pass.
+std::pair<at::Tensor, at::Tensor> fused_add_rms_norm(const at::Tensor& x, const at::Tensor& delta,
+                                                     const at::Tensor& weight, double eps);
 // silu(gate) * up.
 at::Tensor fused_swiglu(const at::Tensor& gate, const at::Tensor& up);
 // RoPE of x (bs, seqlen, n_heads, head_dim) with tables cos, sin (>= seqlen, head_dim / 2).

@@ -70,6 +70,18 @@ at::Tensor RMSNorm::forward(const at::Tensor& x) {
   });
 }
 
+std::pair<at::Tensor, at::Tensor> RMSNorm::forward_add(const at::Tensor& x,
+                                                       const at::Tensor& delta) {
+  if (fused && !has_forward_hooks() && x.sizes() == delta.sizes() &&
+      x.scalar_type() == delta.scalar_type() && kernels::cpu_fusable({x, delta, weight}) &&
+      kernels::fused_is_faster(kernels::FusedOp::kRmsNorm, x.scalar_type())) {
+    const TraceSpan span("rmsnorm");
+    return fused_add_rms_norm(x, delta, weight, eps);
+  }
+  const at::Tensor h = x + delta;
+  return {h, forward(h)};
+}
+
 void RMSNorm::reset_parameters() {
   at::NoGradGuard no_grad;
   weight.fill_(1.0);

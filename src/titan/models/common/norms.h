@@ -6,6 +6,7 @@
 #include <ATen/ATen.h>
 
 #include <cstdint>
+#include <utility>
 
 namespace titan {
 
@@ -17,6 +18,11 @@ class RMSNorm : public WeightLayer {
 
   // x (..., dim) -> (..., dim), same dtype as x.
   at::Tensor forward(const at::Tensor& x);
+  // A residual add and this norm after it: {x + delta, forward(x + delta)}. One fused kernel
+  // (fused_add_rms_norm) where forward would take the fused RMSNorm, x and delta match in shape
+  // and dtype and no hook wraps the norm (a parallelism's layout change); else the add, then
+  // forward.
+  std::pair<at::Tensor, at::Tensor> forward_add(const at::Tensor& x, const at::Tensor& delta);
   // weight <- ones.
   void reset_parameters();
 

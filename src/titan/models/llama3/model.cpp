@@ -83,10 +83,11 @@ at::Tensor TransformerBlock::forward(const at::Tensor& x, const RotaryEmbedding&
   // x is in residual_dtype(compute_dtype); were it float32 under bf16 compute, the sums would
   // promote and keep it float32.
   const at::Tensor xn = attention_norm->forward(x);
-  const at::Tensor h =
-      x + (attention ? attention->forward(xn, rope, positions, cache, document_ids)
-                     : latent_attention->forward(xn, rope, positions, cache, document_ids));
-  const at::Tensor hn = ffn_norm->forward(h);
+  const at::Tensor attended =
+      attention ? attention->forward(xn, rope, positions, cache, document_ids)
+                : latent_attention->forward(xn, rope, positions, cache, document_ids);
+  // h = x + attended and its norm, one fused kernel where the norm takes one (compile.enable).
+  const auto [h, hn] = ffn_norm->forward_add(x, attended);
   return h + (moe ? moe->forward(hn) : feed_forward->forward(hn));
 }
 
