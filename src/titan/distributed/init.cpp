@@ -13,12 +13,16 @@
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
+#include <arpa/inet.h>
 #include <netdb.h>
+#include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cctype>
+#include <cerrno>
+#include <cstring>
 #include <sstream>
 #include <stdexcept>
 #include <thread>
@@ -199,6 +203,48 @@ void join(c10d::Store& store, const LaunchEnv& env, std::chrono::milliseconds ti
 
 }  // namespace
 
+std::string address_towards(const std::string& host, int64_t port) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_DGRAM;
+  addrinfo* found = nullptr;
+  const int rc = getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &found);
+  if (rc != 0 || found == nullptr) {
+    throw dist::CommError("master_addr '" + host + "' does not resolve (" + gai_strerror(rc) +
+                          "). HINT: set --master_addr / MASTER_ADDR to an address every node can "
+                          "reach");
+  }
+  std::string error;
+  for (const addrinfo* a = found; a != nullptr; a = a->ai_next) {
+    const int fd = socket(a->ai_family, a->ai_socktype, a->ai_protocol);
+    if (fd < 0) continue;
+    // Connecting a UDP socket sends nothing: the kernel only picks the route and source address.
+    sockaddr_storage local{};
+    socklen_t len = sizeof(local);
+    if (connect(fd, a->ai_addr, a->ai_addrlen) == 0 &&
+        getsockname(fd, reinterpret_cast<sockaddr*>(&local), &len) == 0) {
+      char text_addr[INET6_ADDRSTRLEN] = {};
+      const void* raw =
+          local.ss_family == AF_INET
+              ? static_cast<const void*>(&reinterpret_cast<sockaddr_in*>(&local)->sin_addr)
+              : static_cast<const void*>(&reinterpret_cast<sockaddr_in6*>(&local)->sin6_addr);
+      close(fd);
+      if (inet_ntop(local.ss_family, raw, text_addr, sizeof(text_addr)) != nullptr) {
+        freeaddrinfo(found);
+        return text_addr;
+      }
+      continue;
+    }
+    error = std::strerror(errno);
+    close(fd);
+  }
+  freeaddrinfo(found);
+  throw dist::CommError("no network route from this host to master_addr " + host + ":" +
+                        std::to_string(port) + (error.empty() ? "" : " (" + error + ")") +
+                        ". HINT: check the node's interfaces and routes, or name the interface "
+                        "that reaches the master with GLOO_SOCKET_IFNAME");
+}
+
 c10::intrusive_ptr<c10d::Store> rendezvous(const LaunchEnv& env,
                                            std::chrono::milliseconds timeout) {
   const auto deadline = Clock::now() + timeout;
@@ -295,7 +341,19 @@ dist::GroupOptions world_group_options(const DistributedContext& dist, const Com
   options.timeout = std::chrono::milliseconds(comm.init_timeout_seconds * 1000);
   options.fingerprint = fingerprint;
   const std::string& addr = dist.env.master_addr;
-  if (addr == "127.0.0.1" || addr == "localhost") options.gloo_hostname = "127.0.0.1";
+  const char* ifname = std::getenv("GLOO_SOCKET_IFNAME");
+  if (addr == "127.0.0.1" || addr == "localhost") {
+    options.gloo_hostname = "127.0.0.1";
+  } else if (ifname == nullptr || *ifname == '\0') {
+    // Bind where the route to the master leaves this host: the host name may resolve to a
+    // loopback address (a container's or a network namespace's /etc/hosts), which the other
+    // nodes cannot reach. A loopback route with several nodes keeps Gloo's host-name default.
+    const std::string local = address_towards(addr, dist.env.master_port);
+    const bool loopback = local.rfind("127.", 0) == 0 || local == "::1";
+    if (!loopback || dist.env.world_size == dist.env.local_world_size) {
+      options.gloo_hostname = local;
+    }
+  }
   return options;
 }
 

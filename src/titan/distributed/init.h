@@ -57,8 +57,14 @@ void finalize_distributed(DistributedContext& dist, const CommSection& comm);
 
 // Options of the job's world group: NCCL when the ranks compute on CUDA `device`s, Gloo on the
 // CPU; comm.init_timeout_seconds; Gloo on loopback for single-node jobs whose master is this host
-// (127.0.0.1 / localhost), GLOO_SOCKET_IFNAME or the host name otherwise; `fingerprint` must
-// agree on every rank (e.g. a digest of the job config).
+// (127.0.0.1 / localhost); GLOO_SOCKET_IFNAME when set; otherwise the local address whose route
+// reaches the master (address_towards), so that a host name resolving to loopback cannot strand
+// a node. `fingerprint` must agree on every rank (e.g. a digest of the job config).
+// The local address this host's routing uses towards host:port (a UDP socket connected there;
+// nothing is sent), e.g. "10.0.0.2". dist::CommError when host does not resolve or no route
+// reaches it, with a HINT naming GLOO_SOCKET_IFNAME.
+std::string address_towards(const std::string& host, int64_t port);
+
 dist::GroupOptions world_group_options(const DistributedContext& dist, const CommSection& comm,
                                        const std::string& fingerprint = "",
                                        const at::Device& device = at::kCPU);

@@ -529,5 +529,34 @@ TEST(ExitBarrier, AllRanksLeaveTogether) {
   EXPECT_EQ(errors[1], "");
 }
 
+TEST(WorldGroupOptions, GlooBindsWhereTheRouteToTheMasterLeaves) {
+  // The kernel's route to a loopback master leaves from loopback.
+  EXPECT_EQ(address_towards("127.0.0.1", 29500), "127.0.0.1");
+  EXPECT_EQ(address_towards("localhost", 29500).rfind("127.", 0) == 0 ||
+                address_towards("localhost", 29500) == "::1",
+            true);
+  ::unsetenv("GLOO_SOCKET_IFNAME");
+  DistributedContext dist;
+  dist.env.world_size = 4;
+  dist.env.local_world_size = 4;
+  dist.env.master_addr = "localhost";
+  EXPECT_EQ(world_group_options(dist, CommSection{}).gloo_hostname, "127.0.0.1");
+  // A single-node master named otherwise (this host's own name) binds where its route leaves.
+  char host[256] = {};
+  ASSERT_EQ(gethostname(host, sizeof(host) - 1), 0);
+  dist.env.master_addr = host;
+  EXPECT_EQ(world_group_options(dist, CommSection{}).gloo_hostname,
+            address_towards(host, dist.env.master_port));
+  // Several nodes whose master resolves to loopback here: Gloo's host-name default stays.
+  if (address_towards(host, dist.env.master_port).rfind("127.", 0) == 0) {
+    dist.env.local_world_size = 2;
+    EXPECT_EQ(world_group_options(dist, CommSection{}).gloo_hostname, "");
+  }
+  // GLOO_SOCKET_IFNAME wins over the route.
+  ::setenv("GLOO_SOCKET_IFNAME", "lo", 1);
+  EXPECT_EQ(world_group_options(dist, CommSection{}).gloo_hostname, "");
+  ::unsetenv("GLOO_SOCKET_IFNAME");
+}
+
 }  // namespace test_launch_env
 }  // namespace titan
