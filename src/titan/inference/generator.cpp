@@ -5,8 +5,7 @@
 #include "titan/models/common/attention.h"
 #include "titan/models/common/feed_forward.h"
 #include "titan/models/common/linear.h"
-#include "titan/models/common/norms.h"
-#include "titan/models/common/rope.h"
+#include "titan/models/converters.h"
 
 #include <ATen/core/grad_mode.h>
 #include <c10/core/InferenceMode.h>
@@ -148,11 +147,10 @@ InferencePreparation prepare_for_inference(Model& model) {
     }
     if (auto* f = dynamic_cast<FeedForward*>(m.get())) {
       out.packed += f->packed_w13.pack({f->w1.get(), f->w3.get()}) ? 1 : 0;
-      f->fused = true, ++out.fused;
     }
-    if (auto* n = dynamic_cast<RMSNorm*>(m.get())) n->fused = true, ++out.fused;
-    if (auto* r = dynamic_cast<RotaryEmbedding*>(m.get())) r->fused = true, ++out.fused;
   }
+  const FusedLayers fused = enable_fused_layers(model);
+  out.fused = fused.norms + fused.ffns + fused.ropes;
   return out;
 }
 

@@ -64,8 +64,8 @@ struct InferencePreparation {
 // Readies a model whose parameters are final (cast, on their device) for generation: the
 // projections that read one input (attention's wq, wk, wv; the feed-forward's w1, w3) become one
 // matrix each (PackedLinear: a decode step runs two matrix-vector products where it ran five),
-// and RMSNorm, SwiGLU and RoPE take titan's fused CPU kernels where they measured faster
-// (kernels::fused_is_faster, as compile.enable does in training; other devices keep ATen's ops).
+// and the layers take titan's fused CPU kernels where they measured faster (enable_fused_layers,
+// as compile.enable does in training; other devices keep ATen's ops).
 // The values computed are the same up to float rounding. Irreversible; inference only.
 InferencePreparation prepare_for_inference(Model& model);
 

@@ -80,23 +80,28 @@ Float8Conversion convert_to_float8(torch::nn::Module& model, const Float8LinearS
   return out;
 }
 
+FusedLayers enable_fused_layers(torch::nn::Module& model) {
+  FusedLayers out;
+  for (const auto& m : model.modules(/*include_self=*/true)) {
+    if (auto* n = dynamic_cast<RMSNorm*>(m.get())) n->fused = true, ++out.norms;
+    if (auto* f = dynamic_cast<FeedForward*>(m.get())) f->fused = true, ++out.ffns;
+    if (auto* r = dynamic_cast<RotaryEmbedding*>(m.get())) r->fused = true, ++out.ropes;
+    // Grouped-query attention's default kernel only (multi-head latent attention keeps SDPA;
+    // context parallelism, applied later, replaces the kernel with its own).
+    if (auto* a = dynamic_cast<Attention*>(m.get())) {
+      if (auto* c = dynamic_cast<CausalAttention*>(a->inner_attention.get()))
+        c->fused = true, ++out.attentions;
+    }
+  }
+  return out;
+}
+
 int64_t apply_compile(torch::nn::Module& model, const CompileSection& config,
                       const at::Device& device) {
   const bool model_part = std::find(config.components.begin(), config.components.end(), "model") !=
                           config.components.end();
   if (!config.enable || !model_part) return 0;
-  int64_t norms = 0, ffns = 0, ropes = 0, attentions = 0;
-  for (const auto& m : model.modules(/*include_self=*/true)) {
-    if (auto* n = dynamic_cast<RMSNorm*>(m.get())) n->fused = true, ++norms;
-    if (auto* f = dynamic_cast<FeedForward*>(m.get())) f->fused = true, ++ffns;
-    if (auto* r = dynamic_cast<RotaryEmbedding*>(m.get())) r->fused = true, ++ropes;
-    // Grouped-query attention's default kernel only (multi-head latent attention keeps SDPA;
-    // context parallelism, applied later, replaces the kernel with its own).
-    if (auto* a = dynamic_cast<Attention*>(m.get())) {
-      if (auto* c = dynamic_cast<CausalAttention*>(a->inner_attention.get()))
-        c->fused = true, ++attentions;
-    }
-  }
+  const auto [norms, ffns, ropes, attentions] = enable_fused_layers(model);
   log_info("compile: fused kernels for ", norms, " RMSNorm, ", ffns, " SwiGLU and ", ropes,
            " RoPE layers (RMSNorm and SwiGLU in float32 only: in bfloat16 ATen's are faster); ",
            "titan's attention for ", attentions,

@@ -42,6 +42,15 @@ Float8Conversion convert_to_float8(torch::nn::Module& model, const Float8LinearS
 void apply_model_converters(torch::nn::Module& model, const JobConfig& config,
                             const at::Device& device);
 
+// How many layers of each kind enable_fused_layers switched.
+struct FusedLayers {
+  int64_t norms = 0, ffns = 0, ropes = 0, attentions = 0;
+};
+// Switches every RMSNorm, SwiGLU feed-forward, RoPE table and grouped-query attention's default
+// kernel of `model` to titan's fused CPU kernels (each still uses them only where they measured
+// faster, see fused_ops.h / attention.h). Shared by apply_compile and inference.
+FusedLayers enable_fused_layers(torch::nn::Module& model);
+
 // [compile] (TorchTitan's torch.compile): with enable and "model" in components, the layers of
 // `model` run titan's fused kernels (titan/models/common/fused_ops.h: RMSNorm, SwiGLU, RoPE; and
 // attention.h's own training attention) where they measured faster, for float32 and bfloat16 CPU

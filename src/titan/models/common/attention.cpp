@@ -370,7 +370,7 @@ at::Tensor Attention::forward(const at::Tensor& x, const RotaryEmbedding& rope,
     const at::Tensor xc = to_compute(in, compute_dtype);
     // -1 heads: the local head count follows the (possibly sharded) weights.
     at::Tensor q, k, v;
-    if (packed_qkv.intact()) {  // inference (pack_for_inference): one product for the three
+    if (packed_qkv.intact()) {  // inference (prepare_for_inference): one product for the three
       const std::vector<at::Tensor> qkv = packed_qkv.forward(xc);
       q = qkv[0].view({bs, n, -1, head_dim});
       k = qkv[1].view({bs, n, -1, head_dim});

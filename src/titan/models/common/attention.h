@@ -122,7 +122,7 @@ class Attention : public HookedModule {
   std::shared_ptr<Linear> wq, wk, wv, wo;
   std::shared_ptr<RMSNorm> q_norm, k_norm;  // null without qk_norm
   std::shared_ptr<InnerAttention> inner_attention = std::make_shared<CausalAttention>();
-  // wq, wk and wv packed into one matrix for inference (pack_for_inference); used while intact.
+  // wq, wk and wv packed into one matrix for inference (prepare_for_inference); used while intact.
   PackedLinear packed_qkv;
   int64_t head_dim;
   at::ScalarType compute_dtype;

@@ -20,7 +20,7 @@ at::Tensor FeedForward::forward(const at::Tensor& x) {
     at::Tensor hidden;                                    // (bs, seqlen, hidden_dim)
     {
       at::Tensor gate, up;
-      if (packed_w13.intact()) {  // inference (pack_for_inference): one product for both
+      if (packed_w13.intact()) {  // inference (prepare_for_inference): one product for both
         const std::vector<at::Tensor> outs = packed_w13.forward(xc);
         gate = outs[0], up = outs[1];
       } else {

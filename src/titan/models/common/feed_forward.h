@@ -25,7 +25,7 @@ class FeedForward : public HookedModule {
   // silu(w1 x) * w3 x by the fused CPU kernel (titan/models/common/fused_ops.h) for CPU tensors
   // of the dtypes where it is faster (kernels::fused_is_faster; compile.enable).
   bool fused = false;
-  // w1 and w3 packed into one matrix for inference (pack_for_inference); used while intact.
+  // w1 and w3 packed into one matrix for inference (prepare_for_inference); used while intact.
   PackedLinear packed_w13;
 };
 

@@ -119,11 +119,8 @@ void RotaryEmbedding::build_tables(int64_t head_dim, int64_t max_seq_len,
 }
 
 at::Tensor RotaryEmbedding::forward(const at::Tensor& x, const at::Tensor& positions) const {
+  if (!positions.defined()) return forward_from(x, 0);
   const TraceSpan span("rope");
-  if (!positions.defined()) {
-    if (fused && kernels::cpu_fusable({x}) && x.dim() == 4) return fused_rope(x, cos, sin);
-    return apply_rotary_emb(x, cos, sin);
-  }
   TITAN_CHECK(positions.dim() == 1 && positions.size(0) == x.size(1), "RoPE positions must be (",
               x.size(1), "), got ", positions.sizes());
   const int64_t last = positions.numel() == 0 ? 0 : positions.max().item<int64_t>();
