@@ -19,14 +19,15 @@ build_dir="${TITAN_BUILD_DIR:-$root/build}"
 # nothing links Debian's libgloo: Gloo's code is inside libtorch). clang and its runtime
 # libraries (libFuzzer, sanitizers) build the parser fuzzers (scripts/fuzz.sh); clang-format (the
 # same major version, 14) checks and applies the code layout (.clang-format, scripts/format.sh).
-# iproute2's ip builds the two-host test bed of network namespaces (tests/e2e/test_multihost.sh).
+# iproute2's ip builds the two-host test bed of network namespaces (tests/e2e/test_multihost.sh);
+# its tc limits a link's rate there, and nftables' nft drops a share of its packets.
 packages=(
   build-essential cmake ninja-build pkg-config
   libgloo-dev
   libtomlplusplus-dev nlohmann-json3-dev libgtest-dev
   ca-certificates
   clang libclang-rt-14-dev clang-format
-  iproute2
+  iproute2 nftables
 )
 
 missing=()

@@ -207,7 +207,17 @@ void Group::State::fail(const std::string& op, const std::string& cause, double 
                      seconds_text(static_cast<double>(timeout_ms.load()) / 1000.0) + "): " + cause;
   mark_broken(what);
   const bool stop = !cause.empty() && (cause.back() == '.' || cause.back() == '!');
-  throw CommError(what + (stop ? "" : ".") +
+  // Who is unreachable (heartbeats through the store): bounded, a few seconds at most.
+  std::string diagnosis;
+  if (options.diagnose) {
+    try {
+      diagnosis = options.diagnose(ranks);
+    } catch (const std::exception& e) {
+      diagnosis = std::string("(the diagnosis failed: ") + e.what() + ")";
+    }
+  }
+  if (!diagnosis.empty()) diagnosis = " Diagnosis: " + diagnosis + ".";
+  throw CommError(what + (stop ? "" : ".") + diagnosis +
                   " HINT: a peer rank crashed, hung, or issued different collectives; check "
                   "the other ranks' output first. If the peers are merely slow, raise "
                   "comm.train_timeout_seconds (comm.init_timeout_seconds at start-up).");

@@ -54,6 +54,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -112,6 +113,9 @@ struct GroupOptions {
   GlooOps gloo_ops;
   // Records every op of the group (and its sub-groups) and is dumped when one fails (null: off).
   std::shared_ptr<FlightRecorder> recorder;
+  // Called with the group's world ranks when an op fails; what it returns (who is unreachable,
+  // e.g. Liveness::diagnoser in liveness.h) goes into the CommError. Sub-groups inherit it.
+  std::function<std::string(const std::vector<int>& world_ranks)> diagnose;
 };
 
 // One process group: `size` ranks that run collectives together. Create with Group::create on

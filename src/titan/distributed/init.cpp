@@ -245,6 +245,22 @@ std::string address_towards(const std::string& host, int64_t port) {
                         "that reaches the master with GLOO_SOCKET_IFNAME");
 }
 
+namespace {
+
+// "node 1, host gpu7, 10.0.0.2": the node, the host name and the address other nodes reach it at
+// (where the route to the master leaves; the host name alone may resolve to loopback).
+std::string where_this_rank_runs(const LaunchEnv& env) {
+  std::string where = "node " + std::to_string(env.node_rank) + ", host " + host_name();
+  if (env.master_addr == "127.0.0.1" || env.master_addr == "localhost") return where;
+  try {
+    return where + ", " + address_towards(env.master_addr, env.master_port);
+  } catch (const std::exception&) {
+    return where;  // world_group_options reports an unroutable master
+  }
+}
+
+}  // namespace
+
 c10::intrusive_ptr<c10d::Store> rendezvous(const LaunchEnv& env,
                                            std::chrono::milliseconds timeout) {
   const auto deadline = Clock::now() + timeout;
@@ -283,11 +299,17 @@ DistributedContext init_distributed(const CommSection& comm, const LaunchEnv& en
   const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start);
   log_info("distributed: ", env.describe(), "; all ", env.world_size, " ranks joined in ",
            seconds(ms));
+  dist::Liveness::Options beat;
+  beat.store_address = env.master_addr + ":" + std::to_string(env.master_port);
+  dist.liveness =
+      dist::Liveness::start(dist.store, static_cast<int>(env.rank),
+                            static_cast<int>(env.world_size), where_this_rank_runs(env), beat);
   return dist;
 }
 
 void finalize_distributed(DistributedContext& dist, const CommSection& comm) {
   if (!dist.store) return;
+  if (dist.liveness) dist.liveness->stop();
   // Past start-up, so the training timeout bounds this as it bounds every collective.
   const std::chrono::milliseconds timeout(comm.train_timeout_seconds * 1000);
   dist.store->setTimeout(timeout + kVerdictGrace);
@@ -354,6 +376,7 @@ dist::GroupOptions world_group_options(const DistributedContext& dist, const Com
       options.gloo_hostname = local;
     }
   }
+  if (dist.liveness) options.diagnose = dist.liveness->diagnoser();
   return options;
 }
 

@@ -12,11 +12,13 @@
 #include "titan/config/job_config.h"
 #include "titan/distributed/comm.h"
 #include "titan/distributed/launch_env.h"
+#include "titan/distributed/liveness.h"
 
 #include <c10/util/intrusive_ptr.h>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include <chrono>
+#include <memory>
 #include <stdexcept>
 
 namespace titan {
@@ -25,6 +27,10 @@ struct DistributedContext {
   LaunchEnv env;
   // The job's store once every rank has arrived; null for a single process.
   c10::intrusive_ptr<c10d::Store> store;
+  // This rank's heartbeat (liveness.h), started once every rank has arrived; null for a single
+  // process. world_group_options hands its diagnoser to the groups, so that a failed collective
+  // names the ranks and hosts that went silent.
+  std::shared_ptr<dist::Liveness> liveness;
 
   int64_t rank() const { return env.rank; }
   int64_t world_size() const { return env.world_size; }
@@ -49,17 +55,18 @@ c10::intrusive_ptr<c10d::Store> rendezvous(const LaunchEnv& env, std::chrono::mi
 DistributedContext init_distributed(const CommSection& comm);
 DistributedContext init_distributed(const CommSection& comm, const LaunchEnv& env);
 
-// Exit barrier: rank 0 hosts the store, so it waits (up to comm.train_timeout_seconds) until every
-// rank has reached this point before returning and letting its process end; when some never
-// arrive (hung, stopped) it throws dist::CommError naming them, so the job ends non-zero instead
-// of waiting on them. No-op for one rank.
+// Exit barrier (after stopping the heartbeat): rank 0 hosts the store, so it waits (up to
+// comm.train_timeout_seconds) until every rank has reached this point before returning and letting
+// its process end; when some never arrive (hung, stopped) it throws dist::CommError naming them, so
+// the job ends non-zero instead of waiting on them. No-op for one rank.
 void finalize_distributed(DistributedContext& dist, const CommSection& comm);
 
 // Options of the job's world group: NCCL when the ranks compute on CUDA `device`s, Gloo on the
 // CPU; comm.init_timeout_seconds; Gloo on loopback for single-node jobs whose master is this host
 // (127.0.0.1 / localhost); GLOO_SOCKET_IFNAME when set; otherwise the local address whose route
 // reaches the master (address_towards), so that a host name resolving to loopback cannot strand
-// a node. `fingerprint` must agree on every rank (e.g. a digest of the job config).
+// a node; the heartbeat's diagnoser when dist.liveness is set. `fingerprint` must agree on every
+// rank (e.g. a digest of the job config).
 // The local address this host's routing uses towards host:port (a UDP socket connected there;
 // nothing is sent), e.g. "10.0.0.2". dist::CommError when host does not resolve or no route
 // reaches it, with a HINT naming GLOO_SOCKET_IFNAME.
