@@ -21,6 +21,8 @@ int run_selftest(const std::vector<std::string>& args);  // multi-process launch
 int run_fr(const std::vector<std::string>& args);  // `titan fr analyze`: flight-recorder dumps
 // `titan pipeline-schedule`: a pipeline schedule's per-rank table and simulated bubble.
 int run_pipeline_schedule(const std::vector<std::string>& args);
+// `titan plan`: enumerates parallel layouts and predicts their memory and step time.
+int run_plan(const std::vector<std::string>& args);
 // `titan plot`: an SVG of runs' metrics (loss, lr, tokens/s, memory, ...) against steps.
 int run_plot(const std::vector<std::string>& args);
 

@@ -36,6 +36,8 @@ void print_usage() {
       "diverge\n"
       "  pipeline-schedule  print a pipeline schedule's per-rank actions and bubble "
       "(`titan pipeline-schedule --help`)\n"
+      "  plan      rank parallel layouts by predicted step time and memory for a cluster "
+      "(`titan plan --help`)\n"
       "  plot      draw runs' metrics (loss, lr, tokens/s, memory) into one SVG "
       "(`titan plot --help`)\n");
 }
@@ -50,6 +52,7 @@ int run_command(const std::string& command, const std::vector<std::string>& args
   if (command == "fr") return titan::run_fr(args);
   if (command == "pipeline-schedule") return titan::run_pipeline_schedule(args);
   if (command == "plot") return titan::run_plot(args);
+  if (command == "plan") return titan::run_plan(args);
   if (titan::maybe_print_help(command, args)) return 0;
   if (command == "train") return titan::run_train(args);
   if (command == "inspect") return titan::run_inspect(args);

@@ -10,6 +10,7 @@
 #include "titan/distributed/parallel_dims.h"
 #include "titan/models/memory_estimate.h"
 #include "titan/models/registry.h"
+#include "titan/parallel/planner.h"
 #include "titan/trainer/memory_check.h"
 #include "titan/trainer/trainer.h"
 
@@ -109,13 +110,12 @@ int run_inspect(const std::vector<std::string>& args) {
   const ParallelDims dims = ParallelDims::planned(degrees, world);
   // FSDP shards parameters, gradients and optimizer state over dp_shard x cp, tensor
   // parallelism over tp and pipeline stages over pp; sequence parallelism splits activations
-  // over tp (the activation estimate stays that of the whole model: a conservative bound for
-  // the stages' microbatches in flight).
+  // over tp, and a pipeline stage keeps only its schedule's microbatches in flight.
   const int64_t param_shards = dims.dp_shard() * dims.cp() * dims.tp() * dims.pp();
   std::printf("layout           %s\n", dims.describe().c_str());
   const MemoryEstimate memory =
       estimate_training_memory(spec, config.model.flavor, t.local_batch_size, t.seq_len, dtype,
-                               training_memory_options(config, param_shards, dims.tp()));
+                               training_memory_options(config, param_shards));
   std::printf("memory per rank (training step, %lld rank%s, %s compute):\n", (long long)world,
               world == 1 ? "" : "s", at::toString(dtype));
   int width = 23;

@@ -78,6 +78,18 @@ std::string MemoryEstimate::breakdown() const {
   return join(terms, " + ") + " = " + gib_text(total());
 }
 
+int64_t routed_expert_params(const ModelSpec& spec, const std::string& flavor) {
+  if (!spec.resolve_args) return 0;
+  const nlohmann::json args = spec.resolve_args({{"name", spec.name}, {"flavor", flavor}});
+  if (!args.contains("moe") || !args["moe"].is_object()) return 0;
+  const nlohmann::json& moe = args["moe"];
+  const int64_t moe_layers =
+      args.value("n_layers", int64_t{0}) - args.value("n_dense_layers", int64_t{0});
+  // w1, w3 (dim -> hidden) and w2 (hidden -> dim) per expert.
+  return moe_layers * moe.value("num_experts", int64_t{0}) * 3 * args.value("dim", int64_t{0}) *
+         moe.value("hidden_dim", int64_t{0});
+}
+
 MemoryEstimate estimate_training_memory(const ModelSpec& spec, const std::string& flavor,
                                         int64_t batch, int64_t seq_len,
                                         at::ScalarType compute_dtype,
@@ -89,7 +101,11 @@ MemoryEstimate estimate_training_memory(const ModelSpec& spec, const std::string
   const double per_sequence = kept_activations(two, options) - kept_one;
   const double fixed = kept_one - per_sequence;
   const double length_scale = static_cast<double>(seq_len) / static_cast<double>(exact_len);
-  const double activations = fixed + per_sequence * length_scale * static_cast<double>(batch);
+  double kept_batch = static_cast<double>(batch);
+  if (options.pipeline_sequences_in_flight > 0) {
+    kept_batch = std::min(kept_batch, options.pipeline_sequences_in_flight);
+  }
+  const double activations = fixed + per_sequence * length_scale * kept_batch;
 
   const double n = static_cast<double>(one.n_params);
   const double shards = static_cast<double>(std::max<int64_t>(1, options.param_shards));
@@ -107,6 +123,10 @@ MemoryEstimate estimate_training_memory(const ModelSpec& spec, const std::string
     // alive at once, the one running and the one prefetched.
     const double tp = static_cast<double>(activation_shards);
     double copies = 2 * n / tp;
+    if (options.expert_shards > 1) {
+      const double experts = static_cast<double>(routed_expert_params(spec, flavor));
+      copies = 2 * ((n - experts) / tp + experts / static_cast<double>(options.expert_shards));
+    }
     if (shards > tp)
       copies =
           std::min(copies, 2.0 * copies / static_cast<double>(std::max<int64_t>(1, one.n_layers)));

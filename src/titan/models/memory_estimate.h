@@ -46,7 +46,18 @@ struct MemoryOptions {
   bool ac_per_op = false;
   // training.dtype = "bfloat16": weights, gradients and AdamW moments in bf16, no copies.
   bool bf16_state = false;
+  // Pipeline parallelism: a stage keeps activations for the microbatches in flight, not for the
+  // whole local batch: this many sequences at the schedule's peak, in units of all the rank's
+  // layers (see training_memory_options, parallel/planner.h); 0: the whole batch.
+  double pipeline_sequences_in_flight = 0;
+  // Expert parallelism: each rank holds 1 / expert_shards of every MoE layer's routed experts,
+  // so FSDP gathers only that share of them (the bf16 copies).
+  int64_t expert_shards = 1;
 };
+
+// Parameters of the routed experts of `flavor` (all MoE layers; 0 for a dense model), from the
+// model's resolved arguments.
+int64_t routed_expert_params(const ModelSpec& spec, const std::string& flavor);
 
 // One rank's training step on one micro-batch of (batch, seq_len) tokens with matmuls in
 // `compute_dtype`: weights, gradients and AdamW moments (fp32, or bf16 with bf16_state), bf16

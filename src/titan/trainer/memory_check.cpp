@@ -4,27 +4,11 @@
 #include "titan/common/device.h"
 #include "titan/common/format.h"
 #include "titan/components/training_dtype.h"
-#include "titan/parallel/activation_checkpoint.h"
+#include "titan/parallel/planner.h"
 
 #include <algorithm>
 
 namespace titan {
-
-MemoryOptions training_memory_options(const JobConfig& config, int64_t param_shards, int64_t tp) {
-  MemoryOptions o;
-  o.param_shards = param_shards;
-  // A pipeline stage holds 1/pp of the layers: its bf16 copies, and its activations for the
-  // microbatches in flight (GPipe: all of them over 1/pp of the layers; the other schedules keep
-  // fewer), so the whole model's activations over pp bound them.
-  o.activation_shards = tp * std::max<int64_t>(1, config.parallelism.pipeline_parallel_degree);
-  // Context parallelism: each rank holds seq_len / cp tokens of every sequence.
-  o.sequence_shards = std::max<int64_t>(1, config.parallelism.context_parallel_degree);
-  const AcPolicy ac = ac_policy(config.activation_checkpoint);
-  o.ac_every = ac.every;
-  o.ac_per_op = ac.per_op;
-  o.bf16_state = config.training.dtype == "bfloat16";
-  return o;
-}
 
 double training_device_memory(const JobConfig& config, const LaunchEnv& env) {
   // The trainer's own rule (resolve_device): a setting it would refuse is refused here, the same
@@ -42,7 +26,6 @@ void check_training_memory(const JobConfig& config, const LaunchEnv& env, double
   const ParallelismSection& p = config.parallelism;
   const int64_t param_shards =
       std::max<int64_t>(1, env.world_size / p.data_parallel_replicate_degree);
-  const int64_t tp = p.tensor_parallel_degree;
   const at::ScalarType dtype = training_compute_dtype(config.training);
   const int64_t local_ranks = std::max<int64_t>(1, env.local_world_size);
 
@@ -58,7 +41,7 @@ void check_training_memory(const JobConfig& config, const LaunchEnv& env, double
   for (const Sizes& run : runs) {
     const MemoryEstimate need =
         estimate_training_memory(spec, config.model.flavor, run.batch, run.seq_len, dtype,
-                                 training_memory_options(config, param_shards, tp));
+                                 training_memory_options(config, param_shards));
     const std::string section = run.section;
     const std::string sizes = section + ".local_batch_size " + std::to_string(run.batch) + " x " +
                               section + ".seq_len " + std::to_string(run.seq_len);

@@ -13,17 +13,13 @@ namespace titan {
 // enabled) of every rank on this node together exceeds kMemoryRefuseFactor x `available_bytes`
 // (machine_memory_bytes() in the app; 0 never refuses). Weights, gradients and optimizer state
 // count as sharded over world_size / dp_replicate ranks, activations over the tensor-parallel
-// degree. With `device_bytes` > 0 (the rank's own GPU, training_device_memory) each rank is held
-// against that instead.
+// degree (the options of training_memory_options, parallel/planner.h). With `device_bytes` > 0 (the
+// rank's own GPU, training_device_memory) each rank is held against that instead.
 void check_training_memory(const JobConfig& config, const LaunchEnv& env, double available_bytes,
                            double device_bytes = 0);
 
 // The memory of the CUDA device this rank will train on (training.device and LOCAL_RANK, by
 // resolve_device, whose ConfigError it throws), or 0 when it trains on the CPU. Selects nothing.
 double training_device_memory(const JobConfig& config, const LaunchEnv& env);
-
-// The estimate's settings from the job: activation checkpointing, training.dtype, and the
-// given sharding (`param_shards` ranks hold a parameter's pieces, `tp` the tensor-parallel degree).
-MemoryOptions training_memory_options(const JobConfig& config, int64_t param_shards, int64_t tp);
 
 }  // namespace titan
