@@ -36,6 +36,9 @@ fi
 differ=0
 for f in "${files[@]}"; do
   [ -f "$f" ] || { echo "format.sh: no file $f" >&2; exit 2; }
+  # clang-format would lay a shell script or a TOML out as C++ without a word.
+  [[ "$f" =~ \.(cpp|h|hpp|cc)$ ]] ||
+    { echo "format.sh: $f is not C++ (.cpp, .h, .hpp, .cc); left alone" >&2; continue; }
   head -n 3 "$f" | grep -q GENERATED && continue
   if ((check)); then
     if ! clang-format --style=file "$f" | cmp -s - "$f"; then

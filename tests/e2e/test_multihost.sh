@@ -1,121 +1,137 @@
-#!/ usr / bin / env bash
-#Two "hosts" on one machine : two network namespaces joined by veth pairs on a bridge, each with
-#its own address and its own loopback, so a rank that binds to 127.0.0.1(or to a host name
-#that resolves there) cannot be reached from the other "host", as on real machines.One
-# `titan run -- nnodes 2 -- node_rank i -- master_addr <host 0>` per namespace:
-#- Gloo without GLOO_SOCKET_IFNAME binds where the route to the master leaves(it used to take
-#the host name, i.e.loopback here, and the job failed to connect);
-#- GLOO_SOCKET_IFNAME names the interface explicitly;
-#- FSDP, HSDP(replicas across the hosts), FSDP x TP(TP inside a host), PP x TP(stages
-#across the hosts), FSDP x CP and, on the MoE model, EP 4(experts on both hosts)over 2 hosts
-#x 2 ranks reproduce the one - process loss curves(parallel_lib.sh's run, within 1e-5
-#relative); checkpoints written across the hosts resume in one process;
-#- a link that goes down mid - training : both nodes end non - zero within
-#comm.train_timeout_seconds plus the few seconds of the diagnosis, node 0 naming the silent
-#ranks and their host, node 1 the master it lost; the last checkpoint resumes on the hosts
-#with the losses the run had before the fault;
-#- a degraded link(netem delay and loss where the kernel has it; else a tbf rate limit, which
-#queues, and nftables dropping 1 % of the packets) : training stays exact, only slower.
-#Needs root(network namespaces, CAP_NET_ADMIN), iproute2 and nftables(scripts / setup.sh).
-#Everything made here is removed on exit, also on failure.
-source "$(dirname " $ { BASH_SOURCE[0] }
-")/parallel_lib.sh"
+#!/usr/bin/env bash
+# Two "hosts" on one machine: two network namespaces joined by veth pairs on a bridge, each with
+# its own address and its own loopback, so a rank that binds to 127.0.0.1 (or to a host name
+# that resolves there) cannot be reached from the other "host", as on real machines. One
+# `titan run --nnodes 2 --node_rank i --master_addr <host 0>` per namespace:
+#   - Gloo without GLOO_SOCKET_IFNAME binds where the route to the master leaves (it used to take
+#     the host name, i.e. loopback here, and the job failed to connect);
+#   - GLOO_SOCKET_IFNAME names the interface explicitly;
+#   - FSDP, HSDP (replicas across the hosts), FSDP x TP (TP inside a host), PP x TP (stages
+#     across the hosts), FSDP x CP and, on the MoE model, EP 4 (experts on both hosts) over 2 hosts
+#     x 2 ranks reproduce the one-process loss curves (parallel_lib.sh's run, within 1e-5
+#     relative); checkpoints written across the hosts resume in one process;
+#   - a link that goes down mid-training: both nodes end non-zero within
+#     comm.train_timeout_seconds plus the few seconds of the diagnosis, node 0 naming the silent
+#     ranks and their host, node 1 the master it lost; the last checkpoint resumes on the hosts
+#     with the losses the run had before the fault;
+#   - a rank killed on host 1: host 0's ranks end within a second or two (its `titan run` writes
+#     why into the store, their heartbeats read it), not at their collectives' timeout;
+#   - a degraded link (netem delay and loss where the kernel has it; else a tbf rate limit, which
+#     queues, and nftables dropping 1% of the packets): training stays exact, only slower.
+# Needs root (network namespaces, CAP_NET_ADMIN), iproute2 and nftables (scripts/setup.sh).
+# Everything made here is removed on exit, also on failure.
+source "$(dirname "${BASH_SOURCE[0]}")/parallel_lib.sh"
 
-            command -
-            v ip >
-        / dev / null ||
-    fail "iproute2's ip is missing (scripts/setup.sh installs it)" command - v nft > / dev / null ||
-    fail "nftables' nft is missing (scripts/setup.sh installs it)"["$(id -u)" - eq 0] ||
-    fail "network namespaces need root"
+command -v ip >/dev/null || fail "iproute2's ip is missing (scripts/setup.sh installs it)"
+command -v nft >/dev/null || fail "nftables' nft is missing (scripts/setup.sh installs it)"
+[ "$(id -u)" -eq 0 ] || fail "network namespaces need root"
 
-    tag = $(($$ % 10000)) bridge = "tbr$tag" ns =
-    ("tns${tag}a"
-     "tns${tag}b")addr = (10.231.0.1 10.231.0.2)cleanup() {
-  for
-    n in "${ns[@]}";
-  do ip netns pids "$n" 2 > / dev / null | xargs - r kill - 9 2 > / dev / null || true; done
-  for n in "${ns[@]}";
-  do ip netns del "$n" 2 > / dev / null || true;
-  done ip link del "$bridge" 2 > / dev / null || true rm - rf "$WORK"
+tag=$(($$ % 10000))
+bridge="tbr$tag"
+ns=("tns${tag}a" "tns${tag}b")
+addr=(10.231.0.1 10.231.0.2)
+cleanup() {
+  for n in "${ns[@]}"; do ip netns pids "$n" 2>/dev/null | xargs -r kill -9 2>/dev/null || true; done
+  for n in "${ns[@]}"; do ip netns del "$n" 2>/dev/null || true; done
+  ip link del "$bridge" 2>/dev/null || true
+  rm -rf "$WORK"
 }
 trap cleanup EXIT
 
 ip link add "$bridge" type bridge || fail "cannot create a bridge (network namespaces need CAP_NET_ADMIN)"
 ip link set "$bridge" up
-for i in 0 1;
-do
-  ip netns add "${ns[$i]}" ip link add "tv${tag}h$i" type veth peer name "tv${tag}n$i" ip link set
-               "tv${tag}h$i" master "$bridge" up ip link set "tv${tag}n$i" netns "${ns[$i]}" ip -
-      n "${ns[$i]}" link set "tv${tag}n$i" name eth0 ip -
-      n "${ns[$i]}" addr add "${addr[$i]}/24" dev eth0 ip - n "${ns[$i]}" link set eth0 up ip -
-      n "${ns[$i]}" link set lo up done
+for i in 0 1; do
+  ip netns add "${ns[$i]}"
+  ip link add "tv${tag}h$i" type veth peer name "tv${tag}n$i"
+  ip link set "tv${tag}h$i" master "$bridge" up
+  ip link set "tv${tag}n$i" netns "${ns[$i]}"
+  ip -n "${ns[$i]}" link set "tv${tag}n$i" name eth0
+  ip -n "${ns[$i]}" addr add "${addr[$i]}/24" dev eth0
+  ip -n "${ns[$i]}" link set eth0 up
+  ip -n "${ns[$i]}" link set lo up
+done
 
-      port() {
-    echo $((20000 + RANDOM % 20000));
-  }
+port() { echo $((20000 + RANDOM % 20000)); }
 
-#start_on_hosts NAME NPROC[ENV = VALUE...]-- ARGS... : one `titan run` per namespace in the
-#background, outputs in $WORK / NAME.node{0, 1 }, process ids in node_pid[0..1].
-node_pid = () start_on_hosts() {
-  local name = "$1" nproc = "$2";
-  shift 2 local envs = () while["$1" != "--"];
-  do envs += ("$1");
-  shift;
-  done shift local p; p=$(port)
-  for node in 1 0;
-  do
-    ip netns exec "${ns[$node]}" env "${envs[@]}" LOG_RANK =
-        all timeout 300 "$TITAN" run-- nnodes 2 --node_rank $node-- master_addr
-            "${addr[0]}" --master_port "$p" --nproc_per_node
-            "$nproc" --"$@" > "$WORK/$name.node$node" 2 > &1 &
-        node_pid[$node] = $ !done
+# start_on_hosts NAME NPROC [ENV=VALUE...] -- ARGS...: one `titan run` per namespace in the
+# background, outputs in $WORK/NAME.node{0,1}, process ids in node_pid[0..1].
+node_pid=()
+start_on_hosts() {
+  local name="$1" nproc="$2"; shift 2
+  local envs=()
+  while [ "$1" != "--" ]; do envs+=("$1"); shift; done
+  shift
+  local p; p=$(port)
+  for node in 1 0; do
+    ip netns exec "${ns[$node]}" env "${envs[@]}" LOG_RANK=all timeout 300 "$TITAN" run \
+      --nnodes 2 --node_rank $node --master_addr "${addr[0]}" --master_port "$p" \
+      --nproc_per_node "$nproc" -- "$@" >"$WORK/$name.node$node" 2>&1 &
+    node_pid[$node]=$!
+  done
 }
 
-#on_hosts NAME NPROC[ENV = VALUE...]-- ARGS... : start_on_hosts, then fails unless both exit 0.
+# on_hosts NAME NPROC [ENV=VALUE...] -- ARGS...: start_on_hosts, then fails unless both exit 0.
 on_hosts() {
   start_on_hosts "$@"
   local name="$1" bad=0
-  for node in 0 1;
-  do wait "${node_pid[$node]}" || bad = 1;
-  done if[$bad = 1];
-  then
+  for node in 0 1; do wait "${node_pid[$node]}" || bad=1; done
+  if [ $bad = 1 ]; then
     tail -n 20 "$WORK/$name.node0" "$WORK/$name.node1" >&2
     fail "$name: a node failed"
   fi
 }
 
-#train_on_hosts NAME ARGS... : parallel_lib.sh's run on 2 hosts x 2 ranks into $WORK/NAME.
-train_on_hosts() {
-  local name = "$1";
-  shift on_hosts "$name" 2 GLOO_SOCKET_IFNAME = --train "${common[@]}" --job.dump_folder
-                                                  "$WORK/$name"
-                                                  "$@" cp
-                                                  "$WORK/$name.node0"
-                                                  "$WORK/$name.log"
+# wait_for_step NAME N: until node 0 of the run NAME has logged step N (fails after 120 s).
+wait_for_step() {
+  for _ in $(seq 1 1200); do
+    grep -qE "step: +$2 " "$WORK/$1.node0" 2>/dev/null && return 0
+    sleep 0.1
+  done
+  cat "$WORK/$1.node0" >&2
+  fail "$1: no step $2"
 }
 
-#-- - the default interface : where the route to the master leaves -- -
+# wait_nodes: waits for both nodes of the last start_on_hosts; their exit codes go to code[],
+# the seconds from now until each ended to elapsed[].
+wait_nodes() {
+  local since; since=$(date +%s)
+  code=()
+  elapsed=()
+  for node in 0 1; do
+    set +e; wait "${node_pid[$node]}"; code[$node]=$?; set -e
+    elapsed[$node]=$(($(date +%s) - since))
+  done
+}
+
+# train_on_hosts NAME ARGS...: parallel_lib.sh's run on 2 hosts x 2 ranks into $WORK/NAME.
+train_on_hosts() {
+  local name="$1"; shift
+  on_hosts "$name" 2 GLOO_SOCKET_IFNAME= -- train "${common[@]}" --job.dump_folder "$WORK/$name" "$@"
+  cp "$WORK/$name.node0" "$WORK/$name.log"
+}
+
+# --- the default interface: where the route to the master leaves ---
 on_hosts route 1 GLOO_SOCKET_IFNAME= -- selftest
 grep -q '^\[rank 1\] .*selftest passed (rank 1 of 2)' "$WORK/route.node1" ||
   fail "route: rank 1 on the second host did not pass"
 echo "two hosts, no GLOO_SOCKET_IFNAME: selftest passed"
 
-#-- - GLOO_SOCKET_IFNAME -- -
+# --- GLOO_SOCKET_IFNAME ---
 on_hosts ifname 1 GLOO_SOCKET_IFNAME=eth0 -- selftest
 grep -q '^\[rank 1\] .*selftest passed (rank 1 of 2)' "$WORK/ifname.node1" ||
   fail "ifname: rank 1 on the second host did not pass"
 echo "two hosts, GLOO_SOCKET_IFNAME=eth0: selftest passed"
 
-#-- - FSDP over 2 hosts x 2 ranks against one process -- -
+# --- FSDP over 2 hosts x 2 ranks against one process ---
 one=(--training.local_batch_size 8 --validation.local_batch_size 4)
 train single 1 "${one[@]}"
 train_on_hosts fsdp --training.local_batch_size 2 --validation.local_batch_size 1
 grep -q 'FSDP: sharded over 4 ranks' "$WORK/fsdp.log" || fail "fsdp: not sharded over 4 ranks"
-#The checkpoint written by the two hosts(4 ranks) resumes in one process.
+# The checkpoint written by the two hosts (4 ranks) resumes in one process.
 resume_from fsdp 5 fsdp_resumed 1 "${one[@]}"
 
-#-- - the other parallelisms across the hosts(mesh pp, dp_replicate, dp_shard, cp, tp : the
-#innermost dimension stays inside a host, the outermost spans them)-- -
+# --- the other parallelisms across the hosts (mesh pp, dp_replicate, dp_shard, cp, tp: the
+# innermost dimension stays inside a host, the outermost spans them) ---
 train_on_hosts hsdp --parallelism.data_parallel_replicate_degree 2 \
   --parallelism.data_parallel_shard_degree 2 --training.local_batch_size 2 \
   --validation.local_batch_size 1
@@ -130,128 +146,106 @@ grep -q 'world 4 = pp(1) x dp_replicate(2) x dp_shard(2) x cp(1) x tp(1)' "$WORK
   fail "hsdp mesh"
 grep -q 'world 4 = pp(2) x dp_replicate(1) x dp_shard(1) x cp(1) x tp(2)' "$WORK/pp2_tp2.log" ||
   fail "pp2_tp2 mesh"
-for name in fsdp hsdp fsdp2_tp2 pp2_tp2 fsdp2_cp2;
-do
-  same_losses single "$name" loss same_losses single "$name" validation_loss same_params single
-                     "$name" done resume_from pp2_tp2 5 pp2_tp2_resumed 1 "${one[@]}"
-#Expert parallelism on the tiny MoE model : its 4 experts one per rank, 2 on each host.
-      moe =
-          (--model.name qwen3-- model.flavor tiny_moe-- model.hf_assets_path
-             "" --optimizer.lr 3e-3 --validation.enable false)
-                  train moe_single 1 "${moe[@]}" --training
-                      .local_batch_size 8 train_on_hosts moe_ep4 "${moe[@]}" --training
-                      .local_batch_size 2 --parallelism.expert_parallel_degree 4 grep -
-              q 'expert parallel over ep 4: 2 MoE layers, 1 experts\? per rank' "$WORK/moe_ep4.log" ||
-  {
-    grep - i 'expert parallel' "$WORK/moe_ep4.log" > &2;
-    fail "moe_ep4: expert-parallel line";
-  }
+for name in fsdp hsdp fsdp2_tp2 pp2_tp2 fsdp2_cp2; do
+  same_losses single "$name" loss
+  same_losses single "$name" validation_loss
+  same_params single "$name"
+done
+resume_from pp2_tp2 5 pp2_tp2_resumed 1 "${one[@]}"
+
+# Expert parallelism on the tiny MoE model: its 4 experts one per rank, 2 on each host.
+moe=(--model.name qwen3 --model.flavor tiny_moe --model.hf_assets_path "" --optimizer.lr 3e-3
+  --validation.enable false)
+train moe_single 1 "${moe[@]}" --training.local_batch_size 8
+train_on_hosts moe_ep4 "${moe[@]}" --training.local_batch_size 2 \
+  --parallelism.expert_parallel_degree 4
+grep -q 'expert parallel over ep 4: 2 MoE layers, 1 experts\? per rank' "$WORK/moe_ep4.log" ||
+  { grep -i 'expert parallel' "$WORK/moe_ep4.log" >&2; fail "moe_ep4: expert-parallel line"; }
 same_losses moe_single moe_ep4 loss
 same_params moe_single moe_ep4
 echo "multihost: every parallelism across two hosts reproduces one process"
 
-#-- - a link goes down mid - training -- -
+# --- a link goes down mid-training ---
 fault=(--training.steps 20 --comm.train_timeout_seconds 10 --validation.enable false
   --training.local_batch_size 2)
 start_on_hosts linkdown 2 GLOO_SOCKET_IFNAME= -- train "${common[@]}" "${fault[@]}" \
   --job.dump_folder "$WORK/linkdown"
-for _ in $(seq 1 1200);
-do
-  grep - qE 'step: +8 ' "$WORK/linkdown.node0" 2 >
-          / dev / null&& break sleep 0.1 done grep - qE 'step: +8 ' "$WORK/linkdown.node0" ||
-  {
-    cat "$WORK/linkdown.node0" > &2;
-    fail "linkdown: no step 8";
-  }
+wait_for_step linkdown 8
 ip link set "tv${tag}h1" down
-down=$(date +%s)
-code=()
-elapsed=()
-for node in 0 1;
-do set + e;
-wait "${node_pid[$node]}";
-code[$node] = $ ? ; set -e
-  elapsed[$node]=$(($(date +%s) - down))
-done
+wait_nodes
 echo "link down after step 8: node 0 exited ${code[0]} after ${elapsed[0]} s," \
   "node 1 exited ${code[1]} after ${elapsed[1]} s (comm.train_timeout_seconds 10)"
-for node in 0 1;
-do ["${code[$node]}" != 0] && ["${code[$node]}" != 124] || {
-    tail - n 20 "$WORK/linkdown.node$node" > &2;
-    fail "linkdown: node $node exited ${code[$node]}";
-  }
-#The timeout(10 s), the diagnosis(at most 4 s), then the exit.
-["${elapsed[$node]}" - le 20] ||
-    fail "linkdown: node $node took ${elapsed[$node]} s to end" done grep - qE
-        "Diagnosis: no heartbeat for [0-9.]+ s from ranks 2, 3 \(node 1, host [^,]+, ${addr[1]}\)"
-        "$WORK/linkdown.node0" ||
-{
-  tail - n 20 "$WORK/linkdown.node0" > &2;
-  fail "linkdown: node 0 does not name the lost host";
-}
-grep - qE
-        "Diagnosis: the job's store at ${addr[0]}:[0-9]+ .*did not answer"
-        "$WORK/linkdown.node1" ||
-{
-  tail - n 20 "$WORK/linkdown.node1" > &2;
-  fail "linkdown: node 1 does not name the master";
-}
-grep - o "Diagnosis: [^:]*"
-         "$WORK/linkdown.node0" |
-        head - n 1 |
-        sed 's/^/node 0: /' grep - oE
-            "Diagnosis: .* did not answer within [0-9.]+ s"
-            "$WORK/linkdown.node1" |
-        head - n 1 |
-        sed 's/^/node 1: /' ip link set "tv${tag}h1" up
-#The last checkpoint(step 5) resumes on the two hosts with the losses the run had before.
-            [-d "$WORK/linkdown/checkpoint/step-5"] ||
-    fail "linkdown: no step-5 checkpoint" mkdir - p "$WORK/relinked/checkpoint" cp -
-        r
-        "$WORK/linkdown/checkpoint/step-5"
-        "$WORK/relinked/checkpoint/" train_on_hosts relinked
-        "${fault[@]}" --checkpoint.interval 100 grep -
-        q
-        "resuming training after step 5"
-        "$WORK/relinked.log" ||
-    fail "relinked did not resume" paste - d ' ' <
-            (grep '"loss":' "$WORK/linkdown/metrics.jsonl" | tail - n + 6 |
-             sed - E 's/.*"loss":([0-9.eE+-]+).*/\1/') <
-            (grep '"loss":' "$WORK/relinked/metrics.jsonl" |
-             sed - E 's/.*"loss":([0-9.eE+-]+).*/\1/') |
-        awk 'NF == 2 { d = $1 - $2; if (d < 0) d = -d; if (d > 1e-5 * $1) bad = 1; n++ } END {
-  printf "relinked: %d losses after step 5 as before the fault\n", n;
-  exit bad || n < 2
-}
-' || fail "the run resumed after the fault does not give the losses of before"
+for node in 0 1; do
+  [ "${code[$node]}" != 0 ] && [ "${code[$node]}" != 124 ] ||
+    { tail -n 20 "$WORK/linkdown.node$node" >&2; fail "linkdown: node $node exited ${code[$node]}"; }
+  # The timeout (10 s), the diagnosis (at most 4 s), telling the other node (at most 2 s), the
+  # exit; with room for a loaded machine.
+  [ "${elapsed[$node]}" -le 25 ] || fail "linkdown: node $node took ${elapsed[$node]} s to end"
+done
+grep -qE "Diagnosis: no heartbeat for [0-9.]+ s from ranks 2, 3 \(node 1, host [^,]+, ${addr[1]}\)" \
+  "$WORK/linkdown.node0" ||
+  { tail -n 20 "$WORK/linkdown.node0" >&2; fail "linkdown: node 0 does not name the lost host"; }
+grep -qE "Diagnosis: the job's store at ${addr[0]}:[0-9]+ .*did not answer" "$WORK/linkdown.node1" ||
+  { tail -n 20 "$WORK/linkdown.node1" >&2; fail "linkdown: node 1 does not name the master"; }
+grep -o "Diagnosis: [^:]*" "$WORK/linkdown.node0" | head -n 1 | sed 's/^/node 0: /'
+grep -oE "Diagnosis: .* did not answer within [0-9.]+ s" "$WORK/linkdown.node1" | head -n 1 | sed 's/^/node 1: /'
+ip link set "tv${tag}h1" up
+# The last checkpoint (step 5) resumes on the two hosts with the losses the run had before.
+[ -d "$WORK/linkdown/checkpoint/step-5" ] || fail "linkdown: no step-5 checkpoint"
+mkdir -p "$WORK/relinked/checkpoint"
+cp -r "$WORK/linkdown/checkpoint/step-5" "$WORK/relinked/checkpoint/"
+train_on_hosts relinked "${fault[@]}" --checkpoint.interval 100
+grep -q "resuming training after step 5" "$WORK/relinked.log" || fail "relinked did not resume"
+paste -d' ' \
+  <(grep '"loss":' "$WORK/linkdown/metrics.jsonl" | tail -n +6 | sed -E 's/.*"loss":([0-9.eE+-]+).*/\1/') \
+  <(grep '"loss":' "$WORK/relinked/metrics.jsonl" | sed -E 's/.*"loss":([0-9.eE+-]+).*/\1/') |
+  awk 'NF == 2 { d = $1 - $2; if (d < 0) d = -d; if (d > 1e-5 * $1) bad = 1; n++ }
+       END { printf "relinked: %d losses after step 5 as before the fault\n", n; exit bad || n < 2 }' ||
+  fail "the run resumed after the fault does not give the losses of before"
 
-#-- - a degraded link : delay and loss(netem) or a rate limit and loss(tbf + nftables) -- -
-        if tc -
-        n "${ns[1]}" qdisc add dev eth0 root netem delay 5ms loss 1 % 2 >
-    / dev / null; then
+# --- a rank killed on one host: the other host's ranks end at once, told through the store ---
+start_on_hosts crash 2 GLOO_SOCKET_IFNAME= -- train "${common[@]}" --training.steps 1000 \
+  --comm.train_timeout_seconds 60 --validation.enable false --checkpoint.enable false \
+  --training.local_batch_size 2 --job.dump_folder "$WORK/crash"
+wait_for_step crash 3
+victim=""
+for pid in $(pgrep -f "dump_folder $WORK/crash" || true); do
+  if tr '\0' '\n' <"/proc/$pid/environ" 2>/dev/null | grep -qx 'RANK=3'; then victim=$pid; fi
+done
+[ -n "$victim" ] || { cat "$WORK/crash.node0" "$WORK/crash.node1" >&2; fail "crash: no rank 3"; }
+kill -KILL "$victim"
+wait_nodes
+echo "rank 3 killed on host 1: node 0 exited ${code[0]} after ${elapsed[0]} s, node 1 exited" \
+  "${code[1]} after ${elapsed[1]} s (comm.train_timeout_seconds 60)"
+[ "${code[1]}" = 137 ] || { tail -n 20 "$WORK/crash.node1" >&2; fail "crash: node 1 exited ${code[1]}"; }
+[ "${code[0]}" != 0 ] && [ "${code[0]}" != 124 ] ||
+  { tail -n 20 "$WORK/crash.node0" >&2; fail "crash: node 0 exited ${code[0]}"; }
+[ "${elapsed[0]}" -le 10 ] || fail "crash: node 0 took ${elapsed[0]} s (it waited for a timeout)"
+grep -qE "ends: the job was stopped by node 1 \(host [^)]+\): rank 3 \(pid $victim\) was killed by SIGKILL" \
+  "$WORK/crash.node0" || { tail -n 20 "$WORK/crash.node0" >&2; fail "crash: node 0 does not say why"; }
+
+# --- a degraded link: delay and loss (netem) or a rate limit and loss (tbf + nftables) ---
+if tc -n "${ns[1]}" qdisc add dev eth0 root netem delay 5ms loss 1% 2>/dev/null; then
   tc -n "${ns[0]}" qdisc add dev eth0 root netem delay 5ms loss 1%
   how="netem: 5 ms delay, 1% loss each way"
 else
-  for i in 0 1;
-do
-  tc -
-          n
-          "${ns[$i]}" qdisc add dev eth0 root tbf rate 1gbit burst 64kb latency 100ms ip netns exec
-          "${ns[$i]}" nft -
-          f -
-      << 'NFT' table inet titan_lossy {
-    chain input {
-      type filter hook input priority 0;
-      policy accept;
-      numgen random mod 100 < 1 counter drop
-    }
+  for i in 0 1; do
+    tc -n "${ns[$i]}" qdisc add dev eth0 root tbf rate 1gbit burst 64kb latency 100ms
+    ip netns exec "${ns[$i]}" nft -f - <<'NFT'
+table inet titan_lossy {
+  chain input {
+    type filter hook input priority 0; policy accept;
+    numgen random mod 100 < 1 counter drop
   }
-NFT done how =
-    "no netem here: tbf 1 Gbit/s (queues up to 100 ms), nftables drops 1% of arriving packets" fi
-        train_on_hosts degraded-- training.local_batch_size 2 --validation
-            .local_batch_size 1 same_losses single degraded loss same_losses single degraded
-                validation_loss dropped =
-        $(ip netns exec "${ns[1]}" nft list ruleset 2 > / dev / null |
-          sed - nE 's/.*counter packets ([0-9]+).*/\1/p') echo
-    "degraded ($how): the one-process losses${dropped:+, $dropped packets dropped on host 1}" echo
-    "multihost: all cases passed"
+}
+NFT
+  done
+  how="no netem here: tbf 1 Gbit/s (queues up to 100 ms), nftables drops 1% of arriving packets"
+fi
+train_on_hosts degraded --training.local_batch_size 2 --validation.local_batch_size 1
+same_losses single degraded loss
+same_losses single degraded validation_loss
+dropped=$(ip netns exec "${ns[1]}" nft list ruleset 2>/dev/null |
+  sed -nE 's/.*counter packets ([0-9]+).*/\1/p')
+echo "degraded ($how): the one-process losses${dropped:+, $dropped packets dropped on host 1}"
+echo "multihost: all cases passed"

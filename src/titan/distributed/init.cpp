@@ -22,6 +22,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cerrno>
+#include <csignal>
 #include <cstring>
 #include <sstream>
 #include <stdexcept>
@@ -301,6 +302,13 @@ DistributedContext init_distributed(const CommSection& comm, const LaunchEnv& en
            seconds(ms));
   dist::Liveness::Options beat;
   beat.store_address = env.master_addr + ":" + std::to_string(env.master_port);
+  // Another node's `titan run` stopped the job: end now, as its own ranks were (SIGTERM: the
+  // interrupt line names the last checkpoint), not at the next collective's timeout.
+  beat.on_job_stopped = [rank = env.rank](const std::string& why) {
+    log_error("rank ", rank, " ends: ", dist::kJobStoppedBy, why, " (reported through the store)");
+    dist::dump_installed_flight_recorder();
+    std::raise(SIGTERM);
+  };
   dist.liveness =
       dist::Liveness::start(dist.store, static_cast<int>(env.rank),
                             static_cast<int>(env.world_size), where_this_rank_runs(env), beat);

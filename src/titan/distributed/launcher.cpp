@@ -4,10 +4,17 @@
 // One thread, one loop: poll() over every child's stdout/stderr with a short timeout, then reap
 // exited children (waitpid WNOHANG) and handle forwarded signals. A failure therefore reaches the
 // other ranks within one poll period (kPollMs), and the job ends within kGraceSeconds after that.
+// With several nodes, the node that stops the job also writes why into the job's store
+// (kJobStoppedKey), where the other nodes' ranks read it within a heartbeat (liveness.h).
 #include "titan/distributed/launcher.h"
 
 #include "titan/common/check.h"
+#include "titan/common/cpu.h"
 #include "titan/distributed/launch_env.h"
+#include "titan/distributed/liveness.h"
+
+#include <c10/util/Logging.h>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -24,6 +31,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <future>
 #include <set>
 #include <sstream>
 #include <thread>
@@ -38,6 +46,8 @@ using Clock = std::chrono::steady_clock;
 constexpr int kPollMs = 50;
 // How long the survivors of a failed rank get to write their flight-recorder dumps (SIGUSR1).
 constexpr int kTraceDumpMs = 500;
+// How long telling the other nodes may take (the store may be what failed).
+constexpr auto kPublishTimeout = std::chrono::milliseconds(1500);
 constexpr size_t kMaxLine = 1 << 16;  // a longer run without newline is printed in pieces
 constexpr auto kDrainAfterExit = std::chrono::seconds(1);  // grandchildren may hold a pipe open
 
@@ -118,8 +128,8 @@ struct Child {
 
 class Job {
  public:
-  Job(const LaunchOptions& opts, std::vector<bool> log_ranks)
-      : opts_(opts), log_ranks_(std::move(log_ranks)) {}
+  Job(const LaunchOptions& opts, int64_t port, std::vector<bool> log_ranks)
+      : opts_(opts), port_(port), log_ranks_(std::move(log_ranks)) {}
 
   int run(const std::vector<std::string>& argv, bool search_path,
           const std::vector<std::vector<std::string>>& envs);
@@ -133,8 +143,13 @@ class Job {
   void stop(int sig, const std::string& why);
   void kill_all(int sig);
   bool any_running() const;
+  void publish_stop(const std::string& why);
+  void await_publish();
 
   const LaunchOptions& opts_;
+  int64_t port_ = 0;
+  std::future<void> published_;
+  bool stopped_elsewhere_ = false;  // a rank said another node stopped the job
   std::vector<bool> log_ranks_;
   std::vector<Child> children_;
   int exit_code_ = 0;
@@ -207,6 +222,7 @@ bool is_warning_line(const std::string& line) {
 }
 
 void Job::emit(const Child& c, const Stream& s, const std::string& line) {
+  if (line.find(dist::kJobStoppedBy) != std::string::npos) stopped_elsewhere_ = true;
   if (!s.is_stderr && !log_ranks_[static_cast<size_t>(c.rank)] && !is_warning_line(line)) return;
   const std::string text = "[rank " + std::to_string(c.rank) + "] " + line + "\n";
   std::FILE* f = s.is_stderr ? stderr : stdout;
@@ -275,6 +291,42 @@ void Job::stop(int sig, const std::string& why) {
   kill_at_ = Clock::now() + std::chrono::milliseconds(static_cast<int64_t>(kGraceSeconds * 1000));
 }
 
+// Writes why this node stops the job into the job's store for the other nodes' ranks (liveness.h)
+// on a thread, so that it overlaps the flight-recorder grace; await_publish() bounds the wait.
+// Rank 0's store still runs here: its own rank is stopped only after this. Best effort: the
+// store (or the network to it) may be what failed, and then the others learn it from their
+// collectives' timeouts and diagnoses.
+void Job::publish_stop(const std::string& why) {
+  if (opts_.nnodes <= 1 || published_.valid() || stopped_elsewhere_) return;
+  const std::string text =
+      "node " + std::to_string(opts_.node_rank) + " (host " + host_name() + "): " + why;
+  const std::string addr = opts_.master_addr;
+  const auto port = static_cast<uint16_t>(port_);
+  auto done = std::make_shared<std::promise<void>>();
+  published_ = done->get_future();
+  // c10d logs every failed connection attempt (with a backtrace); here a failure is expected
+  // and harmless. This process only supervises (its ranks are new processes), so silencing
+  // c10's log below FATAL costs nothing else.
+  FLAGS_caffe2_log_level = 3;
+  std::thread([text, addr, port, done] {
+    try {
+      c10d::TCPStoreOptions o;
+      o.port = port;
+      o.isServer = false;
+      o.waitWorkers = false;
+      o.timeout = kPublishTimeout;
+      c10d::TCPStore store(addr, o);
+      store.compareSet(dist::kJobStoppedKey, {}, std::vector<uint8_t>(text.begin(), text.end()));
+    } catch (const std::exception&) {
+    }
+    done->set_value();
+  }).detach();
+}
+
+void Job::await_publish() {
+  if (published_.valid()) published_.wait_for(kPublishTimeout);
+}
+
 // Reaps exited children. Several failures seen in one pass are all reported: a crash often makes
 // its peers fail within milliseconds, and the pass cannot tell which came first, so the job's
 // exit code prefers a rank killed by a signal over one that exited with an error.
@@ -313,13 +365,16 @@ void Job::reap() {
     if (f.signaled && !first->signaled) first = &f;
   }
   exit_code_ = first->code;
+  publish_stop(first->what);
   // The survivors dump their flight recorders (comm.trace_buf_size) before they are stopped; a
   // stopped (SIGSTOP) rank cannot, and its missing dump is itself the analyzer's clue.
   for (const auto& c : children_) {
     if (c.running) kill(c.pid, SIGUSR1);
   }
   std::this_thread::sleep_for(std::chrono::milliseconds(kTraceDumpMs));
-  stop_cause_ = "rank " + std::to_string(first->rank) + " failed";
+  await_publish();
+  stop_cause_ = stopped_elsewhere_ ? "another node stopped the job (see the ranks' errors)"
+                                   : "rank " + std::to_string(first->rank) + " failed";
   stop(SIGTERM, "stopping the job because " + stop_cause_);
 }
 
@@ -376,6 +431,8 @@ int Job::run(const std::vector<std::string>& argv, bool search_path,
       if (!stopping_) {
         exit_code_ = 128 + sig;
         stop_cause_ = "titan run received " + signal_name(sig);
+        publish_stop(stop_cause_);
+        await_publish();
         stop(sig, "received " + signal_name(sig));
       } else if (!killed_) {
         kill_all(SIGKILL);
@@ -565,7 +622,7 @@ int launch(const LaunchOptions& opts, const std::string& self_exe, const std::st
   for (int64_t local = 0; local < opts.nproc_per_node; ++local) {
     envs.push_back(child_env(opts, local, port, threads));
   }
-  Job job(opts, std::move(log_ranks));
+  Job job(opts, port, std::move(log_ranks));
   return job.run(argv, /*search_path=*/!titan_command, envs);
 }
 

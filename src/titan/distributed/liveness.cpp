@@ -68,9 +68,17 @@ struct Liveness::State {
       cv.wait_for(lock, options.interval, [&] { return stopping; });
       if (stopping) break;
       lock.unlock();
+      std::string stopped_by;
       try {
         beat_store->add(beat_key(rank), 1);
+        if (options.on_job_stopped && beat_store->check({kJobStoppedKey})) {
+          stopped_by = text(beat_store->get(kJobStoppedKey));
+        }
       } catch (const std::exception&) {
+      }
+      if (!stopped_by.empty()) {
+        options.on_job_stopped(stopped_by);
+        options.on_job_stopped = nullptr;
       }
       lock.lock();
     }

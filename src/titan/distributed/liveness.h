@@ -25,6 +25,14 @@
 
 namespace titan::dist {
 
+// Set (once, compareSet) by a node's `titan run` when it stops the job, e.g. "node 1 (host gpu7):
+// rank 3 (pid 812) was killed by SIGKILL"; every rank's heartbeat reads it, so the ranks of the
+// other nodes end within a beat instead of at their next collective's timeout.
+inline constexpr const char* kJobStoppedKey = "titan/job/stopped";
+// The words of the line a rank logs when it ends because of that key; a `titan run` that sees
+// them from its own rank knows the job was stopped elsewhere and does not announce it again.
+inline constexpr const char* kJobStoppedBy = "the job was stopped by ";
+
 // Says which of the given world ranks look unreachable from here ("" when they all beat).
 using Diagnoser = std::function<std::string(const std::vector<int>& world_ranks)>;
 
@@ -35,6 +43,9 @@ class Liveness {
     std::chrono::milliseconds interval{1000};
     // "10.0.0.1:29500": where the store lives, for the message when it cannot be reached.
     std::string store_address;
+    // Called once, on the heartbeat thread, when kJobStoppedKey appears (with its text); null:
+    // the key is not read.
+    std::function<void(const std::string& why)> on_job_stopped;
   };
   static constexpr int kSilentBeats = 2;
 
