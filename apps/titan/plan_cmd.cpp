@@ -34,7 +34,8 @@ constexpr const char* kUsage =
     "usage: titan plan [--job.config_file FILE] [--section.key value ...]\n"
     "                  [--nodes N] [--gpus_per_node N] [--gpu h100|h200|a100 | --cpu]\n"
     "                  [--gpu_memory_gib G] [--peak_tflops F] [--intra_node_gbps B]\n"
-    "                  [--inter_node_gbps B] [--reserved_gib G] [--mfu M] [--top N]\n"
+    "                  [--inter_node_gbps B] [--latency_us U] [--reserved_gib G] [--mfu M]\n"
+    "                  [--top N]\n"
     "                  [--ac none,2,op,full] [--pp_schedules 1F1B,Interleaved1F1B]\n"
     "\n"
     "Enumerates the layouts of a training job over nodes x gpus_per_node devices (dp_replicate,\n"
@@ -56,14 +57,17 @@ constexpr const char* kUsage =
     "                       default its cores)\n"
     "  --gpu NAME           h100 (80 GiB, 989 TFLOP/s bf16), h200 (141 GiB, 989), a100 (80 GiB,\n"
     "                       312); NVLink 450 GB/s (A100 300) and 50 GB/s across nodes (A100 25)\n"
-    "                       per device; a tenth of the memory reserved (default h100)\n"
+    "                       per device; 20 us per collective; a tenth of the memory reserved\n"
+    "                       (default h100)\n"
     "  --cpu                this machine: each of gpus_per_node ranks gets its share of the\n"
     "                       memory and of the GEMM probe's FLOP/s (as the trainer's MFU), links\n"
-    "                       at a measured Gloo loopback all-gather bandwidth, reserved memory the\n"
+    "                       at a measured Gloo loopback all-gather bandwidth and latency (4 KB),\n"
+    "                       reserved memory the\n"
     "                       resident size of this process, no overlap of communication\n"
     "  --gpu_memory_gib G, --peak_tflops F, --intra_node_gbps B, --inter_node_gbps B,\n"
-    "  --reserved_gib G     override the device's memory, peak (TFLOP/s), link bandwidths\n"
-    "                       (GB/s per device) and reserved memory\n"
+    "  --reserved_gib G, --latency_us U\n"
+    "                       override the device's memory, peak (TFLOP/s), link bandwidths\n"
+    "                       (GB/s per device), reserved memory and per-collective latency\n"
     "  --mfu M              compute efficiency, recomputation included (default 0.4)\n"
     "  --top N              layouts printed (default 5)\n"
     "  --ac LIST            activation checkpointing modes searched (default none,2,op,full:\n"
@@ -77,6 +81,7 @@ struct Flags {
   bool gpu_given = false;
   bool cpu = false;
   double memory_gib = -1, peak_tflops = -1, intra_gbps = -1, inter_gbps = -1, reserved_gib = -1;
+  double latency_us = -1;
   double mfu = 0.4;
   int64_t top = 5;
   std::vector<std::string> ac, schedules;
@@ -120,6 +125,7 @@ Flags parse_flags(const std::vector<std::string>& args) {
                                                   "--cpu",
                                                   "--gpu_memory_gib",
                                                   "--peak_tflops",
+                                                  "--latency_us",
                                                   "--intra_node_gbps",
                                                   "--inter_node_gbps",
                                                   "--reserved_gib",
@@ -164,6 +170,7 @@ Flags parse_flags(const std::vector<std::string>& args) {
     if (flag == "--intra_node_gbps") f.intra_gbps = number(flag, value());
     if (flag == "--inter_node_gbps") f.inter_gbps = number(flag, value());
     if (flag == "--reserved_gib") f.reserved_gib = number(flag, value());
+    if (flag == "--latency_us") f.latency_us = number(flag, value());
     if (flag == "--mfu") f.mfu = number(flag, value());
     if (flag == "--top") f.top = positive_int(flag, value());
     if (flag == "--ac") f.ac = list(value());
@@ -181,13 +188,19 @@ bool given(const std::vector<std::string>& args, const std::string& key) {
   });
 }
 
+struct LinkProbe {
+  double bytes_per_s = 0;
+  double latency_s = 0;
+};
+
 // Bus bandwidth (bytes/s) of a 16 MB float32 all-gather between two ranks of this process over
-// Gloo on loopback: what the collectives of ranks on this machine move per second.
-double measure_loopback_bandwidth() {
+// Gloo on loopback, what the collectives of ranks on this machine move per second, and the time
+// of a 4 KB one, their latency.
+LinkProbe measure_loopback() {
   constexpr int kRanks = 2;
   constexpr int64_t kNumel = 4 * 1024 * 1024;
   auto store = c10::make_intrusive<c10d::HashStore>();
-  std::vector<double> seconds(kRanks, 0);
+  std::vector<double> seconds(kRanks, 0), small_seconds(kRanks, 0);
   std::vector<std::thread> threads;
   std::string error;
   std::mutex mutex;
@@ -203,16 +216,21 @@ double measure_loopback_bandwidth() {
         at::Tensor full = at::empty({kNumel});
         at::Tensor shard = at::randn({kNumel / kRanks});
         group->all_gather_into_tensor(full, shard).wait();  // connections, buffers
-        double best = 1e30;
-        for (int i = 0; i < 4; ++i) {
-          group->barrier().wait();
-          const auto start = std::chrono::steady_clock::now();
-          group->all_gather_into_tensor(full, shard).wait();
-          best = std::min(
-              best,
-              std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
-        }
-        seconds[r] = best;
+        const auto best_of = [&](at::Tensor& out, const at::Tensor& in, int iters) {
+          double best = 1e30;
+          for (int i = 0; i < iters; ++i) {
+            group->barrier().wait();
+            const auto start = std::chrono::steady_clock::now();
+            group->all_gather_into_tensor(out, in).wait();
+            const auto end = std::chrono::steady_clock::now();
+            best = std::min(best, std::chrono::duration<double>(end - start).count());
+          }
+          return best;
+        };
+        seconds[r] = best_of(full, shard, 4);
+        at::Tensor small_full = at::empty({1024});
+        at::Tensor small_shard = at::randn({1024 / kRanks});
+        small_seconds[r] = best_of(small_full, small_shard, 8);
       } catch (const std::exception& e) {
         std::lock_guard<std::mutex> lock(mutex);
         error = e.what();
@@ -225,7 +243,10 @@ double measure_loopback_bandwidth() {
                       "). HINT: give --intra_node_gbps");
   }
   const double t = *std::max_element(seconds.begin(), seconds.end());
-  return static_cast<double>(kNumel) * 4.0 * (kRanks - 1) / kRanks / t;
+  LinkProbe probe;
+  probe.bytes_per_s = static_cast<double>(kNumel) * 4.0 * (kRanks - 1) / kRanks / t;
+  probe.latency_s = *std::max_element(small_seconds.begin(), small_seconds.end());
+  return probe;
 }
 
 Hardware build_hardware(const Flags& f, const JobConfig& config, int64_t gpus_per_node) {
@@ -242,10 +263,11 @@ Hardware build_hardware(const Flags& f, const JobConfig& config, int64_t gpus_pe
     if (f.peak_tflops < 0) {
       h.peak_flops = probe_peak_flops(training_compute_dtype(config.training)) / ranks;
     }
-    if (f.intra_gbps < 0) {
-      h.intra_node_bps = measure_loopback_bandwidth() * std::min(1.0, cores / ranks);
+    if (f.intra_gbps < 0 || f.latency_us < 0) {
+      const LinkProbe probe = measure_loopback();
+      h.intra_node_bps = probe.bytes_per_s * std::min(1.0, cores / ranks);
+      h.latency_s = probe.latency_s * std::max(1.0, ranks / cores);
     }
-    h.inter_node_bps = f.inter_gbps < 0 ? h.intra_node_bps : 0;
   } else {
     h = gpu_preset(f.gpu);
   }
@@ -257,6 +279,9 @@ Hardware build_hardware(const Flags& f, const JobConfig& config, int64_t gpus_pe
   if (f.peak_tflops >= 0) h.peak_flops = f.peak_tflops * 1e12;
   if (f.intra_gbps >= 0) h.intra_node_bps = f.intra_gbps * 1e9;
   if (f.inter_gbps >= 0) h.inter_node_bps = f.inter_gbps * 1e9;
+  if (f.latency_us >= 0) h.latency_s = f.latency_us * 1e-6;
+  // One machine: its ranks all talk over loopback.
+  if (f.cpu && f.inter_gbps < 0) h.inter_node_bps = h.intra_node_bps;
   return h;
 }
 
@@ -286,8 +311,8 @@ void print_prediction(const std::string& label, const Prediction& p, const Predi
   std::string traffic;
   for (const Collective& c : p.comm) {
     char buf[160];
-    std::snprintf(buf, sizeof(buf), "%s%s %.3g GB %s-node, %s s on the link",
-                  traffic.empty() ? "" : "; ", c.dim.c_str(), c.bytes / 1e9,
+    std::snprintf(buf, sizeof(buf), "%s%s %.3g GB in %.4g ops %s-node, %s s on the link",
+                  traffic.empty() ? "" : "; ", c.dim.c_str(), c.bytes / 1e9, c.count,
                   c.inter_node ? "inter" : "intra", seconds_text(c.seconds).c_str());
     traffic += buf;
   }
@@ -352,11 +377,11 @@ int run_plan(const std::vector<std::string>& args) {
               (long long)c.training.seq_len, at::toString(training_compute_dtype(c.training)));
   std::printf(
       "cluster: %lld node%s x %lld = %lld devices, %s: %s (%s reserved), %.4g TFLOP/s peak "
-      "at MFU %.0f%%, %.4g GB/s in a node, %.4g GB/s across nodes%s\n",
+      "at MFU %.0f%%, %.4g GB/s in a node, %.4g GB/s across nodes, %.3g us per collective%s\n",
       (long long)request.nodes, request.nodes == 1 ? "" : "s", (long long)request.gpus_per_node,
       (long long)world, h.name.c_str(), gib_text(h.memory_bytes).c_str(),
       gib_text(h.reserved_bytes).c_str(), h.peak_flops / 1e12, 100 * request.mfu,
-      h.intra_node_bps / 1e9, h.inter_node_bps / 1e9,
+      h.intra_node_bps / 1e9, h.inter_node_bps / 1e9, h.latency_s * 1e6,
       h.comm_overlaps_compute ? "; FSDP/DP traffic overlaps compute"
                               : "; no communication overlaps compute");
   std::vector<std::pair<std::string, int64_t>> reasons(plan.rejected.begin(), plan.rejected.end());

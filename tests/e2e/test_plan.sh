@@ -39,7 +39,7 @@ expect_exit 0 "$TITAN" plan --job.config_file configs/llama3/llama3_70b.toml \
   --parallelism.pipeline_parallel_schedule Interleaved1F1B --top 1
 expect_output "^#1 .*pp 4 Interleaved1F1B"
 expect_output "bubble [0-9.e-]+ \([0-9.]+% of the pipeline\)"
-expect_output "pp [0-9.e+]+ GB inter-node"
+expect_output "pp [0-9.e+]+ GB in [0-9.e+]+ ops inter-node"
 plan_agrees_with_inspect 16 configs/llama3/llama3_70b.toml
 
 # MoE: expert parallelism is searched.
@@ -47,7 +47,7 @@ expect_exit 0 "$TITAN" plan --model.name qwen3 --model.flavor debugmodel_moe \
   --training.seq_len 256 --training.global_batch_size 8 --gpus_per_node 8 \
   --parallelism.expert_parallel_degree 8 --top 1
 expect_output "^#1 .*ep 8"
-expect_output "ep [0-9.e+-]+ GB intra-node"
+expect_output "ep [0-9.e+-]+ GB in [0-9.e+]+ ops intra-node"
 
 # Nothing fits: 405B on one GPU.
 expect_exit 0 "$TITAN" plan --model.flavor 405B --training.seq_len 8192 \
@@ -62,6 +62,9 @@ expect_exit 0 "$TITAN" plan --cpu --job.config_file configs/llama3/debug_model.t
 expect_output "this CPU \(1/2 of it per rank\)"
 expect_output "no communication overlaps compute"
 expect_output "^#1 tp 2"
+expect_exit 0 "$TITAN" plan --cpu --model.flavor debugmodel --training.seq_len 64 \
+  --training.global_batch_size 8 --gpus_per_node 2 --peak_tflops 0.1 --intra_node_gbps 1 --top 1
+expect_output "0.1 TFLOP/s peak at MFU 40%, 1 GB/s in a node, 1 GB/s across nodes"
 
 # Bad flags name themselves.
 expect_exit 2 "$TITAN" plan --nodes 0

@@ -224,12 +224,14 @@ Hardware gpu_preset(const std::string& name, const std::string& flag) {
   // Datasheet dense bf16 peaks (TorchTitan's MFU table), NVLink per-direction bandwidth per GPU,
   // InfiniBand NDR 400 Gb/s (H100 / H200) or HDR 200 Gb/s (A100) per GPU. Reserved: the CUDA
   // context, NCCL's buffers and the caching allocator's fragmentation, a tenth of the memory.
+  // A small NCCL collective takes some 20 us.
+  constexpr double kNcclLatency = 20e-6;
   if (lower == "h100") {
-    h = {"H100 SXM", 80 * kGiB, 8 * kGiB, 989e12, 450 * kGB, 50 * kGB, true};
+    h = {"H100 SXM", 80 * kGiB, 8 * kGiB, 989e12, 450 * kGB, 50 * kGB, true, kNcclLatency};
   } else if (lower == "h200") {
-    h = {"H200 SXM", 141 * kGiB, 14.1 * kGiB, 989e12, 450 * kGB, 50 * kGB, true};
+    h = {"H200 SXM", 141 * kGiB, 14.1 * kGiB, 989e12, 450 * kGB, 50 * kGB, true, kNcclLatency};
   } else if (lower == "a100") {
-    h = {"A100 SXM", 80 * kGiB, 8 * kGiB, 312e12, 300 * kGB, 25 * kGB, true};
+    h = {"A100 SXM", 80 * kGiB, 8 * kGiB, 312e12, 300 * kGB, 25 * kGB, true, kNcclLatency};
   } else {
     throw ConfigError(flag + " '" + name + "' is not a GPU preset" +
                       suggestion(lower, gpu_preset_names(), "presets") +
@@ -373,25 +375,31 @@ void predict_time(const PlanRequest& request, const ModelFacts& m, const Layout&
 
   // Critical-path collectives per forward-backward.
   std::vector<Collective> comm;
-  const auto add = [&](const std::string& dim_name, double bytes, int64_t span, bool hidden) {
+  // Forward-backwards (microbatches under PP) per accumulation step.
+  const double runs = pipeline != nullptr ? static_cast<double>(pipeline->n_microbatches) : 1.0;
+  const auto add = [&](const std::string& dim_name, double bytes, double count, int64_t span,
+                       bool hidden) {
     Collective c;
     c.dim = dim_name;
     c.bytes = bytes;
+    c.count = count;
     c.inter_node = links.crosses(span);
-    c.seconds = bytes / links.bandwidth(span);
+    c.seconds = count * hw.latency_s + bytes / links.bandwidth(span);
     c.exposed = hidden ? 0 : c.seconds;
     comm.push_back(c);
   };
   const double tpf = static_cast<double>(l.tp - 1) / static_cast<double>(l.tp);
   if (l.tp > 1) {
     const double x = seqs * T / static_cast<double>(l.cp) * dim * cb;
-    add("tp", a * ((8 + 4 * r) * layers + 4.0 / static_cast<double>(l.pp)) * x * tpf, l.tp, false);
+    const double per_run = (8 + 4 * r) * layers + 4.0 / static_cast<double>(l.pp);
+    add("tp", a * per_run * x * tpf, a * runs * per_run, l.tp, false);
   }
   if (l.cp > 1) {
     const double chunk = seqs * T / static_cast<double>(l.cp) * 2.0 *
                          static_cast<double>(m.n_kv_heads) / static_cast<double>(l.tp) *
                          static_cast<double>(m.stats.head_dim) * cb;
-    add("cp", a * (3 + r) * layers * static_cast<double>(l.cp - 1) * chunk, l.cp * l.tp, false);
+    const double per_run = (3 + r) * layers * static_cast<double>(l.cp - 1);
+    add("cp", a * per_run * chunk, a * runs * per_run, l.cp * l.tp, false);
   }
   if (l.ep > 1) {
     const double tokens = seqs * T / static_cast<double>(l.cp * l.tp);
@@ -399,7 +407,7 @@ void predict_time(const PlanRequest& request, const ModelFacts& m, const Layout&
     add("ep",
         a * (4 + 2 * r) * moe_layers * tokens * static_cast<double>(m.top_k) * dim * cb *
             static_cast<double>(l.ep - 1) / static_cast<double>(l.ep),
-        l.ep, false);
+        a * runs * (4 + 2 * r) * moe_layers, l.ep, false);
   }
   double critical_acc = compute_acc;
   for (const Collective& c : comm) critical_acc += c.seconds / a;
@@ -416,8 +424,8 @@ void predict_time(const PlanRequest& request, const ModelFacts& m, const Layout&
   const int64_t expert_fsdp = l.ep > 1 ? l.dp_shard * l.cp * l.tp / l.ep : fsdp;
   // titan's FSDP reshards after forward unless "never", microbatch by microbatch under PP too.
   const double gathers = p.fsdp_reshard_after_forward == "never" ? 1 : 2;
-  const double passes =
-      a * (pipeline != nullptr ? static_cast<double>(pipeline->n_microbatches) : 1.0);
+  const double passes = a * runs;
+  const double units = layers + 2;  // blocks, embedding, output
   const int64_t dp_span = l.dp_shard * l.cp * l.tp;
   const size_t first_dp = comm.size();
   const auto ring = [](int64_t n) { return static_cast<double>(n - 1) / static_cast<double>(n); };
@@ -427,13 +435,13 @@ void predict_time(const PlanRequest& request, const ModelFacts& m, const Layout&
     if (expert_fsdp > 1) {
       bytes += (gathers * param_bytes + reduce_bytes) * expert_local * ring(expert_fsdp);
     }
-    add(kFsdp, passes * bytes, dp_span, true);
+    add(kFsdp, passes * bytes, passes * units * (gathers + 1), dp_span, true);
   }
   if (l.dp_replicate > 1) {
     const double shard =
         (dense_local + expert_local) / static_cast<double>(std::max<int64_t>(1, fsdp));
     add(fsdp > 1 ? "hsdp" : "ddp", passes * 2 * reduce_bytes * shard * ring(l.dp_replicate),
-        l.dp_replicate * dp_span, true);
+        passes * units, l.dp_replicate * dp_span, true);
   }
   double dp_total = 0;
   for (size_t i = first_dp; i < comm.size(); ++i) dp_total += comm[i].seconds;
@@ -448,7 +456,7 @@ void predict_time(const PlanRequest& request, const ModelFacts& m, const Layout&
     const double hop = static_cast<double>(pipeline->microbatch_size) * T /
                        static_cast<double>(l.cp) * dim * cb / static_cast<double>(l.tp);
     const int64_t pp_span = l.world();
-    const double hop_s = hop / links.bandwidth(pp_span);
+    const double hop_s = hw.latency_s + hop / links.bandwidth(pp_span);
     const PipelineSim sim = simulate_pipeline(*pipeline, r, hop_s / unit);
     out.bubble = a * (sim.makespan_no_comm - sim.busy) * unit;
     out.bubble_fraction = (sim.makespan_no_comm - sim.busy) / sim.makespan_no_comm;
@@ -458,6 +466,7 @@ void predict_time(const PlanRequest& request, const ModelFacts& m, const Layout&
     Collective c;
     c.dim = "pp";
     c.bytes = a * hops * hop;
+    c.count = a * hops;
     c.inter_node = links.crosses(pp_span);
     c.seconds = a * hops * hop_s;
     c.exposed = a * (sim.makespan - sim.makespan_no_comm) * unit;
@@ -469,7 +478,7 @@ void predict_time(const PlanRequest& request, const ModelFacts& m, const Layout&
   // least one unit's share (the first all-gather, the last reduce-scatter).
   double dp_exposed = dp_total;
   if (hw.comm_overlaps_compute) {
-    dp_exposed = std::max(dp_total - out.compute, dp_total / (layers + 2));
+    dp_exposed = std::max(dp_total - out.compute, dp_total / units);
   }
   for (size_t i = first_dp; i < comm.size() && comm[i].dim != "pp"; ++i) {
     comm[i].exposed = dp_total > 0 ? dp_exposed * comm[i].seconds / dp_total : 0;

@@ -18,7 +18,8 @@
 //               `mfu` is the efficiency of the work actually done, recomputation included; the
 //               MFU printed (TorchTitan's) counts useful FLOPs only.
 //   collectives, bytes per device (ring volumes: an all-gather / reduce-scatter of a tensor of
-//   X bytes moves X (n-1)/n, an all-reduce 2 X (n-1)/n), each over the intra-node link when its
+//   X bytes moves X (n-1)/n, an all-reduce 2 X (n-1)/n) at the link's bandwidth, plus a fixed
+//   latency per collective (Hardware::latency_s), each over the intra-node link when its
 //   group fits in one node (mesh order pp, dp_replicate, dp_shard, cp, tp, innermost fastest:
 //   a group fits when its span, its own size times the degrees inside it, is at most the
 //   devices per node), else over the inter-node link:
@@ -83,6 +84,7 @@ struct Hardware {
   double intra_node_bps = 0;  // bytes/s per device over the link inside a node
   double inter_node_bps = 0;  // bytes/s per device across nodes
   bool comm_overlaps_compute = true;
+  double latency_s = 0;  // per collective (and per pipeline hop), whatever its size
 };
 
 // H100 / H200 / A100 (SXM, bf16 dense peak; NVLink and 400 / 200 Gb/s InfiniBand per GPU).
@@ -129,8 +131,9 @@ struct Layout {
 struct Collective {
   std::string dim;   // "fsdp", "hsdp", "ddp", "tp", "cp", "ep", "pp"
   double bytes = 0;  // per device per step
+  double count = 0;  // collectives (or pipeline hops) per device per step
   bool inter_node = false;
-  double seconds = 0;  // at the link's bandwidth
+  double seconds = 0;  // count x latency + bytes / the link's bandwidth
   double exposed = 0;  // what the step waits for
 };
 
