@@ -122,6 +122,23 @@ grep -q '^\[rank 1\] .*selftest passed (rank 1 of 2)' "$WORK/ifname.node1" ||
   fail "ifname: rank 1 on the second host did not pass"
 echo "two hosts, GLOO_SOCKET_IFNAME=eth0: selftest passed"
 
+# --- an interface that cannot carry the job: an error at start-up on both nodes, naming it ---
+for bad in lo nosuch0; do
+  start_on_hosts "bad_$bad" 1 GLOO_SOCKET_IFNAME=$bad -- selftest
+  wait_nodes
+  for node in 0 1; do
+    [ "${code[$node]}" != 0 ] && [ "${elapsed[$node]}" -le 30 ] ||
+      { tail -n 5 "$WORK/bad_$bad.node$node" >&2; fail "GLOO_SOCKET_IFNAME=$bad: node $node"; }
+    grep -q "GLOO_SOCKET_IFNAME=$bad: " "$WORK/bad_$bad.node$node" ||
+      { tail -n 5 "$WORK/bad_$bad.node$node" >&2; fail "GLOO_SOCKET_IFNAME=$bad: no message"; }
+  done
+done
+grep -q "lo is the loopback interface.*the route to the master leaves from eth0 (${addr[1]}): GLOO_SOCKET_IFNAME=eth0" \
+  "$WORK/bad_lo.node1" || { tail -n 5 "$WORK/bad_lo.node1" >&2; fail "GLOO_SOCKET_IFNAME=lo: message"; }
+grep -q "this host has no interface nosuch0 with an address (it has eth0 ${addr[0]}, lo 127.0.0.1)" \
+  "$WORK/bad_nosuch0.node0" || { tail -n 5 "$WORK/bad_nosuch0.node0" >&2; fail "nosuch0: message"; }
+echo "two hosts, GLOO_SOCKET_IFNAME=lo or an unknown interface: refused at start-up, naming it"
+
 # --- FSDP over 2 hosts x 2 ranks against one process ---
 one=(--training.local_batch_size 8 --validation.local_batch_size 4)
 train single 1 "${one[@]}"

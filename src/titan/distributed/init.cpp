@@ -14,6 +14,8 @@
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include <arpa/inet.h>
+#include <ifaddrs.h>
+#include <net/if.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -24,6 +26,7 @@
 #include <cerrno>
 #include <csignal>
 #include <cstring>
+#include <map>
 #include <sstream>
 #include <stdexcept>
 #include <thread>
@@ -248,6 +251,92 @@ std::string address_towards(const std::string& host, int64_t port) {
 
 namespace {
 
+struct Interface {
+  std::vector<std::string> addresses;
+  bool up = false;
+  bool loopback = false;
+};
+
+// This host's interfaces by name, with their IPv4/IPv6 addresses.
+std::map<std::string, Interface> host_interfaces() {
+  std::map<std::string, Interface> out;
+  ifaddrs* list = nullptr;
+  if (getifaddrs(&list) != 0) return out;
+  for (const ifaddrs* a = list; a != nullptr; a = a->ifa_next) {
+    Interface& i = out[a->ifa_name];
+    i.up = i.up || (a->ifa_flags & IFF_UP) != 0;
+    i.loopback = i.loopback || (a->ifa_flags & IFF_LOOPBACK) != 0;
+    if (a->ifa_addr == nullptr) continue;
+    const int family = a->ifa_addr->sa_family;
+    if (family != AF_INET && family != AF_INET6) continue;
+    char text_addr[INET6_ADDRSTRLEN] = {};
+    const void* raw =
+        family == AF_INET
+            ? static_cast<const void*>(&reinterpret_cast<const sockaddr_in*>(a->ifa_addr)->sin_addr)
+            : static_cast<const void*>(
+                  &reinterpret_cast<const sockaddr_in6*>(a->ifa_addr)->sin6_addr);
+    if (inet_ntop(family, raw, text_addr, sizeof(text_addr)) != nullptr) {
+      i.addresses.push_back(text_addr);
+    }
+  }
+  freeifaddrs(list);
+  return out;
+}
+
+// "lo 127.0.0.1, eth0 10.0.0.2"
+std::string interfaces_text(const std::map<std::string, Interface>& all) {
+  std::string s;
+  for (const auto& [name, i] : all) {
+    if (i.addresses.empty()) continue;
+    s += (s.empty() ? "" : ", ") + name + " " + i.addresses.front() + (i.up ? "" : " (down)");
+  }
+  return s.empty() ? "none with an address" : s;
+}
+
+// Every interface GLOO_SOCKET_IFNAME names must exist here, be up and have an address; a
+// loopback one cannot carry a job whose master is reached over the network (the ranks of the
+// other nodes would dial their own loopback).
+void check_socket_ifnames(const std::string& ifnames, const LaunchEnv& env) {
+  const auto all = host_interfaces();
+  std::string route;  // "eth0 (10.0.0.2)": where the route to the master leaves
+  std::string local;
+  try {
+    local = address_towards(env.master_addr, env.master_port);
+    for (const auto& [name, i] : all) {
+      if (std::find(i.addresses.begin(), i.addresses.end(), local) != i.addresses.end()) {
+        route = name + " (" + local + ")";
+      }
+    }
+  } catch (const std::exception&) {
+  }
+  const std::string hint = route.empty()
+                               ? ""
+                               : "; the route to the master leaves from " + route +
+                                     ": GLOO_SOCKET_IFNAME=" + route.substr(0, route.find(' '));
+  std::stringstream names(ifnames);
+  std::string name;
+  while (std::getline(names, name, ',')) {
+    if (name.empty()) continue;
+    const auto found = all.find(name);
+    const std::string what = "GLOO_SOCKET_IFNAME=" + ifnames + ": ";
+    if (found == all.end() || found->second.addresses.empty()) {
+      throw dist::CommError(what + "this host has no interface " + name +
+                            " with an address (it has " + interfaces_text(all) + ")" + hint);
+    }
+    if (!found->second.up) {
+      throw dist::CommError(what + "interface " + name +
+                            " is down (interfaces: " + interfaces_text(all) + ")" + hint);
+    }
+    const bool master_via_loopback = local.rfind("127.", 0) == 0 || local == "::1";
+    if (found->second.loopback && env.world_size != env.local_world_size && !local.empty() &&
+        !master_via_loopback) {
+      throw dist::CommError(what + name + " is the loopback interface, which the ranks of other " +
+                            "nodes cannot reach (master_addr " + env.master_addr + " is reached " +
+                            "over the network)" + hint);
+    }
+  }
+}
+
 // "node 1, host gpu7, 10.0.0.2": the node, the host name and the address other nodes reach it at
 // (where the route to the master leaves; the host name alone may resolve to loopback).
 std::string where_this_rank_runs(const LaunchEnv& env) {
@@ -383,6 +472,8 @@ dist::GroupOptions world_group_options(const DistributedContext& dist, const Com
     if (!loopback || dist.env.world_size == dist.env.local_world_size) {
       options.gloo_hostname = local;
     }
+  } else if (!device.is_cuda()) {
+    check_socket_ifnames(ifname, dist.env);
   }
   if (dist.liveness) options.diagnose = dist.liveness->diagnoser();
   return options;

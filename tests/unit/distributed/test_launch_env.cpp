@@ -8,6 +8,9 @@
 
 #include <gtest/gtest.h>
 
+#include <arpa/inet.h>
+#include <ifaddrs.h>
+#include <net/if.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -554,6 +557,60 @@ TEST(WorldGroupOptions, GlooBindsWhereTheRouteToTheMasterLeaves) {
   }
   // GLOO_SOCKET_IFNAME wins over the route.
   ::setenv("GLOO_SOCKET_IFNAME", "lo", 1);
+  EXPECT_EQ(world_group_options(dist, CommSection{}).gloo_hostname, "");
+  ::unsetenv("GLOO_SOCKET_IFNAME");
+}
+
+TEST(WorldGroupOptions, GlooSocketIfnameMustNameAnInterfaceThatCanReachTheOtherNodes) {
+  DistributedContext dist;
+  dist.env.world_size = 4;
+  dist.env.local_world_size = 2;
+  dist.env.master_addr = "127.0.0.1";
+  dist.env.master_port = 29500;
+  // Not an interface of this host: the message lists the ones it has.
+  ::setenv("GLOO_SOCKET_IFNAME", "nosuch0", 1);
+  dist.env.master_addr = "localhost";
+  try {
+    (void)world_group_options(dist, CommSection{});  // a loopback master: the variable is unused
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << e.what();
+  }
+  // Any address of this host that is not loopback stands for a master on the network.
+  std::string other;
+  ifaddrs* list = nullptr;
+  ASSERT_EQ(getifaddrs(&list), 0);
+  for (const ifaddrs* a = list; a != nullptr; a = a->ifa_next) {
+    if (a->ifa_addr == nullptr || a->ifa_addr->sa_family != AF_INET) continue;
+    if ((a->ifa_flags & IFF_LOOPBACK) != 0 || (a->ifa_flags & IFF_UP) == 0) continue;
+    char text[INET_ADDRSTRLEN] = {};
+    inet_ntop(AF_INET, &reinterpret_cast<const sockaddr_in*>(a->ifa_addr)->sin_addr, text,
+              sizeof(text));
+    other = text;
+  }
+  freeifaddrs(list);
+  if (other.empty()) GTEST_SKIP() << "this host has no non-loopback IPv4 address";
+  dist.env.master_addr = other;
+  try {
+    (void)world_group_options(dist, CommSection{});
+    ADD_FAILURE() << "GLOO_SOCKET_IFNAME=nosuch0 was accepted";
+  } catch (const dist::CommError& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("GLOO_SOCKET_IFNAME=nosuch0: this host has no interface nosuch0"),
+              std::string::npos)
+        << what;
+    EXPECT_NE(what.find("lo 127.0.0.1"), std::string::npos) << what;
+  }
+  // Loopback cannot reach the other nodes when the master is reached over the network.
+  ::setenv("GLOO_SOCKET_IFNAME", "lo", 1);
+  try {
+    (void)world_group_options(dist, CommSection{});
+    ADD_FAILURE() << "GLOO_SOCKET_IFNAME=lo was accepted for a master on the network";
+  } catch (const dist::CommError& e) {
+    EXPECT_NE(std::string(e.what()).find("lo is the loopback interface"), std::string::npos)
+        << e.what();
+  }
+  // ... but carries a job on one node.
+  dist.env.local_world_size = 4;
   EXPECT_EQ(world_group_options(dist, CommSection{}).gloo_hostname, "");
   ::unsetenv("GLOO_SOCKET_IFNAME");
 }
