@@ -2,8 +2,8 @@
 # Calibration of `titan plan --cpu` on this machine: trains the layouts of the parallelism
 # end-to-end tests (debug model, seq 64, global batch 8, float32, selective AC every 2nd block;
 # one process, FSDP 2, DDP 2, TP 2, PP 2, CP 2, FSDP 2 x TP 2) and a bigger flavor, takes the
-# best tokens/s per rank over the steady steps of REPEATS runs (the cores are shared, timings are
-# noisy) and the peak RSS of rank 0, and prints them beside the planner's predictions and the
+# best tokens/s per rank over the steady steps of REPEATS rounds (each round runs every layout
+# once, so that a busy spell of the shared cores hits all of them alike) and the peak RSS of rank 0, and prints them beside the planner's predictions and the
 # relative errors. One figure is fitted: the compute efficiency (--mfu), from the single-process
 # run of each model; the peak is this machine's GEMM probe, the link its measured Gloo loopback
 # bandwidth (both from `titan plan --cpu`). Memory is predicted as the planner's estimate plus
@@ -59,26 +59,34 @@ fixed=(--parallelism.data_parallel_replicate_degree 1 --parallelism.data_paralle
   --parallelism.pipeline_parallel_degree 1 --activation_checkpoint.mode selective
   --activation_checkpoint.selective_ac_option 2)
 
-printf '%-12s %-9s %5s %12s %12s %8s %11s %11s %8s\n' model layout procs 'tok/s meas' \
-  'tok/s pred' error 'GiB meas' 'GiB pred' error
-mfu=""
-for entry in "${layouts[@]}"; do
-  IFS='|' read -r name procs flavor seq extra <<<"$entry"
+# job ENTRY: sets name procs flavor seq, the layout's overrides and the common ones.
+job() {
+  IFS='|' read -r name procs flavor seq extra <<<"$1"
   # shellcheck disable=SC2206
   layout=(${fixed[@]} $extra)
   common=(--job.config_file configs/llama3/debug_model.toml --model.flavor "$flavor"
     --training.seq_len "$seq" --training.global_batch_size 8 --training.steps "$steps"
     --training.mixed_precision_param float32 --metrics.log_freq 1 --validation.enable false
     --checkpoint.enable false --lr_scheduler.warmup_steps 2)
-  files=()
-  for r in $(seq 1 "$repeats"); do
+}
+
+for r in $(seq 1 "$repeats"); do
+  for entry in "${layouts[@]}"; do
+    job "$entry"
     dir="$out/$flavor-$name-$r"
     cmd=("$titan" train)
     [ "$procs" = 1 ] || cmd=("$titan" run --nproc_per_node "$procs" -- train)
     "${cmd[@]}" "${common[@]}" "${layout[@]}" --job.dump_folder "$dir" >"$dir.log" 2>&1 ||
       { cat "$dir.log" >&2; exit 1; }
-    files+=("$dir/metrics.jsonl")
   done
+done
+
+printf '%-12s %-9s %5s %12s %12s %8s %11s %11s %8s\n' model layout procs 'tok/s meas' \
+  'tok/s pred' error 'GiB meas' 'GiB pred' error
+mfu=""
+for entry in "${layouts[@]}"; do
+  job "$entry"
+  files=("$out/$flavor-$name"-*/metrics.jsonl)
   tps=$(best tps "${files[@]}")
   gib=$(best memory_gib "${files[@]}")
   per_rank_tflops=$(awk -v t="$machine_tflops" -v n="$procs" 'BEGIN { printf "%.6g", t / n }')
