@@ -33,14 +33,15 @@ plan_agrees_with_inspect() {
 cp "$WORK/plan8b" "$WORK/out"
 plan_agrees_with_inspect 8 configs/llama3/llama3_8b.toml
 
-# A pipeline (its stages hold the schedule's microbatches in flight) and 2 nodes.
+# A pipeline (its stages hold the schedule's microbatches in flight and keep their weights
+# gathered between them) and 4 nodes.
 expect_exit 0 "$TITAN" plan --job.config_file configs/llama3/llama3_70b.toml \
-  --training.global_batch_size 64 --nodes 2 --parallelism.pipeline_parallel_degree 4 \
+  --training.global_batch_size 64 --nodes 4 --parallelism.pipeline_parallel_degree 4 \
   --parallelism.pipeline_parallel_schedule Interleaved1F1B --top 1
 expect_output "^#1 .*pp 4 Interleaved1F1B"
 expect_output "bubble [0-9.e-]+ \([0-9.]+% of the pipeline\)"
 expect_output "pp [0-9.e+]+ GB in [0-9.e+]+ ops inter-node"
-plan_agrees_with_inspect 16 configs/llama3/llama3_70b.toml
+plan_agrees_with_inspect 32 configs/llama3/llama3_70b.toml
 
 # MoE: expert parallelism is searched.
 expect_exit 0 "$TITAN" plan --model.name qwen3 --model.flavor debugmodel_moe \

@@ -120,14 +120,14 @@ MemoryEstimate estimate_training_memory(const ModelSpec& spec, const std::string
   if (compute_dtype == at::kBFloat16 && !options.bf16_state) {
     // Tensor parallelism splits the copies over its ranks (activation_shards is its degree).
     // FSDP (param_shards beyond that) gathers one unit at a time: about two blocks' worth are
-    // alive at once, the one running and the one prefetched.
+    // alive at once, the one running and the one prefetched (all of them when it keeps them).
     const double tp = static_cast<double>(activation_shards);
     double copies = 2 * n / tp;
     if (options.expert_shards > 1) {
       const double experts = static_cast<double>(routed_expert_params(spec, flavor));
       copies = 2 * ((n - experts) / tp + experts / static_cast<double>(options.expert_shards));
     }
-    if (shards > tp)
+    if (shards > tp && !options.fsdp_keeps_gathered)
       copies =
           std::min(copies, 2.0 * copies / static_cast<double>(std::max<int64_t>(1, one.n_layers)));
     e.parts.push_back({"bf16 weight copies", copies});

@@ -50,6 +50,10 @@ struct MemoryOptions {
   // whole local batch: this many sequences at the schedule's peak, in units of all the rank's
   // layers (see training_memory_options, parallel/planner.h); 0: the whole batch.
   double pipeline_sequences_in_flight = 0;
+  // FSDP keeps every unit gathered from its forward to its backward (reshard_after_forward
+  // "never", the default under pipeline parallelism, so that microbatches do not gather again):
+  // all the rank's bf16 weight copies are alive at once, not two blocks' worth.
+  bool fsdp_keeps_gathered = false;
   // Expert parallelism: each rank holds 1 / expert_shards of every MoE layer's routed experts,
   // so FSDP gathers only that share of them (the bf16 copies).
   int64_t expert_shards = 1;

@@ -174,6 +174,9 @@ MemoryOptions training_memory_options(const JobConfig& config, int64_t param_sha
   o.ac_per_op = ac.per_op;
   o.bf16_state = config.training.dtype == "bfloat16";
   o.expert_shards = std::max<int64_t>(1, p.expert_parallel_degree);
+  // data_parallel.cpp: "never" keeps the units gathered, and so does "default" under PP.
+  o.fsdp_keeps_gathered = p.fsdp_reshard_after_forward == "never" ||
+                          (pp > 1 && p.fsdp_reshard_after_forward == "default");
   if (pp > 1) {
     // The stage keeps the microbatches its schedule has in flight (1F1B: pp at the first
     // stage; GPipe: all of them).
@@ -422,8 +425,11 @@ void predict_time(const PlanRequest& request, const ModelFacts& m, const Layout&
                              (static_cast<double>(l.tp) * pp_d);
   const double expert_local = m.expert_params / (static_cast<double>(l.ep) * pp_d);
   const int64_t expert_fsdp = l.ep > 1 ? l.dp_shard * l.cp * l.tp / l.ep : fsdp;
-  // titan's FSDP reshards after forward unless "never", microbatch by microbatch under PP too.
-  const double gathers = p.fsdp_reshard_after_forward == "never" ? 1 : 2;
+  // titan's FSDP reshards after forward (and gathers again for backward) unless "never", which
+  // is also what "default" means under PP (parallelized_model.cpp): one gather per microbatch.
+  const bool keeps = p.fsdp_reshard_after_forward == "never" ||
+                     (l.pp > 1 && p.fsdp_reshard_after_forward == "default");
+  const double gathers = keeps ? 1 : 2;
   const double passes = a * runs;
   const double units = layers + 2;  // blocks, embedding, output
   const int64_t dp_span = l.dp_shard * l.cp * l.tp;

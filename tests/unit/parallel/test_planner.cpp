@@ -97,6 +97,8 @@ TEST(Planner, MemoryIsTheTrainersEstimate) {
     o.ac_every = l.ac == "full" ? 1 : (l.ac == "none" || l.ac == "op" ? 0 : std::stoll(l.ac));
     o.ac_per_op = l.ac == "op";
     if (l.pp > 1) o.pipeline_sequences_in_flight = std::min(l.pp, l.local_batch_size);
+    // Under PP, FSDP keeps the stage's units gathered between microbatches.
+    o.fsdp_keeps_gathered = l.pp > 1;
     const MemoryEstimate e =
         estimate_training_memory(spec, "8B", l.local_batch_size, 8192, at::kBFloat16, o);
     ASSERT_EQ(e.parts.size(), p.memory.parts.size());
