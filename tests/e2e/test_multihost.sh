@@ -92,14 +92,21 @@ wait_for_step() {
 }
 
 # wait_nodes: waits for both nodes of the last start_on_hosts; their exit codes go to code[],
-# the seconds from now until each ended to elapsed[].
+# the seconds from now until each ended to elapsed[] (each its own: both are watched).
 wait_nodes() {
-  local since; since=$(date +%s)
+  local since left=2 node
+  since=$(date +%s)
   code=()
   elapsed=()
-  for node in 0 1; do
-    set +e; wait "${node_pid[$node]}"; code[$node]=$?; set -e
-    elapsed[$node]=$(($(date +%s) - since))
+  while [ $left -gt 0 ]; do
+    for node in 0 1; do
+      [ -z "${code[$node]:-}" ] || continue
+      kill -0 "${node_pid[$node]}" 2>/dev/null && continue
+      set +e; wait "${node_pid[$node]}"; code[$node]=$?; set -e
+      elapsed[$node]=$(($(date +%s) - since))
+      left=$((left - 1))
+    done
+    sleep 0.2
   done
 }
 

@@ -25,9 +25,10 @@
 //   devices per node), else over the inter-node link:
 //     FSDP    per forward-backward (per microbatch under PP), all-gather of the rank's bf16
 //             parameters (params / (tp pp)) in forward and again in backward (titan reshards
-//             after forward unless fsdp_reshard_after_forward = "never"; TorchTitan keeps a
-//             stage's parameters gathered across microbatches under PP), reduce-scatter of
-//             the gradients in training.mixed_precision_reduce (float32); over dp_shard x cp
+//             after forward unless fsdp_reshard_after_forward = "never", which is also what
+//             "default" means under PP: then once, and the memory estimate counts the whole
+//             stage gathered), reduce-scatter of the gradients in
+//             training.mixed_precision_reduce (float32); over dp_shard x cp
 //             (routed experts: over dp_shard x cp x tp / ep, their own 1 / ep share)
 //     HSDP/DDP all-reduce of the (sharded) gradients across dp_replicate, as often
 //     TP      sequence parallelism: per block 2 all-gathers + 2 reduce-scatters of the (batch,
