@@ -39,11 +39,11 @@ constexpr const char* kUsage =
     "                  [--ac none,2,op,full] [--pp_schedules 1F1B,Interleaved1F1B]\n"
     "\n"
     "Enumerates the layouts of a training job over nodes x gpus_per_node devices (dp_replicate,\n"
-    "dp_shard, cp, tp, pp with its schedule, ep for MoE models, activation checkpointing, local\n"
-    "batch and gradient accumulation), keeps those the trainer accepts and that fit, and prints\n"
-    "the fastest with per-device memory (the estimate `titan inspect` and `titan train` use),\n"
-    "step time (compute, bubble, exposed communication per dimension), tokens/s per device, MFU\n"
-    "and the reason, then the rejected layouts counted by reason and where the config's own\n"
+    "dp_shard, cp, tp, pp with its schedule, ep and etp for MoE models, activation checkpointing,\n"
+    "local batch and gradient accumulation), keeps those the trainer accepts and that fit, and\n"
+    "prints the fastest with per-device memory (the estimate `titan inspect` and `titan train`\n"
+    "use), step time (compute, bubble, exposed communication per dimension), tokens/s per device,\n"
+    "MFU and the reason, then the rejected layouts counted by reason and where the config's own\n"
     "layout ranks. The cost model is in src/titan/parallel/planner.h.\n"
     "\n"
     "The job config gives the model (--model.name, --model.flavor), --training.seq_len,\n"
@@ -357,6 +357,7 @@ int run_plan(const std::vector<std::string>& args) {
   request.fix_tp = given(a, "parallelism.tensor_parallel_degree");
   request.fix_pp = given(a, "parallelism.pipeline_parallel_degree");
   request.fix_ep = given(a, "parallelism.expert_parallel_degree");
+  request.fix_etp = given(a, "parallelism.expert_tensor_parallel_degree");
   request.fix_local_batch = given(a, "training.local_batch_size");
   request.fix_ac = given(a, "activation_checkpoint.mode") ||
                    given(a, "activation_checkpoint.selective_ac_option");

@@ -17,21 +17,23 @@ expect_output "tokens/s per device [0-9,]+, MFU [0-9.]+%"
 expect_output "^the config's layout, rank [0-9]+ of [0-9]+: dp_shard 8, AC op"
 cp "$WORK/out" "$WORK/plan8b"
 
-# plan_agrees_with_inspect WORLD CONFIG: #1's memory equals inspect's total for #1's overrides.
+# plan_agrees_with_inspect WORLD ARGS...: #1's memory equals inspect's total for the job ARGS
+# with #1's overrides.
 plan_agrees_with_inspect() {
-  local world="$1" config="$2"
+  local world="$1"
+  shift
   local overrides plan_gib inspect_gib
   overrides=$(sed -n 's/^   config: //p' "$WORK/out" | head -n 1)
   plan_gib=$(sed -nE 's/^   memory per device ([0-9.]+) GiB.*/\1/p' "$WORK/out" | head -n 1)
   [ -n "$overrides" ] && [ -n "$plan_gib" ] || { cat "$WORK/out" >&2; fail "no #1 layout"; }
   # shellcheck disable=SC2086
-  expect_exit 0 env WORLD_SIZE="$world" "$TITAN" inspect --job.config_file "$config" $overrides
+  expect_exit 0 env WORLD_SIZE="$world" "$TITAN" inspect "$@" $overrides
   inspect_gib=$(sed -nE 's/^  total +([0-9.]+) GiB.*/\1/p' "$WORK/out")
   [ "$plan_gib" = "$inspect_gib" ] || fail "plan says $plan_gib GiB, inspect $inspect_gib GiB ($overrides)"
   echo "plan and inspect agree: $plan_gib GiB ($overrides)"
 }
 cp "$WORK/plan8b" "$WORK/out"
-plan_agrees_with_inspect 8 configs/llama3/llama3_8b.toml
+plan_agrees_with_inspect 8 --job.config_file configs/llama3/llama3_8b.toml
 
 # A pipeline (its stages hold the schedule's microbatches in flight and keep their weights
 # gathered between them) and 4 nodes.
@@ -41,7 +43,7 @@ expect_exit 0 "$TITAN" plan --job.config_file configs/llama3/llama3_70b.toml \
 expect_output "^#1 .*pp 4 Interleaved1F1B"
 expect_output "bubble [0-9.e-]+ \([0-9.]+% of the pipeline\)"
 expect_output "pp [0-9.e+]+ GB in [0-9.e+]+ ops inter-node"
-plan_agrees_with_inspect 32 configs/llama3/llama3_70b.toml
+plan_agrees_with_inspect 32 --job.config_file configs/llama3/llama3_70b.toml
 
 # MoE: expert parallelism is searched.
 expect_exit 0 "$TITAN" plan --model.name qwen3 --model.flavor debugmodel_moe \
@@ -49,6 +51,27 @@ expect_exit 0 "$TITAN" plan --model.name qwen3 --model.flavor debugmodel_moe \
   --parallelism.expert_parallel_degree 8 --top 1
 expect_output "^#1 .*ep 8"
 expect_output "ep [0-9.e+-]+ GB in [0-9.e+]+ ops intra-node"
+
+# MoE under TP: whole experts on every tp rank (etp 1: FSDP's share of them, their gradients
+# all-reduced over tp) or each split over tp (etp 2); inspect agrees with both.
+moe=(--model.name qwen3 --model.flavor debugmodel_moe --training.seq_len 256 --training.local_batch_size 2)
+for etp in 1 2; do
+  expect_exit 0 "$TITAN" plan "${moe[@]}" --training.global_batch_size 8 --gpus_per_node 8 \
+    --parallelism.data_parallel_shard_degree 4 --parallelism.tensor_parallel_degree 2 \
+    --parallelism.expert_parallel_degree 1 --parallelism.expert_tensor_parallel_degree $etp --top 1
+  if [ $etp = 1 ]; then
+    expect_output "^#1 dp_shard 4, tp 2, AC"
+    expect_output "tp grads [0-9.e+-]+ GB in 1 ops intra-node"
+    whole_gib=$(sed -nE 's/^   memory per device ([0-9.]+) GiB.*/\1/p' "$WORK/out")
+  else
+    expect_output "^#1 dp_shard 4, tp 2, experts split over tp, AC"
+    ! grep -q "tp grads" "$WORK/out" || fail "split experts need no all-reduce of their gradients over tp"
+    split_gib=$(sed -nE 's/^   memory per device ([0-9.]+) GiB.*/\1/p' "$WORK/out")
+  fi
+  plan_agrees_with_inspect 8 "${moe[@]}"
+done
+awk -v w="$whole_gib" -v s="$split_gib" 'BEGIN { exit !(w > 1.3 * s) }' ||
+  fail "whole experts on every tp rank ($whole_gib GiB) should need more than split ones ($split_gib GiB)"
 
 # Nothing fits: 405B on one GPU.
 expect_exit 0 "$TITAN" plan --model.flavor 405B --training.seq_len 8192 \

@@ -110,23 +110,28 @@ MemoryEstimate estimate_training_memory(const ModelSpec& spec, const std::string
   const double n = static_cast<double>(one.n_params);
   const double shards = static_cast<double>(std::max<int64_t>(1, options.param_shards));
   const int64_t activation_shards = std::max<int64_t>(1, options.activation_shards);
+  // The routed experts, where they are split otherwise than the dense weights.
+  const bool own_split = options.expert_shards > 0 || options.expert_param_shards > 0;
+  const double experts = own_split ? static_cast<double>(routed_expert_params(spec, flavor)) : 0;
+  const double expert_param_shards =
+      options.expert_param_shards > 0 ? static_cast<double>(options.expert_param_shards) : shards;
+  // Parameters this rank holds (fp32 master weights, or bf16 with bf16_state).
+  const double held = (n - experts) / shards + experts / expert_param_shards;
   MemoryEstimate e;
   // AdamW keeps two moments per parameter, in the parameters' dtype.
   const double bytes = options.bf16_state ? 2 : 4;
   const std::string dtype = options.bf16_state ? "bf16" : "fp32";
-  e.parts.push_back({"weights (" + dtype + ")", bytes * n / shards});
-  e.parts.push_back({"gradients (" + dtype + ")", bytes * n / shards});
-  e.parts.push_back({"optimizer (AdamW " + dtype + ")", 2 * bytes * n / shards});
+  e.parts.push_back({"weights (" + dtype + ")", bytes * held});
+  e.parts.push_back({"gradients (" + dtype + ")", bytes * held});
+  e.parts.push_back({"optimizer (AdamW " + dtype + ")", 2 * bytes * held});
   if (compute_dtype == at::kBFloat16 && !options.bf16_state) {
     // Tensor parallelism splits the copies over its ranks (activation_shards is its degree).
     // FSDP (param_shards beyond that) gathers one unit at a time: about two blocks' worth are
     // alive at once, the one running and the one prefetched (all of them when it keeps them).
     const double tp = static_cast<double>(activation_shards);
-    double copies = 2 * n / tp;
-    if (options.expert_shards > 1) {
-      const double experts = static_cast<double>(routed_expert_params(spec, flavor));
-      copies = 2 * ((n - experts) / tp + experts / static_cast<double>(options.expert_shards));
-    }
+    const double expert_shards =
+        options.expert_shards > 0 ? static_cast<double>(options.expert_shards) : tp;
+    double copies = 2 * ((n - experts) / tp + experts / expert_shards);
     if (shards > tp && !options.fsdp_keeps_gathered)
       copies =
           std::min(copies, 2.0 * copies / static_cast<double>(std::max<int64_t>(1, one.n_layers)));

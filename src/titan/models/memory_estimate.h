@@ -54,9 +54,13 @@ struct MemoryOptions {
   // "never", the default under pipeline parallelism, so that microbatches do not gather again):
   // all the rank's bf16 weight copies are alive at once, not two blocks' worth.
   bool fsdp_keeps_gathered = false;
-  // Expert parallelism: each rank holds 1 / expert_shards of every MoE layer's routed experts,
-  // so FSDP gathers only that share of them (the bf16 copies).
-  int64_t expert_shards = 1;
+  // The routed experts of MoE layers, when they are not split like the dense weights: a rank's
+  // bf16 copies hold 1 / expert_shards of them (pp x ep x etp: expert parallelism gives each rank
+  // its own experts, etp = tp splits each expert over tp), its weights, gradients and optimizer
+  // state 1 / expert_param_shards (param_shards, but param_shards / tp when the tp ranks keep
+  // whole experts, replicated: tp > 1 without ep or etp). 0: as the dense weights.
+  int64_t expert_shards = 0;
+  int64_t expert_param_shards = 0;
 };
 
 // Parameters of the routed experts of `flavor` (all MoE layers; 0 for a dense model), from the

@@ -42,7 +42,7 @@ struct ModelFacts {
   int64_t n_kv_heads = 0;
   int64_t ffn_dim = 0;
   bool tied = false;
-  int64_t num_experts = 0, top_k = 0, moe_layers = 0;
+  int64_t num_experts = 0, top_k = 0, moe_layers = 0, expert_hidden = 0;
   double expert_params = 0;
 };
 
@@ -60,6 +60,7 @@ ModelFacts model_facts(const JobConfig& config) {
   if (args.contains("moe") && args["moe"].is_object()) {
     f.num_experts = args["moe"].value("num_experts", int64_t{0});
     f.top_k = args["moe"].value("top_k", int64_t{0});
+    f.expert_hidden = args["moe"].value("hidden_dim", int64_t{0});
     f.moe_layers = f.stats.n_layers - args.value("n_dense_layers", int64_t{0});
   }
   f.expert_params = static_cast<double>(routed_expert_params(spec, config.model.flavor));
@@ -135,13 +136,21 @@ std::string structural_rejection(const PlanRequest& request, const ModelFacts& m
     if (seq % l.tp != 0) return "seq_len not divisible by tp";
   }
   if (l.cp > 1 && seq % (2 * l.cp * l.tp) != 0) return "seq_len not divisible by 2 x cp x tp";
+  if (l.etp > 1) {
+    if (m.num_experts == 0) return "etp without MoE";
+    if (l.etp != l.tp) return "etp neither 1 nor tp";
+    if (m.expert_hidden % l.tp != 0) return "tp does not divide the experts' hidden dim";
+  }
   if (l.ep > 1) {
     if (m.num_experts == 0) return "ep without MoE";
     if (m.num_experts % l.ep != 0) return "ep does not divide num_experts";
+  }
+  if (l.ep > 1 || l.etp > 1) {
     try {
       resolve_parallel_degrees(l.degrees(), l.world());
     } catch (const ConfigError&) {
-      return "ep not a multiple of cp x tp within dp_shard x cp x tp";
+      return l.etp > 1 ? "ep not a multiple of cp within dp_shard x cp (etp = tp)"
+                       : "ep not a multiple of cp x tp within dp_shard x cp x tp";
     }
   }
   return "";
@@ -173,7 +182,15 @@ MemoryOptions training_memory_options(const JobConfig& config, int64_t param_sha
   o.ac_every = ac.every;
   o.ac_per_op = ac.per_op;
   o.bf16_state = config.training.dtype == "bfloat16";
-  o.expert_shards = std::max<int64_t>(1, p.expert_parallel_degree);
+  // Routed experts: each ep rank holds its own, each split over tp when etp = tp; FSDP then
+  // shards them over the rest (dp_shard_mod_ep), so a rank holds 1 / param_shards of them, except
+  // where the tp ranks all hold the same whole experts (tp > 1, no ep, etp 1).
+  const int64_t tp = std::max<int64_t>(1, p.tensor_parallel_degree);
+  const int64_t ep = std::max<int64_t>(1, p.expert_parallel_degree);
+  const int64_t etp = std::max<int64_t>(1, p.expert_tensor_parallel_degree);
+  o.expert_shards = pp * ep * etp;
+  o.expert_param_shards =
+      ep == 1 && etp < tp ? std::max<int64_t>(1, param_shards / tp) : param_shards;
   // data_parallel.cpp: "never" keeps the units gathered, and so does "default" under PP.
   o.fsdp_keeps_gathered = p.fsdp_reshard_after_forward == "never" ||
                           (pp > 1 && p.fsdp_reshard_after_forward == "default");
@@ -280,8 +297,13 @@ void PlanRequest::validate() const {
 }
 
 ParallelDegrees Layout::degrees() const {
-  return {
-      .dp_replicate = dp_replicate, .dp_shard = dp_shard, .cp = cp, .tp = tp, .pp = pp, .ep = ep};
+  return {.dp_replicate = dp_replicate,
+          .dp_shard = dp_shard,
+          .cp = cp,
+          .tp = tp,
+          .pp = pp,
+          .ep = ep,
+          .etp = etp};
 }
 
 Layout Layout::of(const ParallelDegrees& d) {
@@ -292,6 +314,7 @@ Layout Layout::of(const ParallelDegrees& d) {
   l.tp = d.tp;
   l.pp = d.pp;
   l.ep = d.ep;
+  l.etp = d.etp;
   return l;
 }
 
@@ -303,6 +326,7 @@ std::string Layout::describe() const {
   if (tp > 1) parts.push_back("tp " + std::to_string(tp));
   if (pp > 1) parts.push_back("pp " + std::to_string(pp) + " " + schedule);
   if (ep > 1) parts.push_back("ep " + std::to_string(ep));
+  if (etp > 1) parts.push_back("experts split over tp");
   if (parts.empty()) parts.push_back("1 device");
   const std::string ac_text = ac == "none" || ac == "full" || ac == "op" ? ac : "every " + ac;
   return join(parts) + ", AC " + ac_text + ", local batch " + std::to_string(local_batch_size) +
@@ -319,6 +343,7 @@ JobConfig Layout::apply(const JobConfig& base) const {
   p.tensor_parallel_degree = tp;
   p.pipeline_parallel_degree = pp;
   p.expert_parallel_degree = ep;
+  p.expert_tensor_parallel_degree = etp;
   if (pp > 1) p.pipeline_parallel_schedule = schedule;
   c.training.local_batch_size = local_batch_size;
   ActivationCheckpointSection& a = c.activation_checkpoint;
@@ -335,6 +360,9 @@ std::string Layout::overrides() const {
                   " --parallelism.pipeline_parallel_degree " + std::to_string(pp);
   if (pp > 1) s += " --parallelism.pipeline_parallel_schedule " + schedule;
   if (ep > 1) s += " --parallelism.expert_parallel_degree " + std::to_string(ep);
+  if (ep > 1 || etp > 1) {
+    s += " --parallelism.expert_tensor_parallel_degree " + std::to_string(etp);
+  }
   s += " --training.local_batch_size " + std::to_string(local_batch_size);
   if (ac == "none" || ac == "full") {
     s += " --activation_checkpoint.mode " + ac;
@@ -392,9 +420,14 @@ void predict_time(const PlanRequest& request, const ModelFacts& m, const Layout&
     comm.push_back(c);
   };
   const double tpf = static_cast<double>(l.tp - 1) / static_cast<double>(l.tp);
+  // MoE blocks on this pp rank.
+  const double moe_layers = static_cast<double>(m.moe_layers) / static_cast<double>(l.pp);
   if (l.tp > 1) {
     const double x = seqs * T / static_cast<double>(l.cp) * dim * cb;
-    const double per_run = (8 + 4 * r) * layers + 4.0 / static_cast<double>(l.pp);
+    // Experts kept whole (etp 1) run on the sequence shard: no gather around the MoE.
+    const double whole_expert_blocks = l.etp == 1 ? moe_layers : 0;
+    const double per_run =
+        (8 + 4 * r) * layers - (4 + 2 * r) * whole_expert_blocks + 4.0 / static_cast<double>(l.pp);
     add("tp", a * per_run * x * tpf, a * runs * per_run, l.tp, false);
   }
   if (l.cp > 1) {
@@ -405,8 +438,8 @@ void predict_time(const PlanRequest& request, const ModelFacts& m, const Layout&
     add("cp", a * per_run * chunk, a * runs * per_run, l.cp * l.tp, false);
   }
   if (l.ep > 1) {
-    const double tokens = seqs * T / static_cast<double>(l.cp * l.tp);
-    const double moe_layers = static_cast<double>(m.moe_layers) / static_cast<double>(l.pp);
+    // Each rank routes its sequence shard, or with etp = tp every tp rank the whole sequences.
+    const double tokens = seqs * T / static_cast<double>(l.cp * (l.etp > 1 ? 1 : l.tp));
     add("ep",
         a * (4 + 2 * r) * moe_layers * tokens * static_cast<double>(m.top_k) * dim * cb *
             static_cast<double>(l.ep - 1) / static_cast<double>(l.ep),
@@ -423,8 +456,10 @@ void predict_time(const PlanRequest& request, const ModelFacts& m, const Layout&
   const double pp_d = static_cast<double>(l.pp);
   const double dense_local = (static_cast<double>(m.stats.n_params) - m.expert_params) /
                              (static_cast<double>(l.tp) * pp_d);
-  const double expert_local = m.expert_params / (static_cast<double>(l.ep) * pp_d);
-  const int64_t expert_fsdp = l.ep > 1 ? l.dp_shard * l.cp * l.tp / l.ep : fsdp;
+  // The routed experts this rank holds before FSDP (its ep share, split over tp with etp = tp),
+  // and the group FSDP shards them over (dp_shard_mod_ep under ep).
+  const double expert_local = m.expert_params / (static_cast<double>(l.ep * l.etp) * pp_d);
+  const int64_t expert_fsdp = l.ep > 1 ? l.dp_shard * l.cp * (l.etp > 1 ? 1 : l.tp) / l.ep : fsdp;
   // titan's FSDP reshards after forward (and gathers again for backward) unless "never", which
   // is also what "default" means under PP (parallelized_model.cpp): one gather per microbatch.
   const bool keeps = p.fsdp_reshard_after_forward == "never" ||
@@ -444,8 +479,8 @@ void predict_time(const PlanRequest& request, const ModelFacts& m, const Layout&
     add(kFsdp, passes * bytes, passes * units * (gathers + 1), dp_span, true);
   }
   if (l.dp_replicate > 1) {
-    const double shard =
-        (dense_local + expert_local) / static_cast<double>(std::max<int64_t>(1, fsdp));
+    const double shard = dense_local / static_cast<double>(std::max<int64_t>(1, fsdp)) +
+                         expert_local / static_cast<double>(std::max<int64_t>(1, expert_fsdp));
     add(fsdp > 1 ? "hsdp" : "ddp", passes * 2 * reduce_bytes * shard * ring(l.dp_replicate),
         passes * units, l.dp_replicate * dp_span, true);
   }
@@ -489,8 +524,16 @@ void predict_time(const PlanRequest& request, const ModelFacts& m, const Layout&
   for (size_t i = first_dp; i < comm.size() && comm[i].dim != "pp"; ++i) {
     comm[i].exposed = dp_total > 0 ? dp_exposed * comm[i].seconds / dp_total : 0;
   }
+  // Whole experts replicated over tp (no ep, etp 1): their FSDP-sharded gradients are partial
+  // sums, all-reduced over tp in float32 once per step, after the backward.
+  double tail = 0;
+  if (l.tp > 1 && l.ep == 1 && l.etp == 1 && m.expert_params > 0) {
+    const double grads = expert_local / static_cast<double>(std::max<int64_t>(1, fsdp));
+    add("tp grads", 2 * 4 * grads * tpf, 1, l.tp, false);
+    tail = comm.back().seconds;
+  }
   out.comm = comm;
-  out.step = a * run + dp_exposed;
+  out.step = a * run + dp_exposed + tail;
   out.tokens_per_device = G * T / W / out.step;
   out.mfu = useful / (out.step * hw.peak_flops);
 }
@@ -629,16 +672,29 @@ Plan plan_layouts(const PlanRequest& request) {
               shard != p.data_parallel_shard_degree) {
             continue;
           }
-          std::vector<int64_t> eps = {1};
-          if (request.fix_ep) {
-            eps = {p.expert_parallel_degree};
-          } else if (m.num_experts > 0) {
+          // Experts whole (etp 1) or split over tp (etp = tp); ep borrows cp x tp (etp 1) or
+          // cp (etp = tp) and part of dp_shard.
+          std::vector<std::pair<int64_t, int64_t>> expert_layouts;  // (ep, etp)
+          std::vector<int64_t> etps = {1};
+          if (request.fix_etp) {
+            etps = {p.expert_tensor_parallel_degree};
+          } else if (m.num_experts > 0 && tp > 1) {
+            etps.push_back(tp);
+          }
+          for (int64_t etp : etps) {
+            if (request.fix_ep) {
+              expert_layouts.emplace_back(p.expert_parallel_degree, etp);
+              continue;
+            }
+            expert_layouts.emplace_back(1, etp);
+            if (m.num_experts == 0) continue;
+            const int64_t borrowed = etp > 1 ? cp : cp * tp;
             for (int64_t k : divisors(shard)) {
-              if (k * cp * tp > 1) eps.push_back(k * cp * tp);
+              if (k * borrowed > 1) expert_layouts.emplace_back(k * borrowed, etp);
             }
           }
           const int64_t dp = rep * shard;
-          for (int64_t ep : eps) {
+          for (const auto& [ep, etp] : expert_layouts) {
             for (const std::string& ac : acs) {
               for (const std::string& schedule :
                    pp_deg > 1 ? schedules : std::vector<std::string>{""}) {
@@ -647,7 +703,8 @@ Plan plan_layouts(const PlanRequest& request) {
                                        .cp = cp,
                                        .tp = tp,
                                        .pp = pp_deg,
-                                       .ep = ep});
+                                       .ep = ep,
+                                       .etp = etp});
                 l.ac = ac;
                 l.schedule = schedule;
                 if (global % dp != 0) {

@@ -29,15 +29,20 @@
 //             "default" means under PP: then once, and the memory estimate counts the whole
 //             stage gathered), reduce-scatter of the gradients in
 //             training.mixed_precision_reduce (float32); over dp_shard x cp
-//             (routed experts: over dp_shard x cp x tp / ep, their own 1 / ep share)
+//             (routed experts: their own 1 / ep share, 1 / (ep tp) with etp = tp, over
+//             dp_shard_mod_ep = dp_shard x cp x tp / ep, or dp_shard x cp / ep with etp = tp)
 //     HSDP/DDP all-reduce of the (sharded) gradients across dp_replicate, as often
 //     TP      sequence parallelism: per block 2 all-gathers + 2 reduce-scatters of the (batch,
 //             seq / cp, dim) activations in forward, as many in backward, plus the embedding's
-//             and the output's; recomputation repeats the forward's share r
+//             and the output's; recomputation repeats the forward's share r. An MoE block
+//             with etp 1 runs its experts on the rank's sequence shard: only attention's 2 + 2;
+//             with no ep either, its whole experts are replicated over tp and their gradients
+//             are all-reduced over tp once per step (fp32, after the FSDP reduce-scatter)
 //     CP      ring attention: each block passes every K/V chunk around the ring (cp - 1 steps)
 //             in forward, K/V and their gradients in backward (x 2), plus the recomputation
 //     EP      all-to-all of the routed tokens (top_k copies of each, dim wide) to and from the
-//             experts, per MoE block, in forward and backward
+//             experts, per MoE block, in forward and backward; tokens of the rank's sequence
+//             shard (seq / (cp tp)), or with etp = tp of the whole (seq / cp) on every tp rank
 //     PP      send/recv of one microbatch's (seq / cp, dim / tp) activations between stages,
 //             forward and backward, as the latency of every cross-rank hop in the simulation
 //   overlap (GPU, Hardware::comm_overlaps_compute): FSDP / HSDP / DDP traffic runs behind the
@@ -101,7 +106,7 @@ struct PlanRequest {
   double mfu = 0.4;  // efficiency of the compute, recomputation included (see the top)
   // What the search may vary; a key set here holds it at the config's value.
   bool fix_dp_replicate = false, fix_dp_shard = false, fix_cp = false, fix_tp = false;
-  bool fix_pp = false, fix_ep = false, fix_local_batch = false, fix_ac = false;
+  bool fix_pp = false, fix_ep = false, fix_etp = false, fix_local_batch = false, fix_ac = false;
   bool fix_schedule = false;
   // Activation checkpointing tried when not fixed: "none", "2" (every 2nd block), "op", "full".
   std::vector<std::string> ac_modes = {"none", "2", "op", "full"};
@@ -113,6 +118,7 @@ struct PlanRequest {
 
 struct Layout {
   int64_t dp_replicate = 1, dp_shard = 1, cp = 1, tp = 1, pp = 1, ep = 1;
+  int64_t etp = 1;  // expert_tensor_parallel_degree: 1 (whole experts) or tp (each split over tp)
   std::string ac = "none";  // "none", "full", "op", or k (every k-th block)
   std::string schedule;     // pp > 1 only
   int64_t local_batch_size = 1;
@@ -121,7 +127,8 @@ struct Layout {
   // The degrees as ParallelDims takes them, and a layout of resolved degrees (dp_shard >= 1).
   ParallelDegrees degrees() const;
   static Layout of(const ParallelDegrees& d);
-  // "dp_shard 8, tp 8, pp 8 Interleaved1F1B, AC full, local batch 32"
+  // "dp_shard 8, tp 8, pp 8 Interleaved1F1B, AC full, local batch 32"; "ep 8, experts split
+  // over tp" when etp = tp
   std::string describe() const;
   // `base` with this layout's parallelism, activation checkpointing and local batch.
   JobConfig apply(const JobConfig& base) const;
@@ -130,7 +137,7 @@ struct Layout {
 };
 
 struct Collective {
-  std::string dim;   // "fsdp", "hsdp", "ddp", "tp", "cp", "ep", "pp"
+  std::string dim;   // "fsdp", "hsdp", "ddp", "tp", "tp grads", "cp", "ep", "pp"
   double bytes = 0;  // per device per step
   double count = 0;  // collectives (or pipeline hops) per device per step
   bool inter_node = false;

@@ -1,10 +1,15 @@
 // The parallelized model as the trainer holds it: for every layout (one process, FSDP, HSDP, DDP,
 // TP + FSDP) with activation checkpointing on and off, one object gives the single-process
 // loss, every gradient (of this rank's boxes), the global grad norm, whole parameters gathered
-// back, and loads whole parameters into its boxes. Ranks are threads over a HashStore.
+// back, and loads whole parameters into its boxes; and each rank holds the parameters the memory
+// estimate gives it. Ranks are threads over a HashStore.
 #include "parallel_test_util.h"
 
+#include "titan/config/job_config.h"
+#include "titan/models/memory_estimate.h"
+#include "titan/models/registry.h"
 #include "titan/parallel/parallelized_model.h"
+#include "titan/parallel/planner.h"
 
 #include <gtest/gtest.h>
 
@@ -122,6 +127,75 @@ TEST(ParallelizedModel, OneProcessIsTheBareModel) {
     EXPECT_TRUE(p.writer);
     EXPECT_TRUE(at::equal(p.local.grad(), ref.grads.at(p.name))) << p.name;
   }
+}
+
+// The parameters the memory estimate gives a rank (`titan inspect`, `titan plan` and the start-up
+// check share it) are what each rank of the parallelized model holds, on average over the ranks:
+// the tiny MoE (routed experts about half its parameters) over 4 ranks, with TP keeping the
+// experts whole and replicated (etp 1) or splitting them (etp = tp), and EP with either.
+TEST(ParallelizedModel, MemoryEstimateGivesEachRankTheParametersItHolds) {
+  struct Case {
+    const char* name;
+    ParallelDegrees degrees;
+  };
+  const auto with = [](int64_t replicate, int64_t shard, int64_t tp, int64_t ep, int64_t etp) {
+    ParallelDegrees d = degrees(replicate, shard, tp);
+    d.ep = ep;
+    d.etp = etp;
+    return d;
+  };
+  const std::vector<Case> cases = {
+      {"FSDP 4", with(1, 4, 1, 1, 1)},
+      {"FSDP 2 x TP 2, whole experts", with(1, 2, 2, 1, 1)},
+      {"FSDP 2 x TP 2, experts split over tp", with(1, 2, 2, 1, 2)},
+      {"FSDP 2 x TP 2 x EP 2, whole experts", with(1, 2, 2, 2, 1)},
+      {"FSDP 2 x TP 2 x EP 2, experts split over tp", with(1, 2, 2, 2, 2)},
+      {"FSDP 4 x EP 2", with(1, 4, 1, 2, 1)},
+      {"FSDP 4 x EP 4", with(1, 4, 1, 4, 1)},
+      {"HSDP 2 x 2 x EP 2", with(2, 2, 1, 2, 1)},
+  };
+  const ModelSpec& spec = get_model_spec("qwen3");
+  ModelBuildOptions build;
+  build.max_seq_len = test::kSeq;
+  build.seed = 7;
+  std::map<std::string, double> held;
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    JobConfig config;
+    config.model.name = "qwen3";
+    config.model.flavor = "tiny_moe";
+    config.training.seq_len = test::kSeq;
+    ParallelismSection& p = config.parallelism;
+    p.data_parallel_replicate_degree = c.degrees.dp_replicate;
+    p.data_parallel_shard_degree = c.degrees.dp_shard;
+    p.tensor_parallel_degree = c.degrees.tp;
+    p.expert_parallel_degree = c.degrees.ep;
+    p.expert_tensor_parallel_degree = c.degrees.etp;
+    const MemoryEstimate need =
+        estimate_training_memory(spec, "tiny_moe", 1, test::kSeq, at::kFloat,
+                                 training_memory_options(config, 4 / c.degrees.dp_replicate));
+    ASSERT_EQ(need.parts[0].name, "weights (fp32)");
+    const double predicted = need.parts[0].bytes / 4;
+
+    std::vector<std::shared_ptr<Model>> models;
+    for (int r = 0; r < 4; ++r) models.push_back(spec.build("tiny_moe", build));
+    std::vector<double> mean(4, 0);
+    test::run_ranks(4, [&](int rank, std::shared_ptr<dist::Group> world) {
+      ParallelDims dims(c.degrees, 4);
+      dims.build_groups(world);
+      auto pm = parallelize_decoder(models[rank], dims, rank, options("none"));
+      int64_t numel = 0;
+      for (const TrainedParam& param : pm->params()) numel += param.local.numel();
+      at::Tensor sum = at::full({1}, numel, at::kLong);
+      world->all_reduce(sum, dist::ReduceOp::kSum).wait();
+      mean[rank] = static_cast<double>(sum.item<int64_t>()) / 4;
+    });
+    EXPECT_NEAR(predicted, mean[0], 0.02 * mean[0]);
+    held[c.name] = mean[0];
+  }
+  // Whole experts replicated over tp cost a tp rank about half the model more than split ones.
+  EXPECT_GT(held["FSDP 2 x TP 2, whole experts"],
+            1.3 * held["FSDP 2 x TP 2, experts split over tp"]);
 }
 
 }  // namespace test_parallelized_model

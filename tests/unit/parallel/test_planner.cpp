@@ -232,23 +232,74 @@ TEST(Planner, MixtureOfExpertsLayoutsUseExpertParallelism) {
   PlanRequest r = request_for("debugmodel_moe", 256, 8, 1, 8);
   r.config.model.name = "qwen3";
   const Plan plan = plan_layouts(r);
-  bool saw_ep = false;
+  bool saw_ep = false, saw_etp = false;
   for (const Prediction& p : plan.ranked) {
     const Layout& l = p.layout;
+    EXPECT_TRUE(l.etp == 1 || l.etp == l.tp) << l.describe();
+    saw_etp |= l.etp > 1;
     if (l.ep == 1) continue;
     saw_ep = true;
-    EXPECT_EQ(l.ep % (l.cp * l.tp), 0) << l.describe();
-    EXPECT_EQ((l.dp_shard * l.cp * l.tp) % l.ep, 0) << l.describe();
+    // ep borrows cp x tp, or only cp when the experts are split over tp.
+    const int64_t borrowed = l.etp > 1 ? l.cp : l.cp * l.tp;
+    EXPECT_EQ(l.ep % borrowed, 0) << l.describe();
+    EXPECT_EQ((l.dp_shard * borrowed) % l.ep, 0) << l.describe();
     EXPECT_EQ(64 % l.ep, 0) << l.describe();
     bool has_ep_comm = false;
     for (const Collective& c : p.comm) has_ep_comm |= c.dim == "ep" && c.bytes > 0;
     EXPECT_TRUE(has_ep_comm) << l.describe();
   }
   EXPECT_TRUE(saw_ep);
+  EXPECT_TRUE(saw_etp);
   // Tied embeddings refuse tensor parallelism, as the trainer does.
   const Plan tied = plan_layouts(request_for("1B", 2048, 8, 1, 8));
   EXPECT_GT(tied.rejected.at("tp with tied embeddings"), 0);
   for (const Prediction& p : tied.ranked) EXPECT_EQ(p.layout.tp, 1);
+}
+
+// TP on an MoE model as the trainer runs it: with etp 1 every tp rank keeps whole experts
+// (memory: FSDP's share of them, not tp's; traffic: no gathers around the MoE blocks, and the
+// experts' gradients all-reduced over tp once per step); with etp = tp they split like the rest.
+TEST(Planner, TensorParallelMixtureOfExpertsKeepsOrSplitsTheExperts) {
+  PlanRequest r = request_for("debugmodel_moe", 256, 8, 1, 8);
+  r.config.model.name = "qwen3";
+  const ModelSpec& spec = get_model_spec("qwen3");
+  const double experts = static_cast<double>(routed_expert_params(spec, "debugmodel_moe"));
+  const double n =
+      static_cast<double>(spec.describe("debugmodel_moe", 1, 256, at::kBFloat16).n_params);
+  Layout l;
+  l.dp_shard = 4;
+  l.tp = 2;
+  l.accumulation_steps = 2;
+  Prediction whole, split;
+  ASSERT_EQ(evaluate_layout(r, l, &whole), "");
+  l.etp = 2;
+  ASSERT_EQ(evaluate_layout(r, l, &split), "");
+  // fp32 weights: experts over dp_shard (4) only, or over dp_shard x tp (8) like the rest.
+  EXPECT_NEAR(whole.memory.parts[0].bytes, 4 * ((n - experts) / 8 + experts / 4), 1e-6 * n);
+  EXPECT_NEAR(split.memory.parts[0].bytes, 4 * n / 8, 1e-6 * n);
+  const auto find = [](const Prediction& p, const std::string& dim) -> const Collective* {
+    for (const Collective& c : p.comm) {
+      if (c.dim == dim) return &c;
+    }
+    return nullptr;
+  };
+  const Collective* grads = find(whole, "tp grads");
+  ASSERT_NE(grads, nullptr);
+  EXPECT_NEAR(grads->bytes, 2 * 4 * experts / 4 / 2, 1e-9 * experts);  // once per step
+  EXPECT_EQ(grads->count, 1);
+  EXPECT_EQ(find(split, "tp grads"), nullptr);
+  // Per microbatch: 8 sequence-parallel collectives per block with split experts, 4 fewer per
+  // MoE block (all of debugmodel_moe's 8) with whole ones; 4 for the embedding and output.
+  ASSERT_NE(find(whole, "tp"), nullptr);
+  ASSERT_NE(find(split, "tp"), nullptr);
+  EXPECT_DOUBLE_EQ(find(split, "tp")->count, 2 * (8 * 8 + 4));
+  EXPECT_DOUBLE_EQ(find(whole, "tp")->count, 2 * (4 * 8 + 4));
+  // The trainer's rules: etp is 1 or tp, and only for MoE models.
+  l.etp = 4;
+  EXPECT_EQ(evaluate_layout(r, l, nullptr), "etp neither 1 nor tp");
+  PlanRequest dense = request_for("debugmodel", 256, 8, 1, 8);
+  l.etp = 2;
+  EXPECT_EQ(evaluate_layout(dense, l, nullptr), "etp without MoE");
 }
 
 TEST(Planner, TheConfigsLayoutIsRanked) {
