@@ -5,6 +5,9 @@
 #include "titan/parallel/pipeline_schedule.h"
 
 #include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
 #include <map>
 #include <numeric>
 #include <set>
@@ -353,53 +356,104 @@ double cost_of(const Action& a, const ActionCosts& costs) {
   }
 }
 
-// The state of a simulation: finish times of what has run, and who owns each stage.
+// The state of a simulation: finish times of what has run, and who owns each stage. Times sit
+// in a flat array over (stage, kind, microbatch), NaN until known: the planner simulates
+// thousands of tables.
 struct Simulator {
   const ScheduleTable& table;
   const ActionCosts& costs;
   std::map<int64_t, int64_t> owner;  // stage -> rank
   int64_t n_stages = 0;
   bool with_comms = false;
-  std::map<Key, double> finished;  // action -> finish time (receives: arrival time)
-  std::set<Key> posted;            // receives posted (arrival may be unknown yet)
+  // The kinds whose times are kept: F, B, I, W, SEND_F, RECV_F, SEND_B, RECV_B.
+  static constexpr int64_t kKinds = static_cast<int64_t>(ActionKind::kRecvBackward) + 1;
+  int64_t stage_bound = 0, microbatch_bound = 0;  // beyond the largest in the table
+  std::vector<double> finished;                   // finish time (receives: arrival time)
+  std::vector<uint8_t> posted;                    // receives posted (arrival may be unknown yet)
+  std::vector<Key> pending;                       // posted receives whose arrival is unknown
 
-  std::optional<double> finish(int64_t stage, ActionKind kind, int64_t mb) const {
-    const auto it = finished.find({stage, kind, mb});
-    if (it == finished.end()) return std::nullopt;
-    return it->second;
+  void size_for(const std::vector<std::vector<Action>>& todo) {
+    const auto see = [&](const Action& a) {
+      stage_bound = std::max(stage_bound, a.stage + 1);
+      microbatch_bound = std::max(microbatch_bound, a.microbatch + 1);
+    };
+    for (const auto& rank : todo) {
+      for (const Action& a : rank) {
+        see(a);
+        for (const Action& sub : a.sub_actions) see(sub);
+      }
+    }
+    constexpr double kMaxEntries = 1 << 25;
+    if (static_cast<double>(stage_bound) * static_cast<double>(microbatch_bound) * kKinds >
+        kMaxEntries) {
+      throw ConfigError("the pipeline schedule is too large to simulate: stages up to " +
+                        std::to_string(stage_bound - 1) + " and microbatches up to " +
+                        std::to_string(microbatch_bound - 1));
+    }
+    const size_t n = static_cast<size_t>(stage_bound * microbatch_bound * kKinds);
+    finished.assign(n, std::numeric_limits<double>::quiet_NaN());
+    posted.assign(n, 0);
   }
 
-  // When `a` (on `rank`) may start as far as its inputs go, or nullopt with the missing input in
-  // *waiting.
+  // The slot of (stage, kind, microbatch), or -1 for what is not kept (FSDP bookkeeping).
+  int64_t index(int64_t stage, ActionKind kind, int64_t mb) const {
+    const auto k = static_cast<int64_t>(kind);
+    if (stage < 0 || stage >= stage_bound || mb < 0 || mb >= microbatch_bound || k >= kKinds) {
+      return -1;
+    }
+    return (stage * kKinds + k) * microbatch_bound + mb;
+  }
+  int64_t index(const Key& key) const {
+    return index(std::get<0>(key), std::get<1>(key), std::get<2>(key));
+  }
+
+  std::optional<double> finish(int64_t stage, ActionKind kind, int64_t mb) const {
+    const int64_t i = index(stage, kind, mb);
+    if (i < 0 || std::isnan(finished[i])) return std::nullopt;
+    return finished[i];
+  }
+  void record(const Action& a, double t) {
+    const int64_t i = index(a.stage, a.kind, a.microbatch);
+    if (i >= 0) finished[i] = t;
+  }
+  void post(const Action& a) {
+    const int64_t i = index(a.stage, a.kind, a.microbatch);
+    if (i < 0 || posted[i]) return;
+    posted[i] = 1;
+    pending.push_back(key_of(a));
+  }
+
+  // When `a` (on `rank`) may start as far as its inputs go, or nullopt; with `waiting`, the
+  // missing input is written there (names are built only then).
   std::optional<double> inputs_ready(const Action& a, int64_t rank, std::string* waiting) const {
     double t = 0;
-    const auto need = [&](std::optional<double> when, const std::string& what) {
+    const auto need = [&](std::optional<double> when, const auto& what) {
       if (!when) {
-        if (waiting->empty()) *waiting = what;
+        if (waiting != nullptr && waiting->empty()) *waiting = what();
         return false;
       }
       t = std::max(t, *when);
       return true;
     };
     const auto name = [](int64_t s, const char* k, int64_t mb) {
-      return std::to_string(s) + k + std::to_string(mb);
+      return [=] { return std::to_string(s) + k + std::to_string(mb); };
     };
     const auto from_peer = [&](int64_t peer_stage, ActionKind recv_kind, int64_t stage,
-                               std::optional<double> producer, const std::string& what) {
+                               std::optional<double> producer, const auto& what) {
       const auto it = owner.find(peer_stage);
       const bool same_rank = it != owner.end() && it->second == rank;
       if (same_rank) return need(producer, what);
       if (!with_comms) {
         return need(producer ? std::optional<double>(*producer + costs.comm) : std::nullopt, what);
       }
-      const Key recv{stage, recv_kind, a.microbatch};
-      const std::string recv_name = name(stage, action_kind_name(recv_kind), a.microbatch);
-      if (posted.count(recv) == 0) {
-        return need(std::nullopt, recv_name + " (not posted on this rank before it)");
+      const int64_t recv = index(stage, recv_kind, a.microbatch);
+      const auto recv_name = name(stage, action_kind_name(recv_kind), a.microbatch);
+      if (recv < 0 || !posted[recv]) {
+        return need(std::nullopt,
+                    [&] { return recv_name() + " (not posted on this rank before it)"; });
       }
-      const auto arrival = finished.find(recv);
-      return need(arrival == finished.end() ? std::nullopt : std::optional<double>(arrival->second),
-                  recv_name + " (its send " + what + " has not run)");
+      return need(std::isnan(finished[recv]) ? std::nullopt : std::optional<double>(finished[recv]),
+                  [&] { return recv_name() + " (its send " + what() + " has not run)"; });
     };
     const int64_t s = a.stage;
     const int64_t mb = a.microbatch;
@@ -447,13 +501,18 @@ struct Simulator {
 
   // Arrival times of receives whose sends have run.
   void settle_receives() {
-    for (const Key& recv : posted) {
-      if (finished.count(recv)) continue;
-      const auto [stage, kind, mb] = recv;
+    for (size_t i = 0; i < pending.size();) {
+      const auto [stage, kind, mb] = pending[i];
       const bool fwd = kind == ActionKind::kRecvForward;
       const auto send = finish(fwd ? stage - 1 : stage + 1,
                                fwd ? ActionKind::kSendForward : ActionKind::kSendBackward, mb);
-      if (send) finished[recv] = *send + costs.comm;
+      if (!send) {
+        ++i;
+        continue;
+      }
+      finished[index(pending[i])] = *send + costs.comm;
+      pending[i] = pending.back();
+      pending.pop_back();
     }
   }
 };
@@ -474,7 +533,7 @@ void record_owner(std::map<int64_t, int64_t>& owner, const Action& a, int64_t ra
 }  // namespace
 
 SimulationResult simulate_schedule(const ScheduleTable& table, const ActionCosts& costs) {
-  Simulator sim{table, costs, {}, 0, false, {}, {}};
+  Simulator sim{table, costs};
   const int64_t n_ranks = static_cast<int64_t>(table.size());
   std::vector<std::vector<Action>> todo(n_ranks);
   for (int64_t r = 0; r < n_ranks; ++r) {
@@ -488,6 +547,7 @@ SimulationResult simulate_schedule(const ScheduleTable& table, const ActionCosts
     }
   }
   for (const auto& [stage, rank] : sim.owner) sim.n_stages = std::max(sim.n_stages, stage + 1);
+  sim.size_for(todo);
 
   SimulationResult result;
   result.busy.assign(n_ranks, 0);
@@ -499,8 +559,7 @@ SimulationResult simulate_schedule(const ScheduleTable& table, const ActionCosts
     for (int64_t r = 0; r < n_ranks; ++r) {
       while (next[r] < todo[r].size()) {
         const Action& a = todo[r][next[r]];
-        std::string waiting;
-        const std::optional<double> ready = sim.inputs_ready(a, r, &waiting);
+        const std::optional<double> ready = sim.inputs_ready(a, r, nullptr);
         if (!ready) break;
         const double start = std::max(clock[r], *ready);
         const double cost = cost_of(a, costs);
@@ -508,11 +567,11 @@ SimulationResult simulate_schedule(const ScheduleTable& table, const ActionCosts
         result.busy[r] += cost;
         ++result.n_actions;
         if (a.kind == ActionKind::kRecvForward || a.kind == ActionKind::kRecvBackward) {
-          sim.posted.insert(key_of(a));
+          sim.post(a);
         } else if (a.kind == ActionKind::kOverlapForwardBackward) {
-          for (const Action& sub : a.sub_actions) sim.finished[key_of(sub)] = clock[r];
+          for (const Action& sub : a.sub_actions) sim.record(sub, clock[r]);
         } else {
-          sim.finished[key_of(a)] = clock[r];
+          sim.record(a, clock[r]);
         }
         sim.settle_receives();
         ++next[r];

@@ -105,22 +105,67 @@ struct PipelineSim {
   double busy = 0;              // the busiest rank's compute
 };
 
-PipelineSim simulate_pipeline(const pp::PipelineLayout& layout, double recompute,
-                              double comm_units) {
-  pp::ActionCosts costs;
-  costs.forward = 1;
-  costs.full_backward = 2 + recompute;
-  costs.backward_input = 1 + recompute;
-  costs.backward_weight = 1;
-  PipelineSim sim;
-  const pp::SimulationResult zero = pp::simulate_schedule(layout.table, costs);
-  sim.makespan_no_comm = zero.makespan;
-  sim.busy = *std::max_element(zero.busy.begin(), zero.busy.end());
-  costs.comm = comm_units;
-  sim.makespan =
-      comm_units > 0 ? pp::simulate_schedule(layout.table, costs).makespan : zero.makespan;
-  return sim;
-}
+// The pipelines of one search, each validated and simulated once: validate_pipeline's layout (or
+// why it refuses it) per (pp, schedule, local batch), and the schedule's simulations per
+// (layout, recompute, hop latency), which layouts differing only in their data-parallel split
+// share.
+class PipelineCache {
+ public:
+  // The layout, or nullptr with the ConfigError's text in *why.
+  const pp::PipelineLayout* layout(const JobConfig& config, int64_t n_layers, std::string* why) {
+    const ParallelismSection& p = config.parallelism;
+    const auto key = std::make_tuple(p.pipeline_parallel_degree, p.pipeline_parallel_schedule,
+                                     config.training.local_batch_size);
+    auto it = layouts_.find(key);
+    if (it == layouts_.end()) {
+      Entry e;
+      try {
+        e.layout = pp::validate_pipeline(p, n_layers, config.training.local_batch_size);
+      } catch (const ConfigError& error) {
+        e.rejection = error.what();
+      }
+      it = layouts_.emplace(key, std::move(e)).first;
+    }
+    if (!it->second.layout) {
+      *why = it->second.rejection;
+      return nullptr;
+    }
+    return &*it->second.layout;
+  }
+
+  // `layout` (from layout()) run with forward 1, backward 2 + recompute, and comm_units per hop.
+  PipelineSim simulate(const pp::PipelineLayout& layout, double recompute, double comm_units) {
+    const auto key = std::make_tuple(&layout, recompute, comm_units);
+    const auto it = sims_.find(key);
+    if (it != sims_.end()) return it->second;
+    pp::ActionCosts costs;
+    costs.forward = 1;
+    costs.full_backward = 2 + recompute;
+    costs.backward_input = 1 + recompute;
+    costs.backward_weight = 1;
+    PipelineSim sim;
+    if (comm_units > 0) {
+      sim = simulate(layout, recompute, 0);
+      costs.comm = comm_units;
+      sim.makespan = pp::simulate_schedule(layout.table, costs).makespan;
+    } else {
+      const pp::SimulationResult result = pp::simulate_schedule(layout.table, costs);
+      sim.makespan_no_comm = result.makespan;
+      sim.makespan = result.makespan;
+      sim.busy = *std::max_element(result.busy.begin(), result.busy.end());
+    }
+    sims_.emplace(key, sim);
+    return sim;
+  }
+
+ private:
+  struct Entry {
+    std::optional<pp::PipelineLayout> layout;
+    std::string rejection;
+  };
+  std::map<std::tuple<int64_t, std::string, int64_t>, Entry> layouts_;
+  std::map<std::tuple<const pp::PipelineLayout*, double, double>, PipelineSim> sims_;
+};
 
 // A cheap rule of the trainer that `layout` breaks, or "".
 std::string structural_rejection(const PlanRequest& request, const ModelFacts& m, const Layout& l) {
@@ -156,8 +201,7 @@ std::string structural_rejection(const PlanRequest& request, const ModelFacts& m
   return "";
 }
 
-std::string pipeline_rejection(const ConfigError& e) {
-  const std::string what = e.what();
+std::string pipeline_rejection(const std::string& what) {
   if (what.find("more pipeline stages than layers") != std::string::npos) {
     return "more pipeline stages than layers";
   }
@@ -170,6 +214,19 @@ const char* const kFsdp = "fsdp";
 }  // namespace
 
 MemoryOptions training_memory_options(const JobConfig& config, int64_t param_shards) {
+  const ParallelismSection& p = config.parallelism;
+  std::optional<pp::PipelineLayout> pipeline;
+  if (p.pipeline_parallel_degree > 1) {
+    const ModelSpec& spec = get_model_spec(config.model.name);
+    const int64_t n_layers =
+        spec.describe(config.model.flavor, 1, 1, training_compute_dtype(config.training)).n_layers;
+    pipeline = pp::validate_pipeline(p, n_layers, config.training.local_batch_size);
+  }
+  return training_memory_options(config, param_shards, pipeline ? &*pipeline : nullptr);
+}
+
+MemoryOptions training_memory_options(const JobConfig& config, int64_t param_shards,
+                                      const pp::PipelineLayout* pipeline) {
   const ParallelismSection& p = config.parallelism;
   MemoryOptions o;
   o.param_shards = param_shards;
@@ -197,14 +254,10 @@ MemoryOptions training_memory_options(const JobConfig& config, int64_t param_sha
   if (pp > 1) {
     // The stage keeps the microbatches its schedule has in flight (1F1B: pp at the first
     // stage; GPipe: all of them).
-    const ModelSpec& spec = get_model_spec(config.model.name);
-    const int64_t n_layers =
-        spec.describe(config.model.flavor, 1, 1, training_compute_dtype(config.training)).n_layers;
-    const pp::PipelineLayout layout =
-        pp::validate_pipeline(p, n_layers, config.training.local_batch_size);
+    TITAN_CHECK(pipeline != nullptr, "training_memory_options: pp ", pp, " without its pipeline");
     o.pipeline_sequences_in_flight =
-        pipeline_peak_microbatches(layout.table, layout.stages_per_rank) *
-        static_cast<double>(layout.microbatch_size);
+        pipeline_peak_microbatches(pipeline->table, pipeline->stages_per_rank) *
+        static_cast<double>(pipeline->microbatch_size);
   }
   return o;
 }
@@ -383,7 +436,7 @@ namespace {
 
 // The step time of a valid layout (see the cost model in planner.h), into `out`.
 void predict_time(const PlanRequest& request, const ModelFacts& m, const Layout& l,
-                  const pp::PipelineLayout* pipeline, Prediction& out) {
+                  const pp::PipelineLayout* pipeline, PipelineCache& pipelines, Prediction& out) {
   const JobConfig& config = request.config;
   const Hardware& hw = request.hardware;
   const Links links{request};
@@ -498,7 +551,7 @@ void predict_time(const PlanRequest& request, const ModelFacts& m, const Layout&
                        static_cast<double>(l.cp) * dim * cb / static_cast<double>(l.tp);
     const int64_t pp_span = l.world();
     const double hop_s = hw.latency_s + hop / links.bandwidth(pp_span);
-    const PipelineSim sim = simulate_pipeline(*pipeline, r, hop_s / unit);
+    const PipelineSim sim = pipelines.simulate(*pipeline, r, hop_s / unit);
     out.bubble = a * (sim.makespan_no_comm - sim.busy) * unit;
     out.bubble_fraction = (sim.makespan_no_comm - sim.busy) / sim.makespan_no_comm;
     // Every stage boundary a rank owns, forward and backward, per microbatch.
@@ -569,28 +622,25 @@ std::string reasoning(const Prediction& p) {
 namespace {
 
 std::string evaluate(const PlanRequest& request, const ModelFacts& m, const Layout& layout,
-                     Prediction* prediction) {
+                     PipelineCache& pipelines, Prediction* prediction) {
   std::string reason = structural_rejection(request, m, layout);
   if (!reason.empty()) return reason;
   const JobConfig config = layout.apply(request.config);
-  std::optional<pp::PipelineLayout> pipeline;
-  MemoryOptions options;
-  try {
-    if (layout.pp > 1) {
-      pipeline =
-          pp::validate_pipeline(config.parallelism, m.stats.n_layers, layout.local_batch_size);
-    }
-    options = training_memory_options(config, layout.world() / layout.dp_replicate);
-  } catch (const ConfigError& e) {
-    return pipeline_rejection(e);
+  const pp::PipelineLayout* pipeline = nullptr;
+  if (layout.pp > 1) {
+    std::string why;
+    pipeline = pipelines.layout(config, m.stats.n_layers, &why);
+    if (pipeline == nullptr) return pipeline_rejection(why);
   }
+  const MemoryOptions options =
+      training_memory_options(config, layout.world() / layout.dp_replicate, pipeline);
   Prediction p;
   p.layout = layout;
   p.memory = estimate_training_memory(get_model_spec(config.model.name), config.model.flavor,
                                       layout.local_batch_size, config.training.seq_len,
                                       training_compute_dtype(config.training), options);
   p.usable_bytes = request.hardware.memory_bytes - request.hardware.reserved_bytes;
-  predict_time(request, m, layout, pipeline ? &*pipeline : nullptr, p);
+  predict_time(request, m, layout, pipeline, pipelines, p);
   p.reasoning = reasoning(p);
   const bool fits = p.memory.total() <= p.usable_bytes;
   if (prediction != nullptr) *prediction = std::move(p);
@@ -601,7 +651,8 @@ std::string evaluate(const PlanRequest& request, const ModelFacts& m, const Layo
 
 std::string evaluate_layout(const PlanRequest& request, const Layout& layout,
                             Prediction* prediction) {
-  return evaluate(request, model_facts(request.config), layout, prediction);
+  PipelineCache pipelines;
+  return evaluate(request, model_facts(request.config), layout, pipelines, prediction);
 }
 
 namespace {
@@ -659,6 +710,7 @@ Plan plan_layouts(const PlanRequest& request) {
   std::vector<std::string> schedules = request.schedules;
   if (request.fix_schedule) schedules = {p.pipeline_parallel_schedule};
 
+  PipelineCache pipelines;
   std::set<std::string> unfit;  // layouts (without AC) that did not fit, per AC mode
   std::vector<Prediction> fitting;
   for (int64_t pp_deg : choices(request.fix_pp, p.pipeline_parallel_degree, world)) {
@@ -718,7 +770,7 @@ Plan plan_layouts(const PlanRequest& request) {
                   l.accumulation_steps = global / dp / lb;
                   ++plan.considered;
                   Prediction pred;
-                  const std::string reason = evaluate(request, m, l, &pred);
+                  const std::string reason = evaluate(request, m, l, pipelines, &pred);
                   if (!reason.empty()) {
                     ++plan.rejected[reason];
                     if (reason == "does not fit") {
@@ -758,7 +810,7 @@ Plan plan_layouts(const PlanRequest& request) {
 
   if (const std::optional<Layout> own = config_layout(request, global, &why)) {
     Prediction pred;
-    const std::string reason = evaluate(request, m, *own, &pred);
+    const std::string reason = evaluate(request, m, *own, pipelines, &pred);
     if (reason.empty() || reason == "does not fit") plan.config_layout = pred;
     plan.config_rejection = reason;
     if (reason.empty()) {

@@ -60,6 +60,7 @@
 #include "titan/distributed/parallel_dims.h"
 #include "titan/models/memory_estimate.h"
 #include "titan/parallel/pipeline_schedule.h"
+#include "titan/parallel/pipeline_split.h"
 
 #include <cstdint>
 #include <map>
@@ -75,6 +76,10 @@ namespace titan {
 // check, `titan inspect` and `titan plan` share. Throws the trainer's ConfigError for a pipeline
 // it would refuse.
 MemoryOptions training_memory_options(const JobConfig& config, int64_t param_shards);
+// The same with the config's pipeline already validated (pp::validate_pipeline; nullptr without
+// pipeline parallelism), as the planner holds it.
+MemoryOptions training_memory_options(const JobConfig& config, int64_t param_shards,
+                                      const pp::PipelineLayout* pipeline);
 
 // The most microbatches whose activations one pp rank holds at once in `table` (a forward
 // adds its microbatch, the backward that consumes it, B or I, removes it), over all ranks, in
