@@ -20,14 +20,15 @@ build_dir="${TITAN_BUILD_DIR:-$root/build}"
 # libraries (libFuzzer, sanitizers) build the parser fuzzers (scripts/fuzz.sh); clang-format (the
 # same major version, 14) checks and applies the code layout (.clang-format, scripts/format.sh).
 # iproute2's ip builds the two-host test bed of network namespaces (tests/e2e/test_multihost.sh);
-# its tc limits a link's rate there, and nftables' nft drops a share of its packets.
+# nftables' nft drops a share of its packets there, and where the kernel lacks netem, iptables
+# sends them through an NFQUEUE that the build's netdelay (libnetfilter-queue) holds a while.
 packages=(
   build-essential cmake ninja-build pkg-config
   libgloo-dev
   libtomlplusplus-dev nlohmann-json3-dev libgtest-dev
   ca-certificates
   clang libclang-rt-14-dev clang-format
-  iproute2 nftables
+  iproute2 nftables iptables libnetfilter-queue-dev
 )
 
 missing=()
