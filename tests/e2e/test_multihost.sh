@@ -256,7 +256,7 @@ grep -qE "ends: the job was stopped by node 1 \(host [^)]+\): rank 3 \(pid $vict
 # With netem where the kernel has it; else (these VMs' kernels lack sch_netem) host 1's packets,
 # both ways, go through an NFQUEUE that tests/tools/netdelay holds for 1 ms each, and nftables
 # drops 1% of the packets arriving there. (1 ms: this run takes about 2x the clean link's time; 2 ms
-# each way made it 14x, 5 ms 29x: titan's FSDP across hosts is that sensitive to latency.)
+# each way made it 14x, 5 ms 29x: some 2,000 sequential round trips per FSDP step, unexplained.)
 if tc -n "${ns[1]}" qdisc add dev eth0 root netem delay 1ms loss 1% 2>/dev/null; then
   tc -n "${ns[0]}" qdisc add dev eth0 root netem delay 1ms loss 1%
   how="netem: 1 ms delay, 1% loss each way"
@@ -265,7 +265,10 @@ else
   [ -x "$netdelay" ] || fail "no netem in this kernel and no $netdelay (the build makes it when" \
     "libnetfilter-queue-dev is installed: scripts/setup.sh)"
   command -v iptables >/dev/null || fail "iptables is missing (scripts/setup.sh installs it)"
-  ip netns exec "${ns[1]}" "$netdelay" 0 1 >"$WORK/netdelay.out" 2>"$WORK/netdelay.err" &
+  # Real-time priority, so that the ranks busy on the cores do not stretch the delay.
+  rt=()
+  chrt -f 20 true 2>/dev/null && rt=(chrt -f 20)
+  ip netns exec "${ns[1]}" "${rt[@]}" "$netdelay" 0 1 >"$WORK/netdelay.out" 2>"$WORK/netdelay.err" &
   netdelay_pid=$!
   for _ in $(seq 1 50); do grep -q ready "$WORK/netdelay.out" && break; sleep 0.1; done
   grep -q ready "$WORK/netdelay.out" || { cat "$WORK/netdelay.err" >&2; fail "netdelay did not start"; }
