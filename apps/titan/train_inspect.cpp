@@ -10,7 +10,7 @@
 #include "titan/distributed/parallel_dims.h"
 #include "titan/models/memory_estimate.h"
 #include "titan/models/registry.h"
-#include "titan/parallel/planner.h"
+#include "titan/parallel/memory_options.h"
 #include "titan/trainer/memory_check.h"
 #include "titan/trainer/trainer.h"
 

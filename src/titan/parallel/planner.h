@@ -6,8 +6,8 @@
 // analytic stats (ModelSpec::describe): nothing is allocated, nothing communicates.
 //
 // Memory is estimate_training_memory (models/memory_estimate.h) with the MemoryOptions of
-// training_memory_options(): the very function `titan train` checks at start-up and `titan
-// inspect` prints, so the three never disagree.
+// training_memory_options() (memory_options.h): the very function `titan train` checks at
+// start-up and `titan inspect` prints, so the three never disagree.
 //
 // Step time, per device, for a step of the global batch G sequences of T tokens on W devices:
 //   compute   = flops_per_token(T) * G * T / W * (1 + r / 3) / (peak * mfu)
@@ -59,6 +59,7 @@
 #include "titan/config/job_config.h"
 #include "titan/distributed/parallel_dims.h"
 #include "titan/models/memory_estimate.h"
+#include "titan/parallel/memory_options.h"
 #include "titan/parallel/pipeline_schedule.h"
 #include "titan/parallel/pipeline_split.h"
 
@@ -69,22 +70,6 @@
 #include <vector>
 
 namespace titan {
-
-// The estimate's settings for `config` (activation checkpointing, training.dtype, its tp, pp, cp
-// and ep degrees, the pipeline schedule's microbatches in flight) with parameters sharded over
-// `param_shards` ranks (world_size / dp_replicate): the one mapping `titan train`'s start-up
-// check, `titan inspect` and `titan plan` share. Throws the trainer's ConfigError for a pipeline
-// it would refuse.
-MemoryOptions training_memory_options(const JobConfig& config, int64_t param_shards);
-// The same with the config's pipeline already validated (pp::validate_pipeline; nullptr without
-// pipeline parallelism), as the planner holds it.
-MemoryOptions training_memory_options(const JobConfig& config, int64_t param_shards,
-                                      const pp::PipelineLayout* pipeline);
-
-// The most microbatches whose activations one pp rank holds at once in `table` (a forward
-// adds its microbatch, the backward that consumes it, B or I, removes it), over all ranks, in
-// whole-rank units: a stage holds 1 / stages_per_rank of its rank's layers.
-double pipeline_peak_microbatches(const pp::ScheduleTable& table, int64_t stages_per_rank);
 
 // One accelerator (or, for --cpu, one rank's share of this machine) and its links.
 struct Hardware {

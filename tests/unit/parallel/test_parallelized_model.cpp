@@ -8,8 +8,8 @@
 #include "titan/config/job_config.h"
 #include "titan/models/memory_estimate.h"
 #include "titan/models/registry.h"
+#include "titan/parallel/memory_options.h"
 #include "titan/parallel/parallelized_model.h"
-#include "titan/parallel/planner.h"
 
 #include <gtest/gtest.h>
 
