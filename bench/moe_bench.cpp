@@ -62,8 +62,9 @@ class ChosenExperts final : public titan::ExpertRunner {
  public:
   explicit ChosenExperts(bool grouped) : grouped_(grouped) {}
   at::Tensor run(titan::GroupedExperts& experts, const at::Tensor& x,
-                 const std::vector<int64_t>& counts) override {
-    return grouped_ ? experts.forward_grouped(x, counts) : experts.forward_loop(x, counts);
+                 const at::Tensor& counts) override {
+    return grouped_ ? experts.forward_grouped(x, counts)
+                    : experts.forward_loop(x, titan::host_counts(counts));
   }
 
  private:

@@ -13,6 +13,7 @@
 
 #include "titan/common/check.h"
 #include "titan/common/cpu.h"
+#include "titan/common/device.h"
 #include "titan/common/format.h"
 #include "titan/components/breakdown.h"
 #include "titan/components/metrics.h"
@@ -80,12 +81,11 @@ int run_bench(const std::vector<std::string>& all_args) {
 
   Trainer trainer(config);
   const ModelStats stats = trainer.model().stats(t.local_batch_size, t.seq_len);
-  double grad_norm = 0.0;
-  for (int64_t step = 1; step <= warmup; ++step) trainer.train_step(step, &grad_norm);
+  for (int64_t step = 1; step <= warmup; ++step) trainer.train_step(step);
+  synchronize_device(trainer.device());
   auto t0 = std::chrono::steady_clock::now();
-  for (int64_t step = warmup + 1; step <= warmup + steps; ++step) {
-    trainer.train_step(step, &grad_norm);
-  }
+  for (int64_t step = warmup + 1; step <= warmup + steps; ++step) trainer.train_step(step);
+  synchronize_device(trainer.device());  // the steps are queued on a GPU, not done
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 
@@ -105,7 +105,8 @@ int run_bench(const std::vector<std::string>& all_args) {
     StepBreakdown b;
     for (int64_t step = warmup + steps + 1; step <= warmup + 2 * steps; ++step) {
       b.begin_step();
-      trainer.train_step(step, &grad_norm);
+      trainer.train_step(step);
+      synchronize_device(trainer.device());
       b.end_step();
     }
     std::printf("%s",

@@ -205,19 +205,26 @@ static std::string format_duration(double s) {
   return buf;
 }
 
-std::optional<StepMetrics> MetricsLogger::on_step(int64_t step, int64_t tokens,
-                                                  const at::Tensor& loss, double grad_norm,
-                                                  double lr) {
-  tokens_since_log_ += tokens;
-  if (step % config_.log_freq != 0 && step != total_steps_ && step != 1) return std::nullopt;
+bool MetricsLogger::logs_at(int64_t step) const {
+  return step % config_.log_freq == 0 || step == total_steps_ || step == 1;
+}
 
+std::optional<StepMetrics> MetricsLogger::on_step(int64_t step, int64_t tokens,
+                                                  const std::function<LoggedValues()>& values) {
+  tokens_since_log_ += tokens;
+  if (!logs_at(step)) return std::nullopt;
+
+  // The values first: reading them waits for the device, so the window's time covers the work.
+  const LoggedValues v = values();
   auto now = std::chrono::steady_clock::now();
   const double window = std::chrono::duration<double>(now - last_log_).count();
   StepMetrics m;
   m.step = step;
-  m.loss = loss.item<double>();
-  m.grad_norm = grad_norm;
-  m.lr = lr;
+  m.loss = v.loss;
+  m.grad_norm = v.grad_norm;
+  m.lr = v.lr;
+  m.host_syncs = v.host_syncs;
+  m.host_syncs_between_logs = v.host_syncs_between_logs;
   m.tps = window > 0 ? static_cast<double>(tokens_since_log_) / window : 0.0;
   m.tflops = flops_per_token_ * m.tps / 1e12;
   m.mfu = 100.0 * flops_per_token_ * m.tps / peak_flops_;
@@ -321,6 +328,10 @@ void MetricsLogger::write_json(const StepMetrics& m) {
                       {"memory_pct", m.memory_pct},
                       {"time_metrics/end_to_end(s)", m.step_time_s},
                       {"elapsed_s", m.elapsed_s}};
+  if (m.host_syncs >= 0) {
+    j["host_syncs"] = m.host_syncs;
+    j["host_syncs_between_logs"] = m.host_syncs_between_logs;
+  }
   if (device_.is_cuda()) {
     j["memory/max_active(GiB)"] = m.max_active_gib;
     j["memory/max_active(%)"] = m.max_active_pct;

@@ -23,6 +23,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -57,11 +58,24 @@ double probe_peak_flops(at::ScalarType dtype, double budget_s = 0.3,
 // nullopt for a device not in the table.
 std::optional<double> datasheet_peak_flops(const std::string& device_name);
 
+// What the caller reads for a logged step (only then: on a GPU each read waits for the device).
+struct LoggedValues {
+  double loss = 0.0;
+  double grad_norm = 0.0;
+  double lr = 0.0;
+  // Device-to-host reads (titan/common/host_sync.h) of the logged step up to its row, and the
+  // most any other step made since the previous row; -1 when not counted.
+  int64_t host_syncs = -1;
+  int64_t host_syncs_between_logs = -1;
+};
+
 struct StepMetrics {
   int64_t step = 0;
   double loss = 0.0;
   double grad_norm = 0.0;
   double lr = 0.0;
+  int64_t host_syncs = -1;  // see LoggedValues
+  int64_t host_syncs_between_logs = -1;
   double tps = 0.0;         // tokens/s per rank since the previous log
   double tflops = 0.0;      // achieved TFLOP/s per rank
   double mfu = 0.0;         // percent of peak
@@ -106,10 +120,12 @@ class MetricsLogger {
   MetricsLogger(const MetricsLogger&) = delete;
   MetricsLogger& operator=(const MetricsLogger&) = delete;
 
-  // Called every step with the tokens this rank processed; logs on log_freq boundaries (and on
-  // the last step). Returns the metrics when a line was logged.
-  std::optional<StepMetrics> on_step(int64_t step, int64_t tokens, const at::Tensor& loss,
-                                     double grad_norm, double lr);
+  // Whether step `step` is logged: log_freq boundaries, the first and the last step.
+  bool logs_at(int64_t step) const;
+  // Called every step with the tokens this rank processed; on a logged step (logs_at) it calls
+  // `values`, logs a line and a metrics.jsonl row, and returns the metrics.
+  std::optional<StepMetrics> on_step(int64_t step, int64_t tokens,
+                                     const std::function<LoggedValues()>& values);
   void log_validation(int64_t step, double loss, int64_t tokens, double seconds);
 
   const std::string& jsonl_path() const { return jsonl_path_; }

@@ -1,9 +1,10 @@
 // AdamW / Adam with the update of torch.optim.AdamW / torch.optim.Adam: bias-corrected moments,
 // eps added after the bias-corrected square root, decoupled decay p *= 1 - lr * wd (AdamW) or L2
 // decay g += wd * p (Adam). optimizer.implementation chooses the kernel as in PyTorch:
-//   fused     one pass over each parameter's p, g, m, v (titan::kernels::adam_step, float math,
-//             one bf16 rounding per stored value); CUDA tensors and dtypes or layouts it does not
-//             take fall back to the for-loop, per parameter.
+//   fused     on the CPU one pass over each parameter's p, g, m, v (titan::kernels::adam_step,
+//             float math, one bf16 rounding per stored value; dtypes or layouts it does not take
+//             fall back to the for-loop, per parameter); elsewhere ATen's fused multi-tensor
+//             kernel (at::_fused_adamw_ / _fused_adam_: one launch for all parameters).
 //   foreach   the same ATen ops as the for-loop, each issued once over all parameters
 //             (at::_foreach_*): fewer dispatches, still one pass over memory per op.
 //   for-loop  ATen ops per parameter: the reference the other two are tested against.
@@ -16,6 +17,8 @@
 
 #include <ATen/core/grad_mode.h>
 
+#include <algorithm>
+#include <array>
 #include <cmath>
 
 namespace titan {
@@ -33,7 +36,23 @@ BiasCorrection bias_correction(const OptimizerSection& c, double lr, int64_t ste
   return {lr / (1.0 - std::pow(c.beta1, t)), std::sqrt(1.0 - std::pow(c.beta2, t))};
 }
 
+std::optional<Optimizer::FusedKernel> fused_kernel_override;
+
+// Every defined gradient times `scale` (a 0-d tensor), in place; nothing for an undefined scale.
+void scale_in_place(const std::vector<at::Tensor>& grads, const at::Tensor& scale) {
+  if (!scale.defined()) return;
+  std::vector<at::Tensor> defined;
+  for (const auto& g : grads) {
+    if (g.defined() && g.numel() > 0) defined.push_back(g);
+  }
+  if (!defined.empty()) at::_foreach_mul_(defined, scale);
+}
+
 }  // namespace
+
+void Optimizer::override_fused_kernel_for_testing(std::optional<FusedKernel> kernel) {
+  fused_kernel_override = kernel;
+}
 
 Optimizer::Optimizer(std::vector<NamedParam> params, const OptimizerSection& config)
     : params_(std::move(params)), config_(config), decoupled_(config.name == "AdamW") {
@@ -61,12 +80,44 @@ Optimizer::Optimizer(std::vector<NamedParam> params, const OptimizerSection& con
   }
 }
 
-void Optimizer::step(double lr) {
+void Optimizer::step(double lr, const at::Tensor& grad_scale) {
   at::NoGradGuard no_grad;
   ++step_count_;
+  if (params_.empty()) return;
+  const bool cpu = params_.front().param.device().is_cpu();
+  const FusedKernel kernel =
+      fused_kernel_override.value_or(cpu ? FusedKernel::kTitan : FusedKernel::kAten);
+  // Which parameters the fused kernel takes (it applies grad_scale as it reads): ATen's, dense
+  // tensors sharing one layout; titan's, that on the CPU in float32 or bf16. The others run ATen
+  // ops on gradients scaled in place first; so do titan's under Adam's L2 decay, whose
+  // g * scale + wd * p the compiler would contract differently from ATen's rounded g * scale
+  // (an ulp that a cancelling sum turns into a visible difference).
+  const bool kernel_scales =
+      kernel == FusedKernel::kAten || decoupled_ || config_.weight_decay == 0;
+  std::vector<bool> fused(params_.size(), false);
+  std::vector<at::Tensor> scaled;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const at::Tensor& p = params_[i].param;
+    if (!p.grad().defined()) continue;
+    const std::array<const at::Tensor*, 4> four = {&p, &p.grad(), &exp_avg_[i], &exp_avg_sq_[i]};
+    fused[i] = implementation_ == Implementation::kFused &&
+               (kernel == FusedKernel::kAten
+                    ? p.is_non_overlapping_and_dense() &&
+                          std::all_of(four.begin(), four.end(),
+                                      [&](const at::Tensor* t) {
+                                        return t->strides() == p.strides() &&
+                                               t->scalar_type() == p.scalar_type();
+                                      })
+                    : kernels::adam_step_supported(p, p.grad(), exp_avg_[i], exp_avg_sq_[i]));
+    if (!fused[i] || !kernel_scales) scaled.push_back(p.grad());
+  }
+  scale_in_place(scaled, grad_scale);
   if (implementation_ == Implementation::kForeach) {
     step_foreach(lr);
     return;
+  }
+  if (implementation_ == Implementation::kFused && kernel == FusedKernel::kAten) {
+    step_aten_fused(lr, grad_scale, fused);
   }
   kernels::AdamStepOptions options;
   options.lr = lr;
@@ -76,16 +127,55 @@ void Optimizer::step(double lr) {
   options.weight_decay = config_.weight_decay;
   options.decoupled = decoupled_;
   options.step = step_count_;
+  if (kernel_scales) options.grad_scale = grad_scale;
   for (size_t i = 0; i < params_.size(); ++i) {
     const at::Tensor& p = params_[i].param;
-    const at::Tensor& g = p.grad();
-    if (!g.defined()) continue;
-    if (implementation_ == Implementation::kFused &&
-        kernels::adam_step_supported(p, g, exp_avg_[i], exp_avg_sq_[i])) {
-      kernels::adam_step(p, g, exp_avg_[i], exp_avg_sq_[i], options);
-    } else {
+    if (!p.grad().defined()) continue;
+    if (!fused[i]) {
       step_param_aten(i, lr);
+    } else if (kernel == FusedKernel::kTitan) {
+      kernels::adam_step(p, p.grad(), exp_avg_[i], exp_avg_sq_[i], options);
     }
+  }
+}
+
+Optimizer::Lists Optimizer::with_grads(const std::vector<bool>* only) const {
+  Lists l;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const at::Tensor& p = params_[i].param;
+    if (!p.grad().defined() || (only != nullptr && !(*only)[i])) continue;
+    l.params.push_back(p);
+    l.grads.push_back(p.grad());
+    l.exp_avgs.push_back(exp_avg_[i]);
+    l.exp_avg_sqs.push_back(exp_avg_sq_[i]);
+  }
+  return l;
+}
+
+void Optimizer::step_aten_fused(double lr, const at::Tensor& grad_scale,
+                                const std::vector<bool>& only) {
+  auto [params, grads, exp_avgs, exp_avg_sqs] = with_grads(&only);
+  if (params.empty()) return;
+  std::vector<at::Tensor> steps;
+  // The kernels read the (already incremented) step from a float tensor per parameter, as
+  // torch.optim keeps it; one shared tensor, filled from the host count, serves them all.
+  if (!step_tensor_.defined()) {
+    step_tensor_ = at::zeros({}, at::TensorOptions(at::kFloat).device(params.front().device()));
+  }
+  step_tensor_.fill_(static_cast<double>(step_count_));
+  steps.assign(params.size(), step_tensor_);
+  // ATen divides every gradient by grad_scale (its gradient-scaler contract).
+  std::optional<at::Tensor> divide_by;
+  if (grad_scale.defined()) divide_by = grad_scale.to(at::kFloat).reciprocal();
+  const auto& c = config_;
+  if (decoupled_) {
+    at::_fused_adamw_(params, grads, exp_avgs, exp_avg_sqs, /*max_exp_avg_sqs=*/{}, steps, lr,
+                      c.beta1, c.beta2, c.weight_decay, c.eps, /*amsgrad=*/false,
+                      /*maximize=*/false, divide_by, /*found_inf=*/std::nullopt);
+  } else {
+    at::_fused_adam_(params, grads, exp_avgs, exp_avg_sqs, /*max_exp_avg_sqs=*/{}, steps, lr,
+                     c.beta1, c.beta2, c.weight_decay, c.eps, /*amsgrad=*/false,
+                     /*maximize=*/false, divide_by, /*found_inf=*/std::nullopt);
   }
 }
 
@@ -109,15 +199,7 @@ void Optimizer::step_param_aten(size_t i, double lr) {
 // torch.optim's _multi_tensor_adam. It first groups tensors by device and dtype, which ATen's CUDA
 // fast path needs; here all parameters share one (and a mixed list still runs, per tensor).
 void Optimizer::step_foreach(double lr) {
-  std::vector<at::Tensor> params, grads, exp_avgs, exp_avg_sqs;
-  for (size_t i = 0; i < params_.size(); ++i) {
-    const at::Tensor& p = params_[i].param;
-    if (!p.grad().defined()) continue;
-    params.push_back(p);
-    grads.push_back(p.grad());
-    exp_avgs.push_back(exp_avg_[i]);
-    exp_avg_sqs.push_back(exp_avg_sq_[i]);
-  }
+  auto [params, grads, exp_avgs, exp_avg_sqs] = with_grads();
   if (params.empty()) return;
   const BiasCorrection bc = bias_correction(config_, lr, step_count_);
   if (config_.weight_decay != 0) {
@@ -151,25 +233,6 @@ std::vector<std::pair<std::string, at::Tensor>> Optimizer::state_tensors() const
     out.emplace_back(params_[i].name + ".exp_avg_sq", exp_avg_sq_[i]);
   }
   return out;
-}
-
-double clip_grad_norm(const std::vector<at::Tensor>& params, double max_norm) {
-  at::NoGradGuard no_grad;
-  std::vector<at::Tensor> norms;
-  for (const auto& p : params) {
-    if (p.grad().defined()) norms.push_back(p.grad().norm(2).to(at::kDouble));
-  }
-  if (norms.empty()) return 0.0;
-  const double total = at::stack(norms).norm(2).item<double>();
-  if (max_norm > 0 && std::isfinite(total)) {
-    const double coef = max_norm / (total + 1e-6);
-    if (coef < 1.0) {
-      for (const auto& p : params) {
-        if (p.grad().defined()) p.grad().mul_(coef);
-      }
-    }
-  }
-  return total;
 }
 
 }  // namespace titan

@@ -1,10 +1,13 @@
 // AdamW / Adam over float32 master parameters (or bfloat16 ones under training.dtype =
 // "bfloat16", with bf16 states), and gradient clipping by global norm.
 //
-// optimizer.implementation picks how the update runs, as in torch.optim: "fused" (one pass per
-// parameter through titan::kernels::adam_step on CPU), "foreach" (ATen's multi-tensor
-// _foreach_* ops over all parameters at once) or "for-loop" (ATen ops per parameter, the
-// reference). All three compute the same update.
+// optimizer.implementation picks how the update runs, as in torch.optim: "fused" (on the CPU one
+// pass per parameter through titan::kernels::adam_step; on a GPU ATen's fused multi-tensor
+// AdamW, at::_fused_adamw_, one kernel launch for all parameters), "foreach" (ATen's
+// multi-tensor _foreach_* ops over all parameters at once) or "for-loop" (ATen ops per parameter,
+// the reference). All compute the same update. No implementation reads a value back from the
+// device: the step count and learning rate are host numbers, the clipping coefficient a device
+// tensor.
 //
 // The optimizer only ever sees the tensors it is given (this rank's shards under FSDP or tensor
 // parallelism), keeps its state (exp_avg, exp_avg_sq, step) per parameter, and exposes it by name
@@ -16,6 +19,7 @@
 #include <ATen/ATen.h>
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -30,8 +34,11 @@ class Optimizer {
  public:
   Optimizer(std::vector<NamedParam> params, const OptimizerSection& config);
 
-  // One update with learning rate `lr`; parameters without a gradient are skipped.
-  void step(double lr);
+  // One update with learning rate `lr`; parameters without a gradient are skipped. `grad_scale`
+  // (a 0-d float32 tensor on the parameters' device, e.g. GradNorm::clip_coef) multiplies every
+  // gradient as the update reads it; undefined: 1. The fused paths apply it inside their pass
+  // (the gradients keep their values), the others scale the gradients in place first.
+  void step(double lr, const at::Tensor& grad_scale = at::Tensor());
   void zero_grad();
 
   int64_t step_count() const { return step_count_; }
@@ -42,12 +49,25 @@ class Optimizer {
   // Restores the step count (bias correction) from a checkpoint.
   void set_step_count(int64_t steps) { step_count_ = steps; }
 
+  // Which kernel "fused" runs: titan's one-pass CPU kernel or ATen's fused multi-tensor AdamW
+  // (every device; the one CUDA takes). Tests force ATen's on the CPU (nullopt: by device).
+  enum class FusedKernel { kTitan, kAten };
+  static void override_fused_kernel_for_testing(std::optional<FusedKernel> kernel);
+
  private:
   enum class Implementation { kFused, kForeach, kForLoop };
 
   // One parameter through ATen ops (for-loop, and fused's fallback for what it cannot take).
   void step_param_aten(size_t i, double lr);
   void step_foreach(double lr);
+  // The parameters with a gradient (and `only[i]`, when given), with their gradients and
+  // states, as lists.
+  struct Lists {
+    std::vector<at::Tensor> params, grads, exp_avgs, exp_avg_sqs;
+  };
+  Lists with_grads(const std::vector<bool>* only = nullptr) const;
+  // ATen's _fused_adamw_ / _fused_adam_ over the parameters `only` marks.
+  void step_aten_fused(double lr, const at::Tensor& grad_scale, const std::vector<bool>& only);
 
   std::vector<NamedParam> params_;
   std::vector<at::Tensor> exp_avg_;
@@ -56,10 +76,9 @@ class Optimizer {
   bool decoupled_;  // AdamW (decoupled weight decay) vs Adam (L2 added to the gradient)
   Implementation implementation_;
   int64_t step_count_ = 0;
+  // ATen's fused kernels read the step count from a tensor on the parameters' device (one,
+  // shared by every parameter, set from step_count_ without a host read).
+  at::Tensor step_tensor_;
 };
-
-// Total L2 norm of all gradients (before clipping). When max_norm > 0 and the norm exceeds it,
-// scales every gradient by max_norm / (norm + 1e-6), as torch.nn.utils.clip_grad_norm_.
-double clip_grad_norm(const std::vector<at::Tensor>& params, double max_norm);
 
 }  // namespace titan

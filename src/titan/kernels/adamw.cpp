@@ -27,6 +27,7 @@ struct Coefficients {
   float bias2_sqrt;  // sqrt(1 - beta2^step)
   float eps;
   float neg_step_size;  // -lr / (1 - beta1^step)
+  float grad_scale;     // times every gradient (1: none)
 };
 
 // Moments stay in float between their update and the parameter's: a bf16 moment is rounded once,
@@ -40,8 +41,9 @@ __attribute__((always_inline)) inline void adam_loop(T* __restrict p, const T* _
     float pi = load(p, i);
     float gi = load(g, i);
     if constexpr (kDecoupled) {
+      gi = gi * c.grad_scale;
       pi = pi * c.decay;
-    } else {
+    } else {  // no scale here: gi * scale + l2 * pi would contract unlike ATen's composition
       gi = gi + c.l2 * pi;
     }
     const float mi = load(m, i);
@@ -110,6 +112,16 @@ void adam_step(const at::Tensor& param, const at::Tensor& grad, const at::Tensor
   c.neg_step_size = static_cast<float>(-o.lr / (1.0 - std::pow(o.beta1, step)));
   // No decay at all: AdamW's factor 1 is exact, Adam's term 0 * p would turn an inf p into NaN.
   const bool decoupled = o.decoupled || o.weight_decay == 0;
+  c.grad_scale = 1.0f;
+  if (o.grad_scale.defined()) {
+    TITAN_CHECK(decoupled, "adam_step: grad_scale with Adam's L2 decay; scale the gradient first");
+    TITAN_CHECK(o.grad_scale.device().is_cpu() && o.grad_scale.numel() == 1 &&
+                    o.grad_scale.scalar_type() == at::kFloat,
+                "adam_step: grad_scale must be one float32 on the CPU, got ",
+                o.grad_scale.scalar_type(), " ", o.grad_scale.sizes(), " on ",
+                o.grad_scale.device());
+    c.grad_scale = *o.grad_scale.data_ptr<float>();  // host memory: no device read
+  }
 
   const int64_t n = param.numel();
   if (param.scalar_type() == at::kFloat) {

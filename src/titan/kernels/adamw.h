@@ -22,6 +22,10 @@ struct AdamStepOptions {
   double weight_decay = 0;
   bool decoupled = true;  // AdamW (p *= 1 - lr * wd) vs Adam (g += wd * p)
   int64_t step = 1;       // 1-based count of this update, for the bias corrections
+  // 0-d float32 CPU tensor multiplying every gradient as it is read (the clipping coefficient;
+  // the gradient itself is left as it is). Undefined: 1. AdamW (or no decay) only: Adam's L2
+  // term would round differently from ATen's ops, so Adam's callers scale the gradient first.
+  at::Tensor grad_scale;
 };
 
 // Whether adam_step can update these tensors: all on CPU, all float32 or all bfloat16, the same

@@ -67,20 +67,22 @@ class AllToAllExperts final : public ExpertRunner {
       : group_(std::move(group)), stats_(std::move(stats)) {}
 
   at::Tensor run(GroupedExperts& experts, const at::Tensor& x,
-                 const std::vector<int64_t>& counts) override {
+                 const at::Tensor& device_counts) override {
     dist::Group& g = *group_;
     const int64_t ep = g.size();
     const int64_t local = experts.experts();
-    TITAN_CHECK(static_cast<int64_t>(counts.size()) == ep * local,
-                "expert parallelism: ", counts.size(), " token counts for ", ep, " ranks x ", local,
-                " experts");
-    // 1. Counts: got[s * local + e] rows will come from rank s for local expert e.
-    at::Tensor sent_counts = at::tensor(counts, at::kLong).to(g.device());
+    TITAN_CHECK(device_counts.numel() == ep * local, "expert parallelism: ", device_counts.numel(),
+                " token counts for ", ep, " ranks x ", local, " experts");
+    // 1. Counts: got[s * local + e] rows will come from rank s for local expert e. The split
+    // sizes of the exchange are host numbers: this layer's one host read brings both what this
+    // rank sends and what it gets.
+    const at::Tensor sent_counts = device_counts.to(g.device(), at::kLong).contiguous();
     at::Tensor got_counts = at::empty_like(sent_counts);
     dist::Work work = g.all_to_all_single(got_counts, sent_counts);
     stats_->clock.time([&] { work.wait(); });
-    got_counts = got_counts.to(at::kCPU);
-    const int64_t* got = got_counts.data_ptr<int64_t>();
+    const std::vector<int64_t> both = host_counts(at::cat({sent_counts, got_counts}));
+    const std::vector<int64_t> counts(both.begin(), both.begin() + ep * local);
+    const int64_t* got = both.data() + ep * local;
     std::vector<int64_t> send(ep, 0), recv(ep, 0), per_expert(local, 0);
     for (int64_t j = 0; j < ep; ++j) {
       for (int64_t e = 0; e < local; ++e) {

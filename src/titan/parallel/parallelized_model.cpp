@@ -436,12 +436,12 @@ at::Tensor ParallelizedModel::evaluate(const at::Tensor& batch_inputs,
   return forward_loss(inputs, labels);
 }
 
-std::vector<std::pair<std::string, double>> ParallelizedModel::update_moe_load_balance() {
+ParallelizedModel::MoELoads ParallelizedModel::update_moe_load_balance() {
   std::vector<std::pair<std::string, MoE*>> layers;
   for (auto& part : parts_) {
     for (const auto& layer : moe_layers(*part->model)) layers.push_back(layer);
   }
-  std::vector<std::pair<std::string, double>> loads;
+  MoELoads loads;
   if (layers.empty()) return loads;
   // Every layer's counts in one tensor, summed over the token-splitting groups.
   std::vector<at::Tensor> counts;
@@ -451,20 +451,23 @@ std::vector<std::pair<std::string, double>> ParallelizedModel::update_moe_load_b
     dist::Group& g = dims_.group(group);
     at::Tensor t = all.to(g.device());
     g.all_reduce(t, dist::ReduceOp::kSum).wait();
-    all = t.to(all.device());
+    all = t.to(all.device(), /*non_blocking=*/true);
   };
   if (dims_.dp_size() * dims_.cp() > 1) sum_over(dims_.cp_enabled() ? "dp_cp" : "dp");
   // tp ranks route their own sequence shards, unless the experts are split over tp (each routes
   // the whole sequences).
   if (dims_.tp() > 1 && !dims_.experts_split_over_tp()) sum_over("tp");
   int64_t offset = 0;
+  std::vector<at::Tensor> ratios;
   for (const auto& [name, moe] : layers) {
     const int64_t n = moe->tokens_per_expert.numel();
     const at::Tensor layer_loads = all.narrow(0, offset, n);
     offset += n;
-    loads.emplace_back(name, load_imbalance(layer_loads));
+    loads.layers.push_back(name);
+    ratios.push_back(load_imbalance(layer_loads));
     moe->update_expert_bias(layer_loads);
   }
+  loads.max_over_mean = at::stack(ratios);
   return loads;
 }
 
@@ -484,14 +487,15 @@ bool ParallelizedModel::writes_state_buffers() const {
   return c.dp_replicate == 0 && c.dp_shard == 0 && c.cp == 0 && c.tp == 0;
 }
 
-double ParallelizedModel::batch_mean(double value) const {
+at::Tensor ParallelizedModel::batch_mean(const at::Tensor& value) const {
   // Context-parallel ranks hold different tokens of the same sequences: their (equal-sized)
   // shares average too.
   if (dims_.dp_size() * dims_.cp() == 1) return value;
   dist::Group& dp = dims_.group(dims_.cp_enabled() ? "dp_cp" : "dp");
-  at::Tensor t = at::full({1}, value, at::TensorOptions(at::kDouble).device(dp.device()));
+  at::Tensor t =
+      value.to(dp.device(), at::kDouble, /*non_blocking=*/false, /*copy=*/true).reshape({1});
   dp.all_reduce(t, dist::ReduceOp::kAvg).wait();
-  return t.item<double>();
+  return t.to(value.device(), /*non_blocking=*/true).reshape(value.sizes());
 }
 
 void ParallelizedModel::zero_grad() {
@@ -514,12 +518,7 @@ void ParallelizedModel::finish_backward() {
   }
 }
 
-double ParallelizedModel::clip_grad_norm(double max_norm) {
-  if (!has_dp() && !has_tp() && !has_ep() && !pipeline_) {
-    std::vector<at::Tensor> locals;
-    for (const TrainedParam& p : params_) locals.push_back(p.local);
-    return titan::clip_grad_norm(locals, max_norm);
-  }
+GradNorm ParallelizedModel::grad_norm(double max_norm) {
   std::vector<std::pair<std::string, at::Tensor>> grads;
   for (const TrainedParam& p : params_) grads.emplace_back(p.name, p.local.grad());
   if (has_tp()) {
@@ -549,7 +548,15 @@ double ParallelizedModel::clip_grad_norm(double max_norm) {
   if (has_dp() && dims_.fsdp_enabled()) groups.push_back(&dims_.group(shard_group_name()));
   if (has_tp()) groups.push_back(&parts_[0]->tp->group());
   if (pipeline_) groups.push_back(&dims_.group("pp"));
-  return clip_grad_norm_sharded(tensors, weights, groups, max_norm);
+  return global_grad_norm(tensors, weights, groups, max_norm);
+}
+
+double ParallelizedModel::clip_grad_norm(double max_norm) {
+  const GradNorm n = grad_norm(max_norm);
+  std::vector<at::Tensor> grads;
+  for (const TrainedParam& p : params_) grads.push_back(p.local.grad());
+  scale_grads(grads, n.clip_coef);
+  return host_item<double>(n.norm);
 }
 
 std::vector<std::pair<std::string, at::Tensor>> ParallelizedModel::gather_full_parameters() {

@@ -28,8 +28,8 @@
 //   pm->init_weights(seed);                              // unless loading weights next
 //   pm->zero_grad();
 //   loss = pm->forward_backward(x, y, scale);    // per micro-batch (a whole schedule under PP)
-//   norm = pm->clip_grad_norm(max_norm);         // over every shard, every group
-//   optimizer.step() on pm->params()             // this rank's pieces, with their boxes
+//   GradNorm n = pm->grad_norm(max_norm);        // over every shard, every group, on the device
+//   optimizer.step(lr, n.clip_coef) on pm->params()   // this rank's pieces, with their boxes
 #pragma once
 
 #include "titan/common/shard_box.h"
@@ -37,6 +37,7 @@
 #include "titan/distributed/parallel_dims.h"
 #include "titan/models/model.h"
 #include "titan/parallel/context_parallel.h"
+#include "titan/parallel/grad_norm.h"
 #include "titan/parallel/pipeline_split.h"
 
 #include <ATen/ATen.h>
@@ -161,15 +162,19 @@ class ParallelizedModel {
 
   // Mean next-token loss of forward's logits (loss parallel under tensor parallelism).
   at::Tensor loss(const at::Tensor& logits, const at::Tensor& labels) const;
-  // Mean of a per-rank value over the ranks that split the batch (dp_replicate x dp_shard, and
-  // cp, whose ranks hold equal shares of the sequences).
-  double batch_mean(double value) const;
+  // Mean of a per-rank value (a 0-d tensor on the device) over the ranks that split the batch
+  // (dp_replicate x dp_shard, and cp, whose ranks hold equal shares of the sequences), on the
+  // device: nothing is read back to the host.
+  at::Tensor batch_mean(const at::Tensor& value) const;
 
   void zero_grad();
   // Completes the gradients of the last backward (FSDP's reductions). Call after every backward.
   void finish_backward();
-  // Sums TP-partial gradients, then clips every gradient by the global norm (over all shards and
-  // groups); returns the norm before clipping.
+  // Sums TP-partial gradients, then the global norm over all shards and groups and the clipping
+  // coefficient, both on the device (grad_norm.h); the gradients are not scaled.
+  GradNorm grad_norm(double max_norm);
+  // grad_norm, then every gradient scaled by the coefficient; returns the norm before clipping
+  // (one host read: for tests and tools).
   double clip_grad_norm(double max_norm);
 
   // Every parameter whole, float32, in host memory (collective: every rank must call). A GPU
@@ -182,8 +187,13 @@ class ParallelizedModel {
   // token counts since the last call, summed over the ranks that split the batch (dp x cp, and
   // tp, whose ranks route their own sequence shards), move the layer's expert bias toward balance
   // (MoE::update_expert_bias) and restart. Returns (layer name, max/mean expert load) for this
-  // rank's MoE layers (none for a dense model).
-  std::vector<std::pair<std::string, double>> update_moe_load_balance();
+  // rank's MoE layers (none for a dense model): the names, and the ratios as one float64 tensor
+  // on the device (read it when logging; nothing is read back here).
+  struct MoELoads {
+    std::vector<std::string> layers;
+    at::Tensor max_over_mean;  // (layers) float64
+  };
+  MoELoads update_moe_load_balance();
   // Buffers that are training state, by name (the MoE layers' expert biases, identical on the
   // ranks that hold the layer), and whether this rank is the one that writes them to checkpoints.
   std::vector<std::pair<std::string, at::Tensor>> state_buffers() const;

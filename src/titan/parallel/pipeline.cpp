@@ -2,6 +2,7 @@
 #include "titan/parallel/pipeline.h"
 
 #include "titan/common/check.h"
+#include "titan/common/host_sync.h"
 #include "titan/common/phase.h"
 #include "titan/models/common/linear.h"
 #include "titan/parallel/data_parallel.h"
@@ -168,7 +169,7 @@ at::Tensor PipelineRuntime::recv_activation(int64_t src, int64_t boundary, int64
     at::Tensor header = at::zeros({kHeaderLen}, at::TensorOptions(at::kLong).device(device_));
     dist::Work work = from(src).recv(header, peer, tag(boundary, microbatch, kHeader));
     clock_->time([&] { work.wait(); });
-    const at::Tensor host = header.to(at::kCPU);
+    const at::Tensor host = to_host(header);  // once per shape: later ones reuse it
     const int64_t* h = host.data_ptr<int64_t>();
     TITAN_CHECK(h[0] >= 0 && h[0] <= kMaxDims, "pipeline runtime: bad activation header from rank ",
                 src, " (", h[0], " dims)");

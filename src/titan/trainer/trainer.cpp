@@ -7,6 +7,7 @@
 #include "titan/common/cpu.h"
 #include "titan/common/device.h"
 #include "titan/common/format.h"
+#include "titan/common/host_sync.h"
 #include "titan/common/logging.h"
 #include "titan/common/memory_probe.h"
 #include "titan/common/phase.h"
@@ -378,12 +379,12 @@ std::optional<Batch> Trainer::next_local_batch(DataLoader& loader) {
   return batch;
 }
 
-at::Tensor Trainer::train_step(int64_t step, double* grad_norm) {
+StepResult Trainer::train_step(int64_t step) {
   {
     const PhaseScope phase(Phase::kOptimizer, "zero_grad");
     parallel_->zero_grad();
   }
-  at::Tensor total = at::zeros({}, at::TensorOptions(at::kFloat).device(device_));
+  at::Tensor total = at::zeros({}, at::TensorOptions(at::kDouble).device(device_));
   const double scale = 1.0 / static_cast<double>(accumulation_steps_);
   for (int64_t micro = 0; micro < accumulation_steps_; ++micro) {
     std::optional<Batch> batch;
@@ -392,22 +393,51 @@ at::Tensor Trainer::train_step(int64_t step, double* grad_norm) {
       batch = next_local_batch(*train_loader_);
     }
     TITAN_CHECK(batch.has_value(), "training data loader ran dry at step ", step);
-    total += parallel_->forward_backward(batch->inputs, batch->labels, scale) * scale;
+    total +=
+        parallel_->forward_backward(batch->inputs, batch->labels, scale).to(at::kDouble) * scale;
   }
-  const double loss_value = parallel_->batch_mean(total.item<double>());
-  total.fill_(loss_value);
-  if (!std::isfinite(loss_value)) {
-    throw TrainingError("loss is " + std::string(std::isnan(loss_value) ? "NaN" : "Inf") +
-                        " at step " + std::to_string(step) +
-                        "; training stopped. HINT: lower optimizer.lr, raise "
-                        "lr_scheduler.warmup_steps, or use training.mixed_precision_param = "
-                        "\"float32\"");
-  }
+  StepResult result;
+  result.loss = parallel_->batch_mean(total);
   const PhaseScope optimizer(Phase::kOptimizer);
-  *grad_norm = parallel_->clip_grad_norm(config_.training.max_norm);
-  optimizer_->step(lr_scheduler_->lr_at(step));
+  // The norm and the clipping coefficient stay on the device; AdamW applies the coefficient as
+  // it reads each gradient. A non-finite loss or norm is found when the step is read
+  // (settle_steps), and training stops there.
+  const GradNorm norm = parallel_->grad_norm(config_.training.max_norm);
+  result.grad_norm = norm.norm;
+  optimizer_->step(lr_scheduler_->lr_at(step), norm.clip_coef);
   moe_loads_ = parallel_->update_moe_load_balance();  // MoE: expert biases toward even loads
-  return total;
+  return result;
+}
+
+void Trainer::settle_steps(TrainResult& result) {
+  if (unsettled_.empty()) return;
+  std::vector<at::Tensor> values;
+  for (const auto& [step, v] : unsettled_) values.push_back(v);
+  const at::Tensor host = to_host(at::stack(values));  // (steps, 2) float64
+  const auto rows = host.accessor<double, 2>();
+  std::vector<std::pair<int64_t, at::Tensor>> steps = std::move(unsettled_);
+  unsettled_.clear();
+  for (size_t i = 0; i < steps.size(); ++i) {
+    const double loss = rows[static_cast<int64_t>(i)][0];
+    const double norm = rows[static_cast<int64_t>(i)][1];
+    const int64_t step = steps[i].first;
+    if (!std::isfinite(loss) || !std::isfinite(norm)) {
+      const bool bad_loss = !std::isfinite(loss);
+      const double value = bad_loss ? loss : norm;
+      throw TrainingError(
+          std::string(bad_loss ? "loss" : "gradient norm") + " is " +
+          (std::isnan(value) ? "NaN" : "Inf") + " at step " + std::to_string(step) +
+          (step != steps.back().first
+               ? " (found at step " + std::to_string(steps.back().first) +
+                     ", the first step read since: steps are read from the device on logged "
+                     "steps, see metrics.log_freq)"
+               : std::string()) +
+          "; training stopped, nothing was saved after it. HINT: lower optimizer.lr, raise "
+          "lr_scheduler.warmup_steps, or use training.mixed_precision_param = \"float32\"");
+    }
+    result.losses.push_back(loss);
+    result.grad_norms.push_back(norm);
+  }
 }
 
 double Trainer::validate(int64_t* tokens) {
@@ -418,18 +448,18 @@ double Trainer::validate(int64_t* tokens) {
   // same number of batches.
   DataLoader loader(validation_docs_, *tokenizer_, config_.validation.seq_len,
                     config_.validation.local_batch_size * dp_size_, 0, 1, /*infinite=*/false);
-  double sum = 0.0;
+  at::Tensor sum = at::zeros({}, at::TensorOptions(at::kDouble).device(device_));
   int64_t n = 0, count = 0;
   while (config_.validation.steps < 0 || n < config_.validation.steps) {
     auto batch = next_local_batch(loader);
     if (!batch) break;
-    sum += parallel_->evaluate(batch->inputs, batch->labels).item<double>();
+    sum += parallel_->evaluate(batch->inputs, batch->labels).to(at::kDouble);
     ++n;
     count += batch->inputs.numel();
   }
   if (n == 0) throw_validation_too_small(config_.validation, dp_size_);
   if (tokens != nullptr) *tokens = count * dp_size_;
-  return parallel_->batch_mean(sum / static_cast<double>(n));
+  return host_item<double>(parallel_->batch_mean(sum / static_cast<double>(n)));
 }
 
 TrainResult Trainer::train() {
@@ -466,14 +496,17 @@ TrainResult Trainer::train() {
         return describe_last_checkpoint(config_.checkpoint.enable, checkpointer_->folder());
       },
       /*log=*/rank_ == 0);
+  // Host reads per step (host_sync.h): each logged row reports its step's and the most any
+  // step since the previous row made.
+  int64_t most_syncs_since_log = 0;
   for (int64_t step = train_state_.step + 1; step <= t.steps; ++step) {
+    const int64_t syncs_at_start = host_sync_count();
     interrupt.set_step(step);
     if (memory_profiler_) memory_profiler_->begin_step(step);
     if (trace_profiler_) trace_profiler_->begin_step(step);
-    double grad_norm = 0.0;
-    at::Tensor loss;
+    StepResult out;
     try {
-      loss = train_step(step, &grad_norm);
+      out = train_step(step);
     } catch (...) {
       dist::dump_installed_flight_recorder();  // a fatal error: leave the last collectives
       if (memory_profiler_ && is_out_of_memory(std::current_exception())) {
@@ -485,20 +518,34 @@ TrainResult Trainer::train() {
       }
       throw;
     }
-    result.losses.push_back(loss.item<double>());
-    result.grad_norms.push_back(grad_norm);
-    const bool logged =
-        metrics_->on_step(step, tokens_per_step, loss, grad_norm, lr_scheduler_->lr_at(step))
-            .has_value();
-    if (logged && !moe_loads_.empty()) {
+    unsettled_.emplace_back(step, at::stack({out.loss, out.grad_norm}));
+    const bool validates =
+        config_.validation.enable && (step % config_.validation.freq == 0 || step == t.steps);
+    // Read before anything is kept from this step (validation, a checkpoint, the end), so that
+    // a non-finite loss stops the run before it is saved.
+    if (validates || checkpointer_->should_save(step, t.steps) || step == t.steps) {
+      settle_steps(result);
+    }
+    const std::optional<StepMetrics> logged = metrics_->on_step(step, tokens_per_step, [&] {
+      settle_steps(result);
+      LoggedValues v;
+      v.loss = result.losses.back();
+      v.grad_norm = result.grad_norms.back();
+      v.lr = lr_scheduler_->lr_at(step);
+      v.host_syncs = host_sync_count() - syncs_at_start;
+      v.host_syncs_between_logs = most_syncs_since_log;
+      return v;
+    });
+    if (logged && !moe_loads_.layers.empty()) {
+      const at::Tensor ratios = to_host(moe_loads_.max_over_mean);
       std::ostringstream os;
-      for (size_t i = 0; i < moe_loads_.size(); ++i) {
-        os << (i ? ", " : "") << moe_loads_[i].first << " " << std::fixed << std::setprecision(2)
-           << moe_loads_[i].second;
+      for (size_t i = 0; i < moe_loads_.layers.size(); ++i) {
+        os << (i ? ", " : "") << moe_loads_.layers[i] << " " << std::fixed << std::setprecision(2)
+           << ratios[static_cast<int64_t>(i)].item<double>();
       }
       log_info("step ", step, " expert load max/mean: ", os.str());
     }
-    if (config_.validation.enable && (step % config_.validation.freq == 0 || step == t.steps)) {
+    if (validates) {
       auto v0 = std::chrono::steady_clock::now();
       int64_t tokens = 0;
       const double vloss = validate(&tokens);
@@ -522,7 +569,10 @@ TrainResult Trainer::train() {
     }
     if (trace_profiler_) trace_profiler_->end_step(step);
     if (memory_profiler_) memory_profiler_->end_step(step);
+    const int64_t syncs = host_sync_count() - syncs_at_start;
+    most_syncs_since_log = logged ? 0 : std::max(most_syncs_since_log, syncs);
   }
+  settle_steps(result);
   checkpointer_->wait();
   metrics_->close();  // a write the close reports lost fails the run, not just a log line
   result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

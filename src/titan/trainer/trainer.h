@@ -10,6 +10,7 @@
 #include "titan/config/job_config.h"
 #include "titan/distributed/comm.h"
 #include "titan/models/registry.h"
+#include "titan/parallel/parallelized_model.h"
 
 #include <ATen/ATen.h>
 
@@ -24,7 +25,6 @@ namespace titan {
 class Tokenizer;
 class DataLoader;
 class DocumentSource;
-class ParallelizedModel;
 struct Batch;
 class ParallelDims;
 struct DistributedContext;
@@ -38,6 +38,14 @@ class CheckpointManager;
 struct TrainState {
   int64_t step = 0;         // last completed step
   int64_t tokens_seen = 0;  // training tokens consumed by the whole job (every data rank)
+};
+
+// What one optimizer step leaves on the device. Nothing of it is read back during the step (see
+// titan/common/host_sync.h): the trainer reads the values of every step since the last read in
+// one transfer, on logged steps and before validation, checkpoints and the end.
+struct StepResult {
+  at::Tensor loss;       // 0-d float64: mean loss over the global batch
+  at::Tensor grad_norm;  // 0-d float64: global gradient norm before clipping
 };
 
 // What train() reports back (also used by tests).
@@ -62,9 +70,9 @@ class Trainer {
 
   TrainResult train();
 
-  // One optimizer step over `accumulation_steps()` micro-batches from the data loader. Returns
-  // the mean loss over the micro-batches (a 0-d float tensor).
-  at::Tensor train_step(int64_t step, double* grad_norm);
+  // One optimizer step over `accumulation_steps()` micro-batches from the data loader: the mean
+  // loss over the micro-batches and the gradient norm, on the device (no host read).
+  StepResult train_step(int64_t step);
 
   // Mean next-token loss over the validation set (validation.steps batches, or all).
   double validate(int64_t* tokens = nullptr);
@@ -100,6 +108,9 @@ class Trainer {
   // This rank's rows of a global micro-batch from `loader` (batch dp_size * local), on the
   // device (copied from pinned host memory without blocking on CUDA).
   std::optional<Batch> next_local_batch(DataLoader& loader);
+  // Reads the loss and gradient norm of every step not read yet in one host read, appends them to
+  // `result`, and throws TrainingError naming the first step whose loss or norm is not finite.
+  void settle_steps(TrainResult& result);
 
   JobConfig config_;
   // Rank 0 holds job.dump_folder for the whole run (declared first: released last).
@@ -108,8 +119,11 @@ class Trainer {
   at::Device device_ = at::kCPU;
   int64_t seed_ = 0;
   int64_t accumulation_steps_ = 1;
-  // The last step's max/mean expert load of each MoE layer on this rank (empty: a dense model).
-  std::vector<std::pair<std::string, double>> moe_loads_;
+  // Steps whose (loss, gradient norm) are still on the device: (step, (2) float64).
+  std::vector<std::pair<int64_t, at::Tensor>> unsettled_;
+  // The last step's max/mean expert load of each MoE layer on this rank (no layers: a dense
+  // model), on the device until a logged step reads it.
+  ParallelizedModel::MoELoads moe_loads_;
   const ModelSpec* spec_ = nullptr;
   std::shared_ptr<Model> model_;
   std::unique_ptr<Tokenizer> tokenizer_;

@@ -66,7 +66,7 @@ TEST(MetricsOutput, AFullDiskEndsTheRunNamingTheFile) {
   MetricsLogger logger(quiet_metrics(), dir.string(), 1e6, 1e12, /*total_steps=*/2, true);
   std::string msg;
   try {
-    logger.on_step(1, 100, at::scalar_tensor(2.5), 0.5, 1e-3);
+    logger.on_step(1, 100, [&] { return LoggedValues{2.5, 0.5, 1e-3}; });
   } catch (const DataError& e) {
     msg = e.what();
   }
@@ -81,7 +81,7 @@ TEST(MetricsOutput, AResumeDropsRowsPastTheCheckpointAndMarksItself) {
   {  // an interrupted run: steps 1..5 and a validation at 4, then a line torn by the kill
     MetricsLogger first(quiet_metrics(), dir.string(), 1e6, 1e12, /*total_steps=*/10, true);
     for (int64_t step = 1; step <= 5; ++step) {
-      first.on_step(step, 100, at::scalar_tensor(2.0), 0.5, 1e-3);
+      first.on_step(step, 100, [&] { return LoggedValues{2.0, 0.5, 1e-3}; });
       if (step == 4) first.log_validation(4, 1.5, 10, 0.1);
     }
     first.close();
@@ -93,7 +93,7 @@ TEST(MetricsOutput, AResumeDropsRowsPastTheCheckpointAndMarksItself) {
   // Resumed from the checkpoint of step 3: steps 4, 5, the validation and the torn line go.
   MetricsLogger second(quiet_metrics(), dir.string(), 1e6, 1e12, /*total_steps=*/10, true,
                        /*start_step=*/3);
-  second.on_step(4, 100, at::scalar_tensor(1.0), 0.5, 1e-3);
+  second.on_step(4, 100, [&] { return LoggedValues{1.0, 0.5, 1e-3}; });
   second.close();
   const std::vector<nlohmann::json> rows = rows_of(dir / "metrics.jsonl");
   ASSERT_EQ(rows.size(), 5u);

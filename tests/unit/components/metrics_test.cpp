@@ -22,7 +22,7 @@ TEST(Metrics, JsonLinesHaveEveryKeyAndConsistentMfu) {
   {
     MetricsLogger logger(cfg, dir.string(), flops_per_token, peak, /*total_steps=*/4, true);
     for (int64_t step = 1; step <= 4; ++step) {
-      auto m = logger.on_step(step, 1000, at::scalar_tensor(2.5), 0.7, 1e-3);
+      auto m = logger.on_step(step, 1000, [&] { return LoggedValues{2.5, 0.7, 1e-3}; });
       EXPECT_EQ(m.has_value(), step != 3) << step;  // step 1, every log_freq, and the last
     }
     logger.log_validation(4, 2.0, 123, 0.1);

@@ -3,11 +3,13 @@
 #include "titan/components/optimizer.h"
 
 #include "titan/kernels/adamw.h"
+#include "titan/parallel/grad_norm.h"
 
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -167,22 +169,31 @@ double max_relative_error(const at::Tensor& a, const at::Tensor& b, double floor
 
 class OptimizerImplementation : public ::testing::TestWithParam<std::string> {};
 
-// float32: fused and foreach follow the for-loop over four steps (the bias corrections change
-// every step, and so does lr) to 1e-6 relative, parameters and both moments.
+// The clipping coefficient the trainer passes on odd steps (undefined on even ones: no scaling).
+at::Tensor grad_scale_of(int step) {
+  return step % 2 == 1 ? at::full({}, 0.5f - 0.1f * static_cast<float>(step)) : at::Tensor();
+}
+
+// float32: fused (titan's kernel, and ATen's fused kernel as a GPU runs it) and foreach follow
+// the for-loop over four steps (the bias corrections change every step, and so does lr; odd steps
+// scale the gradients) to 1e-6 relative, parameters and both moments.
 TEST_P(OptimizerImplementation, Float32MatchesForLoop) {
   const std::string name = GetParam();
   const std::vector<at::Tensor> initial = make_initial_params(at::kFloat);
-  for (const std::string impl : {"fused", "foreach"}) {
+  for (const std::string impl : {"fused", "aten fused", "foreach"}) {
     SCOPED_TRACE(name + " " + impl);
+    const bool aten = impl == "aten fused";
+    Optimizer::override_fused_kernel_for_testing(aten ? std::optional(Optimizer::FusedKernel::kAten)
+                                                      : std::nullopt);
     OptimizerRun reference = make_run(initial, implementation_config(name, "for-loop"));
-    OptimizerRun run = make_run(initial, implementation_config(name, impl));
+    OptimizerRun run = make_run(initial, implementation_config(name, aten ? "fused" : impl));
     at::Tensor after_step1;
     for (int step = 1; step <= 4; ++step) {
       const double lr = 1e-2 / step;
       set_grads(reference, step);
       set_grads(run, step);
-      reference.optimizer->step(lr);
-      run.optimizer->step(lr);
+      reference.optimizer->step(lr, grad_scale_of(step));
+      run.optimizer->step(lr, grad_scale_of(step));
       // Parameter 1 has no gradient on step 2: neither updated nor decayed.
       if (step == 1) after_step1 = run.params[1].clone();
       if (step == 2) {
@@ -201,6 +212,7 @@ TEST_P(OptimizerImplementation, Float32MatchesForLoop) {
                   1e-6);
       }
     }
+    Optimizer::override_fused_kernel_for_testing(std::nullopt);
   }
 }
 

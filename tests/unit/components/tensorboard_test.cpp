@@ -218,7 +218,9 @@ TEST(TensorBoardWriter, MetricsLoggerWritesEveryJsonlValueAsAScalar) {
     MetricsLogger logger(cfg, dir.string(), 1e6, 1e12, /*total_steps=*/5, true);
     event_path = logger.tensorboard_path();
     for (int64_t step = 1; step <= 5; ++step) {
-      logger.on_step(step, 100, at::scalar_tensor(3.0 - 0.1 * step), 0.5 + step, 1e-3 * step);
+      logger.on_step(step, 100, [&] {
+        return LoggedValues{3.0 - 0.1 * step, 0.5 + step, 1e-3 * step};
+      });
     }
     logger.log_validation(5, 2.25, 64, 0.1);
     logger.close();

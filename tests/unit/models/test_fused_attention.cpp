@@ -6,6 +6,7 @@
 // documents, non-contiguous inputs. Also: which kernel compile.enable routes to, that the kernel
 // is not kept by selective activation checkpointing (a recomputing block computes it afresh), and
 // the tiny Llama 3 with compile on against off.
+#include "titan/common/cpu.h"
 #include "titan/config/job_config.h"
 #include "titan/models/common/attention.h"
 #include "titan/models/common/savable_ops.h"
@@ -75,8 +76,17 @@ Result run(const AttentionFn& fn, const std::vector<at::Tensor>& inputs, const a
   return {out.detach(), leaves[0].grad(), leaves[1].grad(), leaves[2].grad()};
 }
 
+// How many times SDPA's error ours may make. Where bf16 matmuls are widened (no fast bf16
+// GEMMs) ours computes in float32 and stays within 2x; with native bf16 GEMMs (AVX-512 BF16) its
+// probabilities are rounded to bf16 before the product with V, as the product needs, and SDPA's
+// fused kernel keeps them in float: measured 2.1-2.8x there.
+double sdpa_factor(at::ScalarType dtype) {
+  return dtype == at::kBFloat16 && !widens_reduced_matmul(dtype, at::kCPU) ? 4.0 : 2.0;
+}
+
 // Ours and SDPA on the same rounded inputs against the float64 reference; ours within the
-// dtype's tolerance, and no more than twice SDPA's error (plus the float32 tolerance).
+// dtype's tolerance, and no more than sdpa_factor times SDPA's error (plus the float32
+// tolerance).
 void check_case(int64_t bs, int64_t seq, int64_t heads, int64_t kv_heads, int64_t head_dim,
                 at::ScalarType dtype, bool documents,
                 const std::function<at::Tensor(const at::Tensor&)>& layout = {}) {
@@ -110,7 +120,7 @@ void check_case(int64_t bs, int64_t seq, int64_t heads, int64_t kv_heads, int64_
     const double mine = rel_error(t[0], t[2]);
     const double theirs = rel_error(t[1], t[2]);
     EXPECT_LT(mine, tolerance(dtype)) << what << " " << name << " (SDPA: " << theirs << ")";
-    EXPECT_LT(mine, 2 * theirs + tolerance(at::kFloat))
+    EXPECT_LT(mine, sdpa_factor(dtype) * theirs + tolerance(at::kFloat))
         << what << " " << name << ": SDPA's error " << theirs;
   }
 }

@@ -216,7 +216,7 @@ TEST(MoE, BiasMovesTowardUnderloadedExperts) {
     at::NoGradGuard no_grad;
     moe->tokens_per_expert.copy_(at::tensor({10.0f, 0.0f, 5.0f, 5.0f}));
   }
-  EXPECT_DOUBLE_EQ(load_imbalance(moe->tokens_per_expert), 2.0);
+  EXPECT_DOUBLE_EQ(load_imbalance(moe->tokens_per_expert).item<double>(), 2.0);
   moe->update_expert_bias();
   EXPECT_TRUE(at::allclose(moe->expert_bias, at::tensor({-0.01f, 0.01f, 0.0f, 0.0f})));
   EXPECT_EQ(moe->tokens_per_expert.sum().item<double>(), 0.0);

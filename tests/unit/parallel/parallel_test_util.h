@@ -7,6 +7,7 @@
 #include "titan/components/loss.h"
 #include "titan/components/optimizer.h"
 #include "titan/models/llama3/model.h"
+#include "titan/parallel/grad_norm.h"
 
 #include <map>
 #include <memory>

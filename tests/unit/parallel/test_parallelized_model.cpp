@@ -74,7 +74,7 @@ void check_layouts(const std::string& ac_mode) {
                                  rows_of(ref.labels, dp, dims.dp_size(), 0));
       loss.backward();
       pm->finish_backward();
-      EXPECT_NEAR(pm->batch_mean(loss.item<double>()), ref.loss, 1e-5 * ref.loss) << layout.name;
+      EXPECT_NEAR(pm->batch_mean(loss).item<double>(), ref.loss, 1e-5 * ref.loss) << layout.name;
       // Gradients before clipping (the clip would rescale them).
       std::map<std::string, at::Tensor> grads;
       for (const TrainedParam& p : pm->params()) {

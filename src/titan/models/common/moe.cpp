@@ -2,6 +2,7 @@
 #include "titan/models/common/moe.h"
 
 #include "titan/common/check.h"
+#include "titan/common/host_sync.h"
 #include "titan/models/common/init.h"
 #include "titan/models/common/savable_ops.h"
 
@@ -40,12 +41,14 @@ at::Tensor GroupedExperts::forward(const at::Tensor& x, const std::vector<int64_
   for (int64_t c : counts) total += c;
   TITAN_CHECK(x.dim() == 2 && x.size(0) == total, "GroupedExperts: x ", x.sizes(),
               " does not hold the ", total, " tokens the counts add up to");
+  if (groups_on_device()) return forward_grouped(x, counts);
+  return forward_loop(x, counts);
+}
+
+bool GroupedExperts::groups_on_device() const {
   // The grouped kernel for 16-bit compute, on CUDA and on the CPU (bench/moe_bench compares it
   // with the loop in both dtypes).
-  if (use_grouped_mm && is_reduced_float(compute_dtype)) {
-    return forward_grouped(x, counts);
-  }
-  return forward_loop(x, counts);
+  return use_grouped_mm && is_reduced_float(compute_dtype);
 }
 
 at::Tensor GroupedExperts::forward_loop(const at::Tensor& x, const std::vector<int64_t>& counts) {
@@ -69,33 +72,54 @@ at::Tensor GroupedExperts::forward_loop(const at::Tensor& x, const std::vector<i
 
 at::Tensor GroupedExperts::forward_grouped(const at::Tensor& x,
                                            const std::vector<int64_t>& counts) {
-  // Each group padded with zero rows to a multiple of kGroupAlign, run as one grouped GEMM per
-  // weight, then the padding dropped.
-  std::vector<int64_t> padded_offsets;
-  std::vector<at::Tensor> pieces;
-  std::vector<int64_t> keep;  // row index of every real row in the padded layout
+  return forward_grouped(x, at::tensor(counts, at::kLong).to(x.device()));
+}
+
+at::Tensor GroupedExperts::forward_grouped(const at::Tensor& x, const at::Tensor& counts) {
+  TITAN_CHECK(counts.dim() == 1 && counts.size(0) == experts() && x.dim() == 2,
+              "GroupedExperts: counts ", counts.sizes(), " for ", experts(), " experts, x ",
+              x.sizes());
+  // Each expert's rows padded to a multiple of kGroupAlign in a buffer sized for the worst case
+  // (every expert a row short of a multiple), all on the device from the counts: no host read.
+  // The slack after the last expert's padded rows joins the last group: zero rows, whose outputs
+  // are dropped with the padding.
+  const int64_t n = x.size(0);
+  const int64_t buffer_rows =
+      (n + experts() * (kGroupAlign - 1) + kGroupAlign - 1) / kGroupAlign * kGroupAlign;
+  const at::Tensor padded = (counts + (kGroupAlign - 1)).div(kGroupAlign, "floor") * kGroupAlign;
+  const at::Tensor padded_end = padded.cumsum(0);
+  const at::Tensor padded_start = padded_end - padded;
+  const at::Tensor start = counts.cumsum(0) - counts;
+  // Row i of x belongs to expert expert_of[i] (x is grouped by expert, in order).
+  const at::Tensor rows = at::arange(n, counts.options());
+  const at::Tensor expert_of =
+      at::searchsorted(counts.cumsum(0), rows, /*out_int32=*/false, /*right=*/true);
+  const at::Tensor dest = padded_start.index_select(0, expert_of) + rows -
+                          start.index_select(0, expert_of);  // (n): x's rows in the buffer
+  // Every buffer row's source row of x, or n (a zero row appended to x) for padding.
+  const at::Tensor source = at::full({buffer_rows}, n, counts.options()).scatter_(0, dest, rows);
   const at::Tensor xc = to_compute(x, compute_dtype);
-  int64_t offset = 0, padded = 0;
-  for (int64_t c : counts) {
-    const int64_t rows = (c + kGroupAlign - 1) / kGroupAlign * kGroupAlign;
-    pieces.push_back(xc.narrow(0, offset, c));
-    if (rows > c) pieces.push_back(at::zeros({rows - c, xc.size(1)}, xc.options()));
-    for (int64_t r = 0; r < c; ++r) keep.push_back(padded + r);
-    offset += c;
-    padded += rows;
-    padded_offsets.push_back(padded);
-  }
-  const at::Tensor xp = at::cat(pieces, 0);
-  const at::Tensor offs =
-      at::tensor(std::vector<int32_t>(padded_offsets.begin(), padded_offsets.end()), at::kInt)
-          .to(x.device());
+  const at::Tensor xp =
+      at::cat({xc, at::zeros({1, xc.size(1)}, xc.options())}, 0).index_select(0, source);
+  at::Tensor offs = padded_end.to(at::kInt);
+  offs = at::cat({offs.narrow(0, 0, experts() - 1), at::full({1}, buffer_rows, offs.options())});
   const auto gmm = [&](const at::Tensor& in, const at::Tensor& w) {
     // w (experts, out, in) -> (experts, in, out): the layout _grouped_mm multiplies by.
     return at::_grouped_mm(in, to_compute(w, compute_dtype).transpose(-2, -1), offs);
   };
   const at::Tensor h = at::silu(gmm(xp, w1->weight)) * gmm(xp, w3->weight);
-  const at::Tensor out = gmm(h, w2->weight);
-  return out.index_select(0, at::tensor(keep, at::kLong).to(x.device()));
+  return gmm(h, w2->weight).index_select(0, dest);
+}
+
+std::vector<int64_t> host_counts(const at::Tensor& counts) {
+  const at::Tensor host = to_host(counts).to(at::kLong).contiguous();
+  return std::vector<int64_t>(host.data_ptr<int64_t>(), host.data_ptr<int64_t>() + host.numel());
+}
+
+at::Tensor LocalExperts::run(GroupedExperts& experts, const at::Tensor& x,
+                             const at::Tensor& counts) {
+  if (experts.groups_on_device()) return experts.forward_grouped(x, counts);
+  return experts.forward_loop(x, host_counts(counts));
 }
 
 MoE::MoE(int64_t dim, const MoEArgs& args, at::ScalarType compute_dtype)
@@ -164,7 +188,9 @@ at::Tensor MoE::forward(const at::Tensor& x) {
     const int64_t k = args_.top_k;
     const Routing r = route(tokens);
     const at::Tensor flat = r.experts.reshape({-1});  // (tokens * k)
-    const at::Tensor counts = at::bincount(flat, {}, args_.num_experts);
+    // Tokens per expert on the device (bincount would read the largest id back to the host).
+    const at::Tensor counts =
+        flat.unsqueeze(1).eq(at::arange(args_.num_experts, flat.options())).sum(0);
     // Each training forward counts once: not a checkpointed block's recomputation during
     // backward (its first forward, under no-grad, counted), not evaluation (count_tokens off).
     if (count_tokens && !recomputing()) {
@@ -179,10 +205,7 @@ at::Tensor MoE::forward(const at::Tensor& x) {
     const at::Tensor w = r.weights.reshape({-1}).index_select(0, order).unsqueeze(1);
     const at::ScalarType wide = w.scalar_type();  // float32, or wider
     if (args_.score_before_experts) routed = (routed.to(wide) * w).to(routed.scalar_type());
-    const at::Tensor host_counts = counts.to(at::kCPU);
-    const std::vector<int64_t> per_expert(host_counts.data_ptr<int64_t>(),
-                                          host_counts.data_ptr<int64_t>() + host_counts.numel());
-    at::Tensor out = runner->run(*experts, routed, per_expert);
+    at::Tensor out = runner->run(*experts, routed, counts);
     if (!args_.score_before_experts) out = (out.to(wide) * w).to(out.scalar_type());
     at::Tensor y = at::zeros({tokens.size(0), dim}, out.options()).index_add(0, token_of, out);
     if (shared_experts) y = y + shared_experts->forward(tokens);
@@ -201,10 +224,10 @@ void MoE::update_expert_bias(const at::Tensor& loads) {
   tokens_per_expert.zero_();
 }
 
-double load_imbalance(const at::Tensor& tokens_per_expert) {
+at::Tensor load_imbalance(const at::Tensor& tokens_per_expert) {
   const at::Tensor t = tokens_per_expert.to(at::kDouble);
-  const double mean = t.mean().item<double>();
-  return mean > 0 ? t.max().item<double>() / mean : 1.0;
+  const at::Tensor mean = t.mean();
+  return at::where(mean > 0, t.max() / mean, at::ones_like(mean));
 }
 
 }  // namespace titan

@@ -86,6 +86,11 @@ class GroupedExperts : public torch::nn::Module {
   // one when use_grouped_mm is set and the compute dtype is 16-bit (CUDA or CPU).
   at::Tensor forward_loop(const at::Tensor& x, const std::vector<int64_t>& counts);
   at::Tensor forward_grouped(const at::Tensor& x, const std::vector<int64_t>& counts);
+  // The grouped GEMMs with the counts as a (experts) int64 tensor on x's device: the padding and
+  // the group offsets are computed there, with no host read.
+  at::Tensor forward_grouped(const at::Tensor& x, const at::Tensor& counts);
+  // Whether forward takes the grouped kernels (so the counts may stay on the device).
+  bool groups_on_device() const;
 
   std::shared_ptr<ExpertWeight> w1, w2, w3;
   at::ScalarType compute_dtype;
@@ -94,21 +99,23 @@ class GroupedExperts : public torch::nn::Module {
 
 // How the routed tokens reach their experts. `x` (routed tokens, dim) holds every token once per
 // chosen expert, grouped by global expert id with counts[e] rows for expert e (all experts of
-// the layer). Returns the experts' outputs in the same order.
+// the layer; `counts` (experts) int64 on x's device). Returns the experts' outputs in the same
+// order. Runners read the counts back to the host only where they must (host_sync.h).
 class ExpertRunner {
  public:
   virtual ~ExpertRunner() = default;
   virtual at::Tensor run(GroupedExperts& experts, const at::Tensor& x,
-                         const std::vector<int64_t>& counts) = 0;
+                         const at::Tensor& counts) = 0;
 };
 
-// The default: this rank holds every expert.
+// `counts` read into host memory (one counted host read).
+std::vector<int64_t> host_counts(const at::Tensor& counts);
+
+// The default: this rank holds every expert. The grouped kernels take the counts on the device;
+// the loop (float32, or use_grouped_mm off) reads them back once per call.
 class LocalExperts final : public ExpertRunner {
  public:
-  at::Tensor run(GroupedExperts& experts, const at::Tensor& x,
-                 const std::vector<int64_t>& counts) override {
-    return experts.forward(x, counts);
-  }
+  at::Tensor run(GroupedExperts& experts, const at::Tensor& x, const at::Tensor& counts) override;
 };
 
 // The router's choice for a batch of tokens.
@@ -153,6 +160,7 @@ class MoE : public HookedModule {
 };
 
 // "max/mean expert load" of the counts: 1 when even, num_experts when one expert takes all.
-double load_imbalance(const at::Tensor& tokens_per_expert);
+// A 0-d float64 tensor on the counts' device (computed there; nothing is read back).
+at::Tensor load_imbalance(const at::Tensor& tokens_per_expert);
 
 }  // namespace titan

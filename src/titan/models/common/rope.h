@@ -64,8 +64,9 @@ class RotaryEmbedding : public torch::nn::Module {
   RotaryEmbedding(int64_t head_dim, int64_t max_seq_len, double theta, const YarnScaling& yarn);
 
   // x (bs, seqlen, n_heads, head_dim) rotated for its tokens' absolute `positions` (seqlen)
-  // int64, each < max_seq_len; undefined: positions [0, seqlen). Context parallelism passes the
-  // positions of its sequence chunks, incremental inference those after the cached ones.
+  // int64, each < max_seq_len (checked when they are in host memory; on a GPU the caller must
+  // ensure it); undefined: positions [0, seqlen). Context parallelism passes the positions of
+  // its sequence chunks, incremental inference those after the cached ones.
   at::Tensor forward(const at::Tensor& x, const at::Tensor& positions = {}) const;
   // x rotated for positions [start_pos, start_pos + seqlen) (incremental inference): the tables'
   // rows are views, with no index lookup and no read-back of the largest position per call.
