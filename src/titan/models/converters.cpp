@@ -5,7 +5,9 @@
 #include "titan/models/converters.h"
 
 #include "titan/common/check.h"
+#include "titan/common/cpu.h"
 #include "titan/common/logging.h"
+#include "titan/kernels/fused_layers.h"
 #include "titan/models/common/attention.h"
 #include "titan/models/common/feed_forward.h"
 #include "titan/models/common/linear.h"
@@ -13,6 +15,7 @@
 #include "titan/models/common/rope.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <sstream>
 
 namespace titan {
@@ -96,20 +99,55 @@ FusedLayers enable_fused_layers(torch::nn::Module& model) {
   return out;
 }
 
+bool aten_cpu_kernels_requested() {
+  const char* v = std::getenv("TITAN_CPU_KERNELS");
+  const std::string value = v == nullptr ? "" : v;
+  if (value.empty() || value == "auto") return false;
+  if (value == "aten") return true;
+  throw ConfigError("TITAN_CPU_KERNELS='" + value +
+                    "' is not one of auto (titan's kernels where they measured faster, the "
+                    "default) or aten (ATen's compositions only)");
+}
+
 int64_t apply_compile(torch::nn::Module& model, const CompileSection& config,
-                      const at::Device& device) {
+                      const at::Device& device, at::ScalarType dtype, int64_t seq_len) {
   const bool model_part = std::find(config.components.begin(), config.components.end(), "model") !=
                           config.components.end();
-  if (!config.enable || !model_part) return 0;
-  const auto [norms, ffns, ropes, attentions] = enable_fused_layers(model);
-  log_info("compile: fused kernels for ", norms, " RMSNorm, ", ffns, " SwiGLU and ", ropes,
-           " RoPE layers (RMSNorm and SwiGLU in float32 only: in bfloat16 ATen's are faster); ",
-           "titan's attention for ", attentions,
-           " attention layers where it is faster than SDPA (materialised_attention_is_faster)");
   if (!device.is_cpu()) {
-    log_warning("compile.enable: titan's fused kernels are CPU kernels; on ", device.str(),
-                " these layers keep ATen's ops");
+    if (config.enable && model_part) {
+      log_warning("compile.enable: titan's fused kernels are CPU kernels; on ", device.str(),
+                  " these layers keep ATen's ops");
+    }
+    return 0;
   }
+  const std::string dtype_name = c10::toString(dtype);
+  const std::string matmuls =
+      widens_reduced_matmul(dtype, device)
+          ? dtype_name +
+                " matmuls and attention in float32 on the rounded operands (this CPU has "
+                "no fast bf16 GEMMs: no AVX-512 BW/VL/DQ)"
+          : dtype_name + " matmuls by ATen";
+  if (aten_cpu_kernels_requested()) {
+    log_info("CPU paths: ", matmuls,
+             "; ATen's compositions for every layer (TITAN_CPU_KERNELS=aten)");
+    return 0;
+  }
+  const auto [norms, ffns, ropes, attentions] = enable_fused_layers(model);
+  std::ostringstream os;
+  os << "CPU paths (each measured fastest on this kind of CPU; same numbers): " << matmuls
+     << "; titan's RoPE kernel (" << ropes << " tables)";
+  if (kernels::fused_is_faster(kernels::FusedOp::kRmsNorm, dtype)) {
+    os << ", RMSNorm (" << norms << ") and SwiGLU (" << ffns << ")";
+  } else {
+    os << "; ATen's RMSNorm and SwiGLU (faster than titan's in " << dtype_name << ")";
+  }
+  if (attentions > 0 && seq_len > 0) {
+    os << (materialised_attention_is_faster(dtype, seq_len) ? "; titan's attention ("
+                                                            : "; SDPA attention (")
+       << attentions << " layers, at seq " << seq_len << " in " << dtype_name << ")";
+  }
+  if (config.enable && model_part) os << "; compile.enable adds nothing to these";
+  log_info(os.str());
   return norms + ffns + ropes;
 }
 

@@ -51,13 +51,22 @@ struct FusedLayers {
 // faster, see fused_ops.h / attention.h). Shared by apply_compile and inference.
 FusedLayers enable_fused_layers(torch::nn::Module& model);
 
-// [compile] (TorchTitan's torch.compile): with enable and "model" in components, the layers of
-// `model` run titan's fused kernels (titan/models/common/fused_ops.h: RMSNorm, SwiGLU, RoPE; and
-// attention.h's own training attention) where they measured faster, for float32 and bfloat16 CPU
-// tensors. Returns how many RMSNorm, SwiGLU and RoPE layers were switched (all switches are
-// logged). The kernels are CPU kernels: on another device a warning says the layers keep ATen's
-// ops. "loss" in components is the trainer's (ParallelizeOptions::fused_loss).
+// The layers' kernels for training on `device`, and [compile] (TorchTitan's torch.compile).
+// On the CPU the layers of `model` run titan's fused kernels (titan/models/common/fused_ops.h:
+// RMSNorm, SwiGLU, RoPE; and attention.h's own training attention) wherever they measured faster
+// than ATen's composition, whether or not compile.enable is set: they compute the same numbers
+// (float32 arithmetic, one rounding), so the fastest exact path is the default, as libtorch picks
+// its own kernels. TITAN_CPU_KERNELS=aten keeps ATen's compositions (comparisons, debugging).
+// The log line names the paths chosen for `dtype` at `seq_len` and why. On another device the
+// kernels do not apply; compile.enable with "model" there gets a warning. Returns how many
+// RMSNorm, SwiGLU and RoPE layers were switched. "loss" in components is the trainer's
+// (ParallelizeOptions::fused_loss).
 int64_t apply_compile(torch::nn::Module& model, const CompileSection& config,
-                      const at::Device& device);
+                      const at::Device& device, at::ScalarType dtype = at::kFloat,
+                      int64_t seq_len = 0);
+
+// Whether TITAN_CPU_KERNELS asks for ATen's compositions only ("aten"); "" or "auto" for the
+// measured choice. Throws ConfigError for another value.
+bool aten_cpu_kernels_requested();
 
 }  // namespace titan

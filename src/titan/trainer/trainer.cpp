@@ -211,7 +211,7 @@ void Trainer::build_model() {
     std::shared_ptr<Model> model = spec_->build(config_.model.flavor, opts);
     apply_training_dtype(*model, config_.training, world_size_, dims_->describe());
     apply_model_converters(*model, config_, device_);
-    apply_compile(*model, config_.compile, device_);
+    apply_compile(*model, config_.compile, device_, compute_dtype_, config_.training.seq_len);
     if (config_.debug.moe_force_load_balance) {
       for (const auto& module : model->modules()) {
         if (auto* moe = dynamic_cast<MoE*>(module.get())) moe->force_load_balance = true;

@@ -186,10 +186,15 @@ TEST(FusedAttention, TheFlagRoutesByMeasurement) {
       EXPECT_TRUE(at::equal(kernel.forward(q, k, v, {}), want)) << dtype << " seq " << seq;
     }
   }
-  // The rule picks ours somewhere (else the switch would be dead) and never for other dtypes.
+  // The rule picks ours somewhere (else the switch would be dead) and never for other dtypes;
+  // without fast bf16 GEMMs SDPA runs bf16 in float32, where ours is slower.
+  override_fast_bf16_matmul_for_testing(true);
   EXPECT_TRUE(materialised_attention_is_faster(at::kBFloat16, 256));
   EXPECT_FALSE(materialised_attention_is_faster(at::kHalf, 256));
   EXPECT_FALSE(materialised_attention_is_faster(at::kBFloat16, 1 << 16));
+  override_fast_bf16_matmul_for_testing(false);
+  EXPECT_FALSE(materialised_attention_is_faster(at::kBFloat16, 256));
+  override_fast_bf16_matmul_for_testing(std::nullopt);
 }
 
 // Records every op selective activation checkpointing would be asked to keep.

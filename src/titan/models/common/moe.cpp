@@ -2,6 +2,7 @@
 #include "titan/models/common/moe.h"
 
 #include "titan/common/check.h"
+#include "titan/common/cpu.h"
 #include "titan/common/host_sync.h"
 #include "titan/models/common/init.h"
 #include "titan/models/common/savable_ops.h"
@@ -19,6 +20,20 @@ namespace {
 // Rows of an expert group handed to a grouped GEMM are padded to a multiple of this (CUDA's
 // grouped kernels need 16-byte aligned group offsets for 16-bit types).
 constexpr int64_t kGroupAlign = 16;
+
+// The dtype the experts' GEMMs multiply in for operands of `dtype` on `device`: float32 on the
+// operands as rounded to bf16 where the CPU has no fast bf16 GEMMs (ATen's generic loop there;
+// the result is rounded once, as Linear does), else the operands' own.
+at::ScalarType gemm_dtype(at::ScalarType dtype, const at::Device& device) {
+  return widens_reduced_matmul(dtype, device) ? at::kFloat : dtype;
+}
+
+// x (rows, in) @ w (out, in)^T in gemm_dtype, the result in x's dtype.
+at::Tensor expert_linear(const at::Tensor& x, const at::Tensor& w) {
+  const at::ScalarType dtype = gemm_dtype(x.scalar_type(), x.device());
+  if (dtype == x.scalar_type()) return at::linear(x, w);
+  return at::linear(x.to(dtype), w.to(dtype)).to(x.scalar_type());
+}
 
 }  // namespace
 
@@ -63,7 +78,8 @@ at::Tensor GroupedExperts::forward_loop(const at::Tensor& x, const std::vector<i
   for (size_t e = 0; e < counts.size(); ++e) {
     if (counts[e] == 0) continue;
     const at::Tensor xe = xc.narrow(0, offset, counts[e]);
-    outs.push_back(at::linear(at::silu(at::linear(xe, a[e])) * at::linear(xe, c[e]), b[e]));
+    outs.push_back(
+        expert_linear(at::silu(expert_linear(xe, a[e])) * expert_linear(xe, c[e]), b[e]));
     offset += counts[e];
   }
   if (outs.empty()) return at::zeros({0, w2->weight.size(1)}, xc.options());
@@ -103,9 +119,11 @@ at::Tensor GroupedExperts::forward_grouped(const at::Tensor& x, const at::Tensor
       at::cat({xc, at::zeros({1, xc.size(1)}, xc.options())}, 0).index_select(0, source);
   at::Tensor offs = padded_end.to(at::kInt);
   offs = at::cat({offs.narrow(0, 0, experts() - 1), at::full({1}, buffer_rows, offs.options())});
+  const at::ScalarType dtype = gemm_dtype(xc.scalar_type(), xc.device());
   const auto gmm = [&](const at::Tensor& in, const at::Tensor& w) {
     // w (experts, out, in) -> (experts, in, out): the layout _grouped_mm multiplies by.
-    return at::_grouped_mm(in, to_compute(w, compute_dtype).transpose(-2, -1), offs);
+    const at::Tensor wt = to_compute(w, compute_dtype).transpose(-2, -1);
+    return at::_grouped_mm(in.to(dtype), wt.to(dtype), offs).to(in.scalar_type());
   };
   const at::Tensor h = at::silu(gmm(xp, w1->weight)) * gmm(xp, w3->weight);
   return gmm(h, w2->weight).index_select(0, dest);

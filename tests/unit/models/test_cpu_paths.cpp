@@ -1,0 +1,147 @@
+// The CPU paths a bf16 model takes on a CPU without fast bf16 GEMMs (an AVX2 machine: ATen runs
+// 16-bit matmuls there in a generic loop, 5-50x slower than float32): no ATen op that multiplies
+// matrices may see a bf16 operand in a training step (forward and backward) of any registered
+// model (their tiny flavors: the same layers as the debug ones), with the stock layers or titan's
+// kernels (apply_compile), causal or block-causal, with and without grouped MoE GEMMs. Every such
+// product runs in float32 on the rounded operands instead (widens_reduced_matmul). On a CPU with
+// fast bf16 GEMMs the same step does run bf16 GEMMs (so the check sees them when they happen).
+#include "titan/common/cpu.h"
+#include "titan/config/job_config.h"
+#include "titan/models/common/moe.h"
+#include "titan/models/converters.h"
+#include "titan/models/llama3/model.h"
+#include "titan/models/registry.h"
+
+#include <ATen/record_function.h>
+#include <gtest/gtest.h>
+
+#include <mutex>
+#include <set>
+#include <string>
+
+namespace titan {
+namespace test_cpu_paths {
+
+// ATen ops that multiply matrices (the composite linear / matmul / einsum land in these).
+const std::set<std::string>& gemm_ops() {
+  static const std::set<std::string> ops = {
+      "aten::mm",
+      "aten::bmm",
+      "aten::addmm",
+      "aten::baddbmm",
+      "aten::addbmm",
+      "aten::_grouped_mm",
+      "aten::mv",
+      "aten::addmv",
+      "aten::dot",
+      "aten::_scaled_dot_product_flash_attention_for_cpu",
+      "aten::_scaled_dot_product_flash_attention_for_cpu_backward",
+      "aten::_scaled_dot_product_attention_math",
+  };
+  return ops;
+}
+
+// Records the GEMM ops that receive a bf16 tensor while alive.
+class Bf16GemmRecorder {
+ public:
+  Bf16GemmRecorder() {
+    active() = this;
+    handle_ = at::addGlobalCallback(
+        at::RecordFunctionCallback(&Bf16GemmRecorder::on_start).needsInputs(true));
+  }
+  ~Bf16GemmRecorder() {
+    at::removeCallback(handle_);
+    active() = nullptr;
+  }
+  std::set<std::string> seen() const {
+    const std::lock_guard<std::mutex> lock(mutex_);
+    return seen_;
+  }
+
+ private:
+  static Bf16GemmRecorder*& active() {
+    static Bf16GemmRecorder* recorder = nullptr;
+    return recorder;
+  }
+  static std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
+    Bf16GemmRecorder* r = active();
+    if (r == nullptr || gemm_ops().count(fn.name()) == 0) return nullptr;
+    for (const c10::IValue& input : fn.inputs()) {
+      if (input.isTensor() && input.toTensor().defined() &&
+          input.toTensor().scalar_type() == at::kBFloat16) {
+        const std::lock_guard<std::mutex> lock(r->mutex_);
+        r->seen_.insert(fn.name());
+        break;
+      }
+    }
+    return nullptr;
+  }
+
+  mutable std::mutex mutex_;
+  std::set<std::string> seen_;
+  at::CallbackHandle handle_ = 0;
+};
+
+// One bf16 training step of `model`/`flavor`: forward on 2 x 32 tokens, loss, backward.
+void train_step(const std::string& model_name, const std::string& flavor, bool kernels,
+                bool documents, bool grouped_mm) {
+  ModelBuildOptions options;
+  options.max_seq_len = 32;
+  options.compute_dtype = at::kBFloat16;
+  options.seed = 3;
+  auto model = std::dynamic_pointer_cast<llama3::Transformer>(
+      get_model_spec(model_name).build(flavor, options));
+  ASSERT_NE(model, nullptr);
+  for (const auto& m : model->modules()) {
+    if (auto* moe = dynamic_cast<MoE*>(m.get())) moe->experts->use_grouped_mm = grouped_mm;
+  }
+  if (kernels) {
+    CompileSection compile;
+    apply_compile(*model, compile, at::kCPU, at::kBFloat16, 32);
+  }
+  at::manual_seed(11);
+  const int64_t vocab = model->stats(1, 32).vocab_size;
+  const at::Tensor tokens = at::randint(vocab, {2, 32}, at::kLong);
+  const at::Tensor labels = at::randint(vocab, {2, 32}, at::kLong);
+  if (documents) model->set_document_ids(tokens.remainder(5).eq(0).cumsum(1));
+  const at::Tensor logits = model->forward(tokens);
+  at::cross_entropy_loss(logits.flatten(0, 1).to(at::kFloat), labels.flatten(0, 1)).backward();
+}
+
+struct Case {
+  std::string model, flavor;
+};
+const Case kCases[] = {
+    {"llama3", "tiny"}, {"qwen3", "tiny"}, {"qwen3", "tiny_moe"}, {"deepseek_v3", "tiny"}};
+
+TEST(CpuPaths, NoBf16GemmWithoutFastBf16Gemms) {
+  override_fast_bf16_matmul_for_testing(false);
+  for (const Case& c : kCases) {
+    // Stock layers with causal attention, titan's kernels with block-causal attention, and for
+    // the MoE the experts' loop besides their grouped GEMMs.
+    for (int variant = 0; variant < (c.flavor == "tiny_moe" ? 3 : 2); ++variant) {
+      const bool kernels = variant == 1, documents = variant == 1, grouped = variant != 2;
+      const std::string what = c.model + " " + c.flavor + (kernels ? ", titan's kernels" : "") +
+                               (documents ? ", block-causal" : "") + (grouped ? "" : ", MoE loop");
+      const Bf16GemmRecorder recorder;
+      train_step(c.model, c.flavor, kernels, documents, grouped);
+      for (const std::string& op : recorder.seen()) ADD_FAILURE() << what << ": bf16 " << op;
+    }
+  }
+  override_fast_bf16_matmul_for_testing(std::nullopt);
+}
+
+TEST(CpuPaths, FastBf16GemmsStayInBf16) {
+  override_fast_bf16_matmul_for_testing(true);
+  const Bf16GemmRecorder recorder;
+  train_step("qwen3", "tiny_moe", /*kernels=*/false, /*documents=*/false, /*grouped=*/true);
+  const std::set<std::string> seen = recorder.seen();
+  override_fast_bf16_matmul_for_testing(std::nullopt);
+  // The check sees bf16 products where they happen: the linears, attention and the experts.
+  EXPECT_TRUE(seen.count("aten::mm") || seen.count("aten::addmm")) << seen.size();
+  EXPECT_TRUE(seen.count("aten::_grouped_mm"));
+  EXPECT_TRUE(seen.count("aten::_scaled_dot_product_flash_attention_for_cpu"));
+}
+
+}  // namespace test_cpu_paths
+}  // namespace titan
