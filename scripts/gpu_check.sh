@@ -470,15 +470,17 @@ parity() {
 # The shared-device test mode (TITAN_SHARED_DEVICE=1): FSDP 2, TP 2 and PP 2, each as two
 # processes on one GPU over Gloo (host copies of the CUDA tensors), so that FSDP's side streams
 # and the TP / PP exchanges run with real CUDA asynchrony; every step's loss within RTOL of the
-# one-rank run on the same device, same global batch. The four jobs run at once (the debug model
-# leaves the GPU mostly idle); on the CPU dry run the same jobs run on the CPU.
+# one-rank run on the same device, same global batch (not debug.deterministic: the tolerance
+# covers the GPU's summation orders, and a parallel layout may use an op without a deterministic
+# CUDA kernel, which that mode refuses). The four jobs run at once (the debug model leaves the
+# GPU mostly idle); on the CPU dry run the same jobs run on the CPU.
 shared_parallel() {
   ensure_data || return
   local common=(--job.config_file configs/llama3/debug_model.toml --training.device "$DEVICE"
     --model.hf_assets_path "$TOKENIZER" --validation.enable=false --checkpoint.enable=false
     --metrics.disable_color_printing --training.num_threads "$SHARED_THREADS"
     --training.steps 10 --metrics.log_freq 1 --training.mixed_precision_param float32
-    --lr_scheduler.warmup_steps 2 --debug.seed 42 --debug.deterministic
+    --lr_scheduler.warmup_steps 2 --debug.seed 42
     --training.seq_len "$SHARED_SEQ" --training.global_batch_size "$SHARED_BATCH")
   local half=$((SHARED_BATCH / 2))
   local -A layouts=(
