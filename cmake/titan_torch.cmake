@@ -13,10 +13,11 @@
 # such a site-packages, titan_cuda_toolkit_view() links those folders into one toolkit layout in
 # the build folder (symbolic links, nothing copied) and points CMake at it.
 #
-# A CUDA libtorch also needs NCCL's header (c10d's ProcessGroupNCCL.hpp includes <nccl.h>): the
-# system's, else the one of the nvidia-nccl package next to torch (site-packages/nvidia/nccl).
-# Without it configuring fails, naming where it looked: a build without NCCL process groups
-# could not train on GPUs.
+# A CUDA libtorch also needs NCCL's header (c10d's ProcessGroupNCCL.hpp includes <nccl.h>):
+# NCCL_INCLUDE_DIR when given, else the one of the nvidia-nccl package next to torch
+# (site-packages/nvidia/nccl, the NCCL that torch's wheel depends on: c10d's classes are laid out
+# by its version macros), else the system's. Without one configuring fails, naming where it
+# looked: a build without NCCL process groups could not train on GPUs.
 #
 # Sets TITAN_TORCH_VERSION, TITAN_TORCH_CUDA (ON for a CUDA libtorch) and, with CUDA,
 # TITAN_NCCL_INCLUDE_DIR for the caller.
@@ -162,10 +163,10 @@ if(TITAN_TORCH_CUDA)
   set(_titan_nccl_wheel "${_titan_torch_site}/nvidia/nccl/include")
   find_path(TITAN_NCCL_INCLUDE_DIR nccl.h
             HINTS ${_titan_nccl_hints}
-            PATHS ${_titan_nccl_system} "${_titan_nccl_wheel}"
+            PATHS "${_titan_nccl_wheel}" ${_titan_nccl_system}
             NO_DEFAULT_PATH)
   if(NOT TITAN_NCCL_INCLUDE_DIR)
-    set(_titan_nccl_looked ${_titan_nccl_hints} ${_titan_nccl_system} "${_titan_nccl_wheel}")
+    set(_titan_nccl_looked ${_titan_nccl_hints} "${_titan_nccl_wheel}" ${_titan_nccl_system})
     string(REPLACE ";" ", " _titan_nccl_looked "${_titan_nccl_looked}")
     message(FATAL_ERROR
       "libtorch at ${TORCH_INSTALL_PREFIX} is a CUDA build, but NCCL's header nccl.h was not "
