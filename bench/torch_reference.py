@@ -152,6 +152,10 @@ def parse_args():
     p.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"])
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--mode", default="eager", choices=["eager", "compile"])
+    p.add_argument("--compile-backend", default="inductor",
+                   help="torch.compile's backend; aot_eager captures the same graphs without "
+                        "generating code (gpu_check.sh's CPU dry run, where inductor's C++ "
+                        "compilation takes minutes)")
     p.add_argument("--optimizer-impl", default="auto", choices=["auto", "fused", "foreach"])
     p.add_argument("--threads", type=int, default=0, help="CPU threads (0: torch's default)")
     p.add_argument("--seed", type=int, default=0)
@@ -212,8 +216,8 @@ def main():
 
     if a.mode == "compile":
         for i, layer in enumerate(model.layers):
-            model.layers[i] = torch.compile(layer, fullgraph=True)
-        loss_fn = torch.compile(loss_fn)
+            model.layers[i] = torch.compile(layer, fullgraph=True, backend=a.compile_backend)
+        loss_fn = torch.compile(loss_fn, backend=a.compile_backend)
 
     def step():
         tokens = torch.randint(dims[4], (a.batch, a.seq + 1), device=device)
@@ -252,6 +256,7 @@ def main():
     })
     if a.mode == "compile":
         result["compile_s"] = max(0.0, warmup_s - a.warmup * step_s)
+        result["compile_backend"] = a.compile_backend
     if cuda:
         result["device_name"] = torch.cuda.get_device_name(device)
         result["max_allocated_gib"] = torch.cuda.max_memory_allocated(device) / 2**30

@@ -13,7 +13,14 @@
 # such a site-packages, titan_cuda_toolkit_view() links those folders into one toolkit layout in
 # the build folder (symbolic links, nothing copied) and points CMake at it.
 #
-# Sets TITAN_TORCH_VERSION and TITAN_TORCH_CUDA (ON for a CUDA libtorch) for the caller.
+# A CUDA libtorch also needs NCCL's header (c10d's ProcessGroupNCCL.hpp includes <nccl.h>):
+# NCCL_INCLUDE_DIR when given, else the one of the nvidia-nccl package next to torch
+# (site-packages/nvidia/nccl, the NCCL that torch's wheel depends on: c10d's classes are laid out
+# by its version macros), else the system's. Without one configuring fails, naming where it
+# looked: a build without NCCL process groups could not train on GPUs.
+#
+# Sets TITAN_TORCH_VERSION, TITAN_TORCH_CUDA (ON for a CUDA libtorch) and, with CUDA,
+# TITAN_NCCL_INCLUDE_DIR for the caller.
 
 set(TITAN_LIBTORCH "$ENV{TITAN_LIBTORCH}" CACHE PATH
     "A libtorch folder to build against (else TITAN_PYTHON's torch)")
@@ -140,3 +147,33 @@ if(TITAN_TORCH_VERSION VERSION_LESS 2.11)
 endif()
 message(STATUS "titan: libtorch ${TITAN_TORCH_VERSION} (CUDA: ${TITAN_TORCH_CUDA}) at "
                "${TORCH_INSTALL_PREFIX}")
+
+if(TITAN_TORCH_CUDA)
+  set(_titan_nccl_hints)
+  foreach(dir "${NCCL_INCLUDE_DIR}" "$ENV{NCCL_INCLUDE_DIR}" "$ENV{NCCL_ROOT}/include")
+    if(dir AND NOT dir STREQUAL "/include")
+      list(APPEND _titan_nccl_hints "${dir}")
+    endif()
+  endforeach()
+  set(_titan_nccl_system /usr/include /usr/local/include /usr/local/cuda/include)
+  if(CUDA_TOOLKIT_ROOT_DIR)
+    list(APPEND _titan_nccl_system "${CUDA_TOOLKIT_ROOT_DIR}/include")
+  endif()
+  get_filename_component(_titan_torch_site "${TORCH_INSTALL_PREFIX}/.." ABSOLUTE)
+  set(_titan_nccl_wheel "${_titan_torch_site}/nvidia/nccl/include")
+  find_path(TITAN_NCCL_INCLUDE_DIR nccl.h
+            HINTS ${_titan_nccl_hints}
+            PATHS "${_titan_nccl_wheel}" ${_titan_nccl_system}
+            NO_DEFAULT_PATH)
+  if(NOT TITAN_NCCL_INCLUDE_DIR)
+    set(_titan_nccl_looked ${_titan_nccl_hints} "${_titan_nccl_wheel}" ${_titan_nccl_system})
+    string(REPLACE ";" ", " _titan_nccl_looked "${_titan_nccl_looked}")
+    message(FATAL_ERROR
+      "libtorch at ${TORCH_INSTALL_PREFIX} is a CUDA build, but NCCL's header nccl.h was not "
+      "found (looked in: ${_titan_nccl_looked}); without it titan would have no NCCL process "
+      "groups and could not train on GPUs. HINT: install the nvidia-nccl package of torch's CUDA "
+      "release into that Python (torch's own wheels depend on it), or the system's NCCL "
+      "development package (libnccl-dev), or pass -DNCCL_INCLUDE_DIR=<a folder holding nccl.h>")
+  endif()
+  message(STATUS "titan: NCCL header from ${TITAN_NCCL_INCLUDE_DIR}")
+endif()

@@ -1,22 +1,38 @@
 #!/usr/bin/env bash
-# One-shot check of titan.cpp on a machine with an NVIDIA GPU, within about 8 minutes on 16 cores:
+# One-shot check of titan.cpp on a machine with an NVIDIA GPU, within 8 minutes on 16 cores. The
+# default run, in this order (seconds: the estimate for one H200 and 16 cores, then the cap):
 #
 #   preflight    a CUDA device is visible to the Python's torch (else: exit 2 with a message)
-#   build        titan and the unit-test binaries against that torch's libtorch (CUDA), -j cores
+#                                                                                   ~5     60
+#   build        titan and the CUDA tests' binaries (target titan_cuda_tests) against that
+#                torch's libtorch (CUDA), -j cores                                  ~210   330
+#   unit         the unit tests about CUDA (ctest -L cuda: device selection, pinned staging,
+#                device state in checkpoints, float8, Gloo over CUDA tensors, side streams,
+#                FSDP with ranks sharing the GPU); every filter must select tests    ~25    90
 #   parity       the debug model, float32, 10 steps on the GPU and on the CPU: every step's loss
 #                within 1e-4 relative; and debug.deterministic: a second GPU run repeats the
-#                first one's losses bit for bit
+#                first one's losses bit for bit                                     ~30    90
+#   shared_parallel  FSDP 2, TP 2 and PP 2 as two processes sharing the GPU (TITAN_SHARED_DEVICE=1,
+#                Gloo over CUDA tensors) against the one-rank GPU run, the four jobs at once:
+#                every step's loss within 1e-4 relative                             ~25    90
 #   titan_bf16   Llama 3 8B's shapes cut to 8 layers (flavor 8B_cut), bf16, batch 1 x seq 8192:
-#                tokens/s, TFLOP/s, MFU, device memory (from metrics.jsonl)
+#                tokens/s, TFLOP/s, MFU, device memory (from metrics.jsonl)         ~45    120
 #   ref_eager    the same model and step in plain PyTorch, eager (bench/torch_reference.py)
-#   ref_compile  the same with torch.compile per block, as TorchTitan's compile.enable
+#                                                                                   ~35    90
 #   float8       titan_bf16 with model.converters = quantize.linear.float8 (tensorwise), on compute
-#                capability >= 8.9; else recorded as skipped with the capability
-#   unit         the unit tests (ctest -R ^unit_) on the GPU machine, last: the figures first
+#                capability >= 8.9; else recorded as skipped with the capability   ~45    120
+#   ref_compile  the same model in PyTorch with torch.compile per block, as TorchTitan's
+#                compile.enable: only when at least 110 s of the budget are left (compiling
+#                takes most of it); else skipped, saying so                         ~100   150
 #
-# and writes a Markdown summary (each stage's status and time, the figures, titan/PyTorch
-# ratios), printed at the end. Every command runs under a timeout; the stages share a budget
-# (GPU_CHECK_BUDGET_S), so the script ends, summary written, even when something hangs.
+# The estimates add up to about 420 s without ref_compile, 520 s with it: on a slower machine
+# ref_compile is left out (run it alone with --stages ref_compile). They are estimates from the
+# sizes, not measurements: no GPU has run this script yet.
+#
+# It writes a Markdown summary (each stage's status and time, which figures were measured on the
+# GPU and which stages were skipped and why, the parities, titan/PyTorch ratios), printed at the
+# end. Every command runs under a timeout; the stages share a budget (GPU_CHECK_BUDGET_S), so the
+# script ends, summary written, even when something hangs.
 #
 # Preparation on a dev machine (the GPU machine has no package registry): scripts/gpu_deps.sh
 # writes .gpu-deps/ (headers, CMake configs, GoogleTest sources, the corpus); take it along with
@@ -29,11 +45,11 @@
 #                     <build-dir>/gpu_check_summary.md)
 #   --build-dir DIR   build folder (default build-gpu); --skip-build uses the titan there
 #   --work DIR        run folders and logs/ (default <build-dir>/gpu_check; emptied first)
-#   --stages LIST     only these stages (preflight always runs)
+#   --stages LIST     only these stages (preflight always runs), e.g. ref_compile alone
 #   --configure-only  stop after CMake's configure step (checks the dependency flow)
 #   --cpu-dry-run     no GPU needed: every stage runs on the CPU with small sizes (debugmodel,
-#                     emulated float8; unit tests only when --stages names them) to exercise the
-#                     script; the summary says in bold that no GPU was used
+#                     emulated float8, torch.compile's aot_eager backend, the CUDA tests' CPU
+#                     parts) to exercise the script; the summary says in bold that no GPU was used
 #
 # Environment: TITAN_PYTHON (default python3: the Python whose torch we build against and whose
 # torch runs the references), CUDA_TOOLKIT_ROOT_DIR (default: the nvcc on PATH or /usr/local/cuda,
@@ -41,7 +57,7 @@
 # (default: the GPU's compute capability, else 9.0), GPU_CHECK_JOBS (default: all cores),
 # GPU_CHECK_BUDGET_S (default 480: 8 minutes), GPU_CHECK_DEPS (default .gpu-deps),
 # GPU_CHECK_FLAVOR / _SEQ / _BATCH / _STEPS / _WARMUP (8B_cut, 8192, 1, 10, 3),
-# GPU_CHECK_PARITY_RTOL (1e-4).
+# GPU_CHECK_PARITY_RTOL (1e-4), GPU_CHECK_COMPILE_NEED_S (110: ref_compile's share of the budget).
 #
 # Exit status: 0 when every stage that ran passed, 1 when one failed or timed out, 2 when no GPU
 # is visible (without --cpu-dry-run) or the arguments are wrong.
@@ -76,6 +92,11 @@ while (($#)); do
     *) die "unknown argument '$1' (see --help)" ;;
   esac
 done
+all_stages=(build unit parity shared_parallel titan_bf16 ref_eager float8 ref_compile)
+for name in ${stages_arg//,/ }; do
+  [[ " ${all_stages[*]} preflight " == *" $name "* ]] ||
+    die "unknown stage '$name' in --stages; the stages are: ${all_stages[*]}"
+done
 mkdir -p "$build_dir" || die "cannot create $build_dir"
 build_dir="$(cd "$build_dir" && pwd)"
 work="${work:-$build_dir/gpu_check}"
@@ -87,19 +108,22 @@ JOBS="${GPU_CHECK_JOBS:-$(nproc)}"
 BUDGET="${GPU_CHECK_BUDGET_S:-480}"
 DEPS="${GPU_CHECK_DEPS:-$root/.gpu-deps}"
 RTOL="${GPU_CHECK_PARITY_RTOL:-1e-4}"
+COMPILE_NEED="${GPU_CHECK_COMPILE_NEED_S:-110}"
 TITAN="$build_dir/titan"
 SMALL=()  # dry run: titan on one thread (as the reference) and a smaller parity batch
 if ((dry_run)); then
   DEVICE=cpu
   SMALL=(--training.num_threads 1)
+  SHARED_SEQ=32 SHARED_BATCH=4 SHARED_THREADS=1
   FLAVOR="${GPU_CHECK_FLAVOR:-debugmodel}" SEQ="${GPU_CHECK_SEQ:-128}"
   BATCH="${GPU_CHECK_BATCH:-2}" STEPS="${GPU_CHECK_STEPS:-4}" WARMUP="${GPU_CHECK_WARMUP:-2}"
 else
   DEVICE=cuda
+  SHARED_SEQ=256 SHARED_BATCH=8 SHARED_THREADS=2  # 7 processes at once on the cores
   FLAVOR="${GPU_CHECK_FLAVOR:-8B_cut}" SEQ="${GPU_CHECK_SEQ:-8192}"
   BATCH="${GPU_CHECK_BATCH:-1}" STEPS="${GPU_CHECK_STEPS:-10}" WARMUP="${GPU_CHECK_WARMUP:-3}"
 fi
-for v in JOBS BUDGET SEQ BATCH STEPS WARMUP; do
+for v in JOBS BUDGET SEQ BATCH STEPS WARMUP COMPILE_NEED; do
   [[ "${!v}" =~ ^[1-9][0-9]*$ ]] || die "$v='${!v}' is not a positive integer"
 done
 
@@ -152,15 +176,24 @@ run_cmd() {
   timeout -k 10 "$left" "$@" >>"$STAGE_LOG" 2>&1
 }
 
-# stage NAME LIMIT_S FUNCTION: runs FUNCTION with a deadline of min(LIMIT_S, budget left) and
-# records its status, its seconds and the NOTE it sets. FUNCTION returns 0 (ok), 3 (skipped: NOTE
-# says why), 124/137 (timed out) or anything else (failed).
+# stage NAME LIMIT_S FUNCTION [NEED_S]: runs FUNCTION with a deadline of min(LIMIT_S, budget
+# left) and records its status, its seconds and the NOTE it sets. FUNCTION returns 0 (ok), 3
+# (skipped: NOTE says why), 124/137 (timed out) or anything else (failed). With NEED_S, a stage
+# that the default run holds only when time is left: with less than NEED_S of the budget left it
+# is skipped (not a failure) unless --stages names it.
 stage() {
-  local name="$1" limit="$2" fn="$3"
+  local name="$1" limit="$2" fn="$3" need="${4:-0}"
   if ! wanted "$name"; then
     return 0
   fi
   local left=$((BUDGET - (SECONDS - START)))
+  if ((need > 0 && left < need)) && [[ -z "$stages_arg" ]]; then
+    record "$name" "skipped" 0 "needs ~${need} s, ${left} s of the ${BUDGET} s budget were left; \
+run it alone: scripts/gpu_check.sh --stages $name"
+    echo "[gpu_check] $name: skipped (${left} s left, needs ~${need} s)"
+    write_summary
+    return 0
+  fi
   if ((left < 15)); then
     record "$name" "NOT RUN" 0 "the ${BUDGET} s budget was spent (GPU_CHECK_BUDGET_S)"
     FAILED=1
@@ -351,26 +384,40 @@ build() {
     NOTE="configured only (${DEP_NOTE}; ${CUDA_NOTE}; arch ${ARCH})"
     return 0
   fi
-  local targets
-  mapfile -t targets < <(ninja -C "$build_dir" -t targets all 2>/dev/null |
-    sed -nE 's/^(test_[a-z0-9_]+): CXX_EXECUTABLE_LINKER.*/\1/p')
-  run_cmd ninja -C "$build_dir" -j "$JOBS" titan "${targets[@]}" || return
-  NOTE="titan + ${#targets[@]} test binaries, -j ${JOBS}; ${DEP_NOTE}; ${CUDA_NOTE}"
+  # The unit stage's binaries only (titan_cuda_tests: the ctest cases labelled cuda); the CPU CI
+  # runs all the others.
+  local targets=(titan)
+  wanted unit && targets+=(titan_cuda_tests)
+  run_cmd ninja -C "$build_dir" -j "$JOBS" "${targets[@]}" || return
+  NOTE="${targets[*]}, -j ${JOBS}; ${DEP_NOTE}; ${CUDA_NOTE}"
 }
 
+# The CUDA tests (ctest -L cuda: filters of the unit binaries, see CMakeLists.txt). Each case's
+# output is kept (-V) to count what its filter selected, ran and skipped: a filter that selects
+# nothing is a failure, and on a GPU every skip is named in the note.
 unit() {
-  if ((dry_run)) && [[ ",$stages_arg," != *",unit,"* ]]; then
-    NOTE="dry run: CPU CI runs the unit tests (name unit in --stages to run them here)"
-    return 3
-  fi
-  (cd "$build_dir" && run_cmd ctest -R '^unit_' -j "$(((JOBS + 1) / 2))" --timeout 170 \
-    --output-on-failure)
+  (cd "$build_dir" && run_cmd ctest -L '^cuda$' -V -j "$(((JOBS + 1) / 2))" --timeout 80)
   local rc=$?
   NOTE="$(grep -E 'tests passed' "$STAGE_LOG" | tail -n 1)"
   if [[ $rc -ne 0 ]]; then
-    NOTE+="; failed: $(grep -E '^[[:space:]]+[0-9]+ - unit_' "$STAGE_LOG" |
+    NOTE+="; failed: $(grep -E '^[[:space:]]+[0-9]+ - cuda_' "$STAGE_LOG" |
       sed -E 's/^[[:space:]]+[0-9]+ - //' | paste -sd ',' -)"
   fi
+  local ran skipped empty
+  ran="$(grep -cE '^[0-9]+: \[       OK \]' "$STAGE_LOG")"
+  skipped="$(grep -E '^[0-9]+: \[  SKIPPED \] [A-Za-z]' "$STAGE_LOG" | sed -E 's/^[0-9]+: \[  SKIPPED \] //;
+    s/ \(.*//' | sort -u)"
+  empty="$(grep -cE '^[0-9]+: \[==========\] 0 tests from' "$STAGE_LOG")"
+  [[ -z "$NOTE" ]] && NOTE="no ctest case labelled cuda ran"
+  NOTE+="; ${ran} tests ran, $(grep -c . <<<"$skipped") skipped"
+  if ((!dry_run)) && [[ -n "$skipped" ]]; then
+    NOTE+=" ($(paste -sd ',' - <<<"$skipped"))"
+  fi
+  if ((empty > 0)); then
+    NOTE+="; ${empty} filter(s) selected no test (see the log)"
+    rc=1
+  fi
+  ((ran > 0)) || rc=1
   return $rc
 }
 
@@ -420,6 +467,73 @@ parity() {
   return $rc_again
 }
 
+# The shared-device test mode (TITAN_SHARED_DEVICE=1): FSDP 2, TP 2 and PP 2, each as two
+# processes on one GPU over Gloo (host copies of the CUDA tensors), so that FSDP's side streams
+# and the TP / PP exchanges run with real CUDA asynchrony; every step's loss within RTOL of the
+# one-rank run on the same device, same global batch (not debug.deterministic: the tolerance
+# covers the GPU's summation orders, and a parallel layout may use an op without a deterministic
+# CUDA kernel, which that mode refuses). The four jobs run at once (the debug model leaves the
+# GPU mostly idle); on the CPU dry run the same jobs run on the CPU.
+shared_parallel() {
+  ensure_data || return
+  local common=(--job.config_file configs/llama3/debug_model.toml --training.device "$DEVICE"
+    --model.hf_assets_path "$TOKENIZER" --validation.enable=false --checkpoint.enable=false
+    --metrics.disable_color_printing --training.num_threads "$SHARED_THREADS"
+    --training.steps 10 --metrics.log_freq 1 --training.mixed_precision_param float32
+    --lr_scheduler.warmup_steps 2 --debug.seed 42
+    --training.seq_len "$SHARED_SEQ" --training.global_batch_size "$SHARED_BATCH")
+  local half=$((SHARED_BATCH / 2))
+  local -A layouts=(
+    [fsdp2]="--parallelism.data_parallel_shard_degree 2 --training.local_batch_size $half"
+    [tp2]="--parallelism.tensor_parallel_degree 2 --training.local_batch_size $SHARED_BATCH"
+    [pp2]="--parallelism.pipeline_parallel_degree 2 --parallelism.data_parallel_shard_degree 1
+      --training.local_batch_size $SHARED_BATCH"
+  )
+  local names=(fsdp2 tp2 pp2) name left=$((STAGE_END - SECONDS))
+  local -A pids=()
+  ((left > 0)) || return 124
+  echo "+ the one-rank run and ${names[*]} at once; their logs: logs/shared_*.log" >>"$STAGE_LOG"
+  timeout -k 10 "$left" "$TITAN" train "${common[@]}" --training.local_batch_size "$SHARED_BATCH" \
+    --job.dump_folder "$work/shared_one" >"$work/logs/shared_one.log" 2>&1 &
+  pids[one]=$!
+  for name in "${names[@]}"; do
+    # shellcheck disable=SC2086  # the layout's flags split on purpose
+    TITAN_SHARED_DEVICE=1 timeout -k 10 "$left" "$TITAN" run --nproc_per_node 2 -- train \
+      "${common[@]}" ${layouts[$name]} --job.dump_folder "$work/shared_$name" \
+      >"$work/logs/shared_$name.log" 2>&1 &
+    pids[$name]=$!
+  done
+  local rc=0 code failed=()
+  for name in one "${names[@]}"; do
+    wait "${pids[$name]}"
+    code=$?
+    if ((code != 0)); then
+      failed+=("$name (exit $code)")
+      ((code == 124 || code == 137)) && rc=124
+      ((rc == 0)) && rc=1
+      tail -n 20 "$work/logs/shared_$name.log" >>"$STAGE_LOG"
+    fi
+  done
+  if ((${#failed[@]} > 0)); then
+    NOTE="failed: ${failed[*]} (logs/shared_*.log)"
+    return $rc
+  fi
+  if [[ "$DEVICE" == cuda ]] && ! grep -q "TEST MODE (TITAN_SHARED_DEVICE=1)" \
+    "$work/logs/shared_fsdp2.log"; then
+    NOTE="the FSDP 2 ranks did not report the shared-device test mode (logs/shared_fsdp2.log)"
+    return 1
+  fi
+  NOTE="${DEVICE}, 2 ranks each vs 1 rank, max relative loss difference over 10 steps:"
+  for name in "${names[@]}"; do
+    run_cmd "$PY" "$root/scripts/gpu_check_report.py" parity "$work/shared_$name/metrics.jsonl" \
+      "$work/shared_one/metrics.jsonl" --steps 10 --rtol "$RTOL" || rc=1
+    tail -n 1 "$STAGE_LOG" >"$work/shared_$name.json"
+    NOTE+=" $name $(json_get "$work/shared_$name.json" max_rel .2e)"
+  done
+  NOTE+=" (tolerance $RTOL)"
+  return $rc
+}
+
 titan_speed() {  # titan_speed NAME OVERRIDES...: the speed run, figures in $work/NAME.json
   local name="$1"
   shift
@@ -443,13 +557,16 @@ titan_bf16() { titan_speed titan_bf16; }
 
 reference() {  # reference MODE: bench/torch_reference.py, figures in $work/ref_MODE.json
   local mode="$1" extra=()
-  ((dry_run)) && extra=(--threads 1)
+  # Dry run: one thread, and torch.compile's graph capture without inductor's code generation
+  # (minutes of C++ compilation on a small CPU; the GPU run compiles with inductor).
+  ((dry_run)) && extra=(--threads 1 --compile-backend aot_eager)
   run_cmd "$PY" "$root/bench/torch_reference.py" --flavor "$FLAVOR" --device "$DEVICE" \
     --dtype bfloat16 --seq "$SEQ" --batch "$BATCH" --steps "$STEPS" --warmup "$WARMUP" \
     --mode "$mode" --json "$work/ref_$mode.json" "${extra[@]}" || return
   NOTE="$(json_get "$work/ref_$mode.json" tokens_per_s ,.0f) tokens/s,"
   NOTE+=" $(json_get "$work/ref_$mode.json" tflops .4g) TFLOP/s"
-  [[ "$mode" == compile ]] && NOTE+=", compile $(json_get "$work/ref_$mode.json" compile_s .0f) s"
+  [[ "$mode" == compile ]] && NOTE+=", compile $(json_get "$work/ref_$mode.json" compile_s .0f) s \
+(backend $(json_get "$work/ref_$mode.json" compile_backend))"
   local titan_tps ref_tps
   titan_tps="$(json_get "$work/titan_bf16.json" tokens_per_s)"
   ref_tps="$(json_get "$work/ref_$mode.json" tokens_per_s)"
@@ -485,14 +602,14 @@ float8() {
 echo "[gpu_check] build folder $build_dir, work folder $work, budget ${BUDGET} s, ${JOBS} jobs"
 stages_saved="$stages_arg"
 stages_arg=""  # preflight always runs
-stage preflight 120 preflight
+stage preflight 60 preflight
 stages_arg="$stages_saved"
 if [[ "$(tail -n 1 "$work/stages.tsv" | cut -f2)" != ok ]]; then
   echo "gpu_check: $(tail -n 1 "$work/stages.tsv" | cut -f4)" >&2
   write_summary
   exit 2
 fi
-stage build 360 build
+stage build 330 build
 if ((configure_only)); then
   write_summary
   cat "$summary"
@@ -504,13 +621,15 @@ if [[ ! -x "$TITAN" ]]; then
   cat "$summary"
   exit 1
 fi
-# The figures first; the unit tests (about a minute) take what is left of the budget.
-stage parity 120 parity
-stage titan_bf16 150 titan_bf16
+# The CUDA unit tests first (a failure there explains later ones), then parity and the figures;
+# ref_compile only with COMPILE_NEED seconds of the budget left (see the top of this file).
+stage unit 90 unit
+stage parity 90 parity
+stage shared_parallel 90 shared_parallel
+stage titan_bf16 120 titan_bf16
 stage ref_eager 90 ref_eager
-stage ref_compile 180 ref_compile
-stage float8 150 float8
-stage unit 180 unit
+stage float8 120 float8
+stage ref_compile 150 ref_compile "$COMPILE_NEED"
 
 write_summary
 echo

@@ -6,8 +6,9 @@ PyTorch reference's JSON, compares loss curves, and writes the summary in Markdo
     gpu_check_report.py summary WORK_DIR OUT.md
 
 WORK_DIR holds what gpu_check.sh wrote: stages.tsv (stage, status, seconds, note per line),
-env.json (the machine), parity.json, titan_bf16.json, titan_float8.json, ref_eager.json,
-ref_compile.json; any of them may be missing (a stage that failed or did not run).
+env.json (the machine), parity.json, shared_{fsdp2,tp2,pp2}.json, titan_bf16.json,
+titan_float8.json, ref_eager.json, ref_compile.json; any of them may be missing (a stage that
+failed or did not run).
 """
 import argparse
 import json
@@ -136,6 +137,58 @@ def memory_text(d):
     return "-"
 
 
+# What each stage measures, for the summary's list of what was measured where.
+STAGE_FIGURES = {
+    "unit": "the CUDA unit tests",
+    "parity": "GPU vs CPU parity and the deterministic rerun",
+    "shared_parallel": "FSDP 2 / TP 2 / PP 2 with ranks sharing one device vs one rank",
+    "titan_bf16": "titan bf16 speed and memory",
+    "ref_eager": "PyTorch eager speed and memory",
+    "float8": "titan float8 speed and memory",
+    "ref_compile": "PyTorch torch.compile speed and memory",
+}
+
+
+def measured_where(env, stages):
+    # Which figures came from the GPU (or, in a dry run, the CPU) and which stages gave none, why.
+    out = ["## What was measured where", ""]
+    where = "the CPU (dry run, no GPU)" if env.get("dry_run") else "the GPU (%s)" % env.get(
+        "gpu", "?")
+    measured, missing = [], []
+    for name, status, _, note in stages:
+        if name not in STAGE_FIGURES:
+            continue
+        what = STAGE_FIGURES[name]
+        if status == "ok":
+            if name == "float8" and env.get("dry_run"):
+                what += " (float8 emulated)"
+            measured.append(what)
+        else:
+            missing.append("- %s (%s): **%s**%s" % (what, name, status, ": " + note if note else ""))
+    out.append("Measured on %s: %s." % (where, "; ".join(measured) if measured else "nothing"))
+    out.append("")
+    if missing:
+        out += ["Not measured (stage skipped, failed or not run):", ""] + missing + [""]
+    wanted = [n for n in STAGE_FIGURES if n not in {s[0] for s in stages}]
+    if wanted:
+        out += ["Stages not in this run (--stages): %s." % ", ".join(wanted), ""]
+    return out
+
+
+def shared_parity_text(work, env):
+    layouts = [(name, load(work, "shared_%s.json" % name)) for name in ("fsdp2", "tp2", "pp2")]
+    layouts = [(name, d) for name, d in layouts if d]
+    if not layouts:
+        return []
+    device = "CPU" if env.get("dry_run") else "GPU"
+    parts = ["%s %s (%s)" % (name, fmt(d.get("max_rel"), ".2e"), "pass" if d.get("ok") else "FAIL")
+             for name, d in layouts]
+    return ["Shared-%s parallelism (2 ranks on one %s over Gloo, TITAN_SHARED_DEVICE=1, vs 1 rank; "
+            "float32, debug model, %d steps): max relative loss difference %s (tolerance %g)." % (
+                device, device, layouts[0][1]["steps"], ", ".join(parts),
+                layouts[0][1]["rtol"]), ""]
+
+
 def cmd_summary(a):
     work = a.work
     env = load(work, "env.json") or {}
@@ -173,6 +226,7 @@ def cmd_summary(a):
             pass
     out += ["", "Total: %.0f s (budget %s s)." % (total, env.get("budget_s", "?")), ""]
 
+    out += measured_where(env, stages)
     parity = load(work, "parity.json")
     if parity:
         out.append("Parity (%s, float32, debug model, %d steps): max relative loss "
@@ -181,6 +235,8 @@ def cmd_summary(a):
                        fmt(parity.get("max_rel"), ".2e"), parity["rtol"],
                        "pass" if parity.get("ok") else "FAIL"))
         out.append("")
+
+    out += shared_parity_text(work, env)
 
     titan = load(work, "titan_bf16.json")
     eager = load(work, "ref_eager.json")
@@ -205,7 +261,8 @@ def cmd_summary(a):
             ratio = base / tps if base and tps else None
             extra = ""
             if d.get("compile_s") is not None:
-                extra = " (compile %.0f s)" % d["compile_s"]
+                extra = " (compile %.0f s%s)" % (d["compile_s"], "" if d.get(
+                    "compile_backend", "inductor") == "inductor" else ", " + d["compile_backend"])
             out.append("| %s%s | %s | %s | %s | %s | %s |" % (
                 label, extra, fmt(tps, ",.0f"), fmt_tflops(d.get("tflops")), fmt(mfu, ".1f"),
                 memory_text(d), fmt(ratio, ".2f")))

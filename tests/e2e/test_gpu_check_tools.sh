@@ -1,7 +1,10 @@
 # The CPU-testable parts of scripts/gpu_check.sh: its PyTorch reference builds the model titan
 # builds (parameter count and FLOPs per token equal to `titan inspect`'s, flavor by flavor) and
-# trains on the CPU; its report helper computes parity and speed from metrics.jsonl rows; and the
-# script refuses, with exit 2 and a message, to run without a GPU. About 20 seconds on 2 cores.
+# trains on the CPU; its report helper computes parity and speed from metrics.jsonl rows; the
+# script refuses, with exit 2 and a message, to run without a GPU, and an unknown stage; and its
+# whole default run goes through on the CPU (--cpu-dry-run, this build's binaries, small sizes):
+# every stage ok, the shared-device parallel stage and the CUDA unit tests' CPU parts included,
+# the summary saying that no GPU was used. About 90 s on 2 cores, 65 of them the dry run.
 source "$(dirname "$0")/lib.sh"
 PY="${TITAN_PYTHON:-python3}"
 
@@ -62,4 +65,26 @@ if ! "$PY" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1
   expect_output "cpu-dry-run"
   grep -q '| preflight | FAIL |' "$WORK/gpu/gpu_check_summary.md" || fail "no summary row"
 fi
+expect_exit 2 bash scripts/gpu_check.sh --stages parity,nosuch --build-dir "$WORK/gpu"
+expect_output "unknown stage 'nosuch'"
+
+# The default run on the CPU, with the binaries of this build.
+build_dir="$(cd "$(dirname "$TITAN")" && pwd)"
+start=$SECONDS
+expect_exit 0 env TITAN_PYTHON="$PY" bash scripts/gpu_check.sh --cpu-dry-run --skip-build \
+  --build-dir "$build_dir" --work "$WORK/dry" --summary "$WORK/dry.md"
+echo "dry run: $((SECONDS - start)) s"
+summary="$WORK/dry.md"
+grep -q 'CPU DRY RUN: no GPU was used' "$summary" || fail "dry run: no bold CPU note"
+grep -q '| build | skipped | 0 | --skip-build' "$summary" || fail "dry run: build row"
+for name in unit parity shared_parallel titan_bf16 ref_eager float8 ref_compile; do
+  grep -qE "^\| $name \| ok \|" "$summary" || { cat "$summary" >&2; fail "dry run: $name not ok"; }
+done
+grep -qE '^Shared-CPU parallelism .*fsdp2 [0-9.e+-]+ \(pass\), tp2 [0-9.e+-]+ \(pass\), pp2 [0-9.e+-]+ \(pass\)' \
+  "$summary" || { cat "$summary" >&2; fail "dry run: shared-device parities"; }
+grep -q 'Measured on the CPU (dry run, no GPU): the CUDA unit tests;' "$summary" ||
+  { cat "$summary" >&2; fail "dry run: what was measured where"; }
+grep -qE '^\| unit \| ok \| [0-9]+ \| [0-9]+% tests passed.*; [1-9][0-9]* tests ran' "$summary" ||
+  { cat "$summary" >&2; fail "dry run: the CUDA unit tests ran no test"; }
+cat "$summary"
 echo "ok"

@@ -41,10 +41,13 @@ inline std::filesystem::path fresh_test_dir(const std::string& prefix) {
 }
 
 // A job config for trainer tests: the tiny flavor, 32-token sequences, float32, one thread, no
-// FLOP probe, quiet metrics, writing into `dump_folder`. Tests set data, steps and seed.
+// FLOP probe, quiet metrics, writing into `dump_folder`, on the CPU (training.device's default,
+// auto, would take a GPU where one is visible, and threads-as-ranks tests would then need one
+// GPU per rank). Tests set data, steps and seed.
 inline JobConfig tiny_training_config(const std::string& dump_folder) {
   JobConfig c;
   c.job.dump_folder = dump_folder;
+  c.training.device = "cpu";
   c.model.flavor = "tiny";
   c.training.seq_len = 32;
   c.training.mixed_precision_param = "float32";

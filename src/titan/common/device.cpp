@@ -3,6 +3,7 @@
 #include "titan/common/check.h"
 #include "titan/common/cpu.h"
 #include "titan/common/format.h"
+#include "titan/common/logging.h"
 #include "titan/common/torch_compat.h"
 
 #include <ATen/Context.h>
@@ -53,8 +54,17 @@ int64_t cuda_device_count() {
 #endif
 }
 
+bool shared_device_mode() {
+  const char* v = std::getenv("TITAN_SHARED_DEVICE");
+  if (v == nullptr || *v == '\0' || std::string(v) == "0") return false;
+  if (std::string(v) == "1") return true;
+  throw ConfigError("TITAN_SHARED_DEVICE='" + std::string(v) +
+                    "' must be 1 (test mode: ranks share GPUs over Gloo) or 0; unset it to give "
+                    "every rank a GPU of its own");
+}
+
 at::Device resolve_device(const std::string& setting, int64_t local_rank, int64_t local_world_size,
-                          int64_t cuda_devices, const std::string& key) {
+                          int64_t cuda_devices, const std::string& key, bool shared_device) {
   if (setting == "cpu") return at::Device(at::kCPU);
   if (setting != "auto" && setting != "cuda") {
     throw ConfigError(key + " '" + setting + "' is not one of auto, cpu, cuda");
@@ -67,6 +77,9 @@ at::Device resolve_device(const std::string& setting, int64_t local_rank, int64_
                                     : std::string("this binary was built against a libtorch "
                                                   "without CUDA")) +
                       ". HINT: use " + key + " = \"auto\" or \"cpu\"");
+  }
+  if (shared_device) {
+    return at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(local_rank % cuda_devices));
   }
   if (local_world_size > cuda_devices || local_rank >= cuda_devices) {
     throw ConfigError(key + " = \"" + setting + "\": " + std::to_string(local_world_size) +
@@ -83,11 +96,27 @@ at::Device select_device(const std::string& setting, int64_t local_rank, int64_t
                          const std::string& key) {
   // "cpu" never touches the CUDA runtime (no driver probe).
   const int64_t count = setting == "cpu" ? 0 : cuda_device_count();
-  const at::Device device = resolve_device(setting, local_rank, local_world_size, count, key);
+  const bool shared = shared_device_mode();
+  const at::Device device =
+      resolve_device(setting, local_rank, local_world_size, count, key, shared);
 #if TITAN_HAS_CUDA
   if (device.is_cuda()) c10::cuda::set_device(device.index());
 #endif
+  if (shared && device.is_cuda()) {
+    log_warning("TEST MODE (TITAN_SHARED_DEVICE=1): local rank ", local_rank, " of ",
+                local_world_size, " computes on ", device, " with ",
+                ranks_per_device(local_rank, local_world_size, count) - 1,
+                " other rank(s); process groups are Gloo over host copies of the CUDA tensors. "
+                "For testing parallelism on one GPU: slow, never for training");
+  }
   return device;
+}
+
+int64_t ranks_per_device(int64_t local_rank, int64_t local_world_size, int64_t cuda_devices) {
+  if (cuda_devices <= 0 || local_world_size <= cuda_devices) return 1;
+  // Local ranks r with r % cuda_devices == local_rank % cuda_devices.
+  const int64_t rest = local_world_size % cuda_devices;
+  return local_world_size / cuda_devices + (local_rank % cuda_devices < rest ? 1 : 0);
 }
 
 std::string DeviceInfo::describe() const {

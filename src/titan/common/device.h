@@ -10,7 +10,12 @@
 //   "cuda"  cuda:LOCAL_RANK, an error when no CUDA device is visible;
 //   "cpu"   the CPU even when GPUs are visible.
 // A rank whose LOCAL_RANK has no device of its own (more ranks per node than visible GPUs) is an
-// error that shows the arithmetic, never two ranks on one GPU.
+// error that shows the arithmetic, never two ranks on one GPU, except in the shared-device test
+// mode (TITAN_SHARED_DEVICE=1): there local rank r takes cuda:(r % visible devices), so that
+// several ranks share one GPU, and their process groups are Gloo over host copies of the CUDA
+// tensors (NCCL refuses two ranks on one device; distributed/init.h). It exists to run FSDP's
+// side streams, TP, PP, CP and EP with real CUDA asynchrony on a one-GPU machine; it is slow
+// (every collective waits for the device and crosses the host) and never meant for training.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -26,14 +31,24 @@ bool cuda_build();
 // CUDA devices this process can see (0 in a CPU build, without a driver, or without GPUs).
 int64_t cuda_device_count();
 
+// True when TITAN_SHARED_DEVICE=1 (the shared-device test mode above); unset, empty or 0: false.
+// Any other value is a ConfigError naming the variable and its values.
+bool shared_device_mode();
+
 // The device for training.device `setting` on the rank with `local_rank` of `local_world_size`
-// ranks on its node, when `cuda_devices` CUDA devices are visible. Pure (tests call it with any
-// count); throws ConfigError naming `key` (where the setting came from) and the arithmetic.
+// ranks on its node, when `cuda_devices` CUDA devices are visible; with `shared_device` (the test
+// mode) ranks beyond the devices share them. Pure (tests call it with any count); throws
+// ConfigError naming `key` (where the setting came from) and the arithmetic.
 at::Device resolve_device(const std::string& setting, int64_t local_rank, int64_t local_world_size,
-                          int64_t cuda_devices, const std::string& key = "training.device");
-// resolve_device with this process's visible devices; on CUDA also makes the device current.
+                          int64_t cuda_devices, const std::string& key = "training.device",
+                          bool shared_device = false);
+// resolve_device with this process's visible devices and shared_device_mode(); on CUDA also
+// makes the device current. In the shared-device mode each rank's log says so in a warning.
 at::Device select_device(const std::string& setting, int64_t local_rank, int64_t local_world_size,
                          const std::string& key = "training.device");
+// How many of the node's `local_world_size` ranks compute on local rank `local_rank`'s CUDA
+// device when `cuda_devices` are visible: 1, or more in the shared-device mode.
+int64_t ranks_per_device(int64_t local_rank, int64_t local_world_size, int64_t cuda_devices);
 
 // Facts about a device for logs and MFU.
 struct DeviceInfo {

@@ -22,6 +22,12 @@
 //   - int16 (Gloo lacks it) moves as fp16 bits: no arithmetic, bit-exact.
 //     Built ops take their buffers from a per-group pool and reuse them (see ScratchPool):
 //     fresh large allocations cost page faults on every call.
+//   CUDA tensors on Gloo (GroupOptions::stage_cuda_tensors, the shared-device test mode of
+//     titan/common/device.h): each is copied to page-locked host memory when the op is issued
+//     (the host waits until the current stream has produced it), the op runs on the copies, and
+//     wait() copies the results back without blocking, ordered on the stream current then. So,
+//     as with NCCL, an op reads what the current stream queued before it and its results are
+//     ordered before what the waiting stream queues after wait().
 //   NCCL (CUDA builds)     every op is native. wait() makes the current CUDA stream wait for the
 //     op instead of blocking the CPU, and c10d's NCCL watchdog enforces the timeout (set_timeout
 //     included): a peer that fails or hangs makes the watchdog abort this process, so the job
@@ -111,6 +117,9 @@ struct GroupOptions {
   int gloo_threads = 2;
   // Gloo: native or built implementation per op. Sub-groups inherit it.
   GlooOps gloo_ops;
+  // Gloo: also take CUDA tensors, staged through host memory (see the top of this file); off, a
+  // CUDA tensor is an error. Sub-groups inherit it.
+  bool stage_cuda_tensors = false;
   // Records every op of the group (and its sub-groups) and is dumped when one fails (null: off).
   std::shared_ptr<FlightRecorder> recorder;
   // Called with the group's world ranks when an op fails; what it returns (who is unreachable,
@@ -151,7 +160,8 @@ class Group {
   // its own transport timeout from creation; a wait that passes the new bound throws as a
   // failure of the op.
   void set_timeout(std::chrono::milliseconds timeout);
-  // Where this group's tensors live: the CPU (Gloo), or the current CUDA device (NCCL).
+  // Where this group's tensors live: the CPU (Gloo), or the current CUDA device (NCCL). A Gloo
+  // group with stage_cuda_tensors takes CUDA tensors too; this stays the CPU.
   at::Device device() const;
   // "'dp_shard' (rank 1 of 2, world ranks [2, 3], gloo)"
   std::string describe() const;

@@ -45,6 +45,7 @@ void check_tensor(const Group::State& s, const char* op, const char* arg, const 
               " is not contiguous. HINT: pass t.contiguous() and copy the result "
               "back, or allocate the buffer contiguous.");
   if (s.options.backend == Backend::kGloo) {
+    if (s.options.stage_cuda_tensors && t.device().is_cuda()) return;  // staged (comm_ops.cpp)
     TITAN_CHECK(t.device().is_cpu(), op, " on ", s.describe(), ": ", arg, " is on ", t.device(),
                 " but the gloo backend needs CPU tensors. HINT: use the nccl backend for CUDA "
                 "tensors, or move the tensor to the CPU.");

@@ -2,6 +2,7 @@
 // wait() finishes the local part of an emulated op. See comm.h for what Gloo lacks and how each
 // gap is filled.
 #include "titan/common/check.h"
+#include "titan/common/device.h"
 #include "titan/common/phase.h"
 #include "titan/distributed/comm_internal.h"
 
@@ -69,6 +70,49 @@ void reduce_chunks(ScratchPool& pool, const at::Tensor& chunks, const at::Tensor
   out.copy_(acc);
 }
 
+// Host copies of CUDA tensors for a Gloo group that stages them (GroupOptions::stage_cuda_tensors,
+// comm.h): the backend gets a host tensor for each argument, and the Work's finish (at wait())
+// copies the results back. Without staging (or for host tensors) every tensor passes as it is.
+class HostStaging {
+ public:
+  explicit HostStaging(const Group::State& s) : on_(is_gloo(s) && s.options.stage_cuda_tensors) {}
+
+  // What the backend reads: a page-locked copy of a CUDA `t`, made once the current stream has
+  // produced t (the copy blocks the host until then), else t itself.
+  at::Tensor read(const at::Tensor& t) {
+    if (!staged(t)) return t;
+    at::Tensor host = empty_staging(t.sizes(), t.scalar_type(), t.device());
+    host.copy_(t);
+    keep_.push_back(host);
+    return host;
+  }
+  // What the backend writes: a page-locked buffer for a CUDA `t`, copied into t at wait(); with
+  // `contents` it first holds t's values (in-place ops).
+  at::Tensor write(const at::Tensor& t, bool contents) {
+    if (!staged(t)) return t;
+    at::Tensor host = contents ? read(t) : empty_staging(t.sizes(), t.scalar_type(), t.device());
+    back_.emplace_back(t, host);
+    return host;
+  }
+  // `finish` (the local part of a built op, on the host tensors), then the copies back, queued
+  // on the stream current at wait() without blocking (the pinned allocator keeps each host block
+  // until its copy has run). The host copies stay alive until then.
+  std::function<void()> finish(std::function<void()> finish = {}) const {
+    if (keep_.empty() && back_.empty()) return finish;
+    return [finish = std::move(finish), keep = keep_, back = back_] {
+      if (finish) finish();
+      for (const auto& [device, host] : back) device.copy_(host, /*non_blocking=*/true);
+    };
+  }
+
+ private:
+  bool staged(const at::Tensor& t) const { return on_ && t.is_cuda(); }
+
+  bool on_;
+  std::vector<at::Tensor> keep_;                         // inputs the backend reads
+  std::vector<std::pair<at::Tensor, at::Tensor>> back_;  // (CUDA tensor, host copy)
+};
+
 }  // namespace
 
 at::Tensor ScratchPool::get(int64_t numel, at::ScalarType dtype) {
@@ -122,30 +166,32 @@ Work Group::all_reduce(const at::Tensor& tensor, ReduceOp op) {
   std::string label = begin_collective(s, desc);
   if (tensor.numel() == 0) return make_work(state_, label, {});
 
+  HostStaging stage(s);
+  const at::Tensor t = stage.write(tensor, /*contents=*/true);
   c10d::AllreduceOptions opts;
   opts.timeout = s.timeout();
   const GlooOps& native = s.options.gloo_ops;
   const bool built_avg = is_gloo(s) && op == ReduceOp::kAvg && !native.all_reduce_avg;
-  const bool fp32_copy = is_gloo(s) && low_precision(tensor) && !native.all_reduce_low_precision;
+  const bool fp32_copy = is_gloo(s) && low_precision(t) && !native.all_reduce_low_precision;
   if (!built_avg && !fp32_copy) {
     opts.reduceOp = to_c10d(op);
-    std::vector<at::Tensor> v{tensor};
-    return make_work(state_, label, s.pg->allreduce(v, opts));
+    std::vector<at::Tensor> v{t};
+    return make_work(state_, label, s.pg->allreduce(v, opts), stage.finish());
   }
   // Built: AVG = SUM, then divide; 16-bit = reduce an fp32 copy, round once at the end.
   opts.reduceOp = to_c10d(built_avg ? ReduceOp::kSum : op);
-  at::Tensor buffer = tensor;
+  at::Tensor buffer = t;
   if (fp32_copy) {
-    buffer = s.scratch.get(tensor.numel(), at::kFloat).view(tensor.sizes());
-    buffer.copy_(tensor);
+    buffer = s.scratch.get(t.numel(), at::kFloat).view(t.sizes());
+    buffer.copy_(t);
   }
   std::vector<at::Tensor> v{buffer};
   auto work = s.pg->allreduce(v, opts);
   const int size = s.size;
-  return make_work(state_, label, work, [tensor, buffer, built_avg, size] {
+  return make_work(state_, label, work, stage.finish([t, buffer, built_avg, size] {
     if (built_avg) buffer.div_(size);
-    if (!buffer.is_same(tensor)) tensor.copy_(buffer);
-  });
+    if (!buffer.is_same(t)) t.copy_(buffer);
+  }));
 }
 
 Work Group::all_gather_into_tensor(const at::Tensor& output, const at::Tensor& input) {
@@ -164,24 +210,25 @@ Work Group::all_gather_into_tensor(const at::Tensor& output, const at::Tensor& i
 
   c10d::AllgatherOptions opts;
   opts.timeout = s.timeout();
-  at::Tensor out = output;
-  at::Tensor in = input;
+  HostStaging stage(s);
+  at::Tensor out = stage.write(output, /*contents=*/false);
+  at::Tensor in = stage.read(input);
   if (!is_gloo(s) || s.options.gloo_ops.all_gather) {
     // Flat: backends split the output along dim 0 into `size` pieces shaped like the input, so a
     // stacked (size, n0, ...) output would not match.
     out = (is_gloo(s) ? gloo_wire(out) : out).view({-1});
     in = (is_gloo(s) ? gloo_wire(in) : in).view({-1});
-    return make_work(state_, label, s.pg->_allgather_base(out, in, opts));
+    return make_work(state_, label, s.pg->_allgather_base(out, in, opts), stage.finish());
   }
   // Built: send this rank's input to every rank with an all-to-all straight into the output (the
   // same bytes on the wire as a ring all-gather; locally, size copies of the input into a
   // scratch buffer). Gloo's own gathers into a list of fresh tensors and copies.
-  at::Tensor flat_in = gloo_wire(input).view({-1});
-  at::Tensor flat_out = gloo_wire(output).view({-1});
+  at::Tensor flat_in = gloo_wire(in).view({-1});
+  at::Tensor flat_out = gloo_wire(out).view({-1});
   const int64_t n = flat_in.numel();
   at::Tensor send = s.scratch.get(s.size * n, flat_in.scalar_type());
   send.view({s.size, n}).copy_(flat_in.unsqueeze(0).expand({s.size, n}));
-  return make_work(state_, label, equal_all_to_all(s, flat_out, send));
+  return make_work(state_, label, equal_all_to_all(s, flat_out, send), stage.finish());
 }
 
 Work Group::reduce_scatter_tensor(const at::Tensor& output, const at::Tensor& input, ReduceOp op) {
@@ -199,27 +246,31 @@ Work Group::reduce_scatter_tensor(const at::Tensor& output, const at::Tensor& in
   std::string label = begin_collective(s, desc);
   if (output.numel() == 0) return make_work(state_, label, {});
 
+  HostStaging stage(s);
+  const at::Tensor out = stage.write(output, /*contents=*/false);
+  const at::Tensor in = stage.read(input);
   if (!is_gloo(s) || s.options.gloo_ops.reduce_scatter) {
     c10d::ReduceScatterOptions opts;
     opts.timeout = s.timeout();
     opts.reduceOp = to_c10d(op);
-    at::Tensor out = output.view({-1});  // flat, as for all_gather_into_tensor
-    at::Tensor in = input.view({-1});
-    return make_work(state_, label, s.pg->_reduce_scatter_base(out, in, opts));
+    at::Tensor flat_out = out.view({-1});  // flat, as for all_gather_into_tensor
+    at::Tensor flat_in = in.view({-1});
+    return make_work(state_, label, s.pg->_reduce_scatter_base(flat_out, flat_in, opts),
+                     stage.finish());
   }
   // Built: chunk j of every rank goes to rank j (an all-to-all, the same bytes as a ring
   // reduce-scatter; Gloo's own all-reduces the whole input), and each rank reduces the size
   // chunks it received. The bits travel in the input dtype; the sum is in fp32 for bf16/fp16.
-  at::Tensor send = gloo_wire(input).view({-1});
+  at::Tensor send = gloo_wire(in).view({-1});
   at::Tensor recv = s.scratch.get(send.numel(), send.scalar_type());
   auto work = equal_all_to_all(s, recv, send);
   const int size = s.size;
-  const int64_t n = output.numel();
-  const at::ScalarType dtype = input.scalar_type();
+  const int64_t n = out.numel();
+  const at::ScalarType dtype = in.scalar_type();
   std::shared_ptr<State> state = state_;
-  return make_work(state_, label, work, [state, recv, output, op, size, n, dtype] {
-    reduce_chunks(state->scratch, recv.view(dtype).view({size, n}), output, op, size);
-  });
+  return make_work(state_, label, work, stage.finish([state, recv, out, op, size, n, dtype] {
+    reduce_chunks(state->scratch, recv.view(dtype).view({size, n}), out, op, size);
+  }));
 }
 
 Work Group::all_to_all_single(const at::Tensor& output, const at::Tensor& input,
@@ -243,8 +294,13 @@ Work Group::all_to_all_single(const at::Tensor& output, const at::Tensor& input,
   // Never skipped, even with nothing to move here: the peers' exchange may still need this rank.
   std::string label = begin_collective(s, desc);
 
-  at::Tensor out = is_gloo(s) ? gloo_wire(output) : output;
-  at::Tensor in = is_gloo(s) ? gloo_wire(input) : input;
+  HostStaging stage(s);
+  at::Tensor out = stage.write(output, /*contents=*/false);
+  at::Tensor in = stage.read(input);
+  if (is_gloo(s)) {
+    out = gloo_wire(out);
+    in = gloo_wire(in);
+  }
   // Equal splits go to the backend as "empty" (its fast path).
   bool equal = input_splits.empty() && output_splits.empty();
   auto in_arg = std::make_shared<std::vector<int64_t>>(equal ? std::vector<int64_t>{} : in_splits);
@@ -253,7 +309,7 @@ Work Group::all_to_all_single(const at::Tensor& output, const at::Tensor& input,
   c10d::AllToAllOptions opts;
   opts.timeout = s.timeout();
   auto work = s.pg->alltoall_base(out, in, *out_arg, *in_arg, opts);
-  return make_work(state_, label, work, [in_arg, out_arg] {});
+  return make_work(state_, label, work, stage.finish([in_arg, out_arg] {}));
 }
 
 Work Group::broadcast(const at::Tensor& tensor, int root) {
@@ -271,8 +327,10 @@ Work Group::broadcast(const at::Tensor& tensor, int root) {
   opts.rootRank = root;
   opts.rootTensor = 0;
   opts.timeout = s.timeout();
-  std::vector<at::Tensor> v{is_gloo(s) ? gloo_wire(tensor) : tensor};
-  return make_work(state_, label, s.pg->broadcast(v, opts));
+  HostStaging stage(s);
+  const at::Tensor t = stage.write(tensor, /*contents=*/s.rank == root);
+  std::vector<at::Tensor> v{is_gloo(s) ? gloo_wire(t) : t};
+  return make_work(state_, label, s.pg->broadcast(v, opts), stage.finish());
 }
 
 Work Group::send(const at::Tensor& tensor, int dst, int tag) {
@@ -285,8 +343,10 @@ Work Group::send(const at::Tensor& tensor, int dst, int tag) {
   s.check_healthy(label);
   record_p2p(s, "send", dst, tensor);
   if (tensor.numel() == 0) return make_work(state_, label, {});
-  std::vector<at::Tensor> v{is_gloo(s) ? gloo_wire(tensor) : tensor};
-  return make_work(state_, label, s.pg->send(v, dst, tag));
+  HostStaging stage(s);
+  const at::Tensor t = stage.read(tensor);
+  std::vector<at::Tensor> v{is_gloo(s) ? gloo_wire(t) : t};
+  return make_work(state_, label, s.pg->send(v, dst, tag), stage.finish());
 }
 
 Work Group::recv(const at::Tensor& tensor, int src, int tag) {
@@ -300,8 +360,10 @@ Work Group::recv(const at::Tensor& tensor, int src, int tag) {
   s.check_healthy(label);
   record_p2p(s, "recv", src, tensor);
   if (tensor.numel() == 0) return make_work(state_, label, {});
-  std::vector<at::Tensor> v{is_gloo(s) ? gloo_wire(tensor) : tensor};
-  return make_work(state_, label, s.pg->recv(v, src, tag));
+  HostStaging stage(s);
+  const at::Tensor t = stage.write(tensor, /*contents=*/false);
+  std::vector<at::Tensor> v{is_gloo(s) ? gloo_wire(t) : t};
+  return make_work(state_, label, s.pg->recv(v, src, tag), stage.finish());
 }
 
 Work Group::barrier() {

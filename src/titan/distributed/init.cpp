@@ -5,6 +5,7 @@
 
 #include "titan/common/check.h"
 #include "titan/common/cpu.h"
+#include "titan/common/device.h"
 #include "titan/common/format.h"
 #include "titan/common/logging.h"
 #include "titan/distributed/flight_recorder.h"
@@ -456,7 +457,11 @@ dist::GroupOptions world_group_options(const DistributedContext& dist, const Com
                                        const std::string& fingerprint, const at::Device& device) {
   dist::GroupOptions options;
   options.name = "world";
-  options.backend = device.is_cuda() ? dist::Backend::kNccl : dist::Backend::kGloo;
+  // The shared-device test mode: several ranks on one GPU, which NCCL refuses; Gloo moves host
+  // copies of the CUDA tensors instead.
+  const bool shared = device.is_cuda() && shared_device_mode();
+  options.backend = device.is_cuda() && !shared ? dist::Backend::kNccl : dist::Backend::kGloo;
+  options.stage_cuda_tensors = shared;
   options.timeout = std::chrono::milliseconds(comm.init_timeout_seconds * 1000);
   options.fingerprint = fingerprint;
   const std::string& addr = dist.env.master_addr;
@@ -472,7 +477,7 @@ dist::GroupOptions world_group_options(const DistributedContext& dist, const Com
     if (!loopback || dist.env.world_size == dist.env.local_world_size) {
       options.gloo_hostname = local;
     }
-  } else if (!device.is_cuda()) {
+  } else if (options.backend == dist::Backend::kGloo) {
     check_socket_ifnames(ifname, dist.env);
   }
   if (dist.liveness) options.diagnose = dist.liveness->diagnoser();

@@ -61,17 +61,18 @@ DistributedContext init_distributed(const CommSection& comm, const LaunchEnv& en
 // the job ends non-zero instead of waiting on them. No-op for one rank.
 void finalize_distributed(DistributedContext& dist, const CommSection& comm);
 
-// Options of the job's world group: NCCL when the ranks compute on CUDA `device`s, Gloo on the
-// CPU; comm.init_timeout_seconds; Gloo on loopback for single-node jobs whose master is this host
-// (127.0.0.1 / localhost); GLOO_SOCKET_IFNAME when set; otherwise the local address whose route
-// reaches the master (address_towards), so that a host name resolving to loopback cannot strand
-// a node; the heartbeat's diagnoser when dist.liveness is set. `fingerprint` must agree on every
-// rank (e.g. a digest of the job config).
 // The local address this host's routing uses towards host:port (a UDP socket connected there;
 // nothing is sent), e.g. "10.0.0.2". dist::CommError when host does not resolve or no route
 // reaches it, with a HINT naming GLOO_SOCKET_IFNAME.
 std::string address_towards(const std::string& host, int64_t port);
 
+// Options of the job's world group: NCCL when the ranks compute on CUDA `device`s, Gloo on the
+// CPU, and Gloo taking CUDA tensors through host copies in the shared-device test mode
+// (TITAN_SHARED_DEVICE=1, titan/common/device.h); comm.init_timeout_seconds; Gloo on loopback
+// for single-node jobs whose master is this host (127.0.0.1 / localhost); GLOO_SOCKET_IFNAME
+// when set; otherwise the local address whose route reaches the master (address_towards), so
+// that a host name resolving to loopback cannot strand a node; the heartbeat's diagnoser when
+// dist.liveness is set. `fingerprint` must agree on every rank (e.g. a digest of the job config).
 dist::GroupOptions world_group_options(const DistributedContext& dist, const CommSection& comm,
                                        const std::string& fingerprint = "",
                                        const at::Device& device = at::kCPU);

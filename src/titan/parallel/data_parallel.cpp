@@ -20,7 +20,7 @@
 // The gathered float8 weight is handed to its Linear; its region of `unsharded` receives the
 // dequantized values (what the layer computes with) and carries the gradient.
 //
-// On CUDA (NCCL) the collectives run on two side streams (device_streams.h), as FSDP2 does:
+// On CUDA the collectives run on two side streams (device_streams.h), as FSDP2 does:
 //   gather stream   after the compute stream's queued work: cast the shard to the param dtype,
 //                   all-gather, copy out into `unsharded`; the compute stream waits for it only
 //                   when the unit is about to run, so unit i + 1's gather overlaps unit i.
@@ -545,10 +545,11 @@ DataParallel::DataParallel(Model& model, DataParallelOptions options)
   const bool from_meta = d.device.is_meta();  // shapes only: nothing to copy into the shards
   if (from_meta) d.device = o.device;
   d.clock = std::make_unique<WaitClock>(d.device);
-  // Side streams only where there is communication to overlap (NCCL moves CUDA tensors).
-  const bool nccl = (o.shard_group && o.shard_group->backend() == dist::Backend::kNccl) ||
-                    (o.replicate_group && o.replicate_group->backend() == dist::Backend::kNccl);
-  const at::Device stream_device = nccl ? d.device : at::Device(at::kCPU);
+  // Side streams only where there is communication to overlap on a GPU: NCCL's, or Gloo's on
+  // host copies of the CUDA tensors (the shared-device test mode), whose wait() blocks the host
+  // and then queues the copies back on the side stream.
+  const bool comm = o.shard_group != nullptr || o.replicate_group != nullptr;
+  const at::Device stream_device = comm && d.device.is_cuda() ? d.device : at::Device(at::kCPU);
   d.gather_stream = std::make_unique<SideStream>(stream_device);
   d.reduce_stream = std::make_unique<SideStream>(stream_device);
   for (const auto& item : named) {

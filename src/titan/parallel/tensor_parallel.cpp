@@ -29,6 +29,8 @@ using torch::autograd::variable_list;
 // host time in this thread's waits (autograd runs CPU backward on the thread that called
 // backward(), and ranks may be threads of one process in tests); on CUDA, the compute streams'
 // stalls, from events, process-wide because autograd runs CUDA backward on a thread of its own.
+// Which one goes by the device of the tensors, not the group's: Gloo groups also move CUDA
+// tensors in the shared-device test mode.
 thread_local WaitClock t_cpu_clock(at::kCPU);
 struct CudaClocks {
   std::mutex mutex;
@@ -39,8 +41,8 @@ CudaClocks& cuda_clocks() {
   return clocks;
 }
 
-void timed_wait(const dist::Group& g, dist::Work work) {
-  const at::Device device = g.device();
+void timed_wait(const at::Tensor& on, dist::Work work) {
+  const at::Device device = on.device();
   if (!device.is_cuda()) {
     t_cpu_clock.time([&] { work.wait(); });
     return;
@@ -62,7 +64,7 @@ at::Tensor all_gather_seq(const at::Tensor& x, dist::Group& g) {
   std::vector<int64_t> gathered_shape = x.sizes().vec();
   gathered_shape.insert(gathered_shape.begin(), t);
   at::Tensor out = at::empty(gathered_shape, x.options());
-  timed_wait(g, g.all_gather_into_tensor(out, x.contiguous()));
+  timed_wait(out, g.all_gather_into_tensor(out, x.contiguous()));
   // (t, bs, s, ...) -> (bs, t, s, ...) -> (bs, t * s, ...)
   std::vector<int64_t> shape = x.sizes().vec();
   shape[1] *= t;
@@ -81,7 +83,7 @@ at::Tensor reduce_scatter_seq(const at::Tensor& x, dist::Group& g) {
   std::vector<int64_t> out_shape = x.sizes().vec();
   out_shape[1] /= t;
   at::Tensor out = at::empty(out_shape, x.options());
-  timed_wait(g, g.reduce_scatter_tensor(out, by_rank));
+  timed_wait(out, g.reduce_scatter_tensor(out, by_rank));
   return out;
 }
 
@@ -115,7 +117,7 @@ struct AllGatherLastDim : public torch::autograd::Function<AllGatherLastDim> {
     std::vector<int64_t> gathered_shape = x.sizes().vec();
     gathered_shape.insert(gathered_shape.begin(), t);
     at::Tensor out = at::empty(gathered_shape, x.options());
-    timed_wait(*g, g->all_gather_into_tensor(out, x.contiguous()));
+    timed_wait(out, g->all_gather_into_tensor(out, x.contiguous()));
     // (t, ..., v) -> (..., t, v) -> (..., t * v)
     std::vector<int64_t> shape = x.sizes().vec();
     shape.back() *= t;
@@ -134,7 +136,7 @@ struct VocabParallelCrossEntropy : public torch::autograd::Function<VocabParalle
                             const at::Tensor& labels, dist::Group* g, int64_t vocab_start) {
     const int64_t v = logits.size(1);
     at::Tensor max = std::get<0>(logits.max(1)).contiguous();
-    timed_wait(*g, g->all_reduce(max, dist::ReduceOp::kMax));
+    timed_wait(max, g->all_reduce(max, dist::ReduceOp::kMax));
     const at::Tensor shifted = logits - max.unsqueeze(1);
     const at::Tensor exp = shifted.exp();
     at::Tensor sum_exp = exp.sum(1).contiguous();
@@ -145,7 +147,7 @@ struct VocabParallelCrossEntropy : public torch::autograd::Function<VocabParalle
         shifted.gather(1, index).squeeze(1).masked_fill(mine.logical_not(), 0.0).contiguous();
     // Both sums in one collective: (2, n).
     at::Tensor sums = at::stack({sum_exp, target});
-    timed_wait(*g, g->all_reduce(sums, dist::ReduceOp::kSum));
+    timed_wait(sums, g->all_reduce(sums, dist::ReduceOp::kSum));
     sum_exp = sums[0];
     target = sums[1];
     const at::Tensor loss = (sum_exp.log() - target).mean();
@@ -295,7 +297,7 @@ TensorParallel::TensorParallel(Model& model, std::shared_ptr<dist::Group> group,
     tp->grad_output_dim = grad_output;
     dist::Group* g = group_.get();
     tp->all_reduce_max = [g](const at::Tensor& t) {
-      timed_wait(*g, g->all_reduce(t, dist::ReduceOp::kMax));
+      timed_wait(t, g->all_reduce(t, dist::ReduceOp::kMax));
     };
     linear->float8->tp = std::move(tp);
   };
@@ -355,10 +357,10 @@ TensorParallel::TensorParallel(Model& model, std::shared_ptr<dist::Group> group,
             dist::Group* g = group_.get();
             linear->vocab_shard.start = vocab_start_;
             linear->vocab_shard.all_reduce_sum = [g](at::Tensor& t) {
-              timed_wait(*g, g->all_reduce(t, dist::ReduceOp::kSum));
+              timed_wait(t, g->all_reduce(t, dist::ReduceOp::kSum));
             };
             linear->vocab_shard.all_reduce_max = [g](at::Tensor& t) {
-              timed_wait(*g, g->all_reduce(t, dist::ReduceOp::kMax));
+              timed_wait(t, g->all_reduce(t, dist::ReduceOp::kMax));
             };
             vocab_sharded_.push_back(linear);
           }
@@ -434,7 +436,7 @@ void TensorParallel::reduce_replicated_grads(
   std::vector<at::Tensor> flat;
   for (const auto& g : parts) flat.push_back(g.reshape({-1}).to(at::kFloat));
   at::Tensor buffer = at::cat(flat);
-  timed_wait(*group_, group_->all_reduce(buffer, dist::ReduceOp::kSum));
+  timed_wait(buffer, group_->all_reduce(buffer, dist::ReduceOp::kSum));
   int64_t offset = 0;
   for (auto& g : parts) {
     g.copy_(buffer.narrow(0, offset, g.numel()).view(g.sizes()));

@@ -12,11 +12,14 @@ namespace titan {
 
 double training_device_memory(const JobConfig& config, const LaunchEnv& env) {
   // The trainer's own rule (resolve_device): a setting it would refuse is refused here, the same
-  // way.
+  // way. Ranks that share a GPU (the shared-device test mode) share its memory.
+  const int64_t devices = config.training.device == "cpu" ? 0 : cuda_device_count();
   const at::Device device =
-      resolve_device(config.training.device, env.local_rank, env.local_world_size,
-                     config.training.device == "cpu" ? 0 : cuda_device_count());
-  return device.is_cuda() ? static_cast<double>(device_info(device).total_memory) : 0;
+      resolve_device(config.training.device, env.local_rank, env.local_world_size, devices,
+                     "training.device", shared_device_mode());
+  if (!device.is_cuda()) return 0;
+  return static_cast<double>(device_info(device).total_memory) /
+         static_cast<double>(ranks_per_device(env.local_rank, env.local_world_size, devices));
 }
 
 void check_training_memory(const JobConfig& config, const LaunchEnv& env, double available_bytes,

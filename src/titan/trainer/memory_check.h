@@ -19,7 +19,8 @@ void check_training_memory(const JobConfig& config, const LaunchEnv& env, double
                            double device_bytes = 0);
 
 // The memory of the CUDA device this rank will train on (training.device and LOCAL_RANK, by
-// resolve_device, whose ConfigError it throws), or 0 when it trains on the CPU. Selects nothing.
+// resolve_device, whose ConfigError it throws), divided among the ranks that share it in the
+// shared-device test mode, or 0 when it trains on the CPU. Selects nothing.
 double training_device_memory(const JobConfig& config, const LaunchEnv& env);
 
 }  // namespace titan

@@ -193,6 +193,7 @@ TEST(CheckpointHardening, TrainerResumesAfterTheFinalExportWithKeepLatestOne) {
   JobConfig c;
   c.job.dump_folder = fresh_dir("trainer_k1");
   c.model.flavor = "tiny";
+  c.training.device = "cpu";
   c.training.seq_len = 16;
   c.training.local_batch_size = 2;
   c.training.steps = 3;

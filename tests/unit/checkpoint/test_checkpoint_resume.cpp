@@ -22,6 +22,7 @@ JobConfig tiny_config(const std::string& tag, int64_t steps) {
   c.job.dump_folder = (fs::temp_directory_path() / ("titan_ckpt_resume_" + tag)).string();
   fs::remove_all(c.job.dump_folder);
   c.model.flavor = "tiny";
+  c.training.device = "cpu";  // CPU checkpoints (rng.cpu only), also where a GPU is visible
   c.training.seq_len = 32;
   c.training.local_batch_size = 4;
   c.training.steps = steps;

@@ -1,6 +1,7 @@
-// Device selection (training.device) against any number of visible CUDA devices, and the device
-// facts on the CPU. The CUDA cases run where a GPU is visible (scripts/gpu_check.sh) and are
-// skipped, saying so, elsewhere.
+// Device selection (training.device) against any number of visible CUDA devices, with and without
+// the shared-device test mode, and the device facts on the CPU. The CUDA cases run where a GPU is
+// visible (scripts/gpu_check.sh) and are skipped, saying so, elsewhere.
+#include "../scoped_env.h"
 #include "titan/common/check.h"
 #include "titan/common/device.h"
 
@@ -54,6 +55,63 @@ TEST(Device, MoreRanksThanGpusShowsTheArithmetic) {
   }
   // Rank 0 of the same job fails too: every rank stops, not only the ones without a GPU.
   EXPECT_FALSE(selection_error("auto", 0, 4, 2).empty());
+}
+
+// The shared-device test mode (TITAN_SHARED_DEVICE=1): ranks beyond the visible GPUs share them.
+TEST(SharedDevice, RanksShareTheGpusOnlyInTheTestMode) {
+  const std::string key = "training.device";
+  EXPECT_EQ(resolve_device("auto", 3, 4, 2, key, /*shared_device=*/true), at::Device(at::kCUDA, 1));
+  EXPECT_EQ(resolve_device("cuda", 2, 4, 2, key, true), at::Device(at::kCUDA, 0));
+  EXPECT_EQ(resolve_device("cuda", 1, 2, 1, key, true), at::Device(at::kCUDA, 0));
+  // Enough GPUs: the same device as without the mode; no GPU or "cpu": the mode changes nothing.
+  EXPECT_EQ(resolve_device("auto", 1, 2, 8, key, true), at::Device(at::kCUDA, 1));
+  EXPECT_EQ(resolve_device("auto", 1, 2, 0, key, true), at::Device(at::kCPU));
+  EXPECT_EQ(resolve_device("cpu", 1, 2, 1, key, true), at::Device(at::kCPU));
+  EXPECT_THROW(resolve_device("cuda", 0, 2, 0, key, true), ConfigError);
+  // Outside the mode the arithmetic error stays, and does not advertise the test mode.
+  const std::string e = selection_error("cuda", 1, 2, 1);
+  EXPECT_NE(e.find("2 ranks on this node need one CUDA device each, but 1 are visible"),
+            std::string::npos)
+      << e;
+  EXPECT_EQ(e.find("TITAN_SHARED_DEVICE"), std::string::npos) << e;
+}
+
+TEST(SharedDevice, RanksPerDeviceCountsTheRanksOfEachGpu) {
+  EXPECT_EQ(ranks_per_device(0, 1, 1), 1);
+  EXPECT_EQ(ranks_per_device(3, 4, 8), 1);
+  EXPECT_EQ(ranks_per_device(0, 4, 0), 1);
+  EXPECT_EQ(ranks_per_device(1, 2, 1), 2);
+  EXPECT_EQ(ranks_per_device(0, 4, 2), 2);
+  // 5 ranks on 2 GPUs: ranks 0, 2, 4 on cuda:0, ranks 1, 3 on cuda:1.
+  EXPECT_EQ(ranks_per_device(4, 5, 2), 3);
+  EXPECT_EQ(ranks_per_device(3, 5, 2), 2);
+}
+
+using test::ScopedEnv;
+
+TEST(SharedDevice, TheVariableIsOneOrZero) {
+  {
+    ScopedEnv unset("TITAN_SHARED_DEVICE", nullptr);
+    EXPECT_FALSE(shared_device_mode());
+  }
+  {
+    ScopedEnv off("TITAN_SHARED_DEVICE", "0");
+    EXPECT_FALSE(shared_device_mode());
+  }
+  {
+    ScopedEnv on("TITAN_SHARED_DEVICE", "1");
+    EXPECT_TRUE(shared_device_mode());
+    EXPECT_EQ(select_device("cpu", 1, 2), at::Device(at::kCPU));
+  }
+  ScopedEnv bad("TITAN_SHARED_DEVICE", "yes");
+  try {
+    (void)shared_device_mode();
+    ADD_FAILURE() << "TITAN_SHARED_DEVICE=yes was accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("TITAN_SHARED_DEVICE='yes' must be 1"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_THROW(select_device("cpu", 0, 1), ConfigError);
 }
 
 TEST(Device, UnknownSettingNamesTheChoices) {
@@ -116,6 +174,13 @@ TEST_F(CudaDevice, SelectsAndDescribesTheGpu) {
   EXPECT_GT(info.total_memory, 1LL << 30);
   EXPECT_GT(info.multiprocessors, 0);
   EXPECT_GE(info.compute_major, 7);
+}
+
+TEST_F(CudaDevice, SharedModeGivesEveryLocalRankAVisibleGpu) {
+  ScopedEnv on("TITAN_SHARED_DEVICE", "1");
+  const int64_t n = cuda_device_count();
+  const at::Device d = select_device("cuda", /*local_rank=*/n, /*local_world_size=*/n + 1);
+  EXPECT_EQ(d, at::Device(at::kCUDA, 0));
 }
 
 TEST_F(CudaDevice, PinnedCopiesArriveAndMemoryIsCounted) {

@@ -1,6 +1,7 @@
 // Launch-environment detection with fake environments (titan run, torchrun, hand-written env://,
 // SLURM, OpenMPI, none), the SLURM hostlist and tasks-per-node parsers, LOG_RANK, `titan run`
 // argument parsing, and the TCPStore rendezvous with one thread per rank.
+#include "../scoped_env.h"
 #include "titan/common/check.h"
 #include "titan/distributed/init.h"
 #include "titan/distributed/launch_env.h"
@@ -613,6 +614,37 @@ TEST(WorldGroupOptions, GlooSocketIfnameMustNameAnInterfaceThatCanReachTheOtherN
   dist.env.local_world_size = 4;
   EXPECT_EQ(world_group_options(dist, CommSection{}).gloo_hostname, "");
   ::unsetenv("GLOO_SOCKET_IFNAME");
+}
+
+// NCCL when the ranks compute on GPUs; Gloo on the CPU; Gloo with the CUDA tensors staged through
+// the host when the ranks share GPUs (TITAN_SHARED_DEVICE=1). No GPU is needed: only the options.
+TEST(WorldGroupOptions, BackendFollowsTheDeviceAndTheSharedDeviceMode) {
+  DistributedContext dist;
+  dist.env.world_size = 2;
+  dist.env.local_world_size = 2;
+  dist.env.master_addr = "127.0.0.1";
+  const at::Device cpu(at::kCPU), cuda(at::kCUDA, 0);
+  {
+    test::ScopedEnv off("TITAN_SHARED_DEVICE", nullptr);
+    const dist::GroupOptions on_cpu = world_group_options(dist, CommSection{}, "", cpu);
+    EXPECT_EQ(on_cpu.backend, dist::Backend::kGloo);
+    EXPECT_FALSE(on_cpu.stage_cuda_tensors);
+    const dist::GroupOptions on_gpu = world_group_options(dist, CommSection{}, "", cuda);
+    EXPECT_EQ(on_gpu.backend, dist::Backend::kNccl);
+    EXPECT_FALSE(on_gpu.stage_cuda_tensors);
+  }
+  {
+    test::ScopedEnv on("TITAN_SHARED_DEVICE", "1");
+    const dist::GroupOptions shared = world_group_options(dist, CommSection{}, "", cuda);
+    EXPECT_EQ(shared.backend, dist::Backend::kGloo);
+    EXPECT_TRUE(shared.stage_cuda_tensors);
+    EXPECT_EQ(shared.gloo_hostname, "127.0.0.1");
+    const dist::GroupOptions on_cpu = world_group_options(dist, CommSection{}, "", cpu);
+    EXPECT_EQ(on_cpu.backend, dist::Backend::kGloo);
+    EXPECT_FALSE(on_cpu.stage_cuda_tensors);
+  }
+  test::ScopedEnv bad("TITAN_SHARED_DEVICE", "2");
+  EXPECT_THROW(world_group_options(dist, CommSection{}, "", cuda), ConfigError);
 }
 
 }  // namespace test_launch_env

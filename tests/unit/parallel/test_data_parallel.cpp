@@ -1,10 +1,14 @@
 // FSDP / HSDP / DDP (DataParallel) on 1-4 ranks in threads, against one unsharded model on the
 // whole batch: same losses, gradients, norms and optimizer updates, for every reshard policy,
-// with and without prefetch, tied and untied embeddings, shard sizes that need padding.
+// with and without prefetch, tied and untied embeddings, shard sizes that need padding. On a GPU
+// (skipped without one) ranks also share cuda:0 over Gloo groups that stage the CUDA tensors (the
+// shared-device test mode), so the forward's gathers run on the gather stream.
 #include "parallel_test_util.h"
 
+#include "titan/common/device.h"
 #include "titan/components/loss.h"
 #include "titan/components/optimizer.h"
+#include "titan/models/common/init.h"
 #include "titan/models/common/linear.h"
 #include "titan/models/llama3/model.h"
 #include "titan/parallel/data_parallel.h"
@@ -116,8 +120,19 @@ TEST(DataParallel, GradientAccumulationAddsMicroBatches) {
   check_gradients({1, 2}, false, "default", true, /*micro_batches=*/3);
 }
 
-// A forward without autograd (validation) gives the reference logits and frees every unit.
-TEST(DataParallel, NoGradForwardMatches) {
+// The test model with its parameters and buffers on `device`.
+std::shared_ptr<llama3::Transformer> make_model_on(bool tied, const at::Device& device) {
+  if (device.is_cpu()) return make_model(tied);
+  ParamDeviceGuard guard(device);
+  auto model = make_model(tied);
+  for (auto& buffer : model->buffers()) buffer.set_data(buffer.to(device));
+  return model;
+}
+
+// A forward without autograd (validation) on `ranks` ranks gives the reference logits and frees
+// every unit. On a CUDA `device` all ranks compute on it, over Gloo groups staging the tensors.
+void check_no_grad_forward(int ranks, const std::string& reshard, bool prefetch,
+                           const at::Device& device = at::kCPU) {
   const at::Tensor tokens = at::randint(0, 61, {2, kSeq}, at::kLong);
   auto ref_model = make_model(false);
   at::Tensor want;
@@ -125,17 +140,43 @@ TEST(DataParallel, NoGradForwardMatches) {
     at::NoGradGuard no_grad;
     want = ref_model->forward(tokens);
   }
-  std::vector<std::shared_ptr<llama3::Transformer>> models{make_model(false), make_model(false)};
-  run_ranks(2, [&](int rank, std::shared_ptr<dist::Group> world) {
-    DataParallelOptions o;
-    o.shard_group = world;
-    DataParallel dp(*models[rank], o);
-    at::NoGradGuard no_grad;
-    for (int i = 0; i < 2; ++i) {  // twice: the first must have left the units consistent
-      const at::Tensor got = models[rank]->forward(tokens);
-      EXPECT_TRUE(at::allclose(got, want, 1e-5, 1e-6)) << (got - want).abs().max().item<double>();
-    }
-  });
+  std::vector<std::shared_ptr<llama3::Transformer>> models;
+  for (int r = 0; r < ranks; ++r) models.push_back(make_model_on(false, device));
+  dist::GroupOptions group_options = test::loopback_options();
+  group_options.stage_cuda_tensors = device.is_cuda();
+  // A GPU's float32 kernels sum in other orders than the CPU's.
+  const double rtol = device.is_cuda() ? 1e-4 : 1e-5, atol = device.is_cuda() ? 1e-5 : 1e-6;
+  run_ranks(
+      ranks,
+      [&](int rank, std::shared_ptr<dist::Group> world) {
+        DataParallelOptions o;
+        o.shard_group = world;
+        o.reshard_after_forward = reshard;
+        o.prefetch = prefetch;
+        DataParallel dp(*models[rank], o);
+        at::NoGradGuard no_grad;
+        for (int i = 0; i < 2; ++i) {  // twice: the first must have left the units consistent
+          const at::Tensor got = models[rank]->forward(tokens.to(device)).cpu();
+          EXPECT_TRUE(at::allclose(got, want, rtol, atol))
+              << (got - want).abs().max().item<double>();
+        }
+      },
+      group_options);
+}
+
+TEST(DataParallel, NoGradForwardMatches) { check_no_grad_forward(2, "default", true); }
+
+// Ranks sharing one GPU over Gloo (the shared-device test mode): the unit gathers run on the
+// gather stream, unit i + 1's while unit i computes, and compute waits for them by event. Only
+// forwards here: autograd runs a process's CUDA backward on one worker thread per device, so
+// threads-as-ranks would queue one rank's backward behind another's blocked collective;
+// gpu_check.sh's shared_parallel stage trains FSDP, TP and PP with one process per rank.
+TEST(SharedDevice, FsdpForwardOnOneGpuMatchesOneProcess) {
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device visible; runs in gpu_check.sh";
+  const at::Device cuda(at::kCUDA, 0);
+  check_no_grad_forward(2, "default", /*prefetch=*/true, cuda);
+  check_no_grad_forward(3, "always", /*prefetch=*/true, cuda);
+  check_no_grad_forward(2, "never", /*prefetch=*/false, cuda);
 }
 
 // Every Linear of `model` computes in float8 (tensorwise, emulated; the tiny dims need not be

@@ -29,6 +29,7 @@ TEST(ValidationStartup, TooSmallValidationSetIsRefusedBeforeTraining) {
   JobConfig c;
   c.job.dump_folder = (fs::temp_directory_path() / "titan_val_startup_run").string();
   c.model.flavor = "tiny";
+  c.training.device = "cpu";
   c.model.hf_assets_path = "";  // byte tokenizer
   c.training.dataset = "text";
   c.training.dataset_path = text_dataset("train", long_text);
