@@ -204,15 +204,23 @@ def main():
         from torch._dynamo.utils import counters
         return sum(counters["frames"].values()) + sum(counters["recompiles"].values())
 
+    step_times = []  # every step's wall time, the warm-up's too
+
+    def timed_step():
+        s0 = time.perf_counter()
+        loss = step()
+        step_times.append(time.perf_counter() - s0)
+        return loss
+
     t0 = time.perf_counter()
     for _ in range(a.warmup):
-        step()
+        timed_step()
     warmup_s = time.perf_counter() - t0
     frames = compiled_frames()
     losses = []
     t0 = time.perf_counter()
     for _ in range(a.steps):
-        losses.append(step())
+        losses.append(timed_step())
     dt = time.perf_counter() - t0
     step_s = dt / a.steps
     tps = a.steps * a.batch * a.seq / dt
@@ -225,6 +233,7 @@ def main():
     print(f"reference mode={mode} dtype={a.dtype} batch={a.batch} seq={a.seq} params={n_params} "
           f"steps={a.steps} tokens_per_s={tps:.1f} peak_rss_gib={rss:.3f} step_s={step_s:.4f} "
           f"warmup_s={warmup_s:.1f} loss={losses[-1]:.4f} threads={torch.get_num_threads()}"
+          f" step_times={','.join(f'{t:.4f}' for t in step_times)}"
           f" torch={torch.__version__}{extra}")
 
 

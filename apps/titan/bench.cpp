@@ -25,9 +25,12 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <string>
 #include <system_error>
+#include <vector>
 
 #include <stdlib.h>
+#include <sys/resource.h>
 
 namespace titan {
 
@@ -49,6 +52,18 @@ struct ScratchFolder {
     std::filesystem::remove_all(path, ignored);
   }
 };
+
+// This process's CPU time (user + system) and minor page faults so far.
+struct ProcessUsage {
+  double cpu_s = 0;
+  int64_t minor_faults = 0;
+};
+ProcessUsage process_usage() {
+  struct rusage u {};
+  getrusage(RUSAGE_SELF, &u);
+  const auto seconds = [](const timeval& t) { return t.tv_sec + 1e-6 * t.tv_usec; };
+  return {seconds(u.ru_utime) + seconds(u.ru_stime), static_cast<int64_t>(u.ru_minflt)};
+}
 
 }  // namespace
 
@@ -81,13 +96,38 @@ int run_bench(const std::vector<std::string>& all_args) {
 
   Trainer trainer(config);
   const ModelStats stats = trainer.model().stats(t.local_batch_size, t.seq_len);
-  for (int64_t step = 1; step <= warmup; ++step) trainer.train_step(step);
+  // Every step's wall time, the warm-up's too (how soon the step reaches its speed). On a GPU
+  // the host queues steps ahead of the device: those are host times, and only the total (after
+  // a synchronisation) is the device's.
+  // With them, the process's CPU seconds and minor page faults per step (first touches of
+  // fresh memory), which say where a slow first step goes.
+  std::vector<double> step_times, step_cpu, step_faults;
+  const auto timed_step = [&](int64_t step) {
+    const ProcessUsage u0 = process_usage();
+    const auto s0 = std::chrono::steady_clock::now();
+    trainer.train_step(step);
+    step_times.push_back(
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - s0).count());
+    const ProcessUsage u1 = process_usage();
+    step_cpu.push_back(u1.cpu_s - u0.cpu_s);
+    step_faults.push_back(static_cast<double>(u1.minor_faults - u0.minor_faults));
+  };
+  for (int64_t step = 1; step <= warmup; ++step) timed_step(step);
   synchronize_device(trainer.device());
   auto t0 = std::chrono::steady_clock::now();
-  for (int64_t step = warmup + 1; step <= warmup + steps; ++step) trainer.train_step(step);
-  synchronize_device(trainer.device());  // the steps are queued on a GPU, not done
+  for (int64_t step = warmup + 1; step <= warmup + steps; ++step) timed_step(step);
+  synchronize_device(trainer.device());
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const auto joined = [](const std::vector<double>& values, const char* format) {
+    std::string out;
+    for (double v : values) {
+      char buf[32];
+      std::snprintf(buf, sizeof(buf), format, v);
+      out += (out.empty() ? "" : ",") + std::string(buf);
+    }
+    return out;
+  };
 
   const int64_t tokens_per_step = t.local_batch_size * trainer.accumulation_steps() * t.seq_len;
   const double tps = static_cast<double>(steps * tokens_per_step) / seconds;
@@ -95,12 +135,13 @@ int run_bench(const std::vector<std::string>& all_args) {
   std::printf(
       "bench model=%s flavor=%s dtype=%s batch=%lld seq=%lld params=%lld steps=%lld "
       "tokens_per_s=%.1f tflops=%.4f peak_tflops=%.4f mfu_pct=%.2f peak_rss_gib=%.3f "
-      "step_s=%.4f threads=\"%s\"\n",
+      "step_s=%.4f step_times=%s step_cpu=%s step_faults=%s threads=\"%s\"\n",
       config.model.name.c_str(), config.model.flavor.c_str(), t.mixed_precision_param.c_str(),
       (long long)t.local_batch_size, (long long)t.seq_len, (long long)stats.n_params,
       (long long)steps, tps, flops / 1e12, peak / 1e12, 100.0 * flops / peak,
       static_cast<double>(peak_rss_bytes()) / (1024.0 * 1024.0 * 1024.0),
-      seconds / static_cast<double>(steps), threads.c_str());
+      seconds / static_cast<double>(steps), joined(step_times, "%.4f").c_str(),
+      joined(step_cpu, "%.3f").c_str(), joined(step_faults, "%.0f").c_str(), threads.c_str());
   if (breakdown) {
     StepBreakdown b;
     for (int64_t step = warmup + steps + 1; step <= warmup + 2 * steps; ++step) {

@@ -10,6 +10,8 @@ expect_output "model parameters: "
 # The config's tokenizer: the 2,048-id BPE trained on sotu by scripts/setup.sh, not the bytes.
 expect_output "tokenizer vocab 2048"
 expect_output "peak FLOP/s for MFU: .* measured"
+# The paths chosen for this CPU, with why (bf16 matmuls by ATen or widened; titan's kernels).
+expect_output "CPU paths \(each measured fastest on this kind of CPU; same numbers\): bfloat16 matmuls"
 expect_output "step: 40 .*loss: .*grad_norm: .*lr: .*memory: .*GiB.*tps: .*tflops: .*mfu: .*%"
 expect_output "validation_loss: "
 metrics="$WORK/run/metrics.jsonl"
@@ -22,7 +24,8 @@ awk -v a="$first" -v b="$last" 'BEGIN { exit !(b < a - 1.0) }' ||
   fail "loss did not fall by > 1.0 nat: $first -> $last"
 # A uniform guess over 2,048 ids scores ln 2048 = 7.62 nats; 40 short steps reach about 5.9.
 awk -v v="$vloss" 'BEGIN { exit !(v > 0 && v < 6.6) }' || fail "validation loss $vloss out of range"
-for key in step loss grad_norm lr tps tflops mfu memory_gib elapsed_s; do
+for key in step loss grad_norm lr tps tflops mfu memory_gib elapsed_s host_syncs \
+  host_syncs_between_logs; do
   grep -q "\"$key\":" "$metrics" || fail "metrics.jsonl lacks $key"
 done
 
@@ -50,7 +53,7 @@ expect_output "^breakdown of a step \(mean of 2\): [0-9.]+ ms with the op callba
 expect_output "^  backward +[0-9.]+ +[0-9.]+%"
 expect_output "^  matmul +[0-9.]+ +[0-9.]+% +[0-9.]+ TFLOP/s = [0-9]+% of the GEMM probe"
 expect_output "^  rope +[0-9.]+"
-expect_output "compile: fused kernels for 5 RMSNorm, 2 SwiGLU and 1 RoPE layers"
+expect_output "CPU paths .*titan's RoPE kernel \(1 tables\); ATen's RMSNorm and SwiGLU \(faster than titan's in bfloat16\).*compile.enable adds nothing to these"
 expect_output "loss: fused linear \+ cross-entropy \(compile.components loss\)"
 expect_output "^  loss +[0-9.]+ +[0-9.]+%"
 echo "ok"

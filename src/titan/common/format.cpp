@@ -52,4 +52,13 @@ c10::ScalarType dtype_from_name(const std::string& name) {
   throw ConfigError("unknown dtype '" + name + "' (bfloat16, float32, float16)");
 }
 
+std::string dtype_name(c10::ScalarType dtype) {
+  switch (dtype) {
+    case c10::kBFloat16: return "bfloat16";
+    case c10::kFloat: return "float32";
+    case c10::kHalf: return "float16";
+    default: return c10::toString(dtype);
+  }
+}
+
 }  // namespace titan

@@ -22,6 +22,8 @@ std::string human_bytes(uint64_t bytes);
 // "bfloat16" -> kBFloat16, "float32" -> kFloat (the values training.mixed_precision_param takes;
 // the config layer has already rejected anything else).
 c10::ScalarType dtype_from_name(const std::string& name);
+// The inverse for those three ("bfloat16", "float32", "float16"); c10's name for the others.
+std::string dtype_name(c10::ScalarType dtype);
 
 // {"a", "b", "c"} -> "a, b, c"; {1, 3} with sep " " -> "1 3". Items are strings or integers.
 template <typename Range>

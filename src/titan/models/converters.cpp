@@ -6,6 +6,7 @@
 
 #include "titan/common/check.h"
 #include "titan/common/cpu.h"
+#include "titan/common/format.h"
 #include "titan/common/logging.h"
 #include "titan/kernels/fused_layers.h"
 #include "titan/models/common/attention.h"
@@ -120,13 +121,13 @@ int64_t apply_compile(torch::nn::Module& model, const CompileSection& config,
     }
     return 0;
   }
-  const std::string dtype_name = c10::toString(dtype);
+  const std::string dtype_text = dtype_name(dtype);
   const std::string matmuls =
       widens_reduced_matmul(dtype, device)
-          ? dtype_name +
+          ? dtype_text +
                 " matmuls and attention in float32 on the rounded operands (this CPU has "
                 "no fast bf16 GEMMs: no AVX-512 BW/VL/DQ)"
-          : dtype_name + " matmuls by ATen";
+          : dtype_text + " matmuls by ATen";
   if (aten_cpu_kernels_requested()) {
     log_info("CPU paths: ", matmuls,
              "; ATen's compositions for every layer (TITAN_CPU_KERNELS=aten)");
@@ -139,12 +140,12 @@ int64_t apply_compile(torch::nn::Module& model, const CompileSection& config,
   if (kernels::fused_is_faster(kernels::FusedOp::kRmsNorm, dtype)) {
     os << ", RMSNorm (" << norms << ") and SwiGLU (" << ffns << ")";
   } else {
-    os << "; ATen's RMSNorm and SwiGLU (faster than titan's in " << dtype_name << ")";
+    os << "; ATen's RMSNorm and SwiGLU (faster than titan's in " << dtype_text << ")";
   }
   if (attentions > 0 && seq_len > 0) {
     os << (materialised_attention_is_faster(dtype, seq_len) ? "; titan's attention ("
                                                             : "; SDPA attention (")
-       << attentions << " layers, at seq " << seq_len << " in " << dtype_name << ")";
+       << attentions << " layers, at seq " << seq_len << " in " << dtype_text << ")";
   }
   if (config.enable && model_part) os << "; compile.enable adds nothing to these";
   log_info(os.str());
