@@ -28,7 +28,10 @@ constexpr const char* kUsage =
     "run together (DualPipeV), SEND_F / RECV_F / SEND_B / RECV_B the transfers, an empty cell an\n"
     "idle step. Then the schedule is simulated under its data dependencies with costs F, B, I, W\n"
     "(default 1,2,1,1) and the bubble (idle share of all ranks' time) printed; for GPipe and\n"
-    "1F1B the closed form (p-1)/(m+p-1) too.\n"
+    "1F1B the closed form (p-1)/(m+p-1) too. A table is refused when it deadlocks, or when two\n"
+    "ranks would post their messages to each other in different orders (NCCL matches a pair's\n"
+    "sends and receives by order, not by tag; a table of compute actions is received in the\n"
+    "sender's order, so only explicit SEND / RECV cells can swap).\n"
     "\n"
     "NAME is one of GPipe, 1F1B, Interleaved1F1B, LoopedBFS, InterleavedZeroBubble,\n"
     "ZBVZeroBubble, DualPipeV (any case), as parallelism.pipeline_parallel_schedule.\n"
@@ -219,6 +222,7 @@ int run_pipeline_schedule(const std::vector<std::string>& args) {
   std::fputs(pp::format_schedule_table(table).c_str(), stdout);
 
   const pp::SimulationResult sim = pp::simulate_schedule(table, opts.costs);
+  pp::check_transfer_order(table, stage_rank);
   std::vector<std::string> busy;
   for (double b : sim.busy) busy.push_back(number(b));
   std::string busy_text;

@@ -171,9 +171,17 @@ std::vector<int64_t> ParallelDims::mesh_shape() const {
 
 namespace {
 
-const std::vector<std::pair<std::string, std::vector<std::string>>>& group_table() {
-  // The order groups are built in; one entry per name, with the mesh dims it flattens.
-  static const std::vector<std::pair<std::string, std::vector<std::string>>> table{
+struct GroupSpec {
+  std::string name;
+  std::vector<std::string> dims;  // the mesh dims it flattens
+  // A communicator of its own even where another group has the same ranks (the ring's hops, one
+  // per direction: on NCCL two ranks sending to each other over one communicator can deadlock).
+  bool own = false;
+};
+
+const std::vector<GroupSpec>& group_table() {
+  // The order groups are built in.
+  static const std::vector<GroupSpec> table{
       {"dp_replicate", {"dp_replicate"}},
       {"dp_shard", {"dp_shard"}},
       {"cp", {"cp"}},
@@ -185,8 +193,19 @@ const std::vector<std::pair<std::string, std::vector<std::string>>>& group_table
       // Expert parallelism's (built when ep > 1): dp_shard's inner and outer parts.
       {"ep", {"dp_shard_in_ep", "cp", "tp"}},
       {"dp_shard_mod_ep", {"dp_shard_mod_ep"}},
+      // Context parallelism's ring (built when cp > 1): its hops to a higher cp rank and to a
+      // lower one.
+      {"cp_up", {"cp"}, /*own=*/true},
+      {"cp_down", {"cp"}, /*own=*/true},
   };
   return table;
+}
+
+// Whether `name` is built for degrees `d`.
+bool built_for(const std::string& name, const ParallelDegrees& d) {
+  if (name == "ep" || name == "dp_shard_mod_ep") return d.ep > 1;
+  if (name == "cp_up" || name == "cp_down") return d.cp > 1;
+  return true;
 }
 
 }  // namespace
@@ -194,7 +213,7 @@ const std::vector<std::pair<std::string, std::vector<std::string>>>& group_table
 const std::vector<std::string>& ParallelDims::group_names() {
   static const std::vector<std::string> names = [] {
     std::vector<std::string> out;
-    for (const auto& entry : group_table()) out.push_back(entry.first);
+    for (const auto& entry : group_table()) out.push_back(entry.name);
     return out;
   }();
   return names;
@@ -202,7 +221,7 @@ const std::vector<std::string>& ParallelDims::group_names() {
 
 const std::vector<std::string>& ParallelDims::group_dims(const std::string& name) {
   for (const auto& entry : group_table()) {
-    if (entry.first == name) return entry.second;
+    if (entry.name == name) return entry.dims;
   }
   TITAN_CHECK(false, "unknown parallel group '", name, "'; known: ", join(group_names()));
   static const std::vector<std::string> none;
@@ -292,28 +311,35 @@ void ParallelDims::build_groups(const std::shared_ptr<dist::Group>& world) {
   check_parallelism_implemented(d_);
   const int64_t rank = world->rank();
 
-  // Names that share a rank set share a group; the group is named after all of them.
-  std::vector<std::pair<std::vector<int>, std::vector<std::string>>> unique;
-  for (const auto& name : group_names()) {
-    if (d_.ep == 1 && (name == "ep" || name == "dp_shard_mod_ep")) continue;
-    std::vector<int> ranks = group_ranks(name, rank);
-    auto it =
-        std::find_if(unique.begin(), unique.end(), [&](const auto& u) { return u.first == ranks; });
+  // Names that share a rank set share a group, named after all of them (but a group of its own
+  // is never shared).
+  struct Unique {
+    std::vector<int> ranks;
+    std::vector<std::string> names;
+    bool own = false;
+  };
+  std::vector<Unique> unique;
+  for (const auto& spec : group_table()) {
+    if (!built_for(spec.name, d_)) continue;
+    std::vector<int> ranks = group_ranks(spec.name, rank);
+    auto it = std::find_if(unique.begin(), unique.end(), [&](const Unique& u) {
+      return !spec.own && !u.own && u.ranks == ranks;
+    });
     if (it == unique.end()) {
-      unique.push_back({ranks, {name}});
+      unique.push_back({ranks, {spec.name}, spec.own});
     } else {
-      it->second.push_back(name);
+      it->names.push_back(spec.name);
     }
   }
   // Same order on every rank: the rank sets' equalities depend only on the degrees.
-  for (const auto& [ranks, names] : unique) {
+  for (const Unique& u : unique) {
     std::shared_ptr<dist::Group> group;
-    if (static_cast<int64_t>(ranks.size()) == world_size_) {
+    if (static_cast<int64_t>(u.ranks.size()) == world_size_ && !u.own) {
       group = world;
     } else {
-      group = world->new_subgroup(join(names, "="), ranks);
+      group = world->new_subgroup(join(u.names, "="), u.ranks);
     }
-    for (const auto& name : names) groups_[name] = group;
+    for (const auto& name : u.names) groups_[name] = group;
   }
 }
 
@@ -323,7 +349,8 @@ std::shared_ptr<dist::Group> ParallelDims::group_ptr(const std::string& name) co
               "' requested before ParallelDims::build_groups(world)");
   auto it = groups_.find(name);
   TITAN_CHECK(it != groups_.end(), "parallel group '", name,
-              "' was not built (it exists only with expert parallelism)");
+              "' was not built (ep and dp_shard_mod_ep exist only with expert parallelism, "
+              "cp_up and cp_down only with context parallelism)");
   return it->second;
 }
 

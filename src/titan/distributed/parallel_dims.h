@@ -7,6 +7,9 @@
 //   "dp"           dp_replicate x dp_shard   data loading: the batch is split over it
 //   "dp_shard_cp"  dp_shard x cp             FSDP shards parameters over it
 //   "dp_cp"        dp_replicate x dp_shard x cp   the loss is averaged over it
+//   "cp_up", "cp_down"  the cp ranks again, each a communicator of its own (built when cp > 1):
+//                  ring attention's hops to a higher and to a lower cp rank
+//                  (context_parallel.h), one direction per communicator as the pipeline's
 //
 // Expert parallelism (ep > 1; TorchTitan's rules): the ep ranks of a group take all of cp, all
 // of tp when expert_tensor_parallel_degree (etp) is 1, and part of dp_shard, which splits in two,

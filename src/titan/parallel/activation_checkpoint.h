@@ -21,8 +21,10 @@
 //                    matmuls (all but every second one of a block: the 2nd, 4th, ... are
 //                    recomputed; matmuls of Linear layers named by
 //                    per_op_sac_force_recompute_mm_shapes_by_fqns, by weight shape, are always
-//                    recomputed and not counted), of the attention kernel (CPU flash; other SDPA
-//                    backends are recomputed) and of tensor parallelism's reduce-scatters; the
+//                    recomputed and not counted), of the attention kernel (the fused kernels of
+//                    TorchTitan's save list: flash, memory-efficient, cuDNN, the CPU flash
+//                    kernel and titan's variable-length flash; SDPA's math backend is
+//                    recomputed: savable_ops.h) and of tensor parallelism's reduce-scatters; the
 //                    recomputation takes those instead of computing (or communicating) them and
 //                    recomputes the rest (norms, RoPE, SiLU, casts, all-gathers).
 //   memory_budget    refused (needs a graph compiler), as by config validation.

@@ -5,8 +5,9 @@
 //   SequenceLayout layout = SequenceLayout::make(seq_len, cp, SequenceSharding::kHeadTail);
 //   at::Tensor tokens_local = shard_sequence(tokens, layout, rank);        // (bs, seq_len / cp)
 //   at::Tensor positions = layout.positions(rank, device);                 // RoPE positions
-//   attention->inner_attention = std::make_shared<RingAttention>(cp_group, layout,
-//                                                                RotateMethod::kAllToAll);
+//   attention->inner_attention = std::make_shared<RingAttention>(
+//       RingGroups{dims.group_ptr("cp"), dims.group_ptr("cp_up"), dims.group_ptr("cp_down")},
+//       layout, RotateMethod::kAllToAll);
 //
 // Sequence sharding. kNone: rank r holds positions [r * L, (r + 1) * L) with L = seq_len / cp.
 // kHeadTail (causal load balancing): the sequence is cut into 2 * cp chunks of seq_len / (2 cp)
@@ -15,15 +16,25 @@
 // ids) must use the same layout.
 //
 // RingAttention is an InnerAttention (models/common/attention.h): causal softmax(q k^T /
-// sqrt(head_dim)) v over the whole sequence, for this rank's queries, with GQA and the softmax
-// in float32. With document ids it is block-causal: a token attends only to earlier
-// tokens of its own document. Each (query chunk, key chunk) pair is computed in blocks of at most
-// 1024 x 1024 positions, so score memory does not grow with the sequence. Each block is explicit
-// float32 matmuls (the masks vary per pair and block-causal needs an arbitrary one; the fused
-// CPU kernels take no mask with LSE), merged with the running output by log-sum-exp; pairs that
-// the mask hides entirely are skipped. Backward is exact (recomputation per pair from q, k, v,
-// the output and the float32 LSE), and the gradients of remote keys and values go back to their
-// owners.
+// sqrt(head_dim)) v over the whole sequence, for this rank's queries, with GQA. With document ids
+// it is block-causal: a token attends only to earlier tokens of its own document. Each (query
+// chunk, key chunk) pair is computed by one of two kernels (RingKernel, chosen per device and
+// mask: ring_attention_pairs.h) and merged with the running output by log-sum-exp; pairs that
+// the mask hides entirely are skipped:
+//   fused     ATen's fused attention that returns the log-sum-exp: on the CPU
+//             _scaled_dot_product_flash_attention_for_cpu (causal on the diagonal pair, full
+//             below it; with documents an additive mask per block of at most 1024 x 1024
+//             positions), on CUDA _scaled_dot_product_flash_attention (or the memory-efficient
+//             kernel where flash cannot take the dtype) for causal masks. No score matrix exists.
+//             Backward runs the kernels' backward per pair with the merged output and the global
+//             log-sum-exp (the ring flash-attention construction).
+//   explicit  float32 matmuls in blocks of at most 1024 x 1024 positions (32 MiB of scores for 8
+//             heads whatever the sequence), any mask; backward recomputes each block's
+//             probabilities from q, k, v and the global log-sum-exp. It serves document masks on
+//             CUDA, where no fused kernel takes an arbitrary mask with GQA and returns the
+//             log-sum-exp, and shapes no fused kernel takes (head_dim not a multiple of 8,
+//             float64).
+// Either way the gradients of remote keys and values go back to their owners.
 //
 // Communication per attention call and rank, with B = the bytes of this rank's K and V
 // (2 * bs * L * n_kv_heads * head_dim * element size) and B32 the same in float32:
@@ -35,7 +46,11 @@
 //               the current chunk is computed. Backward: cp - 1 hops of K and V (B) and cp hops
 //               of the float32 dK/dV accumulators (B32), each posted as soon as its chunk is done
 //               and received while the next one is computed; the last hop brings every
-//               accumulator home. Memory: two K/V and two dK/dV buffers.
+//               accumulator home. Memory: two K/V and two dK/dV buffers. The hops travel on two
+//               communicators of the cp ranks, one per direction (to a higher cp rank, to a lower
+//               one: ParallelDims' "cp_up" / "cp_down"), as the pipeline's do: on NCCL two ranks
+//               that send to each other over one communicator before receiving wait on each other
+//               once the messages outgrow NCCL's buffers.
 #pragma once
 
 #include "titan/distributed/comm.h"
@@ -86,13 +101,32 @@ struct SequenceLayout {
 // x (bs, seq_len, ...) -> rank r's (bs, local_len, ...) along dim 1, contiguous.
 at::Tensor shard_sequence(const at::Tensor& x, const SequenceLayout& layout, int rank);
 
+// The communicators of a ring: `cp` for the all-gather and reduce-scatter, and (kAllToAll) `up`
+// and `down`, over the same ranks, for the hops to a higher and to a lower cp rank.
+struct RingGroups {
+  std::shared_ptr<dist::Group> cp, up, down;
+  // Makes up and down as sub-groups of `cp` (every cp rank must call it, in the same order).
+  static RingGroups split(std::shared_ptr<dist::Group> cp);
+};
+
+// How each chunk pair is computed (see the top of this file): kAuto chooses per device, dtype
+// and mask (choose_ring_kernel in ring_attention_pairs.h); the others force one, for tests and
+// benchmarks (kFused falls back to kExplicit where no fused kernel takes the pair).
+enum class RingKernel { kAuto, kFused, kExplicit };
+const char* to_string(RingKernel kernel);
+
 // Ring attention over the cp group (see the top of this file). It keeps no per-call state besides
 // the stats, so the layers of a model may share one instance; it must outlive the backward of its
 // outputs (the autograd node refers to it). Like the group, driven by one thread at a time.
 class RingAttention final : public InnerAttention {
  public:
-  // layout.cp must equal group->size().
-  RingAttention(std::shared_ptr<dist::Group> group, SequenceLayout layout, RotateMethod rotate);
+  // layout.cp must equal groups.cp->size(); kAllToAll needs groups.up and groups.down.
+  RingAttention(RingGroups groups, SequenceLayout layout, RotateMethod rotate,
+                RingKernel kernel = RingKernel::kAuto);
+  // The cp group alone: kAllToAll splits its direction groups off it (RingGroups::split, a
+  // collective over the group).
+  RingAttention(std::shared_ptr<dist::Group> group, SequenceLayout layout, RotateMethod rotate,
+                RingKernel kernel = RingKernel::kAuto);
 
   // q (bs, local_len, n_heads, head_dim), k and v (bs, local_len, n_kv_heads, head_dim), this
   // rank's positions of the layout -> (bs, local_len, n_heads, head_dim), contiguous, v's dtype.
@@ -101,27 +135,32 @@ class RingAttention final : public InnerAttention {
   at::Tensor forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                      const at::Tensor& document_ids) override;
 
-  // (query block, key block) pairs (chunk pairs cut into blocks of at most 1024 positions)
-  // computed and skipped as fully masked, forward and backward together, since construction or
-  // reset_stats().
+  // (query block, key block) pairs computed and skipped as fully masked, forward and backward
+  // together, since construction or reset_stats(). A block is a whole chunk for the fused causal
+  // path, else at most 1024 positions of one. fused_pairs: those of computed_pairs that ran an
+  // ATen fused kernel.
   struct Stats {
     int64_t computed_pairs = 0;
     int64_t skipped_pairs = 0;
+    int64_t fused_pairs = 0;
   };
   const Stats& stats() const { return stats_; }
   void reset_stats() { stats_ = {}; }
 
-  dist::Group& group() const { return *group_; }
+  dist::Group& group() const { return *groups_.cp; }
+  const RingGroups& groups() const { return groups_; }
   const SequenceLayout& layout() const { return layout_; }
   RotateMethod rotate() const { return rotate_; }
+  RingKernel kernel() const { return kernel_; }
 
   // Internal, for the autograd function.
   Stats& mutable_stats() { return stats_; }
 
  private:
-  std::shared_ptr<dist::Group> group_;
+  RingGroups groups_;
   SequenceLayout layout_;
   RotateMethod rotate_;
+  RingKernel kernel_;
   Stats stats_;
 };
 

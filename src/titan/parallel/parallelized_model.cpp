@@ -171,8 +171,10 @@ void ParallelizedModel::apply_context_parallel(
       }
       if (inner == nullptr) continue;
       std::vector<std::shared_ptr<RingAttention>> rings;
+      const RingGroups groups{dims_.group_ptr("cp"), dims_.group_ptr("cp_up"),
+                              dims_.group_ptr("cp_down")};
       for (const auto& [len, layout] : cp_layouts_) {
-        rings.push_back(std::make_shared<RingAttention>(dims_.group_ptr("cp"), layout, rotate));
+        rings.push_back(std::make_shared<RingAttention>(groups, layout, rotate));
       }
       *inner = std::make_shared<ContextParallelAttention>(std::move(rings));
     }

@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <sstream>
+#include <tuple>
 #include <utility>
 
 namespace titan {
@@ -73,6 +74,11 @@ struct PipelineRuntime::StepState {
   std::map<Key, at::Tensor> grad_input;  // for the previous stage on this rank
   std::map<Key, std::unique_ptr<DeferredGrads>> deferred;  // I done, W not yet
   std::vector<at::Tensor> losses;  // per microbatch, on the last stage's rank
+  // Training: receives follow each peer's send order (PipelineRuntime::receive).
+  bool in_send_order = false;
+  std::map<int64_t, size_t> received;  // per peer: its messages received so far
+  // Received before the action that uses them, by (gradient, boundary, microbatch).
+  std::map<std::tuple<bool, int64_t, int64_t>, at::Tensor> early;
 };
 
 PipelineRuntime::PipelineRuntime(pp::PipelineLayout layout, std::shared_ptr<dist::Group> group,
@@ -104,6 +110,12 @@ PipelineRuntime::PipelineRuntime(pp::PipelineLayout layout, std::shared_ptr<dist
     for (size_t r = 0; r < all.size(); ++r) all[r] = static_cast<int>(r);
     up_ = group_->new_subgroup("pp_up", all);
     down_ = group_->new_subgroup("pp_down", all);
+  }
+  for (int64_t peer = 0; peer < layout_.pp; ++peer) {
+    if (peer == rank_) continue;
+    for (pp::Transfer& t : pp::rank_transfers(layout_.table, peer, layout_.stage_rank)) {
+      if (t.send && t.peer == rank_) incoming_[peer].push_back(std::move(t));
+    }
   }
 }
 
@@ -192,6 +204,37 @@ at::Tensor PipelineRuntime::recv_like(const at::Tensor& like, int64_t src, int64
   return t;
 }
 
+at::Tensor PipelineRuntime::receive(StepState& st, int64_t src, bool gradient, int64_t boundary,
+                                    int64_t m) {
+  const auto recv = [&](bool grad, int64_t b, int64_t mb) {
+    if (!grad) return recv_activation(src, b, mb, st.tokens.at(mb).sizes().vec());
+    auto out = st.output.find({b, mb});
+    TITAN_CHECK(out != st.output.end(), "pipeline runtime: rank ", rank_,
+                " receives the gradient for stage ", b, " microbatch ", mb,
+                " before that stage's forward ran");
+    return recv_like(out->second, src, b, mb, kGradient);
+  };
+  if (!st.in_send_order) return recv(gradient, boundary, m);
+  const auto key = std::make_tuple(gradient, boundary, m);
+  auto kept = st.early.find(key);
+  if (kept != st.early.end()) {
+    at::Tensor t = std::move(kept->second);
+    st.early.erase(kept);
+    return t;
+  }
+  const std::vector<pp::Transfer>& sent = incoming_[src];
+  size_t& next = st.received[src];
+  while (true) {
+    TITAN_CHECK(next < sent.size(), "pipeline runtime: rank ", rank_, " waits for ",
+                (gradient ? "a gradient" : "an activation"), " of boundary ", boundary,
+                " microbatch ", m, " from rank ", src, ", which its schedule row does not send");
+    const pp::Transfer& t = sent[next++];
+    at::Tensor got = recv(t.gradient, t.boundary, t.microbatch);
+    if (std::make_tuple(t.gradient, t.boundary, t.microbatch) == key) return got;
+    st.early[std::make_tuple(t.gradient, t.boundary, t.microbatch)] = std::move(got);
+  }
+}
+
 void PipelineRuntime::finish_sends() {
   for (PendingSend& s : sends_) clock_->time([&] { s.work.wait(); });
   sends_.clear();
@@ -207,7 +250,7 @@ void PipelineRuntime::forward(StepState& st, int64_t stage, int64_t m, bool grad
   } else {
     at::Tensor prev = rank_of(stage - 1) == rank_
                           ? st.output.at({stage - 1, m})
-                          : recv_activation(rank_of(stage - 1), stage - 1, m, key_shape);
+                          : receive(st, rank_of(stage - 1), /*gradient=*/false, stage - 1, m);
     if (grad) {
       in = prev.detach().requires_grad_(true);
       st.input[key] = in;
@@ -246,7 +289,7 @@ void PipelineRuntime::backward(StepState& st, int64_t stage, int64_t m) {
     if (rank_of(stage + 1) == rank_) {
       grad_out = take(st.grad_input, {stage + 1, m}, "gradient from the next stage");
     } else {
-      grad_out = recv_like(st.output.at(key), rank_of(stage + 1), stage, m, kGradient);
+      grad_out = receive(st, rank_of(stage + 1), /*gradient=*/true, stage, m);
     }
   }
   const std::vector<at::Tensor> grads =
@@ -306,6 +349,7 @@ at::Tensor PipelineRuntime::train_step(const at::Tensor& inputs, const at::Tenso
   st.loss_fn = &loss_fn;
   st.scale = loss_scale / static_cast<double>(n);
   st.losses.resize(n);
+  st.in_send_order = true;
   for (size_t i = 0; i < stages_.size(); ++i) {
     // Data parallelism is applied after the runtime is built: attach it on every step.
     if (deferrals_[i]) attach_deferral(*stages_[i].model, deferrals_[i]);
@@ -334,7 +378,8 @@ at::Tensor PipelineRuntime::train_step(const at::Tensor& inputs, const at::Tenso
   }
   finish_sends();
   TITAN_CHECK(
-      st.output.empty() && st.input.empty() && st.grad_input.empty() && st.deferred.empty(),
+      st.output.empty() && st.input.empty() && st.grad_input.empty() && st.deferred.empty() &&
+          st.early.empty(),
       "pipeline runtime: rank ", rank_,
       "'s schedule left work undone (a forward without its backward, or an I without its W)");
   at::Tensor mean = at::zeros({}, at::TensorOptions(at::kFloat).device(device_));

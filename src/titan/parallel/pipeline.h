@@ -30,7 +30,13 @@
 // higher pp rank travel on one sub-group of the pp ranks and those to a lower rank on another:
 // NCCL runs a pair's point-to-point ops in order on one stream, and two ranks that each send to
 // the other before receiving (1F1B's steady state: an activation one way, a gradient the other)
-// would wait on each other there; with one direction per communicator they cannot.
+// would wait on each other there; with one direction per communicator they cannot. NCCL also
+// pairs a rank's k-th send to a peer with the peer's k-th receive from it, whatever the tags, so
+// a rank receives from each peer in the order the peer sends (pp::rank_transfers, which
+// pp::check_transfer_order proves for every table before a run): an action that needs a message
+// first receives what that peer sent before it, and keeps those until their actions run (the
+// zero-bubble schedules and DualPipeV use an activation and a same-shaped gradient between two
+// ranks in another order than they are sent).
 //
 // Loss: the last stage computes loss_fn(logits, labels) per microbatch; backward runs on
 // loss * loss_scale / n_microbatches, so gradients are those of the mean over microbatches (each
@@ -109,6 +115,9 @@ class PipelineRuntime {
                              const std::vector<int64_t>& key_shape);
   at::Tensor recv_like(const at::Tensor& like, int64_t src, int64_t boundary, int64_t microbatch,
                        int kind);
+  // The activation (gradient = false) or gradient crossing `boundary` for microbatch m, from
+  // `src`: in a training step, after what `src` sends this rank before it (see the top).
+  at::Tensor receive(StepState& st, int64_t src, bool gradient, int64_t boundary, int64_t m);
   void finish_sends();
 
   void forward(StepState& st, int64_t stage, int64_t m, bool grad);
@@ -138,6 +147,8 @@ class PipelineRuntime {
   std::shared_ptr<dist::Group> up_, down_;
   dist::Group& toward(int64_t peer) const { return peer > rank_ ? *up_ : *down_; }
   dist::Group& from(int64_t peer) const { return peer < rank_ ? *up_ : *down_; }
+  // Per peer: what it sends this rank in a training step, in its order.
+  std::map<int64_t, std::vector<pp::Transfer>> incoming_;
   // Shapes and dtypes already exchanged, by (boundary, direction, microbatch token shape).
   std::map<std::vector<int64_t>, std::pair<std::vector<int64_t>, at::ScalarType>> known_;
 };

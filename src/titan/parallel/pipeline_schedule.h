@@ -6,8 +6,10 @@
 // per rank; empty cells are idle steps). One runtime runs any table; this file holds the pure,
 // communication-free half: names, stage placement, the generators, each schedule's requirements
 // on the microbatch count (errors show the arithmetic), the send/recv lowering pass, the table
-// printer of PyTorch's _format_pipeline_order, and a simulator that runs a table under its data
-// dependencies to find deadlocks and the bubble (idle) fraction under a cost model.
+// printer of PyTorch's _format_pipeline_order, a simulator that runs a table under its data
+// dependencies to find deadlocks and the bubble (idle) fraction under a cost model, and the
+// point-to-point messages each rank posts, with the check that every pair of ranks posts them in
+// one order (NCCL matches by order).
 #pragma once
 
 #include <cstdint>
@@ -137,6 +139,41 @@ ScheduleTable load_schedule_csv(const std::string& path);
 // W. Returns stage -> rank. Throws ConfigError naming rank and step.
 std::vector<int64_t> validate_schedule_table(const ScheduleTable& table, int64_t pp,
                                              int64_t n_stages, int64_t n_microbatches);
+
+// A point-to-point message a rank posts while it runs its row of a table: what PipelineRuntime
+// does for a compute-only table (F(s, m) uses stage s - 1's activation from its rank, then sends
+// its own to stage s + 1's rank; B / I(s, m) use the gradient of s's output from stage s + 1's
+// rank, then send the gradient of s's input to stage s - 1's rank; nothing between stages of one
+// rank), or the explicit SEND_* / RECV_* of a table that holds them.
+struct Transfer {
+  bool send = false;      // else a receive
+  int64_t peer = 0;       // the rank on the other side
+  bool gradient = false;  // else an activation
+  int64_t boundary = 0;   // between stages boundary and boundary + 1
+  int64_t microbatch = 0;
+  int64_t step = 0;  // the column of the action that posts it
+  Action action;     // that action
+  // "the activation of stage 0 for stage 1, microbatch 2" / "the gradient of stage 1's input for
+  // stage 0, microbatch 2"
+  std::string message() const;
+};
+
+// Rank `rank`'s transfers in the order it posts them. `stage_rank`: stage -> rank. Sends follow
+// their compute. Receives of a compute-only table are posted as the runtime posts them: in each
+// peer's send order, an action that needs a message first receiving whatever that peer sent
+// before it (kept until its own action runs); an explicit table's are its RECV actions, in order.
+std::vector<Transfer> rank_transfers(const ScheduleTable& table, int64_t rank,
+                                     const std::vector<int64_t>& stage_rank);
+
+// NCCL matches a pair of ranks' sends and receives in the order they are posted, not by tag, so
+// a table in which rank a sends to rank b in another order than b receives from a would hand
+// each receive another message's data (or hang when the sizes differ). Throws ConfigError naming
+// the two ranks, the first pair of messages that disagree, their actions and steps, and the
+// table, unless every ordered pair of ranks posts the same messages in the same order (as
+// rank_transfers lists them). Compute-only tables pass whenever each message used is one its
+// peer sends (the runtime receives in the sender's order); an explicit table whose receives are
+// written in another order than the sends, or a message without its counterpart, is refused.
+void check_transfer_order(const ScheduleTable& table, const std::vector<int64_t>& stage_rank);
 
 // Time units per action in the simulator.
 struct ActionCosts {

@@ -257,7 +257,10 @@ PipelineLayout validate_pipeline(const ParallelismSection& parallelism, int64_t 
       }
     }
   }
-  simulate_schedule(layout.table);  // throws when the table deadlocks
+  // Refused before it runs: a table that deadlocks, or whose messages a pair of ranks would
+  // match out of order on NCCL.
+  simulate_schedule(layout.table);
+  check_transfer_order(layout.table, layout.stage_rank);
   return layout;
 }
 

@@ -291,5 +291,46 @@ TEST(ParallelDims, NamedGroupsOnTwoAndThreeRanks) {
   });
 }
 
+// Context parallelism's ring hops get a communicator per direction: cp_up and cp_down hold the cp
+// ranks, in cp order, but are groups of their own (never the cp group or the world, even where
+// those have the same ranks); without cp they are not built.
+TEST(ParallelDims, CpDirectionGroupsAreCommunicatorsOfTheirOwn) {
+  test::run_ranks(4, [&](int rank, std::shared_ptr<dist::Group> world) {
+    ParallelDims dims(degrees(1, 2, /*cp=*/2), 4);  // dp_shard 2 x cp 2: cp pairs {0,1}, {2,3}
+    dims.build_groups(world);
+    for (const char* name : {"cp_up", "cp_down"}) {
+      const auto group = dims.group_ptr(name);
+      EXPECT_NE(group, dims.group_ptr("cp")) << name;
+      EXPECT_EQ(group->ranks(), dims.group("cp").ranks()) << name;
+      EXPECT_EQ(group->rank(), rank % 2) << name;
+    }
+    EXPECT_NE(dims.group_ptr("cp_up"), dims.group_ptr("cp_down"));
+    // They work: rank 0 of each pair sends up, rank 1 answers down.
+    at::Tensor t = at::full({3}, rank + 1.0);
+    if (rank % 2 == 0) {
+      dims.group("cp_up").send(t, 1).wait();
+      dims.group("cp_down").recv(t, 1).wait();
+      EXPECT_TRUE(at::equal(t, at::full({3}, rank + 2.0)));
+    } else {
+      at::Tensor got = at::empty({3});
+      dims.group("cp_up").recv(got, 0).wait();
+      EXPECT_TRUE(at::equal(got, at::full({3}, static_cast<double>(rank))));
+      dims.group("cp_down").send(t, 0).wait();
+    }
+  });
+  test::run_ranks(2, [&](int, std::shared_ptr<dist::Group> world) {
+    ParallelDims cp_only(degrees(1, 1, /*cp=*/2), 2);
+    cp_only.build_groups(world);
+    EXPECT_EQ(cp_only.group_ptr("cp"), world);  // spans every rank
+    EXPECT_NE(cp_only.group_ptr("cp_up"), world);
+    EXPECT_EQ(cp_only.group("cp_up").size(), 2);
+  });
+  test::run_ranks(2, [&](int, std::shared_ptr<dist::Group> world) {
+    ParallelDims no_cp(degrees(1, 2), 2);
+    no_cp.build_groups(world);
+    EXPECT_THROW(no_cp.group("cp_up"), c10::Error);
+  });
+}
+
 }  // namespace test_parallel_dims
 }  // namespace titan

@@ -1,11 +1,14 @@
 // The savable-op seam (savable_ops.h) with a saver that keeps every op: recording gives the plain
 // op's output, replaying hands back the kept tensor itself (nothing recomputed) and its backward
-// gives the plain op's gradients, bit for bit; without a saver the ops are the plain ones.
+// gives the plain op's gradients, bit for bit; without a saver the ops are the plain ones. And
+// which attention kernel is kept for each SDPA backend and device (TorchTitan's save list).
 #include "titan/models/common/savable_ops.h"
 
+#include <ATen/SDPBackend.h>
 #include <ATen/core/grad_mode.h>
 #include <gtest/gtest.h>
 
+#include <limits>
 #include <vector>
 
 namespace titan {
@@ -114,6 +117,58 @@ TEST(SavableOps, MaskedAttentionReplaysWithItsMask) {
         return savable_causal_sdpa(t[0], t[1], t[2], /*enable_gqa=*/true, mask);
       },
       inputs, SavableOp::kAttention, 2);
+}
+
+// TorchTitan's op-SAC save list keeps _scaled_dot_product_flash_attention,
+// _scaled_dot_product_efficient_attention and _scaled_dot_product_cudnn_attention (and titan the
+// CPU flash kernel): the kernel kept for each backend libtorch may choose, on each device.
+TEST(SavableOps, KeptAttentionKernelsFollowTheSaveList) {
+  const auto kept = [](at::SDPBackend backend, at::DeviceType device, int64_t head_dim = 64,
+                       bool masked = false, bool gqa = false) {
+    return kept_attention_kernel(static_cast<int64_t>(backend), device, head_dim, masked, gqa);
+  };
+  using K = AttentionKernel;
+  using B = at::SDPBackend;
+  EXPECT_EQ(kept(B::flash_attention, at::kCPU), K::kCpuFlash);
+  EXPECT_EQ(kept(B::flash_attention, at::kCPU, 6, /*masked=*/true, /*gqa=*/true), K::kCpuFlash);
+  EXPECT_EQ(kept(B::math, at::kCPU), K::kNone);
+  EXPECT_EQ(kept(B::flash_attention, at::kCUDA), K::kCudaFlash);
+  EXPECT_EQ(kept(B::flash_attention, at::kCUDA, 64, false, /*gqa=*/true), K::kCudaFlash);
+  EXPECT_EQ(kept(B::flash_attention, at::kCUDA, /*head_dim=*/12), K::kNone);  // SDPA pads it
+  EXPECT_EQ(kept(B::efficient_attention, at::kCUDA), K::kEfficient);
+  EXPECT_EQ(kept(B::efficient_attention, at::kCUDA, 12, /*masked=*/true), K::kEfficient);
+  EXPECT_EQ(kept(B::cudnn_attention, at::kCUDA), K::kCudnn);
+  EXPECT_EQ(kept(B::cudnn_attention, at::kCUDA, 64, /*masked=*/true), K::kNone);
+  EXPECT_EQ(kept(B::cudnn_attention, at::kCUDA, 64, false, /*gqa=*/true), K::kNone);
+  EXPECT_EQ(kept(B::math, at::kCUDA), K::kNone);
+  EXPECT_EQ(kept(B::overrideable, at::kCUDA), K::kNone);
+  EXPECT_EQ(kept(B::flash_attention, at::kMeta), K::kNone);
+  // Each kept kernel's results: output, log-sum-exp and what its backward reads besides.
+  for (K k : {K::kCpuFlash, K::kCudaFlash, K::kEfficient, K::kCudnn, K::kVarlenFlash}) {
+    EXPECT_GE(attention_results_size(k), 2u) << attention_kernel_name(k);
+  }
+  EXPECT_EQ(attention_results_size(K::kCpuFlash), 2u);
+}
+
+// A kernel call whose results the saver keeps and replays, without the SDPA front end: the CPU
+// flash kernel under an additive mask, its backward from the kept results.
+TEST(SavableOps, KernelAttentionReplaysWithTheKernelsBackward) {
+  at::manual_seed(4);
+  const std::vector<at::Tensor> inputs{at::randn({2, 4, 6, 8}), at::randn({2, 2, 6, 8}),
+                                       at::randn({2, 2, 6, 8})};
+  AttentionCall call;
+  call.kernel = AttentionKernel::kCpuFlash;
+  call.causal = false;
+  call.mask = at::zeros({1, 1, 6, 6})
+                  .masked_fill_(at::ones({6, 6}, at::kBool).triu(2),
+                                -std::numeric_limits<double>::infinity());
+  check_replay([&](const auto& t) { return savable_attention(call, t[0], t[1], t[2]); }, inputs,
+               SavableOp::kAttention, 2);
+  // The kernel's output is SDPA's under the same mask.
+  const at::Tensor sdpa = at::scaled_dot_product_attention(
+      inputs[0], inputs[1], inputs[2], *call.mask, 0.0, false, std::nullopt, /*enable_gqa=*/true);
+  EXPECT_TRUE(
+      at::allclose(savable_attention(call, inputs[0], inputs[1], inputs[2]), sdpa, 1e-5, 1e-6));
 }
 
 TEST(SavableOps, ResultIsTakenWithoutComputing) {

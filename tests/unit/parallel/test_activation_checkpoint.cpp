@@ -8,7 +8,9 @@
 // after forward + loss, before backward) per mode.
 #include "parallel_test_util.h"
 
+#include "../op_counter.h"
 #include "../test_util.h"
+#include "titan/common/device.h"
 #include "titan/common/memory_probe.h"
 #include "titan/components/loss.h"
 #include "titan/models/common/linear.h"
@@ -452,6 +454,73 @@ void check_composed(int shard, int tp, const ActivationCheckpointSection& config
     EXPECT_EQ(got.first, want.first) << what;
     expect_same_grads(got.second, want.second, what);
   });
+}
+
+// Per-op AC keeps the attention kernel's results, so the kernel's forward (ATen op `op`) runs
+// once per block, in the forward and not in the recomputation, where full AC runs it twice per
+// block (the counter sees recomputations). With `documents` the blocks are block-causal.
+// Gradients equal those without AC (within `tol`; 0: bitwise).
+void check_attention_kept(const at::Device& device, at::ScalarType dtype, int64_t n_kv_heads,
+                          bool documents, const std::string& op, double tol) {
+  constexpr int64_t kLayers = 2;
+  llama3::Llama3Args args = test::tiny_args(/*tied=*/false, kVocab);
+  args.n_layers = kLayers;
+  args.dim = 32;  // head_dim 8: what the CUDA flash kernels take unpadded
+  args.n_kv_heads = n_kv_heads;
+  args.max_seq_len = 64;
+  Batch b = batch();
+  b.inputs = b.inputs.to(device);
+  b.labels = b.labels.to(device);
+  const at::Tensor docs =
+      at::tensor({0, 0, 0, 1, 1, 1, 1, 2, /**/ 0, 0, 0, 0, 0, 1, 1, 1}, at::kLong)
+          .view({2, test::kSeq})
+          .to(device);
+  const std::string what = device.str() + " " + c10::toString(dtype) + " kv heads " +
+                           std::to_string(n_kv_heads) + (documents ? " block-causal" : "") + " (" +
+                           op + ")";
+  const auto run = [&](const std::string& mode, int64_t& calls) {
+    auto model = std::make_shared<llama3::Transformer>(args, dtype);
+    model->init_weights(/*seed=*/1234);
+    model->to(device);
+    if (documents) model->set_document_ids(docs);
+    std::unique_ptr<ActivationCheckpointing> ac;
+    if (mode != "none") {
+      ac = apply_activation_checkpointing(
+          *model, mode == "op" ? ac_config("selective", "op") : ac_config("full"));
+    }
+    test::OpCounter counter(op);
+    Step step = train_step(*model, b);
+    calls = counter.count();
+    return step;
+  };
+  int64_t plain_calls = 0, op_calls = 0, full_calls = 0;
+  const Step plain = run("none", plain_calls);
+  const Step kept = run("op", op_calls);
+  run("full", full_calls);
+  EXPECT_EQ(plain_calls, kLayers) << what;
+  EXPECT_EQ(op_calls, kLayers) << what << ": per-op AC ran the attention kernel again";
+  EXPECT_EQ(full_calls, 2 * kLayers) << what;
+  expect_same_step(kept, plain, tol, what);
+}
+
+TEST(ActivationCheckpointing, OpModeKeepsTheAttentionKernel) {
+  const char* cpu_flash = "aten::_scaled_dot_product_flash_attention_for_cpu";
+  check_attention_kept(at::kCPU, at::kFloat, 2, /*documents=*/false, cpu_flash, /*tol=*/0);
+  check_attention_kept(at::kCPU, at::kFloat, 2, /*documents=*/true, cpu_flash, /*tol=*/0);
+}
+
+// On a GPU: the CUDA flash kernel (bf16, GQA), the memory-efficient one (float32, MHA: SDPA
+// runs GQA in float32 with the math backend, which is recomputed) and the variable-length flash
+// kernel of block-causal attention (bf16).
+TEST(ActivationCheckpointingCuda, OpModeKeepsTheGpuAttentionKernels) {
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  const at::Device cuda(at::kCUDA, 0);
+  check_attention_kept(cuda, at::kBFloat16, 2, false, "aten::_scaled_dot_product_flash_attention",
+                       /*tol=*/2e-2);
+  check_attention_kept(cuda, at::kFloat, 4, false, "aten::_scaled_dot_product_efficient_attention",
+                       /*tol=*/1e-4);
+  check_attention_kept(cuda, at::kBFloat16, 2, true, "aten::_flash_attention_forward",
+                       /*tol=*/2e-2);
 }
 
 TEST(ActivationCheckpointing, InsideFsdpMatchesFsdpWithoutIt) {

@@ -118,6 +118,106 @@ TEST(PipelineSchedule, EverySchedulesRunsEachStageMicrobatchOnceWithoutDeadlock)
   EXPECT_GT(generated, 200);
 }
 
+// NCCL pairs messages by order: every generated table as the runtime runs it, and its PyTorch
+// lowering with explicit sends and receives, posts each pair of ranks' messages in one order;
+// and the check sees them all (each boundary between stages on different ranks carries 2
+// messages per microbatch). Some schedules (zero bubble, DualPipeV) use messages in another
+// order than they are sent: their receives are posted ahead (counted).
+// Whether `a` is the action that uses the received message `t` (else it posted `t` ahead of its
+// use, receiving in the sender's order).
+bool uses(const Action& a, const Transfer& t) {
+  const std::vector<Action> parts = a.sub_actions.empty() ? std::vector<Action>{a} : a.sub_actions;
+  for (const Action& p : parts) {
+    const bool kind =
+        t.gradient ? p.kind == ActionKind::kFullBackward || p.kind == ActionKind::kBackwardInput
+                   : p.kind == ActionKind::kForward;
+    const int64_t stage = t.gradient ? t.boundary : t.boundary + 1;
+    if (kind && p.stage == stage && p.microbatch == t.microbatch) return true;
+  }
+  return false;
+}
+
+TEST(PipelineSchedule, EveryScheduleOrdersEachPairsMessagesAlike) {
+  int64_t checked = 0, ahead = 0;
+  for (const Case& c : all_cases()) {
+    const ScheduleShape shape{c.pp, c.per_rank, c.m};
+    if (!message_of([&] { check_schedule_requirements(c.kind, shape); }).empty()) continue;
+    const std::string what = std::string(schedule_name(c.kind)) + " pp " + std::to_string(c.pp) +
+                             " v " + std::to_string(c.per_rank) + " m " + std::to_string(c.m);
+    const std::vector<int64_t> stage_rank = stage_to_rank(c.pp, c.per_rank, placement_of(c.kind));
+    const ScheduleTable table = generate_schedule(c.kind, shape);
+    EXPECT_EQ(message_of([&] { check_transfer_order(table, stage_rank); }), "") << what;
+    EXPECT_EQ(
+        message_of([&] { check_transfer_order(add_send_recv(table, stage_rank), stage_rank); }), "")
+        << what;
+    int64_t crossings = 0;
+    for (size_t s = 0; s + 1 < stage_rank.size(); ++s)
+      crossings += stage_rank[s] != stage_rank[s + 1];
+    int64_t sends = 0, recvs = 0;
+    for (int64_t r = 0; r < c.pp; ++r) {
+      for (const Transfer& t : rank_transfers(table, r, stage_rank)) (t.send ? sends : recvs) += 1;
+    }
+    EXPECT_EQ(sends, 2 * crossings * c.m) << what;
+    EXPECT_EQ(recvs, sends) << what;
+    for (int64_t r = 0; r < c.pp; ++r) {
+      for (const Transfer& t : rank_transfers(table, r, stage_rank)) {
+        if (!t.send && !uses(t.action, t)) ++ahead;
+      }
+    }
+    ++checked;
+  }
+  EXPECT_GT(checked, 200);
+  EXPECT_GT(ahead, 0);  // the runtime's in-order receiving is exercised
+}
+
+// NCCL pairs a rank's k-th send to a peer with the peer's k-th receive from it. A table whose
+// receiving rank uses two same-shaped activations in another order than they are sent (rank 1
+// runs 1F1 before 1F0) runs anyway: the runtime receives in the sender's order, microbatch 0's
+// activation first (posted by 1F1, kept for 1F0). A table with explicit sends and receives in
+// different orders is refused, naming both actions, the ranks and the steps; so is a send
+// without its receive.
+TEST(PipelineSchedule, SwappedMessagesAreReceivedInOrderOrRefused) {
+  const ScheduleTable swapped =
+      table_of({{"0F0", "0F1", "0B0", "0B1"}, {"", "1F1", "1F0", "1B0", "1B1"}});
+  EXPECT_EQ(validate_schedule_table(swapped, 2, 2, 2), (std::vector<int64_t>{0, 1}));
+  simulate_schedule(swapped);  // no deadlock
+  EXPECT_EQ(message_of([&] { check_transfer_order(swapped, {0, 1}); }), "");
+  const std::vector<Transfer> rank1 = rank_transfers(swapped, 1, {0, 1});
+  ASSERT_GE(rank1.size(), 3u);
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_FALSE(rank1[i].send);
+    EXPECT_EQ(rank1[i].microbatch, i);  // sender's order
+    EXPECT_EQ(rank1[i].action.str(), "1F1");
+    EXPECT_EQ(rank1[i].step, 1);
+  }
+  EXPECT_TRUE(rank1[2].send);  // 1F1 has no send (last stage); 1B0's gradient to rank 0
+  EXPECT_EQ(rank1[2].action.str(), "1B0");
+
+  const ScheduleTable comms =
+      table_of({{"0F0", "0SEND_F0", "0F1", "0SEND_F1"}, {"1RECV_F1", "1RECV_F0", "1F0", "1F1"}});
+  std::string m = message_of([&] { check_transfer_order(comms, {0, 1}); });
+  EXPECT_TRUE(contains(m,
+                       "rank 0 and rank 1 post their point-to-point messages in different "
+                       "orders: rank 0's 1st send to rank 1 is the activation of stage 0 for "
+                       "stage 1, microbatch 0 (0SEND_F0 at step 1), but rank 1's 1st receive "
+                       "from rank 0 is for the activation of stage 0 for stage 1, microbatch 1 "
+                       "(1RECV_F1 at step 0)"))
+      << m;
+  EXPECT_TRUE(contains(m, "HINT")) << m;
+  // Gradients the other way.
+  const ScheduleTable grads = table_of({{"0RECV_B1", "0RECV_B0"}, {"1SEND_B0", "1SEND_B1"}});
+  m = message_of([&] { check_transfer_order(grads, {0, 1}); });
+  EXPECT_TRUE(contains(m,
+                       "rank 1's 1st send to rank 0 is the gradient of stage 1's input for "
+                       "stage 0, microbatch 0 (1SEND_B0 at step 0)"))
+      << m;
+  m = message_of([&] {
+    check_transfer_order(table_of({{"0F0", "0SEND_F0", "0SEND_F0"}, {"1RECV_F0", "1F0"}}), {0, 1});
+  });
+  EXPECT_TRUE(contains(m, "rank 0 sends 2 messages to rank 1, which receives 1 from it; the 2nd"))
+      << m;
+}
+
 TEST(PipelineSchedule, GPipeAnd1F1BBubbleIsTheClosedForm) {
   for (ScheduleKind kind : {ScheduleKind::kGPipe, ScheduleKind::k1F1B}) {
     for (int64_t p : {1, 2, 4, 8}) {

@@ -1,11 +1,17 @@
 // Context parallelism: sequence layouts (headtail and contiguous), and ring attention over cp 2,
 // 3 and 4 ranks in threads (Gloo), both rotate methods, GQA and MHA, causal and block-causal,
-// against full single-process attention on the whole sequence: each rank's output rows and its
-// dq/dk/dv equal the reference's at its positions (float32 within 1e-5, bf16 within a bf16
-// tolerance), and fully masked chunk pairs are skipped (counted exactly for causal masks).
+// with each pair kernel (ATen's fused CPU flash kernel and the explicit float32 blocks), against
+// full single-process attention on the whole sequence: each rank's output rows and its dq/dk/dv
+// equal the reference's at its positions (float32 within 1e-5, bf16 within a bf16 tolerance;
+// the fused pairs against float64), fully masked chunk pairs are skipped (counted exactly for
+// causal masks), and the ring's hops travel on the two direction groups only. On a CUDA device
+// also the CUDA kernels (flash, memory-efficient) against float64.
 #include "../distributed/multirank.h"
 
 #include "titan/common/check.h"
+#include "titan/common/device.h"
+#include "titan/distributed/flight_recorder.h"
+#include "titan/distributed/parallel_dims.h"
 #include "titan/models/common/attention.h"
 #include "titan/parallel/context_parallel.h"
 
@@ -71,10 +77,11 @@ struct Case {
   int64_t n_heads, n_kv;
   bool block_causal;
   at::ScalarType dtype;
+  RingKernel kernel = RingKernel::kAuto;
   std::string name() const {
     return std::string(to_string(rotate)) + "/" + to_string(sharding) + "/" +
            (n_heads == n_kv ? "mha" : "gqa") + "/" + (block_causal ? "block_causal" : "causal") +
-           "/" + c10::toString(dtype);
+           "/" + c10::toString(dtype) + "/" + to_string(kernel);
   }
 };
 
@@ -105,26 +112,30 @@ struct Reference {
 };
 
 // Packed documents: row 0 has a document [3, seq - 3) that spans several ranks' chunks; row 1
-// random boundaries.
-at::Tensor packed_document_ids(int64_t seq) {
+// random boundaries, or (`one_row`) one document, so that blocks where row 0's queries see no key
+// are still computed for row 1.
+at::Tensor packed_document_ids(int64_t seq, bool one_row = false) {
   at::Tensor starts = at::zeros({kBs, seq}, at::kLong);
   starts[0][3] = 1;
   starts[0][seq - 3] = 1;
-  starts[1].copy_(at::rand({seq}).lt(0.25));
+  if (!one_row) starts[1].copy_(at::rand({seq}).lt(0.25));
   return starts.cumsum(1);
 }
 
-Reference reference(const Case& c, int64_t seq, uint64_t seed) {
+// `float64`: the explicit float64 reference for every case (else libtorch's fused kernel for
+// causal float32).
+Reference reference(const Case& c, int64_t seq, uint64_t seed, bool float64 = false,
+                    bool one_row = false) {
   at::manual_seed(seed);
   Reference r;
   r.q = at::randn({kBs, seq, c.n_heads, kHeadDim}).to(c.dtype);
   r.k = at::randn({kBs, seq, c.n_kv, kHeadDim}).to(c.dtype);
   r.v = at::randn({kBs, seq, c.n_kv, kHeadDim}).to(c.dtype);
   r.dout = at::randn({kBs, seq, c.n_heads, kHeadDim}).to(c.dtype);
-  if (c.block_causal) r.docs = packed_document_ids(seq);
+  if (c.block_causal) r.docs = packed_document_ids(seq, one_row);
   // Causal float32: libtorch's fused single-process kernel. Block-causal or bf16: the explicit
   // float64 reference of the same (rounded) inputs.
-  const bool fused = !c.block_causal && c.dtype == at::kFloat;
+  const bool fused = !float64 && !c.block_causal && c.dtype == at::kFloat;
   const at::ScalarType ref_dtype = fused ? at::kFloat : at::kDouble;
   at::Tensor q = r.q.to(ref_dtype).clone().requires_grad_();
   at::Tensor k = r.k.to(ref_dtype).clone().requires_grad_();
@@ -146,11 +157,15 @@ double max_diff(const at::Tensor& got, const at::Tensor& want) {
   return (got.to(at::kDouble) - w).abs().max().item<double>() / scale;
 }
 
-// Every case on `cp` ranks at sequence length `seq`, in one set of rank threads. With chunks of
-// at most 1024 positions each chunk pair is one block pair, whose counts are checked.
-void check_ring_attention(int cp, int64_t seq, const std::vector<Case>& cases) {
+// Every case on `cp` ranks at sequence length `seq`, in one set of rank threads, against
+// reference() (`float64`, `one_row` as there). With chunks of at most 1024 positions each chunk
+// pair is one block pair, whose counts are checked.
+void check_ring_attention(int cp, int64_t seq, const std::vector<Case>& cases, bool float64 = false,
+                          bool one_row = false) {
   std::vector<Reference> refs;
-  for (size_t i = 0; i < cases.size(); ++i) refs.push_back(reference(cases[i], seq, 100 + i));
+  for (size_t i = 0; i < cases.size(); ++i) {
+    refs.push_back(reference(cases[i], seq, 100 + i, float64, one_row));
+  }
   // errors[case][rank] = {out, dq, dk, dv}; stats[case][rank]
   std::vector<std::vector<std::vector<double>>> errors(cases.size(),
                                                        std::vector<std::vector<double>>(cp));
@@ -161,7 +176,7 @@ void check_ring_attention(int cp, int64_t seq, const std::vector<Case>& cases) {
       const Case& c = cases[i];
       const Reference& r = refs[i];
       const SequenceLayout layout = SequenceLayout::make(seq, cp, c.sharding);
-      RingAttention ring(world, layout, c.rotate);
+      RingAttention ring(world, layout, c.rotate, c.kernel);
       at::Tensor q = shard_sequence(r.q, layout, rank).requires_grad_();
       at::Tensor k = shard_sequence(r.k, layout, rank).requires_grad_();
       at::Tensor v = shard_sequence(r.v, layout, rank).requires_grad_();
@@ -182,26 +197,34 @@ void check_ring_attention(int cp, int64_t seq, const std::vector<Case>& cases) {
     // float32 sums; the reference sees the same bf16 inputs.
     const double tol = c.dtype == at::kFloat ? 1e-5 : 3e-2;
     std::vector<double> worst(4, 0.0);
-    int64_t skipped = 0, computed = 0;
+    int64_t skipped = 0, computed = 0, fused = 0;
     for (int rank = 0; rank < cp; ++rank) {
       if (errors[i][rank].size() != 4) continue;  // the rank failed: reported by run_ranks
       for (int t = 0; t < 4; ++t) worst[t] = std::max(worst[t], errors[i][rank][t]);
       skipped += stats[i][rank].skipped_pairs;
       computed += stats[i][rank].computed_pairs;
+      fused += stats[i][rank].fused_pairs;
     }
     const std::string what = "cp " + std::to_string(cp) + " " + c.name();
     const char* names[] = {"out", "dq", "dk", "dv"};
     for (int t = 0; t < 4; ++t) EXPECT_LE(worst[t], tol) << what << " " << names[t];
     std::printf(
-        "[ring attention] %-44s max err out %.2e dq %.2e dk %.2e dv %.2e, pairs %lld "
-        "computed %lld skipped\n",
+        "[ring attention] %-53s max err out %.2e dq %.2e dk %.2e dv %.2e, pairs %lld "
+        "computed (%lld fused) %lld skipped\n",
         what.c_str(), worst[0], worst[1], worst[2], worst[3], static_cast<long long>(computed),
-        static_cast<long long>(skipped));
+        static_cast<long long>(fused), static_cast<long long>(skipped));
+    // On the CPU every pair of the fused kernel runs in ATen's flash kernel.
+    if (c.kernel == RingKernel::kExplicit) {
+      EXPECT_EQ(fused, 0) << what;
+    }
+    if (c.kernel == RingKernel::kFused) {
+      EXPECT_EQ(fused, computed) << what;
+    }
     // Each of the layout's global chunks meets every chunk once per pass (forward, backward);
     // with a causal mask the pairs whose key chunk is later than the query chunk are skipped.
     const int64_t chunks = c.sharding == SequenceSharding::kHeadTail ? 2 * cp : cp;
     const int64_t hidden = chunks * (chunks - 1) / 2;
-    if (seq / chunks > 1024) {
+    if (seq / chunks > 1024 && (c.block_causal || c.kernel == RingKernel::kExplicit)) {
       // Chunks of several blocks: the blocks above the diagonal of the diagonal pairs are
       // skipped too.
       EXPECT_GT(skipped, 2 * hidden) << what;
@@ -216,43 +239,191 @@ void check_ring_attention(int cp, int64_t seq, const std::vector<Case>& cases) {
   }
 }
 
-std::vector<Case> all_cases(bool with_bf16) {
+std::vector<Case> all_cases(bool with_bf16, RingKernel kernel) {
   std::vector<Case> cases;
   for (RotateMethod rotate : {RotateMethod::kAllGather, RotateMethod::kAllToAll}) {
     for (SequenceSharding sharding : {SequenceSharding::kHeadTail, SequenceSharding::kNone}) {
       for (int64_t n_kv : {2, 4}) {
         for (bool block_causal : {false, true}) {
-          cases.push_back({rotate, sharding, 4, n_kv, block_causal, at::kFloat});
+          cases.push_back({rotate, sharding, 4, n_kv, block_causal, at::kFloat, kernel});
         }
       }
       if (with_bf16) {
-        cases.push_back({rotate, sharding, 4, 2, false, at::kBFloat16});
-        cases.push_back({rotate, sharding, 4, 2, true, at::kBFloat16});
+        cases.push_back({rotate, sharding, 4, 2, false, at::kBFloat16, kernel});
+        cases.push_back({rotate, sharding, 4, 2, true, at::kBFloat16, kernel});
       }
     }
   }
   return cases;
 }
 
-TEST(RingAttention, MatchesFullAttentionCp2) { check_ring_attention(2, 16, all_cases(true)); }
+std::vector<Case> both_kernels(bool with_bf16) {
+  std::vector<Case> cases = all_cases(with_bf16, RingKernel::kExplicit);
+  for (const Case& c : all_cases(with_bf16, RingKernel::kAuto)) cases.push_back(c);
+  return cases;
+}
 
-TEST(RingAttention, MatchesFullAttentionCp4) { check_ring_attention(4, 16, all_cases(true)); }
+TEST(RingAttention, MatchesFullAttentionCp2) { check_ring_attention(2, 16, both_kernels(true)); }
+
+TEST(RingAttention, MatchesFullAttentionCp4) { check_ring_attention(4, 16, both_kernels(true)); }
 
 // cp 3: an odd ring; 24 positions divide by 3 and by 2 * 3.
-TEST(RingAttention, MatchesFullAttentionCp3) { check_ring_attention(3, 24, all_cases(false)); }
+TEST(RingAttention, MatchesFullAttentionCp3) { check_ring_attention(3, 24, both_kernels(false)); }
 
-// Chunks of 1280 positions, computed in blocks of 1024 and 256 (causal: the reference is the
-// fused kernel; a float64 masked reference would need 400 MB).
+// The fused pairs (ATen's CPU flash kernel per pair, merged by log-sum-exp; backward through the
+// kernel's backward with the merged output and the global log-sum-exp) against float64, forward
+// and backward, GQA and MHA, headtail and none, causal and block-causal (row 0's queries see no
+// key in some computed blocks: the kernel's rows there must add nothing), both rotations.
+TEST(RingAttention, FusedPairsMatchFloat64Cp2) {
+  check_ring_attention(2, 16, all_cases(true, RingKernel::kFused), /*float64=*/true,
+                       /*one_row=*/true);
+}
+
+TEST(RingAttention, FusedPairsMatchFloat64Cp4) {
+  check_ring_attention(4, 32, all_cases(true, RingKernel::kFused), /*float64=*/true,
+                       /*one_row=*/true);
+}
+
+// Chunks of 1280 positions (causal: the reference is the fused kernel; a float64 masked
+// reference would need 400 MB): the explicit kernel computes them in blocks of 1024 and 256,
+// the fused one whole (each chunk pair one kernel call).
 TEST(RingAttention, LongChunksRunInBlocks) {
   std::vector<Case> cases;
-  for (RotateMethod rotate : {RotateMethod::kAllGather, RotateMethod::kAllToAll}) {
-    cases.push_back({rotate, SequenceSharding::kNone, 4, 2, false, at::kFloat});
+  for (RingKernel kernel : {RingKernel::kExplicit, RingKernel::kFused}) {
+    for (RotateMethod rotate : {RotateMethod::kAllGather, RotateMethod::kAllToAll}) {
+      cases.push_back({rotate, SequenceSharding::kNone, 4, 2, false, at::kFloat, kernel});
+    }
   }
   check_ring_attention(2, 2560, cases);
 }
 
+// The all-to-all ring over ParallelDims' groups (dp_shard 2 x cp 2 and cp 4): its hops travel
+// on cp_up (to a higher cp rank) and cp_down (to a lower one) only, never point to point on the
+// cp group, so that no communicator carries messages both ways between two ranks (which NCCL can
+// deadlock on); and the result still equals one process's attention.
+TEST(RingAttention, HopsTravelOnOneDirectionPerGroup) {
+  for (const int64_t cp : {2, 4}) {
+    const int world_size = 4;
+    const int64_t seq = 16;
+    const Case c{RotateMethod::kAllToAll, SequenceSharding::kHeadTail, 4, 2, false, at::kFloat};
+    const Reference r = reference(c, seq, 7);
+    auto recorder = std::make_shared<dist::FlightRecorder>(1 << 14, "", 0, world_size);
+    dist::GroupOptions options = test::loopback_options();
+    options.recorder = recorder;
+    std::vector<double> errors(world_size, 1.0);
+    run_ranks(
+        world_size,
+        [&](int rank, std::shared_ptr<dist::Group> world) {
+          ParallelDegrees d;
+          d.dp_shard = world_size / cp;
+          d.cp = cp;
+          ParallelDims dims(d, world_size);
+          dims.build_groups(world);
+          const SequenceLayout layout = SequenceLayout::make(seq, cp, c.sharding);
+          RingAttention ring(
+              RingGroups{dims.group_ptr("cp"), dims.group_ptr("cp_up"), dims.group_ptr("cp_down")},
+              layout, c.rotate);
+          const int cp_rank = dims.group("cp").rank();
+          at::Tensor q = shard_sequence(r.q, layout, cp_rank).requires_grad_();
+          at::Tensor k = shard_sequence(r.k, layout, cp_rank).requires_grad_();
+          at::Tensor v = shard_sequence(r.v, layout, cp_rank).requires_grad_();
+          const at::Tensor out = ring.forward(q, k, v, at::Tensor());
+          out.backward(shard_sequence(r.dout, layout, cp_rank));
+          errors[rank] = std::max({max_diff(out, shard_sequence(r.out, layout, cp_rank)),
+                                   max_diff(q.grad(), shard_sequence(r.dq, layout, cp_rank)),
+                                   max_diff(k.grad(), shard_sequence(r.dk, layout, cp_rank)),
+                                   max_diff(v.grad(), shard_sequence(r.dv, layout, cp_rank))});
+        },
+        options);
+    for (int rank = 0; rank < world_size; ++rank) {
+      EXPECT_LE(errors[rank], 1e-5) << "cp " << cp << " rank " << rank;
+    }
+    int64_t up = 0, down = 0;
+    for (const dist::FlightEntry& e : recorder->entries()) {
+      if (e.op != "send" && e.op != "recv") continue;
+      const bool send = e.op == "send";
+      const std::string what = "cp " + std::to_string(cp) + ": " + e.op + " on '" + e.group +
+                               "' from group rank " + std::to_string(e.group_rank) + " to " +
+                               std::to_string(e.peer);
+      if (e.group == "cp_up") {
+        ++up;
+        EXPECT_EQ(send ? e.peer > e.group_rank : e.peer < e.group_rank, true) << what;
+      } else if (e.group == "cp_down") {
+        ++down;
+        EXPECT_EQ(send ? e.peer < e.group_rank : e.peer > e.group_rank, true) << what;
+      } else {
+        ADD_FAILURE() << what;
+      }
+    }
+    // Forward: cp - 1 K/V hops, backward: cp - 1 K/V and cp gradient hops, a send and a receive
+    // each on every rank; of the cp ranks' hops one (the wrap to rank 0) goes down.
+    const int64_t per_rank = 2 * ((cp - 1) + (cp - 1) + cp);
+    EXPECT_EQ(up + down, world_size * per_rank) << "cp " << cp;
+    EXPECT_GT(down, 0) << "cp " << cp;
+    EXPECT_EQ(up, (cp - 1) * down) << "cp " << cp;
+  }
+}
+
 // One rank: no communication, the kernel alone.
-TEST(RingAttention, MatchesFullAttentionCp1) { check_ring_attention(1, 8, all_cases(false)); }
+TEST(RingAttention, MatchesFullAttentionCp1) { check_ring_attention(1, 8, both_kernels(false)); }
+
+// On a GPU: the CUDA pair kernels on one rank with head-tail chunks (a causal diagonal pair, a
+// full pair below it and a second diagonal pair, merged by log-sum-exp) against float64 on the
+// CPU, forward and backward: flash in bf16 and the memory-efficient kernel in float32 (its K and
+// V repeated for GQA), MHA and GQA; documents take the explicit kernel there.
+TEST(RingAttentionCuda, FusedPairsMatchFloat64) {
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  const at::Device cuda(at::kCUDA, 0);
+  const int64_t seq = 512, head_dim = 64;
+  struct GpuCase {
+    at::ScalarType dtype;
+    int64_t n_kv;
+    bool documents;
+    double tol;
+  };
+  const std::vector<GpuCase> cases = {{at::kBFloat16, 4, false, 3e-2},
+                                      {at::kBFloat16, 2, false, 3e-2},
+                                      {at::kFloat, 4, false, 1e-3},
+                                      {at::kFloat, 2, false, 1e-3},
+                                      {at::kBFloat16, 2, true, 3e-2}};
+  run_ranks(1, [&](int, std::shared_ptr<dist::Group> world) {
+    for (const GpuCase& c : cases) {
+      at::manual_seed(11);
+      const std::string what = std::string(c10::toString(c.dtype)) + " kv heads " +
+                               std::to_string(c.n_kv) + (c.documents ? " block-causal" : "");
+      const auto rounded = [&](std::vector<int64_t> shape) {
+        return at::randn(shape).to(c.dtype).to(at::kDouble);
+      };
+      const at::Tensor q = rounded({kBs, seq, 4, head_dim});
+      const at::Tensor k = rounded({kBs, seq, c.n_kv, head_dim});
+      const at::Tensor v = rounded({kBs, seq, c.n_kv, head_dim});
+      const at::Tensor dout = rounded({kBs, seq, 4, head_dim});
+      const at::Tensor docs = c.documents ? packed_document_ids(seq) : at::Tensor();
+      at::Tensor q64 = q.clone().requires_grad_(), k64 = k.clone().requires_grad_(),
+                 v64 = v.clone().requires_grad_();
+      const at::Tensor want = masked_reference(q64, k64, v64, docs);
+      want.backward(dout);
+      const auto on_gpu = [&](const at::Tensor& t) {
+        return t.to(cuda, c.dtype).detach().requires_grad_();
+      };
+      at::Tensor qg = on_gpu(q), kg = on_gpu(k), vg = on_gpu(v);
+      RingAttention ring(world, SequenceLayout::make(seq, 1, SequenceSharding::kHeadTail),
+                         RotateMethod::kAllGather);
+      const at::Tensor out = ring.forward(qg, kg, vg, c.documents ? docs.to(cuda) : at::Tensor());
+      out.backward(dout.to(cuda, c.dtype));
+      EXPECT_LE(max_diff(out.cpu(), want), c.tol) << what;
+      EXPECT_LE(max_diff(qg.grad().cpu(), q64.grad()), c.tol) << what;
+      EXPECT_LE(max_diff(kg.grad().cpu(), k64.grad()), c.tol) << what;
+      EXPECT_LE(max_diff(vg.grad().cpu(), v64.grad()), c.tol) << what;
+      const RingAttention::Stats& stats = ring.stats();
+      // Causal: 3 of the 4 chunk pairs in forward and in backward, each one fused kernel call.
+      if (!c.documents) {
+        EXPECT_EQ(stats.computed_pairs, 6) << what;
+      }
+      EXPECT_EQ(stats.fused_pairs, c.documents ? 0 : stats.computed_pairs) << what;
+    }
+  });
+}
 
 // The document of each token counts the EOS tokens before it: an EOS closes its own document.
 TEST(BlockCausalAttention, DocumentIdsCountEndsBeforeEachToken) {

@@ -1,20 +1,24 @@
 // Causal GQA self-attention (see attention.h). Training uses libtorch's fused
 // scaled_dot_product_attention (flash attention on CPU: O(seqlen) saved statistics instead of the
-// probability matrix). The inference path (KV cache) materialises the scores: a decode step has
-// one query per head, so the scores are a (n_rep, L) row block per kv head and a fused kernel
-// would gain nothing; the query heads that share a kv head are folded into the row dimension, so
-// one batched matmul serves all of them without copying K and V n_rep times, and long prompts go
-// in query chunks that skip the fully masked part of the score matrix. The same algorithm also
-// trains (materialised_causal_attention, chosen by compile.enable where it measured faster): an
-// autograd function that keeps the chunks' probabilities and differentiates with batched matmuls.
+// probability matrix); block-causal attention on CUDA the variable-length flash kernel over the
+// packed documents, where a dense mask would leave SDPA only its slower masked kernels. The
+// inference path (KV cache) materialises the scores: a decode step has one query per head, so the
+// scores are a (n_rep, L) row block per kv head and a fused kernel would gain nothing; the query
+// heads that share a kv head are folded into the row dimension, so one batched matmul serves all of
+// them without copying K and V n_rep times, and long prompts go in query chunks that skip the fully
+// masked part of the score matrix. The same algorithm also trains (materialised_causal_attention,
+// chosen by compile.enable where it measured faster): an autograd function that keeps the chunks'
+// probabilities and differentiates with batched matmuls.
 #include "titan/models/common/attention.h"
 
 #include "titan/common/check.h"
 #include "titan/common/cpu.h"
+#include "titan/common/host_sync.h"
 #include "titan/common/names.h"
 #include "titan/common/phase.h"
 #include "titan/models/common/savable_ops.h"
 
+#include <ATen/SDPBackend.h>
 #include <torch/csrc/autograd/custom_function.h>
 
 #include <algorithm>
@@ -230,7 +234,91 @@ struct MaterialisedAttention : public torch::autograd::Function<MaterialisedAtte
   }
 };
 
+// Whether the variable-length flash kernel takes these q (bs, seqlen, n_heads, hd) and k: CUDA,
+// fp16 / bf16, head_dim a multiple of 8 up to 256 (no padding here), and libtorch would run its
+// flash kernel for the causal attention of these shapes (hardware, the user's SDPA switches).
+bool varlen_flash_fits(const at::Tensor& q, const at::Tensor& k) {
+  const at::ScalarType dtype = q.scalar_type();
+  const int64_t head_dim = q.size(3);
+  if (!q.is_cuda() || (dtype != at::kHalf && dtype != at::kBFloat16) || head_dim % 8 != 0 ||
+      head_dim > 256) {
+    return false;
+  }
+  const at::Tensor qh = q.transpose(1, 2);
+  const at::Tensor kh = k.transpose(1, 2);
+  return at::_fused_sdp_choice(qh, kh, kh, /*attn_mask=*/std::nullopt, /*dropout_p=*/0.0,
+                               /*is_causal=*/true, /*scale=*/std::nullopt,
+                               /*enable_gqa=*/q.size(2) != k.size(2)) ==
+         static_cast<int64_t>(at::SDPBackend::flash_attention);
+}
+
+// The packing of the ids this thread packed last: every layer of a model attends with the same
+// ids tensor (so do checkpointed blocks when recomputed), so the packing's one device read
+// happens once per batch and thread, not once per layer. The held ids keep their identity from
+// being reused by another tensor.
+struct PackingMemo {
+  at::Tensor ids;
+  int64_t version = -1;
+  DocumentPacking packing;
+};
+thread_local PackingMemo t_packing;
+
+const DocumentPacking& packing_of(const at::Tensor& ids) {
+  if (!t_packing.ids.is_same(ids) || t_packing.version != ids._version()) {
+    t_packing = {ids, ids._version(), pack_documents(ids)};
+  }
+  return t_packing.packing;
+}
+
+// Block-causal attention through the variable-length flash kernel: each document one causal
+// sequence of the packed rows. q (bs, seqlen, n_heads, hd), k and v (bs, seqlen, n_kv, hd).
+at::Tensor varlen_document_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                     const at::Tensor& docs) {
+  const DocumentPacking& packing = packing_of(docs);
+  AttentionCall call;
+  call.kernel = AttentionKernel::kVarlenFlash;
+  call.causal = true;
+  call.cu_seqlens = packing.cu_seqlens;
+  call.max_seqlen = packing.max_seqlen;
+  const int64_t rows = q.size(0) * q.size(1);
+  const at::Tensor out = savable_attention(
+      call, q.reshape({rows, q.size(2), q.size(3)}), k.reshape({rows, k.size(2), k.size(3)}),
+      v.reshape({rows, v.size(2), v.size(3)}));  // (rows, n_heads, hd)
+  return out.reshape(q.sizes());
+}
+
 }  // namespace
+
+DocumentPacking pack_documents(const at::Tensor& document_ids) {
+  TITAN_CHECK(document_ids.dim() == 2 && document_ids.numel() > 0,
+              "pack_documents: expected document ids (bs, seqlen), got ", document_ids.sizes());
+  const int64_t bs = document_ids.size(0), seqlen = document_ids.size(1);
+  const int64_t total = bs * seqlen;
+  const at::Tensor ids = document_ids.to(at::kLong);
+  const auto long_options = ids.options();
+  // Where a document starts: every row's first token, and wherever the id changes.
+  at::Tensor starts = at::ones({bs, seqlen}, long_options.dtype(at::kBool));
+  if (seqlen > 1) {
+    starts.narrow(1, 1, seqlen - 1)
+        .copy_(ids.narrow(1, 1, seqlen - 1).ne(ids.narrow(1, 0, seqlen - 1)));
+  }
+  const at::Tensor flat = starts.view({total});
+  const at::Tensor position = at::arange(total, long_options);
+  const at::Tensor doc = flat.cumsum(0).sub_(1);  // each token's document, in packed order
+  // Each document's first position into slot `doc`; every other token into a slot of its own
+  // past bs * seqlen, so that no slot is written twice; slot n_docs keeps the total.
+  at::Tensor slots = at::full({2 * total + 1}, total, long_options.dtype(at::kInt));
+  slots.scatter_(0, at::where(flat, doc, position + (total + 1)), position.to(at::kInt));
+  // A token's offset in its document: its position minus its document's first position.
+  const at::Tensor first = std::get<0>(at::where(flat, position, 0).cummax(0));
+  const at::Tensor counts = at::stack({doc[total - 1] + 1, (position - first).max() + 1});
+  const at::Tensor host = to_host(counts);  // the one device read
+  DocumentPacking p;
+  p.n_docs = host[0].item<int64_t>();
+  p.max_seqlen = host[1].item<int64_t>();
+  p.cu_seqlens = slots.narrow(0, 0, p.n_docs + 1);
+  return p;
+}
 
 at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                             const at::Tensor& document_ids) {
@@ -251,6 +339,7 @@ at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::
   if (document_ids.defined()) {
     const int64_t seqlen = q.size(1);
     const at::Tensor docs = checked_documents(q, document_ids);
+    if (varlen_flash_fits(q, k)) return varlen_document_attention(q, k, v, docs);
     const at::Tensor causal =
         at::ones({seqlen, seqlen}, at::TensorOptions(at::kBool).device(q.device())).tril();
     mask = docs.unsqueeze(2).eq(docs.unsqueeze(1)).logical_and_(causal).unsqueeze(1);

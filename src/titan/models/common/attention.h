@@ -24,8 +24,12 @@ namespace titan {
 // q (bs, seqlen, n_heads, head_dim), k and v (bs, seqlen, n_kv_heads, head_dim), n_kv_heads
 // dividing n_heads; query head h reads kv head h / (n_heads / n_kv_heads).
 // With `document_ids` (bs, seqlen) int64 the mask is block-causal: a token attends only to the
-// tokens at or before it with the same id (its document, see document_ids()); the kernel then
-// also reads a (bs, 1, seqlen, seqlen) boolean mask.
+// tokens at or before it with the same id (its document, see document_ids()). On CUDA, where the
+// flash kernel takes q's dtype and head_dim (fp16 / bf16, head_dim a multiple of 8 up to 256),
+// the documents run through the variable-length flash kernel as separate sequences
+// (pack_documents; forward and backward through _flash_attention_forward / _backward, MHA and
+// GQA); elsewhere SDPA reads a (bs, 1, seqlen, seqlen) boolean mask (on CUDA that leaves the
+// memory-efficient or the math kernel).
 // Returns (bs, seqlen, n_heads, head_dim), contiguous, in v's dtype.
 at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                             const at::Tensor& document_ids = {});
@@ -51,6 +55,21 @@ bool materialised_attention_is_faster(at::ScalarType dtype, int64_t seqlen);
 // document starts after it (a row that starts inside a document gives that part id 0).
 // (bs, seqlen) int64 on the tokens' device.
 at::Tensor document_ids(const at::Tensor& tokens, int64_t end_token);
+
+// Packed documents as the variable-length attention kernels take them: the rows of all
+// sequences one after the other (bs * seqlen tokens), cut at every document start.
+struct DocumentPacking {
+  at::Tensor cu_seqlens;   // (n_docs + 1) int32 on the ids' device: each document's first token
+                           // in the packed rows, then bs * seqlen
+  int64_t n_docs = 0;      // documents over all rows (a row's start always starts one)
+  int64_t max_seqlen = 0;  // the longest document's length
+};
+// The packing of document_ids (bs, seqlen) int64 (document_ids(): a new document wherever the id
+// changes along a row). Computed on the ids' device; the two host ints (n_docs, max_seqlen) cost
+// one counted device read (host_sync.h) together: the kernels size their grid by them, and the
+// number of documents cannot be bounded without one (a bound of bs * seqlen documents would
+// launch that many mostly empty sequences).
+DocumentPacking pack_documents(const at::Tensor& document_ids);
 
 // model.attn_mask_type: how attention masks a training sequence.
 enum class AttentionMask {

@@ -1,7 +1,7 @@
 // Savable ops (see savable_ops.h): the plain op, or its kept results wired into autograd through
 // the op's own backward. The backward formulas follow the ones autograd uses for the plain ops
-// (at::linear folds (..., in) to rows and runs mm; SDPA runs the CPU flash kernel), so a replayed
-// op gives the same gradients as the op computed afresh.
+// (at::linear folds (..., in) to rows and runs mm; SDPA runs the kernel _fused_sdp_choice names),
+// so a replayed op gives the same gradients as the op computed afresh.
 #include "titan/models/common/savable_ops.h"
 
 #include "titan/common/check.h"
@@ -40,41 +40,67 @@ struct ReplayedLinear : public torch::autograd::Function<ReplayedLinear> {
   }
 };
 
-// Kept causal attention: q (bs, n_heads, seq, hd), k and v (bs, n_kv_heads, seq, hd), the output
-// (bs, n_heads, seq, hd) and the kernel's float32 log-sum-exp (bs, n_heads, seq); causal, or
-// under the boolean `mask` when it is defined.
-struct ReplayedAttention : public torch::autograd::Function<ReplayedAttention> {
+// Attention through a fused kernel (attention_kernels.h), or its kept results: the output; the
+// kernel's backward from q, k, v, the output, the log-sum-exp and the kernel's other results.
+struct KernelAttention : public torch::autograd::Function<KernelAttention> {
+  // The call (its mask and cumulative lengths) travels outside the tensor arguments: autograd
+  // needs a device for each of those, and causal attention has no mask.
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k,
-                            const at::Tensor& v, const at::Tensor& out, const at::Tensor& logsumexp,
-                            const at::Tensor* mask_or_null) {
-    // The mask travels outside the tensor arguments: autograd needs a device for each of those,
-    // and causal attention has none.
-    ctx->save_for_backward({q, k, v, out, logsumexp});
-    if (mask_or_null != nullptr) ctx->saved_data["mask"] = *mask_or_null;
-    return out;
+                            const at::Tensor& v, const AttentionCall* call,
+                            std::vector<at::Tensor>* kept) {
+    const AttentionResults r = kept != nullptr ? AttentionResults::from_vector(std::move(*kept))
+                                               : attention_forward(*call, q, k, v);
+    variable_list saved{q, k, v};
+    for (const at::Tensor& t : r.to_vector()) saved.push_back(t);
+    ctx->save_for_backward(saved);
+    ctx->saved_data["kernel"] = static_cast<int64_t>(call->kernel);
+    ctx->saved_data["causal"] = call->causal;
+    if (call->mask) ctx->saved_data["mask"] = *call->mask;
+    if (call->scale) ctx->saved_data["scale"] = *call->scale;
+    if (call->cu_seqlens.defined()) {
+      ctx->saved_data["cu_seqlens"] = call->cu_seqlens;
+      ctx->saved_data["max_seqlen"] = call->max_seqlen;
+    }
+    return r.out;
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    const auto s = ctx->get_saved_variables();
-    const auto found = ctx->saved_data.find("mask");
-    const std::optional<at::Tensor> mask = found != ctx->saved_data.end()
-                                               ? std::optional<at::Tensor>(found->second.toTensor())
-                                               : std::nullopt;
-    auto [grad_q, grad_k, grad_v] = at::_scaled_dot_product_flash_attention_for_cpu_backward(
-        grads[0], s[0], s[1], s[2], s[3], s[4], /*dropout_p=*/0.0,
-        /*is_causal=*/!mask.has_value(), mask);
-    return {grad_q, grad_k, grad_v, at::Tensor(), at::Tensor(), at::Tensor()};
+    const variable_list s = ctx->get_saved_variables();
+    const auto& data = ctx->saved_data;
+    AttentionCall call;
+    call.kernel = static_cast<AttentionKernel>(data.at("kernel").toInt());
+    call.causal = data.at("causal").toBool();
+    if (data.count("mask")) call.mask = data.at("mask").toTensor();
+    if (data.count("scale")) call.scale = data.at("scale").toDouble();
+    if (data.count("cu_seqlens")) {
+      call.cu_seqlens = data.at("cu_seqlens").toTensor();
+      call.max_seqlen = data.at("max_seqlen").toInt();
+    }
+    const AttentionResults results =
+        AttentionResults::from_vector(std::vector<at::Tensor>(s.begin() + 3, s.end()));
+    auto [grad_q, grad_k, grad_v] =
+        attention_backward(call, grads[0].contiguous(), s[0], s[1], s[2], results);
+    return {grad_q, grad_k, grad_v, at::Tensor(), at::Tensor()};
   }
 };
 
-// Whether libtorch runs this attention with the CPU flash kernel, the one whose results we can
-// keep (output and log-sum-exp) and differentiate later.
-bool runs_cpu_flash(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                    const std::optional<at::Tensor>& mask, bool enable_gqa) {
-  if (!q.device().is_cpu()) return false;
-  const int64_t backend =
-      at::_fused_sdp_choice(q, k, v, mask, /*dropout_p=*/0.0, /*is_causal=*/!mask.has_value(),
-                            /*scale=*/std::nullopt, enable_gqa);
-  return backend == static_cast<int64_t>(at::SDPBackend::flash_attention);
+// The mask of a kept SDPA call as the kernel takes it (SDPA's own conversion): a boolean mask
+// becomes additive in q's dtype (0 where kept, -inf elsewhere); for the memory-efficient kernel
+// its rows start 16-element aligned (padded storage) and it is expanded to
+// (bs, n_heads, seq_q, seq_k).
+at::Tensor kernel_mask(const at::Tensor& mask, const at::Tensor& q, const at::Tensor& k,
+                       AttentionKernel kernel) {
+  const bool aligned = kernel == AttentionKernel::kEfficient;
+  const int64_t keys = mask.size(-1);
+  std::vector<int64_t> sizes = mask.sizes().vec();
+  if (aligned) sizes.back() = (keys + 15) / 16 * 16;
+  at::Tensor additive = at::zeros(sizes, q.options()).narrow(-1, 0, keys);
+  if (mask.scalar_type() == at::kBool) {
+    additive.masked_fill_(mask.logical_not(), -std::numeric_limits<double>::infinity());
+  } else {
+    additive.copy_(mask);
+  }
+  if (!aligned) return additive;
+  return additive.expand({q.size(0), q.size(1), q.size(2), k.size(2)});
 }
 
 // The kept results of `op`, checked against the shape the op would compute now.
@@ -126,34 +152,60 @@ at::Tensor savable_linear(const at::Tensor& x, const at::Tensor& weight) {
   return out;
 }
 
+AttentionKernel kept_attention_kernel(int64_t backend, at::DeviceType device, int64_t head_dim,
+                                      bool masked, bool grouped_query) {
+  const auto is = [&](at::SDPBackend b) { return backend == static_cast<int64_t>(b); };
+  if (device == at::kCPU) {
+    return is(at::SDPBackend::flash_attention) ? AttentionKernel::kCpuFlash
+                                               : AttentionKernel::kNone;
+  }
+  if (device != at::kCUDA) return AttentionKernel::kNone;
+  if (is(at::SDPBackend::flash_attention) && !masked && head_dim % 8 == 0) {
+    return AttentionKernel::kCudaFlash;
+  }
+  if (is(at::SDPBackend::efficient_attention)) return AttentionKernel::kEfficient;
+  if (is(at::SDPBackend::cudnn_attention) && !masked && !grouped_query) {
+    return AttentionKernel::kCudnn;
+  }
+  return AttentionKernel::kNone;
+}
+
+at::Tensor savable_attention(const AttentionCall& call, const at::Tensor& q, const at::Tensor& k,
+                             const at::Tensor& v) {
+  OpSaver* saver = t_saver;
+  if (saver == nullptr || !saver->keeps(SavableOp::kAttention, at::Tensor())) {
+    return KernelAttention::apply(q, k, v, &call, nullptr);
+  }
+  if (saver->replaying()) {
+    std::vector<at::Tensor> kept =
+        take_checked(*saver, SavableOp::kAttention, q.sizes(), attention_results_size(call.kernel));
+    return KernelAttention::apply(q, k, v, &call, &kept);
+  }
+  const AttentionResults r = attention_forward(call, q, k, v);
+  saver->keep(SavableOp::kAttention, r.to_vector());
+  return r.out;
+}
+
 at::Tensor savable_causal_sdpa(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                bool enable_gqa, const at::Tensor& mask) {
   const std::optional<at::Tensor> attn_mask =
       mask.defined() ? std::optional<at::Tensor>(mask) : std::nullopt;
   const bool is_causal = !mask.defined();
-  OpSaver* saver = t_saver;
-  if (saver == nullptr || !runs_cpu_flash(q, k, v, attn_mask, enable_gqa) ||
-      !saver->keeps(SavableOp::kAttention, at::Tensor())) {
+  const auto plain = [&] {
     return at::scaled_dot_product_attention(q, k, v, attn_mask, /*dropout_p=*/0.0, is_causal,
                                             /*scale=*/std::nullopt, enable_gqa);
-  }
-  // The flash kernel itself takes an additive mask in the query's dtype (SDPA converts a boolean
-  // one the same way: 0 where kept, -inf elsewhere).
-  std::optional<at::Tensor> additive;
-  if (mask.defined()) {
-    additive = mask.scalar_type() == at::kBool
-                   ? at::zeros(mask.sizes(), q.options())
-                         .masked_fill_(mask.logical_not(), -std::numeric_limits<double>::infinity())
-                   : mask.to(q.scalar_type());
-  }
-  if (saver->replaying()) {
-    const auto kept = take_checked(*saver, SavableOp::kAttention, q.sizes(), 2);
-    return ReplayedAttention::apply(q, k, v, kept[0], kept[1], additive ? &*additive : nullptr);
-  }
-  auto [out, logsumexp] = at::_scaled_dot_product_flash_attention_for_cpu(
-      q, k, v, /*dropout_p=*/0.0, is_causal, additive);
-  saver->keep(SavableOp::kAttention, {out, logsumexp});
-  return out;
+  };
+  OpSaver* saver = t_saver;
+  if (saver == nullptr) return plain();
+  const int64_t backend = at::_fused_sdp_choice(q, k, v, attn_mask, /*dropout_p=*/0.0, is_causal,
+                                                /*scale=*/std::nullopt, enable_gqa);
+  AttentionCall call;
+  call.kernel = kept_attention_kernel(backend, q.device().type(), q.size(3), mask.defined(),
+                                      q.size(1) != k.size(1));
+  if (call.kernel == AttentionKernel::kNone) return plain();
+  call.causal = is_causal;
+  if (mask.defined()) call.mask = kernel_mask(mask, q, k, call.kernel);
+  return savable_attention(call, q, k, v);
 }
 
 at::Tensor savable_result(SavableOp op, const std::function<at::Tensor()>& compute) {

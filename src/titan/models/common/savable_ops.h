@@ -10,9 +10,17 @@
 // decides which, in program order), and again while backward recomputes the block, which then
 // takes those results in the same order instead of computing them. A taken result is wired into
 // autograd through the op's own backward (for a matmul grad @ W and grad^T @ x; for attention
-// the fused kernel's backward from the kept output and log-sum-exp), so gradients are those of
-// the op computed afresh.
+// the fused kernel's backward from the kept output, log-sum-exp and random state), so gradients
+// are those of the op computed afresh.
+//
+// Attention is kept where libtorch runs one of the kernels of TorchTitan's save list for op-SAC
+// (_scaled_dot_product_flash_attention, _scaled_dot_product_efficient_attention,
+// _scaled_dot_product_cudnn_attention) or the CPU flash kernel, and for titan's variable-length
+// flash attention of packed documents; SDPA's math backend (whose backward needs the
+// probabilities it does not return) is recomputed (kept_attention_kernel).
 #pragma once
+
+#include "titan/models/common/attention_kernels.h"
 
 #include <ATen/ATen.h>
 
@@ -23,7 +31,7 @@ namespace titan {
 
 enum class SavableOp {
   kMatmul,         // x @ w^T
-  kAttention,      // fused causal attention (CPU flash kernel; other backends are recomputed)
+  kAttention,      // a fused attention kernel (kept_attention_kernel)
   kReduceScatter,  // tensor parallelism's reduce-scatter of a row-wise projection's output
 };
 const char* savable_op_name(SavableOp op);
@@ -66,10 +74,24 @@ at::Tensor savable_linear(const at::Tensor& x, const at::Tensor& weight);
 // /*dropout_p=*/0, /*is_causal=*/true, /*scale=*/default, enable_gqa). q (bs, n_heads, seq, hd),
 // k and v (bs, n_kv_heads, seq, hd) -> (bs, n_heads, seq, hd). With `mask` (bool, broadcasting to
 // (bs, n_heads, seq, seq), true where a query may attend to a key; e.g. block-causal) the mask
-// replaces the causal one. Kept only where libtorch runs it with the CPU flash kernel (whose
-// backward takes the output and log-sum-exp).
+// replaces the causal one. Kept where kept_attention_kernel names a kernel for libtorch's choice
+// (at::_fused_sdp_choice): that kernel then runs directly, with the mask prepared as SDPA would.
 at::Tensor savable_causal_sdpa(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                bool enable_gqa, const at::Tensor& mask = {});
+
+// The kernel per-op AC keeps for an SDPA call that libtorch runs with `backend` (an
+// at::SDPBackend as at::_fused_sdp_choice returns it) on `device`: the CPU flash kernel; on CUDA
+// flash (head_dim a multiple of 8: SDPA pads other head dims, which is not replicated here),
+// memory-efficient (with or without a mask) and cuDNN (without a mask, equal head counts);
+// kNone for the math backend and anything else (recomputed).
+AttentionKernel kept_attention_kernel(int64_t backend, at::DeviceType device, int64_t head_dim,
+                                      bool masked, bool grouped_query);
+
+// Attention through `call` (attention_kernels.h) as an autograd function whose backward is the
+// kernel's (attention_backward), kept and replayed under an OpSaver like the ops above. Shapes
+// as attention_forward; returns the output.
+at::Tensor savable_attention(const AttentionCall& call, const at::Tensor& q, const at::Tensor& k,
+                             const at::Tensor& v);
 
 // True on a thread while activation checkpointing recomputes a block for its backward (any
 // mode): a forward that updates state once per step (an MoE layer's token counts) skips it then.
