@@ -162,6 +162,10 @@ def parse_args():
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     p.add_argument("--compile", nargs="?", const="step", choices=["step", "model"],
                    help="torch.compile (inductor): the train step (default) or the model only")
+    p.add_argument("--profile", action="store_true",
+                   help="after the timed steps, as many again under torch.profiler: each op's "
+                        "(and inductor kernel's) self CPU ms per step, the largest first (what "
+                        "`titan bench --breakdown` prints for titan)")
     return p.parse_args()
 
 
@@ -224,6 +228,18 @@ def main():
     dt = time.perf_counter() - t0
     step_s = dt / a.steps
     tps = a.steps * a.batch * a.seq / dt
+    if a.profile:
+        from torch.profiler import ProfilerActivity, profile
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            for _ in range(a.steps):
+                step()
+        events = sorted(prof.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)
+        total = sum(e.self_cpu_time_total for e in events) / 1e3 / a.steps
+        print(f"profile of a step (mean of {a.steps}): {total:.1f} ms of ops' self CPU time, "
+              f"{step_s * 1e3:.1f} ms per step without the profiler")
+        for e in events[:25]:
+            ms = e.self_cpu_time_total / 1e3 / a.steps
+            print(f"  {e.key[:60]:60s} {ms:9.2f} ms {100 * ms / total:5.1f}%  x{e.count // a.steps}")
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / (1024 * 1024)
     mode = f"compile_{a.compile}" if a.compile else "eager"
     extra = ""
