@@ -2,6 +2,7 @@
 // queried with dlsym so no OpenBLAS headers or link flags are needed.
 #include "titan/common/cpu.h"
 
+#include "titan/common/check.h"
 #include "titan/common/logging.h"
 
 #include <ATen/Parallel.h>
@@ -15,6 +16,7 @@
 #include <algorithm>
 #include <atomic>
 #include <climits>
+#include <cstdlib>
 #include <fstream>
 #include <sstream>
 
@@ -88,6 +90,15 @@ std::atomic<int> fast_bf16_matmul_override{-1};
 bool cpu_has_fast_bf16_matmul() {
   const int forced = fast_bf16_matmul_override.load(std::memory_order_relaxed);
   if (forced >= 0) return forced == 1;
+  static const int from_env = [] {
+    const char* v = std::getenv("TITAN_CPU_FAST_BF16_MATMUL");
+    const std::string value = v == nullptr ? "" : v;
+    if (value.empty()) return -1;
+    if (value == "0" || value == "1") return value == "1" ? 1 : 0;
+    throw ConfigError("TITAN_CPU_FAST_BF16_MATMUL='" + value +
+                      "' must be 0 or 1 (or unset: detected from the CPU)");
+  }();
+  if (from_env >= 0) return from_env == 1;
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
   static const bool fast = __builtin_cpu_supports("avx512bw") &&
                            __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");

@@ -18,6 +18,8 @@ constexpr int64_t kMaxNumThreads = 1024;
 // Whether this CPU multiplies bfloat16 matrices at speed: ATen's bf16 matmuls go through oneDNN
 // only with AVX-512 (BW, VL, DQ: ATen's own test); without them (AVX2) a generic loop runs them
 // at about 1 GFLOP/s on 2 cores against 50 in float32. True off x86.
+// TITAN_CPU_FAST_BF16_MATMUL=0 or 1 overrides the detection (benchmarks that take another CPU's
+// paths here, e.g. an AVX2 machine's on an AVX-512 one).
 bool cpu_has_fast_bf16_matmul();
 // Tests take either path on any CPU: true or false overrides the detection, nullopt restores it.
 void override_fast_bf16_matmul_for_testing(std::optional<bool> fast);

@@ -287,8 +287,12 @@ void MetricsLogger::log_validation(int64_t step, double loss, int64_t tokens, do
                 std::exp(loss), with_commas(tokens).c_str(), seconds, color("\033[0m").c_str());
   log_info(line);
   append_row(nlohmann::json{
-      {"step", step}, {"validation_loss", loss}, {"validation_perplexity", std::exp(loss)}}
-                 .dump());
+      {"step", step},
+      {"validation_loss", loss},
+      {"validation_perplexity", std::exp(loss)},
+      {"validation_tokens", tokens},
+      {"validation_s",
+       seconds}}.dump());
   if (tb_) {
     tb_->add_scalars(step, {{"validation_metrics/loss", loss},
                             {"validation_metrics/perplexity", std::exp(loss)}});
