@@ -134,7 +134,11 @@ Options parse_options(const std::vector<std::string>& args) {
       opts.max_seq_len = parse_int(a, value());
     } else if (a == "--threads") {
       opts.threads = parse_int(a, value());
-      if (opts.threads < 0) throw ConfigError("--threads must be >= 0, got " + args[i]);
+      if (opts.threads < 0 || opts.threads > kMaxNumThreads) {
+        throw ConfigError("--threads " + args[i] + " must be in [0, " +
+                          std::to_string(kMaxNumThreads) +
+                          "] (0 = one per core; more would stall start-up)");
+      }
     } else if (a == "--print_ids" && !inline_value) {
       opts.print_ids = true;
     } else if (a == "--no_kv_cache" && !inline_value) {

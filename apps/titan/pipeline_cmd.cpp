@@ -193,22 +193,10 @@ int run_pipeline_schedule(const std::vector<std::string>& args) {
       throw ConfigError(opts.csv + " has " + std::to_string(n_ranks) + " rows (ranks), --pp is " +
                         std::to_string(opts.pp));
     }
-    int64_t max_stage = -1;
-    int64_t max_mb = -1;
-    for (const auto& rank : table) {
-      for (const pp::Slot& slot : rank) {
-        if (!slot) continue;
-        const std::vector<pp::Action> parts =
-            slot->sub_actions.empty() ? std::vector<pp::Action>{*slot} : slot->sub_actions;
-        for (const pp::Action& a : parts) {
-          max_stage = std::max(max_stage, a.stage);
-          max_mb = std::max(max_mb, a.microbatch);
-        }
-      }
-    }
-    if (n_microbatches < 0) n_microbatches = max_mb + 1;
-    stage_rank = pp::validate_schedule_table(table, n_ranks, max_stage + 1, n_microbatches);
-    title = opts.csv + ": pp " + std::to_string(n_ranks) + ", " + std::to_string(max_stage + 1) +
+    const pp::TableExtent extent = pp::table_extent(table);
+    if (n_microbatches < 0) n_microbatches = extent.n_microbatches;
+    stage_rank = pp::validate_schedule_table(table, n_ranks, extent.n_stages, n_microbatches);
+    title = opts.csv + ": pp " + std::to_string(n_ranks) + ", " + std::to_string(extent.n_stages) +
             " stages, " + std::to_string(n_microbatches) + " microbatches";
   }
   const bool has_comms = std::any_of(table.begin(), table.end(), [](const auto& rank) {

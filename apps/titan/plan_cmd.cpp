@@ -391,7 +391,7 @@ int run_plan(const std::vector<std::string>& args) {
   std::vector<std::string> rejected;
   for (const auto& [reason, n] : reasons) rejected.push_back(reason + ": " + with_commas(n));
   std::printf("searched %s layouts: %s valid and fitting; rejected: %s\n",
-              with_commas(plan.considered).c_str(), with_commas(plan.ranked.size()).c_str(),
+              with_commas(plan.considered).c_str(), with_commas(plan.fitting).c_str(),
               rejected.empty() ? "none" : join(rejected).c_str());
   const size_t shown = std::min<size_t>(plan.ranked.size(), static_cast<size_t>(f.top));
   for (size_t i = 0; i < shown; ++i) {
@@ -407,7 +407,7 @@ int run_plan(const std::vector<std::string>& args) {
   std::printf("\n");
   if (plan.config_layout && plan.config_rank >= 0) {
     print_prediction("the config's layout, rank " + std::to_string(plan.config_rank + 1) + " of " +
-                         std::to_string(plan.ranked.size()) + ":",
+                         std::to_string(plan.fitting) + ":",
                      *plan.config_layout, plan.ranked.empty() ? nullptr : &plan.ranked[0]);
   } else if (plan.config_layout) {
     print_prediction("the config's layout does not fit:", *plan.config_layout, nullptr);

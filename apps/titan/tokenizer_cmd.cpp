@@ -315,6 +315,16 @@ int train(const std::vector<std::string>& args) {
                  static_cast<long long>(total), now, tty ? "\r" : "\n");
   });
   if (tty) std::fputc('\n', stderr);
+  const auto vocab = static_cast<int64_t>(result.tokens.size() + result.special_tokens.size());
+  if (vocab < t.options.vocab_size) {
+    // Not an error (the tokenizer is complete for this text), but never a silent shortfall.
+    std::fprintf(stderr,
+                 "note: the training text allows only %zu merges: vocab %lld of the %lld asked "
+                 "for (--vocab-size); every adjacent pair inside its words is merged already. "
+                 "HINT: more (or more varied) text gives a larger vocabulary\n",
+                 result.merges.size(), static_cast<long long>(vocab),
+                 static_cast<long long>(t.options.vocab_size));
+  }
   write_bpe_tokenizer_json(result, t.output);
   std::printf("trained %zu merges, vocab %zu in %.2f s -> %s/tokenizer.json\n",
               result.merges.size(), result.tokens.size() + result.special_tokens.size(), seconds(),

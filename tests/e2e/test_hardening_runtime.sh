@@ -7,36 +7,48 @@ source "$(dirname "$0")/lib.sh"
 debug=(--job.config_file configs/llama3/debug_model.toml)
 tiny=(--training.seq_len 32 --training.local_batch_size 2 --validation.enable false)
 
-# --- a rank frozen (SIGSTOP) after step 1: bounded by the training timeout, not the init one ---
-LOG_RANK=all "$TITAN" run --nproc_per_node 2 -- train "${debug[@]}" "${tiny[@]}" \
-  --training.steps 10000 --metrics.log_freq 1 --job.dump_folder "$WORK/frozen" \
-  --comm.train_timeout_seconds 10 --comm.init_timeout_seconds 60 >"$WORK/out" 2>&1 &
-launcher=$!
-(sleep 120; kill -KILL "$launcher" 2>/dev/null) >/dev/null 2>&1 &  # not holding our stdout
-watchdog=$!
-for _ in $(seq 600); do
-  grep -qE '^\[rank 1\] .*step: +2 ' "$WORK/out" && break
-  sleep 0.1
-done
-rank1=""
-for p in $(pgrep -P "$launcher"); do
-  tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx 'RANK=1' && rank1=$p
-done
-[ -n "$rank1" ] || { cat "$WORK/out" >&2; fail "no rank 1 process found"; }
-kill -STOP "$rank1"
-start=$(date +%s.%N)
-set +e; wait "$launcher"; code=$?; set -e
-elapsed=$(awk -v a="$start" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }')
-pkill -P "$watchdog" sleep 2>/dev/null || true  # the watchdog's own sleep, then the watchdog
-kill "$watchdog" 2>/dev/null || true
-kill -KILL "$rank1" 2>/dev/null || true  # only if the launcher left it behind (a failure)
-[ "$code" = 1 ] || { cat "$WORK/out" >&2; fail "frozen rank: expected exit 1, got $code"; }
-expect_output '^\[rank 0\] .* on process group .* failed after 1[0-9]\.[0-9] s \(timeout 10\.0 s\)'
-expect_output 'titan run: rank 0 \(pid [0-9]+\) exited with code 1'
-# The frozen rank is continued with the SIGTERM, so it needs no SIGKILL after the grace period.
-! grep -q 'did not stop within' "$WORK/out" || { cat "$WORK/out" >&2; fail "frozen rank needed SIGKILL"; }
-awk -v e="$elapsed" 'BEGIN { exit !(e < 45) }' || { cat "$WORK/out" >&2; fail "job took ${elapsed}s after the freeze (train timeout 10 s)"; }
-echo "rank 1 frozen after step 2: job down ${elapsed}s later (comm.train_timeout_seconds 10)"
+# --- a rank frozen (SIGSTOP) after step 2: bounded by the training timeout, not the init one ---
+# frozen_rank TAG ARGS...: a 2-rank job with ARGS, rank 1 stopped after step 2; the job must end
+# (exit 1, rank 0 naming the group that timed out) within 45 s with a 10 s training timeout and
+# a 60 s init timeout. Under pipeline parallelism the stall is on pp_up / pp_down, sub-groups of
+# the pp group (issue 37: they kept the init timeout).
+frozen_rank() {
+  local tag="$1"; shift
+  LOG_RANK=all "$TITAN" run --nproc_per_node 2 -- train "${debug[@]}" "${tiny[@]}" \
+    --training.steps 10000 --metrics.log_freq 1 --job.dump_folder "$WORK/frozen_$tag" \
+    --comm.train_timeout_seconds 10 --comm.init_timeout_seconds 60 "$@" >"$WORK/out" 2>&1 &
+  local launcher=$!
+  (sleep 120; kill -KILL "$launcher" 2>/dev/null) >/dev/null 2>&1 &  # not holding our stdout
+  local watchdog=$!
+  for _ in $(seq 600); do
+    grep -qE '^\[rank [01]\] .*step: +2 ' "$WORK/out" && break
+    sleep 0.1
+  done
+  local rank1="" p
+  for p in $(pgrep -P "$launcher"); do
+    tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx 'RANK=1' && rank1=$p
+  done
+  [ -n "$rank1" ] || { cat "$WORK/out" >&2; fail "$tag: no rank 1 process found"; }
+  kill -STOP "$rank1"
+  local start code elapsed
+  start=$(date +%s.%N)
+  set +e; wait "$launcher"; code=$?; set -e
+  elapsed=$(awk -v a="$start" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }')
+  pkill -P "$watchdog" sleep 2>/dev/null || true  # the watchdog's own sleep, then the watchdog
+  kill "$watchdog" 2>/dev/null || true
+  kill -KILL "$rank1" 2>/dev/null || true  # only if the launcher left it behind (a failure)
+  [ "$code" = 1 ] || { cat "$WORK/out" >&2; fail "$tag: frozen rank: expected exit 1, got $code"; }
+  expect_output '^\[rank 0\] .* on process group .* failed after 1[0-9]\.[0-9] s \(timeout 10\.0 s\)'
+  expect_output 'titan run: rank 0 \(pid [0-9]+\) exited with code 1'
+  # The frozen rank is continued with the SIGTERM, so it needs no SIGKILL after the grace period.
+  ! grep -q 'did not stop within' "$WORK/out" || { cat "$WORK/out" >&2; fail "$tag: frozen rank needed SIGKILL"; }
+  awk -v e="$elapsed" 'BEGIN { exit !(e < 45) }' ||
+    { cat "$WORK/out" >&2; fail "$tag: job took ${elapsed}s after the freeze (train timeout 10 s)"; }
+  echo "$tag: rank 1 frozen after step 2: job down ${elapsed}s later (comm.train_timeout_seconds 10)"
+}
+frozen_rank fsdp
+frozen_rank pp --parallelism.pipeline_parallel_degree 2 --parallelism.pipeline_parallel_schedule 1F1B
+expect_output "^\[rank 0\] .* on process group 'pp_(up|down)'"
 
 # --- start-up refusals: exit 2, the key named, before any training step ---
 fast=(--metrics.peak_flops 1e12 --job.dump_folder "$WORK/startup")
@@ -50,6 +62,12 @@ refused "config key 'optimizer.lr' must be a finite number, got inf" train "${de
 refused "config key 'training.max_norm' must be a finite number, got nan" train "${debug[@]}" --training.max_norm nan
 refused 'job.dump_folder is empty' train "${debug[@]}" --job.dump_folder ""
 refused 'training.num_threads 100000 is above the cap of 1024' train "${debug[@]}" --training.num_threads 100000
+# (issue 37) integer keys cannot overflow a check into passing; only -1 picks a random seed
+refused "config key 'profiling.profiler_warmup' = 9223372036854775806 is out of range" \
+  train "${debug[@]}" --profiling.enable_profiling --profiling.profile_freq 4 \
+  --profiling.profiler_warmup 9223372036854775806
+refused 'debug.seed must be -1 .* or >= 0, got -5' train "${debug[@]}" --debug.seed -5
+refused '--threads 100000 must be in \[0, 1024\]' generate --flavor tiny --prompt hi --threads 100000
 refused 'training.local_batch_size 8 x training.seq_len 1000000000 needs about [0-9.e+]+ GiB' \
   train "${debug[@]}" "${fast[@]}" --training.seq_len 1000000000
 refused 'training.local_batch_size 100000000 x training.seq_len 256 needs about' \

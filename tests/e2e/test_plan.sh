@@ -105,4 +105,15 @@ expect_exit 2 "$TITAN" plan --training.seq_lenn 8
 expect_output "training.seq_lenn"
 expect_exit 2 "$TITAN" plan --cpu --gpu h100
 expect_output "--cpu and --gpu"
+# (issue 37) Sizes that cannot finish are refused with the limit; usable memory cannot go negative.
+expect_exit 2 timeout 20 "$TITAN" plan --nodes 1000000000
+expect_output "--nodes 1000000000 x --gpus_per_node 8 = 8e\+09 devices: titan plan plans at most 1048576"
+expect_exit 2 "$TITAN" plan --reserved_gib 1000
+expect_output "--reserved_gib 1000 must be >= 0 and below the device memory, 80 GiB"
+# A real user plans 4,096 nodes: the largest model on 4,096 x 8 H100 finishes (about 25 s here).
+start=$SECONDS
+expect_exit 0 timeout 300 "$TITAN" plan --nodes 4096 --model.name deepseek_v3 --model.flavor 671B --top 1
+expect_output "^searched [0-9,]+ layouts: [0-9,]+ valid and fitting"
+expect_output "^#1 "
+echo "plan of deepseek_v3 671B on 4096 x 8 devices: $((SECONDS - start)) s"
 echo "ok"

@@ -77,6 +77,10 @@ expect_exit 0 "$TITAN" train --job.config_file configs/llama3/debug_model.toml \
 expect_output "tokenizer vocab 1024"
 expect_exit 2 "$TITAN" tokenizer train --input "$cache" --vocab-size 100 --output "$WORK/bad"
 expect_output "vocab"
+# A text too small for the vocabulary asked for says so (it used to stop short silently).
+expect_exit 0 "$TITAN" tokenizer train --input "$WORK/line.txt" --vocab-size 10000000 \
+  --output "$WORK/short"
+expect_output "note: the training text allows only [0-9]+ merges: vocab [0-9]+ of the 10000000 asked for"
 
 # From a registered dataset, as training reads it: sotu is the training split only (210 of the
 # 233 addresses), and the result does not depend on anything but the documents.

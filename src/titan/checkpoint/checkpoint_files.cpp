@@ -67,12 +67,6 @@ int64_t step_of_dir_name(const std::string& dir) {
 
 std::string box_str(const std::vector<int64_t>& v) { return "[" + join(v) + "]"; }
 
-int64_t volume(const std::vector<int64_t>& lengths) {
-  int64_t n = 1;
-  for (int64_t l : lengths) n *= l;
-  return n;
-}
-
 // Writes `tensors` into `tmp` as "<file_prefix>NNNNN.safetensors" files of about max_shard_bytes
 // each and returns their part of the index: {"tensors": {...}, "files": {...}}. Adds the tensor
 // bytes written to `bytes_written`.
@@ -210,60 +204,88 @@ uint64_t write_rank_files(const std::string& tmp_dir, int rank, int world_size,
 
 namespace {
 
-struct RankBox {
-  int rank;
+// One piece of a tensor: the box [offsets, offsets + lengths) and who holds it ("rank 3's box",
+// "shard 2 (file f, key k)"), for errors.
+struct PieceBox {
+  std::string who;
   std::vector<int64_t> offsets, lengths;
 };
 
-std::string describe_box(const RankBox& b) {
-  return "rank " + std::to_string(b.rank) + "'s box " + box_str(b.offsets) + " + " +
-         box_str(b.lengths);
+std::string describe_box(const PieceBox& b) {
+  return b.who + " " + box_str(b.offsets) + " + " + box_str(b.lengths);
 }
 
-bool boxes_overlap(const RankBox& a, const RankBox& b) {
+// The element count of `lengths` (each >= 0), or -1 when it overflows int64.
+int64_t checked_volume(const std::vector<int64_t>& lengths) {
+  int64_t n = 1;
+  for (int64_t l : lengths) {
+    if (l < 0 || __builtin_mul_overflow(n, l, &n)) return -1;
+  }
+  return n;
+}
+
+bool boxes_overlap(const PieceBox& a, const PieceBox& b) {
   for (size_t d = 0; d < a.offsets.size(); ++d) {
     const int64_t lo = std::max(a.offsets[d], b.offsets[d]);
     const int64_t hi = std::min(a.offsets[d] + a.lengths[d], b.offsets[d] + b.lengths[d]);
     if (hi <= lo) return false;
   }
-  return true;  // also for 0-d tensors: two ranks handed over the same scalar
+  return true;  // also for 0-d tensors: two pieces of the same scalar
 }
 
-// Every element of `name` must come from exactly one box: boxes inside the shape, no two
-// overlapping, together covering the whole tensor.
-void check_rank_boxes(const std::string& name, const std::vector<int64_t>& shape,
-                      std::vector<RankBox> boxes) {
-  const std::string what = "checkpoint tensor '" + name + "' " + box_str(shape) + ": ";
-  for (const RankBox& b : boxes) {
+// `boxes` tile `shape` exactly: each inside it, no two overlapping, no element left out.
+// DataError starting with `what`, ending with `hint`, otherwise.
+void check_boxes_tile(const std::string& what, const std::vector<int64_t>& shape,
+                      std::vector<PieceBox> boxes, const std::string& hint) {
+  const int64_t total = checked_volume(shape);
+  if (total < 0) {
+    throw DataError(what + "shape " + box_str(shape) +
+                    " has a negative dimension or more elements than int64 counts");
+  }
+  for (const PieceBox& b : boxes) {
     bool inside = b.offsets.size() == shape.size() && b.lengths.size() == shape.size();
+    // offset + length <= dim without overflow: both are in [0, dim] first.
     for (size_t d = 0; inside && d < shape.size(); ++d) {
-      inside = b.offsets[d] >= 0 && b.lengths[d] >= 0 && b.offsets[d] + b.lengths[d] <= shape[d];
+      inside = b.offsets[d] >= 0 && b.lengths[d] >= 0 && b.lengths[d] <= shape[d] &&
+               b.offsets[d] <= shape[d] - b.lengths[d];
     }
-    if (!inside) throw DataError(what + describe_box(b) + " is not inside the tensor");
+    if (!inside) {
+      throw DataError(what + describe_box(b) + " is not inside the tensor " + box_str(shape));
+    }
   }
   // Sorted by the start in dim 0, a box can only overlap the boxes that start before it ends.
   if (!shape.empty()) {
-    std::sort(boxes.begin(), boxes.end(),
-              [](const RankBox& a, const RankBox& b) { return a.offsets[0] < b.offsets[0]; });
+    std::stable_sort(boxes.begin(), boxes.end(), [](const PieceBox& a, const PieceBox& b) {
+      return a.offsets[0] < b.offsets[0];
+    });
   }
+  // Inside the tensor and pairwise disjoint, the boxes tile it exactly when their volumes add up.
   int64_t covered = 0;
   for (size_t i = 0; i < boxes.size(); ++i) {
-    if (volume(boxes[i].lengths) == 0) continue;
-    covered += volume(boxes[i].lengths);
+    const int64_t v = checked_volume(boxes[i].lengths);  // <= total: inside the tensor
+    if (v == 0) continue;
+    covered += v;
     for (size_t j = i + 1; j < boxes.size(); ++j) {
       if (!shape.empty() && boxes[j].offsets[0] >= boxes[i].offsets[0] + boxes[i].lengths[0]) break;
-      if (volume(boxes[j].lengths) > 0 && boxes_overlap(boxes[i], boxes[j])) {
+      if (checked_volume(boxes[j].lengths) > 0 && boxes_overlap(boxes[i], boxes[j])) {
         throw DataError(what + describe_box(boxes[i]) + " overlaps " + describe_box(boxes[j]) +
-                        ". HINT: every element must be handed over by exactly one rank; a "
-                        "replicated tensor by one rank only");
+                        ". HINT: every element must come from exactly one piece" + hint);
       }
     }
+    if (covered > total) break;  // only with overlaps, found above
   }
-  if (covered != volume(shape)) {
-    throw DataError(what + "the ranks' boxes cover " + std::to_string(covered) + " of its " +
-                    std::to_string(volume(shape)) +
-                    " elements. HINT: some rank did not hand over its part");
+  if (covered != total) {
+    throw DataError(what + "the pieces cover " + std::to_string(covered) + " of its " +
+                    std::to_string(total) + " elements, leaving a gap" + hint);
   }
+}
+
+// Every element of `name` must come from exactly one rank's box.
+void check_rank_boxes(const std::string& name, const std::vector<int64_t>& shape,
+                      std::vector<PieceBox> boxes) {
+  check_boxes_tile("checkpoint tensor '" + name + "' " + box_str(shape) + ": ", shape,
+                   std::move(boxes),
+                   ". HINT: every rank hands over its own part, a replicated tensor one rank only");
 }
 
 }  // namespace
@@ -271,7 +293,7 @@ void check_rank_boxes(const std::string& name, const std::vector<int64_t>& shape
 void merge_rank_fragments(const std::string& tmp_dir, int world_size, const nlohmann::json& state) {
   nlohmann::ordered_json tensors = nlohmann::ordered_json::object();
   nlohmann::ordered_json files = nlohmann::ordered_json::object();
-  std::map<std::string, std::vector<RankBox>> boxes;
+  std::map<std::string, std::vector<PieceBox>> boxes;
   std::map<std::string, int> first_rank;  // the rank that listed a tensor first, for errors
   for (int r = 0; r < world_size; ++r) {
     const std::string path = tmp_dir + "/" + fragment_name(r);
@@ -305,7 +327,8 @@ void merge_rank_fragments(const std::string& tmp_dir, int world_size, const nloh
         }
         for (const auto& shard : t.at("shards")) {
           entry["shards"].push_back(shard);
-          boxes[name].push_back({r, shard.at("offsets").get<std::vector<int64_t>>(),
+          boxes[name].push_back({"rank " + std::to_string(r) + "'s box",
+                                 shard.at("offsets").get<std::vector<int64_t>>(),
                                  shard.at("lengths").get<std::vector<int64_t>>()});
         }
       }
@@ -507,6 +530,7 @@ CheckpointReader::CheckpointReader(const std::string& dir, bool verify)
       Impl::Entry e;
       e.meta.dtype = dtype_from_safetensors(value.at("dtype").get<std::string>(), index_path);
       e.meta.shape = value.at("shape").get<std::vector<int64_t>>();
+      std::vector<PieceBox> pieces;
       for (const auto& s : value.at("shards")) {
         Impl::Shard shard{s.at("file").get<std::string>(), s.at("key").get<std::string>(),
                           s.at("offsets").get<std::vector<int64_t>>(),
@@ -518,15 +542,15 @@ CheckpointReader::CheckpointReader(const std::string& dir, bool verify)
             shard.lengths.size() != e.meta.shape.size()) {
           fail("tensor '" + name + "': shard box rank differs from the tensor's");
         }
-        for (size_t d = 0; d < e.meta.shape.size(); ++d) {
-          if (shard.offsets[d] < 0 || shard.lengths[d] < 0 ||
-              shard.offsets[d] + shard.lengths[d] > e.meta.shape[d]) {
-            fail("tensor '" + name + "': shard box " + box_str(shard.offsets) + " + " +
-                 box_str(shard.lengths) + " exceeds shape " + box_str(e.meta.shape));
-          }
-        }
+        pieces.push_back({"shard " + std::to_string(pieces.size()) + " (file '" + shard.file +
+                              "', key '" + shard.key + "')",
+                          shard.offsets, shard.lengths});
         e.shards.push_back(std::move(shard));
       }
+      // The shards must tile the tensor: an overlap would leave rows of another part unread
+      // (uninitialised memory), which counting covered elements alone does not see.
+      check_boxes_tile(index_path + ": tensor '" + name + "' " + box_str(e.meta.shape) + ": ",
+                       e.meta.shape, std::move(pieces), " (a forged or damaged index?)");
       impl_->entries.emplace(name, std::move(e));
     }
     state_ = index.value("state", nlohmann::json::object());

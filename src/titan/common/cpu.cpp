@@ -23,6 +23,11 @@
 namespace titan {
 
 std::string configure_threads(int64_t num_threads, int64_t local_ranks) {
+  if (num_threads < 0 || num_threads > kMaxNumThreads) {
+    throw ConfigError(std::to_string(num_threads) + " intra-op threads: must be in [0, " +
+                      std::to_string(kMaxNumThreads) +
+                      "] (spawning more would stall start-up); 0 = one per core");
+  }
   const int64_t cores = std::max<long>(1, sysconf(_SC_NPROCESSORS_ONLN));
   int64_t n = num_threads > 0 ? num_threads
                               : std::max<int64_t>(1, cores / std::max<int64_t>(1, local_ranks));

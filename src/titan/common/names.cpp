@@ -22,7 +22,12 @@ size_t edit_distance(std::string_view a, std::string_view b) {
   return row[b.size()];
 }
 
+// Names from input longer than this are no typo of a known one: no suggestion, and no edit
+// distance over megabytes.
+constexpr size_t kMaxSuggestedFrom = 256;
+
 std::string nearest_name(const std::string& name, const std::vector<std::string>& candidates) {
+  if (name.size() > kMaxSuggestedFrom) return "";
   std::string best;
   size_t best_distance = SIZE_MAX;
   for (const std::string& candidate : candidates) {
@@ -36,6 +41,7 @@ std::string nearest_name(const std::string& name, const std::vector<std::string>
 }
 
 std::string likely_name(const std::string& name, const std::vector<std::string>& candidates) {
+  if (name.size() > kMaxSuggestedFrom) return "";
   std::string best;
   size_t best_distance = SIZE_MAX;
   for (const std::string& candidate : candidates) {

@@ -14,6 +14,7 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <limits>
 #include <regex>
 #include <set>
 #include <string_view>
@@ -235,13 +236,15 @@ std::vector<std::string> choose_plot_metrics(const std::vector<PlotSeries>& seri
 AxisTicks linear_ticks(double lo, double hi, int target, bool integer) {
   TITAN_CHECK(std::isfinite(lo) && std::isfinite(hi) && lo <= hi && target > 0,
               "linear_ticks: bad range [", lo, ", ", hi, "] or target ", target);
+  constexpr double kMax = std::numeric_limits<double>::max();
   if (hi == lo) {  // one value: centre it
     double pad = lo == 0.0 ? 1.0 : std::abs(lo) * 0.1;
     if (integer) pad = std::max(pad, 1.0);
-    lo -= pad;
-    hi += pad;
+    lo = std::max(lo - pad, -kMax);  // near the ends of the double range, no overflow to inf
+    hi = std::min(hi + pad, kMax);
   }
-  const double raw = (hi - lo) / target;
+  // Differences of values near +-1e308 overflow; each term divided first does not.
+  const double raw = hi / target - lo / target;
   const double magnitude = std::pow(10.0, std::floor(std::log10(raw)));
   const double norm = raw / magnitude;
   double spacing = (norm < 1.5 ? 1.0 : norm < 3.0 ? 2.0 : norm < 7.0 ? 5.0 : 10.0) * magnitude;
@@ -250,9 +253,12 @@ AxisTicks linear_ticks(double lo, double hi, int target, bool integer) {
   t.spacing = spacing;
   const int64_t first = static_cast<int64_t>(std::floor(lo / spacing + 1e-9));
   const int64_t last = static_cast<int64_t>(std::ceil(hi / spacing - 1e-9));
-  t.lo = static_cast<double>(first) * spacing;
-  t.hi = static_cast<double>(last) * spacing;
-  for (int64_t k = first; k <= last; ++k) t.values.push_back(static_cast<double>(k) * spacing);
+  t.lo = std::max(static_cast<double>(first) * spacing, -kMax);
+  t.hi = std::min(static_cast<double>(last) * spacing, kMax);
+  for (int64_t k = first; k <= last; ++k) {
+    const double v = static_cast<double>(k) * spacing;
+    if (std::isfinite(v)) t.values.push_back(v);
+  }
   return t;
 }
 
@@ -411,7 +417,7 @@ struct Axis {
   double to_unit(double v) const {  // 0 at lo, 1 at hi
     if (log)
       return (std::log10(v) - std::log10(ticks.lo)) / (std::log10(ticks.hi) - std::log10(ticks.lo));
-    return (v - ticks.lo) / (ticks.hi - ticks.lo);
+    return (v / 2 - ticks.lo / 2) / (ticks.hi / 2 - ticks.lo / 2);  // halved: no overflow
   }
 };
 

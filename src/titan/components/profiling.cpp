@@ -68,11 +68,15 @@ ProfileSchedule ProfileSchedule::from_config(const ProfilingSection& c) {
   if (s.warmup < 0) {
     throw ConfigError("profiling.profiler_warmup must be >= 0, got " + std::to_string(s.warmup));
   }
-  if (s.warmup + s.active > s.freq) {
+  // Compared without forming the sum (huge values must not overflow into passing).
+  if (s.warmup > s.freq - s.active) {
+    int64_t sum = 0;
+    const std::string total = __builtin_add_overflow(s.warmup, s.active, &sum)
+                                  ? std::string("more than 2^63")
+                                  : std::to_string(sum);
     throw ConfigError("profiling.profiler_warmup(" + std::to_string(s.warmup) +
-                      ") + profiler_active(" + std::to_string(s.active) +
-                      ") = " + std::to_string(s.warmup + s.active) + " > profile_freq(" +
-                      std::to_string(s.freq) +
+                      ") + profiler_active(" + std::to_string(s.active) + ") = " + total +
+                      " > profile_freq(" + std::to_string(s.freq) +
                       "): a window of profile_freq steps must hold the warm-up and the recorded "
                       "steps. HINT: raise profiling.profile_freq or lower the other two");
   }

@@ -167,7 +167,7 @@ std::string read_file(const std::string& path) {
 }
 
 [[noreturn]] void throw_unexpected_argument(const FieldTable& table, const std::string& arg) {
-  std::string message = "unexpected command-line argument '" + arg +
+  std::string message = "unexpected command-line argument '" + shown_name(arg) +
                         "'; overrides look like --section.key value or --section.key=value";
   // "--steps 10": a key without its section.
   if (starts_with(arg, "--")) {
@@ -275,7 +275,7 @@ void apply_toml_file(const FieldTable& table, const std::string& path) {
                           at + ")");
       }
       std::vector<std::string> names = table.names_with_key(section);
-      std::string message = "config key '" + section + "' is outside any [section]";
+      std::string message = "config key '" + shown_name(section) + "' is outside any [section]";
       if (!names.empty()) {
         message += "; did you mean '" + names.front() + "'?";
       }

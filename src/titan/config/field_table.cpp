@@ -163,11 +163,17 @@ std::vector<std::string> FieldTable::names_with_key(const std::string& key) cons
   return names;
 }
 
+std::string shown_name(const std::string& name) {
+  constexpr size_t kShown = 64;
+  if (name.size() <= kShown) return name;
+  return name.substr(0, kShown) + "... (" + std::to_string(name.size()) + " bytes)";
+}
+
 void FieldTable::require_section(const std::string& section, const std::string& origin) const {
   if (has_section(section)) {
     return;
   }
-  std::string message = "unknown config section '" + section + "'";
+  std::string message = "unknown config section '" + shown_name(section) + "'";
   std::string nearest = nearest_name(section, sections_);
   if (!nearest.empty()) {
     message += "; did you mean '" + nearest + "'?";
@@ -194,7 +200,7 @@ const FieldRef& FieldTable::lookup(const std::string& section, const std::string
   if (suggestions.empty() && !section_keys.empty()) {
     suggestions.push_back(section + "." + nearest_name(key, section_keys));
   }
-  std::string message = "unknown config key '" + section + "." + key + "'";
+  std::string message = "unknown config key '" + shown_name(section + "." + key) + "'";
   if (!suggestions.empty()) {
     message += "; did you mean " + quoted_alternatives(suggestions) + "?";
   }

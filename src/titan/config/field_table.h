@@ -109,6 +109,10 @@ class FieldTable {
 };
 
 // "<bool>", "<int>", "<float>", "<str>", "<list>", "<lists>": the type as --help shows it.
+// A name from user input as an error message shows it: whole up to 64 bytes, else its first 64
+// bytes and its length (an unknown 1 MB key is not echoed whole).
+std::string shown_name(const std::string& name);
+
 std::string type_label(FieldType type);
 // "an integer", "a number", ...: what a value of `type` must look like, for error messages.
 std::string expected_phrase(FieldType type);

@@ -92,10 +92,39 @@ void validate_load_only(const CheckpointSection& c) {
 // inf and nan read as floats (TOML, strtod) but are never a meaningful setting (lr inf trains
 // on garbage, max_norm nan silently disables clipping): refused for every float key here, so a
 // new key is covered without a check of its own.
+// Integer keys likewise stay within 2^53 in magnitude (far above any real setting), so that the
+// sums the checks compute (warmup + active <= freq, warmup + decay <= steps, seed + epoch) cannot
+// overflow into passing; products are checked where they are formed.
 void validate_finite(const JobConfig& c) {
   JobConfig copy = c;  // a FieldTable points into a mutable config
   const detail::FieldTable table = detail::FieldTable::of(copy);
+  constexpr int64_t kMaxInt = int64_t{1} << 53;
   for (const detail::FieldRef& field : table.fields()) {
+    // A NUL byte (TOML "\u0000") would cut a path or name short where the C library reads it.
+    std::vector<const std::string*> texts;
+    if (field.type == detail::FieldType::kString) {
+      texts.push_back(static_cast<const std::string*>(field.value));
+    } else if (field.type == detail::FieldType::kStringList) {
+      for (const std::string& t : *static_cast<const std::vector<std::string>*>(field.value)) {
+        texts.push_back(&t);
+      }
+    }
+    for (const std::string* text : texts) {
+      const size_t nul = text->find('\0');
+      if (nul != std::string::npos) {
+        fail("config key '" + field.name() + "' holds a NUL byte at character " +
+             std::to_string(nul) + " (after '" + detail::shown_name(text->substr(0, nul)) +
+             "'); paths and names cannot contain one");
+      }
+    }
+    if (field.type == detail::FieldType::kInt) {
+      const int64_t value = *static_cast<const int64_t*>(field.value);
+      if (value > kMaxInt || value < -kMaxInt) {
+        fail("config key '" + field.name() + "' = " + std::to_string(value) +
+             " is out of range: integer keys are at most 2^53 = " + std::to_string(kMaxInt) +
+             " in magnitude");
+      }
+    }
     if (field.type != detail::FieldType::kDouble) continue;
     const double value = *static_cast<const double*>(field.value);
     if (!std::isfinite(value)) {
@@ -172,6 +201,10 @@ void validate_ranges(const JobConfig& c) {
     fail("checkpoint.initial_load_in_hf is set but checkpoint.initial_load_path is empty");
   }
   validate_load_only(c.checkpoint);
+  if (c.debug.seed < -1) {
+    fail("debug.seed must be -1 (a seed from the clock, printed) or >= 0, got " +
+         std::to_string(c.debug.seed));
+  }
   if (c.debug.deterministic_warn_only && !c.debug.deterministic) {
     fail(
         "debug.deterministic_warn_only needs debug.deterministic = true (it changes how "
@@ -366,8 +399,14 @@ void validate_batch_sizes(const TrainingSection& t, const ParallelismSection& p)
     return;
   }
   int64_t shard = p.data_parallel_shard_degree == -1 ? 1 : p.data_parallel_shard_degree;
-  int64_t dp = p.data_parallel_replicate_degree * shard;
-  int64_t per_step = t.local_batch_size * dp;
+  int64_t dp = 0, per_step = 0;
+  if (__builtin_mul_overflow(p.data_parallel_replicate_degree, shard, &dp) ||
+      __builtin_mul_overflow(t.local_batch_size, dp, &per_step)) {
+    fail("training.local_batch_size(" + std::to_string(t.local_batch_size) +
+         ") * parallelism.data_parallel_replicate_degree(" +
+         std::to_string(p.data_parallel_replicate_degree) + ") * data_parallel_shard_degree(" +
+         std::to_string(shard) + ") overflows a 64-bit integer");
+  }
   std::string product = "local_batch_size(" + std::to_string(t.local_batch_size) + ") * dp(" +
                         std::to_string(dp) + ") = " + std::to_string(per_step);
   if (t.global_batch_size <= 0) {

@@ -12,6 +12,7 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #endif
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <sstream>
@@ -223,6 +224,33 @@ void Group::State::fail(const std::string& op, const std::string& cause, double 
                   "comm.train_timeout_seconds (comm.init_timeout_seconds at start-up).");
 }
 
+void Group::State::set_timeout(std::chrono::milliseconds timeout) {
+  timeout_ms = timeout.count();
+  // NCCL's watchdog enforces the timeout of ops issued from now on.
+  if (options.backend == Backend::kNccl && pg) pg->setTimeout(timeout);
+  for (auto& child : descendants()) {
+    child->timeout_ms = timeout.count();
+    if (child->options.backend == Backend::kNccl && child->pg) child->pg->setTimeout(timeout);
+  }
+}
+
+std::vector<std::shared_ptr<Group::State>> Group::State::descendants() const {
+  std::vector<std::shared_ptr<State>> direct;
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    for (const auto& weak : children) {
+      if (auto child = weak.lock()) direct.push_back(std::move(child));
+    }
+  }
+  std::vector<std::shared_ptr<State>> out;
+  for (auto& child : direct) {
+    std::vector<std::shared_ptr<State>> below = child->descendants();
+    out.push_back(std::move(child));
+    out.insert(out.end(), below.begin(), below.end());
+  }
+  return out;
+}
+
 Group::State::~State() {
   if (pg && (broken || abandoned_work.load())) {
     // Intentionally leaked: see the declaration. The process is failing; exit reclaims it.
@@ -277,6 +305,15 @@ std::shared_ptr<Group> Group::new_subgroup(const std::string& name, const std::v
                  static_cast<int>(ranks.size()), std::move(world_ranks), std::move(options));
   sub->gloo_devices = s.gloo_devices;
   build_backend(*sub);
+  {
+    // Registered so that set_timeout on this group (the trainer's switch to
+    // comm.train_timeout_seconds on the world group) reaches it; dead entries are dropped here.
+    std::lock_guard<std::mutex> lock(s.mutex);
+    auto& kids = s.children;
+    kids.erase(std::remove_if(kids.begin(), kids.end(), [](const auto& w) { return w.expired(); }),
+               kids.end());
+    kids.push_back(sub);
+  }
   return std::shared_ptr<Group>(new Group(std::move(sub)));
 }
 
@@ -290,9 +327,13 @@ std::string Group::describe() const { return state_->describe(); }
 
 void Group::set_timeout(std::chrono::milliseconds timeout) {
   TITAN_CHECK(timeout.count() > 0, "set_timeout on ", state_->describe(), ": timeout must be > 0");
-  state_->timeout_ms = timeout.count();
-  // NCCL's watchdog enforces the timeout of ops issued from now on.
-  if (state_->options.backend == Backend::kNccl && state_->pg) state_->pg->setTimeout(timeout);
+  state_->set_timeout(timeout);
+}
+
+std::vector<std::shared_ptr<Group>> Group::subgroups() const {
+  std::vector<std::shared_ptr<Group>> out;
+  for (auto& state : state_->descendants()) out.push_back(std::shared_ptr<Group>(new Group(state)));
+  return out;
 }
 
 at::Device Group::device() const {

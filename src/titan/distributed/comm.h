@@ -156,10 +156,13 @@ class Group {
   // this process's world rank.
   const std::vector<int>& ranks() const;
   std::chrono::milliseconds timeout() const;
-  // Bounds waits from now on (e.g. comm.train_timeout_seconds after the first step). Gloo keeps
-  // its own transport timeout from creation; a wait that passes the new bound throws as a
-  // failure of the op.
+  // Bounds waits from now on (e.g. comm.train_timeout_seconds after the first step), on this
+  // group and on every living sub-group made from it, at any depth (a pipeline's pp_up / pp_down,
+  // CP's ring directions, ...); sub-groups made later start with it. Gloo keeps its own transport
+  // timeout from creation; a wait that passes the new bound throws as a failure of the op.
   void set_timeout(std::chrono::milliseconds timeout);
+  // The living sub-groups made from this group, at any depth, depth first in creation order.
+  std::vector<std::shared_ptr<Group>> subgroups() const;
   // Where this group's tensors live: the CPU (Gloo), or the current CUDA device (NCCL). A Gloo
   // group with stage_cuda_tensors takes CUDA tensors too; this stays the CPU.
   at::Device device() const;

@@ -50,6 +50,8 @@ struct Group::State : std::enable_shared_from_this<Group::State> {
   int64_t collective_seq = 0;  // collectives issued so far (p2p not counted)
   ScratchPool scratch;
   std::map<std::string, int> subgroup_count;  // sub-groups made per (name, ranks), for prefixes
+  // The sub-groups made from this group (new_subgroup), while they live; under `mutex`.
+  std::vector<std::weak_ptr<State>> children;
 
   mutable std::mutex mutex;
   bool broken = false;
@@ -66,6 +68,10 @@ struct Group::State : std::enable_shared_from_this<Group::State> {
   ~State();
 
   std::chrono::milliseconds timeout() const { return std::chrono::milliseconds(timeout_ms.load()); }
+  // This group's timeout, then its living sub-groups' (recursively).
+  void set_timeout(std::chrono::milliseconds timeout);
+  // The living sub-groups made from this one, recursively, in creation order (depth first).
+  std::vector<std::shared_ptr<State>> descendants() const;
   std::string describe() const;
   // Throws CommError when an earlier op failed.
   void check_healthy(const std::string& op) const;

@@ -1,6 +1,7 @@
 // `titan fr analyze`: lines up every rank's flight-recorder dump group by group, sequence number by
 // sequence number, and reports the first collective of each group where the ranks disagree (op,
 // dtype, element count) or where some ranks never issued or never completed it.
+#include "titan/common/check.h"
 #include "titan/common/file_io.h"
 #include "titan/distributed/flight_recorder.h"
 
@@ -48,15 +49,19 @@ std::string check_group(const GroupView& g, const std::set<int>& dumped) {
     if (!dumped.count(r)) no_dump.push_back(r);
   }
   // Older entries may have left some ranks' rings: start where every rank still holds them.
+  // Only the sequence numbers some rank holds are visited (a number no rank holds says nothing).
   int64_t start = 0, end = -1;
+  std::set<int64_t> held;
   for (const auto& [rank, seqs] : g.by_rank) {
     if (seqs.empty()) continue;
     start = std::max(start, seqs.begin()->first);
     end = std::max(end, seqs.rbegin()->first);
+    for (const auto& entry : seqs) held.insert(entry.first);
   }
   std::ostringstream os;
   const std::string where = "group '" + g.name + "' (world ranks [" + join_ranks(g.members) + "])";
-  for (int64_t seq = start; seq <= end; ++seq) {
+  for (auto seq_it = held.lower_bound(start); seq_it != held.end(); ++seq_it) {
+    const int64_t seq = *seq_it;
     std::vector<int> issued, not_issued;
     const FlightEntry* first = nullptr;
     std::map<std::string, std::vector<int>> kinds;  // description -> ranks
@@ -169,7 +174,7 @@ FlightAnalysis analyze_flight_records(const std::string& folder) {
   namespace fs = std::filesystem;
   std::error_code ec;
   if (!fs::is_directory(folder, ec)) {
-    throw std::runtime_error("'" + folder + "' is not a folder of flight-recorder dumps");
+    throw DataError("'" + folder + "' is not a folder of flight-recorder dumps");
   }
   std::vector<std::string> files;
   for (const auto& entry : fs::directory_iterator(folder)) {
@@ -179,11 +184,26 @@ FlightAnalysis analyze_flight_records(const std::string& folder) {
     }
   }
   std::sort(files.begin(), files.end());
-  if (files.empty()) throw std::runtime_error("no *.json flight-recorder dump in '" + folder + "'");
+  if (files.empty()) throw DataError("no *.json flight-recorder dump in '" + folder + "'");
   std::vector<FlightDump> dumps;
+  std::map<int, std::string> file_of_rank;
   for (const std::string& f : files) {
     dumps.push_back(parse_flight_dump(read_regular_file(f, "flight-recorder dump"), f));
+    const FlightDump& d = dumps.back();
+    auto [it, fresh] = file_of_rank.emplace(d.rank, f);
+    if (!fresh) {
+      throw DataError(f + ": rank " + std::to_string(d.rank) + " already has a dump, " +
+                      it->second +
+                      "; keep one file per rank (dumps of another job or run mixed in?)");
+    }
+    if (d.world_size != dumps.front().world_size) {
+      throw DataError(f + ": world_size " + std::to_string(d.world_size) + " differs from " +
+                      files.front() + "'s " + std::to_string(dumps.front().world_size) +
+                      " (dumps of another job mixed in?)");
+    }
   }
+  // Group sizes need no cross-check: a group is keyed by its name and members, and each entry's
+  // size matches its members (parse_flight_dump).
   return analyze_flight_dumps(dumps);
 }
 

@@ -2,6 +2,7 @@
 // several ranks' dumps. See flight_recorder.h.
 #include "titan/distributed/flight_recorder.h"
 
+#include "titan/common/check.h"
 #include "titan/common/file_io.h"
 
 #include <nlohmann/json.hpp>
@@ -11,14 +12,17 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <cmath>
 #include <csignal>
 #include <cstdio>
 #include <filesystem>
+#include <limits>
 #include <map>
 #include <set>
 #include <sstream>
 #include <stdexcept>
 #include <thread>
+#include <type_traits>
 
 namespace titan::dist {
 
@@ -42,7 +46,7 @@ OpState parse_state(const std::string& s, const std::string& what) {
   for (OpState st : {OpState::kIssued, OpState::kCompleted, OpState::kFailed, OpState::kTimedOut}) {
     if (s == to_string(st)) return st;
   }
-  throw std::runtime_error(what + ": unknown state '" + s + "'");
+  throw DataError(what + ": unknown state '" + s + "'");
 }
 
 std::string join_ints(const std::vector<int>& v) {
@@ -202,39 +206,172 @@ bool FlightRecorder::dump() const {
   }
 }
 
+namespace {
+
+// The largest world a dump may name: far above any job, small enough that loops over ranks end.
+constexpr int64_t kMaxWorldSize = int64_t{1} << 20;
+
+// A field of `j` as T, or a DataError naming `where` and the field when missing or of another type
+// or range.
+template <typename T>
+T field(const nlohmann::json& j, const char* key, const std::string& where) {
+  if (!j.contains(key)) throw DataError(where + ": field '" + key + "' is missing");
+  const nlohmann::json& v = j.at(key);
+  if constexpr (std::is_same_v<T, std::string>) {
+    if (!v.is_string()) throw DataError(where + ": field '" + key + "' must be a string");
+    return v.get<std::string>();
+  } else if constexpr (std::is_same_v<T, double>) {
+    if (!v.is_number() || !std::isfinite(v.get<double>())) {
+      throw DataError(where + ": field '" + key + "' must be a finite number, got " + v.dump());
+    }
+    return v.get<double>();
+  } else {
+    if (!v.is_number_integer()) {
+      throw DataError(where + ": field '" + key + "' must be an integer, got " + v.dump());
+    }
+    // Unsigned values above INT64_MAX, and ints outside T, are out of range.
+    if (v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX)) {
+      throw DataError(where + ": field '" + key + "' is out of range: " + v.dump());
+    }
+    const int64_t x = v.get<int64_t>();
+    if (x < std::numeric_limits<T>::min() || x > std::numeric_limits<T>::max()) {
+      throw DataError(where + ": field '" + key + "' is out of range: " + v.dump());
+    }
+    return static_cast<T>(x);
+  }
+}
+
+template <typename T>
+std::vector<T> int_list(const nlohmann::json& j, const char* key, const std::string& where) {
+  if (!j.contains(key) || !j.at(key).is_array()) {
+    throw DataError(where + ": field '" + key + "' must be a list of integers");
+  }
+  std::vector<T> out;
+  for (size_t i = 0; i < j.at(key).size(); ++i) {
+    nlohmann::json one = {{"v", j.at(key)[i]}};
+    out.push_back(field<T>(one, "v", where + ", " + key + "[" + std::to_string(i) + "]"));
+  }
+  return out;
+}
+
+bool is_p2p(const std::string& op) { return op == "send" || op == "recv"; }
+
+}  // namespace
+
 FlightDump parse_flight_dump(const std::string& json, const std::string& what) {
   FlightDump d;
+  nlohmann::json doc;
   try {
-    const nlohmann::json doc = nlohmann::json::parse(json);
-    if (!doc.is_object() || !doc.contains("entries") || !doc.contains("rank")) {
-      throw std::runtime_error("not a flight-recorder dump (no 'rank' or 'entries')");
-    }
-    d.rank = doc.at("rank").get<int>();
-    d.world_size = doc.value("world_size", 0);
-    for (const auto& j : doc.at("entries")) {
-      FlightEntry e;
-      e.id = j.at("id").get<int64_t>();
-      e.group = j.at("group").get<std::string>();
-      e.group_size = j.at("group_size").get<int>();
-      e.group_rank = j.at("group_rank").get<int>();
-      e.group_ranks = j.at("group_ranks").get<std::vector<int>>();
-      e.seq = j.at("seq").get<int64_t>();
-      e.op = j.at("op").get<std::string>();
-      e.peer = j.at("peer").get<int>();
-      e.dtype = j.at("dtype").get<std::string>();
-      e.numel = j.at("numel").get<int64_t>();
-      e.shape = j.at("shape").get<std::vector<int64_t>>();
-      e.issued_s = j.at("issued_s").get<double>();
-      e.completed_s = j.at("completed_s").get<double>();
-      e.state = parse_state(j.at("state").get<std::string>(), what);
-      d.entries.push_back(std::move(e));
-    }
+    doc = nlohmann::json::parse(json);
   } catch (const nlohmann::json::exception& e) {
-    throw std::runtime_error(what + ": not a readable flight-recorder dump: " + e.what());
-  } catch (const std::runtime_error& e) {
-    const std::string msg = e.what();
-    if (msg.rfind(what, 0) == 0) throw;
-    throw std::runtime_error(what + ": " + msg);
+    throw DataError(what + ": not a readable flight-recorder dump: " + e.what());
+  }
+  if (!doc.is_object() || !doc.contains("entries") || !doc.contains("rank")) {
+    throw DataError(what + ": not a flight-recorder dump (no 'rank' or 'entries')");
+  }
+  const int64_t version = field<int64_t>(doc, "version", what);
+  if (version != 1) {
+    throw DataError(what + ": flight-recorder dump version " + std::to_string(version) +
+                    " is unknown (this titan reads version 1)");
+  }
+  const int64_t world = field<int64_t>(doc, "world_size", what);
+  if (world < 1 || world > kMaxWorldSize) {
+    throw DataError(what + ": world_size " + std::to_string(world) + " is not in [1, " +
+                    std::to_string(kMaxWorldSize) + "]");
+  }
+  const int64_t rank = field<int64_t>(doc, "rank", what);
+  if (rank < 0 || rank >= world) {
+    throw DataError(what + ": rank " + std::to_string(rank) + " is not in [0, world_size " +
+                    std::to_string(world) + ")");
+  }
+  d.world_size = static_cast<int>(world);
+  d.rank = static_cast<int>(rank);
+  if (!doc.at("entries").is_array()) throw DataError(what + ": 'entries' must be a list");
+  // Per group (name and members): the last collective's sequence number, to find gaps.
+  std::map<std::string, std::pair<int64_t, size_t>> last_seq;
+  int64_t last_id = -1;
+  const nlohmann::json& entries = doc.at("entries");
+  for (size_t i = 0; i < entries.size(); ++i) {
+    const nlohmann::json& j = entries[i];
+    std::string where = what + ": entry " + std::to_string(i);
+    if (!j.is_object()) throw DataError(where + " is not an object");
+    FlightEntry e;
+    e.id = field<int64_t>(j, "id", where);
+    where += " (id " + std::to_string(e.id) + ")";
+    if (e.id <= last_id) {
+      throw DataError(where + ": ids must increase from entry to entry (the previous is " +
+                      std::to_string(last_id) + ")");
+    }
+    last_id = e.id;
+    e.group = field<std::string>(j, "group", where);
+    if (e.group.empty()) throw DataError(where + ": the group name is empty");
+    e.group_size = field<int>(j, "group_size", where);
+    e.group_rank = field<int>(j, "group_rank", where);
+    e.group_ranks = int_list<int>(j, "group_ranks", where);
+    if (e.group_size < 1 || e.group_size > world) {
+      throw DataError(where + ": group_size " + std::to_string(e.group_size) +
+                      " is not in [1, world_size " + std::to_string(world) + "]");
+    }
+    if (static_cast<int64_t>(e.group_ranks.size()) != e.group_size) {
+      throw DataError(where + ": group_ranks lists " + std::to_string(e.group_ranks.size()) +
+                      " ranks for group_size " + std::to_string(e.group_size));
+    }
+    for (size_t k = 0; k < e.group_ranks.size(); ++k) {
+      const int r = e.group_ranks[k];
+      if (r < 0 || r >= world || (k > 0 && r <= e.group_ranks[k - 1])) {
+        throw DataError(where + ": group_ranks [" + join_ints(e.group_ranks) +
+                        "] must be increasing world ranks in [0, " + std::to_string(world) + ")");
+      }
+    }
+    if (e.group_rank < 0 || e.group_rank >= e.group_size ||
+        e.group_ranks[static_cast<size_t>(e.group_rank)] != d.rank) {
+      throw DataError(where + ": group_rank " + std::to_string(e.group_rank) +
+                      " is not this dump's rank " + std::to_string(d.rank) + " in group_ranks [" +
+                      join_ints(e.group_ranks) + "]");
+    }
+    e.op = field<std::string>(j, "op", where);
+    if (e.op.empty()) throw DataError(where + ": the op name is empty");
+    e.seq = field<int64_t>(j, "seq", where);
+    e.peer = field<int>(j, "peer", where);
+    if (is_p2p(e.op)) {
+      if (e.seq != -1) {
+        throw DataError(where + ": a " + e.op + " has seq -1, got " + std::to_string(e.seq));
+      }
+      if (e.peer < 0 || e.peer >= e.group_size) {
+        throw DataError(where + ": peer " + std::to_string(e.peer) + " of a " + e.op +
+                        " is not in [0, group_size " + std::to_string(e.group_size) + ")");
+      }
+    } else {
+      if (e.seq < 0) {
+        throw DataError(where + ": collective " + e.op + " has sequence number " +
+                        std::to_string(e.seq) + " (must be >= 0)");
+      }
+      if (e.peer != -1) throw DataError(where + ": a collective has peer -1");
+      // Each group's collectives are held in order, without gaps (the ring drops the oldest).
+      const std::string key = e.group + " [" + join_ints(e.group_ranks) + "]";
+      auto it = last_seq.find(key);
+      if (it != last_seq.end() && e.seq != it->second.first + 1) {
+        throw DataError(where + ": group '" + e.group + "' jumps from sequence number " +
+                        std::to_string(it->second.first) + " (entry " +
+                        std::to_string(it->second.second) + ") to " + std::to_string(e.seq) +
+                        "; a dump holds each group's collectives in order without gaps");
+      }
+      last_seq[key] = {e.seq, i};
+    }
+    e.dtype = field<std::string>(j, "dtype", where);
+    e.numel = field<int64_t>(j, "numel", where);
+    if (e.numel < 0) throw DataError(where + ": numel " + std::to_string(e.numel) + " is negative");
+    e.shape = int_list<int64_t>(j, "shape", where);
+    for (int64_t dim : e.shape) {
+      if (dim < 0) throw DataError(where + ": shape has a negative dimension");
+    }
+    e.issued_s = field<double>(j, "issued_s", where);
+    e.completed_s = field<double>(j, "completed_s", where);
+    if (e.issued_s < 0 || e.completed_s < 0) {
+      throw DataError(where + ": issued_s and completed_s must be >= 0");
+    }
+    e.state = parse_state(field<std::string>(j, "state", where), where);
+    d.entries.push_back(std::move(e));
   }
   return d;
 }

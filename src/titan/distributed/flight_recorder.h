@@ -111,8 +111,12 @@ class FlightRecorder {
   std::vector<std::unique_ptr<std::vector<int>>> rank_lists_;
 };
 
-// Parses a dump written by FlightRecorder::to_json(); throws std::runtime_error naming `what`
-// (the file) and the problem when it is not one.
+// Parses a dump written by FlightRecorder::to_json(), which may be anything a crashed job left
+// behind: every field is checked (version 1; world_size in [1, 2^20]; rank in range; per entry:
+// ids increasing, a group name, group_size matching group_ranks, increasing world ranks that hold
+// this rank at group_rank, collectives with seq >= 0 and no peer, each group's sequence numbers
+// consecutive, send/recv with seq -1 and a peer in the group, numel and shape >= 0, times finite
+// and >= 0, a known state). Throws DataError naming `what` (the file), the entry and the field.
 struct FlightDump {
   int rank = 0;
   int world_size = 0;
@@ -131,8 +135,9 @@ struct FlightAnalysis {
   bool problem = false;
   std::string report;  // human-readable, one finding per paragraph
 };
-// Compares the dumps of every rank (all *.json in `folder`); throws std::runtime_error naming
-// the file when one cannot be read or parsed, or when there is none.
+// Compares the dumps of every rank (all *.json in `folder`); throws DataError naming the file
+// when one cannot be read or parsed, when two hold the same rank or name different world sizes,
+// or when there is none.
 FlightAnalysis analyze_flight_records(const std::string& folder);
 // The same on dumps already parsed (tests).
 FlightAnalysis analyze_flight_dumps(const std::vector<FlightDump>& dumps);

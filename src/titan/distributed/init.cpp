@@ -27,6 +27,7 @@
 #include <cerrno>
 #include <csignal>
 #include <cstring>
+#include <filesystem>
 #include <map>
 #include <sstream>
 #include <stdexcept>
@@ -488,8 +489,11 @@ std::shared_ptr<dist::FlightRecorder> start_flight_recorder(const CommSection& c
                                                             const std::string& dump_folder,
                                                             int64_t rank, int64_t world_size) {
   if (comm.trace_buf_size <= 0) return nullptr;
-  const std::string path = dump_folder + "/" + comm.save_traces_folder + "/" +
-                           comm.save_traces_file_prefix + std::to_string(rank) + ".json";
+  // As every folder key under the dump folder (TorchTitan's os.path.join): an absolute
+  // comm.save_traces_folder is used as given.
+  const std::string path = (std::filesystem::path(dump_folder) / comm.save_traces_folder /
+                            (comm.save_traces_file_prefix + std::to_string(rank) + ".json"))
+                               .string();
   auto recorder = std::make_shared<dist::FlightRecorder>(
       comm.trace_buf_size, path, static_cast<int>(rank), static_cast<int>(world_size));
   dist::install_dump_on_sigusr1(recorder);

@@ -372,8 +372,4 @@ std::string ParallelDims::describe() const {
   return os.str();
 }
 
-void ParallelDims::set_timeout(std::chrono::milliseconds timeout) {
-  for (auto& [name, group] : groups_) group->set_timeout(timeout);
-}
-
 }  // namespace titan

@@ -144,9 +144,6 @@ class ParallelDims {
   dist::Group& group(const std::string& name) const;
   std::shared_ptr<dist::Group> group_ptr(const std::string& name) const;
 
-  // Bounds every later wait on every group (comm.train_timeout_seconds after the first step).
-  void set_timeout(std::chrono::milliseconds timeout);
-
   // "world 8 = pp(1) x dp_replicate(2) x dp_shard(4) x cp(1) x tp(1)"
   std::string describe() const;
 

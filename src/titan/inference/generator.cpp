@@ -79,7 +79,9 @@ GenerationResult generate(Model& model, const std::vector<int64_t>& prompt,
   c10::InferenceMode inference_mode;
   const at::Device device = model_device(model);
   // The cache never needs more than the sequence can grow to.
-  KVCache cache(std::min(options.max_seq_len, n_prompt + options.max_new_tokens));
+  // (n_prompt < max_seq_len, so the sum cannot overflow once max_new_tokens is capped by it.)
+  KVCache cache(std::min(options.max_seq_len,
+                         n_prompt + std::min(options.max_new_tokens, options.max_seq_len)));
 
   GenerationResult result;
   result.tokens = prompt;
@@ -106,7 +108,13 @@ GenerationResult generate(Model& model, const std::vector<int64_t>& prompt,
     if (options.vocab_limit > 0 && options.vocab_limit < last.size(0)) {
       last = last.narrow(0, 0, options.vocab_limit);
     }
-    const int64_t id = sampler.sample(last);
+    int64_t id = 0;
+    try {
+      id = sampler.sample(last);
+    } catch (const DataError& e) {
+      throw DataError("generated token " + std::to_string(result.n_generated + 1) + ": " +
+                      e.what());
+    }
     result.tokens.push_back(id);
     ++result.n_generated;
     if (result.n_generated == 1) {

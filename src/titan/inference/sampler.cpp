@@ -29,13 +29,28 @@ double Sampler::uniform() { return static_cast<double>(rng_() >> 11) * 0x1.0p-53
 int64_t Sampler::sample(const at::Tensor& logits) {
   TITAN_CHECK(logits.dim() == 1 && logits.size(0) > 0, "sample expects one row of logits, got ",
               logits.sizes());
-  if (greedy()) {
-    // Ties go to the lowest id, so greedy output is a pure function of the logits.
-    return logits.argmax().item<int64_t>();
-  }
   const int64_t vocab = logits.size(0);
-  const at::Tensor probs =
-      at::softmax(logits.to(at::kCPU, at::kDouble) / options_.temperature, /*dim=*/0);
+  // A NaN or inf logit (broken weights or model arguments) would pick an arbitrary token: refuse.
+  const auto check_finite = [&](int64_t bad) {
+    if (bad == 0) return;
+    throw DataError("the model's logits hold " + std::to_string(bad) +
+                    " non-finite values (NaN or "
+                    "inf) among " +
+                    std::to_string(vocab) +
+                    ": its weights or its configuration (e.g. config.json values) are broken; "
+                    "nothing was sampled");
+  };
+  if (greedy()) {
+    // Ties go to the lowest id, so greedy output is a pure function of the logits. The choice
+    // and the count of non-finite logits come back in one read.
+    const at::Tensor both =
+        at::stack({logits.argmax(), at::logical_not(at::isfinite(logits)).sum()}).to(at::kCPU);
+    check_finite(both[1].item<int64_t>());
+    return both[0].item<int64_t>();
+  }
+  const at::Tensor cpu_logits = logits.to(at::kCPU, at::kDouble);
+  check_finite(at::logical_not(at::isfinite(cpu_logits)).sum().item<int64_t>());
+  const at::Tensor probs = at::softmax(cpu_logits / options_.temperature, /*dim=*/0);
   // Candidates in decreasing probability when a cut needs the order; all tokens otherwise.
   at::Tensor values = probs;
   at::Tensor indices;  // undefined: values are indexed by token id

@@ -53,9 +53,11 @@ MemoryOptions training_memory_options(const JobConfig& config, int64_t param_sha
     // The stage keeps the microbatches its schedule has in flight (1F1B: pp at the first
     // stage; GPipe: all of them).
     TITAN_CHECK(pipeline != nullptr, "training_memory_options: pp ", pp, " without its pipeline");
-    o.pipeline_sequences_in_flight =
-        pipeline_peak_microbatches(pipeline->table, pipeline->stages_per_rank) *
-        static_cast<double>(pipeline->microbatch_size);
+    const double peak =
+        pipeline->peak_microbatches > 0
+            ? pipeline->peak_microbatches
+            : pipeline_peak_microbatches(pipeline->table, pipeline->stages_per_rank);
+    o.pipeline_sequences_in_flight = peak * static_cast<double>(pipeline->microbatch_size);
   }
   return o;
 }

@@ -6,6 +6,7 @@
 #include "titan/common/check.h"
 #include "titan/common/format.h"
 #include "titan/common/logging.h"
+#include "titan/common/names.h"
 #include "titan/common/phase.h"
 #include "titan/components/loss.h"
 #include "titan/components/optimizer.h"
@@ -23,6 +24,7 @@
 
 #include <ATen/core/grad_mode.h>
 
+#include <algorithm>
 #include <sstream>
 
 namespace titan {
@@ -231,8 +233,46 @@ void ParallelizedModel::apply_activation_checkpointing(const ActivationCheckpoin
   TITAN_CHECK(!applied_ac_ && !applied_dp_,
               "activation checkpointing must be applied before data parallelism");
   applied_ac_ = true;
+  int64_t blocks = 0, checkpointed = 0;
+  std::vector<std::string> modules;  // every module of this rank's parts
   for (auto& part : parts_) {
     part->ac = titan::apply_activation_checkpointing(*part->model, ac);  // joins the runner chain
+    for (const auto& item : part->model->named_modules("", /*include_self=*/false)) {
+      modules.push_back(item.key());
+    }
+    if (!part->ac) continue;
+    const std::vector<ModelUnit> units = part->model->units();
+    for (size_t i = 0; i < units.size(); ++i) {
+      if (units[i].block < 0) continue;
+      ++blocks;
+      checkpointed += part->ac->checkpointed(static_cast<int64_t>(i));
+    }
+  }
+  // Settings that would do nothing are said, not ignored: an error on the whole model, a warning
+  // on a pipeline stage (whose blocks are a part of it).
+  const auto refuse = [&](const std::string& what, const std::string& hint) {
+    if (!pipeline_) throw ConfigError(what + ". HINT: " + hint);
+    log_warning(what, " on this pipeline rank's stages");
+  };
+  const std::string& option = ac.selective_ac_option;
+  if (ac.mode == "selective" && option != "op" && blocks > 0 && checkpointed == 0) {
+    refuse("activation_checkpoint.selective_ac_option " + option + " checkpoints every " + option +
+               "th block, and there are " + std::to_string(blocks) +
+               " blocks: none would be checkpointed",
+           "use a value of at most " + std::to_string(blocks) +
+               ", or activation_checkpoint.mode = \"none\"");
+  }
+  if (ac.mode == "selective" && option == "op") {
+    for (const std::string& fqn : ac.per_op_sac_force_recompute_mm_shapes_by_fqns) {
+      const bool found = std::any_of(modules.begin(), modules.end(), [&](const std::string& m) {
+        return !fqn.empty() && m.find(fqn) != std::string::npos;
+      });
+      // TorchTitan's default names the MoE router, absent from dense models: not a mistake.
+      if (found || fqn == "moe.router.gate") continue;
+      refuse("activation_checkpoint.per_op_sac_force_recompute_mm_shapes_by_fqns entry '" + fqn +
+                 "' matches no module of the model" + did_you_mean(nearest_name(fqn, modules)),
+             "name Linear layers by a part of their module name, e.g. 'moe.router.gate'");
+    }
   }
 }
 

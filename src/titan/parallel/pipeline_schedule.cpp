@@ -12,6 +12,7 @@
 #include <deque>
 #include <map>
 #include <set>
+#include <sstream>
 #include <stdexcept>
 #include <utility>
 
@@ -64,7 +65,11 @@ Action parse_plain_action(const std::string& text) {
     action.stage = std::stoll(text.substr(0, i));
     action.microbatch = j < text.size() ? std::stoll(text.substr(j)) : -1;
   } catch (const std::exception&) {
-    throw std::invalid_argument("its stage or microbatch number is out of range");
+    action.stage = kMaxSchedulePairs;  // out of range below
+  }
+  if (action.stage >= kMaxSchedulePairs || action.microbatch >= kMaxSchedulePairs) {
+    throw std::invalid_argument("its stage or microbatch number is above " +
+                                std::to_string(kMaxSchedulePairs - 1));
   }
   bool known = false;
   for (const KindName& k : kKindNames) {
@@ -245,6 +250,18 @@ void check_schedule_requirements(ScheduleKind kind, const ScheduleShape& shape) 
     throw ConfigError(name + ": pp (" + std::to_string(p) + "), stages per rank (" +
                       std::to_string(v) + ") and microbatches (" + std::to_string(m) +
                       ") must all be >= 1");
+  }
+  // Bounded before any product is formed (each factor first, then the pairs).
+  const double pairs = static_cast<double>(p) * static_cast<double>(v) * static_cast<double>(m);
+  if (pairs > static_cast<double>(kMaxSchedulePairs)) {
+    std::ostringstream os;
+    os << name << ": pp " << p << " x " << v << " stages per rank x " << m
+       << " microbatches = " << pairs << " (stage, microbatch) pairs, above the "
+       << kMaxSchedulePairs
+       << " a schedule may hold (a table that size takes minutes and gigabytes to build and "
+          "check). HINT: fewer microbatches (a larger parallelism.pipeline_parallel_microbatch_size)"
+          " or fewer stages per rank";
+    throw ConfigError(os.str());
   }
   const std::string stages = std::to_string(p) + " ranks * " + std::to_string(v) +
                              " stages per rank = " + std::to_string(p * v) + " stages";

@@ -94,6 +94,12 @@ std::vector<int64_t> stage_to_rank(int64_t pp, int64_t stages_per_rank, StagePla
 std::vector<int64_t> rank_stages(int64_t rank, int64_t pp, int64_t stages_per_rank,
                                  StagePlacement placement);
 
+// The largest schedules built or read: (stage, microbatch) pairs per table, and stage or
+// microbatch numbers in a table (a large real run, pp 64 x 8 stages per rank x 512 microbatches,
+// has 262,144 pairs). Beyond them a table takes minutes and gigabytes to build, check and print.
+constexpr int64_t kMaxSchedulePairs = int64_t{1} << 20;
+constexpr int64_t kMaxScheduleCells = int64_t{1} << 23;  // cells of a schedule CSV
+
 struct ScheduleShape {
   int64_t pp = 1;               // pipeline ranks
   int64_t stages_per_rank = 1;  // virtual stages per rank
@@ -105,7 +111,8 @@ struct ScheduleShape {
 // stage per rank, 1F1B at least as many microbatches as stages, Interleaved1F1B and
 // InterleavedZeroBubble a microbatch count that is a multiple of its rounds
 // (max(1, n_microbatches / pp)), ZBVZeroBubble and DualPipeV two stages per rank, DualPipeV at
-// least as many microbatches as stages.
+// least as many microbatches as stages; and every shape at most kMaxSchedulePairs stages x
+// microbatches.
 void check_schedule_requirements(ScheduleKind kind, const ScheduleShape& shape);
 
 // The compute-only table of `kind` (F, B, I, W, OVERLAP_F_B and the idle steps PyTorch's
@@ -133,6 +140,14 @@ std::string dump_schedule_csv(const ScheduleTable& table);
 ScheduleTable parse_schedule_csv(const std::string& text, const std::string& origin);
 // parse_schedule_csv of a file; ConfigError when it cannot be read.
 ScheduleTable load_schedule_csv(const std::string& path);
+
+// The stages and microbatches a table names: the largest stage and microbatch number + 1 (0
+// when it names none), over every action, overlapped pairs included.
+struct TableExtent {
+  int64_t n_stages = 0;
+  int64_t n_microbatches = 0;
+};
+TableExtent table_extent(const ScheduleTable& table);
 
 // PyTorch's _validate_schedule, stricter: `pp` ranks; each stage on one rank only; per stage
 // every microbatch forwarded once, backward once (B, or I and W), F before its B / I, I before its

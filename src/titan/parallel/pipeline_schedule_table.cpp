@@ -118,12 +118,19 @@ ScheduleTable parse_schedule_csv(const std::string& text, const std::string& ori
   ScheduleTable table;
   std::istringstream lines(text);
   std::string line;
+  int64_t cells = 0;
   while (std::getline(lines, line)) {
     if (!line.empty() && line.back() == '\r') line.pop_back();
     const size_t row = table.size() + 1;
     const std::string where =
         origin + ": row " + std::to_string(row) + " (rank " + std::to_string(row - 1) + ")";
     const std::vector<std::string> fields = split_csv_line(line, where);
+    cells += static_cast<int64_t>(fields.size());
+    if (cells > kMaxScheduleCells) {
+      throw ConfigError(where + ": the schedule CSV holds more than " +
+                        std::to_string(kMaxScheduleCells) +
+                        " cells, more than any schedule titan can run");
+    }
     std::vector<Slot> rank;
     for (size_t col = 0; col < fields.size(); ++col) {
       try {
@@ -152,11 +159,43 @@ ScheduleTable load_schedule_csv(const std::string& path) {
 
 // ---- Validation ---------------------------------------------------------------------------------
 
+TableExtent table_extent(const ScheduleTable& table) {
+  TableExtent e;
+  for (const auto& rank : table) {
+    for (const Slot& slot : rank) {
+      if (!slot) continue;
+      const std::vector<Action> parts =
+          slot->sub_actions.empty() ? std::vector<Action>{*slot} : slot->sub_actions;
+      for (const Action& a : parts) {
+        e.n_stages = std::max(e.n_stages, a.stage + 1);
+        e.n_microbatches = std::max(e.n_microbatches, a.microbatch + 1);
+      }
+    }
+  }
+  return e;
+}
+
 std::vector<int64_t> validate_schedule_table(const ScheduleTable& table, int64_t pp,
                                              int64_t n_stages, int64_t n_microbatches) {
   if (static_cast<int64_t>(table.size()) != pp) {
     throw ConfigError("the pipeline schedule has " + std::to_string(table.size()) +
                       " ranks (rows), pipeline_parallel_degree is " + std::to_string(pp));
+  }
+  // Every stage runs a forward of every microbatch: a table of fewer forwards cannot be one
+  // (and the bookkeeping below is sized by the counts, which must not come from a stray number).
+  int64_t forwards = 0;
+  for (const auto& rank : table) {
+    for (const Slot& slot : rank) {
+      if (!slot) continue;
+      if (slot->kind == ActionKind::kForward) ++forwards;
+      for (const Action& a : slot->sub_actions) forwards += a.kind == ActionKind::kForward;
+    }
+  }
+  if (n_stages < 1 || n_microbatches < 1 || n_stages > forwards || n_microbatches > forwards) {
+    throw ConfigError("the pipeline schedule has " + std::to_string(forwards) +
+                      " forward actions, fewer than its " + std::to_string(n_stages) +
+                      " stages or " + std::to_string(n_microbatches) +
+                      " microbatches need (one forward of every microbatch on every stage)");
   }
   std::vector<int64_t> owner(n_stages, -1);
   // done[kind][stage] = microbatches seen so far

@@ -246,6 +246,27 @@ PipelineLayout validate_pipeline(const ParallelismSection& parallelism, int64_t 
         }
       }
     }
+    // The stages the table runs against those the config's keys give: a table dumped for another
+    // schedule (`titan pipeline-schedule --dump-csv`) is refused naming the keys that disagree.
+    const int64_t csv_stages = table_extent(layout.table).n_stages;
+    if (csv_stages != layout.n_stages()) {
+      throw ConfigError(
+          csv + " runs " + str(csv_stages) + " stages, but the config gives " +
+          str(layout.n_stages()) + ": parallelism.pipeline_parallel_schedule '" +
+          schedule_name(layout.schedule) + "' places " + str(layout.stages_per_rank) +
+          (layout.stages_per_rank == 1 ? " stage" : " stages") +
+          " on each of pipeline_parallel_degree " + str(layout.pp) +
+          " ranks (with a CSV the schedule key still decides the stages and their placement, as "
+          "in TorchTitan). HINT: set pipeline_parallel_schedule to the schedule the CSV was made "
+          "for (" +
+          (csv_stages % layout.pp == 0 && csv_stages / layout.pp == 1
+               ? std::string("1F1B or GPipe for one stage per rank")
+               : std::string("a multi-stage one such as Interleaved1F1B, with "
+                             "pipeline_parallel_layers_per_stage or module_fqns_per_model_part "
+                             "giving ") +
+                     str(csv_stages) + " stages") +
+          ")");
+    }
     const std::vector<int64_t> owner =
         validate_schedule_table(layout.table, layout.pp, layout.n_stages(), layout.n_microbatches);
     for (int64_t s = 0; s < layout.n_stages(); ++s) {

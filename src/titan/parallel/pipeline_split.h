@@ -29,6 +29,9 @@ struct PipelineLayout {
   std::vector<std::vector<int64_t>> rank_stage_ids;   // pp rank -> its stages, ascending
   bool from_csv = false;  // the table comes from pipeline_parallel_schedule_csv
   ScheduleTable table;    // compute-only table every rank runs
+  // The most microbatches a stage holds in flight (pipeline_peak_microbatches in
+  // memory_options.h); 0 until someone computes it (the planner, once per layout).
+  double peak_microbatches = 0;
 
   int64_t n_stages() const { return pp * stages_per_rank; }
 };

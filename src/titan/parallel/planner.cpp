@@ -26,12 +26,16 @@ std::string fmt(const char* format, double a, double b = 0, double c = 0) {
   return buf;
 }
 
+// The divisors of n in increasing order, in O(sqrt(n)) (worlds of a million devices).
 std::vector<int64_t> divisors(int64_t n) {
-  std::vector<int64_t> out;
-  for (int64_t d = 1; d <= n; ++d) {
-    if (n % d == 0) out.push_back(d);
+  std::vector<int64_t> low, high;
+  for (int64_t d = 1; d <= n / d; ++d) {
+    if (n % d != 0) continue;
+    low.push_back(d);
+    if (d != n / d) high.push_back(n / d);
   }
-  return out;
+  low.insert(low.end(), high.rbegin(), high.rend());
+  return low;
 }
 
 // What the planner needs of a model beyond ModelStats: the attention and MoE shapes the
@@ -120,6 +124,8 @@ class PipelineCache {
       Entry e;
       try {
         e.layout = pp::validate_pipeline(p, n_layers, config.training.local_batch_size);
+        e.layout->peak_microbatches =
+            pipeline_peak_microbatches(e.layout->table, e.layout->stages_per_rank);
       } catch (const ConfigError& error) {
         e.rejection = error.what();
       }
@@ -248,7 +254,20 @@ void PlanRequest::validate() const {
   if (gpus_per_node < 1) {
     throw ConfigError("--gpus_per_node must be >= 1, got " + std::to_string(gpus_per_node));
   }
+  if (nodes > kMaxPlanDevices || gpus_per_node > kMaxPlanDevices ||
+      nodes * gpus_per_node > kMaxPlanDevices) {
+    throw ConfigError("--nodes " + std::to_string(nodes) + " x --gpus_per_node " +
+                      std::to_string(gpus_per_node) + " = " +
+                      fmt("%.4g", static_cast<double>(nodes) * static_cast<double>(gpus_per_node)) +
+                      " devices: titan plan plans at most " + std::to_string(kMaxPlanDevices) +
+                      " devices (the largest clusters have about 10^5)");
+  }
   positive("--gpu_memory_gib", hardware.memory_bytes);
+  if (!(hardware.reserved_bytes >= 0) || hardware.reserved_bytes >= hardware.memory_bytes) {
+    throw ConfigError("--reserved_gib " + fmt("%g", hardware.reserved_bytes / (1 << 30)) +
+                      " must be >= 0 and below the device memory, " +
+                      fmt("%g", hardware.memory_bytes / (1 << 30)) + " GiB (--gpu_memory_gib)");
+  }
   positive("--peak_tflops", hardware.peak_flops);
   positive("--intra_node_gbps", hardware.intra_node_bps);
   positive("--inter_node_gbps", hardware.inter_node_bps);
@@ -547,8 +566,10 @@ std::string reasoning(const Prediction& p) {
 
 namespace {
 
+// `time_if_unfit`: predict the step time of a layout that does not fit too (the config's own,
+// which is shown either way); the search skips that work.
 std::string evaluate(const PlanRequest& request, const ModelFacts& m, const Layout& layout,
-                     PipelineCache& pipelines, Prediction* prediction) {
+                     PipelineCache& pipelines, Prediction* prediction, bool time_if_unfit = true) {
   std::string reason = structural_rejection(request, m, layout);
   if (!reason.empty()) return reason;
   const JobConfig config = layout.apply(request.config);
@@ -566,9 +587,10 @@ std::string evaluate(const PlanRequest& request, const ModelFacts& m, const Layo
                                       layout.local_batch_size, config.training.seq_len,
                                       training_compute_dtype(config.training), options);
   p.usable_bytes = request.hardware.memory_bytes - request.hardware.reserved_bytes;
+  const bool fits = p.memory.total() <= p.usable_bytes;
+  if (!fits && !time_if_unfit) return "does not fit";
   predict_time(request, m, layout, pipeline, pipelines, p);
   p.reasoning = reasoning(p);
-  const bool fits = p.memory.total() <= p.usable_bytes;
   if (prediction != nullptr) *prediction = std::move(p);
   return fits ? "" : "does not fit";
 }
@@ -610,6 +632,24 @@ std::optional<Layout> config_layout(const PlanRequest& request, int64_t global, 
 
 }  // namespace
 
+namespace {
+
+// Sorts `ranked` fastest first (less memory first on a tie) and keeps the first `keep`.
+void keep_fastest(std::vector<Prediction>& ranked, size_t keep) {
+  const auto faster = [](const Prediction& x, const Prediction& y) {
+    if (x.step != y.step) return x.step < y.step;
+    return x.memory.total() < y.memory.total();
+  };
+  if (ranked.size() > keep) {
+    std::nth_element(ranked.begin(), ranked.begin() + static_cast<std::ptrdiff_t>(keep),
+                     ranked.end(), faster);
+    ranked.resize(keep);
+  }
+  std::sort(ranked.begin(), ranked.end(), faster);
+}
+
+}  // namespace
+
 Plan plan_layouts(const PlanRequest& request) {
   request.validate();
   const ModelFacts m = model_facts(request.config);
@@ -633,14 +673,27 @@ Plan plan_layouts(const PlanRequest& request) {
   };
   std::vector<std::string> acs = request.ac_modes;
   if (request.fix_ac) acs = {ac_from_config(c.activation_checkpoint)};
+  // By the share of the forward each recomputes (the step time grows with it).
+  std::stable_sort(acs.begin(), acs.end(), [&](const std::string& a, const std::string& b) {
+    return recompute_share(a, m, c.training.seq_len) < recompute_share(b, m, c.training.seq_len);
+  });
   std::vector<std::string> schedules = request.schedules;
   if (request.fix_schedule) schedules = {p.pipeline_parallel_schedule};
 
   PipelineCache pipelines;
-  std::set<std::string> unfit;  // layouts (without AC) that did not fit, per AC mode
-  std::vector<Prediction> fitting;
+  std::set<std::string> unfit;        // layouts (without AC) that did not fit, per AC mode
+  std::vector<Prediction> fitting;    // the fastest so far (at most 2 x kMaxRanked)
+  std::vector<double> fitting_steps;  // every fitting layout's step time, for the config's rank
   for (int64_t pp_deg : choices(request.fix_pp, p.pipeline_parallel_degree, world)) {
-    for (int64_t tp : choices(request.fix_tp, p.tensor_parallel_degree, world / pp_deg)) {
+    // Tensor parallelism stays within a node unless fixed: its per-layer all-reduces across the
+    // inter-node links would dominate any step (and the search grows with every degree tried).
+    std::vector<int64_t> tps = choices(request.fix_tp, p.tensor_parallel_degree, world / pp_deg);
+    if (!request.fix_tp) {
+      tps.erase(std::remove_if(tps.begin(), tps.end(),
+                               [&](int64_t tp) { return tp > request.gpus_per_node; }),
+                tps.end());
+    }
+    for (int64_t tp : tps) {
       for (int64_t cp : choices(request.fix_cp, p.context_parallel_degree, world / pp_deg / tp)) {
         const int64_t rest = world / pp_deg / tp / cp;
         for (int64_t rep :
@@ -673,30 +726,49 @@ Plan plan_layouts(const PlanRequest& request) {
           }
           const int64_t dp = rep * shard;
           for (const auto& [ep, etp] : expert_layouts) {
-            for (const std::string& ac : acs) {
-              for (const std::string& schedule :
-                   pp_deg > 1 ? schedules : std::vector<std::string>{""}) {
-                Layout l = Layout::of({.dp_replicate = rep,
-                                       .dp_shard = shard,
-                                       .cp = cp,
-                                       .tp = tp,
-                                       .pp = pp_deg,
-                                       .ep = ep,
-                                       .etp = etp});
-                l.ac = ac;
-                l.schedule = schedule;
-                if (global % dp != 0) {
-                  ++plan.considered;
-                  ++plan.rejected["global batch not divisible by dp"];
+            for (const std::string& schedule :
+                 pp_deg > 1 ? schedules : std::vector<std::string>{""}) {
+              Layout l = Layout::of({.dp_replicate = rep,
+                                     .dp_shard = shard,
+                                     .cp = cp,
+                                     .tp = tp,
+                                     .pp = pp_deg,
+                                     .ep = ep,
+                                     .etp = etp});
+              l.schedule = schedule;
+              if (global % dp != 0) {
+                plan.considered += static_cast<int64_t>(acs.size());
+                plan.rejected["global batch not divisible by dp"] +=
+                    static_cast<int64_t>(acs.size());
+                continue;
+              }
+              for (int64_t lb :
+                   choices(request.fix_local_batch, c.training.local_batch_size, global / dp)) {
+                l.local_batch_size = lb;
+                l.accumulation_steps = global / dp / lb;
+                // Lightest checkpointing first: once one fits, the heavier ones only recompute
+                // more on the same layout (slower, never ranked above it) and are not timed.
+                // A pipeline of more (stage, microbatch) pairs than this is not simulated: its
+                // table alone would take seconds and megabytes, for every such layout.
+                const int64_t mbs = std::max<int64_t>(1, p.pipeline_parallel_microbatch_size);
+                if (pp_deg > 1 && 2 * pp_deg * (lb / mbs) > kMaxPlannedPipelinePairs) {
+                  plan.considered += static_cast<int64_t>(acs.size());
+                  plan.rejected["pipeline of more than " +
+                                std::to_string(kMaxPlannedPipelinePairs) +
+                                " stage x microbatch pairs"] += static_cast<int64_t>(acs.size());
                   continue;
                 }
-                for (int64_t lb :
-                     choices(request.fix_local_batch, c.training.local_batch_size, global / dp)) {
-                  l.local_batch_size = lb;
-                  l.accumulation_steps = global / dp / lb;
+                bool fitted = false;
+                for (const std::string& ac : acs) {
                   ++plan.considered;
+                  if (fitted) {
+                    ++plan.rejected["slower than a lighter AC that fits"];
+                    continue;
+                  }
+                  l.ac = ac;
                   Prediction pred;
-                  const std::string reason = evaluate(request, m, l, pipelines, &pred);
+                  const std::string reason =
+                      evaluate(request, m, l, pipelines, &pred, /*time_if_unfit=*/false);
                   if (!reason.empty()) {
                     ++plan.rejected[reason];
                     if (reason == "does not fit") {
@@ -706,7 +778,11 @@ Plan plan_layouts(const PlanRequest& request) {
                     }
                     continue;
                   }
+                  fitted = true;
+                  ++plan.fitting;
+                  fitting_steps.push_back(pred.step);
                   fitting.push_back(std::move(pred));
+                  if (fitting.size() >= 2 * kMaxRanked) keep_fastest(fitting, kMaxRanked);
                 }
               }
             }
@@ -715,10 +791,7 @@ Plan plan_layouts(const PlanRequest& request) {
       }
     }
   }
-  std::sort(fitting.begin(), fitting.end(), [](const Prediction& x, const Prediction& y) {
-    if (x.step != y.step) return x.step < y.step;
-    return x.memory.total() < y.memory.total();
-  });
+  keep_fastest(fitting, kMaxRanked);
   // Say when a lighter checkpointing of the same layout did not fit.
   const std::vector<std::string> lighter = {"none", "2", "op", "full"};
   for (Prediction& pred : fitting) {
@@ -741,8 +814,8 @@ Plan plan_layouts(const PlanRequest& request) {
     plan.config_rejection = reason;
     if (reason.empty()) {
       // Its place among the ranked layouts (it may lie outside the searched modes).
-      plan.config_rank = std::count_if(plan.ranked.begin(), plan.ranked.end(),
-                                       [&](const Prediction& x) { return x.step < pred.step; });
+      plan.config_rank = std::count_if(fitting_steps.begin(), fitting_steps.end(),
+                                       [&](double step) { return step < pred.step; });
     }
   } else {
     plan.config_rejection = why;

@@ -88,6 +88,9 @@ struct Hardware {
 Hardware gpu_preset(const std::string& name, const std::string& flag = "--gpu");
 std::vector<std::string> gpu_preset_names();
 
+// The most devices a plan may span (nodes x gpus_per_node).
+constexpr int64_t kMaxPlanDevices = int64_t{1} << 20;
+
 struct PlanRequest {
   JobConfig config;  // model, training.seq_len / global_batch_size / dtypes, pipeline keys
   int64_t nodes = 1;
@@ -150,12 +153,18 @@ struct Prediction {
   std::string reasoning;
 };
 
+// The fastest fitting layouts a Plan keeps (every one is counted), and the longest pipeline the
+// search simulates (pp x 2 stages x microbatches; longer ones are counted as rejected).
+constexpr size_t kMaxRanked = 1000;
+constexpr int64_t kMaxPlannedPipelinePairs = int64_t{1} << 16;
+
 struct Plan {
-  std::vector<Prediction> ranked;           // fastest first (fitting layouts only)
+  std::vector<Prediction> ranked;  // fastest first (fitting layouts only), at most kMaxRanked
+  int64_t fitting = 0;             // fitting layouts found (ranked holds the fastest of them)
   std::map<std::string, int64_t> rejected;  // reason -> count
   int64_t considered = 0;
   // The config's own layout (its degrees, dp_shard -1 resolved), when valid: where it ranks
-  // (how many ranked layouts are faster; -1 when it does not fit) and its prediction.
+  // (how many fitting layouts are faster; -1 when it does not fit) and its prediction.
   std::optional<Prediction> config_layout;
   int64_t config_rank = -1;
   std::string config_rejection;  // why it is not in `ranked`, when it is not

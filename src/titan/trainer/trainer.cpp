@@ -555,9 +555,9 @@ TrainResult Trainer::train() {
           std::chrono::duration<double>(std::chrono::steady_clock::now() - v0).count());
     }
     if (step == result.start_step && world_) {
-      const std::chrono::milliseconds timeout(config_.comm.train_timeout_seconds * 1000);
-      dims_->set_timeout(timeout);
-      world_->set_timeout(timeout);
+      // Every group is a sub-group of world_ (dims, pipeline directions, CP's ring, ...): this
+      // reaches them all.
+      world_->set_timeout(std::chrono::milliseconds(config_.comm.train_timeout_seconds * 1000));
     }
     train_state_.step = step;
     train_state_.tokens_seen += global_tokens_per_step;

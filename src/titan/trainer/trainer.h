@@ -90,6 +90,8 @@ class Trainer {
   int64_t rank() const { return rank_; }
   // Where this rank computes (training.device; see titan/common/device.h).
   const at::Device& device() const { return device_; }
+  // The job's world group (every other group is made from it); null when training alone.
+  dist::Group* world_group() const { return world_.get(); }
 
  private:
   void build_model();

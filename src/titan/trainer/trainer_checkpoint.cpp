@@ -35,6 +35,29 @@ using LayoutFn = std::function<ShardBox(const std::string& param)>;
 // (data-parallel replicas, tensor-parallel replicated parameters).
 using OwnerFn = std::function<bool(const std::string& param)>;
 
+// The integer `key` of a state entry's fields, in [min, max]; DataError naming the checkpoint, the
+// entry and the field otherwise (a resume must not run on a value no save writes).
+int64_t state_int(const CheckpointReader& reader, const json& state, const std::string& entry,
+                  const std::string& key, int64_t min, int64_t max) {
+  const std::string where = "checkpoint '" + reader.dir() + "': " + entry + "." + key;
+  if (!state.is_object() || !state.contains(key)) throw DataError(where + " is missing");
+  const json& v = state.at(key);
+  if (!v.is_number_integer() ||
+      (v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX))) {
+    throw DataError(where + " must be an integer in [" + std::to_string(min) + ", " +
+                    std::to_string(max) + "], got " + v.dump());
+  }
+  const int64_t x = v.get<int64_t>();
+  if (x < min || x > max) {
+    throw DataError(where + " " + std::to_string(x) + " is outside [" + std::to_string(min) + ", " +
+                    std::to_string(max) + "] (corrupted or edited?)");
+  }
+  return x;
+}
+
+// Steps and token counts: non-negative, and exact as doubles (the optimizer's step is one).
+constexpr int64_t kMaxCount = int64_t{1} << 53;
+
 // Parameters (and their optimizer state) as (name, tensor) with their boxes.
 StateEntry model_entry(std::vector<std::pair<std::string, at::Tensor>> params, LayoutFn layout,
                        OwnerFn owner) {
@@ -73,7 +96,7 @@ StateEntry optimizer_entry(Optimizer& optimizer, LayoutFn layout, OwnerFn owner)
     for (const auto& [name, t] : optimizer.state_tensors()) {
       reader.read_box_into("optimizer." + name, layout(param_of(name)), t);
     }
-    optimizer.set_step_count(state.at("step_count").get<int64_t>());
+    optimizer.set_step_count(state_int(reader, state, "optimizer", "step_count", 0, kMaxCount));
   };
   return e;
 }
@@ -85,9 +108,9 @@ StateEntry train_state_entry(TrainState& ts) {
     state["step"] = ts.step;
     state["tokens_seen"] = ts.tokens_seen;
   };
-  e.load = [&ts](const CheckpointReader&, const json& state) {
-    ts.step = state.at("step").get<int64_t>();
-    ts.tokens_seen = state.at("tokens_seen").get<int64_t>();
+  e.load = [&ts](const CheckpointReader& reader, const json& state) {
+    ts.step = state_int(reader, state, "train_state", "step", 0, kMaxCount);
+    ts.tokens_seen = state_int(reader, state, "train_state", "tokens_seen", 0, kMaxCount);
   };
   return e;
 }
@@ -104,12 +127,19 @@ StateEntry lr_scheduler_entry(const LRScheduler& scheduler, const TrainState& ts
     state["decay_steps"] = scheduler.decay_steps();
   };
   e.load = [&scheduler](const CheckpointReader& reader, const json& state) {
-    if (state.value("warmup_steps", int64_t{-1}) != scheduler.warmup_steps() ||
-        state.value("decay_steps", int64_t{-1}) != scheduler.decay_steps()) {
-      log_warning("checkpoint ", reader.dir(), " was saved with lr warmup/decay steps ",
-                  state.value("warmup_steps", int64_t{-1}), "/",
-                  state.value("decay_steps", int64_t{-1}), "; this run uses ",
-                  scheduler.warmup_steps(), "/", scheduler.decay_steps());
+    // Recorded to notice a changed schedule (the schedule itself follows the step); checked
+    // where present (-1: absent).
+    std::map<std::string, int64_t> v;
+    for (const char* key : {"last_step", "warmup_steps", "stable_steps", "decay_steps"}) {
+      v[key] = state.is_object() && state.contains(key)
+                   ? state_int(reader, state, "lr_scheduler", key, 0, kMaxCount)
+                   : -1;
+    }
+    const int64_t warmup = v["warmup_steps"], decay = v["decay_steps"];
+    if (warmup != scheduler.warmup_steps() || decay != scheduler.decay_steps()) {
+      log_warning("checkpoint ", reader.dir(), " was saved with lr warmup/decay steps ", warmup,
+                  "/", decay, "; this run uses ", scheduler.warmup_steps(), "/",
+                  scheduler.decay_steps());
     }
   };
   return e;

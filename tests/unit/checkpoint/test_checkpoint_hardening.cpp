@@ -15,6 +15,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -459,6 +460,40 @@ TEST(CheckpointHardening, SafetensorsOffsetsMustTileTheDataSection) {
           R"({"b":{"dtype":"F32","shape":[1],"data_offsets":[8,12]},"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"z":{"dtype":"F32","shape":[0],"data_offsets":[12,12]}})",
           12));
   EXPECT_EQ(message_of([&] { ckpt::SafetensorsReader r(dir + "/ok.safetensors"); }), "");
+}
+
+// An index with a valid checksum that lists a tensor as two shards over the same rows (the
+// element count matches, rows 2-3 come from nowhere) is refused at open: the shards must tile the
+// tensor, not merely add up to it. The honest index (rows 0-1 and 2-3) reads back exactly.
+TEST(CheckpointHardening, ShardBoxesMustTileTheTensor) {
+  const at::Tensor top = at::arange(6, at::kFloat).reshape({2, 3});
+  const at::Tensor bottom = top + 100;
+  // The index of `a` and `b` saved whole, made into one tensor "w" [4, 3] of two shards, with
+  // b's box starting at row `b_row`, and sealed again with its checksum.
+  auto forged = [&](const std::string& tag, int64_t b_row) {
+    const std::string dir = fresh_dir(tag) + "/step-1";
+    ckpt::write_checkpoint(dir, {{"a", top, {}}, {"b", bottom, {}}}, {{"step", 1}});
+    nlohmann::json index = nlohmann::json::parse(read_text(dir + "/index.json"));
+    nlohmann::json a = index["tensors"]["a"]["shards"][0];
+    nlohmann::json b = index["tensors"]["b"]["shards"][0];
+    b["offsets"] = {b_row, 0};
+    index["tensors"] = {{"w", {{"dtype", "F32"}, {"shape", {4, 3}}, {"shards", {a, b}}}}};
+    index.erase("checksum");
+    const std::string canonical = index.dump();
+    index["checksum"] = ckpt::crc32c(canonical.data(), canonical.size());
+    write_text(dir + "/index.json", index.dump(1));
+    return dir;
+  };
+  const std::string honest = forged("tile_ok", 2);
+  EXPECT_TRUE(at::equal(CheckpointReader(honest).read("w"), at::cat({top, bottom})));
+  const std::string overlap = forged("tile_overlap", 0);
+  const std::string err = message_of([&] { CheckpointReader r(overlap); });
+  EXPECT_NE(err.find("index.json: tensor 'w' [4, 3]: shard 0 (file '"), std::string::npos) << err;
+  EXPECT_NE(err.find("key 'a') [0, 0] + [2, 3] overlaps shard 1 ("), std::string::npos) << err;
+  // A box past the end, with offsets that would overflow when added to the length.
+  const std::string past = forged("tile_past", std::numeric_limits<int64_t>::max());
+  const std::string err2 = message_of([&] { CheckpointReader r(past); });
+  EXPECT_NE(err2.find("is not inside the tensor [4, 3]"), std::string::npos) << err2;
 }
 
 }  // namespace test_checkpoint_hardening

@@ -3,6 +3,7 @@
 // falling back past a corrupted checkpoint.
 #include "titan/checkpoint/checkpoint_files.h"
 #include "titan/checkpoint/checkpoint_manager.h"
+#include "titan/checkpoint/safetensors.h"
 #include "titan/common/check.h"
 #include "titan/components/data/dataset.h"
 #include "titan/trainer/trainer.h"
@@ -11,6 +12,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <functional>
 
 namespace titan {
 namespace test_checkpoint_resume {
@@ -194,6 +196,60 @@ TEST(CheckpointResume, FallsBackPastACorruptedCheckpoint) {
   const std::string older = ckpt::step_dir(folder_of(c), 3) + "/index.json";
   std::ofstream(older, std::ios::trunc) << "{";
   EXPECT_THROW(Trainer{c}, DataError);
+}
+
+// Rewrites the newest checkpoint's index with `edit` applied to its state and the checksum
+// sealed again: what a forger (or a buggy tool) would leave, which the CRC alone cannot catch.
+void edit_state(const std::string& dir, const std::function<void(nlohmann::json&)>& edit) {
+  const std::string path = dir + "/index.json";
+  std::ifstream in(path);
+  nlohmann::json index = nlohmann::json::parse(in);
+  in.close();
+  edit(index["state"]["entries"]);
+  index.erase("checksum");
+  const std::string canonical = index.dump();
+  index["checksum"] = ckpt::crc32c(canonical.data(), canonical.size());
+  std::ofstream(path, std::ios::trunc) << index.dump(1);
+}
+
+// Every state field is range-checked at resume: a negative optimizer step count (NaN updates
+// after it) or step, or a non-integer token count, makes the checkpoint unloadable, naming the
+// field, and the run falls back to the one before.
+TEST(CheckpointResume, StateFieldsAreRangeChecked) {
+  REQUIRE_CORPUS();
+  JobConfig c = tiny_config("fields", 6);
+  Trainer(c).train();
+  c.training.steps = 8;
+  const std::vector<std::pair<std::string, std::function<void(nlohmann::json&)>>> edits = {
+      {"optimizer.step_count -3 is outside [0, ",
+       [](nlohmann::json& e) { e["optimizer"]["step_count"] = -3; }},
+      {"train_state.tokens_seen must be an integer",
+       [](nlohmann::json& e) { e["train_state"]["tokens_seen"] = "many"; }},
+      {"lr_scheduler.warmup_steps -1 is outside",
+       [](nlohmann::json& e) { e["lr_scheduler"]["warmup_steps"] = -1; }},
+  };
+  for (const auto& [expected, edit] : edits) {
+    SCOPED_TRACE(expected);
+    const std::string copy = c.job.dump_folder + "_edited";
+    fs::remove_all(copy);
+    fs::copy(c.job.dump_folder, copy, fs::copy_options::recursive);
+    JobConfig e = c;
+    e.job.dump_folder = copy;
+    edit_state(ckpt::step_dir(folder_of(e), 6), edit);
+    Trainer resumed(e);
+    EXPECT_EQ(resumed.train_state().step, 3);  // step 6 refused, step 3 loaded
+    EXPECT_EQ(resumed.optimizer().step_count(), 3);
+    // Asked for step 6 alone, the refusal names the field.
+    std::string message;
+    try {
+      JobConfig only6 = e;
+      only6.checkpoint.load_step = 6;
+      Trainer t(only6);
+    } catch (const DataError& error) {
+      message = error.what();
+    }
+    EXPECT_NE(message.find(expected), std::string::npos) << message;
+  }
 }
 
 TEST(CheckpointResume, SeedCheckpointAndInitialLoad) {

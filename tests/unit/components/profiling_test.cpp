@@ -13,6 +13,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <set>
 
 namespace titan {
@@ -65,6 +66,14 @@ TEST(Profiling, ScheduleErrorsShowTheArithmetic) {
                        "profiler_active must be >= 1"));
   EXPECT_TRUE(contains(message_of([] { ProfileSchedule::from_config(profiling(5, -1, 1)); }),
                        "profiler_warmup must be >= 0"));
+  // A warm-up near INT64_MAX used to overflow the sum into passing the check.
+  const std::string huge = message_of([] {
+    ProfileSchedule::from_config(profiling(4, std::numeric_limits<int64_t>::max() - 1, 2));
+  });
+  EXPECT_TRUE(contains(huge,
+                       "profiler_warmup(9223372036854775806) + profiler_active(2) = more "
+                       "than 2^63 > profile_freq(4)"))
+      << huge;
 }
 
 at::Tensor bytes(int64_t n) { return at::empty({n}, at::kByte); }

@@ -500,6 +500,30 @@ TEST(PlotSvg, ARunWithoutAMetricIsLeftOutOfThatPanelOnly) {
   EXPECT_EQ(single.find_all("circle").size(), 1u);
 }
 
+// Losses of +-1e308 (a diverged run) used to give NaN coordinates: the difference of the range
+// ends overflowed. Every coordinate of the document is a finite number.
+TEST(PlotSvg, ValuesAtTheEndsOfTheDoubleRangeGiveFiniteCoordinates) {
+  PlotSeries wild;
+  wild.label = "wild";
+  wild.metrics["loss"] = {{1, -1e308}, {2, 1e308}, {3, 1.7e308}, {4, 0.5}};
+  PlotSeries flat;
+  flat.label = "flat";
+  flat.metrics["loss"] = {{1, 1.7e308}, {2, 1.7e308}};
+  PlotOptions options;
+  options.metrics = {"loss"};
+  for (const auto& runs : {std::vector<PlotSeries>{wild}, std::vector<PlotSeries>{flat}}) {
+    const std::string svg = render_plot_svg(runs, options);
+    EXPECT_EQ(svg.find("nan"), std::string::npos) << svg.substr(0, 2000);
+    EXPECT_EQ(svg.find("inf"), std::string::npos) << svg.substr(0, 2000);
+    const Element root = XmlReader(svg).document();
+    for (const Element* line : root.find_all("polyline", "series")) {
+      for (const auto& [x, y] : points_of(*line)) {
+        EXPECT_TRUE(std::isfinite(x) && std::isfinite(y)) << x << "," << y;
+      }
+    }
+  }
+}
+
 TEST(PlotSvg, TheReaderRejectsMalformedDocuments) {
   EXPECT_THROW(XmlReader("<a><b></a></b>").document(), std::runtime_error);
   EXPECT_THROW(XmlReader("<a x=\"1\" x=\"2\"/>").document(), std::runtime_error);

@@ -19,6 +19,7 @@
 #include <sys/stat.h>
 
 #include <filesystem>
+#include <fstream>
 
 namespace titan {
 namespace test_input_files {
@@ -120,6 +121,37 @@ TEST_F(InputFiles, ASourceWithoutTextIsRefusedInEveryFormat) {
   // One empty document among others stays a document (numbering is unchanged).
   write_file(dir_ / "some.jsonl", "{\"text\": \"\"}\n{\"text\": \"x\"}\n");
   EXPECT_EQ(open_corpus((dir_ / "some.jsonl").string(), CorpusFormat::kJsonl)->size(), 2);
+}
+
+// Token shards are checked whole at start-up, as text files are: a shard of no tokens (which
+// used to train on BOS/EOS alone, re-looping every window) and an id past the vocabulary (found
+// only when a run reached its document) are refused naming the file, byte and document.
+TEST_F(InputFiles, TokenShardsAreCheckedWholeAtOpen) {
+  const std::string empty = (dir_ / "empty.bin").string();
+  {
+    TokenFileWriter writer(empty, /*vocab_size=*/300);
+    writer.add_document({});
+    writer.finish();
+  }
+  expect_data_error([&] { open_corpus(empty, CorpusFormat::kTokens); },
+                    {"empty.bin holds no tokens (1 empty documents)"});
+  const std::string bad = (dir_ / "bad.bin").string();
+  {
+    TokenFileWriter writer(bad, /*vocab_size=*/300);
+    writer.add_document({1, 2, 3});
+    writer.add_document({4, 5, 6, 7});
+    writer.finish();
+  }
+  EXPECT_EQ(open_corpus(bad, CorpusFormat::kTokens)->size(), 2);
+  {
+    std::fstream f(bad, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(kTokenFileHeaderBytes + 5 * 2);  // the third id of document 1
+    const char high[2] = {'\xff', '\xff'};
+    f.write(high, 2);
+  }
+  expect_data_error([&] { open_corpus(bad, CorpusFormat::kTokens); },
+                    {"bad.bin: token id 65535 at byte 50 (document 1) is >= the file's "
+                     "vocab_size 300"});
 }
 
 TEST(TokenFileOutput, AFullDiskIsAWriteErrorWithTheErrno) {

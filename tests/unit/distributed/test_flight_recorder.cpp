@@ -3,14 +3,19 @@
 // rank that skips a collective leaves dumps on both ranks that name it and the collective.
 #include "multirank.h"
 
+#include "titan/common/check.h"
 #include "titan/distributed/flight_recorder.h"
 
 #include <ATen/ATen.h>
+#include <nlohmann/json.hpp>
 
 #include <filesystem>
 #include <fstream>
 #include <future>
+#include <limits>
 #include <unistd.h>
+
+#include <functional>
 
 namespace titan {
 namespace test_flight_recorder {
@@ -43,11 +48,11 @@ const std::string kWorld = "world";
 const std::vector<int> kRanks2 = {0, 1};
 
 int64_t record(FlightRecorder& fr, int64_t seq, const char* op, int64_t numel,
-               std::vector<int64_t> shape = {}) {
+               std::vector<int64_t> shape = {}, int group_rank = 0) {
   FlightRecorder::Op r;
   r.group = &kWorld;
   r.group_size = 2;
-  r.group_rank = 0;
+  r.group_rank = group_rank;
   r.group_ranks = &kRanks2;
   r.seq = seq;
   r.op = op;
@@ -85,8 +90,8 @@ TEST(FlightRecorder, JsonReadsBackFieldForField) {
   TempFolder dir;
   const std::string path = (dir.path / "sub" / "rank_1.json").string();
   FlightRecorder fr(8, path, /*rank=*/1, /*world_size=*/2);
-  const int64_t a = record(fr, 0, "all_to_all_single", 12, {3, 4});
-  record(fr, 1, "broadcast", 2 * 3 * 4 * 5 * 6, {2, 3, 4, 5, 6});  // beyond the inline dims
+  const int64_t a = record(fr, 0, "all_to_all_single", 12, {3, 4}, 1);
+  record(fr, 1, "broadcast", 2 * 3 * 4 * 5 * 6, {2, 3, 4, 5, 6}, 1);  // beyond the inline dims
   fr.finish(a, OpState::kTimedOut);
   ASSERT_TRUE(fr.dump());
   ASSERT_TRUE(std::filesystem::exists(path));
@@ -124,6 +129,115 @@ TEST(FlightRecorder, JsonReadsBackFieldForField) {
     EXPECT_TRUE(contains(e.what(), "rank_0.json")) << e.what();
   }
   EXPECT_THROW(dist::analyze_flight_records((dir.path / "nowhere").string()), std::runtime_error);
+}
+
+// A valid dump of `rank` of 2: an all_reduce (seq 0) and a barrier (seq 1) on "world", and a send
+// to the other rank on "pp_down". Tests break one field and expect the file and entry named.
+nlohmann::json good_dump(int rank) {
+  auto entry = [&](int64_t id, const char* group, int64_t seq, const char* op, int peer) {
+    return nlohmann::json{{"id", id},           {"group", group},        {"group_size", 2},
+                          {"group_rank", rank}, {"group_ranks", {0, 1}}, {"seq", seq},
+                          {"op", op},           {"peer", peer},          {"dtype", "Float"},
+                          {"numel", 6},         {"shape", {2, 3}},       {"issued_s", 1.0},
+                          {"completed_s", 2.0}, {"state", "completed"}};
+  };
+  return {{"version", 1},
+          {"rank", rank},
+          {"world_size", 2},
+          {"capacity", 8},
+          {"dropped", 0},
+          {"entries",
+           {entry(0, "world", 0, "all_reduce", -1), entry(1, "world", 1, "barrier", -1),
+            entry(2, "pp_down", -1, "send", 1 - rank)}}};
+}
+
+// The analyzer's verdict on a folder holding `dumps` (file name -> document), or the DataError.
+std::string analyze_folder(const std::vector<std::pair<std::string, nlohmann::json>>& dumps) {
+  TempFolder dir;
+  for (const auto& [name, doc] : dumps) std::ofstream(dir.path / name) << doc.dump();
+  try {
+    return "ok: " + dist::analyze_flight_records(dir.path.string()).report;
+  } catch (const DataError& e) {
+    return e.what();
+  }
+}
+
+// What a crashed job may leave behind never crashes the analyzer: every field is checked, and
+// the error names the file, the entry and the field.
+TEST(FlightRecorder, AnalyzerChecksEveryFieldOfWhatACrashLeft) {
+  const nlohmann::json good0 = good_dump(0), good1 = good_dump(1);
+  EXPECT_TRUE(
+      contains(analyze_folder({{"rank_0.json", good0}, {"rank_1.json", good1}}), "ok: 2 dumps"));
+  struct Case {
+    const char* what;
+    std::function<void(nlohmann::json&)> edit;
+    const char* expected;
+  };
+  const int64_t kMax = std::numeric_limits<int64_t>::max();
+  const std::vector<Case> cases = {
+      {"seq jump", [](auto& d) { d["entries"][1]["seq"] = 1000; },
+       "rank_1.json: entry 1 (id 1): group 'world' jumps from sequence number 0 (entry 0) to 1000"},
+      {"negative seq", [](auto& d) { d["entries"][0]["seq"] = -7; },
+       "rank_1.json: entry 0 (id 0): collective all_reduce has sequence number -7"},
+      {"seq past int64", [](auto& d) { d["entries"][0]["seq"] = uint64_t{1} << 63; },
+       "rank_1.json: entry 0 (id 0): field 'seq' is out of range: 9223372036854775808"},
+      {"empty group_ranks",
+       [](auto& d) { d["entries"][0]["group_ranks"] = nlohmann::json::array(); },
+       "entry 0 (id 0): group_ranks lists 0 ranks for group_size 2"},
+      {"empty group name", [](auto& d) { d["entries"][1]["group"] = ""; },
+       "entry 1 (id 1): the group name is empty"},
+      {"rank out of range", [](auto& d) { d["rank"] = 5; },
+       "rank_1.json: rank 5 is not in [0, world_size 2)"},
+      {"world size 0", [](auto& d) { d["world_size"] = 0; },
+       "rank_1.json: world_size 0 is not in [1, 1048576]"},
+      {"unknown version", [](auto& d) { d["version"] = 7; },
+       "rank_1.json: flight-recorder dump version 7 is unknown"},
+      {"group size", [](auto& d) { d["entries"][0]["group_size"] = 3; },
+       "entry 0 (id 0): group_size 3 is not in [1, world_size 2]"},
+      {"group rank", [](auto& d) { d["entries"][0]["group_rank"] = 0; },
+       "entry 0 (id 0): group_rank 0 is not this dump's rank 1 in group_ranks [0, 1]"},
+      {"unsorted members",
+       [](auto& d) {
+         d["entries"][0]["group_ranks"] = {1, 1};
+       },
+       "entry 0 (id 0): group_ranks [1, 1] must be increasing world ranks in [0, 2)"},
+      {"peer", [](auto& d) { d["entries"][2]["peer"] = 9; },
+       "entry 2 (id 2): peer 9 of a send is not in [0, group_size 2)"},
+      {"ids", [](auto& d) { d["entries"][1]["id"] = 0; }, "entry 1 (id 0): ids must increase"},
+      {"numel", [](auto& d) { d["entries"][0]["numel"] = -1; }, "entry 0 (id 0): numel -1"},
+      {"time", [](auto& d) { d["entries"][0]["issued_s"] = "soon"; },
+       "entry 0 (id 0): field 'issued_s' must be a finite number"},
+      {"state", [](auto& d) { d["entries"][0]["state"] = "lost"; },
+       "entry 0 (id 0): unknown state 'lost'"},
+      {"missing field", [](auto& d) { d["entries"][0].erase("op"); },
+       "entry 0 (id 0): field 'op' is missing"},
+  };
+  for (const Case& c : cases) {
+    nlohmann::json bad = good1;
+    c.edit(bad);
+    const std::string got = analyze_folder({{"rank_0.json", good0}, {"rank_1.json", bad}});
+    EXPECT_TRUE(contains(got, c.expected)) << c.what << ": " << got;
+  }
+  // A lone collective at INT64_MAX is well formed: analyzed, no overflow past it.
+  nlohmann::json far0 = good0, far1 = good1;
+  for (nlohmann::json* d : {&far0, &far1}) {
+    (*d)["entries"][0]["seq"] = kMax - 1;
+    (*d)["entries"][1]["seq"] = kMax;
+  }
+  far1["entries"][1]["state"] = "timed out";
+  const std::string far = analyze_folder({{"rank_0.json", far0}, {"rank_1.json", far1}});
+  EXPECT_TRUE(contains(far,
+                       "barrier #9223372036854775807 (Float, numel 6) was issued by every "
+                       "rank that left a dump but not completed on ranks [1]"))
+      << far;
+  // Two files of one rank, and dumps of different worlds.
+  EXPECT_TRUE(contains(analyze_folder({{"a.json", good0}, {"b.json", good0}}),
+                       "b.json: rank 0 already has a dump, "))
+      << analyze_folder({{"a.json", good0}, {"b.json", good0}});
+  nlohmann::json other_world = good1;
+  other_world["world_size"] = 4;
+  EXPECT_TRUE(contains(analyze_folder({{"rank_0.json", good0}, {"rank_1.json", other_world}}),
+                       "rank_1.json: world_size 4 differs from"));
 }
 
 // A dump of `rank` in a world group of `world` ranks with the given (op, numel, state) in order.

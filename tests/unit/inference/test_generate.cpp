@@ -14,6 +14,7 @@
 
 #include <gtest/gtest.h>
 
+#include <limits>
 #include <map>
 #include <set>
 
@@ -321,6 +322,33 @@ TEST(TextStream, HoldsBackSplitCharacters) {
   EXPECT_EQ(stream.put(0xC3), "");
   EXPECT_EQ(stream.flush(), "\xC3");  // an unfinished character is still printed at the end
   EXPECT_EQ(stream.flush(), "");
+}
+
+// A model whose logits are NaN (a broken weight or config value) stops generation with an error
+// naming the token, greedy or sampled, instead of printing ids chosen from NaN; an absurd
+// max_new_tokens is bounded by max_seq_len, not overflowed into the cache size.
+TEST(Generate, NonFiniteLogitsStopAndHugeMaxNewTokensIsBounded) {
+  const auto model = tiny_model();
+  const GenerationResult capped =
+      generate(*model, kPrompt, greedy(std::numeric_limits<int64_t>::max(), true));
+  EXPECT_EQ(capped.stop_reason, StopReason::kMaxSeqLen);
+  EXPECT_EQ(static_cast<int64_t>(capped.tokens.size()), 128);
+  {
+    at::NoGradGuard no_grad;
+    model->parameters()[0].fill_(std::numeric_limits<float>::quiet_NaN());
+  }
+  for (const double temperature : {0.0, 0.8}) {
+    GenerationOptions options = greedy(4, true);
+    options.sampler.temperature = temperature;
+    try {
+      generate(*model, kPrompt, options);
+      ADD_FAILURE() << "NaN logits sampled at temperature " << temperature;
+    } catch (const DataError& e) {
+      EXPECT_NE(std::string(e.what()).find("generated token 1: the model's logits hold "),
+                std::string::npos)
+          << e.what();
+    }
+  }
 }
 
 }  // namespace test_generate

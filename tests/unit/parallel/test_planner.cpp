@@ -45,12 +45,15 @@ double step_of(const PlanRequest& r, const Layout& l) {
 }
 
 TEST(Planner, EveryRankedLayoutIsOneTheTrainerAccepts) {
-  const PlanRequest r = request_for("8B", 8192, 32, /*nodes=*/2, /*gpus_per_node=*/8);
+  // One node of 16 (tensor parallelism stays within a node, so tp 16 is tried).
+  const PlanRequest r = request_for("8B", 8192, 32, /*nodes=*/1, /*gpus_per_node=*/16);
   const Plan plan = plan_layouts(r);
   ASSERT_FALSE(plan.ranked.empty());
   int64_t rejected = 0;
   for (const auto& [reason, n] : plan.rejected) rejected += n;
-  EXPECT_EQ(rejected + static_cast<int64_t>(plan.ranked.size()), plan.considered);
+  EXPECT_EQ(rejected + plan.fitting, plan.considered);
+  EXPECT_EQ(static_cast<int64_t>(plan.ranked.size()),
+            std::min<int64_t>(plan.fitting, static_cast<int64_t>(kMaxRanked)));
   EXPECT_GT(plan.rejected.at("tp > n_kv_heads"), 0);  // 8B has 8 KV heads; tp 16 exists
   EXPECT_GT(plan.rejected.at("does not fit"), 0);
   const ModelStats s = get_model_spec("llama3").describe("8B", 1, 8192, at::kBFloat16);
@@ -317,6 +320,36 @@ TEST(Planner, TheConfigsLayoutIsRanked) {
   r.fix_tp = true;
   r.config.parallelism.tensor_parallel_degree = 2;
   for (const Prediction& p : plan_layouts(r).ranked) EXPECT_EQ(p.layout.tp, 2);
+}
+
+// What the search leaves out cannot rank first: tensor parallelism across nodes (unless fixed)
+// and, for a layout that fits with a lighter activation checkpointing, the heavier ones (more
+// recomputation on the same layout): every ranked layout's other modes do not fit or are slower.
+TEST(Planner, TheSearchLeavesOutOnlyDominatedLayouts) {
+  const PlanRequest r = request_for("8B", 8192, 32, /*nodes=*/2, /*gpus_per_node=*/8);
+  const Plan plan = plan_layouts(r);
+  ASSERT_FALSE(plan.ranked.empty());
+  EXPECT_GT(plan.rejected.at("slower than a lighter AC that fits"), 0);
+  for (const Prediction& p : plan.ranked) {
+    SCOPED_TRACE(p.layout.describe());
+    EXPECT_LE(p.layout.tp, 8);
+    // Another checkpointing of the same layout either does not fit or is not faster.
+    for (const std::string& ac : r.ac_modes) {
+      if (ac == p.layout.ac) continue;
+      Layout other = p.layout;
+      other.ac = ac;
+      Prediction q;
+      if (evaluate_layout(r, other, &q) == "") EXPECT_GE(q.step, p.step) << "AC " << ac;
+    }
+  }
+  // Absurd sizes are refused up front with the limit; reserved memory cannot exceed the device's.
+  PlanRequest huge = r;
+  huge.nodes = 1000000000;
+  EXPECT_TRUE(contains(message_of([&] { huge.validate(); }), "titan plan plans at most 1048576"));
+  PlanRequest reserved = r;
+  reserved.hardware.reserved_bytes = 1000 * kGiB;
+  EXPECT_TRUE(contains(message_of([&] { reserved.validate(); }),
+                       "--reserved_gib 1000 must be >= 0 and below the device memory"));
 }
 
 TEST(Planner, BadRequestsNameTheFlag) {

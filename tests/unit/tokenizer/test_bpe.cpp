@@ -302,6 +302,15 @@ TEST(BpeTokenizer, IdsFarPastTheEntriesAreRejected) {
   const std::string float_path = dir.write("e/tokenizer.json", far_added.dump());
   EXPECT_NE(error_of(float_path).find("'<|begin_of_text|>' has a non-integer id 1e+300"),
             std::string::npos);
+  // An empty special token is named as empty, with its (valid) id, not as an invalid id.
+  json empty_added = hf_json(false, kByteLevel);
+  const int64_t empty_id = empty_added["added_tokens"][0]["id"].get<int64_t>();
+  empty_added["added_tokens"][0]["content"] = "";
+  const std::string empty_path = dir.write("f/tokenizer.json", empty_added.dump());
+  EXPECT_NE(error_of(empty_path)
+                .find("the special token of id " + std::to_string(empty_id) + " is empty"),
+            std::string::npos)
+      << error_of(empty_path);
 }
 
 // An added token at an id the vocabulary already gives another token used to overwrite that token,

@@ -208,6 +208,13 @@ class TokenCorpusSource final : public DocumentSource {
     int64_t total = 0;
     for (const std::string& path : files) {
       auto reader = std::make_unique<TokenFileReader>(path);
+      // As an empty .txt file: its documents would be BOS and EOS alone, re-looped every window.
+      if (reader->num_tokens() == 0) {
+        throw DataError("token file " + path + " holds no tokens (" +
+                        std::to_string(reader->num_documents()) +
+                        " empty documents); training would see only BOS and EOS. HINT: remove "
+                        "it, or regenerate it with `titan data prepare` from a non-empty input");
+      }
       if (!readers_.empty() && reader->vocab_size() != readers_[0]->vocab_size()) {
         throw DataError("token file " + path + " has vocab_size " +
                         std::to_string(reader->vocab_size()) + " but " + readers_[0]->path() +

@@ -10,6 +10,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -101,6 +102,7 @@ TokenFileReader::TokenFileReader(const std::string& path) : path_(path) {
       }
       prev = o;
     }
+    check_ids();
   } catch (...) {
     ::munmap(const_cast<unsigned char*>(data_), size_);
     throw;
@@ -114,6 +116,46 @@ TokenFileReader::~TokenFileReader() {
 }
 
 uint64_t TokenFileReader::offset(int64_t i) const { return load<uint64_t>(offsets_ + 8 * i); }
+
+namespace {
+
+// The index of the first id >= vocab among n little-endian ids of type T at p, or n. The common
+// case (none) is one vectorizable pass for the largest id.
+template <typename T>
+int64_t first_id_at_or_above(const unsigned char* p, int64_t n, uint64_t vocab) {
+  constexpr int64_t kBlock = 1 << 16;
+  for (int64_t start = 0; start < n; start += kBlock) {
+    const int64_t end = std::min(n, start + kBlock);
+    T largest = 0;
+    for (int64_t t = start; t < end; ++t) largest = std::max(largest, load<T>(p + t * sizeof(T)));
+    if (largest < vocab) continue;
+    for (int64_t t = start; t < end; ++t) {
+      if (load<T>(p + t * sizeof(T)) >= vocab) return t;
+    }
+  }
+  return n;
+}
+
+}  // namespace
+
+void TokenFileReader::check_ids() const {
+  const auto vocab = static_cast<uint64_t>(vocab_size_);
+  const int64_t bad = width_ == 2 ? first_id_at_or_above<uint16_t>(tokens_, num_tokens_, vocab)
+                                  : first_id_at_or_above<uint32_t>(tokens_, num_tokens_, vocab);
+  if (bad == num_tokens_) return;
+  // Its document: the last whose offset is at or before it.
+  int64_t lo = 0, hi = num_documents_;
+  while (hi - lo > 1) {
+    const int64_t mid = lo + (hi - lo) / 2;
+    (offset(mid) <= static_cast<uint64_t>(bad) ? lo : hi) = mid;
+  }
+  const unsigned char* p = tokens_ + bad * width_;
+  const int64_t id = width_ == 2 ? load<uint16_t>(p) : load<uint32_t>(p);
+  throw DataError("token file " + path_ + ": token id " + std::to_string(id) + " at byte " +
+                  std::to_string(p - data_) + " (document " + std::to_string(lo) +
+                  ") is >= the file's vocab_size " + std::to_string(vocab_size_) +
+                  ". HINT: the file is corrupt; regenerate it with `titan data prepare`");
+}
 
 std::vector<int64_t> TokenFileReader::document(int64_t i) const {
   TITAN_CHECK(i >= 0 && i < num_documents_, "token file ", path_, ": document ", i,

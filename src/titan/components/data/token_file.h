@@ -29,7 +29,9 @@ constexpr char kTokenFileMagic[8] = {'T', 'I', 'T', 'A', 'N', 'T', 'O', 'K'};
 constexpr uint32_t kTokenFileVersion = 1;
 constexpr int64_t kTokenFileHeaderBytes = 40;
 
-// A read-only memory mapping of one token file; the header and offsets are checked on open.
+// A read-only memory mapping of one token file; the header, the offsets and every id (below
+// vocab_size) are checked on open, so a corrupt shard is refused at start-up, not when a run
+// reaches the bad document.
 class TokenFileReader {
  public:
   // Throws DataError naming the file and the byte offset of what is wrong.
@@ -48,6 +50,8 @@ class TokenFileReader {
 
  private:
   uint64_t offset(int64_t i) const;
+  // DataError naming the byte and document of the first id >= vocab_size, if any.
+  void check_ids() const;
 
   std::string path_;
   const unsigned char* data_ = nullptr;

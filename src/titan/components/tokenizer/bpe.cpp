@@ -42,7 +42,11 @@ BpeTokenizer::BpeTokenizer(BpeModel model)
   const int64_t max_id =
       size + static_cast<int64_t>(model_.special_tokens.size()) + BpeModel::kMaxUnusedIds;
   for (const auto& [text, id] : model_.special_tokens) {
-    if (id < 0 || id >= max_id || text.empty()) {
+    if (text.empty()) {
+      throw DataError(src + ": the special token of id " + std::to_string(id) +
+                      " is empty (\"content\": \"\"); a special token needs text to match");
+    }
+    if (id < 0 || id >= max_id) {
       throw DataError(src + ": special token '" + text + "' has an invalid id " +
                       std::to_string(id) + " (want 0 <= id < " + std::to_string(max_id) +
                       ": the vocabulary's size plus at most " +

@@ -3,9 +3,11 @@
 
 #include "titan/common/check.h"
 #include "titan/common/logging.h"
+#include "titan/models/common/hf_config_checks.h"
 #include "titan/models/deepseek_v3/spec.h"
 #include "titan/models/qwen3/hf_adapter.h"
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <string>
@@ -129,6 +131,13 @@ void set_rope(const nlohmann::json& c, Llama3Args& args) {
   }
   const double mscale = double_or(rope, "mscale", 0.0);
   const double mscale_all_dim = double_or(rope, "mscale_all_dim", 0.0);
+  hf::check_int("rope_scaling.original_max_position_embeddings", y.original_seq_len, 1,
+                int64_t{1} << 31);
+  hf::check_number("rope_scaling.factor", y.factor, 0, 1e6, /*lo_open=*/true);
+  hf::check_number("rope_scaling.beta_fast", y.beta_fast, 0, 1e6, /*lo_open=*/true);
+  hf::check_number("rope_scaling.beta_slow", y.beta_slow, 0, 1e6, /*lo_open=*/true);
+  hf::check_number("rope_scaling.mscale", mscale, 0, 1e3);
+  hf::check_number("rope_scaling.mscale_all_dim", mscale_all_dim, 0, 1e3);
   // transformers scales cos/sin by the attention factor; our rotation is unscaled.
   const double factor =
       has(rope, "attention_factor")
@@ -285,6 +294,25 @@ Llama3Args args_from_hf_config(const nlohmann::json& c) {
   // One group is no limit (every expert in the chosen group).
   m.num_expert_groups = groups == 1 ? 0 : groups;
   m.num_limited_groups = groups == 1 ? 0 : limited;
+  // Each value named by its key before the model's own checks, which know only our names (and a
+  // zero kv_lora_rank would otherwise build attention without the latent and miss its tensors).
+  llama3::check_hf_ranges(args);
+  constexpr int64_t kWidth = int64_t{1} << 20;
+  hf::check_int("q_lora_rank", a.q_lora_rank, 0, kWidth, "0 or null: queries without a latent");
+  hf::check_int("kv_lora_rank", a.kv_lora_rank, 1, kWidth,
+                "latent attention compresses keys and values into it");
+  hf::check_int("qk_nope_head_dim", a.qk_nope_head_dim, 0, kWidth);
+  hf::check_int("qk_rope_head_dim", a.qk_rope_head_dim, 2, kWidth, "RoPE rotates pairs");
+  hf::check_int("v_head_dim", a.v_head_dim, 1, kWidth);
+  hf::check_int("first_k_dense_replace", args.n_dense_layers, 0,
+                std::max<int64_t>(0, args.n_layers), "at most num_hidden_layers");
+  hf::check_int("n_routed_experts", m.num_experts, 1, int64_t{1} << 16);
+  hf::check_int("num_experts_per_tok", m.top_k, 1, m.num_experts, "at most n_routed_experts");
+  hf::check_int("moe_intermediate_size", m.hidden_dim, 1, int64_t{1} << 24);
+  hf::check_int("n_shared_experts", m.num_shared_experts, 0, 1024);
+  hf::check_int("n_group", groups, 1, m.num_experts, "at most n_routed_experts");
+  hf::check_int("topk_group", limited, 1, groups, "at most n_group");
+  hf::check_number("routed_scaling_factor", m.route_scale, 0, 1e4, /*lo_open=*/true);
   args.validate();
   return args;
 }

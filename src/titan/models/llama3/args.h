@@ -102,6 +102,12 @@ nlohmann::json resolved_args(const Llama3Args& args);
 // {"name": "llama3", "flavor": "custom", "args": args_to_json(args)}.
 nlohmann::json describe_args(const Llama3Args& args, const Family& family = llama3_family());
 
+// ConfigError naming the config.json key of the first argument read from one that no model has
+// (rms_norm_eps outside (0, 1], rope_theta outside (0, 1e12], the Llama 3 RoPE scaling factors,
+// max_position_embeddings); the Hugging Face readers of llama3, qwen3 and deepseek_v3 call it
+// (defined with the llama3 reader, hf_adapter.cpp).
+void check_hf_ranges(const Llama3Args& args);
+
 // The dtype of the residual stream between blocks when matmuls run in `compute_dtype`.
 at::ScalarType residual_dtype(at::ScalarType compute_dtype);
 

@@ -2,6 +2,7 @@
 #include "titan/models/llama3/hf_adapter.h"
 
 #include "titan/common/check.h"
+#include "titan/models/common/hf_config_checks.h"
 
 #include <array>
 #include <cmath>
@@ -175,6 +176,28 @@ void check_fixed(const nlohmann::json& config, const std::string& key,
 
 }  // namespace
 
+void check_hf_ranges(const Llama3Args& args) {
+  // Named by their config.json keys here; later checks know only our argument names. Bounds far
+  // outside every released model, inside what the arithmetic survives.
+  hf::check_number("rms_norm_eps", args.norm_eps, 0, 1, /*lo_open=*/true);
+  hf::check_number("rope_theta", args.rope_theta, 0, 1e12, /*lo_open=*/true);
+  hf::check_int("max_position_embeddings", args.max_seq_len, 1, int64_t{1} << 31);
+  if (args.use_rope_scaling) {
+    const RopeScaling& rs = args.rope_scaling;
+    hf::check_number("rope_scaling.factor", rs.scaling_factor, 0, 1e6, /*lo_open=*/true);
+    hf::check_number("rope_scaling.low_freq_factor", rs.low_freq_factor, 0, 1e6, true);
+    hf::check_number("rope_scaling.high_freq_factor", rs.high_freq_factor, 0, 1e6, true);
+    if (rs.high_freq_factor <= rs.low_freq_factor) {
+      throw ConfigError("config.json rope_scaling \"high_freq_factor\" " +
+                        std::to_string(rs.high_freq_factor) + " must exceed \"low_freq_factor\" " +
+                        std::to_string(rs.low_freq_factor) +
+                        " (Llama 3 scaling divides by the gap)");
+    }
+    hf::check_int("rope_scaling.original_max_position_embeddings",
+                  rs.original_max_position_embeddings, 1, int64_t{1} << 31);
+  }
+}
+
 at::Tensor permute_to_hf(const at::Tensor& w, int64_t n_heads) {
   return permute_rows(w, n_heads, /*to_hf=*/true);
 }
@@ -259,19 +282,7 @@ Llama3Args args_from_hf_config(const nlohmann::json& config) {
                       " != hidden_size / num_attention_heads (" + std::to_string(args.dim) + " / " +
                       std::to_string(args.n_heads) + "), which this model requires");
   }
-  // Named by their config.json keys here; later checks know only our argument names.
-  const std::pair<const char*, double> positive[] = {{"rms_norm_eps", args.norm_eps},
-                                                     {"rope_theta", args.rope_theta}};
-  for (const auto& [key, value] : positive) {
-    if (!(value > 0) || !std::isfinite(value)) {
-      throw ConfigError("config.json \"" + std::string(key) +
-                        "\" must be a finite number > 0, got " + nlohmann::json(value).dump());
-    }
-  }
-  if (args.max_seq_len <= 0) {
-    throw ConfigError("config.json \"max_position_embeddings\" must be > 0, got " +
-                      std::to_string(args.max_seq_len));
-  }
+  check_hf_ranges(args);
   args.validate();
   return args;
 }

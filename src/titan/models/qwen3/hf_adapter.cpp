@@ -3,6 +3,7 @@
 #include "titan/models/qwen3/hf_adapter.h"
 
 #include "titan/common/check.h"
+#include "titan/models/common/hf_config_checks.h"
 #include "titan/models/llama3/hf_adapter.h"
 #include "titan/models/qwen3/spec.h"
 
@@ -108,6 +109,10 @@ void set_moe(const nlohmann::json& config, Llama3Args& args) {
         "config.json of a qwen3_moe model needs num_experts, num_experts_per_tok "
         "and moe_intermediate_size > 0");
   }
+  hf::check_int("num_experts", args.moe.num_experts, 1, int64_t{1} << 16);
+  hf::check_int("num_experts_per_tok", args.moe.top_k, 1, args.moe.num_experts,
+                "at most num_experts");
+  hf::check_int("moe_intermediate_size", args.moe.hidden_dim, 1, int64_t{1} << 24);
   args.moe.score_func = MoEArgs::Score::kSoftmax;
   const bool norm = config.contains("norm_topk_prob") && config["norm_topk_prob"].is_boolean() &&
                     config["norm_topk_prob"].get<bool>();
@@ -168,6 +173,8 @@ Llama3Args args_from_hf_config(const nlohmann::json& config) {
   Llama3Args args = llama3::args_from_hf_config(shared);
   args.head_dim_override =
       int_or(config, "head_dim", args.n_heads > 0 ? args.dim / args.n_heads : 0);
+  hf::check_int("head_dim", args.head_dim_override, 2, int64_t{1} << 24,
+                "even: RoPE rotates pairs");
   args.qk_norm = true;
   if (type == "qwen3_moe") set_moe(config, args);
   args.validate();
