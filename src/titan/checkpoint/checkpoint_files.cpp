@@ -234,9 +234,10 @@ bool boxes_overlap(const PieceBox& a, const PieceBox& b) {
 }
 
 // `boxes` tile `shape` exactly: each inside it, no two overlapping, no element left out.
-// DataError starting with `what`, ending with `hint`, otherwise.
+// DataError starting with `what`, with the hint of an overlap or of a gap, otherwise.
 void check_boxes_tile(const std::string& what, const std::vector<int64_t>& shape,
-                      std::vector<PieceBox> boxes, const std::string& hint) {
+                      std::vector<PieceBox> boxes, const std::string& overlap_hint,
+                      const std::string& gap_hint) {
   const int64_t total = checked_volume(shape);
   if (total < 0) {
     throw DataError(what + "shape " + box_str(shape) +
@@ -269,14 +270,14 @@ void check_boxes_tile(const std::string& what, const std::vector<int64_t>& shape
       if (!shape.empty() && boxes[j].offsets[0] >= boxes[i].offsets[0] + boxes[i].lengths[0]) break;
       if (checked_volume(boxes[j].lengths) > 0 && boxes_overlap(boxes[i], boxes[j])) {
         throw DataError(what + describe_box(boxes[i]) + " overlaps " + describe_box(boxes[j]) +
-                        ". HINT: every element must come from exactly one piece" + hint);
+                        ". HINT: " + overlap_hint);
       }
     }
     if (covered > total) break;  // only with overlaps, found above
   }
   if (covered != total) {
     throw DataError(what + "the pieces cover " + std::to_string(covered) + " of its " +
-                    std::to_string(total) + " elements, leaving a gap" + hint);
+                    std::to_string(total) + " elements, leaving a gap. HINT: " + gap_hint);
   }
 }
 
@@ -285,7 +286,9 @@ void check_rank_boxes(const std::string& name, const std::vector<int64_t>& shape
                       std::vector<PieceBox> boxes) {
   check_boxes_tile("checkpoint tensor '" + name + "' " + box_str(shape) + ": ", shape,
                    std::move(boxes),
-                   ". HINT: every rank hands over its own part, a replicated tensor one rank only");
+                   "every element must be handed over by exactly one rank; a replicated tensor "
+                   "by one rank only",
+                   "some rank did not hand over its part");
 }
 
 }  // namespace
@@ -550,7 +553,10 @@ CheckpointReader::CheckpointReader(const std::string& dir, bool verify)
       // The shards must tile the tensor: an overlap would leave rows of another part unread
       // (uninitialised memory), which counting covered elements alone does not see.
       check_boxes_tile(index_path + ": tensor '" + name + "' " + box_str(e.meta.shape) + ": ",
-                       e.meta.shape, std::move(pieces), " (a forged or damaged index?)");
+                       e.meta.shape, std::move(pieces),
+                       "every element must come from exactly one shard (a forged or damaged "
+                       "index?)",
+                       "the index lists too few shards (a forged or damaged index?)");
       impl_->entries.emplace(name, std::move(e));
     }
     state_ = index.value("state", nlohmann::json::object());

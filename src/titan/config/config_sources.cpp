@@ -229,7 +229,7 @@ std::vector<Override> parse_overrides(const FieldTable& table,
       throw_unexpected_argument(table, arg);
     }
     const FieldRef& field = table.lookup(name.substr(0, dot), name.substr(dot + 1),
-                                         std::string(kFromCommandLine) + ": " + arg);
+                                         std::string(kFromCommandLine) + ": " + shown_name(arg));
 
     if (has_inline_value) {
       overrides.push_back({&field, inline_value});

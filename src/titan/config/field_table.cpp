@@ -198,7 +198,8 @@ const FieldRef& FieldTable::lookup(const std::string& section, const std::string
   // training.lr -> optimizer.lr.
   std::vector<std::string> suggestions = names_with_key(key);
   if (suggestions.empty() && !section_keys.empty()) {
-    suggestions.push_back(section + "." + nearest_name(key, section_keys));
+    const std::string nearest = nearest_name(key, section_keys);
+    if (!nearest.empty()) suggestions.push_back(section + "." + nearest);
   }
   std::string message = "unknown config key '" + shown_name(section + "." + key) + "'";
   if (!suggestions.empty()) {

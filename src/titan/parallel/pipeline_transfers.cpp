@@ -27,9 +27,13 @@ namespace {
 void append_transfers(const Action& a, int64_t step, const std::vector<int64_t>& stage_rank,
                       bool explicit_comms, std::vector<Transfer>& out) {
   const int64_t n_stages = static_cast<int64_t>(stage_rank.size());
+  // A table from a CSV may send past the last stage or before the first: its error, not a crash.
   const auto rank_of = [&](int64_t stage) {
-    TITAN_CHECK(stage >= 0 && stage < n_stages, "pipeline schedule: ", a.str(), " at step ", step,
-                " reaches stage ", stage, " of ", n_stages);
+    if (stage < 0 || stage >= n_stages) {
+      throw ConfigError("pipeline schedule: " + a.str() + " at step " + std::to_string(step) +
+                        " reaches stage " + std::to_string(stage) + ", but the stages are 0 to " +
+                        std::to_string(n_stages - 1));
+    }
     return stage_rank[stage];
   };
   const auto add = [&](bool send, int64_t peer_stage, bool gradient, int64_t boundary) {

@@ -177,7 +177,7 @@ TEST(ConfigPrint, RoundTripsThroughParse) {
   original.training.steps = 123456789012;
   original.training.global_batch_size = 64;
   original.training.max_norm = -1;
-  original.debug.seed = -42;
+  original.debug.seed = 42;
   original.validation.enable = true;
 
   std::string toml = render_config_toml(original);

@@ -245,10 +245,9 @@ TEST_F(CorpusDir, CorruptTokenFilesNameFileAndOffset) {
   EXPECT_TRUE(contains(msg, "document offset 1 = 9 at byte 56")) << msg;
   make();
   patch(kTokenFileHeaderBytes + 2, std::string("\xff\xff", 2));  // token 1 of document 0
-  TokenFileReader reader(file);
-  msg = message_of([&] { reader.document(0); });
+  // Found when the file is opened (every id is checked then), not when a run reaches it.
+  msg = message_of([&] { TokenFileReader r(file); });
   EXPECT_TRUE(contains(msg, "token id 65535 at byte 42 (document 0)")) << msg;
-  EXPECT_EQ(reader.document(1), (std::vector<int64_t>{13}));
 
   fs::resize_file(file, 0);
   EXPECT_TRUE(contains(message_of([&] { open_dataset("tokens", file); }), "truncated: 0 bytes"));

@@ -5,6 +5,7 @@
 
 #include "titan/common/check.h"
 #include "titan/distributed/flight_recorder.h"
+#include "titan/distributed/init.h"
 
 #include <ATen/ATen.h>
 #include <nlohmann/json.hpp>
@@ -238,6 +239,20 @@ TEST(FlightRecorder, AnalyzerChecksEveryFieldOfWhatACrashLeft) {
   other_world["world_size"] = 4;
   EXPECT_TRUE(contains(analyze_folder({{"rank_0.json", good0}, {"rank_1.json", other_world}}),
                        "rank_1.json: world_size 4 differs from"));
+}
+
+// (issue 37) comm.save_traces_folder joins the dump folder as TorchTitan's os.path.join does: a
+// relative folder lands inside it, an absolute one is used as given (it was nested as
+// "<dump>//abs/x").
+TEST(FlightRecorder, TracesFolderJoinsTheDumpFolderAsOsPathJoin) {
+  CommSection comm;
+  comm.trace_buf_size = 8;
+  const auto relative = start_flight_recorder(comm, "/runs/a", 3, 4);
+  ASSERT_NE(relative, nullptr);
+  EXPECT_EQ(relative->dump_path(), "/runs/a/comm_traces/rank_3.json");
+  comm.save_traces_folder = "/abs/x";
+  EXPECT_EQ(start_flight_recorder(comm, "/runs/a", 3, 4)->dump_path(), "/abs/x/rank_3.json");
+  dist::install_dump_on_sigusr1(nullptr);
 }
 
 // A dump of `rank` in a world group of `world` ranks with the given (op, numel, state) in order.

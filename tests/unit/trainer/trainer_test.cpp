@@ -139,5 +139,33 @@ TEST(Trainer, RejectsMultiRankDegrees) {
   EXPECT_THROW(Trainer{c}, ConfigError);
 }
 
+// (issue 37) Activation checkpointing settings that would do nothing are refused on a whole
+// model, naming what they miss: an every-Nth option past the block count (0 blocks
+// checkpointed), a force-recompute name that matches no module. TorchTitan's default name (the
+// MoE router) is no error on a dense model.
+TEST(Trainer, ActivationCheckpointingThatWouldDoNothingIsRefused) {
+  REQUIRE_CORPUS();
+  JobConfig c = tiny_config("ac_nothing");
+  c.activation_checkpoint.mode = "selective";
+  c.activation_checkpoint.selective_ac_option = "100";
+  const std::string every = test::message_of([&] { Trainer t{c}; });
+  EXPECT_TRUE(test::contains(every,
+                             "selective_ac_option 100 checkpoints every 100th block, and "
+                             "there are 2 blocks: none would be checkpointed"))
+      << every;
+  c.activation_checkpoint.selective_ac_option = "2";
+  EXPECT_NO_THROW(Trainer{c});
+  c.activation_checkpoint.selective_ac_option = "op";
+  c.activation_checkpoint.per_op_sac_force_recompute_mm_shapes_by_fqns = {"moe.router.gate",
+                                                                          "feed_forward.w9"};
+  const std::string fqn = test::message_of([&] { Trainer t{c}; });
+  EXPECT_TRUE(test::contains(fqn,
+                             "entry 'feed_forward.w9' matches no module of the model; did "
+                             "you mean"))
+      << fqn;
+  c.activation_checkpoint.per_op_sac_force_recompute_mm_shapes_by_fqns = {"moe.router.gate"};
+  EXPECT_NO_THROW(Trainer{c});
+}
+
 }  // namespace trainer_test
 }  // namespace titan
