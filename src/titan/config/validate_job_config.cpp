@@ -89,13 +89,15 @@ void validate_load_only(const CheckpointSection& c) {
   }
 }
 
-// inf and nan read as floats (TOML, strtod) but are never a meaningful setting (lr inf trains
-// on garbage, max_norm nan silently disables clipping): refused for every float key here, so a
-// new key is covered without a check of its own.
-// Integer keys likewise stay within 2^53 in magnitude (far above any real setting), so that the
-// sums the checks compute (warmup + active <= freq, warmup + decay <= steps, seed + epoch) cannot
-// overflow into passing; products are checked where they are formed.
-void validate_finite(const JobConfig& c) {
+// Rules for every key of a type, over the whole field table, so a new key is covered without a
+// check of its own:
+//   - inf and nan read as floats (TOML, strtod) but are never a meaningful setting (lr inf trains
+//     on garbage, max_norm nan silently disables clipping);
+//   - integer keys stay within 2^53 in magnitude (far above any real setting), so the sums the
+//     checks compute (warmup + active <= freq, seed + epoch) cannot overflow into passing
+//     (products are checked where they are formed);
+//   - strings and string lists hold no NUL byte (it would cut a path short in the C library).
+void validate_field_values(const JobConfig& c) {
   JobConfig copy = c;  // a FieldTable points into a mutable config
   const detail::FieldTable table = detail::FieldTable::of(copy);
   constexpr int64_t kMaxInt = int64_t{1} << 53;
@@ -429,7 +431,7 @@ void validate_batch_sizes(const TrainingSection& t, const ParallelismSection& p)
 }  // namespace
 
 void validate_job_config(const JobConfig& config) {
-  validate_finite(config);
+  validate_field_values(config);
   validate_not_yet_supported(config);
   validate_ranges(config);
   validate_activation_checkpoint(config.activation_checkpoint);

@@ -225,12 +225,13 @@ void Group::State::fail(const std::string& op, const std::string& cause, double 
 }
 
 void Group::State::set_timeout(std::chrono::milliseconds timeout) {
-  timeout_ms = timeout.count();
-  // NCCL's watchdog enforces the timeout of ops issued from now on.
-  if (options.backend == Backend::kNccl && pg) pg->setTimeout(timeout);
-  for (auto& child : descendants()) {
-    child->timeout_ms = timeout.count();
-    if (child->options.backend == Backend::kNccl && child->pg) child->pg->setTimeout(timeout);
+  std::vector<State*> groups = {this};
+  const std::vector<std::shared_ptr<State>> below = descendants();  // alive while we set them
+  for (const auto& child : below) groups.push_back(child.get());
+  for (State* g : groups) {
+    g->timeout_ms = timeout.count();
+    // NCCL's watchdog enforces the timeout of ops issued from now on.
+    if (g->options.backend == Backend::kNccl && g->pg) g->pg->setTimeout(timeout);
   }
 }
 
