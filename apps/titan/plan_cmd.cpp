@@ -52,7 +52,7 @@ constexpr const char* kUsage =
     "--activation_checkpoint.mode or --parallelism.pipeline_parallel_schedule given on the command\n"
     "line is held fixed; the rest is searched.\n"
     "\n"
-    "  --nodes N            nodes (default 1)\n"
+    "  --nodes N            nodes (default 1; nodes x gpus_per_node at most 1048576)\n"
     "  --gpus_per_node N    devices per node (default 8; with --cpu: ranks on this machine,\n"
     "                       default its cores)\n"
     "  --gpu NAME           h100 (80 GiB, 989 TFLOP/s bf16), h200 (141 GiB, 989), a100 (80 GiB,\n"
