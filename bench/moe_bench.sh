@@ -43,13 +43,7 @@ common=(--job.config_file configs/llama3/debug_model.toml --model.name qwen3
   --metrics.log_freq 1 --metrics.save_for_all_ranks true --metrics.disable_color_printing true
   --lr_scheduler.warmup_steps 1)
 
-# mean of KEY over the steps after the first (warm-up) in a metrics file
-mean_of() {
-  grep "\"$2\":" "$1" | sed -E "s/.*\"$2\":(-?[0-9.eE+-]+).*/\1/" | tail -n +2 |
-    awk '{ s += $1; n++ } END { printf "%.6g", n ? s / n : 0 }'
-}
-# the last value of KEY in a metrics file (memory_gib: peak RSS so far, so the run's peak)
-last_of() { grep "\"$2\":" "$1" | sed -E "s/.*\"$2\":(-?[0-9.eE+-]+).*/\1/" | tail -n 1; }
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"  # mean_of, last_of
 # busy and total jiffies of the whole machine ("cpu" line of /proc/stat; idle and iowait are idle)
 machine_jiffies() {
   awk '/^cpu / { print $2 + $3 + $4 + $7 + $8 + $9, $2 + $3 + $4 + $5 + $6 + $7 + $8 + $9 }' \

@@ -20,11 +20,7 @@ common=(--job.config_file configs/llama3/debug_model.toml --model.flavor bench_s
   --validation.enable false --checkpoint.enable false --metrics.log_freq 1
   --lr_scheduler.warmup_steps 2)
 
-# mean of KEY over the steps after the first two (warm-up) in a metrics file
-mean_of() {
-  grep "\"$2\":" "$1" | sed -E "s/.*\"$2\":(-?[0-9.eE+-]+).*/\1/" | tail -n +3 |
-    awk '{ s += $1; n++ } END { printf "%.6g", n ? s / n : 0 }'
-}
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"  # mean_of, last_of
 
 printf '%-9s %-22s %10s %7s %8s %14s %9s\n' dtype layout 'tok/s' ratio mfu 'comm_ms/step' 'GiB/rank'
 for dtype in float32 bfloat16; do
@@ -44,12 +40,12 @@ for dtype in float32 bfloat16; do
     esac
     "${cmd[@]}" "${common[@]}" --training.mixed_precision_param $dtype --job.dump_folder "$dir" \
       >"$dir.log" 2>&1 || { cat "$dir.log" >&2; exit 1; }
-    tps=$(awk -v t="$(mean_of "$dir/metrics.jsonl" tps)" -v r=$ranks 'BEGIN { printf "%.1f", t * r }')
+    tps=$(awk -v t="$(mean_of "$dir/metrics.jsonl" tps 2)" -v r=$ranks 'BEGIN { printf "%.1f", t * r }')
     [ -n "$base" ] || base=$tps
     comm=$(sed -nE 's/.*blocked in collectives ([0-9.eE+-]+) ms per step.*/\1/p' "$dir.log" | head -n 1)
     printf '%-9s %-22s %10s %7.2f %7.2f%% %14s %9s\n' $dtype \
       "$([ $layout = single ] && echo '1 proc x 2 threads' || echo "2 procs x 1 thread $layout")" \
       "$tps" "$(awk -v a="$tps" -v b="$base" 'BEGIN { print a / b }')" \
-      "$(mean_of "$dir/metrics.jsonl" mfu)" "${comm:--}" "$(mean_of "$dir/metrics.jsonl" memory_gib)"
+      "$(mean_of "$dir/metrics.jsonl" mfu 2)" "${comm:--}" "$(mean_of "$dir/metrics.jsonl" memory_gib 2)"
   done
 done

@@ -35,13 +35,7 @@ common=(--job.config_file configs/llama3/debug_model.toml --model.flavor bench_s
   --metrics.log_freq 1 --metrics.save_for_all_ranks true --metrics.disable_color_printing true
   --lr_scheduler.warmup_steps 2)
 
-# mean of KEY over the steps after the first two (warm-up) in a metrics file
-mean_of() {
-  grep "\"$2\":" "$1" | sed -E "s/.*\"$2\":(-?[0-9.eE+-]+).*/\1/" | tail -n +3 |
-    awk '{ s += $1; n++ } END { printf "%.6g", n ? s / n : 0 }'
-}
-# the last value of KEY in a metrics file (memory_gib: peak RSS so far, so the run's peak)
-last_of() { grep "\"$2\":" "$1" | sed -E "s/.*\"$2\":(-?[0-9.eE+-]+).*/\1/" | tail -n 1; }
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"  # mean_of, last_of
 # the bubble fraction `titan pipeline-schedule` simulates for SCHEDULE, stages per rank, COSTS
 simulated() {
   "$titan" pipeline-schedule --schedule "$1" --pp $pp --microbatches $microbatches \
@@ -81,7 +75,7 @@ memory() {
 
 # baseline NAME LABEL MICROBATCHES: the row of a one-process run
 baseline() {
-  local tps; tps=$(mean_of "$out/$1/metrics_rank_0.jsonl" tps)
+  local tps; tps=$(mean_of "$out/$1/metrics_rank_0.jsonl" tps 2)
   rows+=("$2|-|$3|-|-|-|$tps|$(memory "$1" 1)|$(cpu_share "$1" 1)")
 }
 
@@ -118,7 +112,7 @@ for schedule in "${schedules[@]}"; do
   # "0.1629 (0.28/0.05)": the mean, then each rank's share
   measured=$(awk '{ s += $1; r = r (NR > 1 ? "/" : "") sprintf("%.2f", $1 / 100) }
     END { printf "%.4f (%s)", s / NR / 100, r }' <<< "$blocked")
-  tps=$(mean_of "$out/$schedule/metrics_rank_0.jsonl" tps)
+  tps=$(mean_of "$out/$schedule/metrics_rank_0.jsonl" tps 2)
   rows+=("$schedule|$per_rank|$mbs|$theory|$runtime|$measured|$tps|$(memory "$schedule" $pp)")
   rows[-1]+="|$(cpu_share "$schedule" $pp)"
 done

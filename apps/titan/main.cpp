@@ -1,5 +1,6 @@
-// The `titan` command: train, inspect, bench, data, tokenizer, generate, convert. train, inspect
-// and bench read a TorchTitan-style job config (--job.config_file plus --section.key overrides);
+// The `titan` command: one table of subcommands (commands() below) gives the usage, the dispatch
+// and the "did you mean" for an unknown one. train, inspect and bench read a TorchTitan-style job
+// config (--job.config_file plus --section.key overrides);
 // the others take their own arguments. Exit codes: 0 ok, 1 runtime failure (data, divergence,
 // internal error), 2 bad configuration or usage.
 #include "commands.h"
@@ -8,6 +9,7 @@
 #include "titan/common/cpu.h"
 #include "titan/common/file_io.h"
 #include "titan/common/logging.h"
+#include "titan/common/names.h"
 
 #include <cstdio>
 #include <cstdlib>
@@ -17,48 +19,76 @@
 
 namespace {
 
-void print_usage() {
-  std::printf(
-      "usage: titan <command> [--job.config_file FILE] [--section.key value ...]\n"
-      "\n"
-      "commands:\n"
-      "  train     train a model (see `titan train --help` for every config key)\n"
-      "  inspect   parameter counts, FLOPs per token and per-rank memory, without allocating\n"
-      "  bench     time training steps (tokens/s, MFU, peak memory; --breakdown: where it goes)\n"
-      "  data      corpus tools: `titan data prepare` pre-tokenizes text into token files\n"
-      "  tokenizer encode / decode / bench with tokenizer files (`titan tokenizer --help`)\n"
-      "  convert   Hugging Face interop: to-hf, from-hf (`titan convert --help`)\n"
-      "  generate  continue a prompt with a checkpoint or HF model, KV-cached (`titan generate "
-      "--help`)\n"
-      "  run       launch N ranks of a command: `titan run --nproc_per_node N -- train ...` "
-      "(`titan run --help`)\n"
-      "  fr        flight recorder: `titan fr analyze DIR` finds where ranks' collectives "
-      "diverge\n"
-      "  pipeline-schedule  print a pipeline schedule's per-rank actions and bubble "
-      "(`titan pipeline-schedule --help`)\n"
-      "  plan      rank parallel layouts by predicted step time and memory for a cluster "
-      "(`titan plan --help`)\n"
-      "  plot      draw runs' metrics (loss, lr, tokens/s, memory) into one SVG "
-      "(`titan plot --help`)\n");
+// Every command once: its name, what `titan --help` says of it (hidden: not listed), whether it
+// reads a job config (its --help is then the config's, maybe_print_help), and its entry point.
+struct Command {
+  const char* name;
+  const char* summary;
+  bool job_config;
+  int (*run)(const std::vector<std::string>& args);
+};
+
+const std::vector<Command>& commands() {
+  static const std::vector<Command> table = {
+      {"train", "train a model (see `titan train --help` for every config key)", true,
+       titan::run_train},
+      {"inspect", "parameter counts, FLOPs per token and per-rank memory, without allocating", true,
+       titan::run_inspect},
+      {"bench", "time training steps (tokens/s, MFU, peak memory; --breakdown: where it goes)",
+       true, titan::run_bench},
+      {"data", "corpus tools: `titan data prepare` pre-tokenizes text into token files", false,
+       titan::run_data},
+      {"tokenizer", "encode / decode / bench with tokenizer files (`titan tokenizer --help`)",
+       false, titan::run_tokenizer},
+      {"convert", "Hugging Face interop: to-hf, from-hf (`titan convert --help`)", false,
+       titan::run_convert},
+      {"generate",
+       "continue a prompt with a checkpoint or HF model, KV-cached (`titan generate --help`)",
+       false, titan::run_generate},
+      {"run",
+       "launch N ranks of a command: `titan run --nproc_per_node N -- train ...` (`titan run "
+       "--help`)",
+       false, titan::run_launch},
+      {"fr", "flight recorder: `titan fr analyze DIR` finds where ranks' collectives diverge",
+       false, titan::run_fr},
+      {"pipeline-schedule",
+       "print a pipeline schedule's per-rank actions and bubble (`titan pipeline-schedule "
+       "--help`)",
+       false, titan::run_pipeline_schedule},
+      {"plan",
+       "rank parallel layouts by predicted step time and memory for a cluster (`titan plan "
+       "--help`)",
+       false, titan::run_plan},
+      {"plot", "draw runs' metrics (loss, lr, tokens/s, memory) into one SVG (`titan plot --help`)",
+       false, titan::run_plot},
+      {"selftest", nullptr, false, titan::run_selftest},  // the multi-process launch check
+  };
+  return table;
 }
 
-int run_command(const std::string& command, const std::vector<std::string>& args) {
-  if (command == "data") return titan::run_data(args);  // own arguments, not a job config
-  if (command == "tokenizer") return titan::run_tokenizer(args);
-  if (command == "convert") return titan::run_convert(args);
-  if (command == "generate") return titan::run_generate(args);
-  if (command == "run") return titan::run_launch(args);
-  if (command == "selftest") return titan::run_selftest(args);
-  if (command == "fr") return titan::run_fr(args);
-  if (command == "pipeline-schedule") return titan::run_pipeline_schedule(args);
-  if (command == "plot") return titan::run_plot(args);
-  if (command == "plan") return titan::run_plan(args);
-  if (titan::maybe_print_help(command, args)) return 0;
-  if (command == "train") return titan::run_train(args);
-  if (command == "inspect") return titan::run_inspect(args);
-  if (command == "bench") return titan::run_bench(args);
-  std::fprintf(stderr, "titan: unknown command '%s'\n\n", command.c_str());
-  print_usage();
+void print_usage(std::FILE* out) {
+  std::fprintf(out,
+               "usage: titan <command> [--job.config_file FILE] [--section.key value ...]\n"
+               "\n"
+               "commands:\n");
+  for (const Command& c : commands()) {
+    if (c.summary == nullptr) continue;
+    std::fprintf(out, "  %-9s %s%s\n", c.name, std::strlen(c.name) > 9 ? " " : "", c.summary);
+  }
+}
+
+int run_command(const std::string& name, const std::vector<std::string>& args) {
+  std::vector<std::string> names;
+  for (const Command& c : commands()) {
+    if (name == c.name) {
+      if (c.job_config && titan::maybe_print_help(name, args)) return 0;
+      return c.run(args);
+    }
+    if (c.summary != nullptr) names.push_back(c.name);
+  }
+  std::fprintf(stderr, "titan: unknown command '%s'%s\n\n", name.c_str(),
+               titan::did_you_mean(titan::likely_name(name, names)).c_str());
+  print_usage(stderr);
   return 2;
 }
 
@@ -69,7 +99,7 @@ int main(int argc, char** argv) {
   // Under `titan run` stdout is a pipe to the launcher: flush per line so ranks print live.
   if (std::getenv("TITAN_RUN") != nullptr) std::setvbuf(stdout, nullptr, _IOLBF, 0);
   if (argc < 2 || std::strcmp(argv[1], "--help") == 0 || std::strcmp(argv[1], "-h") == 0) {
-    print_usage();
+    print_usage(argc < 2 ? stderr : stdout);
     return argc < 2 ? 2 : 0;
   }
   const std::string command = argv[1];

@@ -6,6 +6,7 @@
 #include "titan/common/check.h"
 #include "titan/common/file_io.h"
 #include "titan/parallel/pipeline_schedule.h"
+#include "titan/plan/schedule_simulator.h"
 
 #include <algorithm>
 #include <cstdio>

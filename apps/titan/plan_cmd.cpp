@@ -1,4 +1,4 @@
-// `titan plan`: the layout planner (src/titan/parallel/planner.h) from the command line. The
+// `titan plan`: the layout planner (src/titan/plan/planner.h) from the command line. The
 // model, sizes and fixed keys come as a job config (--job.config_file plus --section.key
 // overrides); the cluster and the search as the flags of kUsage. With --cpu the device is one
 // rank's share of this machine, its peak and link measured here. Bad usage throws ConfigError.
@@ -12,7 +12,7 @@
 #include "titan/config/config_manager.h"
 #include "titan/distributed/comm.h"
 #include "titan/models/registry.h"
-#include "titan/parallel/planner.h"
+#include "titan/plan/planner.h"
 
 #include <ATen/Parallel.h>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
@@ -44,7 +44,7 @@ constexpr const char* kUsage =
     "prints the fastest with per-device memory (the estimate `titan inspect` and `titan train`\n"
     "use), step time (compute, bubble, exposed communication per dimension), tokens/s per device,\n"
     "MFU and the reason, then the rejected layouts counted by reason and where the config's own\n"
-    "layout ranks. The cost model is in src/titan/parallel/planner.h.\n"
+    "layout ranks. The cost model is in src/titan/plan/planner.h.\n"
     "\n"
     "The job config gives the model (--model.name, --model.flavor), --training.seq_len,\n"
     "--training.global_batch_size (-1: local_batch_size x dp of the config's layout), the dtypes\n"

@@ -8,9 +8,9 @@
 #include "titan/config/config_manager.h"
 #include "titan/distributed/init.h"
 #include "titan/distributed/parallel_dims.h"
-#include "titan/models/memory_estimate.h"
 #include "titan/models/registry.h"
-#include "titan/parallel/memory_options.h"
+#include "titan/plan/memory_estimate.h"
+#include "titan/plan/memory_options.h"
 #include "titan/trainer/memory_check.h"
 #include "titan/trainer/trainer.h"
 

@@ -56,4 +56,12 @@ expect_output "^  rope +[0-9.]+"
 expect_output "CPU paths .*titan's RoPE kernel \(1 tables\); ATen's RMSNorm and SwiGLU \(faster than titan's in bfloat16\).*compile.enable adds nothing to these"
 expect_output "loss: fused linear \+ cross-entropy \(compile.components loss\)"
 expect_output "^  loss +[0-9.]+ +[0-9.]+%"
+# The command table: usage lists every public command, an unknown one gets "did you mean".
+expect_exit 0 "$TITAN" --help
+expect_output "^  train     train a model"
+expect_output "^  pipeline-schedule  print a pipeline schedule"
+! grep -q selftest "$WORK/out" || fail "titan --help lists the hidden selftest command"
+expect_exit 2 "$TITAN" trian --training.steps 1
+expect_output "titan: unknown command 'trian'; did you mean 'train'\?"
+expect_output "^  plot      draw runs' metrics"
 echo "ok"

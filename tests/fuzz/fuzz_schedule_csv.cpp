@@ -5,6 +5,7 @@
 #include "fuzz_util.h"
 
 #include "titan/parallel/pipeline_schedule.h"
+#include "titan/plan/schedule_simulator.h"
 
 #include <algorithm>
 

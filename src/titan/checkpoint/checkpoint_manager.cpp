@@ -80,24 +80,13 @@ std::vector<int64_t> all_gather_ints(dist::Group* g, const std::vector<int64_t>&
   return to_vector(out);
 }
 
-// Rank 0's `values` on every rank (values.size() must agree).
+// Rank 0's `values` / `text` on every rank.
 std::vector<int64_t> broadcast_ints(dist::Group* g, const std::vector<int64_t>& values) {
-  if (g == nullptr) return values;
-  const at::Tensor t = at::tensor(values, at::kLong).to(comm_device(*g));
-  g->broadcast(t, /*root=*/0).wait();
-  return to_vector(t);
+  return g == nullptr ? values : g->broadcast_ints(values, /*root=*/0);
 }
 
-// Rank 0's `text` on every rank: its length, then its bytes.
 std::string broadcast_string(dist::Group* g, const std::string& text) {
-  if (g == nullptr) return text;
-  const int64_t n = broadcast_ints(g, {static_cast<int64_t>(text.size())})[0];
-  at::Tensor bytes = at::empty({n}, at::kByte);
-  if (g->rank() == 0 && n > 0) std::memcpy(bytes.data_ptr<uint8_t>(), text.data(), n);
-  bytes = bytes.to(comm_device(*g));
-  g->broadcast(bytes, /*root=*/0).wait();
-  bytes = bytes.cpu();
-  return std::string(reinterpret_cast<const char*>(bytes.data_ptr<uint8_t>()), n);
+  return g == nullptr ? text : g->broadcast_string(text, /*root=*/0);
 }
 
 bool all_ok(const std::vector<int64_t>& statuses) {

@@ -32,6 +32,13 @@ std::string human_bytes(uint64_t bytes) {
   return buf;
 }
 
+std::string gib_text(double bytes) {
+  char buf[48];
+  const double g = bytes / (1024.0 * 1024.0 * 1024.0);
+  std::snprintf(buf, sizeof(buf), g < 1e5 ? "%.3f GiB" : "%.3g GiB", g);
+  return buf;
+}
+
 std::string human_count(int64_t value) {
   char buf[32];
   const double v = static_cast<double>(value);

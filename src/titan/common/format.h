@@ -19,6 +19,9 @@ std::string human_count(int64_t value);
 // 1536 -> "1.5 KiB", 3.2e9 -> "2.98 GiB".
 std::string human_bytes(uint64_t bytes);
 
+// "0.019 GiB", "9.31e+06 GiB": memory estimates, whatever their size.
+std::string gib_text(double bytes);
+
 // "bfloat16" -> kBFloat16, "float32" -> kFloat (the values training.mixed_precision_param takes;
 // the config layer has already rejected anything else).
 c10::ScalarType dtype_from_name(const std::string& name);

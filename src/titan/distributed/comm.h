@@ -188,6 +188,13 @@ class Group {
                          const std::vector<int64_t>& input_splits = {});
   // `tensor` of rank `root` (a rank of this group) is copied to every rank's `tensor`.
   Work broadcast(const at::Tensor& tensor, int root);
+  // Host values of rank `root` on every rank (the same count on every rank), through one
+  // broadcast on the group's device; blocking. For decisions one rank makes for all (a seed, an
+  // outcome, a checkpoint step), not for tensors.
+  std::vector<int64_t> broadcast_ints(const std::vector<int64_t>& values, int root);
+  int64_t broadcast_int(int64_t value, int root);
+  // Rank `root`'s text on every rank (other ranks pass anything): its length, then its bytes.
+  std::string broadcast_string(const std::string& text, int root);
   // Point to point with a group rank; `tag` tells apart concurrent messages between two ranks.
   Work send(const at::Tensor& tensor, int dst, int tag = 0);
   Work recv(const at::Tensor& tensor, int src, int tag = 0);

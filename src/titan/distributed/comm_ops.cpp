@@ -8,6 +8,10 @@
 
 #include <ATen/ATen.h>
 
+#include <cstring>
+#include <string>
+#include <vector>
+
 namespace titan::dist {
 
 namespace {
@@ -331,6 +335,25 @@ Work Group::broadcast(const at::Tensor& tensor, int root) {
   const at::Tensor t = stage.write(tensor, /*contents=*/s.rank == root);
   std::vector<at::Tensor> v{is_gloo(s) ? gloo_wire(t) : t};
   return make_work(state_, label, s.pg->broadcast(v, opts), stage.finish());
+}
+
+std::vector<int64_t> Group::broadcast_ints(const std::vector<int64_t>& values, int root) {
+  const at::Tensor t = at::tensor(values, at::kLong).to(device());
+  broadcast(t, root).wait();
+  const at::Tensor c = t.cpu().contiguous();
+  return std::vector<int64_t>(c.data_ptr<int64_t>(), c.data_ptr<int64_t>() + c.numel());
+}
+
+int64_t Group::broadcast_int(int64_t value, int root) { return broadcast_ints({value}, root)[0]; }
+
+std::string Group::broadcast_string(const std::string& text, int root) {
+  const int64_t n = broadcast_int(static_cast<int64_t>(text.size()), root);
+  at::Tensor bytes = at::empty({n}, at::kByte);
+  if (rank() == root && n > 0) std::memcpy(bytes.data_ptr<uint8_t>(), text.data(), n);
+  bytes = bytes.to(device());
+  broadcast(bytes, root).wait();
+  bytes = bytes.cpu();
+  return std::string(reinterpret_cast<const char*>(bytes.data_ptr<uint8_t>()), n);
 }
 
 Work Group::send(const at::Tensor& tensor, int dst, int tag) {

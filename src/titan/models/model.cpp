@@ -1,7 +1,12 @@
-// ModelStats arithmetic, whole-model init and the unit-runner chain shared by every model.
+// ModelStats arithmetic, whole-model init, the unit-runner chain and the pipeline-stage checks
+// shared by every model.
 #include "titan/models/model.h"
 
+#include "titan/models/registry.h"
+
 #include <algorithm>
+#include <map>
+#include <set>
 
 namespace titan {
 
@@ -37,6 +42,47 @@ void Model::init_weights(uint64_t seed) {
   for (auto& item : named_parameters()) {
     init_whole(item.value(), param_init(item.key()), seed, item.key());
   }
+}
+
+void Model::keep_only(const std::vector<std::string>& modules) {
+  TITAN_CHECK(unit_runners().empty(),
+              "keep_only after parallelize. HINT: split the model into pipeline stages first, "
+              "then parallelize each stage");
+  const std::vector<std::string> present = stage_modules();
+  if (present.empty()) {
+    throw ConfigError(
+        "this model does not support pipeline parallelism (it cannot keep only some of its "
+        "modules). HINT: set parallelism.pipeline_parallel_degree = 1");
+  }
+  std::map<std::string, size_t> position;
+  for (size_t i = 0; i < present.size(); ++i) position[present[i]] = i;
+
+  if (modules.empty()) throw ConfigError("pipeline stage: the module list is empty");
+  std::set<std::string> seen;
+  for (size_t k = 0; k < modules.size(); ++k) {
+    const std::string& name = modules[k];
+    if (!seen.insert(name).second) {
+      throw ConfigError("pipeline stage: module '" + name + "' is listed twice");
+    }
+    if (position.count(name) == 0) {
+      throw ConfigError("pipeline stage: no module '" + name + "' in this model" +
+                        suggestion(name, present, "modules"));
+    }
+    if (k == 0) continue;
+    const std::string& prev = modules[k - 1];
+    if (position[name] < position[prev]) {
+      throw ConfigError("pipeline stage: '" + name + "' is listed after '" + prev +
+                        "' but comes before it in the model. HINT: list a stage's modules in "
+                        "model order (" +
+                        present.front() + ", ..., " + present.back() + ")");
+    }
+    if (position[name] != position[prev] + 1) {
+      throw ConfigError("pipeline stage: '" + prev + "' is followed by '" + name + "', skipping '" +
+                        present[position[prev] + 1] +
+                        "'. HINT: a stage holds a contiguous run of modules");
+    }
+  }
+  keep_modules(seen);
 }
 
 at::Tensor Model::run_unit(int64_t index, const at::Tensor& input, const UnitFn& fn) const {

@@ -13,6 +13,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -129,6 +130,9 @@ class Model : public torch::nn::Module {
   virtual std::vector<ModelUnit> units() const = 0;
   // How tensor parallelism shards this model (empty: not supported).
   virtual std::vector<TpRule> tensor_parallel_plan() const { return {}; }
+  // Counts that tensor parallelism splits whole beyond what the plan's own layers check (e.g.
+  // the heads of multi-head latent attention), by name: each must divide by the tp degree.
+  virtual std::vector<std::pair<std::string, int64_t>> tp_split_counts() const { return {}; }
 
   // Pipeline parallelism (TorchTitan's pipeline_module_split): makes this instance one stage by
   // keeping the named top-level modules and removing the rest. `modules` is one part of
@@ -137,12 +141,9 @@ class Model : public torch::nn::Module {
   // (layers.2.attention.wq.weight), so checkpoints load across layouts. Afterwards
   // named_parameters(), units(), tensor_parallel_plan() and forward cover only what is kept.
   // Call before parallelize. ConfigError on a bad list (unknown, removed, repeated, out of order,
-  // not contiguous) or for a model that cannot be split (the default: not supported).
-  virtual void keep_only(const std::vector<std::string>& modules) {
-    throw ConfigError(
-        "this model does not support pipeline parallelism (it cannot keep only some of its "
-        "modules). HINT: set parallelism.pipeline_parallel_degree = 1");
-  }
+  // not contiguous: checked here for every model) or for a model that cannot be split (one whose
+  // stage_modules() is empty, the default).
+  void keep_only(const std::vector<std::string>& modules);
   // Whether forward takes token ids (the model holds its embedding) and whether it returns logits
   // (it holds its head). Both true for a whole model; a pipeline runtime asks them of each stage.
   virtual bool is_first_stage() const { return true; }
@@ -186,6 +187,12 @@ class Model : public torch::nn::Module {
   }
 
  protected:
+  // Pipeline stages: the top-level modules this instance holds, in model order (empty: the model
+  // cannot be split), and the model's own part of keep_only, given a list that passed the
+  // generic checks: its own rules (ConfigError), then the removal of what is not kept.
+  virtual std::vector<std::string> stage_modules() const { return {}; }
+  virtual void keep_modules(const std::set<std::string>& kept) {}
+
   // Forward implementations call this for each unit: fn(input) through the runner chain.
   at::Tensor run_unit(int64_t index, const at::Tensor& input, const UnitFn& fn) const;
 

@@ -43,16 +43,7 @@ struct HfAdapter {
   std::function<TensorMap(const TensorMap& hf, const nlohmann::json& model)> from_hf;
 };
 
-class ParallelDims;
-class ParallelizedModel;
 struct ModelSection;
-struct ParallelizeOptions;
-
-// Applies a model's parallelisms to a built (initialized or loaded) instance, in the order
-// TP -> CP -> activation checkpointing -> FSDP/HSDP/DDP (src/titan/parallel/parallelized_model.h).
-using ParallelizeFn = std::function<std::unique_ptr<ParallelizedModel>(
-    std::shared_ptr<Model> model, const ParallelDims& dims, int64_t rank,
-    const ParallelizeOptions& options)>;
 
 struct ModelSpec {
   std::string name;
@@ -76,9 +67,8 @@ struct ModelSpec {
       build_uninitialized;
   // Hugging Face conversion; functions are empty when the model has none.
   HfAdapter hf;
-  // The model's parallelize_<model> (TorchTitan's parallelize_fn). A pipeline split will sit
-  // next to it (pipelining_fn).
-  ParallelizeFn parallelize;
+  // How the model is parallelized is not here: parallel/parallelize.h maps model names to
+  // parallelize functions, which read the model's data (tensor_parallel_plan(), units()).
 };
 
 // Registers a spec; a duplicate name is a programming error.

@@ -103,12 +103,17 @@ void ParallelizedModel::apply_tensor_parallel(
   applied_tp_ = true;
   if (!dims_.tp_enabled()) return;
   const int64_t t = dims_.tp();
+  for (const auto& [what, n] : parts_[0]->model->tp_split_counts()) {
+    TITAN_CONFIG_CHECK(n % t == 0, what, " ", n, " is not divisible by tensor_parallel_degree ", t,
+                       " (", n, " % ", t, " = ", n % t,
+                       "): tensor parallelism splits whole heads. HINT: pick a tp degree that "
+                       "divides ",
+                       what);
+  }
   for (const auto& [key, len] : seq_lens) {
-    if (len % t != 0) {
-      throw ConfigError(key + " " + std::to_string(len) +
-                        " must be divisible by parallelism.tensor_parallel_degree " +
-                        std::to_string(t) + " (sequence parallelism splits the sequence)");
-    }
+    TITAN_CONFIG_CHECK(len % t == 0, key, " ", len,
+                       " must be divisible by parallelism.tensor_parallel_degree ", t,
+                       " (sequence parallelism splits the sequence)");
   }
   for (auto& part : parts_) {
     part->tp = std::make_unique<TensorParallel>(*part->model, dims_.group_ptr("tp"), loss_parallel,
@@ -651,17 +656,7 @@ std::vector<std::pair<std::string, at::Tensor>> ParallelizedModel::gather_full_p
       }
       text = os.str();
     }
-    at::Tensor length =
-        at::full({1}, static_cast<int64_t>(text.size()), at::TensorOptions(at::kLong).device(wire));
-    group.broadcast(length, root).wait();
-    const int64_t n = length.to(at::kCPU).item<int64_t>();
-    at::Tensor bytes = at::zeros({n}, at::TensorOptions(at::kByte));
-    if (mine != nullptr) std::memcpy(bytes.data_ptr(), text.data(), text.size());
-    bytes = bytes.to(wire);
-    group.broadcast(bytes, root).wait();
-    bytes = bytes.to(at::kCPU);
-    std::istringstream lines(
-        std::string(reinterpret_cast<const char*>(bytes.data_ptr()), static_cast<size_t>(n)));
+    std::istringstream lines(group.broadcast_string(text, root));
     std::string line;
     size_t k = 0;
     while (std::getline(lines, line)) {
@@ -767,35 +762,6 @@ std::vector<std::string> ParallelizedModel::describe() const {
                     "); largest gathered unit " + human_bytes(total.max_unit_unsharded_bytes));
   }
   return lines;
-}
-
-std::unique_ptr<ParallelizedModel> parallelize_decoder(std::shared_ptr<Model> model,
-                                                       const ParallelDims& dims, int64_t rank,
-                                                       const ParallelizeOptions& options) {
-  auto pm = std::make_unique<ParallelizedModel>(std::move(model), dims, rank);
-  // 0. Pipeline stages first: every later piece applies to each stage this rank holds.
-  if (dims.pp_enabled()) {
-    TITAN_CHECK(options.pipeline.has_value(),
-                "pipeline parallelism needs its layout (ParallelizeOptions::pipeline)");
-    pm->apply_pipeline(*options.pipeline, options.build_model, options.device);
-  }
-  // 1. TP: it slices the parameters in place, so FSDP later shards the TP-local tensors
-  //    and activation checkpointing recomputes through its hooks (same collectives again).
-  pm->apply_tensor_parallel(options.loss_parallel, options.seq_lens);
-  // 1b. Expert parallelism slices the experts TP left whole (each rank routes its own tokens).
-  pm->apply_expert_parallel();
-  // 2. Context parallelism swaps the inner attention kernel for ring attention.
-  pm->apply_context_parallel(options.cp_load_balancer, options.cp_rotate_method, options.seq_lens);
-  // 3. Activation checkpointing before FSDP: FSDP's runner then sits outside it and keeps a
-  //    block's parameters gathered while the block's backward recomputes it.
-  pm->apply_activation_checkpointing(options.activation_checkpoint);
-  // 4. FSDP / HSDP / DDP last (the outermost runner).
-  pm->apply_data_parallel(options);
-  // 5. Storage for what is still on the meta device (a model built with ModelBuildOptions::meta).
-  pm->materialize(options.device);
-  if (options.document_end_token) pm->apply_block_causal_mask(*options.document_end_token);
-  if (options.fused_loss) pm->apply_fused_loss();
-  return pm;
 }
 
 }  // namespace titan

@@ -24,7 +24,7 @@
 // parameters) storage, and init_weights(seed) fills this rank's pieces with the values a
 // one-process build of the same seed holds at their boxes. No rank ever holds the whole model.
 //
-//   auto pm = spec.parallelize(model, dims, options);   // materializes at the end
+//   auto pm = parallelize_fn(name)(model, dims, rank, options);   // materializes at the end
 //   pm->init_weights(seed);                              // unless loading weights next
 //   pm->zero_grad();
 //   loss = pm->forward_backward(x, y, scale);    // per micro-batch (a whole schedule under PP)
@@ -38,7 +38,7 @@
 #include "titan/models/model.h"
 #include "titan/parallel/context_parallel.h"
 #include "titan/parallel/grad_norm.h"
-#include "titan/parallel/pipeline_split.h"
+#include "titan/parallel/pipeline_layout.h"
 
 #include <ATen/ATen.h>
 
@@ -238,11 +238,5 @@ class ParallelizedModel {
   std::vector<TrainedParam> params_;
   std::vector<size_t> param_part_;  // params_[i] belongs to parts_[param_part_[i]]
 };
-
-// The generic decoder parallelize (the order above), for models whose plan is their
-// tensor_parallel_plan() and units(): what parallelize_llama3 does.
-std::unique_ptr<ParallelizedModel> parallelize_decoder(std::shared_ptr<Model> model,
-                                                       const ParallelDims& dims, int64_t rank,
-                                                       const ParallelizeOptions& options);
 
 }  // namespace titan

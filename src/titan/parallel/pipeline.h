@@ -48,7 +48,7 @@
 #include "titan/models/common/deferred_grad.h"
 #include "titan/models/model.h"
 #include "titan/parallel/device_streams.h"
-#include "titan/parallel/pipeline_split.h"
+#include "titan/parallel/pipeline_layout.h"
 
 #include <ATen/ATen.h>
 

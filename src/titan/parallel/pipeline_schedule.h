@@ -6,10 +6,10 @@
 // per rank; empty cells are idle steps). One runtime runs any table; this file holds the pure,
 // communication-free half: names, stage placement, the generators, each schedule's requirements
 // on the microbatch count (errors show the arithmetic), the send/recv lowering pass, the table
-// printer of PyTorch's _format_pipeline_order, a simulator that runs a table under its data
-// dependencies to find deadlocks and the bubble (idle) fraction under a cost model, and the
+// printer of PyTorch's _format_pipeline_order, and the
 // point-to-point messages each rank posts, with the check that every pair of ranks posts them in
-// one order (NCCL matches by order).
+// one order (NCCL matches by order). The simulator that runs a table to find deadlocks and
+// its bubble is planning: plan/schedule_simulator.h.
 #pragma once
 
 #include <cstdint>
@@ -189,32 +189,5 @@ std::vector<Transfer> rank_transfers(const ScheduleTable& table, int64_t rank,
 // peer sends (the runtime receives in the sender's order); an explicit table whose receives are
 // written in another order than the sends, or a message without its counterpart, is refused.
 void check_transfer_order(const ScheduleTable& table, const std::vector<int64_t>& stage_rank);
-
-// Time units per action in the simulator.
-struct ActionCosts {
-  double forward = 1;
-  double full_backward = 2;
-  double backward_input = 1;
-  double backward_weight = 1;
-  double comm = 0;  // latency from a send (or a cross-rank producer) to its consumer
-};
-
-struct SimulationResult {
-  double makespan = 0;       // when the last rank finishes
-  std::vector<double> busy;  // per rank: time computing
-  std::vector<double> idle;  // per rank: makespan - busy
-  int64_t n_actions = 0;     // actions run (idle steps not counted)
-  // Idle share of all ranks' time: sum(idle) / (ranks * makespan); (p - 1) / (m + p - 1) for
-  // GPipe and 1F1B when a backward costs twice a forward.
-  double bubble_fraction() const;
-};
-
-// Runs every rank's actions in table order (idle steps skipped, as PyTorch's runtime does), each
-// starting when its rank is free and its inputs exist: F(s, m) after F(s-1, m); B / I(s, m) after
-// F(s, m) and B / I(s+1, m); W(s, m) after I(s, m). In a table with sends and receives a compute
-// fed from another rank waits for its posted RECV, which completes `comm` after the peer's SEND;
-// receives are posted without blocking, as PyTorch's runtime does. Throws ConfigError on a
-// deadlock, naming each stuck rank's action and what it waits for, with the table.
-SimulationResult simulate_schedule(const ScheduleTable& table, const ActionCosts& costs = {});
 
 }  // namespace titan::pp

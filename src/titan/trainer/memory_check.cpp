@@ -4,7 +4,7 @@
 #include "titan/common/device.h"
 #include "titan/common/format.h"
 #include "titan/components/training_dtype.h"
-#include "titan/parallel/memory_options.h"
+#include "titan/plan/memory_options.h"
 
 #include <algorithm>
 

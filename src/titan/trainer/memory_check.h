@@ -5,7 +5,7 @@
 
 #include "titan/config/job_config.h"
 #include "titan/distributed/launch_env.h"
-#include "titan/models/memory_estimate.h"
+#include "titan/plan/memory_estimate.h"
 
 namespace titan {
 

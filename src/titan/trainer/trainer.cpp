@@ -26,6 +26,7 @@
 #include "titan/models/common/linear.h"
 #include "titan/models/common/moe.h"
 #include "titan/models/converters.h"
+#include "titan/parallel/parallelize.h"
 #include "titan/parallel/parallelized_model.h"
 #include "titan/trainer/interrupt.h"
 
@@ -65,11 +66,7 @@ Trainer::Trainer(JobConfig config, const DistributedContext* dist) : config_(std
   seed_ = config_.debug.seed;
   if (seed_ < 0) {
     seed_ = static_cast<int64_t>(std::random_device{}() & 0x7fffffff);
-    if (world_) {  // every rank must initialize the same weights
-      at::Tensor s = at::full({1}, seed_, at::TensorOptions(at::kLong).device(world_->device()));
-      world_->broadcast(s, 0).wait();
-      seed_ = s.item<int64_t>();
-    }
+    if (world_) seed_ = world_->broadcast_int(seed_, 0);  // every rank, the same weights
     log_info("debug.seed not set; using seed ", seed_, " (pass --debug.seed ", seed_,
              " to reproduce)");
   }
@@ -179,11 +176,8 @@ void Trainer::lock_dump_folder() {
       error = e.what();
     }
   }
-  if (world_) {  // every rank learns rank 0's outcome instead of waiting for it in a collective
-    at::Tensor t = at::full({1}, outcome, at::TensorOptions(at::kLong).device(world_->device()));
-    world_->broadcast(t, 0).wait();
-    outcome = t.item<int64_t>();
-  }
+  // Every rank learns rank 0's outcome instead of waiting for it in a collective.
+  if (world_) outcome = world_->broadcast_int(outcome, 0);
   if (outcome == kLocked) return;
   if (rank_ != 0) {
     error = "rank 0 cannot lock job.dump_folder '" + config_.job.dump_folder +
@@ -269,9 +263,7 @@ void Trainer::build_model() {
                                        config_.training.local_batch_size);
     o.build_model = build;
   }
-  TITAN_CHECK(spec_->parallelize, "model ", config_.model.name,
-              " registers no parallelize function");
-  parallel_ = spec_->parallelize(model_, *dims_, rank_, o);
+  parallel_ = parallelize_fn(config_.model.name)(model_, *dims_, rank_, o);
   const auto t1 = std::chrono::steady_clock::now();
   parallel_->init_weights(static_cast<uint64_t>(seed_));
   log_info("initialized this rank's parameters (seed ", seed_, ") in ",
@@ -355,9 +347,7 @@ void Trainer::build_metrics() {
   // that the rank_<r> folders of save_for_all_ranks land in one folder.
   int64_t tb_started = static_cast<int64_t>(std::time(nullptr));
   if (config_.metrics.enable_tensorboard && config_.metrics.save_for_all_ranks && world_) {
-    at::Tensor t = at::full({1}, tb_started, at::TensorOptions(at::kLong).device(world_->device()));
-    world_->broadcast(t, 0).wait();
-    tb_started = t.item<int64_t>();
+    tb_started = world_->broadcast_int(tb_started, 0);
   }
   metrics_ = std::make_unique<MetricsLogger>(
       config_.metrics, config_.job.dump_folder, stats.flops_per_token(config_.training.seq_len),

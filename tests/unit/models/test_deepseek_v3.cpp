@@ -11,7 +11,7 @@
 #include "titan/models/deepseek_v3/spec.h"
 #include "titan/models/llama3/model.h"
 #include "titan/models/registry.h"
-#include "titan/parallel/parallelized_model.h"
+#include "titan/parallel/parallelize.h"
 
 #include "finite_difference.h"
 
@@ -308,11 +308,10 @@ TEST(DeepSeekV3, BlockCausalKeepsDocumentsApart) {
 
 TEST(DeepSeekV3, RefusesSplitHeads) {
   // The refusal comes from the degrees alone, before any group is used.
-  const ModelSpec& spec = get_model_spec("deepseek_v3");
+  const ParallelizeFn parallelize = parallelize_fn("deepseek_v3");
   const auto refusal = [&](const ParallelDegrees& degrees, int64_t world) {
     try {
-      spec.parallelize(tiny_model(0), ParallelDims(degrees, world), /*rank=*/0,
-                       ParallelizeOptions{});
+      parallelize(tiny_model(0), ParallelDims(degrees, world), /*rank=*/0, ParallelizeOptions{});
     } catch (const ConfigError& e) {
       return std::string(e.what());
     }

@@ -8,8 +8,8 @@
 #include "titan/common/check.h"
 #include "titan/models/llama3/model.h"
 #include "titan/models/registry.h"
-#include "titan/parallel/pipeline_split.h"
 #include "titan/parallel/tensor_parallel.h"
+#include "titan/plan/pipeline_split.h"
 
 #include <gtest/gtest.h>
 

@@ -6,10 +6,11 @@
 #include "parallel_test_util.h"
 
 #include "titan/config/job_config.h"
-#include "titan/models/memory_estimate.h"
 #include "titan/models/registry.h"
-#include "titan/parallel/memory_options.h"
+#include "titan/parallel/parallelize.h"
 #include "titan/parallel/parallelized_model.h"
+#include "titan/plan/memory_estimate.h"
+#include "titan/plan/memory_options.h"
 
 #include <gtest/gtest.h>
 
@@ -127,6 +128,29 @@ TEST(ParallelizedModel, OneProcessIsTheBareModel) {
     EXPECT_TRUE(p.writer);
     EXPECT_TRUE(at::equal(p.local.grad(), ref.grads.at(p.name))) << p.name;
   }
+}
+
+// parallel/ owns the parallelize functions by model name: parallelize_decoder unless a model
+// registers its own, which then replaces it for that model only.
+TEST(ParallelizedModel, ParallelizeFunctionsByModelName) {
+  ParallelDims dims(degrees(1, 1, 1), 1);
+  const ParallelizeOptions o = options("full");
+  EXPECT_EQ(parallelize_fn("llama3")(make_model(true), dims, 0, o)->describe().size(), 1u);
+  int calls = 0;
+  register_parallelize("test_parallelize_model",
+                       [&](std::shared_ptr<Model> model, const ParallelDims& d, int64_t rank,
+                           const ParallelizeOptions& opts) {
+                         ++calls;
+                         ParallelizeOptions none = opts;
+                         none.activation_checkpoint.mode = "none";
+                         return parallelize_decoder(std::move(model), d, rank, none);
+                       });
+  EXPECT_TRUE(parallelize_fn("test_parallelize_model")(make_model(true), dims, 0, o)
+                  ->describe()
+                  .empty());  // its own options: no activation checkpointing
+  EXPECT_EQ(calls, 1);
+  parallelize_fn("llama3")(make_model(true), dims, 0, o);
+  EXPECT_EQ(calls, 1);
 }
 
 // The parameters the memory estimate gives a rank (`titan inspect`, `titan plan` and the start-up

@@ -7,6 +7,7 @@
 #include "../test_util.h"
 #include "titan/common/check.h"
 #include "titan/parallel/pipeline_schedule.h"
+#include "titan/plan/schedule_simulator.h"
 
 #include <gtest/gtest.h>
 

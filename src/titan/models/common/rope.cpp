@@ -3,11 +3,11 @@
 
 #include "titan/common/check.h"
 #include "titan/common/cpu.h"
+#include "titan/common/format.h"
 #include "titan/common/phase.h"
 #include "titan/kernels/fused_layers.h"
 #include "titan/models/common/fused_ops.h"
 #include "titan/models/common/linear.h"
-#include "titan/models/memory_estimate.h"
 
 #include <algorithm>
 #include <cmath>

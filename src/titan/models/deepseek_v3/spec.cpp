@@ -2,11 +2,9 @@
 #include "titan/models/deepseek_v3/spec.h"
 
 #include "titan/common/check.h"
-#include "titan/distributed/parallel_dims.h"
 #include "titan/models/deepseek_v3/hf_adapter.h"
 #include "titan/models/llama3/model.h"
 #include "titan/models/llama3/spec.h"
-#include "titan/parallel/parallelized_model.h"
 
 namespace titan::deepseek_v3 {
 namespace {
@@ -110,21 +108,6 @@ namespace titan {
 ModelSpec make_deepseek_v3_spec() {
   ModelSpec spec = make_decoder_spec(deepseek_v3::family());
   spec.hf = deepseek_v3::make_hf_adapter();
-  spec.parallelize = [](std::shared_ptr<Model> model, const ParallelDims& dims, int64_t rank,
-                        const ParallelizeOptions& options) {
-    const auto* decoder = dynamic_cast<const llama3::Transformer*>(model.get());
-    TITAN_CHECK(decoder != nullptr, "deepseek_v3: parallelize expects the decoder model");
-    const int64_t heads = decoder->args().n_heads;
-    if (dims.tp() > 1 && heads % dims.tp() != 0) {
-      throw ConfigError("deepseek_v3: n_heads " + std::to_string(heads) +
-                        " is not divisible by tensor_parallel_degree " + std::to_string(dims.tp()) +
-                        " (" + std::to_string(heads) + " % " + std::to_string(dims.tp()) + " = " +
-                        std::to_string(heads % dims.tp()) +
-                        "): tensor parallelism splits whole heads. HINT: pick a tp degree that "
-                        "divides the heads");
-    }
-    return parallelize_decoder(std::move(model), dims, rank, options);
-  };
   return spec;
 }
 

@@ -240,12 +240,8 @@ ModelStats Transformer::stats(int64_t batch, int64_t seq_len) const {
   return compute_stats(args_, batch, seq_len, compute_dtype_);
 }
 
-void Transformer::keep_only(const std::vector<std::string>& modules) {
-  TITAN_CHECK(unit_runners().empty(),
-              "llama3: keep_only after parallelize. HINT: split the model into pipeline stages "
-              "first, then parallelize each stage");
-  // The modules this instance holds, in model order (with tied embeddings `output` names the head
-  // that reuses tok_embeddings.weight).
+std::vector<std::string> Transformer::stage_modules() const {
+  // With tied embeddings `output` names the head that reuses tok_embeddings.weight.
   std::vector<std::string> present;
   if (tok_embeddings) present.push_back("tok_embeddings");
   for (const auto& layer : layers) present.push_back(layer_name(layer->layer_id));
@@ -253,33 +249,10 @@ void Transformer::keep_only(const std::vector<std::string>& modules) {
     present.push_back("norm");
     present.push_back("output");
   }
-  std::map<std::string, size_t> position;
-  for (size_t i = 0; i < present.size(); ++i) position[present[i]] = i;
+  return present;
+}
 
-  if (modules.empty()) throw ConfigError("llama3 pipeline stage: the module list is empty");
-  std::set<std::string> seen;
-  for (size_t k = 0; k < modules.size(); ++k) {
-    const std::string& name = modules[k];
-    if (!seen.insert(name).second) {
-      throw ConfigError("llama3 pipeline stage: module '" + name + "' is listed twice");
-    }
-    if (position.count(name) == 0) {
-      throw ConfigError("llama3 pipeline stage: no module '" + name + "' in this model" +
-                        suggestion(name, present, "modules"));
-    }
-    if (k == 0) continue;
-    const std::string& prev = modules[k - 1];
-    if (position[name] < position[prev]) {
-      throw ConfigError("llama3 pipeline stage: '" + name + "' is listed after '" + prev +
-                        "' but comes before it in the model. HINT: list a stage's modules in "
-                        "model order (tok_embeddings, layers.0, ..., norm, output)");
-    }
-    if (position[name] != position[prev] + 1) {
-      throw ConfigError("llama3 pipeline stage: '" + prev + "' is followed by '" + name +
-                        "', skipping '" + present[position[prev] + 1] +
-                        "'. HINT: a stage holds a contiguous run of modules");
-    }
-  }
+void Transformer::keep_modules(const std::set<std::string>& seen) {
   const bool keep_norm = seen.count("norm") != 0, keep_output = seen.count("output") != 0;
   if (keep_norm != keep_output) {
     throw ConfigError(std::string("llama3 pipeline stage: ") +
@@ -287,7 +260,7 @@ void Transformer::keep_only(const std::vector<std::string>& modules) {
                       ". HINT: the final norm and the output projection form the head and stay "
                       "in one stage");
   }
-  if (args_.tie_embeddings && modules.size() != present.size()) {
+  if (args_.tie_embeddings && seen.size() != stage_modules().size()) {
     throw ConfigError(
         "pipeline parallelism with tied embeddings (tie_embeddings = true) is not supported: the "
         "embedding and the output head share one weight, which a split into stages would "

@@ -84,11 +84,14 @@ class Transformer : public Model {
   // row-wise wo/w2, row-wise embedding, column-wise output with loss parallel; rules for present
   // modules only (tensor parallelism rejects a rule that matches nothing).
   std::vector<TpRule> tensor_parallel_plan() const override;
+  // Multi-head latent attention's heads (grouped-query attention checks its own).
+  std::vector<std::pair<std::string, int64_t>> tp_split_counts() const override;
   // See Model::keep_only. Removed modules are unregistered and their members set to null;
   // `layers` keeps the present blocks in order (TransformerBlock::layer_id is the global index)
   // and `rope` (buffers only) stays. With tie_embeddings only the whole model can be kept:
   // ConfigError otherwise, as TorchTitan rejects weight tying with pipeline parallelism.
-  void keep_only(const std::vector<std::string>& modules) override;
+  std::vector<std::string> stage_modules() const override;
+  void keep_modules(const std::set<std::string>& kept) override;
   bool is_first_stage() const override { return tok_embeddings != nullptr; }
   bool is_last_stage() const override { return norm != nullptr; }
   bool supports_fused_loss() const override { return true; }

@@ -4,7 +4,6 @@
 #include "titan/models/llama3/args.h"
 #include "titan/models/llama3/hf_adapter.h"
 #include "titan/models/llama3/model.h"
-#include "titan/parallel/parallelized_model.h"
 
 namespace titan {
 
@@ -41,9 +40,6 @@ ModelSpec make_decoder_spec(const llama3::Family& family) {
     ParamDeviceGuard device(options.meta ? at::Device(at::kMeta) : at::Device(at::kCPU));
     return std::make_shared<llama3::Transformer>(args, options.compute_dtype);
   };
-  // The decoder's plan is data the model provides (tensor_parallel_plan(), units() with its
-  // blocks), so the generic decoder order is its parallelize function.
-  spec.parallelize = parallelize_decoder;
   return spec;
 }
 

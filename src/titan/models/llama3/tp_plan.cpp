@@ -6,6 +6,11 @@
 
 namespace titan::llama3 {
 
+std::vector<std::pair<std::string, int64_t>> Transformer::tp_split_counts() const {
+  if (!args_.mla.enabled()) return {};
+  return {{"n_heads", args_.n_heads}};
+}
+
 std::vector<TpRule> Transformer::tensor_parallel_plan() const {
   // Only rules for present modules: a pipeline stage holds some of them (keep_only), and a rule
   // that matches nothing is an error.

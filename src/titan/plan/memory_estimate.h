@@ -5,6 +5,7 @@
 // by the RoPE tables' own check, models/common/rope.h: they are what grows with --max_seq_len.)
 #pragma once
 
+#include "titan/common/format.h"
 #include "titan/models/registry.h"
 
 #include <cstdint>
@@ -26,9 +27,6 @@ struct MemoryEstimate {
   // "weights (fp32) 0.02 GiB + ... = 12.3 GiB"
   std::string breakdown() const;
 };
-
-// "0.019 GiB", "9.31e+06 GiB".
-std::string gib_text(double bytes);
 
 // The settings besides the sizes that change what a step needs per rank.
 struct MemoryOptions {

@@ -1,8 +1,9 @@
 // Stage counts, per-stage module FQNs and the validated pipeline layout (see pipeline_split.h).
-#include "titan/parallel/pipeline_split.h"
+#include "titan/plan/pipeline_split.h"
 
 #include "titan/common/check.h"
 #include "titan/common/names.h"
+#include "titan/plan/schedule_simulator.h"
 
 #include <algorithm>
 #include <map>

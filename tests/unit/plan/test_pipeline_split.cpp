@@ -4,7 +4,7 @@
 // CSV checked against the placement, and the errors with their arithmetic.
 #include "../test_util.h"
 #include "titan/common/check.h"
-#include "titan/parallel/pipeline_split.h"
+#include "titan/plan/pipeline_split.h"
 
 #include <gtest/gtest.h>
 

@@ -1,6 +1,6 @@
 // The layout planner (see planner.h): the hardware presets, the validity rules of a layout (the
 // trainer's), the step-time cost model and the search.
-#include "titan/parallel/planner.h"
+#include "titan/plan/planner.h"
 
 #include "titan/common/check.h"
 #include "titan/common/format.h"
@@ -8,7 +8,8 @@
 #include "titan/distributed/parallel_dims.h"
 #include "titan/models/registry.h"
 #include "titan/parallel/activation_checkpoint.h"
-#include "titan/parallel/pipeline_split.h"
+#include "titan/plan/pipeline_split.h"
+#include "titan/plan/schedule_simulator.h"
 
 #include <algorithm>
 #include <cmath>

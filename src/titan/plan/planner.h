@@ -58,10 +58,10 @@
 
 #include "titan/config/job_config.h"
 #include "titan/distributed/parallel_dims.h"
-#include "titan/models/memory_estimate.h"
-#include "titan/parallel/memory_options.h"
 #include "titan/parallel/pipeline_schedule.h"
-#include "titan/parallel/pipeline_split.h"
+#include "titan/plan/memory_estimate.h"
+#include "titan/plan/memory_options.h"
+#include "titan/plan/pipeline_split.h"
 
 #include <cstdint>
 #include <map>

@@ -5,9 +5,12 @@
 // stages counting the embedding and the output as `*_less_layers` layers), or an explicit
 // module_fqns_per_model_part checked against the model; the stage placement (loop or V) and the
 // microbatch count. Pure arithmetic: no model, no communication; every error shows its numbers.
+// The layout it returns (parallel/pipeline_layout.h) is what the runtime is built from; a table
+// that would deadlock is refused here (plan/schedule_simulator.h), before any rank runs it.
 #pragma once
 
 #include "titan/config/job_config.h"
+#include "titan/parallel/pipeline_layout.h"
 #include "titan/parallel/pipeline_schedule.h"
 
 #include <cstdint>
@@ -15,26 +18,6 @@
 #include <vector>
 
 namespace titan::pp {
-
-// Everything a pipeline run needs to know before building stages.
-struct PipelineLayout {
-  ScheduleKind schedule = ScheduleKind::k1F1B;
-  StagePlacement placement = StagePlacement::kLoop;
-  int64_t pp = 1;
-  int64_t stages_per_rank = 1;
-  int64_t n_microbatches = 1;
-  int64_t microbatch_size = 1;
-  std::vector<std::vector<std::string>> module_fqns;  // per stage, in model order
-  std::vector<int64_t> stage_rank;                    // stage -> pp rank
-  std::vector<std::vector<int64_t>> rank_stage_ids;   // pp rank -> its stages, ascending
-  bool from_csv = false;  // the table comes from pipeline_parallel_schedule_csv
-  ScheduleTable table;    // compute-only table every rank runs
-  // The most microbatches a stage holds in flight (pipeline_peak_microbatches in
-  // memory_options.h); 0 until someone computes it (the planner, once per layout).
-  double peak_microbatches = 0;
-
-  int64_t n_stages() const { return pp * stages_per_rank; }
-};
 
 // Stages per rank for `kind` (TorchTitan's rule): with layers_per_stage > 0,
 // ceil((n_layers + first_less + last_less) / layers_per_stage) stages, which must be a multiple of

@@ -9,8 +9,9 @@
 #include "titan/components/training_dtype.h"
 #include "titan/distributed/parallel_dims.h"
 #include "titan/models/registry.h"
-#include "titan/parallel/pipeline_split.h"
-#include "titan/parallel/planner.h"
+#include "titan/plan/pipeline_split.h"
+#include "titan/plan/planner.h"
+#include "titan/plan/schedule_simulator.h"
 
 #include <gtest/gtest.h>
 

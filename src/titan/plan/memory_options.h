@@ -4,9 +4,9 @@
 #pragma once
 
 #include "titan/config/job_config.h"
-#include "titan/models/memory_estimate.h"
 #include "titan/parallel/pipeline_schedule.h"
-#include "titan/parallel/pipeline_split.h"
+#include "titan/plan/memory_estimate.h"
+#include "titan/plan/pipeline_split.h"
 
 #include <cstdint>
 

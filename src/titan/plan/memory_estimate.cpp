@@ -1,7 +1,7 @@
 // The training memory estimate (see memory_estimate.h). Activations come from the
 // model's own ModelStats; they are affine in the batch, so they are evaluated at batch 1 and 2
 // and extrapolated in double, which no batch size can overflow.
-#include "titan/models/memory_estimate.h"
+#include "titan/plan/memory_estimate.h"
 
 #include "titan/common/check.h"
 #include "titan/common/format.h"
@@ -61,13 +61,6 @@ double MemoryEstimate::token_bytes() const {
   double sum = 0;
   for (const Part& p : parts) sum += p.scales_with_tokens ? p.bytes : 0.0;
   return sum;
-}
-
-std::string gib_text(double bytes) {
-  char buf[48];
-  const double g = bytes / (1024.0 * 1024.0 * 1024.0);
-  std::snprintf(buf, sizeof(buf), g < 1e5 ? "%.3f GiB" : "%.3g GiB", g);
-  return buf;
 }
 
 std::string MemoryEstimate::breakdown() const {

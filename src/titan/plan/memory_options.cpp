@@ -1,5 +1,5 @@
 // The memory options every memory estimate of a job shares (see memory_options.h).
-#include "titan/parallel/memory_options.h"
+#include "titan/plan/memory_options.h"
 
 #include "titan/common/check.h"
 #include "titan/components/training_dtype.h"

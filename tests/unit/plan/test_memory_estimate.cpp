@@ -2,8 +2,8 @@
 // int64 overflow) at absurd ones, and a refusal only far above the memory given.
 #include "titan/common/check.h"
 #include "titan/models/common/rope.h"
-#include "titan/models/memory_estimate.h"
 #include "titan/models/registry.h"
+#include "titan/plan/memory_estimate.h"
 
 #include <gtest/gtest.h>
 
