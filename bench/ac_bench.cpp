@@ -1,6 +1,6 @@
 // Activation checkpointing on this CPU: for each mode (none, selective op, selective 2, full),
 // tokens/s of training steps (forward + loss + backward; no optimizer, whose cost AC does not
-// change) and memory, on model (b) of the README's Speed section (flavor bench_medium: dim 512,
+// change) and memory, on model (b) of docs/speed.md (flavor bench_medium: dim 512,
 // 8 layers, 8 heads, vocab 32000, seq 512, batch 4) and on a deeper one (the same with
 // --deep-layers layers). The modes take turns step by step on one model, so slow phases of the
 // machine hit them alike, and ratios to "none" are within one run. Memory comes from

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The default run of every registered debug flavor on this CPU: the README's first command's
+# The default run of every registered debug flavor on this CPU: README.md's first command's
 # config (configs/llama3/debug_model.toml: bf16, seq 256 x batch 8, selective activation
 # checkpointing, validation) with the model swapped in, for STEPS steps (default 30) and one
 # validation of 20 batches at the end. Prints training tokens/s and MFU (against the trainer's

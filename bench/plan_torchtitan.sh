@@ -6,7 +6,7 @@
 # fixed, so the config's own layout is predicted and ranked among every layout the planner
 # searches. Prints predicted vs reported tokens/s per GPU and memory, the errors, the planner's
 # best layout and where TorchTitan's ranks. One compute efficiency for all (MFU, default 0.4;
-# see the README). A benchmark: it prints, it never fails on accuracy.
+# see docs/planning.md). A benchmark: it prints, it never fails on accuracy.
 #   bench/plan_torchtitan.sh [MFU]
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"

@@ -23,7 +23,7 @@ class CpuMemoryProbe {
   static void reset_peak();
   // An allocation that would take live_bytes() past `bytes` throws c10::OutOfMemoryError, as a
   // device's allocator does when it is full (0: no limit, the default). Lets a CPU run rehearse
-  // what happens on an out-of-memory error (TITAN_CPU_MEMORY_LIMIT; see the README).
+  // what happens on an out-of-memory error (TITAN_CPU_MEMORY_LIMIT; see docs/observability.md).
   static void set_limit(int64_t bytes);
 };
 

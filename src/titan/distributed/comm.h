@@ -87,7 +87,7 @@ class FlightRecorder;  // flight_recorder.h
 
 // Which Gloo ops go to Gloo's own implementation (true) and which are built on others here
 // (false); see the top of this file. The defaults are the faster of the two as measured by
-// bench/comm_bench on 2-core CPUs (the README's "Collectives" table); TITAN_GLOO_OPS=native or
+// bench/comm_bench on 2-core CPUs (docs/speed.md, "Collectives on Gloo"); TITAN_GLOO_OPS=native or
 // =built sets all four for a process (benchmarks, tests).
 struct GlooOps {
   bool all_reduce_avg = true;

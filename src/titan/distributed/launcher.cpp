@@ -595,7 +595,7 @@ std::string launch_usage() {
         "  exchange (after joining, the default). Used by tests/e2e/test_launcher.sh.\n"
         "\n"
         "ranks also start under torchrun, SLURM srun and OpenMPI mpirun without titan run; see\n"
-        "README.md, \"Multi-process and multi-node\".\n";
+        "docs/launching.md, \"torchrun, SLURM and OpenMPI\".\n";
   return os.str();
 }
 

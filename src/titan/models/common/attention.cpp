@@ -367,7 +367,7 @@ bool materialised_attention_is_faster(at::ScalarType dtype, int64_t seqlen) {
   //   2-core AMD EPYC, AVX2 (no fast bf16 matmuls; ours computes bf16 in float32):
   //     float32   385 / 481, 678 / 705, 859 / 1174, 1591 / 2461  (0.64-0.96x: SDPA)
   //     bfloat16  2095 / 479, 4011 / 864, 5563 / 1431, 9203 / 3101  (3.0-4.6x: ours)
-  //   2-core AVX-512 (README's table, the same algorithm composed of ATen ops, in bf16):
+  //   2-core AVX-512 (docs/speed.md's table, the same algorithm composed of ATen ops, in bf16):
   //     float32   57.7 / 57.2, 82.7 / 94.9, 114.1 / 147.6, 226.2 / 238.2  (at best equal: SDPA)
   //     bfloat16  68.3 / 40.1, 95.1 / 63.7, 104.7 / 116.3, 169.5 / 221.9  (ours up to 512)
   // Beyond 2048 nothing was measured, and the kept probabilities (seqlen^2 / 2 per head) grow.
