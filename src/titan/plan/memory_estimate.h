@@ -46,7 +46,7 @@ struct MemoryOptions {
   bool bf16_state = false;
   // Pipeline parallelism: a stage keeps activations for the microbatches in flight, not for the
   // whole local batch: this many sequences at the schedule's peak, in units of all the rank's
-  // layers (see training_memory_options, parallel/planner.h); 0: the whole batch.
+  // layers (see training_memory_options, plan/memory_options.h); 0: the whole batch.
   double pipeline_sequences_in_flight = 0;
   // FSDP keeps every unit gathered from its forward to its backward (reshard_after_forward
   // "never", the default under pipeline parallelism, so that microbatches do not gather again):

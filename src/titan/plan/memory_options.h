@@ -1,4 +1,4 @@
-// The settings of a job's memory estimate (estimate_training_memory, models/memory_estimate.h)
+// The settings of a job's memory estimate (estimate_training_memory, plan/memory_estimate.h)
 // from its config: the one mapping that `titan train`'s start-up check, `titan inspect` and
 // `titan plan` (planner.h) share, so the three never disagree.
 #pragma once

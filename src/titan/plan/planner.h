@@ -5,7 +5,7 @@
 // time from the explicit cost model below, and ranks them. Pure arithmetic on the model's
 // analytic stats (ModelSpec::describe): nothing is allocated, nothing communicates.
 //
-// Memory is estimate_training_memory (models/memory_estimate.h) with the MemoryOptions of
+// Memory is estimate_training_memory (plan/memory_estimate.h) with the MemoryOptions of
 // training_memory_options() (memory_options.h): the very function `titan train` checks at
 // start-up and `titan inspect` prints, so the three never disagree.
 //
