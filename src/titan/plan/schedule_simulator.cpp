@@ -16,8 +16,10 @@
 namespace titan::pp {
 namespace {
 
-using Key = std::tuple<int64_t, ActionKind, int64_t>;  // (stage, kind, microbatch)
-Key key_of(const Action& a) { return {a.stage, a.kind, a.microbatch}; }
+// (stage, kind, microbatch). Names here are unique among the sources a unity batch may join
+// (pipeline_schedule_table.cpp has its own key for the send/recv pass).
+using SimKey = std::tuple<int64_t, ActionKind, int64_t>;
+SimKey sim_key(const Action& a) { return {a.stage, a.kind, a.microbatch}; }
 
 }  // namespace
 
@@ -58,7 +60,7 @@ struct Simulator {
   int64_t stage_bound = 0, microbatch_bound = 0;  // beyond the largest in the table
   std::vector<double> finished;                   // finish time (receives: arrival time)
   std::vector<uint8_t> posted;                    // receives posted (arrival may be unknown yet)
-  std::vector<Key> pending;                       // posted receives whose arrival is unknown
+  std::vector<SimKey> pending;                    // posted receives whose arrival is unknown
 
   void size_for(const std::vector<std::vector<Action>>& todo) {
     const auto see = [&](const Action& a) {
@@ -91,7 +93,7 @@ struct Simulator {
     }
     return (stage * kKinds + k) * microbatch_bound + mb;
   }
-  int64_t index(const Key& key) const {
+  int64_t index(const SimKey& key) const {
     return index(std::get<0>(key), std::get<1>(key), std::get<2>(key));
   }
 
@@ -108,7 +110,7 @@ struct Simulator {
     const int64_t i = index(a.stage, a.kind, a.microbatch);
     if (i < 0 || posted[i]) return;
     posted[i] = 1;
-    pending.push_back(key_of(a));
+    pending.push_back(sim_key(a));
   }
 
   // When `a` (on `rank`) may start as far as its inputs go, or nullopt; with `waiting`, the
