@@ -57,11 +57,6 @@ std::string message_of(const std::exception_ptr& error) {
   }
 }
 
-// NCCL moves CUDA tensors only.
-at::Device comm_device(const dist::Group& g) {
-  return g.backend() == dist::Backend::kNccl ? at::Device(at::kCUDA) : at::Device(at::kCPU);
-}
-
 std::vector<int64_t> to_vector(const at::Tensor& t) {
   const at::Tensor c = t.cpu().contiguous();
   return std::vector<int64_t>(c.data_ptr<int64_t>(), c.data_ptr<int64_t>() + c.numel());
@@ -73,9 +68,9 @@ std::vector<int64_t> to_vector(const at::Tensor& t) {
 // Every rank's `mine` (the same length on every rank), concatenated in rank order.
 std::vector<int64_t> all_gather_ints(dist::Group* g, const std::vector<int64_t>& mine) {
   if (g == nullptr) return mine;
-  const at::Tensor in = at::tensor(mine, at::kLong).to(comm_device(*g));
+  const at::Tensor in = at::tensor(mine, at::kLong).to(g->device());
   const at::Tensor out = at::empty({g->size() * static_cast<int64_t>(mine.size())},
-                                   at::TensorOptions().dtype(at::kLong).device(comm_device(*g)));
+                                   at::TensorOptions().dtype(at::kLong).device(g->device()));
   g->all_gather_into_tensor(out, in).wait();
   return to_vector(out);
 }
