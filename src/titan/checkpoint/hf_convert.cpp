@@ -4,6 +4,7 @@
 #include "titan/common/check.h"
 #include "titan/common/format.h"
 #include "titan/common/logging.h"
+#include "titan/models/common/moe.h"
 
 #include <ATen/core/grad_mode.h>
 
@@ -26,20 +27,12 @@ const HfAdapter& adapter_of(const ModelSpec& spec) {
   return spec.hf;
 }
 
-// MoE expert biases (auxiliary-loss-free balancing): buffers that are state, carried with the
-// parameters; DeepSeek-V3's Hugging Face models hold them too (e_score_correction_bias).
-bool is_expert_bias(const std::string& name) {
-  const std::string suffix = ".expert_bias";
-  return name.size() >= suffix.size() &&
-         name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
-
-// The expert-bias buffers of `model` by name.
+// The buffers of `model` that are state (MoE expert biases, auxiliary-loss-free balancing),
+// carried with the parameters; DeepSeek-V3's Hugging Face models hold them too
+// (e_score_correction_bias).
 TensorMap expert_biases(const Model& model) {
   TensorMap out;
-  for (const auto& item : model.named_buffers()) {
-    if (is_expert_bias(item.key())) out.emplace(item.key(), item.value());
-  }
+  for (auto& [name, buffer] : state_buffers(model)) out.emplace(name, std::move(buffer));
   return out;
 }
 

@@ -152,15 +152,14 @@ int64_t apply_compile(torch::nn::Module& model, const CompileSection& config,
   return norms + ffns + ropes;
 }
 
-void apply_model_converters(torch::nn::Module& model, const JobConfig& config,
-                            const at::Device& device) {
-  if (config.model.converters.empty()) return;
-  for (const std::string& name : config.model.converters) {
+void apply_model_converters(torch::nn::Module& model, const ModelSection& config,
+                            const Float8LinearSection& float8, const at::Device& device) {
+  if (config.converters.empty()) return;
+  for (const std::string& name : config.converters) {
     // validate_job_config admits only the float8 linear converter's two names.
     TITAN_CHECK(name == "float8" || name == "quantize.linear.float8", "model converter '", name,
                 "' is not built");
-    const Float8LinearSection& f8 = config.quantize.linear.float8;
-    const Float8Conversion c = convert_to_float8(model, f8, device_info(device));
+    const Float8Conversion c = convert_to_float8(model, float8, device_info(device));
     log_info("float8 linear layers (", float8_recipe_name(c.options.recipe), " recipe",
              c.options.emulate ? ", emulated in float32" : ", at::_scaled_mm",
              "): ", c.converted.size(), " converted, ",
@@ -175,7 +174,7 @@ void apply_model_converters(torch::nn::Module& model, const JobConfig& config,
       log_warning("float8: no linear layer was converted; the model trains in high precision");
     }
   }
-  if (config.model.print_after_conversion) {
+  if (config.print_after_conversion) {
     std::ostringstream s;
     s << model;
     log_info("model after conversion:\n", s.str());

@@ -37,10 +37,11 @@ void check_float8_device(const Float8LinearSection& config, const DeviceInfo& de
 Float8Conversion convert_to_float8(torch::nn::Module& model, const Float8LinearSection& config,
                                    const DeviceInfo& device);
 
-// Applies config.model.converters to `model` on `device` in order, logging what each converted
-// and skipped (and the model after conversion when model.print_after_conversion is set).
-void apply_model_converters(torch::nn::Module& model, const JobConfig& config,
-                            const at::Device& device);
+// Applies model.converters to `model` on `device` in order (the float8 converter with
+// `float8`, quantize.linear.float8), logging what each converted and skipped (and the model
+// after conversion when model.print_after_conversion is set).
+void apply_model_converters(torch::nn::Module& model, const ModelSection& config,
+                            const Float8LinearSection& float8, const at::Device& device);
 
 // How many layers of each kind enable_fused_layers switched.
 struct FusedLayers {

@@ -107,6 +107,25 @@ class UnitRunner {
   virtual at::Tensor run(int64_t index, const at::Tensor& input, const UnitFn& next) = 0;
 };
 
+// What a forward needs besides its tokens, given by whoever runs it (the parallelized model, a
+// pipeline stage's microbatch, a test). Every field may be undefined, the default.
+struct ForwardInputs {
+  // The positions (seqlen) int64 of the tokens, for the rotary embedding: context parallelism
+  // hands each rank a subset of the sequence (parallel/context_parallel.h). Undefined:
+  // 0 .. seqlen - 1.
+  at::Tensor positions;
+  // The document of every token of the whole sequences the tokens belong to, (bs, seqlen) int64
+  // (document_ids() in models/common/attention.h): attention is then block-causal
+  // (model.attn_mask_type = "block_causal"). Under context parallelism forward receives a share
+  // of each sequence and these still cover the whole of it. Undefined: causal.
+  at::Tensor document_ids;
+  // The fused linear + cross-entropy (Model::supports_fused_loss): the targets of the tokens,
+  // (bs, seqlen) int64. A model that holds its head then returns the mean cross-entropy of its
+  // logits against them, a 0-d float32 tensor, without materialising the logits. Undefined:
+  // logits.
+  at::Tensor loss_labels;
+};
+
 // A trainable decoder: forward(tokens (bs, seqlen) int64) -> logits (bs, seqlen, vocab) float32.
 // A pipeline stage (keep_only) holds a contiguous run of the modules instead: a stage without the
 // embedding takes the previous stage's hidden state, one without the head returns its own.
@@ -117,7 +136,10 @@ class Model : public torch::nn::Module {
   // Returns logits (bs, seqlen, vocab) float32, or from a stage without the head its hidden state
   // (bs, seqlen, dim), in the model's residual dtype (llama3: the compute dtype when that is
   // bf16/fp16, else the parameters' dtype).
-  virtual at::Tensor forward(const at::Tensor& tokens) = 0;
+  // `inputs`: what else this forward needs (ForwardInputs; empty: positions 0 .. seqlen - 1,
+  // causal attention, logits out).
+  virtual at::Tensor forward(const at::Tensor& tokens, const ForwardInputs& inputs) = 0;
+  at::Tensor forward(const at::Tensor& tokens) { return forward(tokens, ForwardInputs{}); }
   // How parameter `name` (an FQN of named_parameters()) starts out; its values then depend only
   // on the seed, the name and the position (init.h), never on how the model is split.
   virtual ParamInit param_init(const std::string& name) const = 0;
@@ -155,24 +177,9 @@ class Model : public torch::nn::Module {
   void remove_unit_runner(UnitRunner* runner);
   const std::vector<UnitRunner*>& unit_runners() const { return runners_; }
 
-  // The positions (seqlen) int64 of the tokens forward receives, for the rotary embedding:
-  // context parallelism hands each rank a subset of the sequence (parallel/context_parallel.h).
-  // Undefined (the default): 0 .. seqlen - 1.
-  void set_token_positions(at::Tensor positions) { token_positions_ = std::move(positions); }
-  const at::Tensor& token_positions() const { return token_positions_; }
-  // The document of every token of the whole sequences forward's tokens belong to, (bs, seqlen)
-  // int64 (document_ids() in models/common/attention.h): attention is then block-causal
-  // (model.attn_mask_type = "block_causal"). Under context parallelism forward receives a share
-  // of each sequence and these still cover the whole of it. Undefined (the default): causal.
-  void set_document_ids(at::Tensor ids) { document_ids_ = std::move(ids); }
-  const at::Tensor& document_ids() const { return document_ids_; }
   // The fused linear + cross-entropy (compile.components "loss", models/common/fused_loss.h):
-  // while labels (the targets of forward's tokens, (bs, seqlen) int64) are set, a model that
-  // holds its head returns from forward the mean cross-entropy of its logits against them, a 0-d
-  // float32 tensor, without materialising the logits. Undefined (the default): logits.
+  // whether a forward given ForwardInputs::loss_labels returns the loss instead of logits.
   virtual bool supports_fused_loss() const { return false; }
-  void set_loss_labels(at::Tensor labels) { loss_labels_ = std::move(labels); }
-  const at::Tensor& loss_labels() const { return loss_labels_; }
 
   // Incremental inference without autograd: tokens (bs, n) int64 are positions
   // [start_pos, start_pos + n) of sequences whose positions [0, start_pos) are already in
@@ -198,9 +205,6 @@ class Model : public torch::nn::Module {
 
  private:
   std::vector<UnitRunner*> runners_;  // innermost first
-  at::Tensor token_positions_;
-  at::Tensor document_ids_;
-  at::Tensor loss_labels_;
 };
 
 }  // namespace titan

@@ -58,6 +58,7 @@
 
 #include "titan/config/job_config.h"
 #include "titan/models/model.h"
+#include "titan/parallel/piece.h"
 
 #include <ATen/ATen.h>
 
@@ -68,7 +69,7 @@
 
 namespace titan {
 
-class ActivationCheckpointing : public UnitRunner {
+class ActivationCheckpointing : public UnitRunner, public ParallelPiece {
  public:
   // Chooses the blocks of `model` to checkpoint from `config` (mode full or selective) and adds
   // itself to the model's unit-runner chain. Must be constructed before DataParallel (throws if a
@@ -87,7 +88,8 @@ class ActivationCheckpointing : public UnitRunner {
   // Recomputations done so far (one per checkpointed block per backward).
   int64_t recomputations() const;
   // "activation checkpointing: selective, every 2nd block (layers.1, layers.3)"
-  std::string describe() const;
+  std::string describe() const override;
+  bool communicates() const override { return false; }
 
   struct Impl;
 

@@ -5,6 +5,7 @@
 
 #include "titan/common/check.h"
 #include "titan/common/host_sync.h"
+#include "titan/models/common/mla.h"
 #include "titan/parallel/ring_attention_pairs.h"
 
 #include <torch/csrc/autograd/custom_function.h>
@@ -370,6 +371,65 @@ at::Tensor ContextParallelAttention::forward(const at::Tensor& q, const at::Tens
               " tokens is no rank's share of the sequence lengths it was set up for (", lengths,
               ")");
   return {};
+}
+
+ContextParallel::ContextParallel(Model& model, const RingGroups& groups, int cp_rank, int64_t tp,
+                                 const std::string& load_balancer, const std::string& rotate_method,
+                                 const std::vector<std::pair<std::string, int64_t>>& seq_lens)
+    : cp_rank_(cp_rank), rotate_(parse_rotate_method(rotate_method)) {
+  TITAN_CONFIG_CHECK(load_balancer != "ptrr",
+                     "parallelism.context_parallel_load_balancer = \"ptrr\" is not supported (it "
+                     "balances flex attention's block masks). HINT: use \"headtail\" (the "
+                     "default) or \"none\"");
+  const SequenceSharding sharding =
+      parse_sequence_sharding(load_balancer.empty() ? "none" : load_balancer);
+  const bool headtail = sharding == SequenceSharding::kHeadTail;
+  const int64_t cp = groups.cp->size();
+  for (const auto& [key, len] : seq_lens) {
+    const int64_t chunks = headtail ? 2 * cp : cp;
+    TITAN_CONFIG_CHECK(len % (chunks * tp) == 0, key, " ", len, " must be divisible by ",
+                       headtail ? "2 x " : "", "cp x tp = ", chunks * tp, " (", key, " % ",
+                       chunks * tp, " = ", len % (chunks * tp),
+                       "): context parallelism splits the sequence into ", chunks, " chunks",
+                       tp > 1 ? ", and sequence parallelism each rank's share into tp" : "",
+                       ". HINT: change ", key, " or the degrees");
+    layouts_.emplace(len, SequenceLayout::make(len, cp, sharding));
+  }
+  for (const auto& item : model.named_modules()) {
+    // Grouped-query attention and multi-head latent attention (whose q, k and v reach the
+    // kernel padded to one head size) share the inner kernel's seam.
+    std::shared_ptr<InnerAttention>* inner = nullptr;
+    if (auto* attention = dynamic_cast<Attention*>(item.value().get())) {
+      inner = &attention->inner_attention;
+    } else if (auto* latent = dynamic_cast<MultiHeadLatentAttention*>(item.value().get())) {
+      inner = &latent->inner_attention;
+    }
+    if (inner == nullptr) continue;
+    std::vector<std::shared_ptr<RingAttention>> rings;
+    for (const auto& [len, layout] : layouts_) {
+      rings.push_back(std::make_shared<RingAttention>(groups, layout, rotate_));
+    }
+    *inner = std::make_shared<ContextParallelAttention>(std::move(rings));
+  }
+}
+
+std::string ContextParallel::describe() const {
+  TITAN_CHECK(!layouts_.empty(), "context parallelism without sequence lengths");
+  const SequenceLayout& layout = layouts_.begin()->second;
+  return message("context parallelism: ring attention (", to_string(rotate_), ") over cp ",
+                 layout.cp, ", ", to_string(layout.sharding),
+                 " sequence sharding; FSDP over dp_shard x cp, losses averaged over dp x cp");
+}
+
+void ContextParallel::shard_batch(ForwardBatch& batch) const {
+  const auto it = layouts_.find(batch.inputs.size(1));
+  TITAN_CHECK(it != layouts_.end(), "context parallelism: batches of ", batch.inputs.size(1),
+              " tokens per sequence, but it was set up for other lengths");
+  const SequenceLayout& layout = it->second;
+  // The document ids stay whole: ring attention masks with the whole sequences' ids.
+  batch.forward.positions = layout.positions(cp_rank_, batch.inputs.device());
+  batch.inputs = shard_sequence(batch.inputs, layout, cp_rank_);
+  batch.labels = shard_sequence(batch.labels, layout, cp_rank_);
 }
 
 }  // namespace titan

@@ -1,6 +1,7 @@
 // Context parallelism (TorchTitan's `cp`): the sequence is sharded over the cp group and
 // attention runs as ring attention, each rank keeping its queries and visiting every rank's keys
-// and values. This file holds the two pieces the model does not see:
+// and values. ContextParallel (at the end) is the piece parallelize applies to a model part; it
+// is made of the two things the model does not see:
 //
 //   SequenceLayout layout = SequenceLayout::make(seq_len, cp, SequenceSharding::kHeadTail);
 //   at::Tensor tokens_local = shard_sequence(tokens, layout, rank);        // (bs, seq_len / cp)
@@ -55,12 +56,16 @@
 
 #include "titan/distributed/comm.h"
 #include "titan/models/common/attention.h"
+#include "titan/models/model.h"
+#include "titan/parallel/piece.h"
 
 #include <ATen/ATen.h>
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace titan {
@@ -176,6 +181,29 @@ class ContextParallelAttention final : public InnerAttention {
 
  private:
   std::vector<std::shared_ptr<RingAttention>> rings_;
+};
+
+// Context parallelism applied to a model part: a ContextParallelAttention in every attention
+// layer (grouped-query and multi-head latent attention), and batches cut to this rank's share
+// of each sequence, with its tokens' positions.
+class ContextParallel final : public ParallelPiece {
+ public:
+  // `load_balancer`: parallelism.context_parallel_load_balancer ("headtail", or "none" / "" for
+  // contiguous shards); `rotate_method`: context_parallel_rotate_method. Every sequence length
+  // (with the key that sets it) must divide by 2 x cp with headtail, cp without, and the share by
+  // `tp` (sequence parallelism): ConfigError with the arithmetic otherwise.
+  ContextParallel(Model& model, const RingGroups& groups, int cp_rank, int64_t tp,
+                  const std::string& load_balancer, const std::string& rotate_method,
+                  const std::vector<std::pair<std::string, int64_t>>& seq_lens);
+
+  // "context parallelism: ring attention (allgather) over cp 2, headtail sequence sharding; ..."
+  std::string describe() const override;
+  void shard_batch(ForwardBatch& batch) const override;
+
+ private:
+  int cp_rank_;
+  RotateMethod rotate_;
+  std::map<int64_t, SequenceLayout> layouts_;  // by sequence length
 };
 
 }  // namespace titan

@@ -33,6 +33,7 @@
 #include "titan/parallel/data_parallel.h"
 
 #include "titan/common/check.h"
+#include "titan/common/format.h"
 #include "titan/common/logging.h"
 #include "titan/models/common/linear.h"
 #include "titan/parallel/device_streams.h"
@@ -818,6 +819,35 @@ DataParallelMemory DataParallel::memory() const {
   }
   for (const auto& p : d.params) m.total_param_bytes += p.rows * p.rest * 4;
   return m;
+}
+
+std::string describe_memory(const std::vector<const ParallelPiece*>& pieces, bool stages) {
+  DataParallelMemory total;
+  for (const ParallelPiece* piece : pieces) {
+    const DataParallelMemory m = piece->memory();
+    total.shard_param_bytes += m.shard_param_bytes;
+    total.total_param_bytes += m.total_param_bytes;
+    total.max_unit_unsharded_bytes =
+        std::max(total.max_unit_unsharded_bytes, m.max_unit_unsharded_bytes);
+  }
+  if (total.shard_param_bytes == 0) return "";
+  return message("memory per rank: parameters ", human_bytes(total.shard_param_bytes),
+                 " + gradients ", human_bytes(total.shard_param_bytes), " + AdamW states ",
+                 human_bytes(2 * total.shard_param_bytes), " (fp32 shards; ",
+                 stages ? "this rank's stages hold " : "the model's parameters are ",
+                 human_bytes(total.total_param_bytes), ", 1/",
+                 std::to_string(static_cast<double>(total.total_param_bytes) /
+                                static_cast<double>(total.shard_param_bytes))
+                     .substr(0, 4),
+                 "); largest gathered unit ", human_bytes(total.max_unit_unsharded_bytes));
+}
+
+dist::Group* DataParallel::norm_group() const {
+  return impl_->options.norm_over_shard_group ? impl_->options.shard_group.get() : nullptr;
+}
+
+void DataParallel::gather_held(std::map<std::string, at::Tensor>& held) {
+  for (auto& [name, t] : gather_full_parameters()) held[name] = std::move(t);
 }
 
 std::string DataParallel::describe() const {

@@ -40,6 +40,7 @@
 #include "titan/models/common/deferred_grad.h"
 #include "titan/models/model.h"
 #include "titan/parallel/grad_norm.h"
+#include "titan/parallel/piece.h"
 
 #include <ATen/ATen.h>
 
@@ -51,13 +52,6 @@
 #include <vector>
 
 namespace titan {
-
-// Where a rank's tensor of a parameter sits in the whole parameter (set by tensor parallelism;
-// absent: the rank holds the whole parameter).
-struct ParamPlacement {
-  ShardBox box;            // of the rank's tensor in the whole parameter
-  bool replicated = true;  // every rank of the (tp) group holds the same tensor
-};
 
 struct DataParallelOptions {
   std::shared_ptr<dist::Group> shard_group;       // parameters are sharded over it (null: 1 rank)
@@ -90,25 +84,17 @@ struct DataParallelOptions {
   double grad_divisor = 0;
   // What describe() calls the parameters ("" for all of them; e.g. "experts").
   std::string label;
+  // Whether the gradient norm sums over the shard group (ParallelPiece::norm_group): not for an
+  // instance whose shard group lies within the other pieces' groups (the experts').
+  bool norm_over_shard_group = true;
 };
 
-// This rank's part of one parameter.
-struct ShardedParam {
-  std::string name;
-  ShardBox box;            // where `local` sits in the whole parameter
-  int64_t row_offset = 0;  // first row held of the model's (possibly TP-local) tensor
-  at::Tensor local;        // (rows held, ...) float32, a view of the unit's flat shard; 0 rows ok
-};
+// "memory per rank: parameters 1.2 MiB + gradients ... ; largest gathered unit ..." over the FSDP
+// instances among `pieces` (a rank's, of every part; `stages`: they are pipeline stages), or ""
+// when none shards parameters.
+std::string describe_memory(const std::vector<const ParallelPiece*>& pieces, bool stages);
 
-// Bytes per rank (float32 masters), for the memory report.
-struct DataParallelMemory {
-  int64_t total_param_bytes = 0;         // the whole model's parameters
-  int64_t shard_param_bytes = 0;         // this rank's shards, including padding
-  int64_t max_unit_unsharded_bytes = 0;  // the largest unit when gathered (param dtype + float8)
-  int64_t units = 0;
-};
-
-class DataParallel : public UnitRunner {
+class DataParallel : public UnitRunner, public ParallelPiece {
  public:
   // Shards `model` (whose parameters must be identical on every rank, e.g. same seed) and adds
   // itself to the model's unit-runner chain (outermost). The model must outlive this object.
@@ -127,9 +113,9 @@ class DataParallel : public UnitRunner {
 
   // Completes the gradient reductions of the last backward and adds them to the shards'
   // gradients (params()[i].local.grad()). Call after every backward.
-  void finish_backward();
+  void finish_backward() override;
   // Drops the accumulated gradients.
-  void zero_grad();
+  void zero_grad() override;
 
   // The shards, one per parameter, in the model's named_parameters() order.
   const std::vector<ShardedParam>& params() const { return params_; }
@@ -144,12 +130,20 @@ class DataParallel : public UnitRunner {
   // Sets the shards from whole parameters: full(name) returns the whole (global_shape) tensor.
   void load_full_parameters(const std::function<at::Tensor(const std::string&)>& full);
 
-  DataParallelMemory memory() const;
+  DataParallelMemory memory() const override;
   // Seconds this rank has spent blocked waiting for collectives (the communication that compute
   // did not hide), since construction.
-  double comm_wait_seconds() const;
+  double comm_wait_seconds() const override;
   // "FSDP over dp_shard 2 (12 units, reshard_after_forward default, param bf16, reduce fp32)"
-  std::string describe() const;
+  std::string describe() const override;
+
+  // ParallelPiece: the shards are the trained tensors.
+  const std::vector<ShardedParam>* shards() const override { return &params_; }
+  dist::Group* norm_group() const override;
+  void gather_held(std::map<std::string, at::Tensor>& held) override;
+  void load_whole(const std::function<at::Tensor(const std::string&)>& whole) override {
+    load_full_parameters(whole);
+  }
 
   struct Impl;
 

@@ -20,7 +20,7 @@
 
 #include "titan/distributed/comm.h"
 #include "titan/models/model.h"
-#include "titan/parallel/data_parallel.h"
+#include "titan/parallel/piece.h"
 
 #include <ATen/ATen.h>
 
@@ -31,7 +31,7 @@
 
 namespace titan {
 
-class ExpertParallel {
+class ExpertParallel : public ParallelPiece {
  public:
   // Slices the experts of every MoE layer of `model` (identical on every rank; the meta device is
   // fine) and installs the all-to-all runner. `tp_placements`: tensor parallelism's boxes when it
@@ -40,7 +40,7 @@ class ExpertParallel {
   // count does not divide by the group size.
   ExpertParallel(Model& model, std::shared_ptr<dist::Group> group,
                  const std::map<std::string, ParamPlacement>* tp_placements = nullptr);
-  ~ExpertParallel();
+  ~ExpertParallel() override;
   ExpertParallel(const ExpertParallel&) = delete;
   ExpertParallel& operator=(const ExpertParallel&) = delete;
 
@@ -53,8 +53,19 @@ class ExpertParallel {
 
   dist::Group& group() const { return *group_; }
   // Seconds this rank has spent in the token exchanges (they are synchronous).
-  double comm_wait_seconds() const;
-  std::string describe() const;
+  double comm_wait_seconds() const override;
+  std::string describe() const override;
+
+  // ParallelPiece: the experts' boxes (their gradients are complete: each rank's experts got
+  // the gradients of every ep rank's tokens).
+  const std::map<std::string, ParamPlacement>* param_placements() const override {
+    return &placements_;
+  }
+  void gather_whole(NamedTensors& params) const override {
+    for (auto& [name, t] : params) {
+      if (holds(name)) t = gather_whole(name, t);
+    }
+  }
 
   struct Stats;
 

@@ -1,8 +1,10 @@
 // The model as training sees it once parallelized: one object that the trainer holds whatever
 // parallelisms are active (none, FSDP, HSDP, DDP, TP, PP, their 2D / 3D compositions, and
-// activation checkpointing), so the trainer has no branch on which one is. A model's parallelize
-// function (ModelSpec::parallelize, e.g. parallelize_llama3) builds it by applying the pieces in
-// this fixed order:
+// activation checkpointing), so the trainer has no branch on which one is. A parallelize function
+// (parallelize.h) builds it by applying the pieces in this fixed order; pipeline parallelism
+// splits the model into parts, and each part holds the later pieces as a stack (piece.h), in
+// apply order, that every question (zero_grad, finish_backward, the gradient norm, whole
+// parameters, the log) walks without knowing which pieces it holds:
 //
 //   0. pipeline parallelism: splits the model into stages (Model::keep_only); this rank keeps its
 //      stages (one, or several for the multi-stage schedules), each a model part, and every later
@@ -35,9 +37,10 @@
 #include "titan/common/shard_box.h"
 #include "titan/config/job_config.h"
 #include "titan/distributed/parallel_dims.h"
+#include "titan/models/common/moe.h"
 #include "titan/models/model.h"
-#include "titan/parallel/context_parallel.h"
 #include "titan/parallel/grad_norm.h"
+#include "titan/parallel/piece.h"
 #include "titan/parallel/pipeline_layout.h"
 
 #include <ATen/ATen.h>
@@ -52,13 +55,26 @@
 
 namespace titan {
 
-class TensorParallel;
-class ActivationCheckpointing;
-class DataParallel;
 class PipelineRuntime;
+
+// The model as training runs it, made by parallelize on every part before the parallelisms
+// (TorchTitan converts the model before parallelize and compiles inside it): full bf16
+// parameters (training.dtype), model.converters (float8 linears), and compile's kernels.
+struct ModelPreparation {
+  TrainingSection training;
+  int64_t world_size = 1;  // full bf16 training is one process for now
+  std::string layout;      // the parallelism, for that refusal
+  ModelSection model;      // converters, print_after_conversion
+  Float8LinearSection float8;
+  CompileSection compile;
+  at::ScalarType compute_dtype = at::kFloat;
+  int64_t seq_len = 0;  // the kernels' log names the paths for it
+};
 
 // What parallelize needs besides the model and the mesh (narrow settings, not the job config).
 struct ParallelizeOptions {
+  // Absent: the parts train as built.
+  std::optional<ModelPreparation> prepare;
   at::ScalarType param_dtype = at::kFloat;   // training.mixed_precision_param
   at::ScalarType reduce_dtype = at::kFloat;  // training.mixed_precision_reduce
   std::string fsdp_reshard_after_forward = "default";
@@ -70,7 +86,8 @@ struct ParallelizeOptions {
   // Where the parameters of a model built on the meta device get their storage.
   at::Device device = at::kCPU;
   // quantize.linear.float8.enable_fsdp_float8_all_gather / precompute_float8_dynamic_scale_for_fsdp
-  // with the float8 converter on (DataParallelOptions::float8_all_gather).
+  // (DataParallelOptions::float8_all_gather): they act on the layers the float8 converter
+  // converted (none: inert, as in TorchTitan when the converter is off).
   bool fsdp_float8_all_gather = false;
   bool fsdp_float8_precompute_scales = false;
   // Context parallelism (dims.cp() > 1): parallelism.context_parallel_load_balancer ("headtail",
@@ -86,7 +103,7 @@ struct ParallelizeOptions {
   // EOS), and attention stays within each document. Absent: causal over the whole sequence.
   std::optional<int64_t> document_end_token;
   // compile.enable with "loss" in compile.components: the head and the loss run as the fused
-  // linear + cross-entropy (Model::set_loss_labels; models/common/fused_loss.h).
+  // linear + cross-entropy (ForwardInputs::loss_labels; models/common/fused_loss.h).
   bool fused_loss = false;
 };
 
@@ -111,35 +128,37 @@ class ParallelizedModel {
   ParallelizedModel(const ParallelizedModel&) = delete;
   ParallelizedModel& operator=(const ParallelizedModel&) = delete;
 
-  // The pieces, applied by a parallelize function in the order documented above. Each refuses
-  // to run out of order. ConfigError for layouts the model cannot take (e.g. heads not divisible).
-  // Pipeline: the given model keeps this rank's first stage, `build` makes the others.
-  void apply_pipeline(const pp::PipelineLayout& layout,
-                      const std::function<std::shared_ptr<Model>()>& build, at::Device device);
-  void apply_tensor_parallel(bool loss_parallel,
-                             const std::vector<std::pair<std::string, int64_t>>& seq_lens);
-  // Experts split over the ep group (dims.ep() > 1; a no-op otherwise). After tensor
-  // parallelism, before activation checkpointing. ConfigError for a model without MoE layers or
-  // expert counts that ep does not divide.
-  void apply_expert_parallel();
-  // Ring attention in every attention layer over the cp group, for the sequence lengths given
-  // (each must divide by 2 x cp with headtail, cp without, and the share by tp).
-  void apply_context_parallel(const std::string& load_balancer, const std::string& rotate_method,
-                              const std::vector<std::pair<std::string, int64_t>>& seq_lens);
-  void apply_activation_checkpointing(const ActivationCheckpointSection& ac);
-  // FSDP / HSDP / DDP from the options' param / reduce dtypes, reshard policy, device and float8
-  // all-gather settings.
-  void apply_data_parallel(const ParallelizeOptions& options);
+  // The stack, as a parallelize function (parallelize.h) builds it in the order documented
+  // above. Each step is announced first (advance), and refused after a later one.
+  enum class Step { kNone, kPipeline, kTensor, kExpert, kContext, kCheckpoint, kData };
+  void advance(Step step, const char* order);
+  // Pipeline parallelism (apply_pp): this rank's stages (stage id, model; the first is the model
+  // given to the constructor), each a part, run by `runtime`. Without it the model is the part.
+  void set_pipeline(std::vector<std::pair<int64_t, std::shared_ptr<Model>>> stages,
+                    std::unique_ptr<PipelineRuntime> runtime);
+  bool pipelined() const { return pipeline_ != nullptr; }
+  const ParallelDims& dims() const { return dims_; }
+  int64_t rank() const { return rank_; }
+  size_t n_parts() const { return parts_.size(); }
+  Model& part_model(size_t part);
+  std::shared_ptr<Model> shared_model() const;  // part 0's
+  // `part`'s pieces, in apply order; and `piece` on top of them (null: nothing).
+  std::vector<ParallelPiece*> pieces(size_t part) const;
+  void add_piece(size_t part, std::unique_ptr<ParallelPiece> piece);
+  // Every parameter's box on this rank as `part`'s pieces left it (a later piece's entry wins).
+  // `owners` (optional): the piece whose entry each is.
+  std::map<std::string, ParamPlacement> placements(
+      size_t part, std::map<std::string, const ParallelPiece*>* owners = nullptr) const;
   // Block-causal attention for training and validation: forward_backward and evaluate give the
   // model the document ids of each batch (document_ids(inputs, end_token), from the whole
   // sequences, before context parallelism shards them). Any time before the first step.
-  void apply_block_causal_mask(int64_t end_token);
+  void set_block_causal_mask(int64_t end_token) { document_end_token_ = end_token; }
   // The fused linear + cross-entropy for training and validation: the last stage computes the
-  // loss in its head (Model::set_loss_labels) instead of returning logits. ConfigError for a
+  // loss in its head (ForwardInputs::loss_labels) instead of returning logits. ConfigError for a
   // model without it. Any time before the first step.
-  void apply_fused_loss();
+  void set_fused_loss();
   // Gives every parameter still on the meta device uninitialized storage on `device` (its
-  // current, possibly TP-sliced shape); last, after the pieces above.
+  // current, possibly TP-sliced shape); last, after the pieces.
   void materialize(at::Device device);
 
   // Initializes this rank's pieces of every parameter from `seed` (Model::param_init): the
@@ -178,24 +197,19 @@ class ParallelizedModel {
   double clip_grad_norm(double max_norm);
 
   // Every parameter whole, float32, in host memory (collective: every rank must call). A GPU
-  // holds one unit or parameter gathered at a time.
+  // holds one unit or parameter gathered at a time; under PP every stage's parameters reach every
+  // rank (checkpoint/stage_gather.h).
   std::vector<std::pair<std::string, at::Tensor>> gather_full_parameters();
   // Sets this rank's pieces from whole parameters: whole(name) is the (global shape) tensor.
   void load_full_parameters(const std::function<at::Tensor(const std::string&)>& whole);
 
-  // Mixture-of-experts layers, after each optimizer step (collective: every rank): each layer's
-  // token counts since the last call, summed over the ranks that split the batch (dp x cp, and
-  // tp, whose ranks route their own sequence shards), move the layer's expert bias toward balance
-  // (MoE::update_expert_bias) and restart. Returns (layer name, max/mean expert load) for this
-  // rank's MoE layers (none for a dense model): the names, and the ratios as one float64 tensor
-  // on the device (read it when logging; nothing is read back here).
-  struct MoELoads {
-    std::vector<std::string> layers;
-    at::Tensor max_over_mean;  // (layers) float64
-  };
+  // Mixture-of-experts layers, after each optimizer step (collective: every rank): load
+  // balancing (balance_expert_loads in models/common/moe.h) with each layer's token counts
+  // summed over the ranks that split the batch (dp x cp, and tp, whose ranks route their own
+  // sequence shards). Nothing for a dense model.
   MoELoads update_moe_load_balance();
-  // Buffers that are training state, by name (the MoE layers' expert biases, identical on the
-  // ranks that hold the layer), and whether this rank is the one that writes them to checkpoints.
+  // Buffers that are training state, by name (state_buffers in models/common/moe.h), and whether
+  // this rank is the one that writes them to checkpoints.
   std::vector<std::pair<std::string, at::Tensor>> state_buffers() const;
   bool writes_state_buffers() const;
 
@@ -207,36 +221,31 @@ class ParallelizedModel {
   std::vector<std::string> describe() const;
 
  private:
-  // One model part (the model, or one pipeline stage) with the parallelisms applied to it.
+  // One model part (the model, or one pipeline stage) with its pieces, in apply order.
   struct Part;
   void refresh_params();
-  bool has_tp() const;
-  bool has_dp() const;
-  bool has_ep() const;
-  const char* shard_group_name() const;  // FSDP's: dp_shard, or dp_shard_cp with cp
+  std::vector<ParallelPiece*> all_pieces() const;  // of every part, in order
+  // The models of every part.
+  std::vector<torch::nn::Module*> models() const;
+  // The batch as this rank's model parts take it (document ids from the whole sequences, then
+  // each piece's share: context parallelism's).
+  ForwardBatch prepare(const at::Tensor& inputs, const at::Tensor& labels) const;
+  // `value` all-reduced over dims' group `group` (on its device), back on value's device.
+  at::Tensor reduce_over(const char* group, const at::Tensor& value, dist::ReduceOp op) const;
+  // Forward of the whole model (no PP) to the mean loss.
+  at::Tensor forward_loss(const ForwardBatch& batch);
 
   const ParallelDims& dims_;
   int64_t rank_;
   std::vector<std::unique_ptr<Part>> parts_;
   std::unique_ptr<PipelineRuntime> pipeline_;
-  bool applied_tp_ = false, applied_ep_ = false, applied_cp_ = false, applied_ac_ = false,
-       applied_dp_ = false;
-  // Context parallelism: the sequence layout of each sequence length (empty without cp).
-  std::map<int64_t, SequenceLayout> cp_layouts_;
-  RotateMethod cp_rotate_ = RotateMethod::kAllGather;  // for describe()
-  // This rank's share of a batch along the sequence, and the model's token positions.
-  std::pair<at::Tensor, at::Tensor> context_shard(const at::Tensor& inputs,
-                                                  const at::Tensor& labels);
-  // Block-causal attention: the token ending a document (absent: causal). The document ids of a
-  // batch (undefined when causal); without PP they are set on the model here, under PP the
-  // runtime sets each microbatch's.
+  Step applied_ = Step::kNone;
+  // Block-causal attention: the token ending a document (absent: causal).
   std::optional<int64_t> document_end_token_;
-  at::Tensor set_documents(const at::Tensor& inputs);
   bool fused_loss_ = false;
-  // Forward of the whole model (no PP) to the mean loss.
-  at::Tensor forward_loss(const at::Tensor& inputs, const at::Tensor& labels);
   std::vector<TrainedParam> params_;
-  std::vector<size_t> param_part_;  // params_[i] belongs to parts_[param_part_[i]]
+  std::vector<size_t> param_part_;                 // params_[i] belongs to parts_[param_part_[i]]
+  std::vector<const ParallelPiece*> param_owner_;  // the piece that placed params_[i], or null
 };
 
 }  // namespace titan

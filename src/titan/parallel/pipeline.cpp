@@ -67,6 +67,7 @@ at::Tensor take(std::map<Key, at::Tensor>& from, const Key& key, const char* wha
 struct PipelineRuntime::StepState {
   std::vector<at::Tensor> tokens, labels;  // per microbatch
   std::vector<at::Tensor> documents;       // per microbatch (block-causal attention), or none
+  at::Tensor positions;                    // the tokens' (context parallelism), or undefined
   const LossFn* loss_fn = nullptr;
   double scale = 1.0;                    // on each microbatch's loss
   std::map<Key, at::Tensor> input;       // a stage's input leaf (not the first stage's)
@@ -259,18 +260,13 @@ void PipelineRuntime::forward(StepState& st, int64_t stage, int64_t m, bool grad
       if (rank_of(stage - 1) == rank_) st.output.erase({stage - 1, m});
     }
   }
-  // Block-causal attention: this microbatch's documents (a checkpointed block keeps the ids its
-  // forward saw for the recomputation).
-  if (!st.documents.empty()) s.model->set_document_ids(st.documents[m]);
+  // Block-causal attention: this microbatch's documents; the fused loss: its labels.
+  ForwardInputs inputs;
+  inputs.positions = st.positions;
+  if (!st.documents.empty()) inputs.document_ids = st.documents[m];
   const bool fused_loss = fused_loss_ && is_last(stage);
-  if (fused_loss) s.model->set_loss_labels(st.labels[m]);
-  struct Clear {
-    Model* model;
-    ~Clear() {
-      if (model != nullptr) model->set_loss_labels({});
-    }
-  } clear{fused_loss ? s.model : nullptr};
-  at::Tensor out = s.model->forward(in);
+  if (fused_loss) inputs.loss_labels = st.labels[m];
+  at::Tensor out = s.model->forward(in, inputs);
   if (is_last(stage)) {
     at::Tensor loss = fused_loss ? out : (*st.loss_fn)(out, st.labels[m]);
     st.losses[m] = loss.detach();
@@ -337,7 +333,7 @@ at::Tensor PipelineRuntime::mean_from_last_stage(const at::Tensor& local_mean) {
 
 at::Tensor PipelineRuntime::train_step(const at::Tensor& inputs, const at::Tensor& labels,
                                        const LossFn& loss_fn, double loss_scale,
-                                       const at::Tensor& document_ids) {
+                                       const ForwardInputs& context) {
   const int64_t n = layout_.n_microbatches;
   TITAN_CHECK(inputs.size(0) == n * layout_.microbatch_size, "pipeline: the local batch of ",
               inputs.size(0), " sequences is not ", n,
@@ -345,7 +341,8 @@ at::Tensor PipelineRuntime::train_step(const at::Tensor& inputs, const at::Tenso
   StepState st;
   st.tokens = inputs.chunk(n, 0);
   st.labels = labels.chunk(n, 0);
-  if (document_ids.defined()) st.documents = document_ids.chunk(n, 0);
+  if (context.document_ids.defined()) st.documents = context.document_ids.chunk(n, 0);
+  st.positions = context.positions;
   st.loss_fn = &loss_fn;
   st.scale = loss_scale / static_cast<double>(n);
   st.losses.resize(n);
@@ -391,12 +388,15 @@ at::Tensor PipelineRuntime::train_step(const at::Tensor& inputs, const at::Tenso
 }
 
 at::Tensor PipelineRuntime::evaluate(const at::Tensor& inputs, const at::Tensor& labels,
-                                     const LossFn& loss_fn, const at::Tensor& document_ids) {
+                                     const LossFn& loss_fn, const ForwardInputs& context) {
   at::NoGradGuard no_grad;
   StepState st;
   st.tokens = inputs.split(layout_.microbatch_size, 0);
   st.labels = labels.split(layout_.microbatch_size, 0);
-  if (document_ids.defined()) st.documents = document_ids.split(layout_.microbatch_size, 0);
+  if (context.document_ids.defined()) {
+    st.documents = context.document_ids.split(layout_.microbatch_size, 0);
+  }
+  st.positions = context.positions;
   st.loss_fn = &loss_fn;
   const int64_t n = static_cast<int64_t>(st.tokens.size());
   st.losses.resize(n);

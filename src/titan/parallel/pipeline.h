@@ -80,18 +80,19 @@ class PipelineRuntime {
   // One step's forward and backward of this rank's local batch (inputs / labels (bs, seq)),
   // split into the layout's microbatches, as this rank's row of the schedule says. Returns the
   // mean microbatch loss (a float32 scalar on the device), on every rank of the pp group.
-  // `document_ids` (bs, whole seq; block-causal attention, Model::set_document_ids) are split
-  // into the same microbatches, and each stage's model gets its microbatch's before running it.
+  // `context`: the batch's ForwardInputs (its loss_labels unused): the document ids (bs, whole
+  // seq; block-causal attention) are split into the same microbatches, each stage's forward gets
+  // its microbatch's; the positions go to every forward as they are.
   at::Tensor train_step(const at::Tensor& inputs, const at::Tensor& labels, const LossFn& loss_fn,
-                        double loss_scale, const at::Tensor& document_ids = {});
+                        double loss_scale, const ForwardInputs& context = {});
   // Forward only, without autograd (validation): microbatches of the layout's size (the last may
   // be smaller), each through every stage in order. Returns the token-weighted mean loss on
   // every rank of the pp group.
   at::Tensor evaluate(const at::Tensor& inputs, const at::Tensor& labels, const LossFn& loss_fn,
-                      const at::Tensor& document_ids = {});
+                      const ForwardInputs& context = {});
 
-  // The fused linear + cross-entropy (Model::set_loss_labels): the last stage gets each
-  // microbatch's labels before its forward, which then returns the loss; loss_fn goes unused.
+  // The fused linear + cross-entropy (ForwardInputs::loss_labels): the last stage's forward gets
+  // each microbatch's labels and returns the loss; loss_fn goes unused.
   void set_fused_loss(bool on) { fused_loss_ = on; }
   const pp::PipelineLayout& layout() const { return layout_; }
   // Seconds this rank spent blocked on receives and sends since construction.

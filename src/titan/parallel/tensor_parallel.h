@@ -30,7 +30,7 @@
 #include "titan/distributed/comm.h"
 #include "titan/models/common/linear.h"
 #include "titan/models/model.h"
-#include "titan/parallel/data_parallel.h"
+#include "titan/parallel/piece.h"
 
 #include <ATen/ATen.h>
 
@@ -41,18 +41,19 @@
 
 namespace titan {
 
-class TensorParallel {
+class TensorParallel : public ParallelPiece {
  public:
   // Slices `model`'s parameters (identical on every rank) and installs the hooks. Throws
   // ConfigError when the plan is empty, a split does not divide (heads, kv heads, hidden, vocab),
   // or embeddings are tied.
   TensorParallel(Model& model, std::shared_ptr<dist::Group> group, bool loss_parallel,
                  bool split_experts = false);
-  ~TensorParallel();
+  ~TensorParallel() override;
 
   // Mean next-token cross-entropy of the model's output (vocab-sharded logits with loss parallel,
   // whole logits without), equal to lm_cross_entropy_loss on the whole logits.
-  at::Tensor cross_entropy(const at::Tensor& logits, const at::Tensor& labels) const;
+  at::Tensor cross_entropy(const at::Tensor& logits, const at::Tensor& labels) const override;
+  bool splits_logits() const override { return true; }
 
   const std::map<std::string, ParamPlacement>& placements() const { return placements_; }
   bool replicated(const std::string& param) const { return placements_.at(param).replicated; }
@@ -63,13 +64,23 @@ class TensorParallel {
   dist::Group& group() const { return *group_; }
   int64_t size() const;
   bool loss_parallel() const { return loss_parallel_; }
-  std::string describe() const;
+  std::string describe() const override;
   // Seconds the calling thread has spent blocked in tensor-parallel collectives (they are
   // synchronous: activations are needed right away).
-  double comm_wait_seconds() const;
+  double comm_wait_seconds() const override;
   // The whole parameter from this rank's box `local` (collective over the group), on local's
   // device (gathered on the group's device).
   at::Tensor gather_whole(const std::string& param, const at::Tensor& local) const;
+
+  // ParallelPiece: every parameter's box; the replicated ones' gradients are partial over tp.
+  const std::map<std::string, ParamPlacement>* param_placements() const override {
+    return &placements_;
+  }
+  void reduce_partial_grads(const NamedTensors& grads) override { reduce_replicated_grads(grads); }
+  dist::Group* norm_group() const override { return group_.get(); }
+  void gather_whole(NamedTensors& params) const override {
+    for (auto& [name, t] : params) t = gather_whole(name, t);  // replicated: t itself
+  }
 
  private:
   Model& model_;

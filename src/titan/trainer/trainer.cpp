@@ -200,12 +200,9 @@ void Trainer::build_model() {
   opts.meta = true;
   auto t0 = std::chrono::steady_clock::now();
   // The model as parallelize receives it (pipeline parallelism builds a rank's further stages
-  // the same way): training dtype, then model.converters (float8), before any parallelism.
+  // the same way); parallelize makes it as training runs it (ParallelizeOptions::prepare).
   const auto build = [this, opts] {
     std::shared_ptr<Model> model = spec_->build(config_.model.flavor, opts);
-    apply_training_dtype(*model, config_.training, world_size_, dims_->describe());
-    apply_model_converters(*model, config_, device_);
-    apply_compile(*model, config_.compile, device_, compute_dtype_, config_.training.seq_len);
     if (config_.debug.moe_force_load_balance) {
       for (const auto& module : model->modules()) {
         if (auto* moe = dynamic_cast<MoE*>(module.get())) moe->force_load_balance = true;
@@ -223,6 +220,14 @@ void Trainer::build_model() {
            "; built in ",
            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), "s");
   ParallelizeOptions o;
+  o.prepare = ModelPreparation{config_.training,
+                               world_size_,
+                               dims_->describe(),
+                               config_.model,
+                               config_.quantize.linear.float8,
+                               config_.compile,
+                               compute_dtype_,
+                               config_.training.seq_len};
   o.param_dtype = compute_dtype_;
   o.reduce_dtype = dtype_from_name(config_.training.mixed_precision_reduce);
   o.fsdp_reshard_after_forward = config_.parallelism.fsdp_reshard_after_forward;
@@ -232,28 +237,14 @@ void Trainer::build_model() {
   o.device = device_;
   o.cp_load_balancer = config_.parallelism.context_parallel_load_balancer;
   o.cp_rotate_method = config_.parallelism.context_parallel_rotate_method;
-  // The float8 all-gather acts on the layers the float8 converter converted (none: inert, as in
-  // TorchTitan when the converter is off).
   const Float8LinearSection& f8 = config_.quantize.linear.float8;
-  const bool float8_layers = !float8_linears(*model_).empty();
-  o.fsdp_float8_all_gather = float8_layers && f8.enable_fsdp_float8_all_gather;
-  o.fsdp_float8_precompute_scales =
-      o.fsdp_float8_all_gather && f8.precompute_float8_dynamic_scale_for_fsdp;
+  o.fsdp_float8_all_gather = f8.enable_fsdp_float8_all_gather;
+  o.fsdp_float8_precompute_scales = f8.precompute_float8_dynamic_scale_for_fsdp;
   if (config_.validation.enable)
     o.seq_lens.emplace_back("validation.seq_len", config_.validation.seq_len);
   const std::vector<std::string>& compiled = config_.compile.components;
   o.fused_loss = config_.compile.enable &&
                  std::find(compiled.begin(), compiled.end(), "loss") != compiled.end();
-  if (o.fused_loss) {
-    for (const auto& [name, layer] : float8_linears(*model_)) {
-      if (name != "output.weight") continue;
-      throw ConfigError(
-          "compile.components 'loss' fuses the output projection with the cross-entropy in " +
-          std::string(c10::toString(compute_dtype_)) +
-          ", and model.converters float8 converted it. HINT: add \"output\" to "
-          "quantize.linear.float8.filter_fqns, or set compile.components = [\"model\"]");
-    }
-  }
   if (parse_attention_mask(config_.model.attn_mask_type) == AttentionMask::kBlockCausal) {
     o.document_end_token = tokenizer_->eos_id();  // the data loader ends each document with it
   }

@@ -125,7 +125,7 @@ class Trainer {
   std::vector<std::pair<int64_t, at::Tensor>> unsettled_;
   // The last step's max/mean expert load of each MoE layer on this rank (no layers: a dense
   // model), on the device until a logged step reads it.
-  ParallelizedModel::MoELoads moe_loads_;
+  MoELoads moe_loads_;
   const ModelSpec* spec_ = nullptr;
   std::shared_ptr<Model> model_;
   std::unique_ptr<Tokenizer> tokenizer_;

@@ -103,8 +103,9 @@ void train_step(const std::string& model_name, const std::string& flavor, bool k
   const int64_t vocab = model->stats(1, 32).vocab_size;
   const at::Tensor tokens = at::randint(vocab, {2, 32}, at::kLong);
   const at::Tensor labels = at::randint(vocab, {2, 32}, at::kLong);
-  if (documents) model->set_document_ids(tokens.remainder(5).eq(0).cumsum(1));
-  const at::Tensor logits = model->forward(tokens);
+  ForwardInputs inputs;
+  if (documents) inputs.document_ids = tokens.remainder(5).eq(0).cumsum(1);
+  const at::Tensor logits = model->forward(tokens, inputs);
   at::cross_entropy_loss(logits.flatten(0, 1).to(at::kFloat), labels.flatten(0, 1)).backward();
 }
 

@@ -299,9 +299,9 @@ TEST(DeepSeekV3, BlockCausalKeepsDocumentsApart) {
   const at::Tensor b = at::randint(300, {1, 10}, at::kLong);
   // The second document alone, and packed after the first with document ids 0 / 1.
   const at::Tensor alone = model->forward(b);
-  model->set_document_ids(at::cat({at::zeros({1, 6}, at::kLong), at::ones({1, 10}, at::kLong)}, 1));
-  const at::Tensor packed = model->forward(at::cat({a, b}, 1));
-  model->set_document_ids({});
+  ForwardInputs inputs;
+  inputs.document_ids = at::cat({at::zeros({1, 6}, at::kLong), at::ones({1, 10}, at::kLong)}, 1);
+  const at::Tensor packed = model->forward(at::cat({a, b}, 1), inputs);
   // RoPE sees other positions, but relative rotations are what the scores depend on.
   EXPECT_LT((packed.narrow(1, 6, 10) - alone).abs().max().item<double>(), 1e-4);
 }

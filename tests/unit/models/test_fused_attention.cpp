@@ -242,9 +242,10 @@ std::vector<at::Tensor> loss_and_grads(llama3::Transformer& model, bool document
   const int64_t vocab = model.args().vocab_size;
   const at::Tensor tokens = at::randint(vocab, {2, 150}, at::kLong);
   const at::Tensor labels = at::randint(vocab, {2, 150}, at::kLong);
-  if (documents) model.set_document_ids(document_ids(tokens, /*end_token=*/7));
-  const at::Tensor loss = at::cross_entropy_loss(model.forward(tokens).flatten(0, 1).to(at::kFloat),
-                                                 labels.flatten(0, 1));
+  ForwardInputs inputs;
+  if (documents) inputs.document_ids = document_ids(tokens, /*end_token=*/7);
+  const at::Tensor loss = at::cross_entropy_loss(
+      model.forward(tokens, inputs).flatten(0, 1).to(at::kFloat), labels.flatten(0, 1));
   loss.backward();
   std::vector<at::Tensor> out = {loss.detach()};
   for (const auto& p : model.parameters()) out.push_back(p.grad());

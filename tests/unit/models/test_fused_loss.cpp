@@ -226,9 +226,9 @@ TEST(FusedLoss, TinyModelKeepsItsLossAndGradients) {
       const at::Tensor labels = at::randint(args.vocab_size, {2, 32}, at::kLong);
       const at::Tensor expected = lm_cross_entropy_loss(plain->forward(tokens), labels);
       expected.backward();
-      fused->set_loss_labels(labels);
-      const at::Tensor loss = fused->forward(tokens);
-      fused->set_loss_labels({});
+      ForwardInputs inputs;
+      inputs.loss_labels = labels;
+      const at::Tensor loss = fused->forward(tokens, inputs);
       ASSERT_EQ(loss.dim(), 0);
       loss.backward();
       const double tol = dtype == at::kFloat ? 1e-5 : 1e-2;

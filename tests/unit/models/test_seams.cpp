@@ -159,12 +159,12 @@ TEST(Attention, BlockCausalDocumentsSeeOnlyThemselves) {
   const at::Tensor packed = at::cat({first, second}, 1);
   const at::Tensor alone = model->forward(second);
   const at::Tensor first_alone = model->forward(first);
-  model->set_document_ids(document_ids(packed, kEnd));
-  const at::Tensor masked = model->forward(packed);
+  ForwardInputs inputs;
+  inputs.document_ids = document_ids(packed, kEnd);
+  const at::Tensor masked = model->forward(packed, inputs);
   EXPECT_TRUE(at::allclose(masked.narrow(1, 6, 9), alone, 1e-4, 1e-5))
       << (masked.narrow(1, 6, 9) - alone).abs().max();
   EXPECT_TRUE(at::allclose(masked.narrow(1, 0, 6), first_alone, 1e-4, 1e-5));
-  model->set_document_ids({});
   EXPECT_FALSE(at::allclose(model->forward(packed).narrow(1, 6, 9), alone, 1e-2, 1e-2));
 }
 

@@ -62,8 +62,8 @@ struct Step {
   std::vector<std::pair<std::string, at::Tensor>> grads;  // (name, gradient)
 };
 
-Step train_step(Model& model, const Batch& b) {
-  at::Tensor loss = lm_cross_entropy_loss(model.forward(b.inputs), b.labels);
+Step train_step(Model& model, const Batch& b, const ForwardInputs& inputs = {}) {
+  at::Tensor loss = lm_cross_entropy_loss(model.forward(b.inputs, inputs), b.labels);
   loss.backward();
   Step s{loss.item<double>(), {}};
   for (const auto& item : model.named_parameters()) {
@@ -188,7 +188,8 @@ class NoisyModel : public Model {
     }
     runs_.assign(layers, 0);
   }
-  at::Tensor forward(const at::Tensor& x) override {
+  using Model::forward;
+  at::Tensor forward(const at::Tensor& x, const ForwardInputs&) override {
     at::Tensor h = x;
     for (size_t i = 0; i < layers_.size(); ++i) {
       h = run_unit(static_cast<int64_t>(i), h, [this, i](const at::Tensor& in) {
@@ -482,14 +483,15 @@ void check_attention_kept(const at::Device& device, at::ScalarType dtype, int64_
     auto model = std::make_shared<llama3::Transformer>(args, dtype);
     model->init_weights(/*seed=*/1234);
     model->to(device);
-    if (documents) model->set_document_ids(docs);
     std::unique_ptr<ActivationCheckpointing> ac;
     if (mode != "none") {
       ac = apply_activation_checkpointing(
           *model, mode == "op" ? ac_config("selective", "op") : ac_config("full"));
     }
+    ForwardInputs inputs;
+    if (documents) inputs.document_ids = docs;
     test::OpCounter counter(op);
-    Step step = train_step(*model, b);
+    Step step = train_step(*model, b, inputs);
     calls = counter.count();
     return step;
   };

@@ -90,6 +90,28 @@ at::Tensor HookedModule::hooked(const at::Tensor& x, const ForwardBody& body) {
   return chain(hooks_.size(), x);
 }
 
+void materialize(torch::nn::Module& root, at::Device device) {
+  // set_data cannot move a tensor off the meta device: each layer registers a new parameter.
+  for (const auto& item : root.named_modules()) {
+    auto* layer = dynamic_cast<WeightLayer*>(item.value().get());
+    if (layer == nullptr) continue;
+    const at::Tensor old = layer->named_parameters(/*recurse=*/false)["weight"];
+    if (!old.is_meta()) continue;
+    at::Tensor fresh = at::empty(old.sizes(), old.options().device(device));
+    fresh.set_requires_grad(old.requires_grad());
+    layer->replace_weight(fresh);
+  }
+  for (const auto& item : root.named_parameters()) {
+    TITAN_CHECK(!item.value().is_meta(), "parameter ", item.key(),
+                " is still on the meta device: only WeightLayer weights are materialized");
+  }
+  // set_data keeps the members that hold the buffers.
+  at::NoGradGuard no_grad;
+  for (auto& buffer : root.buffers()) {
+    if (buffer.device() != device) buffer.set_data(buffer.to(device));
+  }
+}
+
 std::vector<ParamSlot> parameter_slots(torch::nn::Module& root) {
   std::map<std::string, at::Tensor*> by_name;
   for (const auto& item : root.named_modules()) {

@@ -105,6 +105,11 @@ struct ParamSlot {
 // not the `weight` of a WeightLayer (a layer a parallelism could not rebind).
 std::vector<ParamSlot> parameter_slots(torch::nn::Module& root);
 
+// Gives every WeightLayer weight of `root` still on the meta device uninitialized storage on
+// `device` (its current, possibly sliced shape), and moves the buffers (RoPE tables, built real
+// on the CPU) there. Throws if another parameter is left on the meta device.
+void materialize(torch::nn::Module& root, at::Device device);
+
 // A bias-free linear layer. Parameter: weight (out_features, in_features).
 class Linear : public WeightLayer {
  public:

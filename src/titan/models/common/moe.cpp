@@ -248,4 +248,58 @@ at::Tensor load_imbalance(const at::Tensor& tokens_per_expert) {
   return at::where(mean > 0, t.max() / mean, at::ones_like(mean));
 }
 
+std::vector<std::pair<std::string, MoE*>> moe_layers(const torch::nn::Module& model) {
+  std::vector<std::pair<std::string, MoE*>> out;
+  for (const auto& item : model.named_modules()) {
+    if (auto* moe = dynamic_cast<MoE*>(item.value().get())) out.emplace_back(item.key(), moe);
+  }
+  return out;
+}
+
+std::vector<std::pair<std::string, at::Tensor>> state_buffers(const torch::nn::Module& model) {
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  for (const auto& [name, moe] : moe_layers(model)) {
+    out.emplace_back(name + ".expert_bias", moe->expert_bias);
+  }
+  return out;
+}
+
+MoELoads balance_expert_loads(const std::vector<torch::nn::Module*>& models,
+                              const std::function<at::Tensor(at::Tensor)>& sum_over_ranks) {
+  std::vector<std::pair<std::string, MoE*>> layers;
+  for (torch::nn::Module* model : models) {
+    for (const auto& layer : moe_layers(*model)) layers.push_back(layer);
+  }
+  MoELoads loads;
+  if (layers.empty()) return loads;
+  std::vector<at::Tensor> counts;
+  for (const auto& [name, moe] : layers) counts.push_back(moe->tokens_per_expert);
+  const at::Tensor all = sum_over_ranks(at::cat(counts));
+  int64_t offset = 0;
+  std::vector<at::Tensor> ratios;
+  for (const auto& [name, moe] : layers) {
+    const int64_t n = moe->tokens_per_expert.numel();
+    const at::Tensor layer_loads = all.narrow(0, offset, n);
+    offset += n;
+    loads.layers.push_back(name);
+    ratios.push_back(load_imbalance(layer_loads));
+    moe->update_expert_bias(layer_loads);
+  }
+  loads.max_over_mean = at::stack(ratios);
+  return loads;
+}
+
+NoTokenCounting::NoTokenCounting(const std::vector<torch::nn::Module*>& models) {
+  for (torch::nn::Module* model : models) {
+    for (const auto& [name, moe] : moe_layers(*model)) {
+      moe->count_tokens = false;
+      layers_.push_back(moe);
+    }
+  }
+}
+
+NoTokenCounting::~NoTokenCounting() {
+  for (MoE* moe : layers_) moe->count_tokens = true;
+}
+
 }  // namespace titan

@@ -27,8 +27,10 @@
 #include <torch/nn/module.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace titan {
@@ -162,5 +164,39 @@ class MoE : public HookedModule {
 // "max/mean expert load" of the counts: 1 when even, num_experts when one expert takes all.
 // A 0-d float64 tensor on the counts' device (computed there; nothing is read back).
 at::Tensor load_imbalance(const at::Tensor& tokens_per_expert);
+
+// The MoE layers of `model` by module name.
+std::vector<std::pair<std::string, MoE*>> moe_layers(const torch::nn::Module& model);
+
+// The buffers of `model` that are training state, by name: every MoE layer's expert_bias
+// ("<layer>.expert_bias"; identical on the ranks that hold the layer). Checkpoints and Hugging
+// Face folders carry them with the parameters.
+std::vector<std::pair<std::string, at::Tensor>> state_buffers(const torch::nn::Module& model);
+
+// Auxiliary-loss-free load balancing after an optimizer step, over the MoE layers of `models`
+// (a rank's pipeline stages): every layer's token counts since the last call, in one tensor,
+// go through `sum_over_ranks` (which sums them over the ranks that split the batch; a
+// collective, so every rank calls this), then move each layer's expert bias toward balance
+// (MoE::update_expert_bias) and restart. Returns each layer's name and its max/mean expert load
+// as one float64 tensor on the device (read it when logging; nothing is read back here).
+struct MoELoads {
+  std::vector<std::string> layers;
+  at::Tensor max_over_mean;  // (layers) float64; undefined without MoE layers
+};
+MoELoads balance_expert_loads(const std::vector<torch::nn::Module*>& models,
+                              const std::function<at::Tensor(at::Tensor)>& sum_over_ranks);
+
+// Evaluation forwards do not count tokens for load balancing: MoE::count_tokens is off in every
+// MoE layer of `models` for the scope's lifetime.
+class NoTokenCounting {
+ public:
+  explicit NoTokenCounting(const std::vector<torch::nn::Module*>& models);
+  ~NoTokenCounting();
+  NoTokenCounting(const NoTokenCounting&) = delete;
+  NoTokenCounting& operator=(const NoTokenCounting&) = delete;
+
+ private:
+  std::vector<MoE*> layers_;
+};
 
 }  // namespace titan

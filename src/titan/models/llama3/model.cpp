@@ -130,10 +130,9 @@ at::Tensor Transformer::embed(const at::Tensor& tokens) {
   return is_reduced_float(residual) ? h.to(residual) : h;
 }
 
-at::Tensor Transformer::head(const at::Tensor& h) {
+at::Tensor Transformer::head(const at::Tensor& h, const at::Tensor& labels) {
   TITAN_CHECK(norm, "llama3: head on a pipeline stage without norm and output");
   const at::Tensor hn = norm->forward(h);
-  const at::Tensor& labels = loss_labels();
   if (labels.defined()) {  // the fused linear + cross-entropy (model.h)
     return output ? output->forward_loss(hn, labels)
                   : fused_linear_cross_entropy(hn, tok_embeddings->weight, labels, compute_dtype_);
@@ -143,7 +142,7 @@ at::Tensor Transformer::head(const at::Tensor& h) {
   return is_reduced_float(logits.scalar_type()) ? logits.to(at::kFloat) : logits;
 }
 
-at::Tensor Transformer::forward(const at::Tensor& tokens) {
+at::Tensor Transformer::forward(const at::Tensor& tokens, const ForwardInputs& inputs) {
   // Unit indices follow units(): the present modules in order.
   int64_t unit = 0;
   at::Tensor h;  // (bs, seqlen, dim) in the residual dtype
@@ -160,8 +159,8 @@ at::Tensor Transformer::forward(const at::Tensor& tokens) {
                 ". HINT: pass the previous stage's output unchanged");
     h = tokens;
   }
-  const at::Tensor positions = token_positions();  // undefined: 0 .. seqlen - 1
-  const at::Tensor docs = document_ids();          // undefined: causal
+  const at::Tensor positions = inputs.positions;  // undefined: 0 .. seqlen - 1
+  const at::Tensor docs = inputs.document_ids;    // undefined: causal
   for (const auto& layer : layers) {
     TransformerBlock* block = layer.get();
     const RotaryEmbedding* table = rope.get();
@@ -170,8 +169,9 @@ at::Tensor Transformer::forward(const at::Tensor& tokens) {
     });
   }
   if (!norm) return h;
-  const int64_t head_unit = output ? unit : 0;  // tied: the embedding's unit runs again
-  return run_unit(head_unit, h, [this](const at::Tensor& x) { return head(x); });
+  const int64_t head_unit = output ? unit : 0;   // tied: the embedding's unit runs again
+  const at::Tensor labels = inputs.loss_labels;  // defined: the fused loss (model.h)
+  return run_unit(head_unit, h, [this, labels](const at::Tensor& x) { return head(x, labels); });
 }
 
 std::vector<ModelUnit> Transformer::units() const {
@@ -208,7 +208,7 @@ at::Tensor Transformer::forward_cached(const at::Tensor& tokens, KVCache& cache,
     h = layers[i]->forward(h, *rope, /*positions=*/{}, &step);
   }
   cache.length = start_pos + tokens.size(1);
-  return head(h);
+  return head(h, /*labels=*/{});
 }
 
 ParamInit Transformer::param_init(const std::string& name) const {

@@ -67,7 +67,8 @@ class Transformer : public Model {
   // parameters were cast to float64). A stage without tok_embeddings takes the hidden state
   // (bs, seqlen, dim) in the residual dtype (what embed and the blocks return); one without the
   // head returns it.
-  at::Tensor forward(const at::Tensor& tokens) override;
+  at::Tensor forward(const at::Tensor& tokens, const ForwardInputs& inputs) override;
+  using Model::forward;
   // tokens (bs, n) -> logits (bs, n, vocab) for positions [start_pos, start_pos + n); see Model.
   // Whole models only.
   at::Tensor forward_cached(const at::Tensor& tokens, KVCache& cache, int64_t start_pos) override;
@@ -100,7 +101,8 @@ class Transformer : public Model {
   // activation checkpointing). embed: (bs, seqlen) -> h (bs, seqlen, dim) in the residual dtype;
   // head: h -> logits as forward returns them.
   at::Tensor embed(const at::Tensor& tokens);
-  at::Tensor head(const at::Tensor& h);
+  // The final norm and the output projection: logits, or with `labels` the fused loss.
+  at::Tensor head(const at::Tensor& h, const at::Tensor& labels);
 
   const Llama3Args& args() const { return args_; }
   at::ScalarType compute_dtype() const { return compute_dtype_; }
