@@ -759,14 +759,6 @@ void DataParallel::zero_grad() {
   }
 }
 
-double DataParallel::clip_grad_norm(double max_norm) {
-  Impl& d = *impl_;
-  std::vector<at::Tensor> grads;
-  for (const auto& u : d.units) grads.push_back(u.grad);  // padding rows hold zeros
-  const std::vector<double> weights(grads.size(), 1.0);
-  return clip_grad_norm_sharded(grads, weights, {d.options.shard_group.get()}, max_norm);
-}
-
 std::vector<std::pair<std::string, at::Tensor>> DataParallel::gather_full_parameters() {
   Impl& d = *impl_;
   at::NoGradGuard no_grad;

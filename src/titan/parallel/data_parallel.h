@@ -6,7 +6,7 @@
 //   loss.backward();                     // each unit: re-gather if resharded, backward,
 //                                        // reduce-scatter its gradients (async)
 //   dp.finish_backward();                // wait for the reductions; shard grads are now set
-//   dp.clip_grad_norm(max_norm); optimizer.step();   // on dp.params() (the fp32 shards)
+//   clip_grad_norm(grads, max_norm, {dp.norm_group()}); optimizer.step();   // on dp.params()
 //
 // Sharding (FSDP2's per-parameter Shard(0)): over the shard group of N ranks, each parameter of
 // R rows is cut into N chunks of ceil(R / N) rows; rank r holds rows [r * c, min(R, (r + 1) * c))
@@ -120,9 +120,6 @@ class DataParallel : public UnitRunner, public ParallelPiece {
   // The shards, one per parameter, in the model's named_parameters() order.
   const std::vector<ShardedParam>& params() const { return params_; }
 
-  // Global L2 norm of the gradients (over the shard group; replicas hold equal gradients); when
-  // max_norm > 0 and the norm exceeds it, scales them by max_norm / (norm + 1e-6).
-  double clip_grad_norm(double max_norm);
 
   // Every parameter as the model holds it (whole, or its tensor-parallel box), float32, in host
   // memory: a GPU holds one unit gathered at a time (collective over the shard group).

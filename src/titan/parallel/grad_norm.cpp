@@ -19,7 +19,8 @@ GradNorm global_grad_norm(const std::vector<at::Tensor>& grads, const std::vecto
   std::map<std::pair<double, at::ScalarType>, std::vector<at::Tensor>> by_weight;
   for (size_t i = 0; i < grads.size(); ++i) {
     if (!grads[i].defined() || grads[i].numel() == 0) continue;
-    by_weight[{weights[i], grads[i].scalar_type()}].push_back(grads[i]);
+    const double w = weights.empty() ? 1.0 : weights.at(i);
+    by_weight[{w, grads[i].scalar_type()}].push_back(grads[i]);
   }
   at::Tensor sq = at::zeros({1}, at::TensorOptions(at::kDouble).device(device));
   for (const auto& [key, list] : by_weight) {
@@ -51,18 +52,17 @@ void scale_grads(const std::vector<at::Tensor>& grads, const at::Tensor& coef) {
   if (!defined.empty()) at::_foreach_mul_(defined, coef);
 }
 
-double clip_grad_norm_sharded(const std::vector<at::Tensor>& grads,
-                              const std::vector<double>& weights,
-                              const std::vector<dist::Group*>& groups, double max_norm) {
+double clip_grad_norm(const std::vector<at::Tensor>& grads, double max_norm,
+                      const std::vector<dist::Group*>& groups, const std::vector<double>& weights) {
   const GradNorm n = global_grad_norm(grads, weights, groups, max_norm);
   scale_grads(grads, n.clip_coef);
   return host_item<double>(n.norm);
 }
 
-double clip_grad_norm(const std::vector<at::Tensor>& params, double max_norm) {
+std::vector<at::Tensor> grads_of(const std::vector<at::Tensor>& params) {
   std::vector<at::Tensor> grads;
   for (const auto& p : params) grads.push_back(p.grad());
-  return clip_grad_norm_sharded(grads, std::vector<double>(grads.size(), 1.0), {}, max_norm);
+  return grads;
 }
 
 }  // namespace titan

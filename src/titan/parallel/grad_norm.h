@@ -26,11 +26,13 @@ struct GradNorm {
   at::Tensor clip_coef;
 };
 
-// L2 norm of gradients held in pieces across ranks: each rank sums weight * |g|^2 over its pieces
+// L2 norm of gradients held in pieces across ranks, the one norm every caller uses (the
+// parallelized model, the tools, the tests): each rank sums weight * |g|^2 over its pieces
 // (weight < 1 for pieces several ranks of a group hold, e.g. 1 / tp for TP-replicated
-// parameters), the sums are all-reduced over `groups` (null entries and groups of one are
-// skipped). Each gradient's norm is one reduction in float32 (ATen's multi-tensor norm; no wider
-// copy of any gradient), combined in float64. Undefined or empty gradients count as zero.
+// parameters; `weights` empty: all 1), the sums are all-reduced over `groups` (null entries and
+// groups of one are skipped). Each gradient's norm is one reduction in float32 (ATen's
+// multi-tensor norm; no wider copy of any gradient), combined in float64. Undefined or empty
+// gradients count as zero.
 GradNorm global_grad_norm(const std::vector<at::Tensor>& grads, const std::vector<double>& weights,
                           const std::vector<dist::Group*>& groups, double max_norm);
 
@@ -41,11 +43,11 @@ void scale_grads(const std::vector<at::Tensor>& grads, const at::Tensor& coef);
 // global_grad_norm, then the gradients scaled in place, as torch.nn.utils.clip_grad_norm_; returns
 // the norm before clipping, read from the device (one counted host read: for tests and tools, not
 // the training step).
-double clip_grad_norm_sharded(const std::vector<at::Tensor>& grads,
-                              const std::vector<double>& weights,
-                              const std::vector<dist::Group*>& groups, double max_norm);
+double clip_grad_norm(const std::vector<at::Tensor>& grads, double max_norm,
+                      const std::vector<dist::Group*>& groups = {},
+                      const std::vector<double>& weights = {});
 
-// clip_grad_norm_sharded over the gradients of `params` in one process.
-double clip_grad_norm(const std::vector<at::Tensor>& params, double max_norm);
+// The gradients of `params` (undefined where none).
+std::vector<at::Tensor> grads_of(const std::vector<at::Tensor>& params);
 
 }  // namespace titan

@@ -81,7 +81,7 @@ TEST(ClipGradNorm, ScalesOnlyAboveMaxNorm) {
   at::Tensor b = at::zeros({1}).set_requires_grad(true);
   a.mutable_grad() = at::tensor({3.0f, 0.0f});
   b.mutable_grad() = at::tensor({4.0f});
-  const double norm = clip_grad_norm({a, b}, /*max_norm=*/1.0);
+  const double norm = clip_grad_norm(grads_of({a, b}), /*max_norm=*/1.0);
   EXPECT_NEAR(norm, 5.0, 1e-6);  // reported before clipping
   const double after =
       std::sqrt(std::pow(a.grad()[0].item<double>(), 2) + std::pow(b.grad()[0].item<double>(), 2));
@@ -90,10 +90,10 @@ TEST(ClipGradNorm, ScalesOnlyAboveMaxNorm) {
 
   // Below the threshold nothing changes; max_norm <= 0 disables clipping.
   a.mutable_grad() = at::tensor({0.3f, 0.4f});
-  EXPECT_NEAR(clip_grad_norm({a}, 1.0), 0.5, 1e-6);
+  EXPECT_NEAR(clip_grad_norm(grads_of({a}), 1.0), 0.5, 1e-6);
   EXPECT_FLOAT_EQ(a.grad()[0].item<float>(), 0.3f);
   a.mutable_grad() = at::tensor({30.0f, 40.0f});
-  EXPECT_NEAR(clip_grad_norm({a}, 0.0), 50.0, 1e-4);
+  EXPECT_NEAR(clip_grad_norm(grads_of({a}), 0.0), 50.0, 1e-4);
   EXPECT_FLOAT_EQ(a.grad()[1].item<float>(), 40.0f);
 }
 

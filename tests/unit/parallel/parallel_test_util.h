@@ -60,7 +60,7 @@ inline Reference reference(int ranks, bool tied, int64_t micro_batches = 1, int6
     r.grads[item.key()] = item.value().grad().clone();
     params.push_back(item.value());
   }
-  r.grad_norm = clip_grad_norm(params, 0.0);
+  r.grad_norm = clip_grad_norm(grads_of(params), 0.0);
   return r;
 }
 

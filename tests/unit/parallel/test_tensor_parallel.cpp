@@ -55,7 +55,7 @@ void check_tp2(bool loss_parallel) {
       expect_close(g, p.box.narrow(ref.grads.at(name), g.sizes()),
                    name + " on rank " + std::to_string(rank));
     }
-    EXPECT_NEAR(clip_grad_norm_sharded(tensors, weights, {world.get()}, 0.0), ref.grad_norm,
+    EXPECT_NEAR(clip_grad_norm(tensors, 0.0, {world.get()}, weights), ref.grad_norm,
                 1e-5 * ref.grad_norm);
   });
 }
@@ -125,7 +125,7 @@ TEST(TensorParallel, ComposesWithFsdpTwoByTwo) {
       expect_close(p.local.grad(), p.box.narrow(ref.grads.at(p.name), p.local.sizes()),
                    p.name + " on rank " + std::to_string(rank));
     }
-    EXPECT_NEAR(clip_grad_norm_sharded(tensors, weights, {dp_group.get(), tp_group.get()}, 0.0),
+    EXPECT_NEAR(clip_grad_norm(tensors, 0.0, {dp_group.get(), tp_group.get()}, weights),
                 ref.grad_norm, 1e-5 * ref.grad_norm);
   });
 }
