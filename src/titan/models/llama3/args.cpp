@@ -8,7 +8,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
+#include <iterator>
 #include <sstream>
+#include <type_traits>
 
 namespace titan::llama3 {
 namespace {
@@ -285,266 +288,204 @@ std::string describe(const Llama3Args& args) {
 
 namespace {
 
-const std::vector<std::string>& arg_keys() {
-  static const std::vector<std::string> kKeys = {"dim",
-                                                 "n_layers",
-                                                 "n_heads",
-                                                 "n_kv_heads",
-                                                 "vocab_size",
-                                                 "multiple_of",
-                                                 "ffn_dim_multiplier",
-                                                 "ffn_dim",
-                                                 "norm_eps",
-                                                 "rope_theta",
-                                                 "use_rope_scaling",
-                                                 "rope_scaling",
-                                                 "depth_init",
-                                                 "tie_embeddings",
-                                                 "max_seq_len",
-                                                 "head_dim",
-                                                 "qk_norm",
-                                                 "moe",
-                                                 "n_dense_layers",
-                                                 "mla"};
-  return kKeys;
+// Every field of a description, named as its JSON key, through one function per object: the key
+// lists, reading and writing all come from these (as JobConfig's visit() does for the TOML).
+// A and M may be const (writing) or not (reading).
+template <typename A, typename V>
+void visit_scalars(A& a, V&& v) {
+  v("dim", a.dim);
+  v("n_layers", a.n_layers);
+  v("n_heads", a.n_heads);
+  v("n_kv_heads", a.n_kv_heads);
+  v("vocab_size", a.vocab_size);
+  v("multiple_of", a.multiple_of);
+  v("ffn_dim_multiplier", a.ffn_dim_multiplier);
+  v("ffn_dim", a.ffn_dim);
+  v("norm_eps", a.norm_eps);
+  v("rope_theta", a.rope_theta);
+  v("use_rope_scaling", a.use_rope_scaling);
+  v("depth_init", a.depth_init);
+  v("tie_embeddings", a.tie_embeddings);
+  v("max_seq_len", a.max_seq_len);
+  v("head_dim", a.head_dim_override);
+  v("qk_norm", a.qk_norm);
+  v("n_dense_layers", a.n_dense_layers);
+}
+// The objects within: "rope_scaling", "moe", "mla" (null: none).
+const char* const kObjectKeys[] = {"rope_scaling", "moe", "mla"};
+
+template <typename M, typename V>
+void visit_moe(M& m, V&& v) {
+  v("num_experts", m.num_experts);
+  v("top_k", m.top_k);
+  v("hidden_dim", m.hidden_dim);
+  v("num_shared_experts", m.num_shared_experts);
+  v("score_func", m.score_func);
+  v("route_norm", m.route_norm);
+  v("route_scale", m.route_scale);
+  v("score_before_experts", m.score_before_experts);
+  v("num_expert_groups", m.num_expert_groups);
+  v("num_limited_groups", m.num_limited_groups);
+  v("load_balance_coeff", m.load_balance_coeff);
 }
 
-const std::vector<std::string>& moe_keys() {
-  static const std::vector<std::string> kKeys = {"num_experts",       "top_k",
-                                                 "hidden_dim",        "num_shared_experts",
-                                                 "score_func",        "route_norm",
-                                                 "route_scale",       "score_before_experts",
-                                                 "num_expert_groups", "num_limited_groups",
-                                                 "load_balance_coeff"};
-  return kKeys;
+template <typename M, typename V>
+void visit_mla(M& m, V&& v) {
+  v("q_lora_rank", m.q_lora_rank);
+  v("kv_lora_rank", m.kv_lora_rank);
+  v("qk_nope_head_dim", m.qk_nope_head_dim);
+  v("qk_rope_head_dim", m.qk_rope_head_dim);
+  v("v_head_dim", m.v_head_dim);
+  v("latent_norm_eps", m.norm_eps);
+  v("mscale", m.mscale);
+  v("rope_factor", m.yarn.factor);
+  v("beta_fast", m.yarn.beta_fast);
+  v("beta_slow", m.yarn.beta_slow);
+  v("original_seq_len", m.yarn.original_seq_len);
 }
 
-const std::vector<std::string>& mla_keys() {
-  static const std::vector<std::string> kKeys = {
-      "q_lora_rank", "kv_lora_rank",    "qk_nope_head_dim", "qk_rope_head_dim",
-      "v_head_dim",  "latent_norm_eps", "mscale",           "rope_factor",
-      "beta_fast",   "beta_slow",       "original_seq_len"};
-  return kKeys;
+template <typename R, typename V>
+void visit_rope_scaling(R& rs, V&& v) {
+  v("scaling_factor", rs.scaling_factor);
+  v("low_freq_factor", rs.low_freq_factor);
+  v("high_freq_factor", rs.high_freq_factor);
+  v("original_max_position_embeddings", rs.original_max_position_embeddings);
 }
 
-const std::vector<std::string>& rope_scaling_keys() {
-  static const std::vector<std::string> kKeys = {
-      "scaling_factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"};
-  return kKeys;
-}
+// The keys a visit names.
+struct KeyList {
+  std::vector<std::string> keys;
+  template <typename T>
+  void operator()(const char* key, const T&) {
+    keys.emplace_back(key);
+  }
+};
 
+// Writes each field as its JSON value.
+struct JsonWriter {
+  nlohmann::json& out;
+  template <typename T>
+  void operator()(const char* key, const T& value) {
+    out[key] = value;
+  }
+  void operator()(const char* key, const MoEArgs::Score& score) {
+    out[key] = score == MoEArgs::Score::kSigmoid ? "sigmoid" : "softmax";
+  }
+};
+
+// Sets each field present in `in` (a JSON object at `where`), refusing values of another type.
+struct JsonReader {
+  const nlohmann::json& in;
+  const std::string& where;
+  template <typename T>
+  void operator()(const char* key, T& field) {
+    if (!in.contains(key)) return;
+    const nlohmann::json& value = in.at(key);
+    const std::string name = where + "." + key;
+    if constexpr (std::is_same_v<T, bool>) {
+      TITAN_CONFIG_CHECK(value.is_boolean(), name, " must be true or false, got ", value.dump());
+      field = value.get<bool>();
+    } else if constexpr (std::is_integral_v<T>) {
+      TITAN_CONFIG_CHECK(value.is_number_integer(), name, " must be an integer, got ",
+                         value.dump());
+      field = value.get<T>();
+    } else if constexpr (std::is_floating_point_v<T>) {
+      TITAN_CONFIG_CHECK(value.is_number(), name, " must be a number, got ", value.dump());
+      field = value.get<T>();
+    } else {
+      static_assert(std::is_same_v<T, MoEArgs::Score>);
+      TITAN_CONFIG_CHECK(value.is_string(), name, " must be a string, got ", value.dump());
+      field = parse_moe_score(value.get<std::string>());
+    }
+  }
+};
+
+// Refuses a key of `object` that `keys` does not hold, naming the nearest.
 void check_keys(const nlohmann::json& object, const std::vector<std::string>& keys,
                 const std::string& where) {
   for (const auto& item : object.items()) {
-    if (std::find(keys.begin(), keys.end(), item.key()) == keys.end()) {
-      throw ConfigError("unknown key '" + item.key() + "' in " + where +
-                        suggestion(item.key(), keys, "keys"));
-    }
+    TITAN_CONFIG_CHECK(std::find(keys.begin(), keys.end(), item.key()) != keys.end(),
+                       "unknown key '", item.key(), "' in ", where,
+                       suggestion(item.key(), keys, "keys"));
   }
 }
 
-int64_t get_int(const nlohmann::json& object, const std::string& key, const std::string& where) {
-  const nlohmann::json& value = object.at(key);
-  if (!value.is_number_integer()) {
-    throw ConfigError(where + "." + key + " must be an integer, got " + value.dump());
+// Reads the object `key` of `json` (at `where`) into `fields` through `visit`: null sets
+// `none`, an object starts from `start` and applies its keys; absent, nothing changes.
+template <typename T, typename Visit>
+void read_object(const nlohmann::json& json, const char* key, const std::string& where, T& fields,
+                 const Visit& visit, const std::function<void()>& none,
+                 const std::function<void()>& start) {
+  if (!json.contains(key)) return;
+  const nlohmann::json& object = json[key];
+  if (object.is_null()) {
+    none();
+    return;
   }
-  return value.get<int64_t>();
-}
-
-double get_double(const nlohmann::json& object, const std::string& key, const std::string& where) {
-  const nlohmann::json& value = object.at(key);
-  if (!value.is_number()) {
-    throw ConfigError(where + "." + key + " must be a number, got " + value.dump());
-  }
-  return value.get<double>();
-}
-
-bool get_bool(const nlohmann::json& object, const std::string& key, const std::string& where) {
-  const nlohmann::json& value = object.at(key);
-  if (!value.is_boolean()) {
-    throw ConfigError(where + "." + key + " must be true or false, got " + value.dump());
-  }
-  return value.get<bool>();
+  const std::string sub = where + "." + key;
+  TITAN_CONFIG_CHECK(object.is_object(), sub, " must be an object or null, got ", object.dump());
+  KeyList keys;
+  visit(fields, keys);
+  check_keys(object, keys.keys, sub);
+  start();
+  visit(fields, JsonReader{object, sub});
 }
 
 // Applies the keys present in `json` to `args`.
 void apply_args_json(const nlohmann::json& json, Llama3Args& args) {
   const std::string where = "llama3 args";
-  if (!json.is_object()) {
-    throw ConfigError(where + " must be a JSON object, got " + json.dump());
-  }
-  check_keys(json, arg_keys(), where);
-  const auto set_int = [&](const char* key, int64_t& field) {
-    if (json.contains(key)) field = get_int(json, key, where);
-  };
-  const auto set_double = [&](const char* key, double& field) {
-    if (json.contains(key)) field = get_double(json, key, where);
-  };
-  const auto set_bool = [&](const char* key, bool& field) {
-    if (json.contains(key)) field = get_bool(json, key, where);
-  };
-  set_int("dim", args.dim);
-  set_int("n_layers", args.n_layers);
-  set_int("n_heads", args.n_heads);
-  set_int("n_kv_heads", args.n_kv_heads);
-  set_int("vocab_size", args.vocab_size);
-  set_int("multiple_of", args.multiple_of);
-  set_double("ffn_dim_multiplier", args.ffn_dim_multiplier);
-  set_int("ffn_dim", args.ffn_dim);
-  set_double("norm_eps", args.norm_eps);
-  set_double("rope_theta", args.rope_theta);
-  set_bool("use_rope_scaling", args.use_rope_scaling);
-  set_bool("depth_init", args.depth_init);
-  set_bool("tie_embeddings", args.tie_embeddings);
-  set_int("max_seq_len", args.max_seq_len);
-  set_int("head_dim", args.head_dim_override);
-  set_bool("qk_norm", args.qk_norm);
-  set_int("n_dense_layers", args.n_dense_layers);
-  if (json.contains("moe")) {
-    const nlohmann::json& moe = json["moe"];
-    if (moe.is_null()) {
-      args.moe = Llama3Args::dense_moe();
-    } else {
-      const std::string sub = where + ".moe";
-      if (!moe.is_object())
-        throw ConfigError(sub + " must be an object or null, got " + moe.dump());
-      check_keys(moe, moe_keys(), sub);
-      MoEArgs& m = args.moe;
-      if (m.num_experts == 0) m = MoEArgs{};  // a dense flavor made MoE: the defaults
-      const auto moe_int = [&](const char* key, int64_t& field) {
-        if (moe.contains(key)) field = get_int(moe, key, sub);
-      };
-      const auto moe_double = [&](const char* key, double& field) {
-        if (moe.contains(key)) field = get_double(moe, key, sub);
-      };
-      const auto moe_bool = [&](const char* key, bool& field) {
-        if (moe.contains(key)) field = get_bool(moe, key, sub);
-      };
-      moe_int("num_experts", m.num_experts);
-      moe_int("top_k", m.top_k);
-      moe_int("hidden_dim", m.hidden_dim);
-      moe_int("num_shared_experts", m.num_shared_experts);
-      moe_bool("route_norm", m.route_norm);
-      moe_double("route_scale", m.route_scale);
-      moe_bool("score_before_experts", m.score_before_experts);
-      moe_int("num_expert_groups", m.num_expert_groups);
-      moe_int("num_limited_groups", m.num_limited_groups);
-      moe_double("load_balance_coeff", m.load_balance_coeff);
-      if (moe.contains("score_func")) {
-        if (!moe["score_func"].is_string()) {
-          throw ConfigError(sub + ".score_func must be a string, got " + moe["score_func"].dump());
-        }
-        m.score_func = parse_moe_score(moe["score_func"].get<std::string>());
-      }
-      if (m.num_experts < 1) {
-        throw ConfigError(sub + ".num_experts must be >= 1 (null \"moe\": a dense model)");
-      }
-    }
-  }
-  if (json.contains("mla")) {
-    const nlohmann::json& mla = json["mla"];
-    if (mla.is_null()) {
-      args.mla = MlaArgs{};
-    } else {
-      const std::string sub = where + ".mla";
-      if (!mla.is_object()) {
-        throw ConfigError(sub + " must be an object or null, got " + mla.dump());
-      }
-      check_keys(mla, mla_keys(), sub);
-      MlaArgs& m = args.mla;
-      if (!m.enabled()) m.kv_lora_rank = 512;  // a GQA flavor made MLA: DeepSeek's latent size
-      const auto mla_int = [&](const char* key, int64_t& field) {
-        if (mla.contains(key)) field = get_int(mla, key, sub);
-      };
-      const auto mla_double = [&](const char* key, double& field) {
-        if (mla.contains(key)) field = get_double(mla, key, sub);
-      };
-      mla_int("q_lora_rank", m.q_lora_rank);
-      mla_int("kv_lora_rank", m.kv_lora_rank);
-      mla_int("qk_nope_head_dim", m.qk_nope_head_dim);
-      mla_int("qk_rope_head_dim", m.qk_rope_head_dim);
-      mla_int("v_head_dim", m.v_head_dim);
-      mla_double("latent_norm_eps", m.norm_eps);
-      mla_double("mscale", m.mscale);
-      mla_double("rope_factor", m.yarn.factor);
-      mla_double("beta_fast", m.yarn.beta_fast);
-      mla_double("beta_slow", m.yarn.beta_slow);
-      mla_int("original_seq_len", m.yarn.original_seq_len);
-      if (m.kv_lora_rank < 1) {
-        throw ConfigError(sub + ".kv_lora_rank must be >= 1 (null \"mla\": no latent attention)");
-      }
-    }
-  }
-  if (json.contains("rope_scaling")) {
-    const nlohmann::json& scaling = json["rope_scaling"];
-    if (scaling.is_null()) {
-      args.use_rope_scaling = false;
-    } else {
-      const std::string sub = where + ".rope_scaling";
-      if (!scaling.is_object()) {
-        throw ConfigError(sub + " must be an object or null, got " + scaling.dump());
-      }
-      check_keys(scaling, rope_scaling_keys(), sub);
-      RopeScaling& rs = args.rope_scaling;
-      if (scaling.contains("scaling_factor")) {
-        rs.scaling_factor = get_double(scaling, "scaling_factor", sub);
-      }
-      if (scaling.contains("low_freq_factor")) {
-        rs.low_freq_factor = get_double(scaling, "low_freq_factor", sub);
-      }
-      if (scaling.contains("high_freq_factor")) {
-        rs.high_freq_factor = get_double(scaling, "high_freq_factor", sub);
-      }
-      if (scaling.contains("original_max_position_embeddings")) {
-        rs.original_max_position_embeddings =
-            get_int(scaling, "original_max_position_embeddings", sub);
-      }
-    }
-  }
-  if (args.n_kv_heads < 0 || args.ffn_dim < 0 || args.max_seq_len <= 0 || !(args.norm_eps > 0) ||
-      !(args.rope_theta > 0)) {
-    throw ConfigError(where + ": n_kv_heads and ffn_dim must be >= 0; max_seq_len, norm_eps and " +
-                      "rope_theta > 0 (got " + args_to_json(args).dump() + ")");
-  }
+  TITAN_CONFIG_CHECK(json.is_object(), where, " must be a JSON object, got ", json.dump());
+  KeyList keys;
+  visit_scalars(args, keys);
+  keys.keys.insert(keys.keys.end(), std::begin(kObjectKeys), std::end(kObjectKeys));
+  check_keys(json, keys.keys, where);
+  visit_scalars(args, JsonReader{json, where});
+  const auto moe = [](auto& m, auto&& v) { visit_moe(m, v); };
+  read_object(
+      json, "moe", where, args.moe, moe, [&] { args.moe = Llama3Args::dense_moe(); },
+      [&] {
+        if (args.moe.num_experts == 0) args.moe = MoEArgs{};  // a dense flavor made MoE
+      });
+  TITAN_CONFIG_CHECK(!json.contains("moe") || json["moe"].is_null() || args.moe.num_experts >= 1,
+                     where, ".moe.num_experts must be >= 1 (null \"moe\": a dense model)");
+  const auto mla = [](auto& m, auto&& v) { visit_mla(m, v); };
+  read_object(
+      json, "mla", where, args.mla, mla, [&] { args.mla = MlaArgs{}; },
+      [&] {
+        if (!args.mla.enabled()) args.mla.kv_lora_rank = 512;  // GQA made MLA: DeepSeek's size
+      });
+  TITAN_CONFIG_CHECK(!json.contains("mla") || json["mla"].is_null() || args.mla.kv_lora_rank >= 1,
+                     where, ".mla.kv_lora_rank must be >= 1 (null \"mla\": no latent attention)");
+  const auto scaling = [](auto& r, auto&& v) { visit_rope_scaling(r, v); };
+  read_object(
+      json, "rope_scaling", where, args.rope_scaling, scaling,
+      [&] { args.use_rope_scaling = false; }, [] {});
+  TITAN_CONFIG_CHECK(args.n_kv_heads >= 0 && args.ffn_dim >= 0 && args.max_seq_len > 0 &&
+                         args.norm_eps > 0 && args.rope_theta > 0,
+                     where,
+                     ": n_kv_heads and ffn_dim must be >= 0; max_seq_len, norm_eps and "
+                     "rope_theta > 0 (got ",
+                     args_to_json(args).dump(), ")");
 }
 
 nlohmann::json moe_json(const Llama3Args& args) {
   if (!args.has_moe()) return nullptr;
-  const MoEArgs& m = args.moe;
-  return {{"num_experts", m.num_experts},
-          {"top_k", m.top_k},
-          {"hidden_dim", m.hidden_dim},
-          {"num_shared_experts", m.num_shared_experts},
-          {"score_func", m.score_func == MoEArgs::Score::kSigmoid ? "sigmoid" : "softmax"},
-          {"route_norm", m.route_norm},
-          {"route_scale", m.route_scale},
-          {"score_before_experts", m.score_before_experts},
-          {"num_expert_groups", m.num_expert_groups},
-          {"num_limited_groups", m.num_limited_groups},
-          {"load_balance_coeff", m.load_balance_coeff}};
+  nlohmann::json out = nlohmann::json::object();
+  visit_moe(args.moe, JsonWriter{out});
+  return out;
 }
 
 nlohmann::json mla_json(const Llama3Args& args) {
   if (!args.mla.enabled()) return nullptr;
-  const MlaArgs& m = args.mla;
-  return {{"q_lora_rank", m.q_lora_rank},
-          {"kv_lora_rank", m.kv_lora_rank},
-          {"qk_nope_head_dim", m.qk_nope_head_dim},
-          {"qk_rope_head_dim", m.qk_rope_head_dim},
-          {"v_head_dim", m.v_head_dim},
-          {"latent_norm_eps", m.norm_eps},
-          {"mscale", m.mscale},
-          {"rope_factor", m.yarn.factor},
-          {"beta_fast", m.yarn.beta_fast},
-          {"beta_slow", m.yarn.beta_slow},
-          {"original_seq_len", m.yarn.original_seq_len}};
+  nlohmann::json out = nlohmann::json::object();
+  visit_mla(args.mla, JsonWriter{out});
+  return out;
 }
 
 nlohmann::json rope_scaling_json(const RopeScaling& rs) {
-  return {{"scaling_factor", rs.scaling_factor},
-          {"low_freq_factor", rs.low_freq_factor},
-          {"high_freq_factor", rs.high_freq_factor},
-          {"original_max_position_embeddings", rs.original_max_position_embeddings}};
+  nlohmann::json out = nlohmann::json::object();
+  visit_rope_scaling(rs, JsonWriter{out});
+  return out;
 }
 
 }  // namespace
@@ -569,26 +510,12 @@ Llama3Args args_from_description(const nlohmann::json& model, const Family& fami
 }
 
 nlohmann::json args_to_json(const Llama3Args& args) {
-  return {{"dim", args.dim},
-          {"n_layers", args.n_layers},
-          {"n_heads", args.n_heads},
-          {"n_kv_heads", args.n_kv_heads},
-          {"vocab_size", args.vocab_size},
-          {"multiple_of", args.multiple_of},
-          {"ffn_dim_multiplier", args.ffn_dim_multiplier},
-          {"ffn_dim", args.ffn_dim},
-          {"norm_eps", args.norm_eps},
-          {"rope_theta", args.rope_theta},
-          {"use_rope_scaling", args.use_rope_scaling},
-          {"rope_scaling", rope_scaling_json(args.rope_scaling)},
-          {"depth_init", args.depth_init},
-          {"tie_embeddings", args.tie_embeddings},
-          {"max_seq_len", args.max_seq_len},
-          {"head_dim", args.head_dim_override},
-          {"qk_norm", args.qk_norm},
-          {"moe", moe_json(args)},
-          {"n_dense_layers", args.n_dense_layers},
-          {"mla", mla_json(args)}};
+  nlohmann::json out = nlohmann::json::object();
+  visit_scalars(args, JsonWriter{out});
+  out["rope_scaling"] = rope_scaling_json(args.rope_scaling);
+  out["moe"] = moe_json(args);
+  out["mla"] = mla_json(args);
+  return out;
 }
 
 nlohmann::json resolved_args(const Llama3Args& args) {
