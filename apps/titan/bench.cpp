@@ -10,6 +10,7 @@
 // (titan/components/breakdown.h) and prints where a step's time goes: per phase and per family of
 // ops, with the matmuls' achieved FLOP/s against the GEMM probe.
 #include "commands.h"
+#include "flags.h"
 
 #include "titan/common/check.h"
 #include "titan/common/cpu.h"
@@ -68,16 +69,26 @@ ProcessUsage process_usage() {
 }  // namespace
 
 int run_bench(const std::vector<std::string>& all_args) {
-  std::vector<std::string> args;
   bool breakdown = false;
-  for (const std::string& a : all_args) {
-    if (a == "--breakdown") {
-      breakdown = true;
-    } else {
-      args.push_back(a);
-    }
+  // Every config key works as in `titan train` (its help, without the usage line, ends ours).
+  const std::string config_help = render_help("bench");
+  const size_t keys = config_help.find("\n\n");
+  FlagTable flags(
+      "titan bench [--breakdown] [--job.config_file FILE] [--section.key value ...]",
+      "Times the trainer's own training steps on the configured model (2 warm-up steps, then\n"
+      "training.steps timed ones) and prints one line: tokens/s, TFLOP/s, MFU against a GEMM\n"
+      "probe, peak RSS, and each step's wall time, CPU time and page faults.");
+  flags
+      .toggle("--breakdown",
+              "then as many steps again under a step breakdown: where a step's time goes, per\n"
+              "phase and per family of ops, with the matmuls' FLOP/s against the probe",
+              &breakdown)
+      .epilogue(keys == std::string::npos ? config_help : config_help.substr(keys + 2));
+  if (FlagTable::wants_help(all_args)) {
+    std::fputs(flags.usage().c_str(), stdout);
+    return 0;
   }
-  JobConfig config = parse_job_config(args);
+  JobConfig config = parse_job_config(flags.parse(all_args, /*pass_unknown=*/true));
   const int64_t steps = config.training.steps;
   const int64_t warmup = 2;
   // The learning-rate schedule spans the warm-up (and the breakdown's steps) too.

@@ -35,7 +35,7 @@ const std::vector<Command>& commands() {
       {"inspect", "parameter counts, FLOPs per token and per-rank memory, without allocating", true,
        titan::run_inspect},
       {"bench", "time training steps (tokens/s, MFU, peak memory; --breakdown: where it goes)",
-       true, titan::run_bench},
+       false, titan::run_bench},  // its own --help: its flags, then the config's
       {"data", "corpus tools: `titan data prepare` pre-tokenizes text into token files", false,
        titan::run_data},
       {"tokenizer", "encode / decode / bench with tokenizer files (`titan tokenizer --help`)",

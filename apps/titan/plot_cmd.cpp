@@ -3,6 +3,7 @@
 // src/titan/components/plot.{h,cpp}; this file is the command line. Bad usage, a missing run, a
 // run without metrics, an unknown metric and a corrupt metrics line exit 2.
 #include "commands.h"
+#include "flags.h"
 
 #include "titan/common/check.h"
 #include "titan/common/file_io.h"
@@ -16,26 +17,6 @@
 
 namespace titan {
 namespace {
-
-constexpr const char* kUsage =
-    "usage: titan plot RUN [RUN ...] [--out FILE.svg] [--metrics NAME,NAME,...] [--log-loss]\n"
-    "                  [--labels LABEL,LABEL,...] [--rank R] [--title TEXT]\n"
-    "\n"
-    "Draws the metrics of one or more training runs into one self-contained SVG: a grid of\n"
-    "panels against steps, each run's line in its own colour, a legend naming the runs.\n"
-    "\n"
-    "  RUN               a run's job.dump_folder (its metrics.jsonl, or with\n"
-    "                    metrics.save_for_all_ranks every metrics_rank_<r>.jsonl, one line a\n"
-    "                    rank), or a metrics .jsonl file. A resumed run's steps appear once.\n"
-    "  --out FILE.svg    the file to write (default plot.svg); - writes to standard output\n"
-    "  --metrics NAMES   the panels, comma-separated: any field of the rows (loss,\n"
-    "                    validation_loss, lr, tps, memory_gib, grad_norm, mfu, tflops, ...), or\n"
-    "                    all; default: loss, validation_loss, lr, tps, memory_gib (those present)\n"
-    "  --log-loss        log scale for loss, validation_loss and validation_perplexity\n"
-    "  --labels LABELS   the legend's names of the runs, comma-separated, one a run (default:\n"
-    "                    the paths as given)\n"
-    "  --rank R          only rank R's metrics of runs saved for all ranks\n"
-    "  --title TEXT      a title above the legend\n";
 
 struct Options {
   std::vector<std::string> runs;
@@ -64,36 +45,49 @@ std::string lower(std::string s) {
   return s;
 }
 
+// The flags, writing into `opts`.
+FlagTable plot_flags(Options& opts) {
+  FlagTable flags(
+      "titan plot RUN [RUN ...] [--out FILE.svg] [--metrics NAME,NAME,...] [--log-loss]\n"
+      "                  [--labels LABEL,LABEL,...] [--rank R] [--title TEXT]",
+      "Draws the metrics of one or more training runs into one self-contained SVG: a grid of\n"
+      "panels against steps, each run's line in its own colour, a legend naming the runs.");
+  flags
+      .positional("RUN",
+                  "a run's job.dump_folder (its metrics.jsonl, or with\n"
+                  "metrics.save_for_all_ranks every metrics_rank_<r>.jsonl, one line a\n"
+                  "rank), or a metrics .jsonl file. A resumed run's steps appear once.")
+      .value("--out", "FILE.svg",
+             "the file to write (default plot.svg); - writes to standard output",
+             [&opts](const std::string& v) { opts.out = v; })
+      .value("--metrics", "NAMES",
+             "the panels, comma-separated: any field of the rows (loss,\n"
+             "validation_loss, lr, tps, memory_gib, grad_norm, mfu, tflops, ...), or\n"
+             "all; default: loss, validation_loss, lr, tps, memory_gib (those present)",
+             [&opts](const std::string& v) { opts.metrics = split_commas("--metrics", v); })
+      .toggle("--log-loss", "log scale for loss, validation_loss and validation_perplexity",
+              &opts.log_loss)
+      .value("--labels", "LABELS",
+             "the legend's names of the runs, comma-separated, one a run (default:\n"
+             "the paths as given)",
+             [&opts](const std::string& v) { opts.labels = split_commas("--labels", v); })
+      .value("--rank", "R", "only rank R's metrics of runs saved for all ranks",
+             [&opts](const std::string& v) {
+               const std::optional<int64_t> r = parse_int64(v);
+               TITAN_CONFIG_CHECK(r && *r >= 0, "--rank expects a rank >= 0, got '", v, "'");
+               opts.rank = *r;
+             })
+      .value("--title", "TEXT", "a title above the legend",
+             [&opts](const std::string& v) { opts.title = v; });
+  return flags;
+}
+
 Options parse_options(const std::vector<std::string>& args) {
   Options opts;
-  for (size_t i = 0; i < args.size(); ++i) {
-    const std::string& a = args[i];
-    const auto value = [&]() -> std::string {
-      if (i + 1 >= args.size()) throw ConfigError(a + " needs a value\n" + kUsage);
-      return args[++i];
-    };
-    if (a == "--out") {
-      opts.out = value();
-    } else if (a == "--metrics") {
-      opts.metrics = split_commas(a, value());
-    } else if (a == "--labels") {
-      opts.labels = split_commas(a, value());
-    } else if (a == "--log-loss") {
-      opts.log_loss = true;
-    } else if (a == "--rank") {
-      const std::string text = value();
-      const std::optional<int64_t> r = parse_int64(text);
-      if (!r || *r < 0) throw ConfigError("--rank expects a rank >= 0, got '" + text + "'");
-      opts.rank = *r;
-    } else if (a == "--title") {
-      opts.title = value();
-    } else if (a.size() > 1 && a[0] == '-') {
-      throw ConfigError("unknown argument '" + a + "'\n" + kUsage);
-    } else {
-      opts.runs.push_back(a);
-    }
-  }
-  if (opts.runs.empty()) throw ConfigError(std::string("no run to plot\n") + kUsage);
+  const FlagTable flags = plot_flags(opts);
+  opts.runs = flags.parse(args);
+  const std::string usage = flags.usage();
+  if (opts.runs.empty()) throw ConfigError("no run to plot\n" + usage);
   if (!opts.labels.empty() && opts.labels.size() != opts.runs.size()) {
     throw ConfigError("--labels names " + std::to_string(opts.labels.size()) + " runs, " +
                       std::to_string(opts.runs.size()) + " are given");
@@ -119,7 +113,8 @@ Options parse_options(const std::vector<std::string>& args) {
 int run_plot(const std::vector<std::string>& args) {
   if (std::any_of(args.begin(), args.end(),
                   [](const std::string& a) { return a == "--help" || a == "-h"; })) {
-    std::fputs(kUsage, stdout);
+    Options unused;
+    std::fputs(plot_flags(unused).usage().c_str(), stdout);
     return 0;
   }
   const Options opts = parse_options(args);

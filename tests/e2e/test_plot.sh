@@ -121,6 +121,15 @@ expect_exit 0 "$TITAN" plot "$WORK/C.jsonl" --out "$WORK/c.svg" --labels A
 # Errors.
 expect_exit 2 "$TITAN" plot
 expect_output "no run to plot"
+# The flag table: an unknown flag names the nearest one; --help lists every flag; bench's
+# --help lists its own flag before the config keys.
+expect_exit 2 "$TITAN" plot "$WORK/A" --outt "$WORK/x.svg"
+expect_output "unknown argument '--outt'; did you mean '--out'?"
+expect_exit 0 "$TITAN" plot --help
+expect_output "--log-loss *log scale"
+expect_exit 0 "$TITAN" bench --help
+expect_output "--breakdown *then as many steps again"
+expect_output "--training.steps"
 expect_exit 2 "$TITAN" plot "$WORK/nope" --out "$WORK/x.svg"
 expect_output "run '.*nope' does not exist"
 mkdir "$WORK/empty"
