@@ -2,6 +2,7 @@
 // steps as rows, as PyTorch's _format_pipeline_order) and its simulated bubble, for a schedule
 // name or a schedule CSV; can write the table as CSV. Bad usage throws ConfigError (exit 2).
 #include "commands.h"
+#include "flags.h"
 
 #include "titan/common/check.h"
 #include "titan/common/file_io.h"
@@ -16,33 +17,6 @@
 
 namespace titan {
 namespace {
-
-constexpr const char* kUsage =
-    "usage: titan pipeline-schedule --schedule NAME --pp N --microbatches M\n"
-    "                               [--stages-per-rank V] [--comms] [--costs F,B,I,W]\n"
-    "                               [--dump-csv FILE]\n"
-    "       titan pipeline-schedule --csv FILE [--pp N] [--microbatches M] [--comms] ...\n"
-    "\n"
-    "Prints the per-rank actions of a pipeline schedule: one column per pp rank, one row per\n"
-    "step; \"2F0\" is stage 2's forward of microbatch 0, B a full backward, I / W the backward\n"
-    "for inputs / for weights (zero-bubble schedules), (..)OVERLAP_F_B a forward and a backward\n"
-    "run together (DualPipeV), SEND_F / RECV_F / SEND_B / RECV_B the transfers, an empty cell an\n"
-    "idle step. Then the schedule is simulated under its data dependencies with costs F, B, I, W\n"
-    "(default 1,2,1,1) and the bubble (idle share of all ranks' time) printed; for GPipe and\n"
-    "1F1B the closed form (p-1)/(m+p-1) too. A table is refused when it deadlocks, or when two\n"
-    "ranks would post their messages to each other in different orders (NCCL matches a pair's\n"
-    "sends and receives by order, not by tag; a table of compute actions is received in the\n"
-    "sender's order, so only explicit SEND / RECV cells can swap).\n"
-    "\n"
-    "NAME is one of GPipe, 1F1B, Interleaved1F1B, LoopedBFS, InterleavedZeroBubble,\n"
-    "ZBVZeroBubble, DualPipeV (any case), as parallelism.pipeline_parallel_schedule.\n"
-    "--stages-per-rank defaults to 1 for GPipe / 1F1B and 2 for the others. A table holds at\n"
-    "most 1048576 (stage, microbatch) pairs; larger ones are refused before anything is built.\n"
-    "--csv FILE reads a table in PyTorch's CSV format (one row per rank; what\n"
-    "parallelism.pipeline_parallel_schedule_csv takes) instead; --pp and --microbatches are then\n"
-    "checked against it (default: its rows, its largest microbatch + 1).\n"
-    "--comms adds the sends and receives PyTorch's runtime would run (_add_send_recv).\n"
-    "--dump-csv FILE writes the printed table in that CSV format.\n";
 
 struct Options {
   std::string schedule = "1F1B";
@@ -90,38 +64,64 @@ pp::ActionCosts parse_costs(const std::string& text) {
   return costs;
 }
 
+// The flags, writing into `opts`.
+FlagTable schedule_flags(Options& opts) {
+  FlagTable flags(
+      "titan pipeline-schedule --schedule NAME --pp N --microbatches M\n"
+      "                               [--stages-per-rank V] [--comms] [--costs F,B,I,W]\n"
+      "                               [--dump-csv FILE]\n"
+      "       titan pipeline-schedule --csv FILE [--pp N] [--microbatches M] [--comms] ...",
+      "Prints the per-rank actions of a pipeline schedule: one column per pp rank, one row per\n"
+      "step; \"2F0\" is stage 2's forward of microbatch 0, B a full backward, I / W the backward\n"
+      "for inputs / for weights (zero-bubble schedules), (..)OVERLAP_F_B a forward and a backward\n"
+      "run together (DualPipeV), SEND_F / RECV_F / SEND_B / RECV_B the transfers, an empty cell an\n"
+      "idle step. Then the schedule is simulated under its data dependencies with costs F, B, I, W\n"
+      "(default 1,2,1,1) and the bubble (idle share of all ranks' time) printed; for GPipe and\n"
+      "1F1B the closed form (p-1)/(m+p-1) too. A table is refused when it deadlocks, or when two\n"
+      "ranks would post their messages to each other in different orders (NCCL matches a pair's\n"
+      "sends and receives by order, not by tag; a table of compute actions is received in the\n"
+      "sender's order, so only explicit SEND / RECV cells can swap). A table holds at most\n"
+      "1048576 (stage, microbatch) pairs; larger ones are refused before anything is built.");
+  flags
+      .value("--schedule", "NAME",
+             "GPipe, 1F1B, Interleaved1F1B, LoopedBFS, InterleavedZeroBubble,\n"
+             "ZBVZeroBubble or DualPipeV (any case), as parallelism.pipeline_parallel_schedule",
+             [&opts](const std::string& v) {
+               opts.schedule = v;
+               opts.schedule_given = true;
+             })
+      .value("--pp", "N", "pipeline ranks",
+             [&opts](const std::string& v) { opts.pp = positive("--pp", v); })
+      .value("--microbatches", "M", "microbatches per step",
+             [&opts](const std::string& v) { opts.microbatches = positive("--microbatches", v); })
+      .value("--stages-per-rank", "V", "default 1 for GPipe / 1F1B, 2 for the others",
+             [&opts](const std::string& v) {
+               opts.stages_per_rank = positive("--stages-per-rank", v);
+             })
+      .value("--csv", "FILE",
+             "a table in PyTorch's CSV format (one row per rank; what\n"
+             "parallelism.pipeline_parallel_schedule_csv takes) instead; --pp and\n"
+             "--microbatches are then checked against it (default: its rows, its largest\n"
+             "microbatch + 1)",
+             [&opts](const std::string& v) { opts.csv = v; })
+      .toggle("--comms", "adds the sends and receives PyTorch's runtime would run (_add_send_recv)",
+              &opts.comms)
+      .value("--costs", "F,B,I,W", "the simulation's action costs (default 1,2,1,1)",
+             [&opts](const std::string& v) { opts.costs = parse_costs(v); })
+      .value("--dump-csv", "FILE", "writes the printed table in that CSV format",
+             [&opts](const std::string& v) { opts.dump_csv = v; });
+  return flags;
+}
+
 Options parse_options(const std::vector<std::string>& args) {
   Options opts;
-  for (size_t i = 0; i < args.size(); ++i) {
-    const std::string& a = args[i];
-    const auto value = [&]() -> std::string {
-      if (i + 1 >= args.size()) throw ConfigError(a + " needs a value\n" + kUsage);
-      return args[++i];
-    };
-    if (a == "--schedule") {
-      opts.schedule = value();
-      opts.schedule_given = true;
-    } else if (a == "--pp") {
-      opts.pp = positive(a, value());
-    } else if (a == "--microbatches") {
-      opts.microbatches = positive(a, value());
-    } else if (a == "--stages-per-rank") {
-      opts.stages_per_rank = positive(a, value());
-    } else if (a == "--csv") {
-      opts.csv = value();
-    } else if (a == "--dump-csv") {
-      opts.dump_csv = value();
-    } else if (a == "--comms") {
-      opts.comms = true;
-    } else if (a == "--costs") {
-      opts.costs = parse_costs(value());
-    } else {
-      throw ConfigError("unknown argument '" + a + "'\n" + kUsage);
-    }
+  const FlagTable flags = schedule_flags(opts);
+  const std::string usage = flags.usage();
+  for (const std::string& extra : flags.parse(args)) {
+    throw ConfigError("unknown argument '" + extra + "'\n" + usage);
   }
   if (opts.csv.empty() && (opts.pp < 0 || opts.microbatches < 0)) {
-    throw ConfigError(std::string("--pp and --microbatches are required (or --csv FILE)\n") +
-                      kUsage);
+    throw ConfigError("--pp and --microbatches are required (or --csv FILE)\n" + usage);
   }
   if (!opts.csv.empty() && (opts.schedule_given || opts.stages_per_rank > 0)) {
     throw ConfigError("--csv gives the whole table; drop --schedule / --stages-per-rank");
@@ -167,7 +167,8 @@ void write_text_file(const std::string& path, const std::string& text) {
 int run_pipeline_schedule(const std::vector<std::string>& args) {
   if (std::any_of(args.begin(), args.end(),
                   [](const std::string& a) { return a == "--help" || a == "-h"; })) {
-    std::fputs(kUsage, stdout);
+    Options unused;
+    std::fputs(schedule_flags(unused).usage().c_str(), stdout);
     return 0;
   }
   const Options opts = parse_options(args);
