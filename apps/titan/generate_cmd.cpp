@@ -3,6 +3,7 @@
 // with --print_ids, one line of ids) so that scripts can compare runs; the model description,
 // notes and tokens/s go to stderr. Bad usage throws ConfigError (exit 2).
 #include "commands.h"
+#include "flags.h"
 
 #include "titan/checkpoint/model_loader.h"
 #include "titan/common/check.h"
@@ -26,35 +27,6 @@
 namespace titan {
 namespace {
 
-constexpr const char* kUsage =
-    "usage: titan generate --checkpoint PATH (--prompt TEXT | --prompt_ids \"ID ...\") [options]\n"
-    "\n"
-    "  --checkpoint PATH      a titan checkpoint (a step-N folder, or the checkpoint folder: its\n"
-    "                         latest complete step) or a Hugging Face model folder\n"
-    "  --prompt TEXT          text to continue; encoded with the tokenizer after a BOS token\n"
-    "  --prompt_ids \"ID ...\"  token ids to continue, used as given (no BOS added)\n"
-    "  --max_new_tokens N     tokens to generate at most (default 128); generation also stops\n"
-    "                         at the tokenizer's EOS token and at --max_seq_len\n"
-    "  --temperature T        softmax temperature; 0 = greedy (default 1.0)\n"
-    "  --top_k K              sample among the K most likely tokens; 0 = all (default 0)\n"
-    "  --top_p P              sample among the fewest most likely tokens whose probability sums\n"
-    "                         to P; 1 = all (default 1.0)\n"
-    "  --seed S               sampling seed (default 0): the same seed gives the same tokens\n"
-    "  --tokenizer PATH       tokenizer files (default: the checkpoint's; \"\" = byte tokenizer)\n"
-    "  --dtype float32|bfloat16  compute dtype (default float32)\n"
-    "  --max_seq_len N        longest sequence, prompt included (default 2048)\n"
-    "  --threads N            CPU threads; 0 = one per core (default 0)\n"
-    "  --device D             auto (the first visible CUDA device, else the CPU), cuda or cpu\n"
-    "                         (default auto; training.device's rule for one process)\n"
-    "  --print_ids            print the whole sequence (prompt and generated) as one line of\n"
-    "                         space-separated ids instead of streaming text\n"
-    "  --no_kv_cache          re-run the whole sequence every step instead of using the KV\n"
-    "                         cache (slow; for checking the cache: greedy output is the same)\n"
-    "  --flavor NAME          instead of --checkpoint: a randomly initialized llama3 of this\n"
-    "                         flavor, seeded by --seed (timing and smoke tests)\n"
-    "\n"
-    "Text (or the ids) goes to stdout; the model, notes and tokens/s go to stderr.\n";
-
 struct Options {
   std::string checkpoint;
   std::string flavor;
@@ -66,6 +38,7 @@ struct Options {
   int64_t max_seq_len = 2048;
   int64_t threads = 0;
   bool print_ids = false;
+  bool no_kv_cache = false;
   GenerationOptions generation;
 };
 
@@ -89,72 +62,97 @@ double parse_double(const std::string& name, const std::string& text) {
   return value;
 }
 
+// The flags, writing into `opts`.
+FlagTable generate_flags(Options& opts) {
+  SamplerOptions& sampler = opts.generation.sampler;
+  const auto text = [](std::string& field) {
+    return [&field](const std::string& v) { field = v; };
+  };
+  const auto optional_text = [](std::optional<std::string>& field) {
+    return [&field](const std::string& v) { field = v; };
+  };
+  FlagTable flags(
+      "titan generate --checkpoint PATH (--prompt TEXT | --prompt_ids \"ID ...\") [options]", "");
+  flags
+      .value("--checkpoint", "PATH",
+             "a titan checkpoint (a step-N folder, or the checkpoint folder: its\n"
+             "latest complete step) or a Hugging Face model folder",
+             text(opts.checkpoint))
+      .value("--prompt", "TEXT", "text to continue; encoded with the tokenizer after a BOS token",
+             optional_text(opts.prompt))
+      .value("--prompt_ids", "\"ID ...\"", "token ids to continue, used as given (no BOS added)",
+             optional_text(opts.prompt_ids))
+      .value("--max_new_tokens", "N",
+             "tokens to generate at most (default 128); generation also stops\n"
+             "at the tokenizer's EOS token and at --max_seq_len",
+             [&opts](const std::string& v) {
+               opts.generation.max_new_tokens = parse_int("--max_new_tokens", v);
+             })
+      .value("--temperature", "T", "softmax temperature; 0 = greedy (default 1.0)",
+             [&sampler](const std::string& v) {
+               sampler.temperature = parse_double("--temperature", v);
+             })
+      .value("--top_k", "K", "sample among the K most likely tokens; 0 = all (default 0)",
+             [&sampler](const std::string& v) { sampler.top_k = parse_int("--top_k", v); })
+      .value("--top_p", "P",
+             "sample among the fewest most likely tokens whose probability sums\n"
+             "to P; 1 = all (default 1.0)",
+             [&sampler](const std::string& v) { sampler.top_p = parse_double("--top_p", v); })
+      .value("--seed", "S", "sampling seed (default 0): the same seed gives the same tokens",
+             [&sampler](const std::string& v) {
+               const int64_t seed = parse_int("--seed", v);
+               TITAN_CONFIG_CHECK(seed >= 0, "--seed must be >= 0, got ", seed);
+               sampler.seed = static_cast<uint64_t>(seed);
+             })
+      .value("--tokenizer", "PATH",
+             "tokenizer files (default: the checkpoint's; \"\" = byte tokenizer)",
+             optional_text(opts.tokenizer))
+      .value("--dtype", "float32|bfloat16", "compute dtype (default float32)", text(opts.dtype))
+      .value("--max_seq_len", "N", "longest sequence, prompt included (default 2048)",
+             [&opts](const std::string& v) { opts.max_seq_len = parse_int("--max_seq_len", v); })
+      .value("--threads", "N", "CPU threads; 0 = one per core (default 0)",
+             [&opts](const std::string& v) {
+               opts.threads = parse_int("--threads", v);
+               TITAN_CONFIG_CHECK(opts.threads >= 0 && opts.threads <= kMaxNumThreads, "--threads ",
+                                  v, " must be in [0, ", kMaxNumThreads,
+                                  "] (0 = one per core; more would stall start-up)");
+             })
+      .value("--device", "D",
+             "auto (the first visible CUDA device, else the CPU), cuda or cpu\n"
+             "(default auto; training.device's rule for one process)",
+             text(opts.device))
+      .toggle("--print_ids",
+              "print the whole sequence (prompt and generated) as one line of\n"
+              "space-separated ids instead of streaming text",
+              &opts.print_ids)
+      .toggle("--no_kv_cache",
+              "re-run the whole sequence every step instead of using the KV\n"
+              "cache (slow; for checking the cache: greedy output is the same)",
+              &opts.no_kv_cache)
+      .value("--flavor", "NAME",
+             "instead of --checkpoint: a randomly initialized llama3 of this\n"
+             "flavor, seeded by --seed (timing and smoke tests)",
+             text(opts.flavor))
+      .epilogue("Text (or the ids) goes to stdout; the model, notes and tokens/s go to stderr.");
+  return flags;
+}
+
 Options parse_options(const std::vector<std::string>& args) {
   Options opts;
-  SamplerOptions& sampler = opts.generation.sampler;
-  for (size_t i = 0; i < args.size(); ++i) {
-    std::string a = args[i];
-    std::optional<std::string> inline_value;  // --key=value
-    if (const size_t eq = a.find('='); a.rfind("--", 0) == 0 && eq != std::string::npos) {
-      inline_value = a.substr(eq + 1);
-      a = a.substr(0, eq);
-    }
-    const auto value = [&]() -> std::string {
-      if (inline_value) return *inline_value;
-      if (i + 1 >= args.size()) throw ConfigError(a + " needs a value\n" + kUsage);
-      return args[++i];
-    };
-    if (a == "--checkpoint") {
-      opts.checkpoint = value();
-    } else if (a == "--flavor") {
-      opts.flavor = value();
-    } else if (a == "--prompt") {
-      opts.prompt = value();
-    } else if (a == "--prompt_ids") {
-      opts.prompt_ids = value();
-    } else if (a == "--tokenizer") {
-      opts.tokenizer = value();
-    } else if (a == "--max_new_tokens") {
-      opts.generation.max_new_tokens = parse_int(a, value());
-    } else if (a == "--temperature") {
-      sampler.temperature = parse_double(a, value());
-    } else if (a == "--top_k") {
-      sampler.top_k = parse_int(a, value());
-    } else if (a == "--top_p") {
-      sampler.top_p = parse_double(a, value());
-    } else if (a == "--seed") {
-      const int64_t seed = parse_int(a, value());
-      if (seed < 0) throw ConfigError("--seed must be >= 0, got " + std::to_string(seed));
-      sampler.seed = static_cast<uint64_t>(seed);
-    } else if (a == "--dtype") {
-      opts.dtype = value();
-    } else if (a == "--device") {
-      opts.device = value();
-    } else if (a == "--max_seq_len") {
-      opts.max_seq_len = parse_int(a, value());
-    } else if (a == "--threads") {
-      opts.threads = parse_int(a, value());
-      if (opts.threads < 0 || opts.threads > kMaxNumThreads) {
-        throw ConfigError("--threads " + args[i] + " must be in [0, " +
-                          std::to_string(kMaxNumThreads) +
-                          "] (0 = one per core; more would stall start-up)");
-      }
-    } else if (a == "--print_ids" && !inline_value) {
-      opts.print_ids = true;
-    } else if (a == "--no_kv_cache" && !inline_value) {
-      opts.generation.use_kv_cache = false;
-    } else {
-      throw ConfigError("unknown argument '" + args[i] + "'\n" + kUsage);
-    }
+  const FlagTable flags = generate_flags(opts);
+  const std::string usage = flags.usage();
+  for (const std::string& extra : flags.parse(args)) {
+    throw ConfigError("unknown argument '" + extra + "'\n" + usage);
   }
+  if (opts.no_kv_cache) opts.generation.use_kv_cache = false;
   if (opts.checkpoint.empty() == opts.flavor.empty()) {
     throw ConfigError(std::string(opts.checkpoint.empty() ? "--checkpoint is required"
                                                           : "--checkpoint and --flavor exclude "
                                                             "each other") +
-                      "\n" + kUsage);
+                      "\n" + usage);
   }
   if (opts.prompt.has_value() == opts.prompt_ids.has_value()) {
-    throw ConfigError(std::string("give exactly one of --prompt and --prompt_ids\n") + kUsage);
+    throw ConfigError("give exactly one of --prompt and --prompt_ids\n" + usage);
   }
   if (opts.dtype != "float32" && opts.dtype != "bfloat16") {
     throw ConfigError("--dtype must be float32 or bfloat16, got '" + opts.dtype + "'");
@@ -173,7 +171,7 @@ Options parse_options(const std::vector<std::string>& args) {
                       "Hugging Face model folder");
   }
   opts.generation.max_seq_len = opts.max_seq_len;
-  Sampler check_sampler_options(sampler);  // rejects bad sampling options before loading
+  Sampler check_sampler_options(opts.generation.sampler);  // bad sampling options, before loading
   return opts;
 }
 
@@ -209,7 +207,8 @@ void write_out(const std::string& text) {
 int run_generate(const std::vector<std::string>& args) {
   if (std::any_of(args.begin(), args.end(),
                   [](const std::string& a) { return a == "--help" || a == "-h"; })) {
-    std::fputs(kUsage, stdout);
+    Options unused;
+    std::fputs(generate_flags(unused).usage().c_str(), stdout);
     return 0;
   }
   Options opts = parse_options(args);
