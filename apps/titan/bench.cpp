@@ -88,7 +88,7 @@ int run_bench(const std::vector<std::string>& all_args) {
     std::fputs(flags.usage().c_str(), stdout);
     return 0;
   }
-  JobConfig config = parse_job_config(flags.parse(all_args, /*pass_unknown=*/true));
+  JobConfig config = parse_job_config(flags.parse(all_args, /*pass_config_keys=*/true));
   const int64_t steps = config.training.steps;
   const int64_t warmup = 2;
   // The learning-rate schedule spans the warm-up (and the breakdown's steps) too.

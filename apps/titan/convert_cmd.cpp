@@ -7,6 +7,7 @@
 //   diff     compares the model tensors of two checkpoints / HF folders bit for bit
 // Usage errors throw ConfigError (exit 2); unreadable or corrupt inputs DataError (exit 1).
 #include "commands.h"
+#include "flags.h"
 
 #include "titan/checkpoint/checkpoint_files.h"
 #include "titan/checkpoint/hf_convert.h"
@@ -29,71 +30,77 @@
 namespace titan {
 namespace {
 
-constexpr const char* kUsage =
-    "usage: titan convert to-hf CHECKPOINT OUT [--dtype float32|bfloat16|float16]\n"
-    "                           [--max_shard_size BYTES] [--tokenizer PATH]\n"
-    "       titan convert from-hf HF_DIR OUT\n"
-    "       titan convert logits MODEL --ids \"1 2 3\" [--out FILE]\n"
-    "       titan convert diff MODEL_A MODEL_B [--atol A] [--rtol R]\n"
-    "\n"
-    "to-hf writes the model of CHECKPOINT (a step-N directory, or a checkpoint folder: its\n"
-    "latest step) as a Hugging Face Llama folder OUT: config.json, model.safetensors (or\n"
-    "model-0000k-of-0000n.safetensors + model.safetensors.index.json above --max_shard_size,\n"
-    "default 5GB; suffixes KB, MB, GB = powers of 1000) and the tokenizer files the model was\n"
-    "trained with (--tokenizer overrides the path recorded in the checkpoint).\n"
-    "from-hf writes a model-only checkpoint step directory OUT, loadable by\n"
-    "--checkpoint.initial_load_path and `titan generate --checkpoint`. Float32 weights survive\n"
-    "to-hf + from-hf bit for bit.\n"
-    "logits runs MODEL (checkpoint or HF folder) in float32 on the ids and writes the logits\n"
-    "(seqlen, vocab) as tensor \"logits\" of a safetensors FILE, or prints the argmax per "
-    "position.\n"
-    "diff compares the model tensors (our names, stored dtypes) of two models; exit 0 if all are\n"
-    "bit-identical (or, with --atol/--rtol, |A - B| <= atol + rtol * |B| elementwise), 1\n"
-    "otherwise.\n";
-
 struct Args {
   std::string action;
   std::vector<std::string> positional;
-  std::map<std::string, std::string> options;
+  std::map<std::string, std::string> options;  // by flag name
 };
 
-Args parse_args(const std::vector<std::string>& args,
-                const std::map<std::string, std::vector<std::string>>& allowed) {
-  Args out;
-  for (size_t i = 0; i < args.size(); ++i) {
-    const std::string& a = args[i];
-    if (out.action.empty()) {
-      if (allowed.count(a) == 0) {
-        throw ConfigError(
-            (a.empty() || a[0] == '-' ? "missing action" : "unknown action '" + a + "'") +
-            std::string(" (want to-hf, from-hf, logits or diff)\n") + kUsage);
-      }
-      out.action = a;
-      continue;
-    }
-    if (a.rfind("--", 0) == 0) {
-      const auto& known = allowed.at(out.action);
-      if (std::find(known.begin(), known.end(), a) == known.end()) {
-        throw ConfigError("unknown argument '" + a + "' for convert " + out.action + "\n" + kUsage);
-      }
-      if (i + 1 >= args.size()) throw ConfigError(a + " needs a value\n" + kUsage);
-      out.options[a] = args[++i];
-    } else {
-      out.positional.push_back(a);
-    }
+const std::vector<std::string> kActions = {"to-hf", "from-hf", "logits", "diff"};
+
+// The flags and arguments of one action; the values land in out.options under the flag's name.
+FlagTable convert_flags(const std::string& action, Args& out) {
+  const auto keep = [&out](const char* name) {
+    return [&out, name](const std::string& v) { out.options[name] = v; };
+  };
+  if (action == "to-hf") {
+    return FlagTable(
+               "titan convert to-hf CHECKPOINT OUT [--dtype D] [--max_shard_size BYTES] "
+               "[--tokenizer PATH]",
+               "Writes the model of CHECKPOINT as a Hugging Face Llama folder OUT: config.json,\n"
+               "model.safetensors (or model-0000k-of-0000n.safetensors +\n"
+               "model.safetensors.index.json above --max_shard_size) and the tokenizer files the\n"
+               "model was trained with.")
+        .positional("CHECKPOINT", "a step-N directory, or a checkpoint folder: its latest step")
+        .positional("OUT", "the folder to write")
+        .value("--dtype", "float32|bfloat16|float16", "the stored dtype (default: the model's)",
+               keep("--dtype"))
+        .value("--max_shard_size", "BYTES",
+               "largest file (default 5GB; suffixes KB, MB, GB = powers of 1000)",
+               keep("--max_shard_size"))
+        .value("--tokenizer", "PATH", "tokenizer files (default: the path the checkpoint records)",
+               keep("--tokenizer"));
   }
-  if (out.action.empty()) {
-    throw ConfigError(std::string("missing action (want to-hf, from-hf, logits or diff)\n") +
-                      kUsage);
+  if (action == "from-hf") {
+    return FlagTable("titan convert from-hf HF_DIR OUT",
+                     "Writes a model-only checkpoint step directory OUT, loadable by\n"
+                     "--checkpoint.initial_load_path and `titan generate --checkpoint`. Float32\n"
+                     "weights survive to-hf + from-hf bit for bit.")
+        .positional("HF_DIR", "a Hugging Face folder (config.json, *.safetensors)")
+        .positional("OUT", "the step directory to write");
   }
-  return out;
+  if (action == "logits") {
+    return FlagTable("titan convert logits MODEL --ids \"1 2 3\" [--out FILE]",
+                     "Runs MODEL in float32 on the ids and writes the logits (seqlen, vocab) as\n"
+                     "tensor \"logits\" of a safetensors FILE, or prints the argmax per position.")
+        .positional("MODEL", "a checkpoint or a Hugging Face folder")
+        .value("--ids", "\"ID ...\"", "the token ids, space-separated", keep("--ids"))
+        .value("--out", "FILE", "the safetensors file to write", keep("--out"));
+  }
+  return FlagTable(
+             "titan convert diff MODEL_A MODEL_B [--atol A] [--rtol R]",
+             "Compares the model tensors (our names, stored dtypes) of two models; exit 0 if\n"
+             "all are bit-identical (or, with --atol/--rtol, |A - B| <= atol + rtol * |B|\n"
+             "elementwise), 1 otherwise.")
+      .positional("MODEL_A", "a checkpoint or a Hugging Face folder")
+      .positional("MODEL_B", "another")
+      .value("--atol", "A", "absolute tolerance", keep("--atol"))
+      .value("--rtol", "R", "relative tolerance", keep("--rtol"));
 }
 
-void expect_positional(const Args& args, size_t n, const char* names) {
-  if (args.positional.size() != n) {
-    throw ConfigError("convert " + args.action + " takes " + names + " (got " +
-                      std::to_string(args.positional.size()) + " arguments)\n" + kUsage);
-  }
+std::vector<FlagTable> convert_actions(Args& out) {
+  std::vector<FlagTable> tables;
+  for (const std::string& action : kActions) tables.push_back(convert_flags(action, out));
+  return tables;
+}
+
+Args parse_args(const std::vector<std::string>& args) {
+  Args out;
+  Args unused;
+  out.action = choose_action(args, convert_actions(unused));
+  out.positional = convert_flags(out.action, out)
+                       .parse_exact(std::vector<std::string>(args.begin() + 1, args.end()));
+  return out;
 }
 
 uint64_t parse_size(const std::string& text) {
@@ -135,7 +142,6 @@ std::string resolve_checkpoint_dir(const std::string& path) {
 }
 
 int to_hf(const Args& args) {
-  expect_positional(args, 2, "CHECKPOINT OUT");
   ckpt::HfWriteOptions options;
   if (args.options.count("--dtype")) options.dtype = parse_dtype(args.options.at("--dtype"));
   options.max_shard_bytes = args.options.count("--max_shard_size")
@@ -157,7 +163,6 @@ int to_hf(const Args& args) {
 }
 
 int from_hf(const Args& args) {
-  expect_positional(args, 2, "HF_DIR OUT");
   if (!ckpt::is_hf_folder(args.positional[0])) {
     throw ConfigError("'" + args.positional[0] + "' is not a Hugging Face folder (no config.json)");
   }
@@ -179,8 +184,10 @@ std::vector<int64_t> parse_ids(const std::string& text) {
 }
 
 int logits(const Args& args) {
-  expect_positional(args, 1, "MODEL");
-  if (!args.options.count("--ids")) throw ConfigError(std::string("logits needs --ids\n") + kUsage);
+  if (!args.options.count("--ids")) {
+    Args unused;
+    throw ConfigError(message("logits needs --ids\n", convert_flags("logits", unused).usage()));
+  }
   const std::vector<int64_t> ids = parse_ids(args.options.at("--ids"));
   const auto n = static_cast<int64_t>(ids.size());
   const ckpt::LoadedModel loaded = ckpt::load_model(args.positional[0], at::kFloat, n);
@@ -240,7 +247,6 @@ double tolerance_option(const Args& args, const std::string& name) {
 }
 
 int diff(const Args& args) {
-  expect_positional(args, 2, "MODEL_A MODEL_B");
   const double atol = tolerance_option(args, "--atol");
   const double rtol = tolerance_option(args, "--rtol");
   const bool exact = atol == 0 && rtol == 0;
@@ -295,16 +301,12 @@ int diff(const Args& args) {
 }  // namespace
 
 int run_convert(const std::vector<std::string>& argv) {
-  for (const std::string& a : argv) {
-    if (a == "--help" || a == "-h") {
-      std::printf("%s", kUsage);
-      return 0;
-    }
+  if (FlagTable::wants_help(argv)) {
+    Args unused;
+    std::fputs(actions_usage(convert_actions(unused)).c_str(), stdout);
+    return 0;
   }
-  const Args args = parse_args(argv, {{"to-hf", {"--dtype", "--max_shard_size", "--tokenizer"}},
-                                      {"from-hf", {}},
-                                      {"logits", {"--ids", "--out"}},
-                                      {"diff", {"--atol", "--rtol"}}});
+  const Args args = parse_args(argv);
   if (args.action == "to-hf") return to_hf(args);
   if (args.action == "from-hf") return from_hf(args);
   if (args.action == "logits") return logits(args);

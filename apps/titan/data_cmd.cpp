@@ -1,6 +1,7 @@
 // `titan data`: corpus tools. `titan data prepare` pre-tokenizes text (.txt, .jsonl, .json) into
 // sharded token files that `--training.dataset tokens --training.dataset_path DIR` streams back.
 #include "commands.h"
+#include "flags.h"
 
 #include "titan/common/check.h"
 #include "titan/common/format.h"
@@ -15,64 +16,45 @@ namespace titan {
 
 namespace {
 
-void print_data_usage() {
-  std::printf(
-      "usage: titan data prepare --input PATH [PATH ...] --output DIR [--tokenizer PATH]\n"
-      "                          [--shard-tokens N] [--text-field KEY]\n"
-      "\n"
+FlagTable prepare_flags(PrepareOptions& options, std::string& tokenizer_path) {
+  FlagTable flags(
+      "titan data prepare --input PATH [PATH ...] --output DIR [--tokenizer PATH]\n"
+      "                          [--shard-tokens N] [--text-field KEY]",
       "Pre-tokenizes a corpus into token files DIR/shard_00000.bin, ... for\n"
-      "  titan train --training.dataset tokens --training.dataset_path DIR\n"
-      "\n"
-      "  --input PATH       .txt file (one document), .jsonl/.json file (one document per line)\n"
-      "                     or a folder of them, searched recursively in sorted order; repeatable\n"
-      "  --output DIR       folder for the shards (created; must not already hold shards)\n"
-      "  --tokenizer PATH   tokenizer files, as model.hf_assets_path; empty = byte tokenizer\n"
-      "  --shard-tokens N   start a new shard past N tokens (default 100000000)\n"
-      "  --text-field KEY   JSON key of a line's text (default \"text\")\n"
-      "\n"
-      "Token file format (little-endian): magic \"TITANTOK\", uint32 version 1, uint32 token\n"
-      "width (2 or 4 bytes), uint64 vocab_size, uint64 num_tokens, uint64 num_documents, the\n"
-      "token ids (without BOS/EOS), then num_documents + 1 uint64 document offsets in tokens.\n"
-      "\n"
-      "Training datasets (training.dataset): sotu (built-in), or your files at\n"
-      "training.dataset_path: text, jsonl (key: training.dataset_text_field), tokens, auto.\n");
+      "  titan train --training.dataset tokens --training.dataset_path DIR");
+  flags
+      .values("--input", "PATH",
+              ".txt file (one document), .jsonl/.json file (one document per line)\n"
+              "or a folder of them, searched recursively in sorted order; repeatable",
+              [&options](const std::string& v) { options.inputs.push_back(v); })
+      .value("--output", "DIR", "folder for the shards (created; must not already hold shards)",
+             [&options](const std::string& v) { options.output_dir = v; })
+      .value("--tokenizer", "PATH",
+             "tokenizer files, as model.hf_assets_path; empty = byte tokenizer",
+             [&tokenizer_path](const std::string& v) { tokenizer_path = v; })
+      .value("--shard-tokens", "N", "start a new shard past N tokens (default 100000000)",
+             [&options](const std::string& v) {
+               const std::optional<int64_t> n = parse_int64(v);
+               TITAN_CONFIG_CHECK(n, "data prepare: --shard-tokens expects an integer, got '", v,
+                                  "'");
+               options.shard_tokens = *n;
+             })
+      .value("--text-field", "KEY", "JSON key of a line's text (default \"text\")",
+             [&options](const std::string& v) { options.text_field = v; })
+      .epilogue(
+          "Token file format (little-endian): magic \"TITANTOK\", uint32 version 1, uint32 token\n"
+          "width (2 or 4 bytes), uint64 vocab_size, uint64 num_tokens, uint64 num_documents, the\n"
+          "token ids (without BOS/EOS), then num_documents + 1 uint64 document offsets in tokens.\n"
+          "\n"
+          "Training datasets (training.dataset): sotu (built-in), or your files at\n"
+          "training.dataset_path: text, jsonl (key: training.dataset_text_field), tokens, auto.");
+  return flags;
 }
 
 int run_prepare(const std::vector<std::string>& args) {
   PrepareOptions options;
   std::string tokenizer_path;
-  for (size_t i = 0; i < args.size(); ++i) {
-    const std::string& flag = args[i];
-    const auto value = [&]() -> std::string {
-      if (i + 1 >= args.size() || args[i + 1].rfind("--", 0) == 0) {
-        throw ConfigError("data prepare: " + flag + " needs a value");
-      }
-      return args[++i];
-    };
-    if (flag == "--input") {
-      options.inputs.push_back(value());
-      while (i + 1 < args.size() && args[i + 1].rfind("--", 0) != 0) {
-        options.inputs.push_back(args[++i]);
-      }
-    } else if (flag == "--output") {
-      options.output_dir = value();
-    } else if (flag == "--tokenizer") {
-      tokenizer_path = value();
-    } else if (flag == "--text-field") {
-      options.text_field = value();
-    } else if (flag == "--shard-tokens") {
-      const std::string text = value();
-      const std::optional<int64_t> n = parse_int64(text);
-      if (!n) {
-        throw ConfigError("data prepare: --shard-tokens expects an integer, got '" + text + "'");
-      }
-      options.shard_tokens = *n;
-    } else {
-      throw ConfigError("data prepare: unknown argument '" + flag +
-                        "'; expected --input, --output, --tokenizer, --shard-tokens or "
-                        "--text-field (see `titan data --help`)");
-    }
-  }
+  prepare_flags(options, tokenizer_path).parse_exact(args);
   const std::unique_ptr<Tokenizer> tokenizer = build_tokenizer(tokenizer_path);
   const auto rate = [](const PrepareStats& s) {
     return s.seconds > 0 ? static_cast<int64_t>(s.tokens / s.seconds) : 0;
@@ -95,23 +77,15 @@ int run_prepare(const std::vector<std::string>& args) {
 }  // namespace
 
 int run_data(const std::vector<std::string>& args) {
-  if (args.empty() || args[0] == "--help" || args[0] == "-h" || args[0] == "help") {
-    print_data_usage();
-    return args.empty() ? 2 : 0;
+  PrepareOptions unused_options;
+  std::string unused_path;
+  const std::vector<FlagTable> actions = {prepare_flags(unused_options, unused_path)};
+  if (FlagTable::wants_help(args)) {
+    std::fputs(actions_usage(actions).c_str(), stdout);
+    return 0;
   }
-  const std::vector<std::string> rest(args.begin() + 1, args.end());
-  if (args[0] == "prepare") {
-    for (const std::string& a : rest) {
-      if (a == "--help" || a == "-h") {
-        print_data_usage();
-        return 0;
-      }
-    }
-    return run_prepare(rest);
-  }
-  throw ConfigError("data: unknown subcommand '" + args[0] +
-                    "'; expected `prepare` (see "
-                    "`titan data --help`)");
+  choose_action(args, actions);
+  return run_prepare(std::vector<std::string>(args.begin() + 1, args.end()));
 }
 
 }  // namespace titan

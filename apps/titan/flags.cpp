@@ -19,6 +19,13 @@ FlagTable& FlagTable::value(const std::string& name, const std::string& value_na
   return *this;
 }
 
+FlagTable& FlagTable::values(const std::string& name, const std::string& value_name,
+                             const std::string& help, std::function<void(const std::string&)> add) {
+  flags_.push_back(
+      {name, value_name + " [" + value_name + " ...]", help, std::move(add), nullptr, true});
+  return *this;
+}
+
 FlagTable& FlagTable::toggle(const std::string& name, const std::string& help, bool* on) {
   flags_.push_back({name, "", help, nullptr, on});
   return *this;
@@ -37,6 +44,19 @@ FlagTable& FlagTable::epilogue(const std::string& text) {
 std::vector<std::string> FlagTable::names() const {
   std::vector<std::string> out;
   for (const Flag& f : flags_) out.push_back(f.name);
+  return out;
+}
+
+std::string FlagTable::command() const {
+  std::istringstream words(synopsis_);
+  std::string word, out;
+  while (words >> word) {
+    const bool lowercase = std::all_of(word.begin(), word.end(), [](char c) {
+      return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '-';
+    });
+    if (!lowercase || word[0] == '-') break;
+    out += (out.empty() ? "" : " ") + word;
+  }
   return out;
 }
 
@@ -73,7 +93,7 @@ std::string FlagTable::usage() const {
 }
 
 std::vector<std::string> FlagTable::parse(const std::vector<std::string>& args,
-                                          bool pass_unknown) const {
+                                          bool pass_config_keys) const {
   std::vector<std::string> rest;
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& arg = args[i];
@@ -86,7 +106,8 @@ std::vector<std::string> FlagTable::parse(const std::vector<std::string>& args,
     const auto flag =
         std::find_if(flags_.begin(), flags_.end(), [&](const Flag& f) { return f.name == name; });
     if (flag == flags_.end()) {
-      TITAN_CONFIG_CHECK(pass_unknown, "unknown argument '", arg, "'",
+      const bool config_key = name.rfind("--", 0) == 0 && name.find('.') != std::string::npos;
+      TITAN_CONFIG_CHECK(pass_config_keys && config_key, "unknown argument '", arg, "'",
                          did_you_mean(likely_name(name, names())), "\n", usage());
       rest.push_back(arg);
       const bool takes_next =
@@ -103,11 +124,55 @@ std::vector<std::string> FlagTable::parse(const std::vector<std::string>& args,
       flag->set(arg.substr(eq + 1));
       continue;
     }
-    TITAN_CONFIG_CHECK(i + 1 < args.size(), flag->name, " needs a value (", flag->value_name, ")\n",
-                       usage());
+    TITAN_CONFIG_CHECK(i + 1 < args.size() && (!flag->repeats || args[i + 1].rfind("--", 0) != 0),
+                       flag->name, " needs a value (", flag->value_name, ")\n", usage());
     flag->set(args[++i]);
+    while (flag->repeats && i + 1 < args.size() && args[i + 1].rfind("--", 0) != 0) {
+      flag->set(args[++i]);
+    }
   }
   return rest;
+}
+
+std::vector<std::string> FlagTable::parse_exact(const std::vector<std::string>& args) const {
+  std::vector<std::string> rest = parse(args);
+  std::string names;
+  for (const auto& [name, help] : positionals_) names += (names.empty() ? "" : " ") + name;
+  TITAN_CONFIG_CHECK(rest.size() == positionals_.size(), command(), " takes ",
+                     names.empty() ? std::string("no arguments") : names, " (got ", rest.size(),
+                     rest.size() == 1 ? " argument" : " arguments", ")\n", usage());
+  return rest;
+}
+
+std::string actions_usage(const std::vector<FlagTable>& actions) {
+  std::string out;
+  for (const FlagTable& a : actions) out += (out.empty() ? "" : "\n") + a.usage();
+  return out;
+}
+
+std::string choose_action(const std::vector<std::string>& args,
+                          const std::vector<FlagTable>& actions) {
+  std::vector<std::string> names;
+  std::string want, lines, command;
+  for (const FlagTable& a : actions) {
+    const std::string full = a.command();
+    const size_t last = full.rfind(' ');
+    names.push_back(full.substr(last + 1));
+    command = full.substr(0, last);
+    const std::string first_line = a.synopsis().substr(0, a.synopsis().find('\n'));
+    lines += (lines.empty() ? "usage: " : "       ") + first_line + "\n";
+  }
+  if (!args.empty() && std::find(names.begin(), names.end(), args[0]) != names.end()) {
+    return args[0];
+  }
+  for (size_t i = 0; i < names.size(); ++i) {
+    want += (i == 0 ? "" : i + 1 == names.size() ? " or " : ", ") + names[i];
+  }
+  const bool named = !args.empty() && !args[0].empty() && args[0][0] != '-';
+  throw ConfigError(message(
+      named ? message("unknown action '", args[0], "'", did_you_mean(likely_name(args[0], names)))
+            : std::string("missing action"),
+      " (want ", want, ")\n", lines, "`", command, " --help` lists each action's flags"));
 }
 
 }  // namespace titan

@@ -2,7 +2,9 @@
 // failure, a timeout, SIGUSR1 or a fatal error; see src/titan/distributed/flight_recorder.h) and
 // names, per process group, the first collective where the ranks disagree or stop.
 #include "commands.h"
+#include "flags.h"
 
+#include "titan/common/check.h"
 #include "titan/distributed/flight_recorder.h"
 
 #include <cstdio>
@@ -12,30 +14,32 @@ namespace titan {
 
 namespace {
 
-constexpr const char* kUsage =
-    "usage: titan fr analyze DIR\n"
-    "\n"
-    "Compares the flight-recorder dumps of every rank in DIR (by default\n"
-    "<job.dump_folder>/comm_traces: comm.save_traces_folder, files\n"
-    "<comm.save_traces_file_prefix><rank>.json). For each process group it reports the first\n"
-    "collective where the ranks issued different ops, dtypes or sizes, or where some ranks did\n"
-    "not issue or did not complete it, naming the lagging ranks.\n"
-    "Exit codes: 0 every rank agrees, 1 a problem was found, 2 unreadable input.\n";
+FlagTable analyze_flags() {
+  return FlagTable(
+             "titan fr analyze DIR",
+             "Compares the flight-recorder dumps of every rank in DIR. For each process group it\n"
+             "reports the first collective where the ranks issued different ops, dtypes or sizes,\n"
+             "or where some ranks did not issue or did not complete it, naming the lagging ranks.\n"
+             "Exit codes: 0 every rank agrees, 1 a problem was found, 2 unreadable input.")
+      .positional("DIR",
+                  "the dumps: <comm.save_traces_folder> (default <job.dump_folder>/comm_traces),\n"
+                  "files <comm.save_traces_file_prefix><rank>.json");
+}
 
 }  // namespace
 
 int run_fr(const std::vector<std::string>& args) {
-  if (args.empty() || args[0] == "--help" || args[0] == "-h") {
-    std::fputs(kUsage, args.empty() ? stderr : stdout);
-    return args.empty() ? 2 : 0;
+  const FlagTable flags = analyze_flags();
+  if (FlagTable::wants_help(args)) {
+    std::fputs(flags.usage().c_str(), stdout);
+    return 0;
   }
-  if (args[0] != "analyze" || args.size() != 2) {
-    std::fprintf(stderr, "titan fr: expected `titan fr analyze DIR`\n\n%s", kUsage);
-    return 2;
-  }
+  choose_action(args, {flags});
+  const std::string dir =
+      flags.parse_exact(std::vector<std::string>(args.begin() + 1, args.end()))[0];
   dist::FlightAnalysis analysis;
   try {
-    analysis = dist::analyze_flight_records(args[1]);
+    analysis = dist::analyze_flight_records(dir);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "titan fr analyze: %s\n", e.what());
     return 2;

@@ -1,8 +1,9 @@
 // `titan plan`: the layout planner (src/titan/plan/planner.h) from the command line. The
 // model, sizes and fixed keys come as a job config (--job.config_file plus --section.key
-// overrides); the cluster and the search as the flags of kUsage. With --cpu the device is one
+// overrides); the cluster and the search as the flags of plan_flags(). With --cpu the device is one
 // rank's share of this machine, its peak and link measured here. Bad usage throws ConfigError.
 #include "commands.h"
+#include "flags.h"
 
 #include "titan/common/check.h"
 #include "titan/common/cpu.h"
@@ -29,50 +30,6 @@ namespace titan {
 namespace {
 
 constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
-
-constexpr const char* kUsage =
-    "usage: titan plan [--job.config_file FILE] [--section.key value ...]\n"
-    "                  [--nodes N] [--gpus_per_node N] [--gpu h100|h200|a100 | --cpu]\n"
-    "                  [--gpu_memory_gib G] [--peak_tflops F] [--intra_node_gbps B]\n"
-    "                  [--inter_node_gbps B] [--latency_us U] [--reserved_gib G] [--mfu M]\n"
-    "                  [--top N]\n"
-    "                  [--ac none,2,op,full] [--pp_schedules 1F1B,Interleaved1F1B]\n"
-    "\n"
-    "Enumerates the layouts of a training job over nodes x gpus_per_node devices (dp_replicate,\n"
-    "dp_shard, cp, tp, pp with its schedule, ep and etp for MoE models, activation checkpointing,\n"
-    "local batch and gradient accumulation), keeps those the trainer accepts and that fit, and\n"
-    "prints the fastest with per-device memory (the estimate `titan inspect` and `titan train`\n"
-    "use), step time (compute, bubble, exposed communication per dimension), tokens/s per device,\n"
-    "MFU and the reason, then the rejected layouts counted by reason and where the config's own\n"
-    "layout ranks. The cost model is in src/titan/plan/planner.h.\n"
-    "\n"
-    "The job config gives the model (--model.name, --model.flavor), --training.seq_len,\n"
-    "--training.global_batch_size (-1: local_batch_size x dp of the config's layout), the dtypes\n"
-    "and the pipeline keys. A parallelism degree, --training.local_batch_size,\n"
-    "--activation_checkpoint.mode or --parallelism.pipeline_parallel_schedule given on the command\n"
-    "line is held fixed; the rest is searched.\n"
-    "\n"
-    "  --nodes N            nodes (default 1; nodes x gpus_per_node at most 1048576)\n"
-    "  --gpus_per_node N    devices per node (default 8; with --cpu: ranks on this machine,\n"
-    "                       default its cores)\n"
-    "  --gpu NAME           h100 (80 GiB, 989 TFLOP/s bf16), h200 (141 GiB, 989), a100 (80 GiB,\n"
-    "                       312); NVLink 450 GB/s (A100 300) and 50 GB/s across nodes (A100 25)\n"
-    "                       per device; 20 us per collective; a tenth of the memory reserved\n"
-    "                       (default h100)\n"
-    "  --cpu                this machine: each of gpus_per_node ranks gets its share of the\n"
-    "                       memory and of the GEMM probe's FLOP/s (as the trainer's MFU), links\n"
-    "                       at a measured Gloo loopback all-gather bandwidth and latency (4 KB),\n"
-    "                       reserved memory the resident size of this process, no overlap of\n"
-    "                       communication\n"
-    "  --gpu_memory_gib G, --peak_tflops F, --intra_node_gbps B, --inter_node_gbps B,\n"
-    "  --reserved_gib G, --latency_us U\n"
-    "                       override the device's memory, peak (TFLOP/s), link bandwidths\n"
-    "                       (GB/s per device), reserved memory and per-collective latency\n"
-    "  --mfu M              compute efficiency, recomputation included (default 0.4)\n"
-    "  --top N              layouts printed (default 5)\n"
-    "  --ac LIST            activation checkpointing modes searched (default none,2,op,full:\n"
-    "                       an integer k checkpoints every k-th block)\n"
-    "  --pp_schedules LIST  pipeline schedules searched (default 1F1B,Interleaved1F1B)\n";
 
 struct Flags {
   int64_t nodes = 1;
@@ -118,65 +75,76 @@ std::vector<std::string> list(const std::string& text) {
   return out;
 }
 
+FlagTable plan_flags(Flags& f) {
+  FlagTable flags(
+      "titan plan [--job.config_file FILE] [--section.key value ...] [flags]",
+      "Enumerates the layouts of a training job over nodes x gpus_per_node devices (dp_replicate,\n"
+      "dp_shard, cp, tp, pp with its schedule, ep and etp for MoE models, activation checkpointing,\n"
+      "local batch and gradient accumulation), keeps those the trainer accepts and that fit, and\n"
+      "prints the fastest with per-device memory (the estimate `titan inspect` and `titan train`\n"
+      "use), step time (compute, bubble, exposed communication per dimension), tokens/s per device,\n"
+      "MFU and the reason, then the rejected layouts counted by reason and where the config's own\n"
+      "layout ranks. The cost model is in src/titan/plan/planner.h.\n"
+      "\n"
+      "The job config gives the model (--model.name, --model.flavor), --training.seq_len,\n"
+      "--training.global_batch_size (-1: local_batch_size x dp of the config's layout), the dtypes\n"
+      "and the pipeline keys. A parallelism degree, --training.local_batch_size,\n"
+      "--activation_checkpoint.mode or --parallelism.pipeline_parallel_schedule given on the command\n"
+      "line is held fixed; the rest is searched.");
+  const auto number_of = [](const char* flag, double* out) {
+    return [flag, out](const std::string& v) { *out = number(flag, v); };
+  };
+  flags
+      .value("--nodes", "N", "nodes (default 1; nodes x gpus_per_node at most 1048576)",
+             [&f](const std::string& v) { f.nodes = positive_int("--nodes", v); })
+      .value("--gpus_per_node", "N",
+             "devices per node (default 8; with --cpu: ranks on this machine,\ndefault its cores)",
+             [&f](const std::string& v) { f.gpus_per_node = positive_int("--gpus_per_node", v); })
+      .value("--gpu", "NAME",
+             "h100 (80 GiB, 989 TFLOP/s bf16), h200 (141 GiB, 989), a100 (80 GiB,\n"
+             "312); NVLink 450 GB/s (A100 300) and 50 GB/s across nodes (A100 25)\n"
+             "per device; 20 us per collective; a tenth of the memory reserved\n"
+             "(default h100)",
+             [&f](const std::string& v) {
+               f.gpu = v;
+               f.gpu_given = true;
+             })
+      .toggle("--cpu",
+              "this machine: each of gpus_per_node ranks gets its share of the\n"
+              "memory and of the GEMM probe's FLOP/s (as the trainer's MFU), links\n"
+              "at a measured Gloo loopback all-gather bandwidth and latency (4 KB),\n"
+              "reserved memory the resident size of this process, no overlap of\n"
+              "communication",
+              &f.cpu)
+      .value("--gpu_memory_gib", "G", "overrides the device's memory (GiB)",
+             number_of("--gpu_memory_gib", &f.memory_gib))
+      .value("--peak_tflops", "F", "overrides its peak (TFLOP/s)",
+             number_of("--peak_tflops", &f.peak_tflops))
+      .value("--intra_node_gbps", "B", "overrides its link bandwidth in a node (GB/s per device)",
+             number_of("--intra_node_gbps", &f.intra_gbps))
+      .value("--inter_node_gbps", "B", "... across nodes (GB/s per device)",
+             number_of("--inter_node_gbps", &f.inter_gbps))
+      .value("--reserved_gib", "G", "overrides the reserved memory (GiB)",
+             number_of("--reserved_gib", &f.reserved_gib))
+      .value("--latency_us", "U", "overrides the per-collective latency (us)",
+             number_of("--latency_us", &f.latency_us))
+      .value("--mfu", "M", "compute efficiency, recomputation included (default 0.4)",
+             number_of("--mfu", &f.mfu))
+      .value("--top", "N", "layouts printed (default 5)",
+             [&f](const std::string& v) { f.top = positive_int("--top", v); })
+      .value("--ac", "LIST",
+             "activation checkpointing modes searched (default none,2,op,full:\n"
+             "an integer k checkpoints every k-th block)",
+             [&f](const std::string& v) { f.ac = list(v); })
+      .value("--pp_schedules", "LIST", "pipeline schedules searched (default 1F1B,Interleaved1F1B)",
+             [&f](const std::string& v) { f.schedules = list(v); });
+  return flags;
+}
+
 Flags parse_flags(const std::vector<std::string>& args) {
-  static const std::vector<std::string> kFlags = {"--nodes",
-                                                  "--gpus_per_node",
-                                                  "--gpu",
-                                                  "--cpu",
-                                                  "--gpu_memory_gib",
-                                                  "--peak_tflops",
-                                                  "--latency_us",
-                                                  "--intra_node_gbps",
-                                                  "--inter_node_gbps",
-                                                  "--reserved_gib",
-                                                  "--mfu",
-                                                  "--top",
-                                                  "--ac",
-                                                  "--pp_schedules"};
   Flags f;
-  for (size_t i = 0; i < args.size(); ++i) {
-    std::string flag = args[i];
-    std::optional<std::string> inline_value;
-    if (const size_t eq = flag.find('='); eq != std::string::npos) {
-      inline_value = flag.substr(eq + 1);
-      flag = flag.substr(0, eq);
-    }
-    if (std::find(kFlags.begin(), kFlags.end(), flag) == kFlags.end()) {
-      // A config key: it and its value (if any) go to the job config parser.
-      f.config_args.push_back(args[i]);
-      if (flag.rfind("--", 0) == 0 && flag.find('.') == std::string::npos && !inline_value) {
-        throw ConfigError("unknown flag '" + flag + "'" + suggestion(flag, kFlags, "flags") + "\n" +
-                          kUsage);
-      }
-      continue;
-    }
-    if (flag == "--cpu") {
-      f.cpu = true;
-      continue;
-    }
-    const auto value = [&]() -> std::string {
-      if (inline_value) return *inline_value;
-      if (i + 1 >= args.size()) throw ConfigError(flag + " needs a value\n" + kUsage);
-      return args[++i];
-    };
-    if (flag == "--nodes") f.nodes = positive_int(flag, value());
-    if (flag == "--gpus_per_node") f.gpus_per_node = positive_int(flag, value());
-    if (flag == "--gpu") {
-      f.gpu = value();
-      f.gpu_given = true;
-    }
-    if (flag == "--gpu_memory_gib") f.memory_gib = number(flag, value());
-    if (flag == "--peak_tflops") f.peak_tflops = number(flag, value());
-    if (flag == "--intra_node_gbps") f.intra_gbps = number(flag, value());
-    if (flag == "--inter_node_gbps") f.inter_gbps = number(flag, value());
-    if (flag == "--reserved_gib") f.reserved_gib = number(flag, value());
-    if (flag == "--latency_us") f.latency_us = number(flag, value());
-    if (flag == "--mfu") f.mfu = number(flag, value());
-    if (flag == "--top") f.top = positive_int(flag, value());
-    if (flag == "--ac") f.ac = list(value());
-    if (flag == "--pp_schedules") f.schedules = list(value());
-  }
-  if (f.cpu && f.gpu_given) throw ConfigError("--cpu and --gpu name two devices; give one");
+  f.config_args = plan_flags(f).parse(args, /*pass_config_keys=*/true);
+  TITAN_CONFIG_CHECK(!(f.cpu && f.gpu_given), "--cpu and --gpu name two devices; give one");
   return f;
 }
 
@@ -332,9 +300,9 @@ void print_prediction(const std::string& label, const Prediction& p, const Predi
 }  // namespace
 
 int run_plan(const std::vector<std::string>& args) {
-  if (std::any_of(args.begin(), args.end(),
-                  [](const std::string& a) { return a == "--help" || a == "-h"; })) {
-    std::fputs(kUsage, stdout);
+  if (FlagTable::wants_help(args)) {
+    Flags unused;
+    std::fputs(plan_flags(unused).usage().c_str(), stdout);
     return 0;
   }
   const Flags f = parse_flags(args);

@@ -7,6 +7,7 @@
 // Usually started as `titan run --nproc_per_node N -- selftest`, or by hand with torchrun/SLURM/
 // OpenMPI variables. Config overrides (--comm.init_timeout_seconds ...) are accepted.
 #include "commands.h"
+#include "flags.h"
 
 #include "titan/common/check.h"
 #include "titan/common/cpu.h"
@@ -34,55 +35,38 @@ struct FaultOptions {
   std::string at = "exchange";     // rendezvous (before joining), exchange (after), collective
 };
 
-constexpr const char* kUsage =
-    "usage: titan selftest [--fail_rank R] [--fail_mode exception|exit|abort|segv|kill9|hang]\n"
-    "                      [--fail_at rendezvous|exchange|collective] [--section.key value ...]\n"
-    "\n"
-    "Joins the job described by the launch environment (titan run, torchrun, srun, mpirun),\n"
-    "exchanges values through the store, runs collectives over Gloo and checks the results.\n"
-    "Timeouts: --comm.init_timeout_seconds (joining), --comm.train_timeout_seconds (exchanges).\n"
-    "--fail_rank R makes rank R fail in the given way, before joining, after (default),\n"
-    "or between the all_reduce and the all_gather (collective).\n";
-
-// Splits the fault options off; the rest are job-config arguments.
-FaultOptions parse_fault_options(const std::vector<std::string>& args,
-                                 std::vector<std::string>* rest) {
-  FaultOptions f;
-  for (size_t i = 0; i < args.size(); ++i) {
-    std::string name = args[i], value;
-    const size_t eq = name.find('=');
-    if (eq != std::string::npos) {
-      value = name.substr(eq + 1);
-      name = name.substr(0, eq);
-    }
-    if (name != "--fail_rank" && name != "--fail_mode" && name != "--fail_at") {
-      rest->push_back(args[i]);
-      continue;
-    }
-    if (eq == std::string::npos) {
-      if (i + 1 >= args.size()) throw ConfigError(name + " needs a value");
-      value = args[++i];
-    }
-    if (name == "--fail_rank") {
-      const std::optional<int64_t> rank = parse_int64(value);
-      if (!rank || *rank < 0) throw ConfigError("--fail_rank '" + value + "' is not a rank");
-      f.rank = *rank;
-    } else if (name == "--fail_mode") {
-      static const std::set<std::string> kModes = {"exception", "exit",  "abort",
-                                                   "segv",      "kill9", "hang"};
-      if (!kModes.count(value)) {
-        throw ConfigError("--fail_mode '" + value +
-                          "' is not one of exception, exit, abort, segv, kill9, hang");
-      }
-      f.mode = value;
-    } else {
-      if (value != "rendezvous" && value != "exchange" && value != "collective") {
-        throw ConfigError("--fail_at '" + value + "' is not rendezvous, exchange or collective");
-      }
-      f.at = value;
-    }
-  }
-  return f;
+FlagTable selftest_flags(FaultOptions& f) {
+  return FlagTable(
+             "titan selftest [--fail_rank R] [--fail_mode MODE] [--fail_at WHEN]\n"
+             "                      [--section.key value ...]",
+             "Joins the job described by the launch environment (titan run, torchrun, srun,\n"
+             "mpirun), exchanges values through the store, runs collectives over Gloo and checks\n"
+             "the results.")
+      .value("--fail_rank", "R", "rank R fails in the way --fail_mode says",
+             [&f](const std::string& v) {
+               const std::optional<int64_t> rank = parse_int64(v);
+               TITAN_CONFIG_CHECK(rank && *rank >= 0, "--fail_rank '", v, "' is not a rank");
+               f.rank = *rank;
+             })
+      .value("--fail_mode", "MODE", "exception (default), exit, abort, segv, kill9 or hang",
+             [&f](const std::string& v) {
+               static const std::set<std::string> kModes = {"exception", "exit",  "abort",
+                                                            "segv",      "kill9", "hang"};
+               TITAN_CONFIG_CHECK(kModes.count(v), "--fail_mode '", v,
+                                  "' is not one of exception, exit, abort, segv, kill9, hang");
+               f.mode = v;
+             })
+      .value("--fail_at", "WHEN",
+             "rendezvous (before joining), exchange (after; default) or collective\n"
+             "(between the all_reduce and the all_gather)",
+             [&f](const std::string& v) {
+               TITAN_CONFIG_CHECK(v == "rendezvous" || v == "exchange" || v == "collective",
+                                  "--fail_at '", v, "' is not rendezvous, exchange or collective");
+               f.at = v;
+             })
+      .epilogue(
+          "Config keys as `titan train` takes them; the timeouts: --comm.init_timeout_seconds\n"
+          "(joining), --comm.train_timeout_seconds (exchanges).");
 }
 
 void maybe_fail(const FaultOptions& f, const std::string& at, int64_t rank) {
@@ -148,14 +132,13 @@ int64_t store_exchange(c10d::Store& store, int64_t rank, int64_t world,
 }  // namespace
 
 int run_selftest(const std::vector<std::string>& args) {
-  for (const auto& a : args) {
-    if (a == "--help" || a == "-h") {
-      std::fputs(kUsage, stdout);
-      return 0;
-    }
+  FaultOptions fault;
+  const FlagTable flags = selftest_flags(fault);
+  if (FlagTable::wants_help(args)) {
+    std::fputs(flags.usage().c_str(), stdout);
+    return 0;
   }
-  std::vector<std::string> rest;
-  const FaultOptions fault = parse_fault_options(args, &rest);
+  const std::vector<std::string> rest = flags.parse(args, /*pass_config_keys=*/true);
   const JobConfig config = parse_job_config(rest);
   const LaunchEnv env = detect_launch_env();
 

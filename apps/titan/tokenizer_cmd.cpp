@@ -3,6 +3,7 @@
 // MB/s on one thread and several; train a byte-level BPE tokenizer.json from .txt files or from a
 // registered dataset. Bad usage throws ConfigError (exit 2).
 #include "commands.h"
+#include "flags.h"
 
 #include "titan/common/check.h"
 #include "titan/common/format.h"
@@ -27,29 +28,11 @@
 namespace titan {
 namespace {
 
-constexpr const char* kUsage =
-    "usage: titan tokenizer encode --tokenizer PATH [--input FILE] [--whole]\n"
-    "       titan tokenizer decode --tokenizer PATH [--input FILE]\n"
-    "       titan tokenizer bench  --tokenizer PATH --input FILE_OR_DIR [--threads N]\n"
-    "       titan tokenizer train  --input PATH... --vocab-size N --output DIR\n"
-    "       titan tokenizer train  --dataset NAME [--dataset-path PATH] [--text-field KEY]\n"
-    "                              --vocab-size N --output DIR\n"
-    "\n"
+constexpr const char* kPaths =
     "PATH is a tokenizer.json, a tiktoken file (Llama 3's tokenizer.model), or a folder holding\n"
-    "tokenizer.json, vocab.json + merges.txt, encoder.json + vocab.bpe or tokenizer.model.\n"
-    "encode prints the token ids of each input line (space-separated, one line per line;\n"
-    "--whole: the entire input as one text, on one line). decode reads such lines back.\n"
-    "--input defaults to stdin.\n"
-    "bench encodes every *.txt of a folder (one document each) and prints MB/s on one thread,\n"
-    "then on N threads encoding documents in parallel (0: all cores; default 1: only one).\n"
-    "train learns a byte-level BPE (GPT-2 pre-tokenizer) from .txt files and folders (searched\n"
-    "recursively) or from the documents of a dataset as training reads it (training.dataset,\n"
-    "e.g. sotu, the training split; dataset_path and dataset_text_field as in the config).\n"
-    "N counts 256 bytes, the merges and <|begin_of_text|>, <|end_of_text|>. It writes\n"
-    "DIR/tokenizer.json (Hugging Face format). Training is deterministic.\n";
+    "tokenizer.json, vocab.json + merges.txt, encoder.json + vocab.bpe or tokenizer.model.";
 
 struct Options {
-  std::string action;
   std::string tokenizer;
   std::string input;
   bool whole = false;
@@ -59,43 +42,90 @@ struct Options {
 // A non-negative integer argument of `flag`; ConfigError otherwise.
 int64_t parse_count(const std::string& flag, const std::string& text) {
   const std::optional<int64_t> n = parse_int64(text);
-  if (!n || *n < 0) throw ConfigError(flag + " expects a non-negative integer, got '" + text + "'");
+  TITAN_CONFIG_CHECK(n && *n >= 0, flag, " expects a non-negative integer, got '", text, "'");
   return *n;
 }
 
-Options parse_options(const std::vector<std::string>& args) {
+// The flags of encode, decode and bench (`action`), which all read text with a tokenizer.
+FlagTable text_flags(const std::string& action, Options& o) {
+  const bool bench = action == "bench";
+  FlagTable flags(
+      action == "encode"   ? "titan tokenizer encode --tokenizer PATH [--input FILE] [--whole]"
+      : action == "decode" ? "titan tokenizer decode --tokenizer PATH [--input FILE]"
+                           : "titan tokenizer bench --tokenizer PATH --input FILE_OR_DIR "
+                             "[--threads N]",
+      action == "encode"   ? "Prints the token ids of each input line (space-separated, one line "
+                             "per line)."
+      : action == "decode" ? "Reads lines of token ids (as encode prints them) and prints their "
+                             "text."
+                           : "Encodes every *.txt of a folder (one document each) and prints MB/s "
+                             "on one\nthread, then on N threads encoding documents in parallel.");
+  flags.value("--tokenizer", "PATH", "the tokenizer files (see PATH below)",
+              [&o](const std::string& v) { o.tokenizer = v; });
+  flags.value("--input", bench ? "FILE_OR_DIR" : "FILE",
+              bench ? "a text file, or a folder of *.txt documents" : "the text (default stdin)",
+              [&o](const std::string& v) { o.input = v; });
+  if (action == "encode") {
+    flags.toggle("--whole", "the entire input as one text, on one line", &o.whole);
+  }
+  if (bench) {
+    flags.value("--threads", "N", "also time N threads (0: all cores; default 1: only one)",
+                [&o](const std::string& v) {
+                  const int64_t n = parse_count("--threads", v);
+                  o.threads =
+                      n == 0 ? static_cast<int>(std::max(1u, std::thread::hardware_concurrency()))
+                             : static_cast<int>(std::min<int64_t>(n, 1024));
+                });
+  }
+  return flags;
+}
+
+struct TrainArgs {
+  std::vector<std::string> inputs;  // .txt files and folders, or
+  std::string dataset;              // a registered dataset (e.g. sotu), read as the trainer does
+  std::string dataset_path;         // its location; empty: the dataset's default
+  std::string text_field = "text";  // JSON key, for jsonl datasets
+  std::string output;
+  BpeTrainerOptions options;
+};
+
+FlagTable train_flags(TrainArgs& t) {
+  FlagTable flags(
+      "titan tokenizer train (--input PATH... | --dataset NAME) --vocab-size N --output DIR",
+      "Learns a byte-level BPE (GPT-2 pre-tokenizer) from .txt files and folders (searched\n"
+      "recursively) or from the documents of a dataset as training reads it. It writes\n"
+      "DIR/tokenizer.json (Hugging Face format). Training is deterministic.");
+  flags
+      .values("--input", "PATH", "text files and folders",
+              [&t](const std::string& v) { t.inputs.push_back(v); })
+      .value("--dataset", "NAME",
+             "a training.dataset (e.g. sotu: its training split), instead of --input",
+             [&t](const std::string& v) { t.dataset = v; })
+      .value("--dataset-path", "PATH", "the dataset's files, as training.dataset_path",
+             [&t](const std::string& v) { t.dataset_path = v; })
+      .value("--text-field", "KEY", "JSON key of a document's text (default \"text\")",
+             [&t](const std::string& v) { t.text_field = v; })
+      .value("--vocab-size", "N",
+             "the vocabulary: 256 bytes, the merges and <|begin_of_text|>, <|end_of_text|>",
+             [&t](const std::string& v) { t.options.vocab_size = parse_count("--vocab-size", v); })
+      .value("--output", "DIR", "the folder to write tokenizer.json into",
+             [&t](const std::string& v) { t.output = v; });
+  return flags;
+}
+
+// Every action's table (what --help prints and the actions a command line may name).
+std::vector<FlagTable> tokenizer_actions(Options& o, TrainArgs& t) {
+  return {text_flags("encode", o), text_flags("decode", o), text_flags("bench", o), train_flags(t)};
+}
+
+// The options of encode, decode or bench: args[0] is the action.
+Options parse_options(const std::string& action, const std::vector<std::string>& args) {
   Options opts;
-  for (size_t i = 0; i < args.size(); ++i) {
-    const std::string& a = args[i];
-    const auto value = [&]() -> std::string {
-      if (i + 1 >= args.size()) throw ConfigError(a + " needs a value\n" + kUsage);
-      return args[++i];
-    };
-    if (a == "--tokenizer") {
-      opts.tokenizer = value();
-    } else if (a == "--input") {
-      opts.input = value();
-    } else if (a == "--whole") {
-      opts.whole = true;
-    } else if (a == "--threads") {
-      const int64_t n = parse_count("--threads", value());
-      opts.threads = n == 0 ? static_cast<int>(std::max(1u, std::thread::hardware_concurrency()))
-                            : static_cast<int>(std::min<int64_t>(n, 1024));
-    } else if (opts.action.empty() && !a.empty() && a[0] != '-') {
-      opts.action = a;
-    } else {
-      throw ConfigError("unknown argument '" + a + "'\n" + kUsage);
-    }
-  }
-  if (opts.action != "encode" && opts.action != "decode" && opts.action != "bench") {
-    throw ConfigError((opts.action.empty() ? std::string("missing action")
-                                           : "unknown action '" + opts.action + "'") +
-                      " (want encode, decode, bench or train)\n" + kUsage);
-  }
-  if (opts.tokenizer.empty()) throw ConfigError(std::string("--tokenizer is required\n") + kUsage);
-  if (opts.action == "bench" && opts.input.empty()) {
-    throw ConfigError(std::string("bench needs --input\n") + kUsage);
-  }
+  const FlagTable flags = text_flags(action, opts);
+  flags.parse_exact(std::vector<std::string>(args.begin() + 1, args.end()));
+  TITAN_CONFIG_CHECK(!opts.tokenizer.empty(), "--tokenizer is required\n", flags.usage());
+  TITAN_CONFIG_CHECK(action != "bench" || !opts.input.empty(), "bench needs --input\n",
+                     flags.usage());
   return opts;
 }
 
@@ -207,52 +237,19 @@ int bench(const Options& opts) {
   return 0;
 }
 
-struct TrainArgs {
-  std::vector<std::string> inputs;  // .txt files and folders, or
-  std::string dataset;              // a registered dataset (e.g. sotu), read as the trainer does
-  std::string dataset_path;         // its location; empty: the dataset's default
-  std::string text_field = "text";  // JSON key, for jsonl datasets
-  std::string output;
-  BpeTrainerOptions options;
-};
-
+// args[0] is "train".
 TrainArgs parse_train_args(const std::vector<std::string>& args) {
   TrainArgs t;
   t.options.vocab_size = -1;
-  for (size_t i = 1; i < args.size(); ++i) {
-    const std::string& a = args[i];
-    const auto value = [&]() -> std::string {
-      if (i + 1 >= args.size()) throw ConfigError(a + " needs a value\n" + kUsage);
-      return args[++i];
-    };
-    if (a == "--input") {
-      t.inputs.push_back(value());
-      while (i + 1 < args.size() && args[i + 1].rfind("--", 0) != 0) t.inputs.push_back(args[++i]);
-    } else if (a == "--dataset") {
-      t.dataset = value();
-    } else if (a == "--dataset-path") {
-      t.dataset_path = value();
-    } else if (a == "--text-field") {
-      t.text_field = value();
-    } else if (a == "--vocab-size") {
-      t.options.vocab_size = parse_count("--vocab-size", value());
-    } else if (a == "--output") {
-      t.output = value();
-    } else {
-      throw ConfigError("unknown argument '" + a + "'\n" + kUsage);
-    }
-  }
-  if (t.inputs.empty() == t.dataset.empty()) {
-    throw ConfigError(std::string("train needs either --input PATH... or --dataset NAME\n") +
-                      kUsage);
-  }
-  if (!t.dataset_path.empty() && t.dataset.empty()) {
-    throw ConfigError(std::string("--dataset-path needs --dataset\n") + kUsage);
-  }
-  if (t.options.vocab_size < 0) {
-    throw ConfigError(std::string("train needs --vocab-size\n") + kUsage);
-  }
-  if (t.output.empty()) throw ConfigError(std::string("train needs --output\n") + kUsage);
+  const FlagTable flags = train_flags(t);
+  flags.parse_exact(std::vector<std::string>(args.begin() + 1, args.end()));
+  const std::string usage = flags.usage();
+  TITAN_CONFIG_CHECK(t.inputs.empty() != t.dataset.empty(),
+                     "train needs either --input PATH... or --dataset NAME\n", usage);
+  TITAN_CONFIG_CHECK(t.dataset_path.empty() || !t.dataset.empty(),
+                     "--dataset-path needs --dataset\n", usage);
+  TITAN_CONFIG_CHECK(t.options.vocab_size >= 0, "train needs --vocab-size\n", usage);
+  TITAN_CONFIG_CHECK(!t.output.empty(), "train needs --output\n", usage);
   return t;
 }
 
@@ -335,17 +332,20 @@ int train(const std::vector<std::string>& args) {
 }  // namespace
 
 int run_tokenizer(const std::vector<std::string>& args) {
-  if (std::any_of(args.begin(), args.end(),
-                  [](const std::string& a) { return a == "--help" || a == "-h"; })) {
-    std::fputs(kUsage, stdout);
+  Options unused_options;
+  TrainArgs unused_train;
+  const std::vector<FlagTable> actions = tokenizer_actions(unused_options, unused_train);
+  if (FlagTable::wants_help(args)) {
+    std::fputs((actions_usage(actions) + "\n" + kPaths + "\n").c_str(), stdout);
     return 0;
   }
-  if (!args.empty() && args[0] == "train") return train(args);
-  const Options opts = parse_options(args);
-  if (opts.action == "bench") return bench(opts);
+  const std::string action = choose_action(args, actions);
+  if (action == "train") return train(args);
+  const Options opts = parse_options(action, args);
+  if (action == "bench") return bench(opts);
   const std::unique_ptr<Tokenizer> tok = build_tokenizer(opts.tokenizer);
   const std::string text = read_all(opts.input);
-  if (opts.action == "encode") {
+  if (action == "encode") {
     if (opts.whole) {
       print_ids(tok->encode(text));
     } else {

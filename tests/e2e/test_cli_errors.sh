@@ -31,6 +31,24 @@ expect_output "broken.toml"
 
 expect_exit 2 "$TITAN" frobnicate
 
+# The subcommands' flag tables: an unknown action or flag names the nearest, a flag's value is
+# required, positional arguments are counted, and --help lists every action's flags.
+expect_exit 2 "$TITAN" convert to_hf a b
+expect_output "unknown action 'to_hf'; did you mean 'to-hf'\?"
+expect_output "titan convert --help. lists each action's flags"
+expect_exit 2 "$TITAN" tokenizer encode --tokenizr x
+expect_output "unknown argument '--tokenizr'; did you mean '--tokenizer'\?"
+expect_exit 2 "$TITAN" data prepare --input a b --output
+expect_output "--output needs a value \(DIR\)"
+expect_exit 2 "$TITAN" fr analyze a b
+expect_output "titan fr analyze takes DIR \(got 2 arguments\)"
+expect_exit 2 "$TITAN" selftest --fail_rnk 1
+expect_output "did you mean '--fail_rank'\?"
+expect_exit 2 "$TITAN" plan --cpu=yes
+expect_output "--cpu takes no value"
+expect_exit 0 "$TITAN" data --help
+expect_output "--shard-tokens N"
+
 # training.device: a GPU asked for where none is visible (CI machines) is a config error, before
 # anything is built; a bad value names the choices.
 if [[ -z "${CUDA_VISIBLE_DEVICES:-}" ]] && ! command -v nvidia-smi >/dev/null; then

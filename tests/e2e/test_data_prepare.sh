@@ -84,7 +84,7 @@ expect_output "no --input"
 expect_exit 2 "$TITAN" data prepare --input "$corpus" --output "$WORK/x" --shard-tokens lots
 expect_output "--shard-tokens expects an integer"
 expect_exit 2 "$TITAN" data shuffle
-expect_output "unknown subcommand 'shuffle'"
+expect_output "unknown action 'shuffle'"
 expect_exit 0 "$TITAN" data --help
 expect_output "TITANTOK"
 echo "ok"

@@ -98,7 +98,7 @@ expect_output "--gpu 'h1000' is not a GPU preset; did you mean 'h100'"
 expect_exit 2 "$TITAN" plan --mfu 1.5
 expect_output "--mfu is the compute efficiency"
 expect_exit 2 "$TITAN" plan --node 2
-expect_output "unknown flag '--node'; did you mean '--nodes'"
+expect_output "unknown argument '--node'; did you mean '--nodes'"
 expect_exit 2 "$TITAN" plan --ac sometimes
 expect_output "--ac 'sometimes'"
 expect_exit 2 "$TITAN" plan --training.seq_lenn 8

@@ -57,8 +57,10 @@ std::vector<ParallelPiece*> ParallelizedModel::pieces(size_t part) const {
 
 void ParallelizedModel::add_piece(size_t part, std::unique_ptr<ParallelPiece> piece) {
   if (!piece) return;
+  // Only a piece that places or shards parameters changes what is trained (AC and CP do not).
+  const bool moves_params = piece->param_placements() != nullptr || piece->shards() != nullptr;
   parts_.at(part)->pieces.push_back(std::move(piece));
-  refresh_params();
+  if (moves_params) refresh_params();
 }
 
 std::map<std::string, ParamPlacement> ParallelizedModel::placements(

@@ -25,7 +25,6 @@
 #include "titan/models/common/attention.h"
 #include "titan/models/common/linear.h"
 #include "titan/models/common/moe.h"
-#include "titan/models/converters.h"
 #include "titan/parallel/parallelize.h"
 #include "titan/parallel/parallelized_model.h"
 #include "titan/trainer/interrupt.h"
