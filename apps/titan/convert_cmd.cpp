@@ -116,8 +116,8 @@ uint64_t parse_size(const std::string& text) {
   const std::map<std::string, long double> scale = {
       {"", 1}, {"B", 1}, {"KB", 1e3}, {"MB", 1e6}, {"GB", 1e9}, {"K", 1e3}, {"M", 1e6}, {"G", 1e9}};
   if (used == 0 || !(value > 0) || scale.count(suffix) == 0) {
-    throw ConfigError("--max_shard_size expects a positive size such as 1000000 or 5GB, got '" +
-                      text + "'");
+    throw ConfigError(message(
+        "--max_shard_size expects a positive size such as 1000000 or 5GB, got '", text, "'"));
   }
   return static_cast<uint64_t>(value * scale.at(suffix));
 }
@@ -126,7 +126,7 @@ at::ScalarType parse_dtype(const std::string& text) {
   if (text == "float32") return at::kFloat;
   if (text == "bfloat16") return at::kBFloat16;
   if (text == "float16") return at::kHalf;
-  throw ConfigError("--dtype must be float32, bfloat16 or float16, got '" + text + "'");
+  throw ConfigError(message("--dtype must be float32, bfloat16 or float16, got '", text, "'"));
 }
 
 // A step directory itself, or the latest complete one in a checkpoint folder.
@@ -134,9 +134,9 @@ std::string resolve_checkpoint_dir(const std::string& path) {
   if (ckpt::is_checkpoint_dir(path)) return path;
   const auto steps = ckpt::list_step_dirs(path);
   if (steps.empty()) {
-    throw ConfigError("'" + path +
-                      "' is not a titan checkpoint (no index.json, no step-N "
-                      "directories)");
+    throw ConfigError(message("'", path,
+                              "' is not a titan checkpoint (no index.json, no step-N "
+                              "directories)"));
   }
   return steps.back().second;
 }
@@ -164,7 +164,8 @@ int to_hf(const Args& args) {
 
 int from_hf(const Args& args) {
   if (!ckpt::is_hf_folder(args.positional[0])) {
-    throw ConfigError("'" + args.positional[0] + "' is not a Hugging Face folder (no config.json)");
+    throw ConfigError(
+        message("'", args.positional[0], "' is not a Hugging Face folder (no config.json)"));
   }
   ckpt::hf_to_checkpoint(args.positional[0], args.positional[1]);
   std::printf("wrote checkpoint %s from %s\n", args.positional[1].c_str(),
@@ -175,9 +176,9 @@ int from_hf(const Args& args) {
 std::vector<int64_t> parse_ids(const std::string& text) {
   std::string bad;
   const auto ids = parse_int_list(text, &bad);
-  if (!ids) throw ConfigError("--ids: '" + bad + "' is not a token id");
+  if (!ids) throw ConfigError(message("--ids: '", bad, "' is not a token id"));
   for (int64_t id : *ids) {
-    if (id < 0) throw ConfigError("--ids: '" + std::to_string(id) + "' is not a token id");
+    if (id < 0) throw ConfigError(message("--ids: '", id, "' is not a token id"));
   }
   if (ids->empty()) throw ConfigError("--ids needs at least one token id");
   return *ids;
@@ -196,8 +197,7 @@ int logits(const Args& args) {
   const int64_t vocab = loaded.model->stats(1, n).vocab_size;
   for (int64_t id : ids) {
     if (id >= vocab) {
-      throw ConfigError("--ids: " + std::to_string(id) + " is outside the vocabulary (" +
-                        std::to_string(vocab) + " tokens)");
+      throw ConfigError(message("--ids: ", id, " is outside the vocabulary (", vocab, " tokens)"));
     }
   }
   const at::Tensor out = loaded.model->forward(tokens)[0].to(at::kFloat).contiguous();
@@ -241,7 +241,7 @@ double tolerance_option(const Args& args, const std::string& name) {
   char* end = nullptr;
   const double v = std::strtod(it->second.c_str(), &end);
   if (it->second.empty() || *end != '\0' || !(v >= 0)) {
-    throw ConfigError(name + " must be a non-negative number, got '" + it->second + "'");
+    throw ConfigError(message(name, " must be a non-negative number, got '", it->second, "'"));
   }
   return v;
 }

@@ -44,7 +44,7 @@ struct Options {
 
 int64_t parse_int(const std::string& name, const std::string& text) {
   const std::optional<int64_t> value = parse_int64(text);
-  if (!value) throw ConfigError(name + " expects an integer, got '" + text + "'");
+  if (!value) throw ConfigError(message(name, " expects an integer, got '", text, "'"));
   return *value;
 }
 
@@ -57,7 +57,7 @@ double parse_double(const std::string& name, const std::string& text) {
     used = 0;
   }
   if (used == 0 || used != text.size()) {
-    throw ConfigError(name + " expects a number, got '" + text + "'");
+    throw ConfigError(message(name, " expects a number, got '", text, "'"));
   }
   return value;
 }
@@ -142,33 +142,35 @@ Options parse_options(const std::vector<std::string>& args) {
   const FlagTable flags = generate_flags(opts);
   const std::string usage = flags.usage();
   for (const std::string& extra : flags.parse(args)) {
-    throw ConfigError("unknown argument '" + extra + "'\n" + usage);
+    throw ConfigError(message("unknown argument '", extra, "'\n", usage));
   }
   if (opts.no_kv_cache) opts.generation.use_kv_cache = false;
   if (opts.checkpoint.empty() == opts.flavor.empty()) {
-    throw ConfigError(std::string(opts.checkpoint.empty() ? "--checkpoint is required"
-                                                          : "--checkpoint and --flavor exclude "
-                                                            "each other") +
-                      "\n" + usage);
+    throw ConfigError(
+        message(std::string(opts.checkpoint.empty() ? "--checkpoint is required"
+                                                    : "--checkpoint and --flavor exclude "
+                                                      "each other"),
+                "\n", usage));
   }
   if (opts.prompt.has_value() == opts.prompt_ids.has_value()) {
-    throw ConfigError("give exactly one of --prompt and --prompt_ids\n" + usage);
+    throw ConfigError(message("give exactly one of --prompt and --prompt_ids\n", usage));
   }
   if (opts.dtype != "float32" && opts.dtype != "bfloat16") {
-    throw ConfigError("--dtype must be float32 or bfloat16, got '" + opts.dtype + "'");
+    throw ConfigError(message("--dtype must be float32 or bfloat16, got '", opts.dtype, "'"));
   }
   if (opts.max_seq_len < 2) {
-    throw ConfigError("--max_seq_len must be >= 2, got " + std::to_string(opts.max_seq_len));
+    throw ConfigError(message("--max_seq_len must be >= 2, got ", opts.max_seq_len));
   }
   if (opts.generation.max_new_tokens < 0) {
-    throw ConfigError("--max_new_tokens must be >= 0, got " +
-                      std::to_string(opts.generation.max_new_tokens));
+    throw ConfigError(
+        message("--max_new_tokens must be >= 0, got ", opts.generation.max_new_tokens));
   }
   if (!opts.checkpoint.empty() && !std::filesystem::exists(opts.checkpoint)) {
-    throw ConfigError("--checkpoint " + opts.checkpoint +
-                      ": no such file or directory. HINT: pass a checkpoint folder written by "
-                      "`titan train --checkpoint.enable` (or one of its step-N folders), or a "
-                      "Hugging Face model folder");
+    throw ConfigError(
+        message("--checkpoint ", opts.checkpoint,
+                ": no such file or directory. HINT: pass a checkpoint folder written by "
+                "`titan train --checkpoint.enable` (or one of its step-N folders), or a "
+                "Hugging Face model folder"));
   }
   opts.generation.max_seq_len = opts.max_seq_len;
   Sampler check_sampler_options(opts.generation.sampler);  // bad sampling options, before loading
@@ -183,9 +185,9 @@ std::vector<int64_t> parse_prompt_ids(const std::string& text, int64_t vocab_siz
   while (fields >> field) {
     const int64_t id = parse_int("--prompt_ids", field);
     if (id < 0 || id >= vocab_size) {
-      throw ConfigError("--prompt_ids: id " + field +
-                        " is outside the tokenizer's vocabulary [0, " + std::to_string(vocab_size) +
-                        "). HINT: --tokenizer PATH selects the model's tokenizer");
+      throw ConfigError(message("--prompt_ids: id ", field,
+                                " is outside the tokenizer's vocabulary [0, ", vocab_size,
+                                "). HINT: --tokenizer PATH selects the model's tokenizer"));
     }
     ids.push_back(id);
   }

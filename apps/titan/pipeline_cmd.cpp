@@ -32,7 +32,8 @@ struct Options {
 
 int64_t positive(const std::string& flag, const std::string& text) {
   const std::optional<int64_t> n = parse_int64(text);
-  if (!n || *n < 1) throw ConfigError(flag + " expects a positive integer, got '" + text + "'");
+  if (!n || *n < 1)
+    throw ConfigError(message(flag, " expects a positive integer, got '", text, "'"));
   return *n;
 }
 
@@ -49,12 +50,13 @@ pp::ActionCosts parse_costs(const std::string& text) {
       used = 0;
     }
     if (used == 0 || used != field.size() || !(v >= 0)) {
-      throw ConfigError("--costs expects four non-negative numbers F,B,I,W, got '" + text + "'");
+      throw ConfigError(
+          message("--costs expects four non-negative numbers F,B,I,W, got '", text, "'"));
     }
     values.push_back(v);
   }
   if (values.size() != 4) {
-    throw ConfigError("--costs expects four numbers F,B,I,W, got '" + text + "'");
+    throw ConfigError(message("--costs expects four numbers F,B,I,W, got '", text, "'"));
   }
   pp::ActionCosts costs;
   costs.forward = values[0];
@@ -118,10 +120,10 @@ Options parse_options(const std::vector<std::string>& args) {
   const FlagTable flags = schedule_flags(opts);
   const std::string usage = flags.usage();
   for (const std::string& extra : flags.parse(args)) {
-    throw ConfigError("unknown argument '" + extra + "'\n" + usage);
+    throw ConfigError(message("unknown argument '", extra, "'\n", usage));
   }
   if (opts.csv.empty() && (opts.pp < 0 || opts.microbatches < 0)) {
-    throw ConfigError("--pp and --microbatches are required (or --csv FILE)\n" + usage);
+    throw ConfigError(message("--pp and --microbatches are required (or --csv FILE)\n", usage));
   }
   if (!opts.csv.empty() && (opts.schedule_given || opts.stages_per_rank > 0)) {
     throw ConfigError("--csv gives the whole table; drop --schedule / --stages-per-rank");
@@ -157,7 +159,7 @@ std::string number(double v) {
 
 void write_text_file(const std::string& path, const std::string& text) {
   const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) throw ConfigError("--dump-csv " + path + ": cannot create the file");
+  if (fd < 0) throw ConfigError(message("--dump-csv ", path, ": cannot create the file"));
   write_all(fd, text, path);
   close_checked(fd, path);
 }
@@ -193,8 +195,7 @@ int run_pipeline_schedule(const std::vector<std::string>& args) {
     table = pp::load_schedule_csv(opts.csv);
     const int64_t n_ranks = static_cast<int64_t>(table.size());
     if (opts.pp > 0 && opts.pp != n_ranks) {
-      throw ConfigError(opts.csv + " has " + std::to_string(n_ranks) + " rows (ranks), --pp is " +
-                        std::to_string(opts.pp));
+      throw ConfigError(message(opts.csv, " has ", n_ranks, " rows (ranks), --pp is ", opts.pp));
     }
     const pp::TableExtent extent = pp::table_extent(table);
     if (n_microbatches < 0) n_microbatches = extent.n_microbatches;

@@ -47,7 +47,8 @@ struct Flags {
 
 int64_t positive_int(const std::string& flag, const std::string& text) {
   const std::optional<int64_t> n = parse_int64(text);
-  if (!n || *n < 1) throw ConfigError(flag + " expects a positive integer, got '" + text + "'");
+  if (!n || *n < 1)
+    throw ConfigError(message(flag, " expects a positive integer, got '", text, "'"));
   return *n;
 }
 
@@ -60,7 +61,7 @@ double number(const std::string& flag, const std::string& text) {
     used = 0;
   }
   if (used == 0 || used != text.size() || !(v >= 0) || !std::isfinite(v)) {
-    throw ConfigError(flag + " expects a non-negative number, got '" + text + "'");
+    throw ConfigError(message(flag, " expects a non-negative number, got '", text, "'"));
   }
   return v;
 }
@@ -207,8 +208,8 @@ LinkProbe measure_loopback() {
   }
   for (auto& t : threads) t.join();
   if (!error.empty()) {
-    throw ConfigError("--cpu could not measure the loopback bandwidth (" + error +
-                      "). HINT: give --intra_node_gbps");
+    throw ConfigError(message("--cpu could not measure the loopback bandwidth (", error,
+                              "). HINT: give --intra_node_gbps"));
   }
   const double t = *std::max_element(seconds.begin(), seconds.end());
   LinkProbe probe;

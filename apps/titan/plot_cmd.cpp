@@ -33,10 +33,10 @@ std::vector<std::string> split_commas(const std::string& flag, const std::string
   std::stringstream fields(text);
   std::string item;
   while (std::getline(fields, item, ',')) {
-    if (item.empty()) throw ConfigError(flag + " has an empty name in '" + text + "'");
+    if (item.empty()) throw ConfigError(message(flag, " has an empty name in '", text, "'"));
     items.push_back(item);
   }
-  if (items.empty()) throw ConfigError(flag + " needs at least one name");
+  if (items.empty()) throw ConfigError(message(flag, " needs at least one name"));
   return items;
 }
 
@@ -87,22 +87,24 @@ Options parse_options(const std::vector<std::string>& args) {
   const FlagTable flags = plot_flags(opts);
   opts.runs = flags.parse(args);
   const std::string usage = flags.usage();
-  if (opts.runs.empty()) throw ConfigError("no run to plot\n" + usage);
+  if (opts.runs.empty()) throw ConfigError(message("no run to plot\n", usage));
   if (!opts.labels.empty() && opts.labels.size() != opts.runs.size()) {
-    throw ConfigError("--labels names " + std::to_string(opts.labels.size()) + " runs, " +
-                      std::to_string(opts.runs.size()) + " are given");
+    throw ConfigError(
+        message("--labels names ", opts.labels.size(), " runs, ", opts.runs.size(), " are given"));
   }
   const std::string ext = lower(std::filesystem::path(opts.out).extension().string());
   if (opts.out != "-" && ext != ".svg") {
-    throw ConfigError("--out " + opts.out + ": titan plot writes SVG, name a .svg file" +
-                      (ext == ".png" ? ". HINT: for a PNG convert the SVG, e.g. rsvg-convert "
-                                       "plot.svg -o plot.png"
-                                     : ""));
+    throw ConfigError(
+        message("--out ", opts.out, ": titan plot writes SVG, name a .svg file",
+                (ext == ".png" ? ". HINT: for a PNG convert the SVG, e.g. rsvg-convert "
+                                 "plot.svg -o plot.png"
+                               : "")));
   }
   if (opts.out != "-") {
     const std::filesystem::path parent = std::filesystem::path(opts.out).parent_path();
     if (!parent.empty() && !std::filesystem::is_directory(parent)) {
-      throw ConfigError("--out " + opts.out + ": folder " + parent.string() + " does not exist");
+      throw ConfigError(
+          message("--out ", opts.out, ": folder ", parent.string(), " does not exist"));
     }
   }
   return opts;

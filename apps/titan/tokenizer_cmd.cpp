@@ -136,7 +136,7 @@ std::string read_all(const std::string& path) {
     return buf.str();
   }
   std::ifstream in(path, std::ios::binary);
-  if (!in) throw ConfigError("--input " + path + ": cannot open the file");
+  if (!in) throw ConfigError(message("--input ", path, ": cannot open the file"));
   buf << in.rdbuf();
   return buf.str();
 }
@@ -266,7 +266,7 @@ std::string add_training_text(const TrainArgs& t, BpeTrainer* trainer) {
       try {
         path = default_dataset_path(t.dataset);
       } catch (const ConfigError& e) {
-        throw ConfigError(std::string(e.what()) + "; here: --dataset-path PATH");
+        throw ConfigError(message(e.what(), "; here: --dataset-path PATH"));
       }
     }
     const std::shared_ptr<const DocumentSource> source =

@@ -103,7 +103,7 @@ int run_inspect(const std::vector<std::string>& args) {
   if (const char* text = std::getenv("WORLD_SIZE"); text != nullptr && *text != '\0') {
     const std::optional<int64_t> n = parse_int64(text);
     if (!n || *n < 1) {
-      throw ConfigError(std::string("WORLD_SIZE must be a positive integer, got '") + text + "'");
+      throw ConfigError(message("WORLD_SIZE must be a positive integer, got '", text, "'"));
     }
     world = *n;
   }

@@ -140,8 +140,8 @@ CheckpointManager::CheckpointManager(const CheckpointSection& config,
     const bool known = std::any_of(states_.begin(), states_.end(),
                                    [&](const StateEntry& e) { return e.name == name; });
     if (!known) {
-      throw ConfigError("checkpoint.exclude_from_loading names '" + name +
-                        "', which this trainer does not checkpoint");
+      throw ConfigError(message("checkpoint.exclude_from_loading names '", name,
+                                "', which this trainer does not checkpoint"));
     }
   }
 }

@@ -22,7 +22,7 @@ std::string shape_str(at::IntArrayRef shape) {
 
 const HfAdapter& adapter_of(const ModelSpec& spec) {
   if (!spec.hf.to_hf || !spec.hf.from_hf) {
-    throw ConfigError("model '" + spec.name + "' has no Hugging Face adapter");
+    throw ConfigError(message("model '", spec.name, "' has no Hugging Face adapter"));
   }
   return spec.hf;
 }
@@ -188,7 +188,7 @@ void hf_to_checkpoint(const std::string& hf_dir, const std::string& out_dir) {
   namespace fs = std::filesystem;
   std::error_code ec;
   if (fs::exists(out_dir, ec)) {
-    throw ConfigError("output " + out_dir + " already exists; remove it or pick another");
+    throw ConfigError(message("output ", out_dir, " already exists; remove it or pick another"));
   }
   const HfFolderReader reader(hf_dir);
   const nlohmann::json description =
@@ -251,15 +251,17 @@ void load_hf_weights(Model& model, const nlohmann::json& model_description,
   const HfAdapter& adapter = adapter_of(spec);
   const nlohmann::json hf_description = hf_model_description(reader.config(), config_path);
   if (spec_for_description(hf_description).name != spec.name) {
-    throw ConfigError(config_path + " describes model '" +
-                      hf_description["name"].get<std::string>() + "', not '" + spec.name + "'");
+    throw ConfigError(message(config_path, " describes model '",
+                              hf_description["name"].get<std::string>(), "', not '", spec.name,
+                              "'"));
   }
   const nlohmann::json ours = spec.resolve_args(model_description);
   const nlohmann::json theirs = spec.resolve_args(hf_description);
   if (ours != theirs) {
-    throw ConfigError(config_path + " describes another architecture than the model " +
-                      model_description.dump() + " (" + args_difference(ours, theirs) +
-                      "). HINT: pick the model.flavor that matches the Hugging Face config");
+    throw ConfigError(
+        message(config_path, " describes another architecture than the model ",
+                model_description.dump(), " (", args_difference(ours, theirs),
+                "). HINT: pick the model.flavor that matches the Hugging Face config"));
   }
   copy_into_model(model, adapter.from_hf(reader.read_all(at::kFloat), model_description), hf_dir);
 }

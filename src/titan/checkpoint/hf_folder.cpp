@@ -42,9 +42,10 @@ std::string torch_dtype_name(at::ScalarType dtype) {
     case at::kBFloat16: return "bfloat16";
     case at::kHalf: return "float16";
     default:
-      throw ConfigError(std::string("Hugging Face export dtype must be float32, bfloat16 or "
-                                    "float16, got ") +
-                        c10::toString(dtype));
+      throw ConfigError(
+          message("Hugging Face export dtype must be float32, bfloat16 or "
+                  "float16, got ",
+                  c10::toString(dtype)));
   }
 }
 
@@ -148,7 +149,7 @@ void write_hf_folder(const std::string& dir, nlohmann::json config, const Tensor
                      const HfWriteOptions& options) {
   std::error_code ec;
   if (fs::exists(dir, ec)) {
-    throw ConfigError("output folder " + dir + " already exists; remove it or pick another");
+    throw ConfigError(message("output folder ", dir, " already exists; remove it or pick another"));
   }
   TITAN_CHECK(!tensors.empty(), "write_hf_folder: no tensors to write to ", dir);
   config["torch_dtype"] = torch_dtype_name(options.dtype);
@@ -233,10 +234,10 @@ HfFolderReader::HfFolderReader(const std::string& dir)
   const fs::path d(dir);
   if (!fs::is_directory(d, ec)) throw DataError("Hugging Face folder " + dir + " does not exist");
   if (!fs::exists(d / kConfigFile, ec) && is_titan_checkpoint(d)) {
-    throw ConfigError(
-        "'" + dir + "' is a titan checkpoint, not a Hugging Face folder (it has no " + kConfigFile +
+    throw ConfigError(message(
+        "'", dir, "' is a titan checkpoint, not a Hugging Face folder (it has no ", kConfigFile,
         "). HINT: drop checkpoint.initial_load_in_hf to load it as a "
-        "titan checkpoint; `titan convert to-hf` turns it into a Hugging Face folder");
+        "titan checkpoint; `titan convert to-hf` turns it into a Hugging Face folder"));
   }
   config_ = read_json(d / kConfigFile);
   if (!config_.is_object()) throw DataError((d / kConfigFile).string() + ": not a JSON object");

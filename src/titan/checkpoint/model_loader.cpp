@@ -77,7 +77,7 @@ LoadedModel load_from_hf(const std::string& dir, at::ScalarType compute_dtype,
 LoadedModel load_model(const std::string& path, at::ScalarType compute_dtype, int64_t max_seq_len) {
   std::error_code ec;
   if (!std::filesystem::exists(path, ec)) {
-    throw ConfigError("model path '" + path + "' does not exist");
+    throw ConfigError(message("model path '", path, "' does not exist"));
   }
   if (is_checkpoint_dir(path)) {
     return load_from_checkpoint(CheckpointReader(path), compute_dtype, max_seq_len);
@@ -87,10 +87,11 @@ LoadedModel load_model(const std::string& path, at::ScalarType compute_dtype, in
   }
   const auto steps = list_step_dirs(path);
   if (steps.empty()) {
-    throw ConfigError("'" + path +
-                      "' is neither a titan checkpoint (a step directory with "
-                      "index.json, or a folder of step-N directories) nor a Hugging Face model "
-                      "folder (config.json)");
+    throw ConfigError(
+        message("'", path,
+                "' is neither a titan checkpoint (a step directory with "
+                "index.json, or a folder of step-N directories) nor a Hugging Face model "
+                "folder (config.json)"));
   }
   // The newest complete checkpoint; a corrupt one falls back to the one before, with a warning.
   for (auto it = steps.rbegin(); it != steps.rend(); ++it) {

@@ -7,6 +7,7 @@
 
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 
 namespace titan {
 
@@ -25,11 +26,24 @@ struct TrainingError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-// A user error's message from its parts, streamed in order as TITAN_CHECK builds its own:
+namespace detail {
+// int8_t / uint8_t print as numbers, not as characters (char stays a character).
+template <typename T>
+decltype(auto) printable(const T& part) {
+  if constexpr (std::is_same_v<T, signed char> || std::is_same_v<T, unsigned char>) {
+    return static_cast<int>(part);
+  } else {
+    return (part);
+  }
+}
+}  // namespace detail
+
+// A user error's message from its parts, streamed in order as TITAN_CHECK builds its own
+// (numbers as `<<` writes them: 1e-05, 0.5):
 //   throw ConfigError(message("n_heads ", n, " is not divisible by tensor_parallel_degree ", t));
 template <typename... Args>
 std::string message(const Args&... parts) {
-  return c10::str(parts...);
+  return c10::str(detail::printable(parts)...);
 }
 
 }  // namespace titan
@@ -39,7 +53,7 @@ std::string message(const Args&... parts) {
 
 // TITAN_CONFIG_CHECK(cond, "key ", value, " must ...", ". HINT: ...") throws ConfigError (exit
 // code 2, no stack trace) with the parts streamed in order when cond is false.
-#define TITAN_CONFIG_CHECK(cond, ...)                                 \
-  do {                                                                \
-    if (!(cond)) throw ::titan::ConfigError(::c10::str(__VA_ARGS__)); \
+#define TITAN_CONFIG_CHECK(cond, ...)                                       \
+  do {                                                                      \
+    if (!(cond)) throw ::titan::ConfigError(::titan::message(__VA_ARGS__)); \
   } while (0)

@@ -24,9 +24,8 @@ namespace titan {
 
 std::string configure_threads(int64_t num_threads, int64_t local_ranks) {
   if (num_threads < 0 || num_threads > kMaxNumThreads) {
-    throw ConfigError(std::to_string(num_threads) + " intra-op threads: must be in [0, " +
-                      std::to_string(kMaxNumThreads) +
-                      "] (spawning more would stall start-up); 0 = one per core");
+    throw ConfigError(message(num_threads, " intra-op threads: must be in [0, ", kMaxNumThreads,
+                              "] (spawning more would stall start-up); 0 = one per core"));
   }
   const int64_t cores = std::max<long>(1, sysconf(_SC_NPROCESSORS_ONLN));
   int64_t n = num_threads > 0 ? num_threads
@@ -100,8 +99,8 @@ bool cpu_has_fast_bf16_matmul() {
     const std::string value = v == nullptr ? "" : v;
     if (value.empty()) return -1;
     if (value == "0" || value == "1") return value == "1" ? 1 : 0;
-    throw ConfigError("TITAN_CPU_FAST_BF16_MATMUL='" + value +
-                      "' must be 0 or 1 (or unset: detected from the CPU)");
+    throw ConfigError(message("TITAN_CPU_FAST_BF16_MATMUL='", value,
+                              "' must be 0 or 1 (or unset: detected from the CPU)"));
   }();
   if (from_env >= 0) return from_env == 1;
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))

@@ -58,36 +58,37 @@ bool shared_device_mode() {
   const char* v = std::getenv("TITAN_SHARED_DEVICE");
   if (v == nullptr || *v == '\0' || std::string(v) == "0") return false;
   if (std::string(v) == "1") return true;
-  throw ConfigError("TITAN_SHARED_DEVICE='" + std::string(v) +
-                    "' must be 1 (test mode: ranks share GPUs over Gloo) or 0; unset it to give "
-                    "every rank a GPU of its own");
+  throw ConfigError(
+      message("TITAN_SHARED_DEVICE='", v,
+              "' must be 1 (test mode: ranks share GPUs over Gloo) or 0; unset it to give "
+              "every rank a GPU of its own"));
 }
 
 at::Device resolve_device(const std::string& setting, int64_t local_rank, int64_t local_world_size,
                           int64_t cuda_devices, const std::string& key, bool shared_device) {
   if (setting == "cpu") return at::Device(at::kCPU);
   if (setting != "auto" && setting != "cuda") {
-    throw ConfigError(key + " '" + setting + "' is not one of auto, cpu, cuda");
+    throw ConfigError(message(key, " '", setting, "' is not one of auto, cpu, cuda"));
   }
   if (cuda_devices == 0) {
     if (setting == "auto") return at::Device(at::kCPU);
-    throw ConfigError(key + " = \"cuda\" but " +
-                      (cuda_build() ? "no CUDA device is visible (CUDA_VISIBLE_DEVICES " +
-                                          cuda_visible_devices() + ", or no driver)"
-                                    : std::string("this binary was built against a libtorch "
-                                                  "without CUDA")) +
-                      ". HINT: use " + key + " = \"auto\" or \"cpu\"");
+    throw ConfigError(
+        message(key, " = \"cuda\" but ",
+                (cuda_build() ? "no CUDA device is visible (CUDA_VISIBLE_DEVICES " +
+                                    cuda_visible_devices() + ", or no driver)"
+                              : std::string("this binary was built against a libtorch "
+                                            "without CUDA")),
+                ". HINT: use ", key, " = \"auto\" or \"cpu\""));
   }
   if (shared_device) {
     return at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(local_rank % cuda_devices));
   }
   if (local_world_size > cuda_devices || local_rank >= cuda_devices) {
-    throw ConfigError(key + " = \"" + setting + "\": " + std::to_string(local_world_size) +
-                      " ranks on this node need one CUDA device each, but " +
-                      std::to_string(cuda_devices) + " are visible (CUDA_VISIBLE_DEVICES " +
-                      cuda_visible_devices() + "). HINT: launch at most " +
-                      std::to_string(cuda_devices) + " ranks per node (--nproc_per_node), or " +
-                      key + " = \"cpu\"");
+    throw ConfigError(message(key, " = \"", setting, "\": ", local_world_size,
+                              " ranks on this node need one CUDA device each, but ", cuda_devices,
+                              " are visible (CUDA_VISIBLE_DEVICES ", cuda_visible_devices(),
+                              "). HINT: launch at most ", cuda_devices,
+                              " ranks per node (--nproc_per_node), or ", key, " = \"cpu\""));
   }
   return at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(local_rank));
 }

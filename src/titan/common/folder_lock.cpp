@@ -65,7 +65,7 @@ std::string process_description() {
 std::unique_ptr<FolderLock> FolderLock::acquire(const std::string& folder,
                                                 const std::string& what) {
   if (folder.empty())
-    throw ConfigError(what + " is empty. HINT: name a folder for the run's outputs");
+    throw ConfigError(message(what, " is empty. HINT: name a folder for the run's outputs"));
   std::error_code ec;
   std::filesystem::create_directories(folder, ec);
   if (ec) throw DataError("cannot create " + what + " '" + folder + "': " + ec.message());
@@ -82,10 +82,10 @@ std::unique_ptr<FolderLock> FolderLock::acquire(const std::string& folder,
     const std::string holder = read_holder(fd);
     ::close(fd);
     if (err == EWOULDBLOCK) {
-      throw ConfigError(what + " '" + folder + "' is in use by another run (" +
-                        (holder.empty() ? "holder unknown" : holder) + ", lock file " + path +
-                        "). HINT: wait for it to finish, stop it, or give this run another " +
-                        what);
+      throw ConfigError(
+          message(what, " '", folder, "' is in use by another run (",
+                  (holder.empty() ? "holder unknown" : holder), ", lock file ", path,
+                  "). HINT: wait for it to finish, stop it, or give this run another ", what));
     }
     throw DataError("cannot lock '" + path + "': " + std::strerror(err));
   }

@@ -56,7 +56,7 @@ c10::ScalarType dtype_from_name(const std::string& name) {
   if (name == "bfloat16") return c10::kBFloat16;
   if (name == "float32") return c10::kFloat;
   if (name == "float16") return c10::kHalf;
-  throw ConfigError("unknown dtype '" + name + "' (bfloat16, float32, float16)");
+  throw ConfigError(message("unknown dtype '", name, "' (bfloat16, float32, float16)"));
 }
 
 std::string dtype_name(c10::ScalarType dtype) {

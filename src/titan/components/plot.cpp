@@ -61,15 +61,16 @@ PlotSeries parse_metrics_rows(const std::string& text, const std::string& path,
       break;
     }
     if (row.is_discarded() || !row.is_object()) {
-      throw ConfigError(where + "not a JSON object: " + excerpt(line) +
-                        ". HINT: every line of a metrics file is one JSON row as titan train "
-                        "writes it; remove or repair that line");
+      throw ConfigError(
+          message(where, "not a JSON object: ", excerpt(line),
+                  ". HINT: every line of a metrics file is one JSON row as titan train "
+                  "writes it; remove or repair that line"));
     }
     if (!row.contains("step")) continue;  // not a step's row (none such today)
     const nlohmann::json& step_json = row["step"];
     if (!step_json.is_number_integer() || step_json.get<int64_t>() < 0) {
-      throw ConfigError(where + "\"step\" is " + step_json.dump() +
-                        ", not a non-negative integer: " + excerpt(line));
+      throw ConfigError(message(where, "\"step\" is ", step_json.dump(),
+                                ", not a non-negative integer: ", excerpt(line)));
     }
     const int64_t step = step_json.get<int64_t>();
     if (row.contains("event")) {
@@ -97,27 +98,27 @@ std::vector<RunFile> run_metrics_files(const std::string& run, const std::string
   std::error_code ec;
   const fs::file_status status = fs::status(run, ec);
   if (!fs::exists(status)) {
-    throw ConfigError("run '" + run +
-                      "' does not exist. HINT: pass a run's job.dump_folder (holding "
-                      "metrics.jsonl) or a metrics .jsonl file");
+    throw ConfigError(message("run '", run,
+                              "' does not exist. HINT: pass a run's job.dump_folder (holding "
+                              "metrics.jsonl) or a metrics .jsonl file"));
   }
   if (!fs::is_directory(status)) {
     const std::string kind = non_regular_file_kind(run);
     if (!kind.empty()) {
-      throw ConfigError("run '" + run + "' is " + kind + ", not a folder or a metrics file");
+      throw ConfigError(message("run '", run, "' is ", kind, ", not a folder or a metrics file"));
     }
     if (rank > 0) {
-      throw ConfigError("--rank " + std::to_string(rank) + ": '" + run +
-                        "' is one file; name the rank's metrics_rank_<r>.jsonl instead");
+      throw ConfigError(message("--rank ", rank, ": '", run,
+                                "' is one file; name the rank's metrics_rank_<r>.jsonl instead"));
     }
     return {{run, label}};
   }
   const fs::path dir(run);
   if (fs::exists(dir / "metrics.jsonl")) {
     if (rank > 0) {
-      throw ConfigError("--rank " + std::to_string(rank) + ": '" + run +
-                        "' holds rank 0's metrics.jsonl only. HINT: train with "
-                        "--metrics.save_for_all_ranks for every rank's metrics");
+      throw ConfigError(message("--rank ", rank, ": '", run,
+                                "' holds rank 0's metrics.jsonl only. HINT: train with "
+                                "--metrics.save_for_all_ranks for every rank's metrics"));
     }
     return {{(dir / "metrics.jsonl").string(), label}};
   }
@@ -144,10 +145,10 @@ std::vector<RunFile> run_metrics_files(const std::string& run, const std::string
       hint = "HINT: these folders in it hold runs' metrics; plot them:";
       for (const std::string& s : subfolders_with_metrics) hint += " " + s;
     }
-    throw ConfigError("no metrics in '" + run + "': it holds neither metrics.jsonl nor " +
-                      (rank < 0 ? std::string("metrics_rank_<r>.jsonl")
-                                : "metrics_rank_" + std::to_string(rank) + ".jsonl") +
-                      ". " + hint);
+    throw ConfigError(message("no metrics in '", run, "': it holds neither metrics.jsonl nor ",
+                              (rank < 0 ? std::string("metrics_rank_<r>.jsonl")
+                                        : "metrics_rank_" + std::to_string(rank) + ".jsonl"),
+                              ". ", hint));
   }
   std::sort(ranked.begin(), ranked.end(),
             [](const auto& a, const auto& b) { return a.first < b.first; });
@@ -169,7 +170,8 @@ std::vector<PlotSeries> load_plot_runs(const std::vector<std::string>& runs,
     for (const RunFile& file : run_metrics_files(runs[i], label, rank)) {
       const std::string kind = non_regular_file_kind(file.path);
       if (!kind.empty()) {
-        throw ConfigError("metrics file '" + file.path + "' is " + kind + ", not a regular file");
+        throw ConfigError(
+            message("metrics file '", file.path, "' is ", kind, ", not a regular file"));
       }
       PlotSeries s =
           parse_metrics_rows(read_regular_file(file.path, "metrics file"), file.path, file.label);
@@ -178,9 +180,9 @@ std::vector<PlotSeries> load_plot_runs(const std::vector<std::string>& runs,
                     ": skipped the last line, cut short (a run killed while writing it)");
       }
       if (s.metrics.empty()) {
-        throw ConfigError("no metrics in " + file.path +
-                          ": no row with a step and a number. HINT: a run writes a row per "
-                          "logged step (metrics.log_freq); did it log one?");
+        throw ConfigError(message("no metrics in ", file.path,
+                                  ": no row with a step and a number. HINT: a run writes a row per "
+                                  "logged step (metrics.log_freq); did it log one?"));
       }
       series.push_back(std::move(s));
     }
@@ -222,8 +224,9 @@ std::vector<std::string> choose_plot_metrics(const std::vector<PlotSeries>& seri
     if (present.count(name) == 0) {
       std::string names;
       for (const std::string& k : known) names += (names.empty() ? "" : ", ") + k;
-      throw ConfigError("unknown metric '" + name + "'" + did_you_mean(nearest_name(name, known)) +
-                        " (the runs have: " + names + ", or all)");
+      throw ConfigError(message("unknown metric '", name, "'",
+                                did_you_mean(nearest_name(name, known)), " (the runs have: ", names,
+                                ", or all)"));
     }
     add(name);
   }

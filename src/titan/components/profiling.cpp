@@ -53,7 +53,7 @@ namespace {
 
 int64_t checked_freq(const ProfilingSection& c) {
   if (c.profile_freq < 1) {
-    throw ConfigError("profiling.profile_freq must be >= 1, got " + std::to_string(c.profile_freq));
+    throw ConfigError(message("profiling.profile_freq must be >= 1, got ", c.profile_freq));
   }
   return c.profile_freq;
 }
@@ -63,10 +63,10 @@ int64_t checked_freq(const ProfilingSection& c) {
 ProfileSchedule ProfileSchedule::from_config(const ProfilingSection& c) {
   ProfileSchedule s{checked_freq(c), c.profiler_warmup, c.profiler_active};
   if (s.active < 1) {
-    throw ConfigError("profiling.profiler_active must be >= 1, got " + std::to_string(s.active));
+    throw ConfigError(message("profiling.profiler_active must be >= 1, got ", s.active));
   }
   if (s.warmup < 0) {
-    throw ConfigError("profiling.profiler_warmup must be >= 0, got " + std::to_string(s.warmup));
+    throw ConfigError(message("profiling.profiler_warmup must be >= 0, got ", s.warmup));
   }
   // Compared without forming the sum (huge values must not overflow into passing).
   if (s.warmup > s.freq - s.active) {
@@ -74,11 +74,11 @@ ProfileSchedule ProfileSchedule::from_config(const ProfilingSection& c) {
     const std::string total = __builtin_add_overflow(s.warmup, s.active, &sum)
                                   ? std::string("more than 2^63")
                                   : std::to_string(sum);
-    throw ConfigError("profiling.profiler_warmup(" + std::to_string(s.warmup) +
-                      ") + profiler_active(" + std::to_string(s.active) + ") = " + total +
-                      " > profile_freq(" + std::to_string(s.freq) +
-                      "): a window of profile_freq steps must hold the warm-up and the recorded "
-                      "steps. HINT: raise profiling.profile_freq or lower the other two");
+    throw ConfigError(
+        message("profiling.profiler_warmup(", s.warmup, ") + profiler_active(", s.active,
+                ") = ", total, " > profile_freq(", s.freq,
+                "): a window of profile_freq steps must hold the warm-up and the recorded "
+                "steps. HINT: raise profiling.profile_freq or lower the other two"));
   }
   return s;
 }
@@ -146,9 +146,10 @@ void kineto_call(const char* what, F&& call) {
   try {
     call();
   } catch (const c10::Error& e) {
-    throw ConfigError(std::string("profiling.enable_profiling: libtorch's profiler (Kineto) "
-                                  "cannot ") +
-                      what + ": " + e.what_without_backtrace());
+    throw ConfigError(
+        message("profiling.enable_profiling: libtorch's profiler (Kineto) "
+                "cannot ",
+                what, ": ", e.what_without_backtrace()));
   }
 }
 
@@ -258,8 +259,8 @@ MemoryProfiler::MemoryProfiler(const ProfilingSection& config, const std::string
                                         /*max_entries=*/100000);
 #endif
   } else {
-    throw ConfigError("profiling.enable_memory_snapshot works on the CPU and CUDA, not on " +
-                      device_.str());
+    throw ConfigError(message("profiling.enable_memory_snapshot works on the CPU and CUDA, not on ",
+                              device_.str()));
   }
   segment_start_ = std::chrono::steady_clock::now();
   segment_start_bytes_ = segment_peak_bytes_ = bytes_now();

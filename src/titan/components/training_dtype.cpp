@@ -18,11 +18,12 @@ void apply_training_dtype(torch::nn::Module& model, const TrainingSection& train
   const at::ScalarType dtype = dtype_from_name(training.dtype);
   if (dtype == at::kFloat) return;
   if (world_size > 1) {
-    throw ConfigError("training.dtype = \"" + training.dtype + "\" is not supported yet with " +
-                      parallelism + " (" + std::to_string(world_size) +
-                      " ranks): the data- and tensor-parallel paths keep float32 parameters. "
-                      "HINT: train on one rank, or keep training.dtype = \"float32\" with "
-                      "training.mixed_precision_param = \"bfloat16\" (bf16 matmuls)");
+    throw ConfigError(
+        message("training.dtype = \"", training.dtype, "\" is not supported yet with ", parallelism,
+                " (", world_size,
+                " ranks): the data- and tensor-parallel paths keep float32 parameters. "
+                "HINT: train on one rank, or keep training.dtype = \"float32\" with "
+                "training.mixed_precision_param = \"bfloat16\" (bf16 matmuls)"));
   }
   at::NoGradGuard no_grad;
   // set_data keeps each parameter's identity (modules holding it see the new dtype).

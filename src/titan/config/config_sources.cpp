@@ -50,8 +50,8 @@ std::string describe_value(const toml::node& node) {
   std::string got = describe_value(node);
   std::string where = "in TOML file " + where_in_file(path, node.source());
   bool open_paren_only = got.back() == '(';
-  throw ConfigError("config key '" + field.name() + "' expects " + expected_phrase(field.type) +
-                    ", got " + got + (open_paren_only ? "" : " ") + where + ")");
+  throw ConfigError(message("config key '", field.name(), "' expects ", expected_phrase(field.type),
+                            ", got ", got, (open_paren_only ? "" : " "), where, ")"));
 }
 
 // A TOML float that is a whole number in int64 range (steps = 1e4 or 10.0).
@@ -145,21 +145,24 @@ void set_from_toml(const FieldRef& field, const toml::node& node, const std::str
 std::string read_file(const std::string& path) {
   std::error_code ec;
   if (!std::filesystem::exists(path, ec)) {
-    throw ConfigError("config file '" + path +
-                      "' (job.config_file) does not exist (a relative path is "
-                      "taken from the current directory)");
+    throw ConfigError(message("config file '", path,
+                              "' (job.config_file) does not exist (a relative path is "
+                              "taken from the current directory)"));
   }
   if (std::filesystem::is_directory(path, ec)) {
-    throw ConfigError("config file '" + path + "' (job.config_file) is a directory, not a file");
+    throw ConfigError(
+        message("config file '", path, "' (job.config_file) is a directory, not a file"));
   }
   // A FIFO would block the read forever, a device could fill memory: only regular files.
   if (const std::string kind = non_regular_file_kind(path); !kind.empty()) {
-    throw ConfigError("config file '" + path + "' (job.config_file) is " + kind +
-                      ", not a regular file. HINT: write the config to a file and name that file");
+    throw ConfigError(
+        message("config file '", path, "' (job.config_file) is ", kind,
+                ", not a regular file. HINT: write the config to a file and name that file"));
   }
   std::ifstream in(path, std::ios::binary);
   if (!in.is_open()) {
-    throw ConfigError("cannot open config file '" + path + "' (job.config_file) for reading");
+    throw ConfigError(
+        message("cannot open config file '", path, "' (job.config_file) for reading"));
   }
   std::ostringstream content;
   content << in.rdbuf();
@@ -167,22 +170,22 @@ std::string read_file(const std::string& path) {
 }
 
 [[noreturn]] void throw_unexpected_argument(const FieldTable& table, const std::string& arg) {
-  std::string message = "unexpected command-line argument '" + shown_name(arg) +
-                        "'; overrides look like --section.key value or --section.key=value";
+  std::string text = "unexpected command-line argument '" + shown_name(arg) +
+                     "'; overrides look like --section.key value or --section.key=value";
   // "--steps 10": a key without its section.
   if (starts_with(arg, "--")) {
     std::string key =
         arg.substr(2, arg.find('=') == std::string::npos ? std::string::npos : arg.find('=') - 2);
     std::vector<std::string> names = table.names_with_key(key);
     if (!names.empty()) {
-      message += "; did you mean '--" + names.front() + "'";
+      text += "; did you mean '--" + names.front() + "'";
       for (size_t i = 1; i < names.size(); ++i) {
-        message += " or '--" + names[i] + "'";
+        text += " or '--" + names[i] + "'";
       }
-      message += "?";
+      text += "?";
     }
   }
-  throw ConfigError(message);
+  throw ConfigError(text);
 }
 
 // Stores the keys of the TOML table `[section]`. A sub-table is a section of its own
@@ -239,10 +242,10 @@ std::vector<Override> parse_overrides(const FieldTable& table,
     } else if (i + 1 < args.size() && !starts_with(args[i + 1], "--")) {
       overrides.push_back({&field, args[++i]});
     } else {
-      throw ConfigError("config key '" + field.name() +
-                        "' is given no value on the command line; write --" + field.name() + " " +
-                        type_label(field.type) + " (or --" + field.name() +
-                        "=VALUE for a value that starts with --)");
+      throw ConfigError(message("config key '", field.name(),
+                                "' is given no value on the command line; write --", field.name(),
+                                " ", type_label(field.type), " (or --", field.name(),
+                                "=VALUE for a value that starts with --)"));
     }
   }
   return overrides;
@@ -260,8 +263,8 @@ void apply_toml_file(const FieldTable& table, const std::string& path) {
   try {
     document = toml::parse(content, path);
   } catch (const toml::parse_error& e) {
-    throw ConfigError("cannot parse TOML config file " + where_in_file(path, e.source()) + ": " +
-                      std::string(e.description()));
+    throw ConfigError(message("cannot parse TOML config file ", where_in_file(path, e.source()),
+                              ": ", e.description()));
   }
 
   for (auto&& [section_key, section_node] : document) {
@@ -271,15 +274,15 @@ void apply_toml_file(const FieldTable& table, const std::string& path) {
     if (section_table == nullptr) {
       // `steps = 10` before any [section] header.
       if (table.has_section(section)) {
-        throw ConfigError("config section '" + section + "' must be a table ([" + section + "]) (" +
-                          at + ")");
+        throw ConfigError(
+            message("config section '", section, "' must be a table ([", section, "]) (", at, ")"));
       }
       std::vector<std::string> names = table.names_with_key(section);
-      std::string message = "config key '" + shown_name(section) + "' is outside any [section]";
+      std::string text = "config key '" + shown_name(section) + "' is outside any [section]";
       if (!names.empty()) {
-        message += "; did you mean '" + names.front() + "'?";
+        text += "; did you mean '" + names.front() + "'?";
       }
-      throw ConfigError(message + " (" + at + ")");
+      throw ConfigError(message(text, " (", at, ")"));
     }
     apply_toml_table(table, section, *section_table, at, path);
   }

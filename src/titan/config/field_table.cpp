@@ -173,12 +173,12 @@ void FieldTable::require_section(const std::string& section, const std::string& 
   if (has_section(section)) {
     return;
   }
-  std::string message = "unknown config section '" + shown_name(section) + "'";
+  std::string text = "unknown config section '" + shown_name(section) + "'";
   std::string nearest = nearest_name(section, sections_);
   if (!nearest.empty()) {
-    message += "; did you mean '" + nearest + "'?";
+    text += "; did you mean '" + nearest + "'?";
   }
-  throw ConfigError(message + " (" + origin + ")");
+  throw ConfigError(message(text, " (", origin, ")"));
 }
 
 const FieldRef& FieldTable::lookup(const std::string& section, const std::string& key,
@@ -201,11 +201,11 @@ const FieldRef& FieldTable::lookup(const std::string& section, const std::string
     const std::string nearest = nearest_name(key, section_keys);
     if (!nearest.empty()) suggestions.push_back(section + "." + nearest);
   }
-  std::string message = "unknown config key '" + shown_name(section + "." + key) + "'";
+  std::string text = "unknown config key '" + shown_name(section + "." + key) + "'";
   if (!suggestions.empty()) {
-    message += "; did you mean " + quoted_alternatives(suggestions) + "?";
+    text += "; did you mean " + quoted_alternatives(suggestions) + "?";
   }
-  throw ConfigError(message + " (" + origin + ")");
+  throw ConfigError(message(text, " (", origin, ")"));
 }
 
 std::string type_label(FieldType type) {
@@ -332,8 +332,8 @@ void set_from_text(const FieldRef& field, const std::string& text, const std::st
     }
   }
   if (!ok) {
-    throw ConfigError("config key '" + field.name() + "' expects " + expected_phrase(field.type) +
-                      ", got '" + text + "' (" + origin + ")");
+    throw ConfigError(message("config key '", field.name(), "' expects ",
+                              expected_phrase(field.type), ", got '", text, "' (", origin, ")"));
   }
 }
 

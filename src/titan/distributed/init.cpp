@@ -85,10 +85,11 @@ void check_master_addr_resolves(const LaunchEnv& env) {
   definite = definite || rc == EAI_NODATA;
 #endif
   if (definite) {
-    throw ConfigError("MASTER_ADDR '" + env.master_addr + "' (rank " + std::to_string(env.rank) +
-                      "'s store host) cannot be resolved: " + gai_strerror(rc) +
-                      ". HINT: set MASTER_ADDR (titan run --master_addr) to the host name or IP "
-                      "address of the node running rank 0; 127.0.0.1 for one node");
+    throw ConfigError(
+        message("MASTER_ADDR '", env.master_addr, "' (rank ", env.rank,
+                "'s store host) cannot be resolved: ", gai_strerror(rc),
+                ". HINT: set MASTER_ADDR (titan run --master_addr) to the host name or IP "
+                "address of the node running rank 0; 127.0.0.1 for one node"));
   }
 }
 
@@ -447,9 +448,9 @@ int64_t rank_num_threads(int64_t configured, const LaunchEnv& env, const EnvLook
       if (pos == omp->size() && n > 0 && n <= kMaxNumThreads) return n;
     } catch (const std::exception&) {
     }
-    throw ConfigError("OMP_NUM_THREADS='" + *omp + "' is not a positive integer of at most " +
-                      std::to_string(kMaxNumThreads) +
-                      " (threads per rank); unset it or set training.num_threads");
+    throw ConfigError(message("OMP_NUM_THREADS='", *omp, "' is not a positive integer of at most ",
+                              kMaxNumThreads,
+                              " (threads per rank); unset it or set training.num_threads"));
   }
   return 0;
 }

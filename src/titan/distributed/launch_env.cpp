@@ -32,7 +32,7 @@ int64_t parse_int(const std::string& text, const std::string& what) {
     }
   }
   if (!ok || pos != text.size()) {
-    throw ConfigError(what + "='" + text + "' is not an integer");
+    throw ConfigError(message(what, "='", text, "' is not an integer"));
   }
   return value;
 }
@@ -45,7 +45,7 @@ std::optional<int64_t> int_var(const EnvLookup& env, const std::string& name) {
 
 int64_t required_int(const EnvLookup& env, const std::string& name, const std::string& why) {
   auto value = int_var(env, name);
-  if (!value) throw ConfigError(name + " is not set; " + why);
+  if (!value) throw ConfigError(message(name, " is not set; ", why));
   return *value;
 }
 
@@ -127,8 +127,8 @@ LaunchEnv from_slurm(const EnvLookup& env) {
   if (auto spec = first_set(env, {"SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE"}, &which)) {
     const std::vector<int64_t> per_node = expand_tasks_per_node(*spec);
     if (e.node_rank >= static_cast<int64_t>(per_node.size())) {
-      throw ConfigError("SLURM_NODEID=" + std::to_string(e.node_rank) + " but " + which + "='" +
-                        *spec + "' lists " + std::to_string(per_node.size()) + " node(s)");
+      throw ConfigError(message("SLURM_NODEID=", e.node_rank, " but ", which, "='", *spec,
+                                "' lists ", per_node.size(), " node(s)"));
     }
     e.local_world_size = per_node[e.node_rank];
   } else if (auto n = int_var(env, "SLURM_NTASKS_PER_NODE")) {
@@ -142,7 +142,8 @@ LaunchEnv from_slurm(const EnvLookup& env) {
   } else if (auto list = first_set(
                  env, {"SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST"}, &which)) {
     const std::vector<std::string> hosts = expand_hostlist(*list);
-    if (hosts.empty()) throw ConfigError(which + " is empty; set MASTER_ADDR to rank 0's host");
+    if (hosts.empty())
+      throw ConfigError(message(which, " is empty; set MASTER_ADDR to rank 0's host"));
     e.master_addr = hosts.front();
   } else if (e.world_size > 1) {
     throw ConfigError(
@@ -189,7 +190,7 @@ std::vector<std::string> split_top_level(const std::string& text, const std::str
   int depth = 0;
   for (char c : text) {
     if (c == '[') ++depth;
-    if (c == ']' && --depth < 0) throw ConfigError(what + " '" + text + "': unbalanced ']'");
+    if (c == ']' && --depth < 0) throw ConfigError(message(what, " '", text, "': unbalanced ']'"));
     if (c == ',' && depth == 0) {
       items.push_back(current);
       current.clear();
@@ -197,7 +198,7 @@ std::vector<std::string> split_top_level(const std::string& text, const std::str
       current += c;
     }
   }
-  if (depth != 0) throw ConfigError(what + " '" + text + "': unbalanced '['");
+  if (depth != 0) throw ConfigError(message(what, " '", text, "': unbalanced '['"));
   items.push_back(current);
   return items;
 }
@@ -222,12 +223,13 @@ std::vector<std::string> expand_bracket(const std::string& body, const std::stri
     const std::string lo = part.substr(0, dash);
     const std::string hi = dash == std::string::npos ? lo : part.substr(dash + 1);
     if (!all_digits(lo) || !all_digits(hi)) {
-      throw ConfigError("hostlist '" + list + "': '" + part + "' is not a number or a range a-b");
+      throw ConfigError(
+          message("hostlist '", list, "': '", part, "' is not a number or a range a-b"));
     }
     const int64_t a = parse_int(lo, "hostlist range bound");
     const int64_t b = parse_int(hi, "hostlist range bound");
     if (b < a || static_cast<size_t>(b - a) > kMaxHosts) {
-      throw ConfigError("hostlist '" + list + "': bad range '" + part + "'");
+      throw ConfigError(message("hostlist '", list, "': bad range '", part, "'"));
     }
     for (int64_t i = a; i <= b; ++i) {
       std::string digits = std::to_string(i);
@@ -235,7 +237,7 @@ std::vector<std::string> expand_bracket(const std::string& body, const std::stri
       out.push_back(digits);
     }
   }
-  if (out.empty()) throw ConfigError("hostlist '" + list + "': empty brackets");
+  if (out.empty()) throw ConfigError(message("hostlist '", list, "': empty brackets"));
   return out;
 }
 
@@ -281,7 +283,7 @@ std::vector<std::string> expand_hostlist(const std::string& hostlist) {
       const std::vector<std::string> parts =
           expand_bracket(item.substr(open + 1, close - open - 1), hostlist);
       if (names.size() * parts.size() > kMaxHosts) {
-        throw ConfigError("hostlist '" + hostlist + "' expands to too many hosts");
+        throw ConfigError(message("hostlist '", hostlist, "' expands to too many hosts"));
       }
       std::vector<std::string> next;
       next.reserve(names.size() * parts.size());
@@ -305,13 +307,14 @@ std::vector<int64_t> expand_tasks_per_node(const std::string& spec) {
     if (paren != std::string::npos) {
       const size_t close = item.find(')', paren);
       if (close != item.size() - 1 || item.compare(paren, 2, "(x") != 0) {
-        throw ConfigError("tasks per node '" + spec + "': expected N or N(xM), got '" + item + "'");
+        throw ConfigError(
+            message("tasks per node '", spec, "': expected N or N(xM), got '", item, "'"));
       }
       repeat =
           parse_int(item.substr(paren + 2, close - paren - 2), "tasks per node '" + spec + "'");
     }
     if (tasks < 1 || repeat < 1 || repeat > static_cast<int64_t>(kMaxHosts)) {
-      throw ConfigError("tasks per node '" + spec + "': bad item '" + item + "'");
+      throw ConfigError(message("tasks per node '", spec, "': bad item '", item, "'"));
     }
     out.insert(out.end(), static_cast<size_t>(repeat), tasks);
   }
@@ -330,8 +333,8 @@ std::vector<bool> parse_log_ranks(const std::string& spec, int64_t world_size) {
     const int64_t hi =
         dash == std::string::npos ? lo : parse_int(part.substr(dash + 1), "LOG_RANK");
     if (lo < 0 || hi < lo || hi >= world_size) {
-      throw ConfigError("LOG_RANK='" + spec + "': '" + part +
-                        "' is not a rank or range within [0, " + std::to_string(world_size) + ")");
+      throw ConfigError(message("LOG_RANK='", spec, "': '", part,
+                                "' is not a rank or range within [0, ", world_size, ")"));
     }
     for (int64_t r = lo; r <= hi; ++r) selected[static_cast<size_t>(r)] = true;
   }

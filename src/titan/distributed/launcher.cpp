@@ -86,11 +86,10 @@ int64_t parse_option_int(const std::string& option, const std::string& value, in
     pos = 0;
   }
   if (value.empty() || pos != value.size()) {
-    throw ConfigError("--" + option + " '" + value + "' is not an integer");
+    throw ConfigError(message("--", option, " '", value, "' is not an integer"));
   }
   if (v < min || v > max) {
-    throw ConfigError("--" + option + " " + value + " is not in [" + std::to_string(min) + ", " +
-                      std::to_string(max) + "]");
+    throw ConfigError(message("--", option, " ", value, " is not in [", min, ", ", max, "]"));
   }
   return v;
 }
@@ -524,12 +523,13 @@ LaunchOptions parse_launch_args(const std::vector<std::string>& args) {
     static const std::set<std::string> kOptions = {"nproc_per_node", "nnodes", "node_rank",
                                                    "master_addr", "master_port"};
     if (!kOptions.count(name)) {
-      throw ConfigError("unknown option '" + arg +
-                        "' (options: --nproc_per_node, --nnodes, --node_rank, --master_addr, "
-                        "--master_port; the command to run follows '--')");
+      throw ConfigError(
+          message("unknown option '", arg,
+                  "' (options: --nproc_per_node, --nnodes, --node_rank, --master_addr, "
+                  "--master_port; the command to run follows '--')"));
     }
     if (!inline_value) {
-      if (i + 1 >= args.size()) throw ConfigError("--" + name + " needs a value");
+      if (i + 1 >= args.size()) throw ConfigError(message("--", name, " needs a value"));
       value = args[++i];
     }
     if (name == "nproc_per_node") o.nproc_per_node = parse_option_int(name, value, 1, 1024);
@@ -549,12 +549,11 @@ LaunchOptions parse_launch_args(const std::vector<std::string>& args) {
         "--job.config_file configs/llama3/debug_model.toml`");
   }
   if (o.node_rank >= o.nnodes) {
-    throw ConfigError("--node_rank " + std::to_string(o.node_rank) + " is not below --nnodes " +
-                      std::to_string(o.nnodes));
+    throw ConfigError(message("--node_rank ", o.node_rank, " is not below --nnodes ", o.nnodes));
   }
   if (o.nnodes > 1 && !o.master_addr_set) {
-    throw ConfigError("--nnodes " + std::to_string(o.nnodes) +
-                      " needs --master_addr (the host of node 0, the same on every node)");
+    throw ConfigError(message("--nnodes ", o.nnodes,
+                              " needs --master_addr (the host of node 0, the same on every node)"));
   }
   return o;
 }

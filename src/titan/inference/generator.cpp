@@ -69,8 +69,7 @@ GenerationResult generate(Model& model, const std::vector<int64_t>& prompt,
     throw ConfigError(os.str());
   }
   if (options.max_new_tokens < 0) {
-    throw ConfigError("--max_new_tokens must be >= 0, got " +
-                      std::to_string(options.max_new_tokens));
+    throw ConfigError(message("--max_new_tokens must be >= 0, got ", options.max_new_tokens));
   }
   Sampler sampler(options.sampler);
   // Inference mode, not just no-grad: the tensors made here (cache, activations, logits) carry

@@ -45,11 +45,11 @@ void check_float8_device(const Float8LinearSection& config, const DeviceInfo& de
     found += ", compute capability " + std::to_string(device.compute_major) + "." +
              std::to_string(device.compute_minor);
   }
-  throw ConfigError(
-      "model.converters asks for float8 linear layers, but the training device " + found +
+  throw ConfigError(message(
+      "model.converters asks for float8 linear layers, but the training device ", found,
       " has no float8 matmuls (at::_scaled_mm needs a CUDA GPU of compute capability >= 8.9: "
       "Ada, Hopper, Blackwell). HINT: set quantize.linear.float8.emulate = true to run the same "
-      "float8 numerics in float32 (slower; for tests and CPU runs), or train on such a GPU");
+      "float8 numerics in float32 (slower; for tests and CPU runs), or train on such a GPU"));
 }
 
 Float8Conversion convert_to_float8(torch::nn::Module& model, const Float8LinearSection& config,
@@ -105,9 +105,9 @@ bool aten_cpu_kernels_requested() {
   const std::string value = v == nullptr ? "" : v;
   if (value.empty() || value == "auto") return false;
   if (value == "aten") return true;
-  throw ConfigError("TITAN_CPU_KERNELS='" + value +
-                    "' is not one of auto (titan's kernels where they measured faster, the "
-                    "default) or aten (ATen's compositions only)");
+  throw ConfigError(message("TITAN_CPU_KERNELS='", value,
+                            "' is not one of auto (titan's kernels where they measured faster, the "
+                            "default) or aten (ATen's compositions only)"));
 }
 
 int64_t apply_compile(torch::nn::Module& model, const CompileSection& config,

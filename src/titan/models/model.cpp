@@ -62,24 +62,25 @@ void Model::keep_only(const std::vector<std::string>& modules) {
   for (size_t k = 0; k < modules.size(); ++k) {
     const std::string& name = modules[k];
     if (!seen.insert(name).second) {
-      throw ConfigError("pipeline stage: module '" + name + "' is listed twice");
+      throw ConfigError(message("pipeline stage: module '", name, "' is listed twice"));
     }
     if (position.count(name) == 0) {
-      throw ConfigError("pipeline stage: no module '" + name + "' in this model" +
-                        suggestion(name, present, "modules"));
+      throw ConfigError(message("pipeline stage: no module '", name, "' in this model",
+                                suggestion(name, present, "modules")));
     }
     if (k == 0) continue;
     const std::string& prev = modules[k - 1];
     if (position[name] < position[prev]) {
-      throw ConfigError("pipeline stage: '" + name + "' is listed after '" + prev +
-                        "' but comes before it in the model. HINT: list a stage's modules in "
-                        "model order (" +
-                        present.front() + ", ..., " + present.back() + ")");
+      throw ConfigError(
+          message("pipeline stage: '", name, "' is listed after '", prev,
+                  "' but comes before it in the model. HINT: list a stage's modules in "
+                  "model order (",
+                  present.front(), ", ..., ", present.back(), ")"));
     }
     if (position[name] != position[prev] + 1) {
-      throw ConfigError("pipeline stage: '" + prev + "' is followed by '" + name + "', skipping '" +
-                        present[position[prev] + 1] +
-                        "'. HINT: a stage holds a contiguous run of modules");
+      throw ConfigError(message("pipeline stage: '", prev, "' is followed by '", name,
+                                "', skipping '", present[position[prev] + 1],
+                                "'. HINT: a stage holds a contiguous run of modules"));
     }
   }
   keep_modules(seen);

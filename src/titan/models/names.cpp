@@ -22,8 +22,8 @@ void check_flavor(const std::string& model, const std::vector<std::string>& flav
   if (std::find(flavors.begin(), flavors.end(), flavor) != flavors.end()) {
     return;
   }
-  throw ConfigError("unknown model.flavor '" + flavor + "' for model '" + model + "'" +
-                    suggestion(flavor, flavors, "flavors"));
+  throw ConfigError(message("unknown model.flavor '", flavor, "' for model '", model, "'",
+                            suggestion(flavor, flavors, "flavors")));
 }
 
 }  // namespace titan

@@ -65,7 +65,7 @@ const ModelSpec& get_model_spec(const std::string& name) {
   for (const auto& spec : reg.specs) {
     names.push_back(spec->name);
   }
-  throw ConfigError("unknown model.name '" + name + "'" + suggestion(name, names, "models"));
+  throw ConfigError(message("unknown model.name '", name, "'", suggestion(name, names, "models")));
 }
 
 void check_flavor(const ModelSpec& spec, const std::string& flavor) {
@@ -78,8 +78,8 @@ nlohmann::json model_description(const ModelSection& model) {
 
 const ModelSpec& spec_for_description(const nlohmann::json& model) {
   if (!model.is_object() || !model.contains("name") || !model["name"].is_string()) {
-    throw ConfigError("model description " + model.dump() +
-                      " has no \"name\" (want {\"name\": \"llama3\", \"flavor\": ...})");
+    throw ConfigError(message("model description ", model.dump(),
+                              " has no \"name\" (want {\"name\": \"llama3\", \"flavor\": ...})"));
   }
   return get_model_spec(model["name"].get<std::string>());
 }
@@ -100,8 +100,8 @@ const ModelSpec& spec_for_hf_model_type(const std::string& model_type) {
     types.push_back(spec->hf.model_type);
     types.insert(types.end(), others.begin(), others.end());
   }
-  throw ConfigError("Hugging Face model_type '" + model_type + "' is not supported" +
-                    suggestion(model_type, types, "supported"));
+  throw ConfigError(message("Hugging Face model_type '", model_type, "' is not supported",
+                            suggestion(model_type, types, "supported")));
 }
 
 std::vector<std::string> registered_models() {

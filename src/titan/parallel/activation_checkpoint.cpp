@@ -324,8 +324,8 @@ AcMode parse_mode(const ActivationCheckpointSection& config, int64_t& every) {
         "compiler to choose what to save). HINT: use \"selective\" or \"full\"");
   }
   if (config.mode != "selective") {
-    throw ConfigError("activation_checkpoint.mode must be none, full or selective, got '" +
-                      config.mode + "'");
+    throw ConfigError(message("activation_checkpoint.mode must be none, full or selective, got '",
+                              config.mode, "'"));
   }
   const std::string& option = config.selective_ac_option;
   if (option == "op") return AcMode::kOps;
@@ -334,9 +334,9 @@ AcMode parse_mode(const ActivationCheckpointSection& config, int64_t& every) {
   every = digits ? std::stoll(option) : 0;
   if (every < 1) {
     const std::string hint = "'. HINT: \"2\" checkpoints every 2nd block";
-    throw ConfigError(
-        "activation_checkpoint.selective_ac_option must be \"op\" or an integer >= 1, got '" +
-        option + hint);
+    throw ConfigError(message(
+        "activation_checkpoint.selective_ac_option must be \"op\" or an integer >= 1, got '",
+        option, hint));
   }
   return AcMode::kEveryNth;
 }
@@ -359,9 +359,10 @@ std::vector<std::vector<int64_t>> force_recompute_shapes(
       if (fqn.empty() || module.find(fqn) == std::string::npos) continue;
       auto it = modules.find(module);
       if (it == modules.end() || dynamic_cast<Linear*>(it->second.get()) == nullptr) {
-        throw ConfigError("activation_checkpoint.per_op_sac_force_recompute_mm_shapes_by_fqns: '" +
-                          fqn + "' matches " + module +
-                          ", which is not a Linear layer. HINT: name only Linear layers there");
+        throw ConfigError(
+            message("activation_checkpoint.per_op_sac_force_recompute_mm_shapes_by_fqns: '", fqn,
+                    "' matches ", module,
+                    ", which is not a Linear layer. HINT: name only Linear layers there"));
       }
       std::vector<int64_t> shape = slots.at(param)->sizes().vec();
       if (std::find(shapes.begin(), shapes.end(), shape) == shapes.end()) shapes.push_back(shape);
@@ -384,8 +385,9 @@ ActivationCheckpointing::ActivationCheckpointing(Model& model,
   }
   d.mode = parse_mode(config, d.every);
   if (config.determinism_check != "default" && config.determinism_check != "none") {
-    throw ConfigError("activation_checkpoint.determinism_check must be default or none, got '" +
-                      config.determinism_check + "'");
+    throw ConfigError(
+        message("activation_checkpoint.determinism_check must be default or none, got '",
+                config.determinism_check, "'"));
   }
   d.preserve_rng_state = config.preserve_rng_state;
   d.determinism_check = config.determinism_check == "default";

@@ -17,8 +17,8 @@ namespace titan {
 SequenceSharding parse_sequence_sharding(const std::string& name) {
   if (name == "none") return SequenceSharding::kNone;
   if (name == "headtail") return SequenceSharding::kHeadTail;
-  throw ConfigError("unknown context-parallel sequence sharding '" + name +
-                    "'. HINT: use \"headtail\" (causal load balancing) or \"none\"");
+  throw ConfigError(message("unknown context-parallel sequence sharding '", name,
+                            "'. HINT: use \"headtail\" (causal load balancing) or \"none\""));
 }
 
 const char* to_string(SequenceSharding sharding) {
@@ -28,8 +28,8 @@ const char* to_string(SequenceSharding sharding) {
 RotateMethod parse_rotate_method(const std::string& name) {
   if (name == "allgather") return RotateMethod::kAllGather;
   if (name == "alltoall") return RotateMethod::kAllToAll;
-  throw ConfigError("unknown context-parallel rotate method '" + name +
-                    "'. HINT: use \"allgather\" or \"alltoall\"");
+  throw ConfigError(message("unknown context-parallel rotate method '", name,
+                            "'. HINT: use \"allgather\" or \"alltoall\""));
 }
 
 const char* to_string(RotateMethod method) {

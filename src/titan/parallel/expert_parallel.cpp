@@ -137,11 +137,10 @@ ExpertParallel::ExpertParallel(Model& model, std::shared_ptr<dist::Group> group,
     if (moe == nullptr) continue;
     const int64_t n = moe->args().num_experts;
     if (n % ep != 0) {
-      throw ConfigError("expert parallelism: MoE layer " + item.key() + " has " +
-                        std::to_string(n) + " experts, not divisible by expert_parallel_degree " +
-                        std::to_string(ep) + " (" + std::to_string(n) + " % " + std::to_string(ep) +
-                        " = " + std::to_string(n % ep) +
-                        "). HINT: choose an ep that divides the number of experts");
+      throw ConfigError(message("expert parallelism: MoE layer ", item.key(), " has ", n,
+                                " experts, not divisible by expert_parallel_degree ", ep, " (", n,
+                                " % ", ep, " = ", n % ep,
+                                "). HINT: choose an ep that divides the number of experts"));
     }
     const int64_t local = n / ep;
     experts_per_rank_ = local;
@@ -164,9 +163,10 @@ ExpertParallel::ExpertParallel(Model& model, std::shared_ptr<dist::Group> group,
     ++layers_;
   }
   if (layers_ == 0) {
-    throw ConfigError("parallelism.expert_parallel_degree = " + std::to_string(ep) +
-                      " needs a mixture-of-experts model; this model has no MoE layer. HINT: set "
-                      "it to 1, or train an MoE flavor (e.g. qwen3 debugmodel_moe)");
+    throw ConfigError(
+        message("parallelism.expert_parallel_degree = ", ep,
+                " needs a mixture-of-experts model; this model has no MoE layer. HINT: set "
+                "it to 1, or train an MoE flavor (e.g. qwen3 debugmodel_moe)"));
   }
 }
 

@@ -206,7 +206,7 @@ void apply_ac(ParallelizedModel& pm, const ActivationCheckpointSection& ac) {
   // Settings that would do nothing are said, not ignored: an error on the whole model, a warning
   // on a pipeline stage (whose blocks are a part of it).
   const auto refuse = [&](const std::string& what, const std::string& hint) {
-    if (!pm.pipelined()) throw ConfigError(what + ". HINT: " + hint);
+    if (!pm.pipelined()) throw ConfigError(message(what, ". HINT: ", hint));
     log_warning(what, " on this pipeline rank's stages");
   };
   const std::string& option = ac.selective_ac_option;

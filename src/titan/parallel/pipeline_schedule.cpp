@@ -184,8 +184,8 @@ ScheduleKind parse_schedule_kind(const std::string& name, const std::string& key
   }
   std::string valid;
   for (const std::string& n : schedule_names()) valid += (valid.empty() ? "" : ", ") + n;
-  throw ConfigError(key + " = \"" + name + "\" is not a pipeline schedule" +
-                    did_you_mean(suggestion) + " (valid, in any case: " + valid + ")");
+  throw ConfigError(message(key, " = \"", name, "\" is not a pipeline schedule",
+                            did_you_mean(suggestion), " (valid, in any case: ", valid, ")"));
 }
 
 const char* schedule_name(ScheduleKind kind) {
@@ -247,9 +247,8 @@ void check_schedule_requirements(ScheduleKind kind, const ScheduleShape& shape) 
   const int64_t v = shape.stages_per_rank;
   const int64_t m = shape.n_microbatches;
   if (p < 1 || v < 1 || m < 1) {
-    throw ConfigError(name + ": pp (" + std::to_string(p) + "), stages per rank (" +
-                      std::to_string(v) + ") and microbatches (" + std::to_string(m) +
-                      ") must all be >= 1");
+    throw ConfigError(message(name, ": pp (", p, "), stages per rank (", v, ") and microbatches (",
+                              m, ") must all be >= 1"));
   }
   // Bounded before any product is formed (each factor first, then the pairs).
   const double pairs = static_cast<double>(p) * static_cast<double>(v) * static_cast<double>(m);
@@ -266,32 +265,30 @@ void check_schedule_requirements(ScheduleKind kind, const ScheduleShape& shape) 
   const std::string stages = std::to_string(p) + " ranks * " + std::to_string(v) +
                              " stages per rank = " + std::to_string(p * v) + " stages";
   if (is_single_stage(kind) && v != 1) {
-    throw ConfigError(name + " runs one stage per rank, got " + std::to_string(v) +
-                      " stages per rank. HINT: use Interleaved1F1B, LoopedBFS or "
-                      "InterleavedZeroBubble for several");
+    throw ConfigError(message(name, " runs one stage per rank, got ", v,
+                              " stages per rank. HINT: use Interleaved1F1B, LoopedBFS or "
+                              "InterleavedZeroBubble for several"));
   }
   if (placement_of(kind) == StagePlacement::kV && v != 2) {
-    throw ConfigError(name + " runs exactly 2 stages per rank (V placement), got " +
-                      std::to_string(v));
+    throw ConfigError(message(name, " runs exactly 2 stages per rank (V placement), got ", v));
   }
   if (kind == ScheduleKind::k1F1B && m < p) {
-    throw ConfigError("1F1B needs at least as many microbatches as stages: " + std::to_string(m) +
-                      " microbatches < " + std::to_string(p) +
-                      " stages. HINT: raise training.local_batch_size or lower "
-                      "parallelism.pipeline_parallel_microbatch_size");
+    throw ConfigError(message("1F1B needs at least as many microbatches as stages: ", m,
+                              " microbatches < ", p,
+                              " stages. HINT: raise training.local_batch_size or lower "
+                              "parallelism.pipeline_parallel_microbatch_size"));
   }
   if (kind == ScheduleKind::kDualPipeV && m < p * v) {
-    throw ConfigError("DualPipeV needs at least as many microbatches as stages: " +
-                      std::to_string(m) + " microbatches < " + stages);
+    throw ConfigError(message("DualPipeV needs at least as many microbatches as stages: ", m,
+                              " microbatches < ", stages));
   }
   if (kind == ScheduleKind::kInterleaved1F1B || kind == ScheduleKind::kInterleavedZeroBubble) {
     const int64_t rounds = std::max<int64_t>(1, m / p);
     if (m % rounds != 0) {
-      throw ConfigError(name + " needs the microbatches to be a multiple of its rounds: rounds = " +
-                        "max(1, " + std::to_string(m) + " microbatches / " + std::to_string(p) +
-                        " ranks) = " + std::to_string(rounds) + ", and " + std::to_string(m) +
-                        " % " + std::to_string(rounds) + " = " + std::to_string(m % rounds) +
-                        ". HINT: use a multiple of " + std::to_string(p) + " microbatches");
+      throw ConfigError(message(
+          name, " needs the microbatches to be a multiple of its rounds: rounds = ", "max(1, ", m,
+          " microbatches / ", p, " ranks) = ", rounds, ", and ", m, " % ", rounds, " = ",
+          m % rounds, ". HINT: use a multiple of ", p, " microbatches"));
     }
   }
 }

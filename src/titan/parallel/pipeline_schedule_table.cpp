@@ -107,7 +107,7 @@ std::vector<std::string> split_csv_line(const std::string& line, const std::stri
       field += c;
     }
   }
-  if (quoted) throw ConfigError(where + ": a quoted cell is not closed");
+  if (quoted) throw ConfigError(message(where, ": a quoted cell is not closed"));
   fields.push_back(field);
   return fields;
 }
@@ -127,32 +127,32 @@ ScheduleTable parse_schedule_csv(const std::string& text, const std::string& ori
     const std::vector<std::string> fields = split_csv_line(line, where);
     cells += static_cast<int64_t>(fields.size());
     if (cells > kMaxScheduleCells) {
-      throw ConfigError(where + ": the schedule CSV holds more than " +
-                        std::to_string(kMaxScheduleCells) +
-                        " cells, more than any schedule titan can run");
+      throw ConfigError(message(where, ": the schedule CSV holds more than ", kMaxScheduleCells,
+                                " cells, more than any schedule titan can run"));
     }
     std::vector<Slot> rank;
     for (size_t col = 0; col < fields.size(); ++col) {
       try {
         rank.push_back(parse_action(fields[col]));
       } catch (const std::invalid_argument& e) {
-        throw ConfigError(where + ", column " + std::to_string(col + 1) + ": '" + fields[col] +
-                          "' is not a schedule action: " + e.what() +
-                          ". HINT: cells are [stage][F|B|I|W|SEND_F|RECV_F|SEND_B|RECV_B]"
-                          "[microbatch], e.g. 2F0, or empty for an idle step");
+        throw ConfigError(message(where, ", column ", col + 1, ": '", fields[col],
+                                  "' is not a schedule action: ", e.what(),
+                                  ". HINT: cells are [stage][F|B|I|W|SEND_F|RECV_F|SEND_B|RECV_B]"
+                                  "[microbatch], e.g. 2F0, or empty for an idle step"));
       }
     }
     table.push_back(std::move(rank));
   }
-  if (table.empty()) throw ConfigError(origin + ": the schedule CSV has no rows (one per rank)");
+  if (table.empty())
+    throw ConfigError(message(origin, ": the schedule CSV has no rows (one per rank)"));
   return table;
 }
 
 ScheduleTable load_schedule_csv(const std::string& path) {
   const std::string kind = non_regular_file_kind(path);
   if (!kind.empty()) {
-    throw ConfigError("the pipeline schedule CSV '" + path + "' is " + kind +
-                      ", not a regular file");
+    throw ConfigError(
+        message("the pipeline schedule CSV '", path, "' is ", kind, ", not a regular file"));
   }
   return parse_schedule_csv(read_regular_file(path, "pipeline schedule CSV"), path);
 }
@@ -178,8 +178,8 @@ TableExtent table_extent(const ScheduleTable& table) {
 std::vector<int64_t> validate_schedule_table(const ScheduleTable& table, int64_t pp,
                                              int64_t n_stages, int64_t n_microbatches) {
   if (static_cast<int64_t>(table.size()) != pp) {
-    throw ConfigError("the pipeline schedule has " + std::to_string(table.size()) +
-                      " ranks (rows), pipeline_parallel_degree is " + std::to_string(pp));
+    throw ConfigError(message("the pipeline schedule has ", table.size(),
+                              " ranks (rows), pipeline_parallel_degree is ", pp));
   }
   // Every stage runs a forward of every microbatch: a table of fewer forwards cannot be one
   // (and the bookkeeping below is sized by the counts, which must not come from a stray number).
@@ -192,10 +192,10 @@ std::vector<int64_t> validate_schedule_table(const ScheduleTable& table, int64_t
     }
   }
   if (n_stages < 1 || n_microbatches < 1 || n_stages > forwards || n_microbatches > forwards) {
-    throw ConfigError("the pipeline schedule has " + std::to_string(forwards) +
-                      " forward actions, fewer than its " + std::to_string(n_stages) +
-                      " stages or " + std::to_string(n_microbatches) +
-                      " microbatches need (one forward of every microbatch on every stage)");
+    throw ConfigError(
+        message("the pipeline schedule has ", forwards, " forward actions, fewer than its ",
+                n_stages, " stages or ", n_microbatches,
+                " microbatches need (one forward of every microbatch on every stage)"));
   }
   std::vector<int64_t> owner(n_stages, -1);
   // done[kind][stage] = microbatches seen so far
@@ -209,7 +209,7 @@ std::vector<int64_t> validate_schedule_table(const ScheduleTable& table, int64_t
       if (!table[r][step]) continue;
       const std::string at = "rank " + std::to_string(r) + ", step " + std::to_string(step) + ": ";
       const auto fail = [&](const std::string& what) {
-        throw ConfigError(at + what + "\n" + format_schedule_table(table, step));
+        throw ConfigError(message(at, what, "\n", format_schedule_table(table, step)));
       };
       const Action& outer = *table[r][step];
       const std::vector<Action> actions = outer.kind == ActionKind::kOverlapForwardBackward
@@ -255,11 +255,11 @@ std::vector<int64_t> validate_schedule_table(const ScheduleTable& table, int64_t
     const std::string counts = "stage " + std::to_string(s) + " has F=" + std::to_string(f) +
                                " B=" + std::to_string(b) + " I=" + std::to_string(i) +
                                " W=" + std::to_string(w);
-    if (owner[s] == -1) throw ConfigError("stage " + std::to_string(s) + " never runs");
+    if (owner[s] == -1) throw ConfigError(message("stage ", s, " never runs"));
     if (static_cast<int64_t>(f) != n_microbatches || i != w ||
         static_cast<int64_t>(b + i) != n_microbatches) {
-      throw ConfigError(counts + "; every microbatch (" + std::to_string(n_microbatches) +
-                        ") needs one F and one backward (B, or I and W)");
+      throw ConfigError(message(counts, "; every microbatch (", n_microbatches,
+                                ") needs one F and one backward (B, or I and W)"));
     }
   }
   return owner;
@@ -296,8 +296,8 @@ ScheduleTable add_send_recv(const ScheduleTable& compute, const std::vector<int6
     for (const Slot& slot : compute[r]) {
       if (!slot) continue;
       if (is_comm(slot->kind)) {
-        throw ConfigError("add_send_recv: the table already holds " + slot->str() + " on rank " +
-                          std::to_string(r));
+        throw ConfigError(
+            message("add_send_recv: the table already holds ", slot->str(), " on rank ", r));
       }
       todo[r].push_back(*slot);
     }
@@ -363,8 +363,9 @@ ScheduleTable add_send_recv(const ScheduleTable& compute, const std::vector<int6
           stuck += "\n  rank " + std::to_string(r) + " waits at " + todo[r][next[r]].str();
         }
       }
-      throw ConfigError("cannot place sends and receives: no rank's next action has its input" +
-                        stuck + "\n" + format_schedule_table(compute));
+      throw ConfigError(
+          message("cannot place sends and receives: no rank's next action has its input", stuck,
+                  "\n", format_schedule_table(compute)));
     }
   }
   return out;

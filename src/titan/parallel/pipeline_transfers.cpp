@@ -30,9 +30,9 @@ void append_transfers(const Action& a, int64_t step, const std::vector<int64_t>&
   // A table from a CSV may send past the last stage or before the first: its error, not a crash.
   const auto rank_of = [&](int64_t stage) {
     if (stage < 0 || stage >= n_stages) {
-      throw ConfigError("pipeline schedule: " + a.str() + " at step " + std::to_string(step) +
-                        " reaches stage " + std::to_string(stage) + ", but the stages are 0 to " +
-                        std::to_string(n_stages - 1));
+      throw ConfigError(message("pipeline schedule: ", a.str(), " at step ", step,
+                                " reaches stage ", stage, ", but the stages are 0 to ",
+                                n_stages - 1));
     }
     return stage_rank[stage];
   };
@@ -208,23 +208,21 @@ void check_transfer_order(const ScheduleTable& table, const std::vector<int64_t>
     const std::string ranks = "rank " + std::to_string(src) + " and rank " + std::to_string(dst);
     for (size_t i = 0; i < std::min(s.size(), r.size()); ++i) {
       if (same_message(s[i], r[i])) continue;
-      throw ConfigError("pipeline schedule: " + ranks +
-                        " post their point-to-point messages in different orders: rank " +
-                        std::to_string(src) + "'s " + ordinal(i) + " send to rank " +
-                        std::to_string(dst) + " is " + s[i].message() + " (" + posted_by(s[i]) +
-                        "), but rank " + std::to_string(dst) + "'s " + ordinal(i) +
-                        " receive from rank " + std::to_string(src) + " is for " + r[i].message() +
-                        " (" + posted_by(r[i]) + ")" + why + format_schedule_table(table));
+      throw ConfigError(message("pipeline schedule: ", ranks,
+                                " post their point-to-point messages in different orders: rank ",
+                                src, "'s ", ordinal(i), " send to rank ", dst, " is ",
+                                s[i].message(), " (", posted_by(s[i]), "), but rank ", dst, "'s ",
+                                ordinal(i), " receive from rank ", src, " is for ", r[i].message(),
+                                " (", posted_by(r[i]), ")", why, format_schedule_table(table)));
     }
     if (s.size() != r.size()) {
       const bool more_sends = s.size() > r.size();
       const Transfer& extra = more_sends ? s[r.size()] : r[s.size()];
-      throw ConfigError("pipeline schedule: rank " + std::to_string(src) + " sends " +
-                        std::to_string(s.size()) + " messages to rank " + std::to_string(dst) +
-                        ", which receives " + std::to_string(r.size()) + " from it; the " +
-                        ordinal(std::min(s.size(), r.size())) + ", " + extra.message() + " (" +
-                        posted_by(extra) + "), has no " + (more_sends ? "receive" : "send") + "\n" +
-                        format_schedule_table(table));
+      throw ConfigError(message(
+          "pipeline schedule: rank ", src, " sends ", s.size(), " messages to rank ", dst,
+          ", which receives ", r.size(), " from it; the ", ordinal(std::min(s.size(), r.size())),
+          ", ", extra.message(), " (", posted_by(extra), "), has no ",
+          (more_sends ? "receive" : "send"), "\n", format_schedule_table(table)));
     }
   }
 }

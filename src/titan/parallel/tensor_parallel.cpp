@@ -263,8 +263,9 @@ TensorParallel::TensorParallel(Model& model, std::shared_ptr<dist::Group> group,
   if (plan.empty()) throw ConfigError("this model has no tensor-parallel plan");
   for (const auto& unit : model.units()) {
     if (unit.reused_in_forward) {
-      throw ConfigError("tensor parallelism does not support tied embeddings (unit '" + unit.name +
-                        "'); set tie_embeddings = false or tensor_parallel_degree = 1");
+      throw ConfigError(message("tensor parallelism does not support tied embeddings (unit '",
+                                unit.name,
+                                "'); set tie_embeddings = false or tensor_parallel_degree = 1"));
     }
   }
   for (const auto& item : model.named_parameters()) {
@@ -276,8 +277,8 @@ TensorParallel::TensorParallel(Model& model, std::shared_ptr<dist::Group> group,
     at::Tensor& w = layer.weight;
     const int64_t n = w.size(dim);
     if (n % t != 0) {
-      throw ConfigError("tensor parallelism: " + name + ".weight has " + std::to_string(n) + " " +
-                        what + ", not divisible by tensor_parallel_degree " + std::to_string(t));
+      throw ConfigError(message("tensor parallelism: ", name, ".weight has ", n, " ", what,
+                                ", not divisible by tensor_parallel_degree ", t));
     }
     ParamPlacement& place = placements_.at(name + ".weight");
     place.box.offsets[dim] = r * (n / t);
@@ -327,10 +328,9 @@ TensorParallel::TensorParallel(Model& model, std::shared_ptr<dist::Group> group,
             const int64_t heads = attention->wq->weight.size(0) / attention->head_dim;
             const int64_t kv_heads = attention->wk->weight.size(0) / attention->head_dim;
             if (heads % t != 0 || kv_heads % t != 0) {
-              throw ConfigError(
-                  "tensor parallelism: " + name + " has n_heads " + std::to_string(heads) +
-                  " and n_kv_heads " + std::to_string(kv_heads) +
-                  "; both must be divisible by tensor_parallel_degree " + std::to_string(t));
+              throw ConfigError(message("tensor parallelism: ", name, " has n_heads ", heads,
+                                        " and n_kv_heads ", kv_heads,
+                                        "; both must be divisible by tensor_parallel_degree ", t));
             }
           }
           install_hook(*hooked, std::make_shared<GatherInputHook>(group_.get()));
@@ -391,10 +391,10 @@ TensorParallel::TensorParallel(Model& model, std::shared_ptr<dist::Group> group,
     ++split_moe_layers_;
   }
   if (split_moe_layers_ == 0) {
-    throw ConfigError(
-        "parallelism.expert_tensor_parallel_degree = " + std::to_string(t) +
+    throw ConfigError(message(
+        "parallelism.expert_tensor_parallel_degree = ", t,
         " splits the experts of mixture-of-experts layers over tp, and this model has none. "
-        "HINT: set it to 1");
+        "HINT: set it to 1"));
   }
 }
 

@@ -144,10 +144,10 @@ void check_fits_in_memory(const MemoryEstimate& need, double available_bytes,
   if (available_bytes <= 0 || need.total() <= kMemoryRefuseFactor * available_bytes) return;
   char factor[32];
   std::snprintf(factor, sizeof(factor), "%.3g", need.total() / available_bytes);
-  throw ConfigError(what + " needs about " + gib_text(need.total()) + " of memory (" +
-                    need.breakdown() + "), " + factor + "x the " + gib_text(available_bytes) + " " +
-                    where + " has for it. HINT: " + hint +
-                    " (`titan inspect` prints the estimate)");
+  throw ConfigError(message(what, " needs about ", gib_text(need.total()), " of memory (",
+                            need.breakdown(), "), ", factor, "x the ", gib_text(available_bytes),
+                            " ", where, " has for it. HINT: ", hint,
+                            " (`titan inspect` prints the estimate)"));
 }
 
 }  // namespace titan

@@ -109,9 +109,9 @@ Hardware gpu_preset(const std::string& name, const std::string& flag) {
   } else if (lower == "a100") {
     h = {"A100 SXM", 80 * kGiB, 8 * kGiB, 312e12, 300 * kGB, 25 * kGB, true, kNcclLatency};
   } else {
-    throw ConfigError(flag + " '" + name + "' is not a GPU preset" +
-                      suggestion(lower, gpu_preset_names(), "presets") +
-                      ". HINT: or give --gpu_memory_gib and --peak_tflops");
+    throw ConfigError(message(flag, " '", name, "' is not a GPU preset",
+                              suggestion(lower, gpu_preset_names(), "presets"),
+                              ". HINT: or give --gpu_memory_gib and --peak_tflops"));
   }
   return h;
 }
@@ -119,33 +119,34 @@ Hardware gpu_preset(const std::string& name, const std::string& flag) {
 void PlanRequest::validate() const {
   const auto positive = [](const std::string& flag, double v) {
     if (!(v > 0) || !std::isfinite(v)) {
-      throw ConfigError(flag + " must be a positive number, got " + fmt("%g", v));
+      throw ConfigError(message(flag, " must be a positive number, got ", fmt("%g", v)));
     }
   };
-  if (nodes < 1) throw ConfigError("--nodes must be >= 1, got " + std::to_string(nodes));
+  if (nodes < 1) throw ConfigError(message("--nodes must be >= 1, got ", nodes));
   if (gpus_per_node < 1) {
-    throw ConfigError("--gpus_per_node must be >= 1, got " + std::to_string(gpus_per_node));
+    throw ConfigError(message("--gpus_per_node must be >= 1, got ", gpus_per_node));
   }
   if (nodes > kMaxPlanDevices || gpus_per_node > kMaxPlanDevices ||
       nodes * gpus_per_node > kMaxPlanDevices) {
-    throw ConfigError("--nodes " + std::to_string(nodes) + " x --gpus_per_node " +
-                      std::to_string(gpus_per_node) + " = " +
-                      fmt("%.4g", static_cast<double>(nodes) * static_cast<double>(gpus_per_node)) +
-                      " devices: titan plan plans at most " + std::to_string(kMaxPlanDevices) +
-                      " devices (the largest clusters have about 10^5)");
+    throw ConfigError(
+        message("--nodes ", nodes, " x --gpus_per_node ", gpus_per_node, " = ",
+                fmt("%.4g", static_cast<double>(nodes) * static_cast<double>(gpus_per_node)),
+                " devices: titan plan plans at most ", kMaxPlanDevices,
+                " devices (the largest clusters have about 10^5)"));
   }
   positive("--gpu_memory_gib", hardware.memory_bytes);
   if (!(hardware.reserved_bytes >= 0) || hardware.reserved_bytes >= hardware.memory_bytes) {
-    throw ConfigError("--reserved_gib " + fmt("%g", hardware.reserved_bytes / (1 << 30)) +
-                      " must be >= 0 and below the device memory, " +
-                      fmt("%g", hardware.memory_bytes / (1 << 30)) + " GiB (--gpu_memory_gib)");
+    throw ConfigError(message("--reserved_gib ", fmt("%g", hardware.reserved_bytes / (1 << 30)),
+                              " must be >= 0 and below the device memory, ",
+                              fmt("%g", hardware.memory_bytes / (1 << 30)),
+                              " GiB (--gpu_memory_gib)"));
   }
   positive("--peak_tflops", hardware.peak_flops);
   positive("--intra_node_gbps", hardware.intra_node_bps);
   positive("--inter_node_gbps", hardware.inter_node_bps);
   if (!(mfu > 0 && mfu <= 1)) {
-    throw ConfigError("--mfu is the compute efficiency, a fraction in (0, 1], got " +
-                      fmt("%g", mfu) + ". HINT: 0.4 is typical for bf16 training on H100");
+    throw ConfigError(message("--mfu is the compute efficiency, a fraction in (0, 1], got ",
+                              fmt("%g", mfu), ". HINT: 0.4 is typical for bf16 training on H100"));
   }
   if (config.training.global_batch_size == 0 || config.training.global_batch_size < -1) {
     throw ConfigError("training.global_batch_size must be > 0 (or -1: local_batch_size x dp)");
@@ -158,8 +159,8 @@ void PlanRequest::validate() const {
     try {
       ac_policy(section);
     } catch (const ConfigError& e) {
-      throw ConfigError("--ac '" + ac + "' is not none, full, op or a positive integer (" +
-                        e.what() + ")");
+      throw ConfigError(
+          message("--ac '", ac, "' is not none, full, op or a positive integer (", e.what(), ")"));
     }
   }
   for (const std::string& s : schedules) pp::parse_schedule_kind(s, "--pp_schedules");

@@ -76,9 +76,8 @@ struct Simulator {
     constexpr double kMaxEntries = 1 << 25;
     if (static_cast<double>(stage_bound) * static_cast<double>(microbatch_bound) * kKinds >
         kMaxEntries) {
-      throw ConfigError("the pipeline schedule is too large to simulate: stages up to " +
-                        std::to_string(stage_bound - 1) + " and microbatches up to " +
-                        std::to_string(microbatch_bound - 1));
+      throw ConfigError(message("the pipeline schedule is too large to simulate: stages up to ",
+                                stage_bound - 1, " and microbatches up to ", microbatch_bound - 1));
     }
     const size_t n = static_cast<size_t>(stage_bound * microbatch_bound * kKinds);
     finished.assign(n, std::numeric_limits<double>::quiet_NaN());
@@ -214,9 +213,8 @@ void record_owner(std::map<int64_t, int64_t>& owner, const Action& a, int64_t ra
   }
   const auto [it, inserted] = owner.emplace(a.stage, rank);
   if (!inserted && it->second != rank) {
-    throw ConfigError("stage " + std::to_string(a.stage) + " appears on rank " +
-                      std::to_string(it->second) + " and rank " + std::to_string(rank) +
-                      " of the pipeline schedule");
+    throw ConfigError(message("stage ", a.stage, " appears on rank ", it->second, " and rank ",
+                              rank, " of the pipeline schedule"));
   }
 }
 
@@ -280,9 +278,9 @@ SimulationResult simulate_schedule(const ScheduleTable& table, const ActionCosts
                  std::to_string(next[r]) + " of its table) waits for " + waiting;
       }
       throw ConfigError(
-          "the pipeline schedule deadlocks: every unfinished rank waits for an "
-          "input that no rank can produce" +
-          stuck + "\n" + format_schedule_table(table));
+          message("the pipeline schedule deadlocks: every unfinished rank waits for an "
+                  "input that no rank can produce",
+                  stuck, "\n", format_schedule_table(table)));
     }
   }
   result.makespan = *std::max_element(clock.begin(), clock.end());

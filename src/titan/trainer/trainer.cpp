@@ -47,13 +47,13 @@ namespace {
 // The validation set cannot fill one batch of validation.local_batch_size x (seq_len + 1) tokens
 // over the data-parallel ranks.
 [[noreturn]] void throw_validation_too_small(const ValidationSection& v, int64_t dp_size) {
-  throw ConfigError("validation set '" + v.dataset + "' yields no full batch of " +
-                    std::to_string(v.local_batch_size) + " x " + std::to_string(v.seq_len + 1) +
-                    " tokens" +
-                    (dp_size > 1 ? " on each of " + std::to_string(dp_size) + " data-parallel ranks"
-                                 : std::string()) +
-                    ". HINT: lower validation.local_batch_size or validation.seq_len, or use a "
-                    "larger validation set (validation.dataset_path)");
+  throw ConfigError(
+      message("validation set '", v.dataset, "' yields no full batch of ", v.local_batch_size,
+              " x ", v.seq_len + 1, " tokens",
+              (dp_size > 1 ? " on each of " + std::to_string(dp_size) + " data-parallel ranks"
+                           : std::string()),
+              ". HINT: lower validation.local_batch_size or validation.seq_len, or use a "
+              "larger validation set (validation.dataset_path)"));
 }
 
 }  // namespace
@@ -80,11 +80,10 @@ Trainer::Trainer(JobConfig config, const DistributedContext* dist) : config_(std
   const int64_t per_step = t.local_batch_size * dp_size_;
   const int64_t global = t.global_batch_size < 0 ? per_step : t.global_batch_size;
   if (global % per_step != 0) {
-    throw ConfigError("training.global_batch_size " + std::to_string(global) +
-                      " must be a multiple of local_batch_size(" +
-                      std::to_string(t.local_batch_size) + ") * data-parallel degree(" +
-                      std::to_string(dp_size_) + ") = " + std::to_string(per_step) +
-                      " (the rest is gradient accumulation)");
+    throw ConfigError(message("training.global_batch_size ", global,
+                              " must be a multiple of local_batch_size(", t.local_batch_size,
+                              ") * data-parallel degree(", dp_size_, ") = ", per_step,
+                              " (the rest is gradient accumulation)"));
   }
   accumulation_steps_ = global / per_step;
 
@@ -141,12 +140,12 @@ void Trainer::build_profiling() {
     char* end = nullptr;
     const long long bytes = std::strtoll(limit, &end, 10);
     if (end == limit || *end != '\0' || bytes <= 0) {
-      throw ConfigError("TITAN_CPU_MEMORY_LIMIT must be a positive number of bytes, got '" +
-                        std::string(limit) + "'");
+      throw ConfigError(
+          message("TITAN_CPU_MEMORY_LIMIT must be a positive number of bytes, got '", limit, "'"));
     }
     if (!device_.is_cpu()) {
-      throw ConfigError("TITAN_CPU_MEMORY_LIMIT limits CPU tensors; this run trains on " +
-                        device_.str());
+      throw ConfigError(
+          message("TITAN_CPU_MEMORY_LIMIT limits CPU tensors; this run trains on ", device_.str()));
     }
     CpuMemoryProbe::install();
     CpuMemoryProbe::set_limit(bytes);

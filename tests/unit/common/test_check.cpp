@@ -17,6 +17,15 @@ TEST(Check, MessageStreamsItsParts) {
   EXPECT_EQ(message(), "");
 }
 
+TEST(Check, MessageWritesBytesAsNumbersAndCharsAsCharacters) {
+  const int8_t small = -3;
+  const uint8_t byte = 200;
+  EXPECT_EQ(message("width ", small, ", code ", byte, ", sep '", ',', "'"),
+            "width -3, code 200, sep ','");
+  EXPECT_EQ(message("eps ", 1e-5, ", factor ", 0.5, ", whole ", 2.0),
+            "eps 1e-05, factor 0.5, whole 2");
+}
+
 TEST(Check, ConfigCheckThrowsConfigErrorOnlyWhenItFails) {
   int evaluated = 0;
   const auto check = [&](int64_t len, int64_t t) {

@@ -67,8 +67,8 @@ DatasetSpec find_spec(const std::string& name) {
   }
   std::vector<std::string> known;
   for (const auto& entry : reg.specs) known.push_back(entry.first);
-  throw ConfigError("unknown dataset '" + name + "'" + did_you_mean(likely_name(name, known)) +
-                    " Known datasets: " + join(known) + ".");
+  throw ConfigError(message("unknown dataset '", name, "'", did_you_mean(likely_name(name, known)),
+                            " Known datasets: ", join(known), "."));
 }
 
 }  // namespace
@@ -80,7 +80,7 @@ void register_dataset(DatasetSpec spec) {
   std::lock_guard<std::mutex> lock(reg.mutex);
   const std::string name = spec.name;
   if (!reg.specs.emplace(name, std::move(spec)).second) {
-    throw ConfigError("register_dataset: dataset '" + name + "' is already registered");
+    throw ConfigError(message("register_dataset: dataset '", name, "' is already registered"));
   }
 }
 
@@ -112,10 +112,11 @@ std::string titan_cache_dir() {
 std::string default_dataset_path(const std::string& name) {
   const DatasetSpec spec = find_spec(name);
   if (spec.cache_subdir.empty()) {
-    throw ConfigError("dataset '" + name +
-                      "' reads your own files and has no default location; "
-                      "set the dataset_path of its section (e.g. --training.dataset_path DIR or "
-                      "--validation.dataset_path DIR)");
+    throw ConfigError(
+        message("dataset '", name,
+                "' reads your own files and has no default location; "
+                "set the dataset_path of its section (e.g. --training.dataset_path DIR or "
+                "--validation.dataset_path DIR)"));
   }
   return titan_cache_dir() + "/datasets/" + spec.cache_subdir;
 }

@@ -281,7 +281,8 @@ CorpusFormat corpus_format_from_name(const std::string& name) {
   if (name == "jsonl") return CorpusFormat::kJsonl;
   if (name == "tokens") return CorpusFormat::kTokens;
   if (name == "auto") return CorpusFormat::kAuto;
-  throw ConfigError("unknown corpus format '" + name + "'; expected text, jsonl, tokens or auto");
+  throw ConfigError(
+      message("unknown corpus format '", name, "'; expected text, jsonl, tokens or auto"));
 }
 
 CorpusSettings CorpusSettings::of_section(const std::string& section) {

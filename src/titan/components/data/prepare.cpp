@@ -29,8 +29,8 @@ PrepareStats prepare_token_shards(const PrepareOptions& options, const Tokenizer
     throw ConfigError("data prepare: no --output folder given");
   }
   if (options.shard_tokens < 1) {
-    throw ConfigError("data prepare: --shard-tokens must be >= 1, got " +
-                      std::to_string(options.shard_tokens));
+    throw ConfigError(
+        message("data prepare: --shard-tokens must be >= 1, got ", options.shard_tokens));
   }
   // Checked first: an output folder inside an input folder would otherwise offer its old
   // shards as input.

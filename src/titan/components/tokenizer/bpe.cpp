@@ -134,18 +134,20 @@ const std::string& BpeTokenizer::token_bytes(int64_t id) const {
 
 int64_t BpeTokenizer::bos_id() const {
   if (!model_.bos_id) {
-    throw ConfigError(model_.source +
-                      ": the tokenizer defines no BOS token (looked for <|begin_of_text|> and "
-                      "<|endoftext|>); use tokenizer files that have one");
+    throw ConfigError(
+        message(model_.source,
+                ": the tokenizer defines no BOS token (looked for <|begin_of_text|> and "
+                "<|endoftext|>); use tokenizer files that have one"));
   }
   return *model_.bos_id;
 }
 
 int64_t BpeTokenizer::eos_id() const {
   if (!model_.eos_id) {
-    throw ConfigError(model_.source +
-                      ": the tokenizer defines no EOS token (looked for <|end_of_text|> and "
-                      "<|endoftext|>); use tokenizer files that have one");
+    throw ConfigError(
+        message(model_.source,
+                ": the tokenizer defines no EOS token (looked for <|end_of_text|> and "
+                "<|endoftext|>); use tokenizer files that have one"));
   }
   return *model_.eos_id;
 }

@@ -203,10 +203,9 @@ BpeTrainResult BpeTrainer::train(const BpeTrainerOptions& options,
                                  const BpeProgressFn& progress) const {
   const int64_t num_special = static_cast<int64_t>(options.special_tokens.size());
   if (options.vocab_size < 256 + num_special) {
-    throw ConfigError("tokenizer train: --vocab-size " + std::to_string(options.vocab_size) +
-                      " is too small; it must hold the 256 byte tokens and " +
-                      std::to_string(num_special) + " special tokens (at least " +
-                      std::to_string(256 + num_special) + ")");
+    throw ConfigError(message("tokenizer train: --vocab-size ", options.vocab_size,
+                              " is too small; it must hold the 256 byte tokens and ", num_special,
+                              " special tokens (at least ", 256 + num_special, ")"));
   }
   const int64_t wanted = options.vocab_size - num_special - 256;
   Merger merger(word_counts_);
@@ -236,10 +235,10 @@ std::vector<std::string> list_training_files(const std::vector<std::string>& inp
     } else if (fs::is_regular_file(input, ec)) {
       files.push_back(input);
     } else if (fs::exists(input, ec)) {  // a FIFO would hang, a device fill memory
-      throw ConfigError("tokenizer train: --input " + input + " is " +
-                        non_regular_file_kind(input) + ", not a regular file or folder");
+      throw ConfigError(message("tokenizer train: --input ", input, " is ",
+                                non_regular_file_kind(input), ", not a regular file or folder"));
     } else {
-      throw ConfigError("tokenizer train: --input " + input + ": no such file or folder");
+      throw ConfigError(message("tokenizer train: --input ", input, ": no such file or folder"));
     }
   }
   std::sort(files.begin(), files.end());

@@ -134,7 +134,7 @@ void read_pre_tokenizer(const json& pt, const std::string& path, bool* byte_leve
     *byte_level = true;
     model->add_prefix_space = pt.value("add_prefix_space", false);
     if (pt.value("use_regex", true)) {
-      if (*split) throw ConfigError(path + ": two pre-tokenizer regexes are not supported");
+      if (*split) throw ConfigError(message(path, ": two pre-tokenizer regexes are not supported"));
       *split = PreTokenizer::kGpt2;
     }
   } else if (type == "Split") {
@@ -143,15 +143,15 @@ void read_pre_tokenizer(const json& pt, const std::string& path, bool* byte_leve
         pattern.contains("Regex") ? pattern.at("Regex").get<std::string>() : std::string();
     std::optional<PreTokenizer> kind = pre_tokenizer_from_pattern(regex);
     if (!kind || pt.value("behavior", "") != "Isolated" || pt.value("invert", false)) {
-      throw ConfigError(path + ": unsupported Split pre-tokenizer " + pt.dump() +
-                        "; only the GPT-2 and Llama-3 regexes with behavior Isolated are "
-                        "implemented");
+      throw ConfigError(message(path, ": unsupported Split pre-tokenizer ", pt.dump(),
+                                "; only the GPT-2 and Llama-3 regexes with behavior Isolated are "
+                                "implemented"));
     }
-    if (*split) throw ConfigError(path + ": two pre-tokenizer regexes are not supported");
+    if (*split) throw ConfigError(message(path, ": two pre-tokenizer regexes are not supported"));
     *split = kind;
   } else {
-    throw ConfigError(path + ": unsupported pre-tokenizer type '" + type +
-                      "'; supported: ByteLevel, Split (GPT-2 / Llama-3 regex), Sequence");
+    throw ConfigError(message(path, ": unsupported pre-tokenizer type '", type,
+                              "'; supported: ByteLevel, Split (GPT-2 / Llama-3 regex), Sequence"));
   }
 }
 
@@ -212,19 +212,20 @@ BpeModel read_hf_tokenizer_json(const std::string& path) {
   try {
     const json& m = root.at("model");
     if (m.value("type", "BPE") != "BPE") {
-      throw ConfigError(path + ": model.type is '" + m.value("type", "") +
-                        "'; only byte-level BPE tokenizers are supported");
+      throw ConfigError(message(path, ": model.type is '", m.value("type", ""),
+                                "'; only byte-level BPE tokenizers are supported"));
     }
     if (!m.value("continuing_subword_prefix", json()).is_null() &&
         !m["continuing_subword_prefix"].get<std::string>().empty()) {
-      throw ConfigError(path + ": continuing_subword_prefix is not supported");
+      throw ConfigError(message(path, ": continuing_subword_prefix is not supported"));
     }
     if (!m.value("end_of_word_suffix", json()).is_null() &&
         !m["end_of_word_suffix"].get<std::string>().empty()) {
-      throw ConfigError(path + ": end_of_word_suffix is not supported");
+      throw ConfigError(message(path, ": end_of_word_suffix is not supported"));
     }
     if (!root.value("normalizer", json()).is_null()) {
-      throw ConfigError(path + ": normalizer " + root["normalizer"].dump() + " is not supported");
+      throw ConfigError(
+          message(path, ": normalizer ", root["normalizer"].dump(), " is not supported"));
     }
     model.ignore_merges = m.value("ignore_merges", false);
     const json& vocab = m.at("vocab");
@@ -243,15 +244,15 @@ BpeModel read_hf_tokenizer_json(const std::string& path) {
       }
     }
     const json pt = root.value("pre_tokenizer", json());
-    if (pt.is_null()) throw ConfigError(path + ": a byte-level BPE needs a pre_tokenizer");
+    if (pt.is_null()) throw ConfigError(message(path, ": a byte-level BPE needs a pre_tokenizer"));
     bool byte_level = false;
     std::optional<PreTokenizer> split;
     read_pre_tokenizer(pt, path, &byte_level, &split, &model);
     if (!byte_level || !split) {
-      throw ConfigError(path +
-                        ": the pre-tokenizer must be ByteLevel with a GPT-2 or Llama-3 "
-                        "regex; got " +
-                        pt.dump());
+      throw ConfigError(message(path,
+                                ": the pre-tokenizer must be ByteLevel with a GPT-2 or Llama-3 "
+                                "regex; got ",
+                                pt.dump()));
     }
     model.pre_tokenizer = *split;
     std::unordered_map<std::string, int64_t> named;
@@ -379,10 +380,11 @@ std::unique_ptr<BpeTokenizer> load_bpe_tokenizer(const std::string& path) {
             ? ""
             : ". HINT: assets/tokenizer/sotu_2k is built by scripts/setup.sh "
               "(scripts/build_tokenizer.sh); run it, and run titan from the repository root";
-    throw ConfigError("model.hf_assets_path: '" + path + "' does not exist" + where +
-                      "; point it at a tokenizer.json, a tiktoken file or a folder holding one, "
-                      "or leave it empty for the byte-level tokenizer" +
-                      hint);
+    throw ConfigError(
+        message("model.hf_assets_path: '", path, "' does not exist", where,
+                "; point it at a tokenizer.json, a tiktoken file or a folder holding one, "
+                "or leave it empty for the byte-level tokenizer",
+                hint));
   }
   if (!fs::is_directory(path, ec)) {
     if (fs::path(path).extension() == ".json") {
@@ -407,10 +409,11 @@ std::unique_ptr<BpeTokenizer> load_bpe_tokenizer(const std::string& path) {
   for (const char* name : {"tokenizer.model", "original/tokenizer.model"}) {
     if (has(name)) return std::make_unique<BpeTokenizer>(read_tiktoken((dir / name).string()));
   }
-  throw ConfigError("model.hf_assets_path: '" + path +
-                    "' holds no tokenizer files (looked for tokenizer.json, vocab.json + "
-                    "merges.txt, encoder.json + vocab.bpe, tokenizer.model); leave it empty for "
-                    "the byte-level tokenizer");
+  throw ConfigError(
+      message("model.hf_assets_path: '", path,
+              "' holds no tokenizer files (looked for tokenizer.json, vocab.json + "
+              "merges.txt, encoder.json + vocab.bpe, tokenizer.model); leave it empty for "
+              "the byte-level tokenizer"));
 }
 
 }  // namespace titan

@@ -43,9 +43,9 @@ int64_t eos_id_or_none(const Tokenizer& tokenizer) {
 void check_tokenizer_fits_model(const Tokenizer& tokenizer, int64_t model_vocab_size,
                                 const std::string& model, const std::string& hint) {
   if (tokenizer.vocab_size() > model_vocab_size) {
-    throw ConfigError("tokenizer vocab " + std::to_string(tokenizer.vocab_size()) +
-                      " exceeds the model's vocab_size " + std::to_string(model_vocab_size) +
-                      " for " + model + "; " + hint);
+    throw ConfigError(message("tokenizer vocab ", tokenizer.vocab_size(),
+                              " exceeds the model's vocab_size ", model_vocab_size, " for ", model,
+                              "; ", hint));
   }
 }
 

@@ -392,9 +392,9 @@ at::Tensor document_ids(const at::Tensor& tokens, int64_t end_token) {
 AttentionMask parse_attention_mask(const std::string& name) {
   if (name == "causal") return AttentionMask::kCausal;
   if (name == "block_causal") return AttentionMask::kBlockCausal;
-  throw ConfigError("unknown model.attn_mask_type '" + name + "'" +
-                    did_you_mean(likely_name(name, {"causal", "block_causal"})) +
-                    " (it is \"causal\" or \"block_causal\")");
+  throw ConfigError(message("unknown model.attn_mask_type '", name, "'",
+                            did_you_mean(likely_name(name, {"causal", "block_causal"})),
+                            " (it is \"causal\" or \"block_causal\")"));
 }
 
 at::Tensor cached_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,

@@ -182,8 +182,8 @@ Float8Recipe float8_recipe_from_name(const std::string& name) {
   if (name.empty() || name == "tensorwise") return Float8Recipe::kTensorwise;
   if (name == "rowwise") return Float8Recipe::kRowwise;
   if (name == "rowwise_with_gw_hp") return Float8Recipe::kRowwiseWithGwHp;
-  throw ConfigError("quantize.linear.float8.recipe_name must be tensorwise, rowwise or " +
-                    std::string("rowwise_with_gw_hp (or unset: tensorwise); got '") + name + "'");
+  throw ConfigError(message("quantize.linear.float8.recipe_name must be tensorwise, rowwise or ",
+                            "rowwise_with_gw_hp (or unset: tensorwise); got '", name, "'"));
 }
 
 const char* float8_recipe_name(Float8Recipe recipe) {

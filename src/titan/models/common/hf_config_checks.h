@@ -27,9 +27,8 @@ inline void check_number(const std::string& key, double value, double lo, double
 inline void check_int(const std::string& key, int64_t value, int64_t lo, int64_t hi,
                       const std::string& why = "") {
   if (value >= lo && value <= hi) return;
-  throw ConfigError("config.json \"" + key + "\" must be in [" + std::to_string(lo) + ", " +
-                    std::to_string(hi) + "], got " + std::to_string(value) +
-                    (why.empty() ? "" : " (" + why + ")"));
+  throw ConfigError(message("config.json \"", key, "\" must be in [", lo, ", ", hi, "], got ",
+                            value, (why.empty() ? "" : " (" + why + ")")));
 }
 
 }  // namespace titan::hf

@@ -30,23 +30,22 @@ void MlaArgs::validate() const {
   for (const int64_t v :
        {q_lora_rank, kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim, v_head_dim}) {
     if (v < 0 || v > kMax) {
-      throw ConfigError("MLA: " + sizes + ": each must be in [0, " + std::to_string(kMax) + "]");
+      throw ConfigError(message("MLA: ", sizes, ": each must be in [0, ", kMax, "]"));
     }
   }
   if (kv_lora_rank < 1 || v_head_dim < 1 || qk_rope_head_dim < 2 || qk_rope_head_dim % 2 != 0) {
-    throw ConfigError("MLA: " + sizes +
-                      ": kv_lora_rank and v_head_dim must be >= 1 and qk_rope_head_dim even and "
-                      ">= 2 (RoPE rotates pairs)");
+    throw ConfigError(
+        message("MLA: ", sizes,
+                ": kv_lora_rank and v_head_dim must be >= 1 and qk_rope_head_dim even and "
+                ">= 2 (RoPE rotates pairs)"));
   }
   if (!(norm_eps > 0) || !std::isfinite(norm_eps) || !std::isfinite(mscale) ||
       !std::isfinite(yarn.factor) || !(yarn.beta_fast > 0) || !(yarn.beta_slow > 0) ||
       yarn.original_seq_len < 1) {
-    throw ConfigError("MLA: latent_norm_eps " + std::to_string(norm_eps) + ", mscale " +
-                      std::to_string(mscale) + ", rope_factor " + std::to_string(yarn.factor) +
-                      ", beta_fast " + std::to_string(yarn.beta_fast) + ", beta_slow " +
-                      std::to_string(yarn.beta_slow) + " and original_seq_len " +
-                      std::to_string(yarn.original_seq_len) +
-                      " must be finite (eps, betas and original_seq_len > 0)");
+    throw ConfigError(message(
+        "MLA: latent_norm_eps ", norm_eps, ", mscale ", mscale, ", rope_factor ", yarn.factor,
+        ", beta_fast ", yarn.beta_fast, ", beta_slow ", yarn.beta_slow, " and original_seq_len ",
+        yarn.original_seq_len, " must be finite (eps, betas and original_seq_len > 0)"));
   }
 }
 

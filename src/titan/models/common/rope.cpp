@@ -106,11 +106,11 @@ void RotaryEmbedding::build_tables(int64_t head_dim, int64_t max_seq_len,
   const double need = rope_table_bytes(head_dim, max_seq_len);
   const double memory = machine_memory_bytes();
   if (memory > 0 && need > memory) {
-    throw ConfigError("the RoPE tables for max_seq_len " + std::to_string(max_seq_len) +
-                      " positions (head_dim " + std::to_string(head_dim) + ") need about " +
-                      gib_text(need) + ", more than this machine's " + gib_text(memory) +
-                      ". HINT: lower the sequence length: --max_seq_len for `titan generate`, "
-                      "training.seq_len for `titan train`");
+    throw ConfigError(
+        message("the RoPE tables for max_seq_len ", max_seq_len, " positions (head_dim ", head_dim,
+                ") need about ", gib_text(need), ", more than this machine's ", gib_text(memory),
+                ". HINT: lower the sequence length: --max_seq_len for `titan generate`, "
+                "training.seq_len for `titan train`"));
   }
   // float32 angles, like TorchTitan's torch.outer(t, freqs).
   const at::Tensor angles = at::outer(at::arange(max_seq_len, at::kFloat), freqs());

@@ -72,7 +72,7 @@ bool has(const nlohmann::json& c, const std::string& key) {
 int64_t int_or(const nlohmann::json& c, const std::string& key, int64_t fallback) {
   if (!has(c, key)) return fallback;
   if (!c[key].is_number_integer()) {
-    throw ConfigError("config.json \"" + key + "\" must be an integer, got " + c[key].dump());
+    throw ConfigError(message("config.json \"", key, "\" must be an integer, got ", c[key].dump()));
   }
   return c[key].get<int64_t>();
 }
@@ -80,7 +80,7 @@ int64_t int_or(const nlohmann::json& c, const std::string& key, int64_t fallback
 double double_or(const nlohmann::json& c, const std::string& key, double fallback) {
   if (!has(c, key)) return fallback;
   if (!c[key].is_number()) {
-    throw ConfigError("config.json \"" + key + "\" must be a number, got " + c[key].dump());
+    throw ConfigError(message("config.json \"", key, "\" must be a number, got ", c[key].dump()));
   }
   return c[key].get<double>();
 }
@@ -88,7 +88,8 @@ double double_or(const nlohmann::json& c, const std::string& key, double fallbac
 bool bool_or(const nlohmann::json& c, const std::string& key, bool fallback) {
   if (!has(c, key)) return fallback;
   if (!c[key].is_boolean()) {
-    throw ConfigError("config.json \"" + key + "\" must be true or false, got " + c[key].dump());
+    throw ConfigError(
+        message("config.json \"", key, "\" must be true or false, got ", c[key].dump()));
   }
   return c[key].get<bool>();
 }
@@ -102,7 +103,8 @@ void set_rope(const nlohmann::json& c, Llama3Args& args) {
     rope = c["rope_scaling"];
   }
   if (!rope.is_object()) {
-    throw ConfigError("config.json \"rope_parameters\" must be an object, got " + rope.dump());
+    throw ConfigError(
+        message("config.json \"rope_parameters\" must be an object, got ", rope.dump()));
   }
   args.rope_theta = double_or(rope, "rope_theta", double_or(c, "rope_theta", 10000.0));
   const std::string type = rope.contains("rope_type") && rope["rope_type"].is_string()
@@ -115,8 +117,8 @@ void set_rope(const nlohmann::json& c, Llama3Args& args) {
   }
   if (type == "default") return;
   if (type != "yarn") {
-    throw ConfigError("config.json rope type \"" + type +
-                      "\" is not supported (DeepSeek-V3: \"yarn\" or \"default\")");
+    throw ConfigError(message("config.json rope type \"", type,
+                              "\" is not supported (DeepSeek-V3: \"yarn\" or \"default\")"));
   }
   YarnScaling& y = args.mla.yarn;
   y.original_seq_len = int_or(rope, "original_max_position_embeddings", 4096);
@@ -146,10 +148,10 @@ void set_rope(const nlohmann::json& c, Llama3Args& args) {
                  ? yarn_mscale(y.factor, mscale) / yarn_mscale(y.factor, mscale_all_dim)
                  : yarn_mscale(y.factor, 1.0));
   if (std::abs(factor - 1.0) > 1e-12) {
-    throw ConfigError("config.json YaRN scales the rotation by an attention factor " +
-                      std::to_string(factor) +
-                      " (from attention_factor, or mscale / mscale_all_dim), which this model "
-                      "cannot express (DeepSeek-V3's configs give mscale == mscale_all_dim)");
+    throw ConfigError(
+        message("config.json YaRN scales the rotation by an attention factor ", factor,
+                " (from attention_factor, or mscale / mscale_all_dim), which this model "
+                "cannot express (DeepSeek-V3's configs give mscale == mscale_all_dim)"));
   }
   // The softmax correction: transformers applies mscale_all_dim (none when 0 or absent).
   args.mla.mscale = mscale_all_dim;
@@ -157,7 +159,7 @@ void set_rope(const nlohmann::json& c, Llama3Args& args) {
 
 void check_false(const nlohmann::json& c, const std::string& key) {
   if (bool_or(c, key, false)) {
-    throw ConfigError("config.json \"" + key + "\": true is not supported (only false)");
+    throw ConfigError(message("config.json \"", key, "\": true is not supported (only false)"));
   }
 }
 
@@ -232,7 +234,7 @@ Llama3Args args_from_hf_config(const nlohmann::json& c) {
   if (!c.is_object()) throw ConfigError("config.json must hold a JSON object");
   const std::string type = c.value("model_type", std::string("deepseek_v3"));
   if (type != "deepseek_v3") {
-    throw ConfigError("config.json model_type '" + type + "' is not \"deepseek_v3\"");
+    throw ConfigError(message("config.json model_type '", type, "' is not \"deepseek_v3\""));
   }
   // Absent keys take DeepseekV3Config's defaults, as transformers would.
   Llama3Args args;
@@ -246,13 +248,14 @@ Llama3Args args_from_hf_config(const nlohmann::json& c) {
   args.max_seq_len = int_or(c, "max_position_embeddings", 4096);
   args.use_rope_scaling = false;
   if (int_or(c, "num_key_value_heads", args.n_heads) != args.n_heads) {
-    throw ConfigError("config.json \"num_key_value_heads\" " + c["num_key_value_heads"].dump() +
-                      " != num_attention_heads " + std::to_string(args.n_heads) +
-                      " (latent attention expands keys and values for every head)");
+    throw ConfigError(message("config.json \"num_key_value_heads\" ",
+                              c["num_key_value_heads"].dump(), " != num_attention_heads ",
+                              args.n_heads,
+                              " (latent attention expands keys and values for every head)"));
   }
   if (c.value("hidden_act", std::string("silu")) != "silu") {
-    throw ConfigError("config.json \"hidden_act\" " + c["hidden_act"].dump() +
-                      " is not supported (only \"silu\")");
+    throw ConfigError(message("config.json \"hidden_act\" ", c["hidden_act"].dump(),
+                              " is not supported (only \"silu\")"));
   }
   check_false(c, "attention_bias");
   check_false(c, "tie_word_embeddings");
@@ -264,8 +267,8 @@ Llama3Args args_from_hf_config(const nlohmann::json& c) {
   }
   // DeepSeek's own config.json (remote code) names the router; transformers' is always sigmoid.
   if (c.value("scoring_func", std::string("sigmoid")) != "sigmoid") {
-    throw ConfigError("config.json \"scoring_func\" " + c["scoring_func"].dump() +
-                      " is not supported by DeepseekV3 (only \"sigmoid\")");
+    throw ConfigError(message("config.json \"scoring_func\" ", c["scoring_func"].dump(),
+                              " is not supported by DeepseekV3 (only \"sigmoid\")"));
   }
   if (!bool_or(c, "rope_interleave", true)) {
     throw ConfigError(

@@ -78,28 +78,28 @@ void Llama3Args::validate() const {
                           {"max_seq_len", max_seq_len, int64_t{1} << 31}};
   for (const Bound& b : bounds) {
     if (b.value < 0 || b.value > b.limit) {
-      throw ConfigError("llama3: " + std::string(b.name) + " = " + std::to_string(b.value) +
-                        " is out of range (want at most " + std::to_string(b.limit) +
-                        ", and > 0; n_kv_heads and ffn_dim may be 0: derived)");
+      throw ConfigError(message("llama3: ", b.name, " = ", b.value,
+                                " is out of range (want at most ", b.limit,
+                                ", and > 0; n_kv_heads and ffn_dim may be 0: derived)"));
     }
   }
   if (!std::isfinite(ffn_dim_multiplier) || ffn_dim_multiplier > 1000.0) {
-    throw ConfigError("llama3: ffn_dim_multiplier = " + std::to_string(ffn_dim_multiplier) +
-                      " is out of range (want <= 1000; <= 0 means none)");
+    throw ConfigError(message("llama3: ffn_dim_multiplier = ", ffn_dim_multiplier,
+                              " is out of range (want <= 1000; <= 0 means none)"));
   }
   if (head_dim_override < 0 || head_dim_override > kMaxWidth || n_dense_layers < 0 ||
       n_dense_layers > n_layers) {
-    throw ConfigError(
-        "llama3: head_dim = " + std::to_string(head_dim_override) +
-        " (0: dim / n_heads) and n_dense_layers = " + std::to_string(n_dense_layers) +
-        " must be in range (n_dense_layers at most n_layers = " + std::to_string(n_layers) + ")");
+    throw ConfigError(message("llama3: head_dim = ", head_dim_override,
+                              " (0: dim / n_heads) and n_dense_layers = ", n_dense_layers,
+                              " must be in range (n_dense_layers at most n_layers = ", n_layers,
+                              ")"));
   }
   if (mla.enabled()) {
     mla.validate();  // heads of their own sizes: dim / n_heads and head_dim do not apply
   } else if (head_dim_override > 0) {
     if (head_dim_override % 2 != 0) {
-      throw ConfigError("llama3: head_dim " + std::to_string(head_dim_override) +
-                        " must be even (RoPE rotates pairs)");
+      throw ConfigError(
+          message("llama3: head_dim ", head_dim_override, " must be even (RoPE rotates pairs)"));
     }
   } else if (dim % n_heads != 0 || head_dim() % 2 != 0) {
     std::ostringstream os;
@@ -149,7 +149,7 @@ Llama3Args args_for_flavor(const std::string& flavor, const Family& family) {
     }
   }
   check_flavor(family.name, flavor_names(family), flavor);  // throws, naming the nearest flavor
-  throw ConfigError("unknown " + family.name + " flavor '" + flavor + "'");
+  throw ConfigError(message("unknown ", family.name, " flavor '", flavor, "'"));
 }
 
 at::ScalarType residual_dtype(at::ScalarType compute_dtype) {
@@ -492,7 +492,8 @@ nlohmann::json rope_scaling_json(const RopeScaling& rs) {
 
 Llama3Args args_from_description(const nlohmann::json& model, const Family& family) {
   if (!model.is_object() || !model.contains("flavor") || !model["flavor"].is_string()) {
-    throw ConfigError(family.name + " model description " + model.dump() + " has no \"flavor\"");
+    throw ConfigError(
+        message(family.name, " model description ", model.dump(), " has no \"flavor\""));
   }
   const std::string flavor = model["flavor"].get<std::string>();
   const auto names = flavor_names(family);

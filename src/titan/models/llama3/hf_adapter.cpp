@@ -93,11 +93,11 @@ void check_unique(const TensorMap& map, const std::string& name, const std::stri
 
 int64_t config_int(const nlohmann::json& config, const std::string& key) {
   if (!config.contains(key)) {
-    throw ConfigError("config.json lacks \"" + key + "\"");
+    throw ConfigError(message("config.json lacks \"", key, "\""));
   }
   const nlohmann::json& value = config[key];
   if (!value.is_number_integer()) {
-    throw ConfigError("config.json \"" + key + "\" must be an integer, got " + value.dump());
+    throw ConfigError(message("config.json \"", key, "\" must be an integer, got ", value.dump()));
   }
   return value.get<int64_t>();
 }
@@ -108,7 +108,7 @@ double config_double(const nlohmann::json& config, const std::string& key, doubl
   }
   const nlohmann::json& value = config[key];
   if (!value.is_number()) {
-    throw ConfigError("config.json \"" + key + "\" must be a number, got " + value.dump());
+    throw ConfigError(message("config.json \"", key, "\" must be a number, got ", value.dump()));
   }
   return value.get<double>();
 }
@@ -127,19 +127,20 @@ void set_rope(const nlohmann::json& config, Llama3Args& args) {
   const nlohmann::json rope =
       config.contains(key) && !config[key].is_null() ? config[key] : nlohmann::json::object();
   if (!rope.is_object()) {
-    throw ConfigError("config.json \"" + key + "\" must be an object or null, got " + rope.dump());
+    throw ConfigError(
+        message("config.json \"", key, "\" must be an object or null, got ", rope.dump()));
   }
   args.rope_theta = config_double(rope, "rope_theta", config_double(config, "rope_theta", 10000.0));
   const double partial = config_double(rope, "partial_rotary_factor",
                                        config_double(config, "partial_rotary_factor", 1.0));
   if (partial != 1.0) {
-    throw ConfigError("config.json partial_rotary_factor " + std::to_string(partial) +
-                      " is not supported (RoPE rotates the whole head: only 1)");
+    throw ConfigError(message("config.json partial_rotary_factor ", partial,
+                              " is not supported (RoPE rotates the whole head: only 1)"));
   }
   const auto type_of = [&](const char* name) {
     if (rope.contains(name) && !rope[name].is_string()) {
-      throw ConfigError("config.json \"" + key + "\"." + name + " must be a string, got " +
-                        rope[name].dump());
+      throw ConfigError(message("config.json \"", key, "\".", name, " must be a string, got ",
+                                rope[name].dump()));
     }
     return rope.value(name, std::string());
   };
@@ -152,8 +153,8 @@ void set_rope(const nlohmann::json& config, Llama3Args& args) {
     return;
   }
   if (type != "llama3") {
-    throw ConfigError("config.json " + key + " type '" + type +
-                      "' is not supported (only \"llama3\" and \"default\")");
+    throw ConfigError(message("config.json ", key, " type '", type,
+                              "' is not supported (only \"llama3\" and \"default\")"));
   }
   args.use_rope_scaling = true;
   args.rope_scaling.scaling_factor = config_double(rope, "factor", 8.0);
@@ -169,8 +170,8 @@ void set_rope(const nlohmann::json& config, Llama3Args& args) {
 void check_fixed(const nlohmann::json& config, const std::string& key,
                  const nlohmann::json& expected) {
   if (config.contains(key) && !config[key].is_null() && config[key] != expected) {
-    throw ConfigError("config.json \"" + key + "\": " + config[key].dump() +
-                      " is not supported (only " + expected.dump() + ")");
+    throw ConfigError(message("config.json \"", key, "\": ", config[key].dump(),
+                              " is not supported (only ", expected.dump(), ")"));
   }
 }
 
@@ -188,10 +189,9 @@ void check_hf_ranges(const Llama3Args& args) {
     hf::check_number("rope_scaling.low_freq_factor", rs.low_freq_factor, 0, 1e6, true);
     hf::check_number("rope_scaling.high_freq_factor", rs.high_freq_factor, 0, 1e6, true);
     if (rs.high_freq_factor <= rs.low_freq_factor) {
-      throw ConfigError("config.json rope_scaling \"high_freq_factor\" " +
-                        std::to_string(rs.high_freq_factor) + " must exceed \"low_freq_factor\" " +
-                        std::to_string(rs.low_freq_factor) +
-                        " (Llama 3 scaling divides by the gap)");
+      throw ConfigError(message("config.json rope_scaling \"high_freq_factor\" ",
+                                rs.high_freq_factor, " must exceed \"low_freq_factor\" ",
+                                rs.low_freq_factor, " (Llama 3 scaling divides by the gap)"));
     }
     hf::check_int("rope_scaling.original_max_position_embeddings",
                   rs.original_max_position_embeddings, 1, int64_t{1} << 31);
@@ -278,9 +278,9 @@ Llama3Args args_from_hf_config(const nlohmann::json& config) {
   check_fixed(config, "pretraining_tp", 1);
   if (config.contains("head_dim") && !config["head_dim"].is_null() && args.n_heads > 0 &&
       config_int(config, "head_dim") * args.n_heads != args.dim) {
-    throw ConfigError("config.json head_dim " + config["head_dim"].dump() +
-                      " != hidden_size / num_attention_heads (" + std::to_string(args.dim) + " / " +
-                      std::to_string(args.n_heads) + "), which this model requires");
+    throw ConfigError(message("config.json head_dim ", config["head_dim"].dump(),
+                              " != hidden_size / num_attention_heads (", args.dim, " / ",
+                              args.n_heads, "), which this model requires"));
   }
   check_hf_ranges(args);
   args.validate();

@@ -255,10 +255,10 @@ std::vector<std::string> Transformer::stage_modules() const {
 void Transformer::keep_modules(const std::set<std::string>& seen) {
   const bool keep_norm = seen.count("norm") != 0, keep_output = seen.count("output") != 0;
   if (keep_norm != keep_output) {
-    throw ConfigError(std::string("llama3 pipeline stage: ") +
-                      (keep_norm ? "norm without output" : "output without norm") +
-                      ". HINT: the final norm and the output projection form the head and stay "
-                      "in one stage");
+    throw ConfigError(message(
+        "llama3 pipeline stage: ", (keep_norm ? "norm without output" : "output without norm"),
+        ". HINT: the final norm and the output projection form the head and stay "
+        "in one stage"));
   }
   if (args_.tie_embeddings && seen.size() != stage_modules().size()) {
     throw ConfigError(

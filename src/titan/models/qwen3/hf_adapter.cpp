@@ -59,7 +59,8 @@ void put(TensorMap& map, const std::string& name, const at::Tensor& value,
 int64_t int_or(const nlohmann::json& config, const std::string& key, int64_t fallback) {
   if (!config.contains(key) || config[key].is_null()) return fallback;
   if (!config[key].is_number_integer()) {
-    throw ConfigError("config.json \"" + key + "\" must be an integer, got " + config[key].dump());
+    throw ConfigError(
+        message("config.json \"", key, "\" must be an integer, got ", config[key].dump()));
   }
   return config[key].get<int64_t>();
 }
@@ -84,9 +85,9 @@ void check_exportable(const Llama3Args& args) {
 
 void set_moe(const nlohmann::json& config, Llama3Args& args) {
   if (int_or(config, "decoder_sparse_step", 1) != 1) {
-    throw ConfigError("config.json \"decoder_sparse_step\" " +
-                      config["decoder_sparse_step"].dump() +
-                      " is not supported (only 1: every layer past mlp_only_layers has experts)");
+    throw ConfigError(
+        message("config.json \"decoder_sparse_step\" ", config["decoder_sparse_step"].dump(),
+                " is not supported (only 1: every layer past mlp_only_layers has experts)"));
   }
   // mlp_only_layers: a first run 0, 1, ..., n - 1 of dense layers (our n_dense_layers).
   const nlohmann::json dense =
@@ -95,8 +96,8 @@ void set_moe(const nlohmann::json& config, Llama3Args& args) {
           : nlohmann::json::array();
   for (size_t i = 0; i < dense.size(); ++i) {
     if (!dense.is_array() || dense[i] != nlohmann::json(i)) {
-      throw ConfigError("config.json \"mlp_only_layers\" " + dense.dump() +
-                        " is not supported (only the first layers: [0, 1, ..., n - 1])");
+      throw ConfigError(message("config.json \"mlp_only_layers\" ", dense.dump(),
+                                " is not supported (only the first layers: [0, 1, ..., n - 1])"));
     }
   }
   args.n_dense_layers = static_cast<int64_t>(dense.size());
@@ -159,7 +160,8 @@ Llama3Args args_from_hf_config(const nlohmann::json& config) {
   }
   const std::string type = config.value("model_type", std::string("qwen3"));
   if (type != "qwen3" && type != "qwen3_moe") {
-    throw ConfigError("config.json model_type '" + type + "' is not \"qwen3\" or \"qwen3_moe\"");
+    throw ConfigError(
+        message("config.json model_type '", type, "' is not \"qwen3\" or \"qwen3_moe\""));
   }
   if (config.contains("use_sliding_window") && config["use_sliding_window"] == true) {
     throw ConfigError("config.json \"use_sliding_window\": true is not supported (only false)");
