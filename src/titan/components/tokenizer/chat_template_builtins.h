@@ -1,0 +1,30 @@
+// Operators, attribute and item access, filters, tests and methods of the chat template engine,
+// with Python's and Jinja2's semantics. Internal to chat_template.cpp. Errors are thrown without a
+// template line (the evaluator adds it): DataError where Jinja raises on this input, ConfigError
+// where the engine lacks the feature.
+#pragma once
+
+#include "titan/components/tokenizer/chat_template_value.h"
+
+#include <string>
+
+namespace titan::jinja {
+
+// obj.name: a dict's methods (items, keys, values, get) come first, then its keys, as Jinja's
+// getattr-then-getitem does; a miss is undefined.
+Value get_attr(const Value& object, const std::string& name);
+// obj[key]: the key (or index, negative from the end) first, then the attribute.
+Value get_item(const Value& object, const Value& key);
+// obj[start:stop:step] of a list or a string (by code point); absent bounds are None.
+Value slice(const Value& object, const Value& start, const Value& stop, const Value& step);
+// The items a for loop visits: a list's items, a dict's keys, a string's characters.
+List iterate(const Value& v);
+Value unary(const std::string& op, const Value& v);
+// + - * / // % ** and ~.
+Value binary_op(const std::string& op, const Value& a, const Value& b);
+// == != < <= > >= in, not in.
+bool compare(const std::string& op, const Value& a, const Value& b);
+Value apply_filter(const std::string& name, const Value& input, Args& args);
+bool apply_test(const std::string& name, const Value& input, Args& args);
+
+}  // namespace titan::jinja

@@ -1,0 +1,878 @@
+// Lexer and parser of chat templates. The lexer reproduces Jinja2's whitespace handling as
+// transformers configures it, since that decides the bytes between tags: `{%-`/`-%}` strip all
+// whitespace on their side, trim_blocks drops the first newline after a block or comment tag, and
+// lstrip_blocks drops the spaces and tabs before a block or comment tag that starts its line.
+#include "titan/components/tokenizer/chat_template_ast.h"
+
+#include "titan/common/check.h"
+
+#include <cstdlib>
+#include <cstring>
+
+namespace titan::jinja {
+
+namespace {
+
+struct JinjaToken {
+  enum class Kind {
+    kText,
+    kVarBegin,
+    kVarEnd,
+    kBlockBegin,
+    kBlockEnd,
+    kName,
+    kString,
+    kInt,
+    kFloat,
+    kOp,
+    kEnd
+  };
+  Kind kind;
+  std::string text;
+  int line;
+  int64_t integer = 0;
+  double number = 0;
+};
+
+[[noreturn]] void jinja_syntax_error(const std::string& name, int line, const std::string& what) {
+  throw ConfigError(message("chat template '", name, "' line ", line, ": ", what));
+}
+
+bool jinja_all_space(const std::string& s, size_t from) {
+  if (from >= s.size()) return false;  // Jinja's \s+ needs at least one character
+  for (const uint32_t cp : utf8_decode(s.substr(from))) {
+    if (!py_is_space(cp)) return false;
+  }
+  return true;
+}
+
+std::string jinja_rstrip(const std::string& s) {
+  return py_strip(s, nullptr, /*left=*/false, /*right=*/true);
+}
+
+// Python's unicode-escape decoding of a string literal's body, which Jinja applies.
+std::string jinja_unescape(const std::string& body, const std::string& name, int line) {
+  std::string out;
+  for (size_t i = 0; i < body.size(); ++i) {
+    if (body[i] != '\\' || i + 1 == body.size()) {
+      out += body[i];
+      continue;
+    }
+    const char c = body[++i];
+    auto hex = [&](int digits) {
+      if (i + digits >= body.size()) {
+        jinja_syntax_error(name, line, "truncated escape in a string literal");
+      }
+      const std::string h = body.substr(i + 1, digits);
+      char* end = nullptr;
+      const unsigned long cp = std::strtoul(h.c_str(), &end, 16);
+      if (h.size() != static_cast<size_t>(digits) || *end != '\0') {
+        jinja_syntax_error(name, line, "bad escape in a string literal");
+      }
+      i += digits;
+      utf8_append(&out, static_cast<uint32_t>(cp));
+    };
+    switch (c) {
+      case 'n': out += '\n'; break;
+      case 't': out += '\t'; break;
+      case 'r': out += '\r'; break;
+      case '\\': out += '\\'; break;
+      case '\'': out += '\''; break;
+      case '"': out += '"'; break;
+      case 'a': out += '\a'; break;
+      case 'b': out += '\b'; break;
+      case 'f': out += '\f'; break;
+      case 'v': out += '\v'; break;
+      case '\n': break;
+      case 'x': hex(2); break;
+      case 'u': hex(4); break;
+      case 'U': hex(8); break;
+      case 'N': jinja_syntax_error(name, line, "\\N{...} escapes are not supported");
+      default:
+        if (c >= '0' && c <= '7') {
+          int value = 0, n = 0;
+          --i;
+          while (n < 3 && i + 1 < body.size() && body[i + 1] >= '0' && body[i + 1] <= '7') {
+            value = value * 8 + (body[++i] - '0');
+            ++n;
+          }
+          utf8_append(&out, static_cast<uint32_t>(value));
+        } else {
+          out += '\\';  // Python keeps unknown escapes as written
+          out += c;
+        }
+    }
+  }
+  return out;
+}
+
+class JinjaLexer {
+ public:
+  JinjaLexer(const std::string& source, const std::string& name) : name_(name) {
+    // Jinja normalizes newlines and drops one trailing newline (keep_trailing_newline=False).
+    for (size_t i = 0; i < source.size(); ++i) {
+      if (source[i] == '\r') {
+        src_ += '\n';
+        if (i + 1 < source.size() && source[i + 1] == '\n') ++i;
+      } else {
+        src_ += source[i];
+      }
+    }
+    if (!src_.empty() && src_.back() == '\n') src_.pop_back();
+  }
+
+  std::vector<JinjaToken> run() {
+    bool line_starting = true;
+    while (pos_ < src_.size()) {
+      size_t open = pos_;
+      while (true) {
+        open = src_.find('{', open);
+        if (open == std::string::npos || open + 1 >= src_.size()) {
+          open = std::string::npos;
+          break;
+        }
+        const char c = src_[open + 1];
+        if (c == '{' || c == '%' || c == '#') break;
+        ++open;
+      }
+      if (open == std::string::npos) {
+        emit_text(src_.substr(pos_));
+        pos_ = src_.size();
+        break;
+      }
+      std::string text = src_.substr(pos_, open - pos_);
+      const char type = src_[open + 1];
+      const char sign = open + 2 < src_.size() ? src_[open + 2] : '\0';
+      if (sign == '-') {
+        text = jinja_rstrip(text);
+      } else if (sign != '+' && type != '{') {
+        const size_t l_pos = text.rfind('\n') == std::string::npos ? 0 : text.rfind('\n') + 1;
+        if ((l_pos > 0 || line_starting) && jinja_all_space(text, l_pos))
+          text = text.substr(0, l_pos);
+      }
+      emit_text(text);
+      line_ += count_newlines(pos_, open);
+      pos_ = open + 2 + ((sign == '-' || sign == '+') ? 1 : 0);
+      if (type == '#') {
+        line_starting = lex_comment();
+      } else {
+        line_starting = lex_tag(type == '%');
+      }
+    }
+    tokens_.push_back({JinjaToken::Kind::kEnd, "", line_});
+    return std::move(tokens_);
+  }
+
+ private:
+  int count_newlines(size_t from, size_t to) const {
+    int n = 0;
+    for (size_t i = from; i < to && i < src_.size(); ++i) n += src_[i] == '\n';
+    return n;
+  }
+
+  void emit_text(const std::string& text) {
+    if (!text.empty()) tokens_.push_back({JinjaToken::Kind::kText, text, line_});
+  }
+
+  // Consumes what follows a closing tag; returns whether that consumption ended with a newline
+  // (Jinja's line_starting, which lets lstrip_blocks act on the next line's first tag).
+  bool finish_tag(char sign, bool block_like) {
+    const size_t start = pos_;
+    if (sign == '-') {
+      // Jinja's \s* after -%}: every whitespace code point, multi-byte ones (U+00A0...) included.
+      while (pos_ < src_.size()) {
+        const std::vector<uint32_t> cp = utf8_decode(src_.substr(pos_, 4));
+        if (cp.empty() || !py_is_space(cp[0])) break;
+        std::string encoded;
+        utf8_append(&encoded, cp[0]);
+        pos_ += encoded.size();
+      }
+    } else if (sign != '+' && block_like && pos_ < src_.size() && src_[pos_] == '\n') {
+      ++pos_;  // trim_blocks
+    }
+    line_ += count_newlines(start, pos_);
+    return pos_ > start ? src_[pos_ - 1] == '\n' : false;
+  }
+
+  bool lex_comment() {
+    const size_t end = src_.find("#}", pos_);
+    if (end == std::string::npos) jinja_syntax_error(name_, line_, "missing end of comment tag");
+    const char sign = end > pos_ ? src_[end - 1] : '\0';
+    line_ += count_newlines(pos_, end);
+    pos_ = end + 2;
+    return finish_tag(sign == '-' || sign == '+' ? sign : '\0', /*block_like=*/true);
+  }
+
+  bool lex_tag(bool block) {
+    tokens_.push_back(
+        {block ? JinjaToken::Kind::kBlockBegin : JinjaToken::Kind::kVarBegin, "", line_});
+    const char* close = block ? "%}" : "}}";
+    int depth = 0;
+    while (true) {
+      while (pos_ < src_.size() && std::strchr(" \t\n\r\f\v", src_[pos_]) != nullptr) {
+        line_ += src_[pos_] == '\n';
+        ++pos_;
+      }
+      if (pos_ >= src_.size())
+        jinja_syntax_error(name_, line_, "unexpected end of template in a tag");
+      if (depth == 0) {
+        char sign = '\0';
+        size_t at = pos_;
+        if ((src_[at] == '-' || (block && src_[at] == '+')) &&
+            src_.compare(at + 1, 2, close) == 0) {
+          sign = src_[at];
+          ++at;
+        }
+        if (src_.compare(at, 2, close) == 0) {
+          tokens_.push_back(
+              {block ? JinjaToken::Kind::kBlockEnd : JinjaToken::Kind::kVarEnd, "", line_});
+          pos_ = at + 2;
+          return finish_tag(sign, block);
+        }
+      }
+      lex_expression_token(&depth);
+    }
+  }
+
+  void lex_expression_token(int* depth) {
+    const char c = src_[pos_];
+    JinjaToken token{JinjaToken::Kind::kOp, "", line_};
+    if (std::isalpha(static_cast<unsigned char>(c)) || c == '_') {
+      size_t end = pos_;
+      while (end < src_.size() &&
+             (std::isalnum(static_cast<unsigned char>(src_[end])) || src_[end] == '_'))
+        ++end;
+      token.kind = JinjaToken::Kind::kName;
+      token.text = src_.substr(pos_, end - pos_);
+      pos_ = end;
+    } else if (std::isdigit(static_cast<unsigned char>(c))) {
+      size_t end = pos_;
+      while (end < src_.size() &&
+             (std::isdigit(static_cast<unsigned char>(src_[end])) || src_[end] == '_'))
+        ++end;
+      bool is_float = false;
+      if (end + 1 < src_.size() && src_[end] == '.' &&
+          std::isdigit(static_cast<unsigned char>(src_[end + 1]))) {
+        is_float = true;
+        ++end;
+        while (end < src_.size() && std::isdigit(static_cast<unsigned char>(src_[end]))) ++end;
+      }
+      if (end < src_.size() && (src_[end] == 'e' || src_[end] == 'E')) {
+        size_t e = end + 1;
+        if (e < src_.size() && (src_[e] == '+' || src_[e] == '-')) ++e;
+        if (e < src_.size() && std::isdigit(static_cast<unsigned char>(src_[e]))) {
+          is_float = true;
+          end = e;
+          while (end < src_.size() && std::isdigit(static_cast<unsigned char>(src_[end]))) ++end;
+        }
+      }
+      std::string digits;
+      for (size_t i = pos_; i < end; ++i) {
+        if (src_[i] != '_') digits += src_[i];
+      }
+      token.kind = is_float ? JinjaToken::Kind::kFloat : JinjaToken::Kind::kInt;
+      token.text = digits;
+      if (is_float) {
+        token.number = std::strtod(digits.c_str(), nullptr);
+      } else {
+        token.integer = std::strtoll(digits.c_str(), nullptr, 10);
+      }
+      pos_ = end;
+    } else if (c == '\'' || c == '"') {
+      size_t end = pos_ + 1;
+      while (end < src_.size() && src_[end] != c) {
+        if (src_[end] == '\\') ++end;
+        ++end;
+      }
+      if (end >= src_.size()) jinja_syntax_error(name_, line_, "unterminated string literal");
+      token.kind = JinjaToken::Kind::kString;
+      token.text = jinja_unescape(src_.substr(pos_ + 1, end - pos_ - 1), name_, line_);
+      line_ += count_newlines(pos_, end);
+      pos_ = end + 1;
+    } else {
+      static const char* const kOps[] = {"//", "**", "==", "!=", "<=", ">=", "+", "-", "*",
+                                         "/",  "%",  "~",  "<",  ">",  "=",  "(", ")", "[",
+                                         "]",  "{",  "}",  ",",  ".",  ":",  "|", ";"};
+      for (const char* op : kOps) {
+        if (src_.compare(pos_, std::strlen(op), op) == 0) {
+          token.text = op;
+          break;
+        }
+      }
+      if (token.text.empty()) {
+        jinja_syntax_error(name_, line_, message("unexpected character '", c, "' in a tag"));
+      }
+      if (token.text == "(" || token.text == "[" || token.text == "{") ++*depth;
+      if (token.text == ")" || token.text == "]" || token.text == "}") --*depth;
+      pos_ += token.text.size();
+    }
+    tokens_.push_back(std::move(token));
+  }
+
+  std::string src_;
+  const std::string& name_;
+  size_t pos_ = 0;
+  int line_ = 1;
+  std::vector<JinjaToken> tokens_;
+};
+
+ExprPtr jinja_make(Expr::Kind kind, int line) {
+  auto e = std::make_unique<Expr>();
+  e->kind = kind;
+  e->line = line;
+  return e;
+}
+
+class JinjaParser {
+ public:
+  JinjaParser(std::vector<JinjaToken> tokens, const std::string& name)
+      : tokens_(std::move(tokens)), name_(name) {}
+
+  std::unique_ptr<Program> parse() {
+    auto program = std::make_unique<Program>();
+    std::string end_tag;
+    program->body = parse_body({}, &end_tag);
+    return program;
+  }
+
+ private:
+  const JinjaToken& peek(size_t ahead = 0) const {
+    return tokens_[std::min(pos_ + ahead, tokens_.size() - 1)];
+  }
+  const JinjaToken& next() {
+    const JinjaToken& t = tokens_[pos_];
+    if (pos_ + 1 < tokens_.size()) ++pos_;
+    return t;
+  }
+  bool is_op(const char* op, size_t ahead = 0) const {
+    return peek(ahead).kind == JinjaToken::Kind::kOp && peek(ahead).text == op;
+  }
+  bool is_name(const char* name, size_t ahead = 0) const {
+    return peek(ahead).kind == JinjaToken::Kind::kName && peek(ahead).text == name;
+  }
+  [[noreturn]] void fail(const std::string& what) const {
+    jinja_syntax_error(name_, peek().line, what);
+  }
+  void expect_op(const char* op) {
+    if (!is_op(op)) fail(message("expected '", op, "', got '", describe(peek()), "'"));
+    next();
+  }
+  std::string expect_name() {
+    if (peek().kind != JinjaToken::Kind::kName)
+      fail(message("expected a name, got '", describe(peek()), "'"));
+    return next().text;
+  }
+  void expect_block_end() {
+    if (peek().kind != JinjaToken::Kind::kBlockEnd)
+      fail(message("expected end of tag, got '", describe(peek()), "'"));
+    next();
+  }
+  static std::string describe(const JinjaToken& t) {
+    switch (t.kind) {
+      case JinjaToken::Kind::kBlockEnd: return "%}";
+      case JinjaToken::Kind::kVarEnd: return "}}";
+      case JinjaToken::Kind::kEnd: return "end of template";
+      default: return t.text;
+    }
+  }
+
+  // Parses nodes until a block tag whose name is in `ends`; leaves that name in *end_tag with the
+  // parser after the name (its arguments, if any, and %} are for the caller).
+  Body parse_body(const std::vector<std::string>& ends, std::string* end_tag) {
+    Body body;
+    while (true) {
+      const JinjaToken& t = peek();
+      if (t.kind == JinjaToken::Kind::kEnd) {
+        if (!ends.empty())
+          fail(message("unexpected end of template; expected {% ", ends.back(), " %}"));
+        return body;
+      }
+      if (t.kind == JinjaToken::Kind::kText) {
+        auto node = std::make_unique<Node>();
+        node->kind = Node::Kind::kText;
+        node->line = t.line;
+        node->text = t.text;
+        body.push_back(std::move(node));
+        next();
+      } else if (t.kind == JinjaToken::Kind::kVarBegin) {
+        next();
+        auto node = std::make_unique<Node>();
+        node->kind = Node::Kind::kOutput;
+        node->line = t.line;
+        node->expr = parse_expression();
+        if (peek().kind != JinjaToken::Kind::kVarEnd)
+          fail(message("expected '}}', got '", describe(peek()), "'"));
+        next();
+        body.push_back(std::move(node));
+      } else if (t.kind == JinjaToken::Kind::kBlockBegin) {
+        next();
+        const std::string tag = expect_name();
+        for (const auto& end : ends) {
+          if (tag == end) {
+            *end_tag = tag;
+            return body;
+          }
+        }
+        body.push_back(parse_statement(tag, t.line));
+      } else {
+        fail(message("unexpected '", describe(t), "'"));
+      }
+    }
+  }
+
+  std::unique_ptr<Node> parse_statement(const std::string& tag, int line) {
+    auto node = std::make_unique<Node>();
+    node->line = line;
+    std::string end;
+    if (tag == "if") {
+      node->kind = Node::Kind::kIf;
+      ExprPtr cond = parse_expression();
+      expect_block_end();
+      while (true) {
+        Body body = parse_body({"elif", "else", "endif"}, &end);
+        node->branches.emplace_back(std::move(cond), std::move(body));
+        if (end == "elif") {
+          cond = parse_expression();
+          expect_block_end();
+          continue;
+        }
+        expect_block_end();
+        if (end == "else") {
+          node->else_body = parse_body({"endif"}, &end);
+          expect_block_end();
+        }
+        break;
+      }
+    } else if (tag == "for") {
+      node->kind = Node::Kind::kFor;
+      node->targets.push_back(expect_name());
+      while (is_op(",")) {
+        next();
+        node->targets.push_back(expect_name());
+      }
+      if (!is_name("in")) fail("expected 'in' in a for tag");
+      next();
+      node->expr = parse_or_chain(/*allow_condexpr=*/false);
+      if (is_name("if")) {
+        next();
+        node->value = parse_or_chain(/*allow_condexpr=*/false);
+      }
+      if (is_name("recursive")) fail("recursive for loops are not supported");
+      expect_block_end();
+      node->body = parse_body({"else", "endfor"}, &end);
+      expect_block_end();
+      if (end == "else") {
+        node->else_body = parse_body({"endfor"}, &end);
+        expect_block_end();
+      }
+    } else if (tag == "set") {
+      const std::string first = expect_name();
+      if (is_op(".")) {
+        next();
+        node->kind = Node::Kind::kSet;
+        node->expr = jinja_make(Expr::Kind::kName, line);
+        node->expr->name = first;
+        node->attr = expect_name();
+        expect_op("=");
+        node->value = parse_expression();
+        expect_block_end();
+        return node;
+      }
+      node->targets.push_back(first);
+      while (is_op(",")) {
+        next();
+        node->targets.push_back(expect_name());
+      }
+      if (is_op("=")) {
+        next();
+        node->kind = Node::Kind::kSet;
+        node->value = parse_expression();
+        expect_block_end();
+      } else {
+        if (node->targets.size() != 1) fail("a block set takes one name");
+        if (is_op("|")) fail("filters on a block set are not supported");
+        node->kind = Node::Kind::kSetBlock;
+        expect_block_end();
+        node->body = parse_body({"endset"}, &end);
+        expect_block_end();
+      }
+    } else if (tag == "macro") {
+      node->kind = Node::Kind::kMacro;
+      node->text = expect_name();
+      expect_op("(");
+      while (!is_op(")")) {
+        std::string param = expect_name();
+        ExprPtr fallback;
+        if (is_op("=")) {
+          next();
+          fallback = parse_expression();
+        }
+        node->params.emplace_back(std::move(param), std::move(fallback));
+        if (!is_op(")")) expect_op(",");
+      }
+      next();
+      expect_block_end();
+      node->body = parse_body({"endmacro"}, &end);
+      if (peek().kind == JinjaToken::Kind::kName) next();  // {% endmacro name %}
+      expect_block_end();
+    } else if (tag == "break" || tag == "continue") {
+      node->kind = tag == "break" ? Node::Kind::kBreak : Node::Kind::kContinue;
+      expect_block_end();
+    } else if (tag == "generation") {
+      node->kind = Node::Kind::kGeneration;
+      expect_block_end();
+      node->body = parse_body({"endgeneration"}, &end);
+      expect_block_end();
+    } else {
+      jinja_syntax_error(name_, line, message("the tag '", tag, "' is not supported"));
+    }
+    return node;
+  }
+
+  // Jinja's expression grammar, loosest first: conditional, or, and, not, comparison, + -, ~,
+  // * / // %, **, unary, then postfix (. [] ()) with filters and tests.
+  ExprPtr parse_expression() { return parse_or_chain(/*allow_condexpr=*/true); }
+
+  ExprPtr parse_or_chain(bool allow_condexpr) {
+    ExprPtr expr = parse_or();
+    while (allow_condexpr && is_name("if")) {
+      const int line = next().line;
+      auto cond = jinja_make(Expr::Kind::kCondExpr, line);
+      cond->children.push_back(parse_or());
+      cond->children.push_back(std::move(expr));
+      if (is_name("else")) {
+        next();
+        cond->children.push_back(parse_or_chain(true));
+      } else {
+        cond->children.push_back(nullptr);
+      }
+      expr = std::move(cond);
+    }
+    return expr;
+  }
+
+  ExprPtr parse_binary_chain(Expr::Kind kind, const char* keyword,
+                             ExprPtr (JinjaParser::*inner)()) {
+    ExprPtr left = (this->*inner)();
+    while (is_name(keyword)) {
+      auto node = jinja_make(kind, next().line);
+      node->children.push_back(std::move(left));
+      node->children.push_back((this->*inner)());
+      left = std::move(node);
+    }
+    return left;
+  }
+  ExprPtr parse_or() { return parse_binary_chain(Expr::Kind::kOr, "or", &JinjaParser::parse_and); }
+  ExprPtr parse_and() {
+    return parse_binary_chain(Expr::Kind::kAnd, "and", &JinjaParser::parse_not);
+  }
+  ExprPtr parse_not() {
+    if (is_name("not")) {
+      auto node = jinja_make(Expr::Kind::kNot, next().line);
+      node->children.push_back(parse_not());
+      return node;
+    }
+    return parse_compare();
+  }
+
+  ExprPtr parse_compare() {
+    ExprPtr first = parse_math1();
+    ExprPtr node;
+    while (true) {
+      std::string op;
+      const JinjaToken& t = peek();
+      if (t.kind == JinjaToken::Kind::kOp && (t.text == "==" || t.text == "!=" || t.text == "<" ||
+                                              t.text == "<=" || t.text == ">" || t.text == ">=")) {
+        op = t.text;
+        next();
+      } else if (is_name("in")) {
+        op = "in";
+        next();
+      } else if (is_name("not") && is_name("in", 1)) {
+        op = "not in";
+        next();
+        next();
+      } else {
+        break;
+      }
+      if (!node) {
+        node = jinja_make(Expr::Kind::kCompare, t.line);
+        node->children.push_back(std::move(first));
+      }
+      node->ops.push_back(op);
+      node->children.push_back(parse_math1());
+    }
+    return node ? std::move(node) : std::move(first);
+  }
+
+  ExprPtr binary(ExprPtr left, const std::string& op, ExprPtr right, int line) {
+    auto node = jinja_make(Expr::Kind::kBinary, line);
+    node->name = op;
+    node->children.push_back(std::move(left));
+    node->children.push_back(std::move(right));
+    return node;
+  }
+
+  ExprPtr parse_math1() {
+    ExprPtr left = parse_concat();
+    while (is_op("+") || is_op("-")) {
+      const JinjaToken& t = next();
+      left = binary(std::move(left), t.text, parse_concat(), t.line);
+    }
+    return left;
+  }
+  ExprPtr parse_concat() {
+    ExprPtr left = parse_math2();
+    while (is_op("~")) {
+      const int line = next().line;
+      left = binary(std::move(left), "~", parse_math2(), line);
+    }
+    return left;
+  }
+  ExprPtr parse_math2() {
+    ExprPtr left = parse_pow();
+    while (is_op("*") || is_op("/") || is_op("//") || is_op("%")) {
+      const JinjaToken& t = next();
+      left = binary(std::move(left), t.text, parse_pow(), t.line);
+    }
+    return left;
+  }
+  ExprPtr parse_pow() {
+    ExprPtr left = parse_unary(true);
+    while (is_op("**")) {
+      const int line = next().line;
+      left = binary(std::move(left), "**", parse_unary(true), line);
+    }
+    return left;
+  }
+
+  ExprPtr parse_unary(bool with_filter) {
+    ExprPtr node;
+    if (is_op("-") || is_op("+")) {
+      const JinjaToken& t = next();
+      node = jinja_make(t.text == "-" ? Expr::Kind::kNeg : Expr::Kind::kPos, t.line);
+      node->children.push_back(parse_unary(false));
+    } else {
+      node = parse_primary();
+    }
+    node = parse_postfix(std::move(node));
+    if (with_filter) node = parse_filter_expr(std::move(node));
+    return node;
+  }
+
+  ExprPtr parse_primary() {
+    const JinjaToken& t = peek();
+    if (t.kind == JinjaToken::Kind::kName) {
+      next();
+      auto node = jinja_make(Expr::Kind::kLiteral, t.line);
+      if (t.text == "true" || t.text == "True") {
+        node->literal = Value::from_bool(true);
+      } else if (t.text == "false" || t.text == "False") {
+        node->literal = Value::from_bool(false);
+      } else if (t.text == "none" || t.text == "None") {
+        node->literal = Value::none();
+      } else {
+        node->kind = Expr::Kind::kName;
+        node->name = t.text;
+      }
+      return node;
+    }
+    if (t.kind == JinjaToken::Kind::kString) {
+      std::string text;
+      while (peek().kind == JinjaToken::Kind::kString) text += next().text;  // "a" "b" is "ab"
+      auto node = jinja_make(Expr::Kind::kLiteral, t.line);
+      node->literal = Value::from_string(std::move(text));
+      return node;
+    }
+    if (t.kind == JinjaToken::Kind::kInt || t.kind == JinjaToken::Kind::kFloat) {
+      next();
+      auto node = jinja_make(Expr::Kind::kLiteral, t.line);
+      node->literal = t.kind == JinjaToken::Kind::kInt ? Value::from_int(t.integer)
+                                                       : Value::from_float(t.number);
+      return node;
+    }
+    if (is_op("(")) {
+      next();
+      if (is_op(")")) {
+        next();
+        return jinja_make(Expr::Kind::kTuple, t.line);
+      }
+      ExprPtr first = parse_or_chain(true);
+      if (!is_op(",")) {
+        expect_op(")");
+        return first;
+      }
+      auto tuple = jinja_make(Expr::Kind::kTuple, t.line);
+      tuple->children.push_back(std::move(first));
+      while (is_op(",")) {
+        next();
+        if (is_op(")")) break;
+        tuple->children.push_back(parse_or_chain(true));
+      }
+      expect_op(")");
+      return tuple;
+    }
+    if (is_op("[")) {
+      next();
+      auto list = jinja_make(Expr::Kind::kList, t.line);
+      while (!is_op("]")) {
+        list->children.push_back(parse_expression());
+        if (!is_op("]")) expect_op(",");
+      }
+      next();
+      return list;
+    }
+    if (is_op("{")) {
+      next();
+      auto dict = jinja_make(Expr::Kind::kDict, t.line);
+      while (!is_op("}")) {
+        dict->children.push_back(parse_expression());
+        expect_op(":");
+        dict->children.push_back(parse_expression());
+        if (!is_op("}")) expect_op(",");
+      }
+      next();
+      return dict;
+    }
+    fail(message("unexpected '", describe(t), "' in an expression"));
+  }
+
+  void parse_call_args(Expr* call) {
+    expect_op("(");
+    while (!is_op(")")) {
+      if (is_op("*") || is_op("**")) fail("*args and **kwargs in calls are not supported");
+      if (peek().kind == JinjaToken::Kind::kName && is_op("=", 1)) {
+        std::string key = next().text;
+        next();
+        call->kwargs.emplace_back(std::move(key), parse_expression());
+      } else {
+        if (!call->kwargs.empty()) fail("a positional argument follows a keyword argument");
+        call->children.push_back(parse_expression());
+      }
+      if (!is_op(")")) expect_op(",");
+    }
+    next();
+  }
+
+  ExprPtr parse_postfix(ExprPtr node) {
+    while (true) {
+      if (is_op(".")) {
+        const int line = next().line;
+        const JinjaToken& t = next();
+        if (t.kind == JinjaToken::Kind::kName) {
+          auto attr = jinja_make(Expr::Kind::kGetAttr, line);
+          attr->name = t.text;
+          attr->children.push_back(std::move(node));
+          node = std::move(attr);
+        } else if (t.kind == JinjaToken::Kind::kInt) {
+          auto item = jinja_make(Expr::Kind::kGetItem, line);
+          item->children.push_back(std::move(node));
+          auto index = jinja_make(Expr::Kind::kLiteral, line);
+          index->literal = Value::from_int(t.integer);
+          item->children.push_back(std::move(index));
+          node = std::move(item);
+        } else {
+          fail("expected a name after '.'");
+        }
+      } else if (is_op("[")) {
+        const int line = next().line;
+        ExprPtr parts[3];
+        int colons = 0;
+        while (!is_op("]")) {
+          if (is_op(":")) {
+            next();
+            if (++colons > 2) fail("too many ':' in a subscript");
+            continue;
+          }
+          if (parts[colons]) fail("expected ']' or ':' in a subscript");
+          parts[colons] = parse_expression();
+        }
+        next();
+        if (colons == 0) {
+          if (!parts[0]) fail("empty subscript");
+          auto item = jinja_make(Expr::Kind::kGetItem, line);
+          item->children.push_back(std::move(node));
+          item->children.push_back(std::move(parts[0]));
+          node = std::move(item);
+        } else {
+          auto slice = jinja_make(Expr::Kind::kSlice, line);
+          slice->children.push_back(std::move(node));
+          for (auto& part : parts) slice->children.push_back(std::move(part));
+          node = std::move(slice);
+        }
+      } else if (is_op("(")) {
+        auto call = jinja_make(Expr::Kind::kCall, peek().line);
+        call->children.push_back(std::move(node));
+        parse_call_args(call.get());
+        node = std::move(call);
+      } else {
+        return node;
+      }
+    }
+  }
+
+  ExprPtr parse_filter_expr(ExprPtr node) {
+    while (true) {
+      if (is_op("|")) {
+        const int line = next().line;
+        auto filter = jinja_make(Expr::Kind::kFilter, line);
+        filter->name = expect_name();
+        while (is_op(".")) {
+          next();
+          filter->name += "." + expect_name();
+        }
+        if (!is_known_filter(filter->name)) {
+          jinja_syntax_error(name_, line,
+                             message("the filter '", filter->name, "' is not supported"));
+        }
+        filter->children.push_back(std::move(node));
+        if (is_op("(")) parse_call_args(filter.get());
+        node = std::move(filter);
+      } else if (is_name("is")) {
+        const int line = next().line;
+        auto test = jinja_make(Expr::Kind::kTest, line);
+        if (is_name("not")) {
+          next();
+          test->negated = true;
+        }
+        test->name = expect_name();
+        if (!is_known_test(test->name)) {
+          jinja_syntax_error(name_, line, message("the test '", test->name, "' is not supported"));
+        }
+        test->children.push_back(std::move(node));
+        const JinjaToken& t = peek();
+        if (is_op("(")) {
+          parse_call_args(test.get());
+        } else if ((t.kind == JinjaToken::Kind::kName || t.kind == JinjaToken::Kind::kString ||
+                    t.kind == JinjaToken::Kind::kInt || t.kind == JinjaToken::Kind::kFloat ||
+                    is_op("[") || is_op("{")) &&
+                   !is_name("else") && !is_name("or") && !is_name("and")) {
+          // `x is divisibleby 3`, `x is sameas none`: one argument without parentheses.
+          test->children.push_back(parse_postfix(parse_primary()));
+        }
+        node = std::move(test);
+      } else if (is_op("(")) {
+        auto call = jinja_make(Expr::Kind::kCall, peek().line);
+        call->children.push_back(std::move(node));
+        parse_call_args(call.get());
+        node = std::move(call);
+      } else {
+        return node;
+      }
+    }
+  }
+
+  std::vector<JinjaToken> tokens_;
+  const std::string& name_;
+  size_t pos_ = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<Program> parse_template(const std::string& source, const std::string& name) {
+  JinjaLexer lexer(source, name);
+  JinjaParser parser(lexer.run(), name);
+  return parser.parse();
+}
+
+}  // namespace titan::jinja

@@ -1,0 +1,123 @@
+// The values a chat template computes with, and how Python shows them. Internal to
+// chat_template.cpp: Jinja2 evaluates templates over Python objects, so printing, comparing,
+// json.dumps and the str methods templates call must follow Python's rules (None, True, 1.0,
+// ['a'], code-point indexing) for the rendering to match byte for byte.
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace titan::jinja {
+
+struct Value;
+using List = std::vector<Value>;
+
+// A Python dict: insertion-ordered; keys are strings (JSON objects and the dict literals
+// templates write have no others).
+struct Dict {
+  std::vector<std::pair<std::string, Value>> items;
+  const Value* find(const std::string& key) const;
+  void set(const std::string& key, Value value);
+};
+
+// Arguments of a call: positional, then keyword in call order.
+struct Args {
+  std::vector<Value> positional;
+  std::vector<std::pair<std::string, Value>> keyword;
+};
+
+using Function = std::function<Value(Args& args)>;
+
+struct Value {
+  enum class Kind {
+    kUndefined,
+    kNone,
+    kBool,
+    kInt,
+    kFloat,
+    kString,
+    kList,
+    kDict,
+    kNamespace,
+    kFunction
+  };
+  Kind kind = Kind::kUndefined;
+  bool boolean = false;
+  int64_t integer = 0;
+  double number = 0;
+  std::string string;
+  // Lists and dicts are shared and never modified after construction (the sandbox transformers
+  // uses forbids mutation); a namespace is shared and mutable, as a Python object is.
+  std::shared_ptr<const List> list;
+  std::shared_ptr<Dict> dict;
+  std::shared_ptr<const Function> function;
+  bool is_tuple = false;  // a list that prints as a Python tuple: (1, 2)
+  // For an undefined value: the error Jinja raises when it is used ("'x' is undefined").
+  std::string undefined_message;
+
+  static Value undefined(std::string message);
+  static Value none();
+  static Value from_bool(bool b);
+  static Value from_int(int64_t i);
+  static Value from_float(double d);
+  static Value from_string(std::string s);
+  static Value from_list(List items, bool is_tuple = false);
+  static Value from_dict(Dict dict);
+  static Value new_namespace(Dict attrs);
+  static Value from_function(Function fn);
+  static Value from_json(const nlohmann::ordered_json& json);
+
+  bool is_undefined() const { return kind == Kind::kUndefined; }
+  bool is_none() const { return kind == Kind::kNone; }
+  bool is_string() const { return kind == Kind::kString; }
+  bool is_number() const {
+    return kind == Kind::kInt || kind == Kind::kFloat || kind == Kind::kBool;
+  }
+  bool is_list() const { return kind == Kind::kList; }
+  bool is_dict() const { return kind == Kind::kDict; }
+  double as_double() const;
+};
+
+// Python's type name of a value, as its error messages say it: 'str', 'dict', 'NoneType'.
+std::string py_type_name(const Value& v);
+// Python truthiness (an undefined value is falsy).
+bool truthy(const Value& v);
+// str(v) and repr(v). Undefined prints as the empty string.
+std::string py_str(const Value& v);
+std::string py_repr(const Value& v);
+std::string py_float_repr(double d);
+// Python ==.
+bool py_equal(const Value& a, const Value& b);
+
+// json.dumps(v, ensure_ascii, indent, separators, sort_keys) as transformers' tojson calls it.
+// indent < 0 means None; item_sep/key_sep empty mean Python's defaults for that indent.
+struct JsonOptions {
+  bool ensure_ascii = false;
+  std::string indent;  // the string one nesting level adds
+  bool has_indent = false;
+  std::string item_sep;
+  std::string key_sep;
+  bool sort_keys = false;
+};
+std::string py_json_dumps(const Value& v, const JsonOptions& options);
+
+// Code points: Python strings index, slice and count code points, not bytes.
+std::vector<uint32_t> utf8_decode(const std::string& s);
+std::string utf8_encode(const std::vector<uint32_t>& cps, size_t begin, size_t end);
+void utf8_append(std::string* out, uint32_t cp);
+bool py_is_space(uint32_t cp);
+// str.strip/lstrip/rstrip: `chars` null means whitespace.
+std::string py_strip(const std::string& s, const std::string* chars, bool left, bool right);
+// str.split/rsplit: `sep` null means runs of whitespace; maxsplit < 0 means no limit.
+std::vector<std::string> py_split(const std::string& s, const std::string* sep, int64_t maxsplit,
+                                  bool from_right);
+std::string py_replace(const std::string& s, const std::string& old, const std::string& replacement,
+                       int64_t count);
+
+}  // namespace titan::jinja

@@ -1,0 +1,327 @@
+// The chat template engine against Jinja2 as transformers runs it: language features one by one
+// with the output Jinja2 3.1.6 gives (checked by hand in Python), errors that name the template
+// line, and the agreement test: real model templates (chat_templates/*.jinja) rendering the
+// conversations of chat_templates/cases.json byte for byte as transformers' apply_chat_template
+// did (chat_templates/make_cases.py made the fixture).
+#include "titan/components/tokenizer/chat_template.h"
+
+#include "titan/common/check.h"
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+
+namespace titan {
+namespace test_chat_template {
+
+using Json = nlohmann::ordered_json;
+
+std::string render(const std::string& source, const Json& variables = Json::object()) {
+  return ChatTemplate(source, "test").render(variables);
+}
+
+// The message of the exception `source` throws when rendered, or "" when it renders.
+template <typename Error>
+std::string error_of(const std::string& source, const Json& variables = Json::object()) {
+  try {
+    render(source, variables);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(ChatTemplate, TextAndOutput) {
+  EXPECT_EQ(render("Hello {{ name }}!", {{"name", "world"}}), "Hello world!");
+  EXPECT_EQ(render("{{ 1 }} {{ 1.5 }} {{ 1e20 }} {{ 1e-5 }} {{ 0.1 + 0.2 }} {{ 10 / 2 }}"),
+            "1 1.5 1e+20 1e-05 0.30000000000000004 5.0");
+  EXPECT_EQ(
+      render(
+          "{{ none }} {{ true }} {{ [\"a\", none, true] }} {{ {\"k\": \"it's\"} }} {{ (1, 2) }}"),
+      "None True ['a', None, True] {'k': \"it's\"} (1, 2)");
+  EXPECT_EQ(render("{{ 7 // 2 }} {{ -7 // 2 }} {{ -7 % 3 }} {{ 2 ** 10 }} {{ \"x\" * 3 }}"),
+            "3 -4 2 1024 xxx");
+  EXPECT_EQ(render("{{ 'a' ~ 1 ~ none ~ missing }}"), "a1None");
+  EXPECT_EQ(render("{# a comment #}x{{ 'a\\n\\tb' }}"), "xa\n\tb");
+  // One trailing newline of the template is dropped, as Jinja does.
+  EXPECT_EQ(render("a\n"), "a");
+  EXPECT_EQ(render("a\n\n"), "a\n");
+}
+
+TEST(ChatTemplate, WhitespaceControl) {
+  EXPECT_EQ(render("a  {{- 'b' -}}  \n c"), "abc");
+  // trim_blocks drops the newline after a block tag; lstrip_blocks drops the indentation before.
+  EXPECT_EQ(render("{% if true %}\n    x\n    {% endif %}\ny"), "    x\ny");
+  EXPECT_EQ(render("  {% if true %}a{% endif %}  \nb"), "a  \nb");
+  // Not after {{ }}.
+  EXPECT_EQ(render("{{ 'a' }}\n  {{ 'b' }}"), "a\n  b");
+  // {%+ keeps the indentation, +%} keeps the newline.
+  EXPECT_EQ(render("  {%+ if true +%}\nx{% endif %}"), "  \nx");
+  EXPECT_EQ(render("{# c #}\nx"), "x");
+  EXPECT_EQ(render("a\n  {#- c -#}  \nb"), "ab");
+}
+
+TEST(ChatTemplate, IfAndFor) {
+  EXPECT_EQ(render("{% if x == 1 %}one{% elif x == 2 %}two{% else %}many{% endif %}", {{"x", 2}}),
+            "two");
+  EXPECT_EQ(
+      render(
+          "{% for a in [1,2,3] %}{{ loop.previtem }}-{{ loop.nextitem }}-{{ loop.revindex }};{% endfor %}"),
+      "-2-3;1-3-2;2--1;");
+  EXPECT_EQ(render("{% for a in [] %}x{% else %}empty{% endfor %}"), "empty");
+  EXPECT_EQ(
+      render("{% for a in [1,2,3,4] if a is even %}{{ loop.index }}{{ loop.length }}{% endfor %}"),
+      "1222");
+  EXPECT_EQ(
+      render(
+          "{% for k, v in {'a': 1, 'b': 2}.items() %}{{ k }}={{ v }}{% if not loop.last %},{% endif %}{% endfor %}"),
+      "a=1,b=2");
+  EXPECT_EQ(
+      render(
+          "{% for i in range(5) %}{% if i == 1 %}{% continue %}{% endif %}{% if i == 3 %}{% break %}{% endif %}{{ i }}{% endfor %}"),
+      "02");
+  EXPECT_EQ(render("{% for m in messages[::-1] %}{{ m }}{{ loop.first }}{% endfor %}",
+                   {{"messages", {1, 2}}}),
+            "2True1False");
+}
+
+TEST(ChatTemplate, Scoping) {
+  // A for body gets a fresh scope per iteration; `if` makes none.
+  EXPECT_EQ(
+      render(
+          "{% for i in [1,2,3] %}{% if i == 1 %}{% set x = 5 %}{% endif %}[{{ x }}]{% endfor %}{{ x }}"),
+      "[5][][]");
+  EXPECT_EQ(
+      render("{% set x = 1 %}{% for i in [1,2] %}{{ x }}{% set x = 2 %}{{ x }}{% endfor %}{{ x }}"),
+      "12121");
+  EXPECT_EQ(
+      render(
+          "{% set ns = namespace(a=1) %}{% for i in [1] %}{% set ns.a = 2 %}{% endfor %}{{ ns.a }}"),
+      "2");
+  EXPECT_EQ(render("{% set x %}a{{ 1 }}b{% endset %}[{{ x }}]"), "[a1b]");
+  EXPECT_EQ(render("{% set a, b = [1, 2] %}{{ b }}{{ a }}"), "21");
+}
+
+TEST(ChatTemplate, Macros) {
+  EXPECT_EQ(render("{% macro m(a, b='B') %}{{ a }}{{ b }}{% endmacro %}{{ m(1) }}{{ m(1, b=2) }}"),
+            "1B12");
+  // A macro reads the scope it was defined in when it is called.
+  EXPECT_EQ(render("{% set y = 3 %}{% macro m() %}{{ y }}{% endmacro %}{% set y = 4 %}{{ m() }}"),
+            "4");
+  EXPECT_EQ(
+      render(
+          "{% macro f(n) %}{% if n > 0 %}{{ n }}{{ f(n - 1) }}{% endif %}{% endmacro %}{{ f(3) }}"),
+      "321");
+}
+
+TEST(ChatTemplate, Expressions) {
+  const Json vars = {{"d", {{"a", 1}, {"b", nullptr}}}, {"s", "héllo wörld"}, {"l", {3, 1, 2}}};
+  EXPECT_EQ(
+      render("{{ d.a }}|{{ d['a'] }}|{{ d.missing }}|{{ d.missing is defined }}|{{ d.b is none }}",
+             vars),
+      "1|1||False|True");
+  EXPECT_EQ(render("{{ s[1] }}|{{ s[-1] }}|{{ s[:5] }}|{{ s[::-1] }}|{{ s|length }}", vars),
+            "é|d|héllo|dlröw olléh|11");
+  EXPECT_EQ(render("{{ 'x' if d.a else 'y' }}|{{ 'x' if d.b else 'y' }}|{{ 'x' if false }}", vars),
+            "x|y|");
+  EXPECT_EQ(
+      render("{{ 'a' in 'cat' }} {{ 2 in l }} {{ 'a' in d }} {{ 'z' not in d }} {{ 1 < 2 < 3 }}",
+             vars),
+      "True True True True True");
+  EXPECT_EQ(render("{{ not d.a and true or 'fallback' }}", vars), "fallback");
+  EXPECT_EQ(render("{{ -d.a }} {{ (1 + 2) * 3 }} {{ 'a' + 'b' | upper }}", vars), "-1 9 aB");
+}
+
+TEST(ChatTemplate, StringMethods) {
+  EXPECT_EQ(render("{{ '<think>a</think>\\nb'.split('</think>')[-1].lstrip('\\n') }}"), "b");
+  EXPECT_EQ(
+      render("{{ ' a  b '.split() }} {{ 'a,b,c'.rsplit(',', 1) }} {{ 'a,b,c'.split(',', 1) }}"),
+      "['a', 'b'] ['a,b', 'c'] ['a', 'b,c']");
+  EXPECT_EQ(
+      render(
+          "{{ '  x\\n'.strip() }}|{{ 'xxaxx'.strip('x') }}|{{ 'ab'.upper() }}|{{ 'AB'.lower() }}"),
+      "x|a|AB|ab");
+  EXPECT_EQ(
+      render(
+          "{{ 'abc'.startswith('ab') }} {{ 'abc'.endswith(('x', 'c')) }} {{ 'aXa'.replace('a', 'b') }}"),
+      "True True bXb");
+  EXPECT_EQ(render("{{ '{} and {name}'.format(1, name='n') }}"), "1 and n");
+}
+
+TEST(ChatTemplate, Filters) {
+  const Json tools =
+      Json::parse(R"([{"name": "f", "args": {"x": 1.0, "y": [true, null]}, "u": "é\n\"q\""}])");
+  EXPECT_EQ(render("{{ tools[0] | tojson }}", {{"tools", tools}}),
+            R"({"name": "f", "args": {"x": 1.0, "y": [true, null]}, "u": "é\n\"q\""})");
+  EXPECT_EQ(render("{{ tools[0].args | tojson(indent=2) }}", {{"tools", tools}}),
+            "{\n  \"x\": 1.0,\n  \"y\": [\n    true,\n    null\n  ]\n}");
+  EXPECT_EQ(render("{{ {'b': 1, 'a': []} | tojson(sort_keys=true, separators=(',', ':')) }}"),
+            R"({"a":[],"b":1})");
+  EXPECT_EQ(
+      render(
+          "{{ '  x ' | trim }}|{{ [1, 2] | join(', ') }}|{{ [1, 2] | first }}|{{ [1, 2] | last }}"),
+      "x|1, 2|1|2");
+  EXPECT_EQ(
+      render("{{ x | default('d') }} {{ none | default('d') }} {{ '' | default('d', true) }}"),
+      "d None d");
+  EXPECT_EQ(
+      render(
+          "{{ {'a': 1} | items | list }} {{ 'ab' | list }} {{ 3 | string }} {{ '7' | int + 1 }}"),
+      "[('a', 1)] ['a', 'b'] 3 8");
+  EXPECT_EQ(
+      render(
+          "{{ [{'r': 'u'}, {'r': 'a'}, {'r': 'u'}] | selectattr('r', 'equalto', 'u') | list | length }}"),
+      "2");
+  EXPECT_EQ(render("{{ ['a', 'b', 'c'] | reject('equalto', 'b') | join(',') }}"), "a,c");
+  EXPECT_EQ(
+      render(
+          "{{ [{'a': 1}, {'a': 2}] | map(attribute='a') | join(',') }} {{ ['a'] | map('upper') | list }}"),
+      "1,2 ['A']");
+  EXPECT_EQ(
+      render(
+          "{{ [3, 1, 2] | sort }} {{ [1, 1, 2] | unique | list }} {{ 'ab' | replace('a', 'x') }}"),
+      "[1, 2, 3] [1, 2] xb");
+}
+
+TEST(ChatTemplate, Tests) {
+  EXPECT_EQ(
+      render(
+          "{{ none is none }} {{ true is number }} {{ 's' is iterable }} {{ u is iterable }} {{ {} is sequence }}"),
+      "True True True True True");
+  EXPECT_EQ(
+      render(
+          "{{ 's' is string }} {{ {} is mapping }} {{ [] is mapping }} {{ x is undefined }} {{ 5 is divisibleby 5 }}"),
+      "True True False True True");
+  EXPECT_EQ(render("{{ false is false }} {{ 0 is false }} {{ 3 is odd }} {{ x is not defined }}"),
+            "True False True True");
+}
+
+TEST(ChatTemplate, Globals) {
+  EXPECT_EQ(ChatTemplate("{{ strftime_now('%Y-%m-%d') }}").render(Json::object(), 86400 * 365),
+            "1971-01-01");
+  EXPECT_EQ(render("{% set d = dict(a=1) %}{{ d.a }} {{ range(3) | list }}"), "1 [0, 1, 2]");
+}
+
+TEST(ChatTemplate, ErrorsNameTheLine) {
+  // raise_exception: the template's message, as DataError, with the line.
+  const std::string raised = error_of<DataError>("a\n\n{{ raise_exception('bad role') }}");
+  EXPECT_NE(raised.find("bad role"), std::string::npos) << raised;
+  EXPECT_NE(raised.find("line 3"), std::string::npos) << raised;
+  // Jinja's undefined errors.
+  EXPECT_NE(error_of<DataError>("{{ missing.attr }}").find("'missing' is undefined"),
+            std::string::npos);
+  EXPECT_NE(error_of<DataError>("{{ d.content + 'x' }}", {{"d", Json::object()}})
+                .find("'dict object' has no attribute 'content'"),
+            std::string::npos);
+  EXPECT_NE(error_of<DataError>("{{ 'a' + d }}", {{"d", Json::object()}})
+                .find("can only concatenate str (not \"dict\") to str"),
+            std::string::npos);
+  // Unsupported features are ConfigError at parse time, naming the line and the feature.
+  auto parse_error = [](const std::string& source) {
+    try {
+      ChatTemplate t(source, "t");
+    } catch (const ConfigError& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  const std::string include = parse_error("x\n{% include 'other.jinja' %}");
+  EXPECT_NE(include.find("line 2"), std::string::npos) << include;
+  EXPECT_NE(include.find("'include' is not supported"), std::string::npos) << include;
+  EXPECT_NE(parse_error("{{ x | wordwrap }}").find("the filter 'wordwrap' is not supported"),
+            std::string::npos);
+  EXPECT_NE(parse_error("{% if x %}").find("expected {% endif %}"), std::string::npos);
+  EXPECT_NE(parse_error("{{ x is prime }}").find("the test 'prime' is not supported"),
+            std::string::npos);
+  // ...or at render time for methods.
+  EXPECT_NE(error_of<ConfigError>("\n{{ 'a'.zfill(3) }}").find("line 2"), std::string::npos);
+}
+
+TEST(ChatTemplate, ApplyChatTemplateNormalizesMessages) {
+  const ChatTemplate t(
+      "{% for m in messages %}{{ m | tojson }}{% endfor %}{{ bos_token }}{{ tools }}");
+  ChatTemplateOptions options;
+  options.special_tokens = {{"bos_token", "<s>"}};
+  const Json messages =
+      Json::parse(R"([{"role": "assistant", "content": null, "reasoning": "r"}])");
+  EXPECT_EQ(
+      apply_chat_template(t, messages, options),
+      R"({"thinking": "r", "role": "assistant", "reasoning": "r", "reasoning_content": "r"}<s>None)");
+  EXPECT_THROW(apply_chat_template(t, Json::array(), options), ConfigError);
+}
+
+// --- agreement with transformers ------------------------------------------------------------
+
+std::string read_file(const std::filesystem::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  EXPECT_TRUE(in.good()) << path;
+  std::stringstream buffer;
+  buffer << in.rdbuf();
+  return buffer.str();
+}
+
+std::time_t utc_seconds(const std::string& iso) {
+  std::tm tm{};
+  std::istringstream(iso) >> std::get_time(&tm, "%Y-%m-%dT%H:%M:%S");
+  return timegm(&tm);
+}
+
+TEST(ChatTemplate, AgreesWithTransformers) {
+  // strftime_now formats local time; the fixture was made with TZ=UTC.
+  setenv("TZ", "UTC", 1);
+  tzset();
+  const auto dir = std::filesystem::path(__FILE__).parent_path() / "chat_templates";
+  const Json fixture = Json::parse(read_file(dir / "cases.json"));
+  const std::time_t now = utc_seconds(fixture.at("now").get<std::string>());
+  std::map<std::string, std::unique_ptr<ChatTemplate>> templates;
+  std::map<std::string, std::pair<int, int>> passed;  // template -> (passed, total)
+  for (const auto& c : fixture.at("cases")) {
+    const std::string name = c.at("template").get<std::string>();
+    if (!templates.count(name)) {
+      templates[name] = std::make_unique<ChatTemplate>(read_file(dir / (name + ".jinja")), name);
+    }
+    ChatTemplateOptions options;
+    options.special_tokens = c.at("special_tokens");
+    options.add_generation_prompt = c.at("add_generation_prompt").get<bool>();
+    if (c.contains("tools")) options.tools = c.at("tools");
+    if (c.contains("extra")) options.extra = c.at("extra");
+    options.now = now;
+    const std::string label = name + " / " + c.at("name").get<std::string>() +
+                              (options.add_generation_prompt ? " (add_generation_prompt)" : "");
+    bool ok = false;
+    try {
+      const std::string got = apply_chat_template(*templates[name], c.at("messages"), options);
+      if (c.contains("expected")) {
+        ok = got == c.at("expected").get<std::string>();
+        EXPECT_EQ(got, c.at("expected").get<std::string>()) << label;
+      } else {
+        ADD_FAILURE() << label << ": rendered, but transformers raised " << c.dump();
+      }
+    } catch (const DataError& e) {
+      if (c.contains("error")) {
+        ok = std::string(e.what()).find(c.at("error").get<std::string>()) != std::string::npos;
+        EXPECT_TRUE(ok) << label << ": " << e.what() << " lacks " << c.at("error");
+      } else if (c.contains("error_type")) {
+        ok = true;  // Python raised a TypeError-like error; its wording is Python's own
+      } else {
+        ADD_FAILURE() << label << ": " << e.what();
+      }
+    } catch (const ConfigError& e) {
+      ADD_FAILURE() << label << ": " << e.what();
+    }
+    passed[name].first += ok;
+    passed[name].second += 1;
+  }
+  for (const auto& [name, counts] : passed) {
+    std::printf("  %-45s %3d / %3d byte-for-byte\n", name.c_str(), counts.first, counts.second);
+  }
+  EXPECT_GE(passed.size(), 4u);
+}
+
+}  // namespace test_chat_template
+}  // namespace titan
