@@ -20,7 +20,7 @@ struct JinjaFrame {
   std::unordered_map<std::string, Value> vars;
   std::shared_ptr<JinjaFrame> parent;
 };
-using FramePtr = std::shared_ptr<JinjaFrame>;
+using JinjaFramePtr = std::shared_ptr<JinjaFrame>;
 
 enum class JinjaFlow { kNormal, kBreak, kContinue };
 
@@ -118,7 +118,7 @@ class JinjaRenderer {
     });
   }
 
-  Value lookup(const std::string& name, const FramePtr& frame) const {
+  Value lookup(const std::string& name, const JinjaFramePtr& frame) const {
     for (const JinjaFrame* f = frame.get(); f != nullptr; f = f->parent.get()) {
       auto it = f->vars.find(name);
       if (it != f->vars.end()) return it->second;
@@ -128,7 +128,7 @@ class JinjaRenderer {
 
   // --- statements ---------------------------------------------------------------------------
 
-  JinjaFlow exec_body(const Body& body, const FramePtr& frame, std::string* out) {
+  JinjaFlow exec_body(const Body& body, const JinjaFramePtr& frame, std::string* out) {
     for (const auto& node : body) {
       const JinjaFlow flow = exec(*node, frame, out);
       if (flow != JinjaFlow::kNormal) return flow;
@@ -136,7 +136,7 @@ class JinjaRenderer {
     return JinjaFlow::kNormal;
   }
 
-  JinjaFlow exec(const Node& node, const FramePtr& frame, std::string* out) {
+  JinjaFlow exec(const Node& node, const JinjaFramePtr& frame, std::string* out) {
     switch (node.kind) {
       case Node::Kind::kText: *out += node.text; return JinjaFlow::kNormal;
       case Node::Kind::kOutput: {
@@ -175,6 +175,16 @@ class JinjaRenderer {
       case Node::Kind::kBreak: return JinjaFlow::kBreak;
       case Node::Kind::kContinue: return JinjaFlow::kContinue;
       case Node::Kind::kGeneration: return exec_body(node.body, frame, out);
+      case Node::Kind::kFilterBlock: {
+        std::string captured;
+        const JinjaFlow flow = exec_body(node.body, frame, &captured);
+        Args args = eval_args(*node.expr, frame);
+        const Value input = Value::from_string(std::move(captured));
+        const Value v =
+            at_line(node.line, [&] { return apply_filter(node.expr->name, input, args); });
+        *out += at_line(node.line, [&] { return py_str(v); });
+        return flow;
+      }
     }
     return JinjaFlow::kNormal;
   }
@@ -192,7 +202,7 @@ class JinjaRenderer {
     for (size_t i = 0; i < targets.size(); ++i) frame->vars[targets[i]] = items[i];
   }
 
-  JinjaFlow exec_for(const Node& node, const FramePtr& frame, std::string* out) {
+  JinjaFlow exec_for(const Node& node, const JinjaFramePtr& frame, std::string* out) {
     const Value iterable = eval(*node.expr, frame);
     List all = at_line(node.line, [&] { return iterate(iterable); });
     // The loop filter runs first, so loop.length and loop.last count only what passes it.
@@ -234,7 +244,7 @@ class JinjaRenderer {
     return JinjaFlow::kNormal;
   }
 
-  Value make_macro(const Node& node, const FramePtr& defining) {
+  Value make_macro(const Node& node, const JinjaFramePtr& defining) {
     const Node* macro = &node;
     return Value::from_function([this, macro, defining](Args& args) -> Value {
       auto scope = std::make_shared<JinjaFrame>();
@@ -274,7 +284,7 @@ class JinjaRenderer {
 
   // --- expressions --------------------------------------------------------------------------
 
-  Value eval(const Expr& e, const FramePtr& frame) {
+  Value eval(const Expr& e, const JinjaFramePtr& frame) {
     switch (e.kind) {
       case Expr::Kind::kLiteral: return e.literal;
       case Expr::Kind::kName: return lookup(e.name, frame);
@@ -369,7 +379,7 @@ class JinjaRenderer {
     fail_config(e.line, "unknown expression");
   }
 
-  Args eval_args(const Expr& e, const FramePtr& frame) {
+  Args eval_args(const Expr& e, const JinjaFramePtr& frame) {
     Args args;
     for (size_t i = 1; i < e.children.size(); ++i)
       args.positional.push_back(eval(*e.children[i], frame));

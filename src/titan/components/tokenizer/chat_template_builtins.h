@@ -27,4 +27,20 @@ bool compare(const std::string& op, const Value& a, const Value& b);
 Value apply_filter(const std::string& name, const Value& input, Args& args);
 bool apply_test(const std::string& name, const Value& input, Args& args);
 
+// Helpers the operators (chat_template_builtins.cpp) and the filters (chat_template_filters.cpp)
+// share.
+[[noreturn]] void jinja_type_error(const std::string& what);  // DataError("TypeError: ...")
+void jinja_check_defined(const Value& v);                     // throws an undefined value's error
+// An argument by position or by keyword; null when absent.
+const Value* jinja_arg(const Args& args, size_t position, const char* name);
+int64_t jinja_int_of(const Value& v, const char* what);
+bool jinja_ascii(const std::string& s);
+// upper, lower, capitalize or title of ASCII text (ConfigError otherwise).
+std::string jinja_case(const std::string& s, const std::string& how);
+std::string jinja_html_escape(const std::string& s);
+// A dict's (key, value) tuples.
+List jinja_items(const Dict& dict);
+// Python's ordering (-1, 0, 1) of two values, or a TypeError naming `op`.
+int jinja_order(const Value& a, const Value& b, const std::string& op);
+
 }  // namespace titan::jinja

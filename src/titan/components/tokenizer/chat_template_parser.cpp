@@ -1,320 +1,14 @@
-// Lexer and parser of chat templates. The lexer reproduces Jinja2's whitespace handling as
-// transformers configures it, since that decides the bytes between tags: `{%-`/`-%}` strip all
-// whitespace on their side, trim_blocks drops the first newline after a block or comment tag, and
-// lstrip_blocks drops the spaces and tabs before a block or comment tag that starts its line.
+// Parser of chat templates: Jinja2's grammar (statements, and expressions with its precedence of
+// conditionals, boolean operators, comparisons, arithmetic, filters and tests) over the tokens of
+// chat_template_lexer.cpp.
 #include "titan/components/tokenizer/chat_template_ast.h"
 
 #include "titan/common/check.h"
-
-#include <cstdlib>
-#include <cstring>
+#include "titan/components/tokenizer/chat_template_lexer.h"
 
 namespace titan::jinja {
 
 namespace {
-
-struct JinjaToken {
-  enum class Kind {
-    kText,
-    kVarBegin,
-    kVarEnd,
-    kBlockBegin,
-    kBlockEnd,
-    kName,
-    kString,
-    kInt,
-    kFloat,
-    kOp,
-    kEnd
-  };
-  Kind kind;
-  std::string text;
-  int line;
-  int64_t integer = 0;
-  double number = 0;
-};
-
-[[noreturn]] void jinja_syntax_error(const std::string& name, int line, const std::string& what) {
-  throw ConfigError(message("chat template '", name, "' line ", line, ": ", what));
-}
-
-bool jinja_all_space(const std::string& s, size_t from) {
-  if (from >= s.size()) return false;  // Jinja's \s+ needs at least one character
-  for (const uint32_t cp : utf8_decode(s.substr(from))) {
-    if (!py_is_space(cp)) return false;
-  }
-  return true;
-}
-
-std::string jinja_rstrip(const std::string& s) {
-  return py_strip(s, nullptr, /*left=*/false, /*right=*/true);
-}
-
-// Python's unicode-escape decoding of a string literal's body, which Jinja applies.
-std::string jinja_unescape(const std::string& body, const std::string& name, int line) {
-  std::string out;
-  for (size_t i = 0; i < body.size(); ++i) {
-    if (body[i] != '\\' || i + 1 == body.size()) {
-      out += body[i];
-      continue;
-    }
-    const char c = body[++i];
-    auto hex = [&](int digits) {
-      if (i + digits >= body.size()) {
-        jinja_syntax_error(name, line, "truncated escape in a string literal");
-      }
-      const std::string h = body.substr(i + 1, digits);
-      char* end = nullptr;
-      const unsigned long cp = std::strtoul(h.c_str(), &end, 16);
-      if (h.size() != static_cast<size_t>(digits) || *end != '\0') {
-        jinja_syntax_error(name, line, "bad escape in a string literal");
-      }
-      i += digits;
-      utf8_append(&out, static_cast<uint32_t>(cp));
-    };
-    switch (c) {
-      case 'n': out += '\n'; break;
-      case 't': out += '\t'; break;
-      case 'r': out += '\r'; break;
-      case '\\': out += '\\'; break;
-      case '\'': out += '\''; break;
-      case '"': out += '"'; break;
-      case 'a': out += '\a'; break;
-      case 'b': out += '\b'; break;
-      case 'f': out += '\f'; break;
-      case 'v': out += '\v'; break;
-      case '\n': break;
-      case 'x': hex(2); break;
-      case 'u': hex(4); break;
-      case 'U': hex(8); break;
-      case 'N': jinja_syntax_error(name, line, "\\N{...} escapes are not supported");
-      default:
-        if (c >= '0' && c <= '7') {
-          int value = 0, n = 0;
-          --i;
-          while (n < 3 && i + 1 < body.size() && body[i + 1] >= '0' && body[i + 1] <= '7') {
-            value = value * 8 + (body[++i] - '0');
-            ++n;
-          }
-          utf8_append(&out, static_cast<uint32_t>(value));
-        } else {
-          out += '\\';  // Python keeps unknown escapes as written
-          out += c;
-        }
-    }
-  }
-  return out;
-}
-
-class JinjaLexer {
- public:
-  JinjaLexer(const std::string& source, const std::string& name) : name_(name) {
-    // Jinja normalizes newlines and drops one trailing newline (keep_trailing_newline=False).
-    for (size_t i = 0; i < source.size(); ++i) {
-      if (source[i] == '\r') {
-        src_ += '\n';
-        if (i + 1 < source.size() && source[i + 1] == '\n') ++i;
-      } else {
-        src_ += source[i];
-      }
-    }
-    if (!src_.empty() && src_.back() == '\n') src_.pop_back();
-  }
-
-  std::vector<JinjaToken> run() {
-    bool line_starting = true;
-    while (pos_ < src_.size()) {
-      size_t open = pos_;
-      while (true) {
-        open = src_.find('{', open);
-        if (open == std::string::npos || open + 1 >= src_.size()) {
-          open = std::string::npos;
-          break;
-        }
-        const char c = src_[open + 1];
-        if (c == '{' || c == '%' || c == '#') break;
-        ++open;
-      }
-      if (open == std::string::npos) {
-        emit_text(src_.substr(pos_));
-        pos_ = src_.size();
-        break;
-      }
-      std::string text = src_.substr(pos_, open - pos_);
-      const char type = src_[open + 1];
-      const char sign = open + 2 < src_.size() ? src_[open + 2] : '\0';
-      if (sign == '-') {
-        text = jinja_rstrip(text);
-      } else if (sign != '+' && type != '{') {
-        const size_t l_pos = text.rfind('\n') == std::string::npos ? 0 : text.rfind('\n') + 1;
-        if ((l_pos > 0 || line_starting) && jinja_all_space(text, l_pos))
-          text = text.substr(0, l_pos);
-      }
-      emit_text(text);
-      line_ += count_newlines(pos_, open);
-      pos_ = open + 2 + ((sign == '-' || sign == '+') ? 1 : 0);
-      if (type == '#') {
-        line_starting = lex_comment();
-      } else {
-        line_starting = lex_tag(type == '%');
-      }
-    }
-    tokens_.push_back({JinjaToken::Kind::kEnd, "", line_});
-    return std::move(tokens_);
-  }
-
- private:
-  int count_newlines(size_t from, size_t to) const {
-    int n = 0;
-    for (size_t i = from; i < to && i < src_.size(); ++i) n += src_[i] == '\n';
-    return n;
-  }
-
-  void emit_text(const std::string& text) {
-    if (!text.empty()) tokens_.push_back({JinjaToken::Kind::kText, text, line_});
-  }
-
-  // Consumes what follows a closing tag; returns whether that consumption ended with a newline
-  // (Jinja's line_starting, which lets lstrip_blocks act on the next line's first tag).
-  bool finish_tag(char sign, bool block_like) {
-    const size_t start = pos_;
-    if (sign == '-') {
-      // Jinja's \s* after -%}: every whitespace code point, multi-byte ones (U+00A0...) included.
-      while (pos_ < src_.size()) {
-        const std::vector<uint32_t> cp = utf8_decode(src_.substr(pos_, 4));
-        if (cp.empty() || !py_is_space(cp[0])) break;
-        std::string encoded;
-        utf8_append(&encoded, cp[0]);
-        pos_ += encoded.size();
-      }
-    } else if (sign != '+' && block_like && pos_ < src_.size() && src_[pos_] == '\n') {
-      ++pos_;  // trim_blocks
-    }
-    line_ += count_newlines(start, pos_);
-    return pos_ > start ? src_[pos_ - 1] == '\n' : false;
-  }
-
-  bool lex_comment() {
-    const size_t end = src_.find("#}", pos_);
-    if (end == std::string::npos) jinja_syntax_error(name_, line_, "missing end of comment tag");
-    const char sign = end > pos_ ? src_[end - 1] : '\0';
-    line_ += count_newlines(pos_, end);
-    pos_ = end + 2;
-    return finish_tag(sign == '-' || sign == '+' ? sign : '\0', /*block_like=*/true);
-  }
-
-  bool lex_tag(bool block) {
-    tokens_.push_back(
-        {block ? JinjaToken::Kind::kBlockBegin : JinjaToken::Kind::kVarBegin, "", line_});
-    const char* close = block ? "%}" : "}}";
-    int depth = 0;
-    while (true) {
-      while (pos_ < src_.size() && std::strchr(" \t\n\r\f\v", src_[pos_]) != nullptr) {
-        line_ += src_[pos_] == '\n';
-        ++pos_;
-      }
-      if (pos_ >= src_.size())
-        jinja_syntax_error(name_, line_, "unexpected end of template in a tag");
-      if (depth == 0) {
-        char sign = '\0';
-        size_t at = pos_;
-        if ((src_[at] == '-' || (block && src_[at] == '+')) &&
-            src_.compare(at + 1, 2, close) == 0) {
-          sign = src_[at];
-          ++at;
-        }
-        if (src_.compare(at, 2, close) == 0) {
-          tokens_.push_back(
-              {block ? JinjaToken::Kind::kBlockEnd : JinjaToken::Kind::kVarEnd, "", line_});
-          pos_ = at + 2;
-          return finish_tag(sign, block);
-        }
-      }
-      lex_expression_token(&depth);
-    }
-  }
-
-  void lex_expression_token(int* depth) {
-    const char c = src_[pos_];
-    JinjaToken token{JinjaToken::Kind::kOp, "", line_};
-    if (std::isalpha(static_cast<unsigned char>(c)) || c == '_') {
-      size_t end = pos_;
-      while (end < src_.size() &&
-             (std::isalnum(static_cast<unsigned char>(src_[end])) || src_[end] == '_'))
-        ++end;
-      token.kind = JinjaToken::Kind::kName;
-      token.text = src_.substr(pos_, end - pos_);
-      pos_ = end;
-    } else if (std::isdigit(static_cast<unsigned char>(c))) {
-      size_t end = pos_;
-      while (end < src_.size() &&
-             (std::isdigit(static_cast<unsigned char>(src_[end])) || src_[end] == '_'))
-        ++end;
-      bool is_float = false;
-      if (end + 1 < src_.size() && src_[end] == '.' &&
-          std::isdigit(static_cast<unsigned char>(src_[end + 1]))) {
-        is_float = true;
-        ++end;
-        while (end < src_.size() && std::isdigit(static_cast<unsigned char>(src_[end]))) ++end;
-      }
-      if (end < src_.size() && (src_[end] == 'e' || src_[end] == 'E')) {
-        size_t e = end + 1;
-        if (e < src_.size() && (src_[e] == '+' || src_[e] == '-')) ++e;
-        if (e < src_.size() && std::isdigit(static_cast<unsigned char>(src_[e]))) {
-          is_float = true;
-          end = e;
-          while (end < src_.size() && std::isdigit(static_cast<unsigned char>(src_[end]))) ++end;
-        }
-      }
-      std::string digits;
-      for (size_t i = pos_; i < end; ++i) {
-        if (src_[i] != '_') digits += src_[i];
-      }
-      token.kind = is_float ? JinjaToken::Kind::kFloat : JinjaToken::Kind::kInt;
-      token.text = digits;
-      if (is_float) {
-        token.number = std::strtod(digits.c_str(), nullptr);
-      } else {
-        token.integer = std::strtoll(digits.c_str(), nullptr, 10);
-      }
-      pos_ = end;
-    } else if (c == '\'' || c == '"') {
-      size_t end = pos_ + 1;
-      while (end < src_.size() && src_[end] != c) {
-        if (src_[end] == '\\') ++end;
-        ++end;
-      }
-      if (end >= src_.size()) jinja_syntax_error(name_, line_, "unterminated string literal");
-      token.kind = JinjaToken::Kind::kString;
-      token.text = jinja_unescape(src_.substr(pos_ + 1, end - pos_ - 1), name_, line_);
-      line_ += count_newlines(pos_, end);
-      pos_ = end + 1;
-    } else {
-      static const char* const kOps[] = {"//", "**", "==", "!=", "<=", ">=", "+", "-", "*",
-                                         "/",  "%",  "~",  "<",  ">",  "=",  "(", ")", "[",
-                                         "]",  "{",  "}",  ",",  ".",  ":",  "|", ";"};
-      for (const char* op : kOps) {
-        if (src_.compare(pos_, std::strlen(op), op) == 0) {
-          token.text = op;
-          break;
-        }
-      }
-      if (token.text.empty()) {
-        jinja_syntax_error(name_, line_, message("unexpected character '", c, "' in a tag"));
-      }
-      if (token.text == "(" || token.text == "[" || token.text == "{") ++*depth;
-      if (token.text == ")" || token.text == "]" || token.text == "}") --*depth;
-      pos_ += token.text.size();
-    }
-    tokens_.push_back(std::move(token));
-  }
-
-  std::string src_;
-  const std::string& name_;
-  size_t pos_ = 0;
-  int line_ = 1;
-  std::vector<JinjaToken> tokens_;
-};
 
 ExprPtr jinja_make(Expr::Kind kind, int line) {
   auto e = std::make_unique<Expr>();
@@ -517,6 +211,20 @@ class JinjaParser {
       expect_block_end();
     } else if (tag == "break" || tag == "continue") {
       node->kind = tag == "break" ? Node::Kind::kBreak : Node::Kind::kContinue;
+      expect_block_end();
+    } else if (tag == "filter") {
+      node->kind = Node::Kind::kFilterBlock;
+      node->expr = jinja_make(Expr::Kind::kFilter, line);
+      node->expr->name = expect_name();
+      if (!is_known_filter(node->expr->name)) {
+        jinja_syntax_error(name_, line,
+                           message("the filter '", node->expr->name, "' is not supported"));
+      }
+      node->expr->children.push_back(nullptr);  // the rendered body
+      if (is_op("(")) parse_call_args(node->expr.get());
+      if (is_op("|")) fail("chained filters on a filter block are not supported");
+      expect_block_end();
+      node->body = parse_body({"endfilter"}, &end);
       expect_block_end();
     } else if (tag == "generation") {
       node->kind = Node::Kind::kGeneration;
@@ -870,8 +578,7 @@ class JinjaParser {
 }  // namespace
 
 std::unique_ptr<Program> parse_template(const std::string& source, const std::string& name) {
-  JinjaLexer lexer(source, name);
-  JinjaParser parser(lexer.run(), name);
+  JinjaParser parser(lex_template(source, name), name);
   return parser.parse();
 }
 

@@ -75,6 +75,13 @@ Value Value::from_list(List items, bool is_tuple) {
   return v;
 }
 
+Value Value::from_iterator(List items, std::string type) {
+  Value v = from_list(std::move(items));
+  v.iterator_type = std::move(type);
+  v.consumed = std::make_shared<bool>(false);
+  return v;
+}
+
 Value Value::from_dict(Dict dict) {
   Value v;
   v.kind = Kind::kDict;
@@ -140,8 +147,10 @@ std::string py_type_name(const Value& v) {
     case Value::Kind::kBool: return "bool";
     case Value::Kind::kInt: return "int";
     case Value::Kind::kFloat: return "float";
-    case Value::Kind::kString: return "str";
-    case Value::Kind::kList: return v.is_tuple ? "tuple" : "list";
+    case Value::Kind::kString: return v.is_markup ? "Markup" : "str";
+    case Value::Kind::kList:
+      if (!v.iterator_type.empty()) return v.iterator_type;
+      return v.is_tuple ? "tuple" : "list";
     case Value::Kind::kDict: return "dict";
     case Value::Kind::kNamespace: return "Namespace";
     case Value::Kind::kFunction: return "function";
@@ -157,7 +166,7 @@ bool truthy(const Value& v) {
     case Value::Kind::kInt: return v.integer != 0;
     case Value::Kind::kFloat: return v.number != 0;
     case Value::Kind::kString: return !v.string.empty();
-    case Value::Kind::kList: return !v.list->empty();
+    case Value::Kind::kList: return v.is_one_shot() || !v.list->empty();
     case Value::Kind::kDict: return !v.dict->items.empty();
     default: return true;
   }
@@ -238,6 +247,16 @@ void jinja_repr(const Value& v, std::string* out) {
   switch (v.kind) {
     case Value::Kind::kString: jinja_repr_string(v.string, out); return;
     case Value::Kind::kList: {
+      if (v.is_one_shot()) {
+        // Python prints "<generator object ... at 0x...>", an address no renderer can reproduce.
+        throw ConfigError(message("printing a ", v.iterator_type, " (add |list) is not supported"));
+      }
+      if (!v.iterator_type.empty()) {
+        *out += v.iterator_type + "(";
+        jinja_repr(Value::from_list(*v.list), out);
+        *out += ')';
+        return;
+      }
       *out += v.is_tuple ? '(' : '[';
       for (size_t i = 0; i < v.list->size(); ++i) {
         if (i > 0) *out += ", ";
@@ -312,6 +331,7 @@ bool py_equal(const Value& a, const Value& b) {
     case Value::Kind::kNone: return true;
     case Value::Kind::kString: return a.string == b.string;
     case Value::Kind::kList: {
+      if (!a.iterator_type.empty() || !b.iterator_type.empty()) return a.list == b.list;
       if (a.list->size() != b.list->size()) return false;
       for (size_t i = 0; i < a.list->size(); ++i) {
         if (!py_equal((*a.list)[i], (*b.list)[i])) return false;
@@ -399,6 +419,10 @@ void jinja_json(const Value& v, const JsonOptions& o, int depth, std::string* ou
       return;
     case Value::Kind::kString: jinja_json_string(v.string, o.ensure_ascii, out); return;
     case Value::Kind::kList: {
+      if (!v.iterator_type.empty()) {
+        throw DataError(
+            message("TypeError: Object of type ", v.iterator_type, " is not JSON serializable"));
+      }
       if (v.list->empty()) {
         *out += "[]";
         return;

@@ -58,6 +58,16 @@ struct Value {
   std::shared_ptr<Dict> dict;
   std::shared_ptr<const Function> function;
   bool is_tuple = false;  // a list that prints as a Python tuple: (1, 2)
+  // Non-empty for a list that stands for a Python iterator or view rather than a list, named by
+  // its Python type: "generator" (what select, map, items... return), "list_reverseiterator",
+  // "dict_items", "dict_keys", "dict_values". Jinja templates see the difference: an iterator is
+  // truthy even when empty, has no len(), cannot be indexed or JSON-dumped, and a generator is
+  // consumed by the first loop over it.
+  std::string iterator_type;
+  // A string that is markupsafe's Markup (what |safe returns): concatenating a plain string to it
+  // HTML-escapes that string, as Python does even with autoescape off.
+  bool is_markup = false;
+  std::shared_ptr<bool> consumed;
   // For an undefined value: the error Jinja raises when it is used ("'x' is undefined").
   std::string undefined_message;
 
@@ -68,6 +78,7 @@ struct Value {
   static Value from_float(double d);
   static Value from_string(std::string s);
   static Value from_list(List items, bool is_tuple = false);
+  static Value from_iterator(List items, std::string type);
   static Value from_dict(Dict dict);
   static Value new_namespace(Dict attrs);
   static Value from_function(Function fn);
@@ -80,6 +91,13 @@ struct Value {
     return kind == Kind::kInt || kind == Kind::kFloat || kind == Kind::kBool;
   }
   bool is_list() const { return kind == Kind::kList; }
+  // A Python list or tuple (not an iterator or view).
+  bool is_sequence() const { return kind == Kind::kList && iterator_type.empty(); }
+  // A Python iterator (single pass, always truthy), not a dict view.
+  bool is_one_shot() const {
+    return kind == Kind::kList && !iterator_type.empty() && iterator_type != "dict_items" &&
+           iterator_type != "dict_keys" && iterator_type != "dict_values";
+  }
   bool is_dict() const { return kind == Kind::kDict; }
   double as_double() const;
 };

@@ -6,7 +6,8 @@
 #
 # Needs transformers (5.x) and Jinja2 (3.1.6); no model hub access: the tokenizer is built in memory
 # and only carries the special tokens the template reads. strftime_now is pinned to kNow below so
-# the renderings do not depend on the day they are made (the C++ test passes the same instant).
+# the renderings do not depend on the day they are made; the C++ test formats the same instant in
+# UTC. A template's raise_exception (or any other error) is recorded instead of a rendering.
 import datetime
 import json
 import pathlib
@@ -20,7 +21,7 @@ from transformers.utils import chat_template_utils
 
 HERE = pathlib.Path(__file__).parent
 
-# 2024-07-26 13:05:09 in local time. The C++ test sets TZ=UTC, and so does this script.
+# What datetime.now() returns while rendering (naive, so the same in every time zone).
 kNow = datetime.datetime(2024, 7, 26, 13, 5, 9)
 
 
@@ -129,12 +130,22 @@ CONVERSATIONS = [
     ("extra_kwargs", [U("Think hard")], {"reasoning_effort": "high", "enable_thinking": False, "thinking": True, "date_string": "01 Jan 2025"}),
     ("builtin_tools", [U("Browse for news")], {"builtin_tools": ["browser", "python"], "model_identity": "You are a test model."}),
     ("system_only", [S("Only a system prompt.")], {}),
+    ("content_blocks", [
+        {"role": "system", "content": [{"type": "text", "text": "Block system."}]},
+        {"role": "user", "content": [{"type": "text", "text": "Look:"}, {"type": "text", "text": " two blocks"}]},
+    ], {}),
+    ("nested_tool_arguments", [
+        U("Plan a trip"),
+        {"role": "assistant", "content": "Calling.", "tool_calls": [tool_call("get_weather", {"city": "Zürich", "days": 3, "scale": 1.5, "tags": ["a", "b"], "opts": {"x": None, "y": True}})]},
+        {"role": "tool", "tool_call_id": "call12345", "name": "get_weather", "content": "ok"},
+    ], {"tools": [WEATHER_TOOL, SEARCH_TOOL]}),
     ("two_system", [S("First."), S("Second."), U("Go")], {}),
 ]
 
 
 def make_tokenizer(name):
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.BPE()), **SPECIAL_TOKENS[name])
+    special_tokens = SPECIAL_TOKENS.get(name, {"bos_token": "<s>", "eos_token": "</s>"})
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.BPE()), **special_tokens)
     tokenizer.chat_template = (HERE / f"{name}.jinja").read_text()
     return tokenizer
 
@@ -156,31 +167,38 @@ def render(tokenizer, messages, kwargs, add_generation_prompt):
 
 
 def main():
+    # Conversations and special tokens are stored once; each case names them.
+    conversations = {}
+    for name, messages, kwargs in CONVERSATIONS:
+        kwargs = dict(kwargs)
+        conversation = {"messages": messages}
+        if "tools" in kwargs:
+            conversation["tools"] = kwargs.pop("tools")
+        if kwargs:
+            conversation["extra"] = kwargs
+        conversations[name] = conversation
+    templates = {}
     cases = []
     for path in sorted(HERE.glob("*.jinja")):
         tokenizer = make_tokenizer(path.stem)
-        for case_name, messages, kwargs in CONVERSATIONS:
+        templates[path.stem] = {"special_tokens": tokenizer.special_tokens_map}
+        for name, conversation in conversations.items():
+            call_kwargs = dict(conversation.get("extra", {}))
+            if "tools" in conversation:
+                call_kwargs["tools"] = conversation["tools"]
             for add_generation_prompt in (False, True):
-                kwargs = dict(kwargs)
-                tools = kwargs.pop("tools", None)
-                case = {
-                    "template": path.stem,
-                    "name": case_name,
-                    "messages": messages,
-                    "add_generation_prompt": add_generation_prompt,
-                    "special_tokens": tokenizer.special_tokens_map,
-                }
-                if tools is not None:
-                    case["tools"] = tools
-                if kwargs:
-                    case["extra"] = kwargs
-                call_kwargs = dict(kwargs)
-                if tools is not None:
-                    call_kwargs["tools"] = tools
-                case.update(render(tokenizer, messages, call_kwargs, add_generation_prompt))
+                case = {"template": path.stem, "conversation": name, "add_generation_prompt": add_generation_prompt}
+                case.update(render(tokenizer, conversation["messages"], call_kwargs, add_generation_prompt))
                 cases.append(case)
-    json.dump({"now": kNow.isoformat(), "transformers": transformers.__version__, "jinja2": jinja2.__version__,
-               "cases": cases}, sys.stdout, ensure_ascii=False, indent=1)
+    fixture = {
+        "now": kNow.isoformat(),
+        "transformers": transformers.__version__,
+        "jinja2": jinja2.__version__,
+        "templates": templates,
+        "conversations": conversations,
+        "cases": cases,
+    }
+    json.dump(fixture, sys.stdout, ensure_ascii=False, indent=1)
     sys.stdout.write("\n")
 
 
