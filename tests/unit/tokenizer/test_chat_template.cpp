@@ -382,5 +382,46 @@ TEST(ChatTemplate, AgreesWithTransformers) {
   tzset();
 }
 
+// Small templates, one language feature each, against Jinja2 as transformers configures it.
+TEST(ChatTemplate, AgreesWithJinjaOnSnippets) {
+  const auto dir = std::filesystem::path(__FILE__).parent_path() / "chat_templates";
+  const Json fixture = Json::parse(read_file(dir / "cases.json"));
+  const std::time_t now = utc_seconds(fixture.at("now").get<std::string>());
+  const char* old_tz = std::getenv("TZ");
+  const std::string saved_tz = old_tz != nullptr ? old_tz : "";
+  setenv("TZ", "UTC", 1);
+  tzset();
+  int passed = 0, total = 0;
+  for (const auto& c : fixture.at("snippets")) {
+    const std::string source = c.at("source").get<std::string>();
+    ++total;
+    try {
+      const std::string got = ChatTemplate(source, "snippet").render(c.at("variables"), now);
+      if (c.contains("expected")) {
+        EXPECT_EQ(got, c.at("expected").get<std::string>()) << source;
+        passed += got == c.at("expected").get<std::string>();
+      } else {
+        ADD_FAILURE() << source << ": rendered " << got << ", but Jinja raised " << c.dump();
+      }
+    } catch (const ConfigError& e) {
+      EXPECT_TRUE(c.contains("syntax_error")) << source << ": " << e.what();
+      passed += c.contains("syntax_error");
+    } catch (const DataError& e) {
+      bool ok = c.contains("error_type");
+      if (c.contains("error"))
+        ok = std::string(e.what()).find(c.at("error").get<std::string>()) != std::string::npos;
+      EXPECT_TRUE(ok) << source << ": " << e.what() << " vs " << c.dump();
+      passed += ok;
+    }
+  }
+  std::printf("  %-45s %3d / %3d byte-for-byte\n", "snippets", passed, total);
+  if (old_tz != nullptr) {
+    setenv("TZ", saved_tz.c_str(), 1);
+  } else {
+    unsetenv("TZ");
+  }
+  tzset();
+}
+
 }  // namespace test_chat_template
 }  // namespace titan

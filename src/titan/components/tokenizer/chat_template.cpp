@@ -95,7 +95,9 @@ class JinjaRenderer {
       Dict dict;
       for (const auto& arg : args.positional) {
         if (!arg.is_dict()) throw ConfigError("dict() of anything but a dict is not supported");
-        for (const auto& item : arg.dict->items) dict.set(item.first, item.second);
+        for (size_t i = 0; i < arg.dict->items.size(); ++i) {
+          dict.set_typed(arg.dict->key_at(i), arg.dict->items[i].second);
+        }
       }
       for (const auto& item : args.keyword) dict.set(item.first, item.second);
       return Value::from_dict(std::move(dict));
@@ -298,9 +300,8 @@ class JinjaRenderer {
         Dict dict;
         for (size_t i = 0; i + 1 < e.children.size(); i += 2) {
           const Value key = eval(*e.children[i], frame);
-          if (!key.is_string())
-            fail_config(e.line, "dict literals with non-string keys are not supported");
-          dict.set(key.string, eval(*e.children[i + 1], frame));
+          Value value = eval(*e.children[i + 1], frame);
+          at_line(e.line, [&] { dict.set_typed(key, std::move(value)); });
         }
         return Value::from_dict(std::move(dict));
       }

@@ -84,7 +84,8 @@ List jinja_items(const Dict& dict) {
   List items;
   for (const auto& item : dict.items) {
     items.push_back(
-        Value::from_list({Value::from_string(item.first), item.second}, /*is_tuple=*/true));
+        Value::from_list({dict.key_at(static_cast<size_t>(&item - dict.items.data())), item.second},
+                         /*is_tuple=*/true));
   }
   return items;
 }
@@ -287,7 +288,8 @@ Value jinja_dict_method(const Value& object, const std::string& name) {
     return jinja_bound([dict, keys](Args&) {
       List out;
       for (const auto& item : dict->items)
-        out.push_back(keys ? Value::from_string(item.first) : item.second);
+        out.push_back(keys ? dict->key_at(static_cast<size_t>(&item - dict->items.data()))
+                           : item.second);
       return Value::from_iterator(std::move(out), keys ? "dict_keys" : "dict_values");
     });
   }
@@ -295,7 +297,7 @@ Value jinja_dict_method(const Value& object, const std::string& name) {
     const Value* key = jinja_arg(args, 0, "key");
     const Value* fallback = jinja_arg(args, 1, "default");
     if (key == nullptr) jinja_type_error("get expected at least 1 argument, got 0");
-    const Value* found = key->is_string() ? dict->find(key->string) : nullptr;
+    const Value* found = dict->find(Dict::encode_key(*key));
     return found != nullptr ? *found : (fallback != nullptr ? *fallback : Value::none());
   });
 }
@@ -373,14 +375,15 @@ Value get_item(const Value& object, const Value& key) {
     jinja_type_error(message("'", object.iterator_type, "' object is not subscriptable"));
   }
   if (object.is_dict()) {
-    if (key.is_string()) {
-      const Value* found = object.dict->find(key.string);
-      if (found != nullptr) return *found;
-      if (jinja_is_dict_method(key.string) || jinja_is_unsupported_dict_method(key.string)) {
-        return get_attr(object, key.string);
-      }
+    const bool hashable = !key.is_list() && !key.is_dict() && key.kind != Value::Kind::kNamespace &&
+                          key.kind != Value::Kind::kFunction && !key.is_undefined();
+    const Value* found = hashable ? object.dict->find(Dict::encode_key(key)) : nullptr;
+    if (found != nullptr) return *found;
+    if (key.is_string() &&
+        (jinja_is_dict_method(key.string) || jinja_is_unsupported_dict_method(key.string))) {
+      return get_attr(object, key.string);
     }
-    return Value::undefined(message("'dict object' has no attribute '", py_str(key), "'"));
+    return Value::undefined(message("'dict object' has no attribute ", py_repr(key)));
   }
   if ((object.is_list() || object.is_string()) &&
       (key.kind == Value::Kind::kInt || key.kind == Value::Kind::kBool)) {
@@ -435,7 +438,7 @@ List iterate(const Value& v) {
       return *v.list;
     case Value::Kind::kDict: {
       List keys;
-      for (const auto& item : v.dict->items) keys.push_back(Value::from_string(item.first));
+      for (size_t i = 0; i < v.dict->items.size(); ++i) keys.push_back(v.dict->key_at(i));
       return keys;
     }
     case Value::Kind::kString: {
@@ -566,7 +569,7 @@ bool compare(const std::string& op, const Value& a, const Value& b) {
       found = std::any_of(b.list->begin(), b.list->end(),
                           [&](const Value& x) { return py_equal(a, x); });
     } else if (b.is_dict()) {
-      found = a.is_string() && b.dict->find(a.string) != nullptr;
+      found = b.dict->find(Dict::encode_key(a)) != nullptr;
     } else if (b.is_undefined()) {
       found = false;  // Undefined iterates as empty
     } else {

@@ -24,7 +24,46 @@ void Dict::set(const std::string& key, Value value) {
       return;
     }
   }
+  if (!typed_keys.empty()) typed_keys.push_back(Value::from_string(key));
   items.emplace_back(key, std::move(value));
+}
+
+std::string Dict::encode_key(const Value& key) {
+  // \x1f cannot start a key a template writes as a string, so encodings never collide with one.
+  switch (key.kind) {
+    case Value::Kind::kString: return key.string;
+    case Value::Kind::kNone: return "\x1fNone";
+    case Value::Kind::kBool: return "\x1f" + std::to_string(key.boolean ? 1 : 0);
+    case Value::Kind::kInt: return "\x1f" + std::to_string(key.integer);
+    case Value::Kind::kFloat:
+      if (key.number == std::floor(key.number) && std::fabs(key.number) < 9.2e18) {
+        return "\x1f" + std::to_string(static_cast<int64_t>(key.number));
+      }
+      return "\x1f" + py_float_repr(key.number);
+    default: throw DataError(message("TypeError: unhashable type: '", py_type_name(key), "'"));
+  }
+}
+
+void Dict::set_typed(const Value& key, Value value) {
+  const std::string encoded = encode_key(key);
+  for (auto& item : items) {
+    if (item.first == encoded) {
+      item.second = std::move(value);  // Python keeps the first key object
+      return;
+    }
+  }
+  if (typed_keys.empty() && !key.is_string()) {
+    // The first non-string key: from now on every key is kept as itself.
+    for (const auto& item : items) typed_keys.push_back(Value::from_string(item.first));
+    typed_keys.push_back(key);
+  } else if (!typed_keys.empty()) {
+    typed_keys.push_back(key);
+  }
+  items.emplace_back(encoded, std::move(value));
+}
+
+Value Dict::key_at(size_t i) const {
+  return typed_keys.empty() ? Value::from_string(items[i].first) : typed_keys[i];
 }
 
 Value Value::undefined(std::string message) {
@@ -217,13 +256,31 @@ std::string py_float_repr(double d) {
 
 namespace {
 
+// Whether repr() escapes a code point: Python escapes what str.isprintable() rejects, the
+// categories Cc, Cf, Cs, Co, Cn, Zl, Zp and Zs other than the space. Listed here: the controls,
+// separators, common format characters and private use areas (unassigned code points are not).
+bool jinja_unprintable(uint32_t cp) {
+  if (cp < 0x20 || (cp >= 0x7F && cp < 0xA0)) return true;
+  static const uint32_t kRanges[][2] = {
+      {0xA0, 0xA0},       {0xAD, 0xAD},       {0x600, 0x605},     {0x61C, 0x61C},
+      {0x6DD, 0x6DD},     {0x70F, 0x70F},     {0x1680, 0x1680},   {0x180E, 0x180E},
+      {0x2000, 0x200F},   {0x2028, 0x202F},   {0x205F, 0x2064},   {0x2066, 0x206F},
+      {0x3000, 0x3000},   {0xD800, 0xF8FF},   {0xFEFF, 0xFEFF},   {0xFFF9, 0xFFFB},
+      {0x110BD, 0x110BD}, {0x1BCA0, 0x1BCA3}, {0x1D173, 0x1D17A}, {0xE0001, 0xE0001},
+      {0xE0020, 0xE007F}, {0xF0000, 0x10FFFF}};
+  for (const auto& range : kRanges) {
+    if (cp >= range[0] && cp <= range[1]) return true;
+  }
+  return false;
+}
+
 void jinja_repr_string(const std::string& s, std::string* out) {
   const bool has_single = s.find('\'') != std::string::npos;
   const bool has_double = s.find('"') != std::string::npos;
   const char quote = has_single && !has_double ? '"' : '\'';
   *out += quote;
-  for (const unsigned char c : s) {
-    if (c == quote || c == '\\') {
+  for (const uint32_t c : utf8_decode(s)) {
+    if (c == static_cast<uint32_t>(quote) || c == '\\') {
       *out += '\\';
       *out += static_cast<char>(c);
     } else if (c == '\n') {
@@ -232,12 +289,18 @@ void jinja_repr_string(const std::string& s, std::string* out) {
       *out += "\\r";
     } else if (c == '\t') {
       *out += "\\t";
-    } else if (c < 0x20 || c == 0x7f) {
-      char hex[8];
-      std::snprintf(hex, sizeof(hex), "\\x%02x", c);
+    } else if (jinja_unprintable(c)) {
+      char hex[16];
+      if (c <= 0xFF) {
+        std::snprintf(hex, sizeof(hex), "\\x%02x", c);
+      } else if (c <= 0xFFFF) {
+        std::snprintf(hex, sizeof(hex), "\\u%04x", c);
+      } else {
+        std::snprintf(hex, sizeof(hex), "\\U%08x", c);
+      }
       *out += hex;
     } else {
-      *out += static_cast<char>(c);
+      utf8_append(out, c);
     }
   }
   *out += quote;
@@ -272,7 +335,7 @@ void jinja_repr(const Value& v, std::string* out) {
       for (const auto& item : v.dict->items) {
         if (!first) *out += ", ";
         first = false;
-        jinja_repr_string(item.first, out);
+        jinja_repr(v.dict->key_at(static_cast<size_t>(&item - v.dict->items.data())), out);
         *out += ": ";
         jinja_repr(item.second, out);
       }
@@ -442,19 +505,37 @@ void jinja_json(const Value& v, const JsonOptions& o, int depth, std::string* ou
         *out += "{}";
         return;
       }
-      std::vector<const std::pair<std::string, Value>*> items;
-      for (const auto& item : v.dict->items) items.push_back(&item);
+      // json.dumps writes keys as strings: 512 -> "512", True -> "true", None -> "null".
+      std::vector<std::pair<std::string, const Value*>> items;
+      for (size_t i = 0; i < v.dict->items.size(); ++i) {
+        const Value key = v.dict->key_at(i);
+        std::string text;
+        if (key.is_string()) {
+          text = key.string;
+        } else if (key.kind == Value::Kind::kBool) {
+          text = key.boolean ? "true" : "false";
+        } else if (key.is_none()) {
+          text = "null";
+        } else {
+          text = py_str(key);
+        }
+        items.emplace_back(std::move(text), &v.dict->items[i].second);
+      }
       if (o.sort_keys) {
+        if (!v.dict->typed_keys.empty()) {
+          throw ConfigError(
+              "tojson(sort_keys=true) of a dict with non-string keys is not supported");
+        }
         std::stable_sort(items.begin(), items.end(),
-                         [](const auto* a, const auto* b) { return a->first < b->first; });
+                         [](const auto& a, const auto& b) { return a.first < b.first; });
       }
       *out += '{';
       for (size_t i = 0; i < items.size(); ++i) {
         if (i > 0) *out += item_sep;
         newline(depth + 1);
-        jinja_json_string(items[i]->first, o.ensure_ascii, out);
+        jinja_json_string(items[i].first, o.ensure_ascii, out);
         *out += key_sep;
-        jinja_json(items[i]->second, o, depth + 1, out);
+        jinja_json(*items[i].second, o, depth + 1, out);
       }
       newline(depth);
       *out += '}';

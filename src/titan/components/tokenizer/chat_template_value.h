@@ -21,9 +21,18 @@ using List = std::vector<Value>;
 // A Python dict: insertion-ordered; keys are strings (JSON objects and the dict literals
 // templates write have no others).
 struct Dict {
+  // Keys are strings in JSON and in almost every template, so entries are found by string. A dict
+  // literal with other keys ({0: 0, 512: 128}) stores each key's encoding (encode_key) there and
+  // the keys themselves in typed_keys, parallel to items.
   std::vector<std::pair<std::string, Value>> items;
+  std::vector<Value> typed_keys;
   const Value* find(const std::string& key) const;
   void set(const std::string& key, Value value);
+  // d[key] = value for a key of any hashable type (Python's rule: 1, 1.0 and True are one key).
+  void set_typed(const Value& key, Value value);
+  Value key_at(size_t i) const;
+  // The string under which `key` is stored; DataError for unhashable keys (lists, dicts).
+  static std::string encode_key(const Value& key);
 };
 
 // Arguments of a call: positional, then keyword in call order.

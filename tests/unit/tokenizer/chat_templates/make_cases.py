@@ -143,6 +143,99 @@ CONVERSATIONS = [
 ]
 
 
+# Small templates that probe one language feature each, rendered by transformers' own compiled
+# Jinja environment (the one apply_chat_template uses) with the given variables.
+SNIPPETS = [
+    ("{{ x }}|{{ x.y }}|{{ x['y'] }}|{{ x.y is defined }}", {"x": {"z": 1}}),
+    ("{{ 1 }} {{ 1.5 }} {{ 1e20 }} {{ 1e-5 }} {{ 0.1 + 0.2 }} {{ 10 / 4 }} {{ 2 ** 0.5 }} {{ 1e16 }} {{ 123456789.0 }}", {}),
+    ("{{ -7 // 2 }} {{ -7 % 3 }} {{ 7.5 // 2 }} {{ -7.5 % 2 }} {{ 3 * 'ab' }} {{ [1] * 2 }} {{ true + 1 }}", {}),
+    ("{{ none }} {{ true }} {{ [none, true, 'a', 1.0] }} {{ {'k': \"it's\", 'j': 'say \"hi\"'} }} {{ (1,) }} {{ () }}", {}),
+    ("{{ 'a\\tb\\n' ~ \"c\\\\d\" ~ '\\u00e9\\x41' }}", {}),
+    ("{{ s[0] }}{{ s[-1] }}{{ s[1:3] }}{{ s[::2] }}{{ s[::-1] }}{{ s[5:1:-1] }}{{ s|length }}", {"s": "héllo→wörld"}),
+    ("{{ l[1:] }}{{ l[:-1] }}{{ l[-2:] }}{{ l[10:] }}{{ l[::-2] }}", {"l": [1, 2, 3, 4, 5]}),
+    ("{% for x in l %}{{ loop.index }}{{ loop.index0 }}{{ loop.revindex }}{{ loop.revindex0 }}{{ loop.first }}{{ loop.last }}{{ loop.length }}{{ loop.previtem }}{{ loop.nextitem }};{% endfor %}", {"l": ["a", "b", "c"]}),
+    ("{% for x in l if x > 1 %}{{ x }}{{ loop.cycle('a', 'b') }}{% else %}none{% endfor %}", {"l": [1, 2, 3]}),
+    ("{% for k, v in d.items() %}{{ k }}={{ v }},{% endfor %}{% for k in d %}{{ k }}{% endfor %}", {"d": {"b": 1, "a": [2]}}),
+    ("{% for a, b in [[1, 2], [3, 4]] %}{{ a + b }}{% endfor %}", {}),
+    ("{% for c in 'ab→' %}[{{ c }}]{% endfor %}", {}),
+    ("{% set ns = namespace(n=0, l=[]) %}{% for i in range(4) %}{% set ns.n = ns.n + i %}{% endfor %}{{ ns.n }}", {}),
+    ("{% set x = 1 %}{% if true %}{% set x = 2 %}{% endif %}{{ x }}{% for i in [1] %}{% set x = 3 %}{{ x }}{% endfor %}{{ x }}", {}),
+    ("{% macro m(a, b=2, c='c') -%}\n  {{ a }}{{ b }}{{ c }}\n{%- endmacro %}\n{{ m(1) }}|{{ m(1, c=3) }}|{{ m(a=0, b=none) }}", {}),
+    ("{% set t %}\n  inner {{ 1 }}\n{% endset %}[{{ t }}]", {}),
+    ("a\n  {% if true %}\n    b\n  {% endif %}\n  c\n{# comment #}\nd  {%- if true %} e {% endif -%}  \n f", {}),
+    ("  {{- 'x' }}  \n  {%+ if true %}y{% endif +%}\nz{%- raw_not_a_tag -%}", None),
+    ("{{ 'x' if 0 else 'y' }}|{{ 'x' if [] }}|{{ a or 'b' }}|{{ 0 and 1 }}|{{ not none }}|{{ 1 < 2 <= 2 > 1 }}|{{ 'a' < 'b' }}", {}),
+    ("{{ 'ab' in 'cabd' }} {{ 1 in [1, 2] }} {{ 'k' in {'k': 1} }} {{ 'x' not in 'abc' }} {{ [1, 2] == [1, 2] }} {{ {'a': 1} == {'a': 1} }} {{ 1 == 1.0 }} {{ true == 1 }}", {}),
+    ("{{ s.strip() }}|{{ s.lstrip() }}|{{ s.rstrip() }}|{{ s.strip(' x') }}|{{ s.split() }}|{{ s.split(' ') }}|{{ s.split(None, 1) }}|{{ s.rsplit(None, 1) }}", {"s": "  x a  b x \u3000"}),
+    ("{{ s.startswith('ab') }}{{ s.endswith(('z', 'c')) }}{{ s.replace('b', 'B', 1) }}{{ s.find('c') }}{{ s.count('b') }}{{ s.upper() }}{{ s.title() }}{{ '-'.join(['a', 'b']) }}", {"s": "abcb"}),
+    ("{{ '{} {}'.format('a', 1) }}|{{ '{0}{0}'.format('x') }}|{{ '{n}!'.format(n=2) }}", {}),
+    ("{{ x | tojson }}|{{ x | tojson(indent=2) }}|{{ x | tojson(separators=(',', ':')) }}|{{ x | tojson(sort_keys=true) }}|{{ x | tojson(ensure_ascii=true) }}", {"x": {"b": [1, 2.5, None, True], "a": "é\"\\\n\t\u0001😀", "c": {}, "d": []}}),
+    ("{{ x | tojson(indent='\\t') }}", {"x": {"a": [1, {"b": 2}]}}),
+    ("{{ '  a  ' | trim }}|{{ 'xxaxx' | trim('x') }}|{{ [3, 1] | length }}|{{ 'abc' | count }}|{{ 'aB' | upper }}{{ 'aB' | lower }}{{ 'ab cd' | title }}{{ 'aB' | capitalize }}", {}),
+    ("{{ [1, 2] | first }}{{ [1, 2] | last }}{{ [] | first }}{{ 'ab' | first }}|{{ [1, 2] | join }}|{{ [1, 2] | join(', ') }}|{{ [{'a': 1}, {'a': 2}] | join(',', attribute='a') }}", {}),
+    ("{{ u | default('d') }}{{ none | default('d') }}{{ '' | default('d') }}{{ '' | default('d', true) }}{{ 0 | d('z', true) }}", {}),
+    ("{{ 'aaa' | replace('a', 'b') }}{{ 'aaa' | replace('a', 'b', 2) }}|{{ d | items | list }}|{{ 'ab' | list }}|{{ d | list }}|{{ 1 | string }}{{ none | string }}|{{ '3' | int + 1 }}{{ 'x' | int }}{{ 2.7 | int }}{{ '2.5' | float }}|{{ -3 | abs }}", {"d": {"k": 1, "j": 2}}),
+    ("{{ l | selectattr('r', 'equalto', 'u') | list }}|{{ l | rejectattr('r', 'equalto', 'u') | map(attribute='r') | list }}|{{ l | selectattr('x') | list }}|{{ l | map(attribute='x', default='-') | join }}", {"l": [{"r": "u", "x": 1}, {"r": "a"}, {"r": "u", "x": 0}]}),
+    ("{{ [1, 2, 3, 4] | select('odd') | list }}{{ [1, 2, 3] | reject('equalto', 2) | list }}{{ ['a', 'B'] | map('upper') | list }}{{ [0, 1, ''] | select | list }}", {}),
+    ("{{ [3, 1, 2] | sort }}{{ ['b', 'A', 'c'] | sort }}{{ [3, 1, 2] | sort(reverse=true) }}{{ [{'n': 2}, {'n': 1}] | sort(attribute='n') }}{{ ['a', 'A', 'b'] | unique | list }}{{ [1, 2] | reverse | list }}{{ 'abc' | reverse }}{{ [1, 2.5] | sum }}", {}),
+    ("{{ d | dictsort }}{{ d | dictsort(by='value') }}{{ d | dictsort(reverse=true) }}", {"d": {"b": 1, "a": 3, "C": 2}}),
+    ("{{ 'a\\nb\\n\\nc' | indent }}|{{ 'a\\nb' | indent(2, true) }}|{{ 'a\\n\\nb' | indent(width='> ', blank=true) }}", {}),
+    ("{% filter upper %}a{{ 'b' }}{% endfilter %}{% filter trim %}  x  {% endfilter %}", {}),
+    ("{{ none is none }}{{ 1 is number }}{{ true is number }}{{ 1 is integer }}{{ 1.0 is float }}{{ true is boolean }}{{ 's' is string }}{{ {} is mapping }}{{ [] is iterable }}{{ 's' is sequence }}{{ u is undefined }}{{ u is iterable }}", {}),
+    ("{{ 4 is even }}{{ 3 is odd }}{{ 9 is divisibleby 3 }}{{ 1 is true }}{{ true is true }}{{ false is false }}{{ 'a' is lower }}{{ 'A' is upper }}{{ 2 is gt 1 }}{{ 2 is lt(1) }}{{ 1 is in [1] }}{{ raise_exception is callable }}", {}),
+    ("{% for i in range(10) %}{% if i is odd %}{% continue %}{% endif %}{% if i > 6 %}{% break %}{% endif %}{{ i }}{% endfor %}|{{ range(2, 8, 3) | list }}|{{ range(3, 0, -1) | list }}", {}),
+    ("{% set d = dict(a=1, b='x') %}{{ d }}{{ dict(d, c=2) }}", {}),
+    ("{{ raise_exception('custom failure ' ~ 42) }}", {}),
+    ("{{ u.attr }}", {}),
+    ("{{ x.content + 'y' }}", {"x": {}}),
+    ("{{ 'a' + 1 }}", {}),
+    ("{{ [1] + 'a' }}", {}),
+    ("{{ none < 1 }}", {}),
+    ("{{ 'x' in none }}", {}),
+    ("{{ 1 / 0 }}", {}),
+    ("{{ [1, 2] | select | length }}", {}),
+    ("{% for a in none %}x{% endfor %}", {}),
+    ("{{ ('a' | safe) + '<&>' }}{{ '<' + ('b' | safe) }}{{ ('c' | safe) ~ '<' }}", {}),
+    ("{% generation %}gen {{ 1 }}{% endgeneration %}", {}),
+    ("{{ strftime_now('%Y-%m-%d %H:%M:%S %a %b %d %j') }}", {}),
+    ("{{ '%s' }}{{ 'x' ~ 1.0 ~ 2 ~ none ~ true }}", {}),
+    ("{{ l[5] }}|{{ l[-1] }}|{{ d.get('a') }}{{ d.get('z') }}{{ d.get('z', 0) }}|{{ d.keys() | list }}{{ d.values() | list }}", {"l": [1, 2], "d": {"a": 1}}),
+    ("{%- set x = [1, 2] -%}\n{%- for i in x -%}\n  {{ i }}\n{%- endfor -%}\n", {}),
+    ("{% if a %}A{% elif b %}B{% elif c %}C{% else %}D{% endif %}", {"c": 1}),
+    ("x {#- strip left #} y {# keep #} z {#- both -#} w", {}),
+    ("{{ \"multi\" 'part' }} {{ 1_000 }} {{ 0.5e1 }}", {}),
+    # Whitespace control, where byte-for-byte agreement is easiest to lose.
+    ("line1\n    {% if true %}\n\tinner\n    {% endif %}\nline2\n", {}),
+    ("a {% if true %} b {% endif %} c\n  {% for i in [1, 2] %}\n  {{ i }}\n  {% endfor %}\nend", {}),
+    ("\t  {# comment #}\t\nx\n  {#- c2 #}  y\n {# c3 -#}\n z", {}),
+    ("{% if true -%}\n\n   x   \n\n{%- endif %}|{{- '  y  ' -}}|  {{ 'z' }}  ", {}),
+    ("{%- for m in ['a', 'b'] %}\n    {{- m }}\n{%- endfor %}\n\n{{ 'end' }}\n\n", {}),
+    ("x\r\n  {% if true %}\r\ny\r\n  {% endif %}\r\nz\r\n", {}),
+    ("  {{ 'a' }}\n  {%- if true %}b{% endif -%}\n  c", {}),
+    ("{% macro m() %}\n  body\n{% endmacro %}\n[{{ m() }}]\n[{{- m() -}}]", {}),
+    ("{% set x = 1 %}\n{% set y = 2 %}\n{{ x }}{{ y }}\n\n", {}),
+    ("\u00a0 {% if true %}nbsp{% endif %}\n text {%- if true %} \u3000{% endif -%} \u3000 after", {}),
+    ("{{ 'a' }}{# only comment #}\n{{ 'b' }}\n{# c #}{{ 'c' }}", {}),
+    ("{% if true %}{% if true %}\n  nested\n{% endif %}{% endif %}\n", {}),
+    ("plain text only\n", {}),
+    ("{{ {'a': {'b': 1}} }}{{ {'x': [1, {'y': 2}]}['x'][1]['y'] }}", {}),
+    ("{% set d = {0: 'zero', 512: 'k', 'k': 1, none: 2, true: 3} %}{{ d }}|{{ d[512] }}{{ d[1] }}{{ d[1.0] }}|{{ d | tojson }}|{{ d.get(0) }}|{{ 512 in d }}|{{ d[[1]] }}|{{ d[7] is defined }}|{% for k in d %}{{ k }},{% endfor %}", {}),
+    ("{% set d = {2: 'b', 1: 'a'} %}{% for k, v in d | dictsort %}{{ k }}{{ v }}{% endfor %}{{ d.keys() | list }}{{ d.items() | list }}", {}),
+]
+
+
+def render_snippet(source, variables):
+    try:
+        template = chat_template_utils._compile_jinja_template(source)
+        return {"expected": template.render(**variables)}
+    except jinja2.exceptions.TemplateSyntaxError as error:
+        return {"syntax_error": str(error)}
+    except jinja2.exceptions.TemplateError as error:
+        return {"error": str(error)}
+    except (TypeError, ValueError, KeyError, IndexError, AttributeError, ZeroDivisionError) as error:
+        return {"error_type": type(error).__name__, "python_error": str(error)}
+
+
 def make_tokenizer(name):
     special_tokens = SPECIAL_TOKENS.get(name, {"bos_token": "<s>", "eos_token": "</s>"})
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.BPE()), **special_tokens)
@@ -197,6 +290,10 @@ def main():
         "templates": templates,
         "conversations": conversations,
         "cases": cases,
+        "snippets": [
+            {"source": source, "variables": variables or {}, **render_snippet(source, variables or {})}
+            for source, variables in SNIPPETS
+        ],
     }
     json.dump(fixture, sys.stdout, ensure_ascii=False, indent=1)
     sys.stdout.write("\n")
