@@ -71,22 +71,19 @@ TEST(ChatTemplate, WhitespaceControl) {
 TEST(ChatTemplate, IfAndFor) {
   EXPECT_EQ(render("{% if x == 1 %}one{% elif x == 2 %}two{% else %}many{% endif %}", {{"x", 2}}),
             "two");
-  EXPECT_EQ(
-      render(
-          "{% for a in [1,2,3] %}{{ loop.previtem }}-{{ loop.nextitem }}-{{ loop.revindex }};{% endfor %}"),
-      "-2-3;1-3-2;2--1;");
+  EXPECT_EQ(render("{% for a in [1,2,3] %}{{ loop.previtem }}-{{ loop.nextitem }}"
+                   "-{{ loop.revindex }};{% endfor %}"),
+            "-2-3;1-3-2;2--1;");
   EXPECT_EQ(render("{% for a in [] %}x{% else %}empty{% endfor %}"), "empty");
   EXPECT_EQ(
       render("{% for a in [1,2,3,4] if a is even %}{{ loop.index }}{{ loop.length }}{% endfor %}"),
       "1222");
-  EXPECT_EQ(
-      render(
-          "{% for k, v in {'a': 1, 'b': 2}.items() %}{{ k }}={{ v }}{% if not loop.last %},{% endif %}{% endfor %}"),
-      "a=1,b=2");
-  EXPECT_EQ(
-      render(
-          "{% for i in range(5) %}{% if i == 1 %}{% continue %}{% endif %}{% if i == 3 %}{% break %}{% endif %}{{ i }}{% endfor %}"),
-      "02");
+  EXPECT_EQ(render("{% for k, v in {'a': 1, 'b': 2}.items() %}{{ k }}={{ v }}"
+                   "{% if not loop.last %},{% endif %}{% endfor %}"),
+            "a=1,b=2");
+  EXPECT_EQ(render("{% for i in range(5) %}{% if i == 1 %}{% continue %}{% endif %}"
+                   "{% if i == 3 %}{% break %}{% endif %}{{ i }}{% endfor %}"),
+            "02");
   EXPECT_EQ(render("{% for m in messages[::-1] %}{{ m }}{{ loop.first }}{% endfor %}",
                    {{"messages", {1, 2}}}),
             "2True1False");
@@ -94,17 +91,15 @@ TEST(ChatTemplate, IfAndFor) {
 
 TEST(ChatTemplate, Scoping) {
   // A for body gets a fresh scope per iteration; `if` makes none.
-  EXPECT_EQ(
-      render(
-          "{% for i in [1,2,3] %}{% if i == 1 %}{% set x = 5 %}{% endif %}[{{ x }}]{% endfor %}{{ x }}"),
-      "[5][][]");
+  EXPECT_EQ(render("{% for i in [1,2,3] %}{% if i == 1 %}{% set x = 5 %}"
+                   "{% endif %}[{{ x }}]{% endfor %}{{ x }}"),
+            "[5][][]");
   EXPECT_EQ(
       render("{% set x = 1 %}{% for i in [1,2] %}{{ x }}{% set x = 2 %}{{ x }}{% endfor %}{{ x }}"),
       "12121");
-  EXPECT_EQ(
-      render(
-          "{% set ns = namespace(a=1) %}{% for i in [1] %}{% set ns.a = 2 %}{% endfor %}{{ ns.a }}"),
-      "2");
+  EXPECT_EQ(render("{% set ns = namespace(a=1) %}{% for i in [1] %}"
+                   "{% set ns.a = 2 %}{% endfor %}{{ ns.a }}"),
+            "2");
   EXPECT_EQ(render("{% set x %}a{{ 1 }}b{% endset %}[{{ x }}]"), "[a1b]");
   EXPECT_EQ(render("{% set a, b = [1, 2] %}{{ b }}{{ a }}"), "21");
 }
@@ -148,10 +143,9 @@ TEST(ChatTemplate, StringMethods) {
       render(
           "{{ '  x\\n'.strip() }}|{{ 'xxaxx'.strip('x') }}|{{ 'ab'.upper() }}|{{ 'AB'.lower() }}"),
       "x|a|AB|ab");
-  EXPECT_EQ(
-      render(
-          "{{ 'abc'.startswith('ab') }} {{ 'abc'.endswith(('x', 'c')) }} {{ 'aXa'.replace('a', 'b') }}"),
-      "True True bXb");
+  EXPECT_EQ(render("{{ 'abc'.startswith('ab') }} {{ 'abc'.endswith(('x', 'c')) }}"
+                   " {{ 'aXa'.replace('a', 'b') }}"),
+            "True True bXb");
   EXPECT_EQ(render("{{ '{} and {name}'.format(1, name='n') }}"), "1 and n");
 }
 
@@ -175,15 +169,13 @@ TEST(ChatTemplate, Filters) {
       render(
           "{{ {'a': 1} | items | list }} {{ 'ab' | list }} {{ 3 | string }} {{ '7' | int + 1 }}"),
       "[('a', 1)] ['a', 'b'] 3 8");
-  EXPECT_EQ(
-      render(
-          "{{ [{'r': 'u'}, {'r': 'a'}, {'r': 'u'}] | selectattr('r', 'equalto', 'u') | list | length }}"),
-      "2");
+  EXPECT_EQ(render("{{ [{'r': 'u'}, {'r': 'a'}, {'r': 'u'}] | "
+                   "selectattr('r', 'equalto', 'u') | list | length }}"),
+            "2");
   EXPECT_EQ(render("{{ ['a', 'b', 'c'] | reject('equalto', 'b') | join(',') }}"), "a,c");
-  EXPECT_EQ(
-      render(
-          "{{ [{'a': 1}, {'a': 2}] | map(attribute='a') | join(',') }} {{ ['a'] | map('upper') | list }}"),
-      "1,2 ['A']");
+  EXPECT_EQ(render("{{ [{'a': 1}, {'a': 2}] | map(attribute='a') | join(',') }}"
+                   " {{ ['a'] | map('upper') | list }}"),
+            "1,2 ['A']");
   EXPECT_EQ(
       render(
           "{{ [3, 1, 2] | sort }} {{ [1, 1, 2] | unique | list }} {{ 'ab' | replace('a', 'x') }}"),
@@ -209,18 +201,15 @@ TEST(ChatTemplate, FiltersReturnGenerators) {
 }
 
 TEST(ChatTemplate, MoreFilters) {
-  EXPECT_EQ(
-      render(
-          "{{ {'b': 1, 'a': 2} | dictsort }}|{{ {'b': 1, 'a': 2} | dictsort(by='value', reverse=true) }}"),
-      "[('a', 2), ('b', 1)]|[('a', 2), ('b', 1)]");
-  EXPECT_EQ(
-      render(
-          "{{ 'a\nb\n\nc' | indent(2) }}|{{ 'a\nb' | indent(2, first=true) }}|{{ 'a\n\nb' | indent('>', blank=true) }}"),
-      "a\n  b\n\n  c|  a\n  b|a\n>\n>b");
-  EXPECT_EQ(
-      render(
-          "{% filter upper %}abc{{ 1 }}{% endfilter %}|{% filter replace('a', 'b') %}aaa{% endfilter %}"),
-      "ABC1|bbb");
+  EXPECT_EQ(render("{{ {'b': 1, 'a': 2} | dictsort }}|"
+                   "{{ {'b': 1, 'a': 2} | dictsort(by='value', reverse=true) }}"),
+            "[('a', 2), ('b', 1)]|[('a', 2), ('b', 1)]");
+  EXPECT_EQ(render("{{ 'a\nb\n\nc' | indent(2) }}|{{ 'a\nb' | indent(2, first=true) }}"
+                   "|{{ 'a\n\nb' | indent('>', blank=true) }}"),
+            "a\n  b\n\n  c|  a\n  b|a\n>\n>b");
+  EXPECT_EQ(render("{% filter upper %}abc{{ 1 }}{% endfilter %}|{% filter replace('a', 'b') %}"
+                   "aaa{% endfilter %}"),
+            "ABC1|bbb");
   // |safe makes markupsafe's Markup, and Markup + str escapes the str even without autoescape.
   EXPECT_EQ(
       render("{{ '<a>' | safe + '<b>' }}|{{ '<b>' + '<a>' | safe }}|{{ ('x' | safe) ~ '<' }}"),
@@ -228,14 +217,12 @@ TEST(ChatTemplate, MoreFilters) {
 }
 
 TEST(ChatTemplate, Tests) {
-  EXPECT_EQ(
-      render(
-          "{{ none is none }} {{ true is number }} {{ 's' is iterable }} {{ u is iterable }} {{ {} is sequence }}"),
-      "True True True True True");
-  EXPECT_EQ(
-      render(
-          "{{ 's' is string }} {{ {} is mapping }} {{ [] is mapping }} {{ x is undefined }} {{ 5 is divisibleby 5 }}"),
-      "True True False True True");
+  EXPECT_EQ(render("{{ none is none }} {{ true is number }} {{ 's' is iterable }}"
+                   " {{ u is iterable }} {{ {} is sequence }}"),
+            "True True True True True");
+  EXPECT_EQ(render("{{ 's' is string }} {{ {} is mapping }} {{ [] is mapping }}"
+                   " {{ x is undefined }} {{ 5 is divisibleby 5 }}"),
+            "True True False True True");
   EXPECT_EQ(render("{{ false is false }} {{ 0 is false }} {{ 3 is odd }} {{ x is not defined }}"),
             "True False True True");
 }
@@ -259,6 +246,15 @@ TEST(ChatTemplate, ErrorsNameTheLine) {
             std::string::npos);
   EXPECT_NE(error_of<DataError>("{{ 'a' + d }}", {{"d", Json::object()}})
                 .find("can only concatenate str (not \"dict\") to str"),
+            std::string::npos);
+  EXPECT_NE(error_of<DataError>("{% macro f() %}{{ f() }}{% endmacro %}{{ f() }}")
+                .find("maximum recursion depth exceeded"),
+            std::string::npos);
+  // Integers beyond 64 bits would wrap silently; the engine refuses them.
+  EXPECT_NE(error_of<ConfigError>("{{ 2 ** 62 * 4 }}").find("beyond 64 bits"), std::string::npos);
+  // Case mapping of scripts with case beyond ASCII needs Unicode tables: refused, not guessed.
+  EXPECT_EQ(render("{{ '你好 abc' | upper }}"), "你好 ABC");
+  EXPECT_NE(error_of<ConfigError>("{{ 'Ärger' | lower }}").find("non-ASCII letters"),
             std::string::npos);
   // Unsupported features are ConfigError at parse time, naming the line and the feature.
   auto parse_error = [](const std::string& source) {
@@ -288,9 +284,9 @@ TEST(ChatTemplate, ApplyChatTemplateNormalizesMessages) {
   options.special_tokens = {{"bos_token", "<s>"}};
   const Json messages =
       Json::parse(R"([{"role": "assistant", "content": null, "reasoning": "r"}])");
-  EXPECT_EQ(
-      apply_chat_template(t, messages, options),
-      R"({"thinking": "r", "role": "assistant", "reasoning": "r", "reasoning_content": "r"}<s>None)");
+  EXPECT_EQ(apply_chat_template(t, messages, options),
+            R"({"thinking": "r", "role": "assistant", "reasoning": "r", )"
+            R"("reasoning_content": "r"}<s>None)");
   EXPECT_THROW(apply_chat_template(t, Json::array(), options), ConfigError);
 }
 

@@ -249,6 +249,18 @@ class JinjaRenderer {
   Value make_macro(const Node& node, const JinjaFramePtr& defining) {
     const Node* macro = &node;
     return Value::from_function([this, macro, defining](Args& args) -> Value {
+      // Python stops runaway recursion (a macro calling itself forever) with RecursionError.
+      if (++macro_depth_ > kMaxMacroDepth) {
+        macro_depth_ = 0;
+        fail_data(macro->line,
+                  message("maximum recursion depth exceeded in macro '", macro->text, "'"));
+      }
+      struct DepthGuard {
+        int* depth;
+        ~DepthGuard() {
+          if (*depth > 0) --*depth;
+        }
+      } guard{&macro_depth_};
       auto scope = std::make_shared<JinjaFrame>();
       scope->parent = defining;
       if (args.positional.size() > macro->params.size()) {
@@ -390,6 +402,8 @@ class JinjaRenderer {
 
   const std::string& name_;
   std::optional<std::time_t> now_;
+  static constexpr int kMaxMacroDepth = 500;
+  int macro_depth_ = 0;
 };
 
 }  // namespace

@@ -41,23 +41,47 @@ bool jinja_ascii(const std::string& s) {
                      [](char c) { return static_cast<unsigned char>(c) < 0x80; });
 }
 
-// Case mapping of ASCII text; other scripts would need Unicode tables Python has and we lack.
+// Whether a code point may change under Python's upper()/lower(): the scripts with case (Latin,
+// Greek, Cyrillic, Armenian, Georgian, Cherokee, Glagolitic, Coptic, Deseret, fullwidth Latin...).
+// Mapping them needs Unicode tables we lack, so text holding them is refused rather than mis-cased.
+bool jinja_cased_non_ascii(uint32_t cp) {
+  static const uint32_t kRanges[][2] = {
+      {0xB5, 0xB5},       {0xC0, 0x2AF},      {0x345, 0x345},     {0x370, 0x58F},
+      {0x10A0, 0x10FF},   {0x13A0, 0x13FF},   {0x1C80, 0x1CBF},   {0x1D00, 0x1DBF},
+      {0x1E00, 0x1FFF},   {0x2100, 0x218F},   {0x24B6, 0x24E9},   {0x2C00, 0x2D2F},
+      {0xA640, 0xA69F},   {0xA720, 0xA7FF},   {0xAB30, 0xABBF},   {0xFB00, 0xFB17},
+      {0xFF21, 0xFF5A},   {0x10400, 0x104FF}, {0x10570, 0x105BF}, {0x10C80, 0x10CFF},
+      {0x118A0, 0x118FF}, {0x16E40, 0x16E9F}, {0x1E900, 0x1E95F}};
+  for (const auto& range : kRanges) {
+    if (cp >= range[0] && cp <= range[1]) return true;
+  }
+  return false;
+}
+
+// Case mapping (upper, lower, capitalize, str.title) of text whose only cased letters are ASCII;
+// CJK, digits, emoji and punctuation pass through unchanged, as in Python.
 std::string jinja_case(const std::string& s, const std::string& how) {
   if (!jinja_ascii(s)) {
-    throw ConfigError(message("'", how, "' of non-ASCII text is not supported"));
+    for (const uint32_t cp : utf8_decode(s)) {
+      if (cp >= 0x80 && jinja_cased_non_ascii(cp)) {
+        throw ConfigError(message("'", how, "' of text with non-ASCII letters is not supported"));
+      }
+    }
   }
+  auto up = [](char c) { return c >= 'a' && c <= 'z' ? static_cast<char>(c - 32) : c; };
+  auto down = [](char c) { return c >= 'A' && c <= 'Z' ? static_cast<char>(c + 32) : c; };
   std::string out = s;
   bool word_start = true;
   for (size_t i = 0; i < out.size(); ++i) {
     const char c = out[i];
     if (how == "upper") {
-      out[i] = static_cast<char>(std::toupper(c));
+      out[i] = up(c);
     } else if (how == "lower") {
-      out[i] = static_cast<char>(std::tolower(c));
+      out[i] = down(c);
     } else if (how == "capitalize") {
-      out[i] = static_cast<char>(i == 0 ? std::toupper(c) : std::tolower(c));
-    } else {  // title
-      out[i] = static_cast<char>(word_start ? std::toupper(c) : std::tolower(c));
+      out[i] = i == 0 ? up(c) : down(c);
+    } else {  // str.title(): a letter after an uncased character starts a word
+      out[i] = word_start ? up(c) : down(c);
       word_start = !std::isalpha(static_cast<unsigned char>(c));
     }
   }
@@ -462,6 +486,20 @@ Value unary(const std::string& op, const Value& v) {
   jinja_type_error(message("bad operand type for unary ", op, ": '", py_type_name(v), "'"));
 }
 
+namespace {
+
+// Python ints never overflow; ours are 64-bit, so a result beyond them is refused.
+Value jinja_checked(const std::string& op, int64_t x, int64_t y) {
+  int64_t r = 0;
+  const bool overflow = op == "+"   ? __builtin_add_overflow(x, y, &r)
+                        : op == "-" ? __builtin_sub_overflow(x, y, &r)
+                                    : __builtin_mul_overflow(x, y, &r);
+  if (overflow) throw ConfigError("integer arithmetic beyond 64 bits is not supported");
+  return Value::from_int(r);
+}
+
+}  // namespace
+
 Value binary_op(const std::string& op, const Value& a, const Value& b) {
   if (op == "~") return Value::from_string(py_str(a) + py_str(b));
   jinja_check_defined(a);
@@ -474,7 +512,7 @@ Value binary_op(const std::string& op, const Value& a, const Value& b) {
   };
   if (op == "+") {
     if (floats) return Value::from_float(a.as_double() + b.as_double());
-    if (numbers) return Value::from_int(jinja_int_of(a, "") + jinja_int_of(b, ""));
+    if (numbers) return jinja_checked(op, jinja_int_of(a, ""), jinja_int_of(b, ""));
     if (a.is_string() && b.is_string()) {
       if (a.is_markup == b.is_markup) {
         Value out = Value::from_string(a.string + b.string);
@@ -500,7 +538,7 @@ Value binary_op(const std::string& op, const Value& a, const Value& b) {
   }
   if (op == "*") {
     if (floats) return Value::from_float(a.as_double() * b.as_double());
-    if (numbers) return Value::from_int(jinja_int_of(a, "") * jinja_int_of(b, ""));
+    if (numbers) return jinja_checked(op, jinja_int_of(a, ""), jinja_int_of(b, ""));
     const Value* seq = a.is_number() ? &b : &a;
     const Value* count = a.is_number() ? &a : &b;
     if (count->kind == Value::Kind::kInt || count->kind == Value::Kind::kBool) {
@@ -525,7 +563,7 @@ Value binary_op(const std::string& op, const Value& a, const Value& b) {
   }
   if (op == "-") {
     if (floats) return Value::from_float(a.as_double() - b.as_double());
-    return Value::from_int(jinja_int_of(a, "") - jinja_int_of(b, ""));
+    return jinja_checked(op, jinja_int_of(a, ""), jinja_int_of(b, ""));
   }
   if (op == "/") {
     if (b.as_double() == 0) throw DataError("ZeroDivisionError: division by zero");
@@ -546,9 +584,14 @@ Value binary_op(const std::string& op, const Value& a, const Value& b) {
   }
   if (op == "**") {
     if (!floats && jinja_int_of(b, "") >= 0) {
-      int64_t result = 1;
-      for (int64_t i = 0, x = jinja_int_of(a, ""); i < jinja_int_of(b, ""); ++i) result *= x;
-      return Value::from_int(result);
+      const int64_t base = jinja_int_of(a, ""), n = jinja_int_of(b, "");
+      if (base == 0 || base == 1) return Value::from_int(n == 0 ? 1 : base);
+      if (base == -1) return Value::from_int(n % 2 == 0 ? 1 : -1);
+      Value result = Value::from_int(1);
+      for (int64_t i = 0; i < n; ++i) {
+        result = jinja_checked("*", result.integer, base);
+      }
+      return result;
     }
     return Value::from_float(std::pow(a.as_double(), b.as_double()));
   }

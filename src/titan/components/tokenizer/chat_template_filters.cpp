@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <set>
 
 namespace titan::jinja {
@@ -201,12 +202,15 @@ Value apply_filter(const std::string& name, const Value& input, Args& args) {
     const Value* case_arg = jinja_arg(args, name == "sort" ? 1 : 0, "case_sensitive");
     const bool case_sensitive = case_arg != nullptr && truthy(*case_arg);
     const Value* attribute = jinja_arg(args, name == "sort" ? 2 : 1, "attribute");
+    if (attribute != nullptr && py_str(*attribute).find(',') != std::string::npos) {
+      throw ConfigError(
+          message("'", name, "' by several comma-separated attributes is not supported"));
+    }
     auto key_of = [&](const Value& item) {
       Value key = attribute != nullptr ? jinja_attribute_of(item, py_str(*attribute)) : item;
       // Jinja compares strings case-insensitively unless told otherwise.
-      if (key.is_string() && !case_sensitive && jinja_ascii(key.string)) {
+      if (key.is_string() && !case_sensitive)
         key = Value::from_string(jinja_case(key.string, "lower"));
-      }
       return key;
     };
     List items = iterate(input);
@@ -235,8 +239,28 @@ Value apply_filter(const std::string& name, const Value& input, Args& args) {
         py_strip(py_str(input), chars != nullptr && chars->is_string() ? &chars->string : nullptr,
                  true, true));
   }
-  if (name == "upper" || name == "lower" || name == "capitalize" || name == "title") {
+  if (name == "upper" || name == "lower" || name == "capitalize") {
     return Value::from_string(jinja_case(py_str(input), name));
+  }
+  if (name == "title") {
+    // Jinja's title is not str.title: words start after runs of - ( { [ < and whitespace, so
+    // "they're" stays "They're".
+    const std::string text = py_str(input);
+    jinja_case(text, "title");  // refuses text with non-ASCII letters
+    std::string out;
+    bool word_start = true;
+    for (const char c : text) {
+      const bool separator = std::strchr("-({[< \t\n\r\f\v", c) != nullptr;
+      if (separator) {
+        out += c;
+        word_start = true;
+      } else {
+        const bool lower = c >= 'A' && c <= 'Z', upper = c >= 'a' && c <= 'z';
+        out += static_cast<char>(word_start && upper ? c - 32 : !word_start && lower ? c + 32 : c);
+        word_start = false;
+      }
+    }
+    return Value::from_string(out);
   }
   if (name == "replace") {
     const Value* count = jinja_arg(args, 2, "count");
@@ -249,6 +273,7 @@ Value apply_filter(const std::string& name, const Value& input, Args& args) {
     const Value dflt = fallback != nullptr
                            ? *fallback
                            : (name == "int" ? Value::from_int(0) : Value::from_float(0));
+    jinja_check_defined(input);  // int(Undefined) raises in Jinja, unlike most filters
     if (input.is_number()) {
       return name == "int" ? Value::from_int(input.kind == Value::Kind::kFloat
                                                  ? static_cast<int64_t>(input.number)
@@ -261,6 +286,11 @@ Value apply_filter(const std::string& name, const Value& input, Args& args) {
       if (name == "int") {
         const long long v = std::strtoll(text.c_str(), &end, 10);
         if (!text.empty() && *end == '\0') return Value::from_int(v);
+        // Jinja falls back to int(float(text)): "2.5" | int is 2.
+        const double d = std::strtod(text.c_str(), &end);
+        if (!text.empty() && *end == '\0' && std::isfinite(d)) {
+          return Value::from_int(static_cast<int64_t>(d));
+        }
       } else {
         const double v = std::strtod(text.c_str(), &end);
         if (!text.empty() && *end == '\0') return Value::from_float(v);
@@ -281,9 +311,8 @@ Value apply_filter(const std::string& name, const Value& input, Args& args) {
     List items = jinja_items(*input.dict);
     auto key_of = [&](const Value& item) {
       Value key = (*item.list)[by_value ? 1 : 0];
-      if (key.is_string() && !case_sensitive && jinja_ascii(key.string)) {
+      if (key.is_string() && !case_sensitive)
         key = Value::from_string(jinja_case(key.string, "lower"));
-      }
       return key;
     };
     const bool descending = reverse != nullptr && truthy(*reverse);
@@ -294,6 +323,7 @@ Value apply_filter(const std::string& name, const Value& input, Args& args) {
     return Value::from_list(std::move(items));
   }
   if (name == "indent") {
+    jinja_check_defined(input);  // Jinja appends a newline to the input, which Undefined refuses
     const Value* width = jinja_arg(args, 0, "width");
     const Value* first = jinja_arg(args, 1, "first");
     const Value* blank = jinja_arg(args, 2, "blank");
@@ -336,8 +366,9 @@ Value apply_filter(const std::string& name, const Value& input, Args& args) {
     return Value::from_int(std::llabs(jinja_int_of(input, "abs() operand")));
   }
   if (name == "sum") {
-    Value total = Value::from_int(0);
     const Value* attribute = jinja_arg(args, 0, "attribute");
+    const Value* start = jinja_arg(args, 1, "start");
+    Value total = start != nullptr ? *start : Value::from_int(0);
     for (const auto& item : iterate(input)) {
       total = binary_op("+", total,
                         attribute != nullptr ? jinja_attribute_of(item, py_str(*attribute)) : item);

@@ -220,6 +220,9 @@ SNIPPETS = [
     ("plain text only\n", {}),
     ("{{ {'a': {'b': 1}} }}{{ {'x': [1, {'y': 2}]}['x'][1]['y'] }}", {}),
     ("{% set d = {0: 'zero', 512: 'k', 'k': 1, none: 2, true: 3} %}{{ d }}|{{ d[512] }}{{ d[1] }}{{ d[1.0] }}|{{ d | tojson }}|{{ d.get(0) }}|{{ 512 in d }}|{{ d[[1]] }}|{{ d[7] is defined }}|{% for k in d %}{{ k }},{% endfor %}", {}),
+    ("{{ \"they're 1st (a-b) x\" | title }}|{{ \"they're 1st\".title() }}|{{ '2.5' | int }}{{ ' 7 ' | int }}{{ [1, 2] | sum(start=10) }}|{{ '你好 abc' | upper }}|{{ 'ÀB' | length }}", {}),
+    ("{{ u | int }}", {}),
+    ("{{ u | indent }}", {}),
     ("{% set d = {2: 'b', 1: 'a'} %}{% for k, v in d | dictsort %}{{ k }}{{ v }}{% endfor %}{{ d.keys() | list }}{{ d.items() | list }}", {}),
 ]
 
