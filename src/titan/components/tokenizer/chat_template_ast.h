@@ -84,8 +84,4 @@ struct Program {
 // trailing newline dropped). Throws ConfigError naming `name` and the line.
 std::unique_ptr<Program> parse_template(const std::string& source, const std::string& name);
 
-// Filters and tests the evaluator implements; the parser rejects others with their line.
-bool is_known_filter(const std::string& name);
-bool is_known_test(const std::string& name);
-
 }  // namespace titan::jinja

@@ -364,7 +364,11 @@ Value get_attr(const Value& object, const std::string& name) {
     case Value::Kind::kDict: {
       if (jinja_is_dict_method(name)) return jinja_dict_method(object, name);
       if (jinja_is_unsupported_dict_method(name)) {
-        throw ConfigError(message("the dict method '", name, "' is not supported"));
+        if (name == "copy" || name == "fromkeys") {
+          throw ConfigError(message("the dict method '", name, "' is not supported"));
+        }
+        return Value::undefined(
+            message("access to attribute '", name, "' of 'dict' object is unsafe."));
       }
       const Value* found = object.dict->find(name);
       if (found != nullptr) return *found;
@@ -377,11 +381,32 @@ Value get_attr(const Value& object, const std::string& name) {
     }
     case Value::Kind::kString: return jinja_str_method(object.string, name);
     case Value::Kind::kList: {
-      static const std::set<std::string> methods = {"append", "extend",  "insert", "remove",
-                                                    "pop",    "clear",   "index",  "count",
-                                                    "sort",   "reverse", "copy"};
-      if (methods.count(name) != 0)
-        throw ConfigError(message("the list method '", name, "' is not supported"));
+      if (name == "index" || name == "count") {
+        std::shared_ptr<const List> list = object.list;
+        const bool index = name == "index";
+        return jinja_bound([list, index](Args& args) {
+          const Value* x = jinja_arg(args, 0, "value");
+          if (x == nullptr || args.positional.size() > 1) {
+            throw ConfigError("list.index/count take exactly one value here");
+          }
+          int64_t count = 0;
+          for (size_t i = 0; i < list->size(); ++i) {
+            if (!py_equal((*list)[i], *x)) continue;
+            if (index) return Value::from_int(static_cast<int64_t>(i));
+            ++count;
+          }
+          if (index) throw DataError(message("ValueError: ", py_repr(*x), " is not in list"));
+          return Value::from_int(count);
+        });
+      }
+      static const std::set<std::string> mutating = {"append", "extend", "insert", "remove",
+                                                     "pop",    "clear",  "sort",   "reverse"};
+      if (mutating.count(name) != 0) {
+        // transformers' sandbox is immutable: the attribute is an undefined value whose use fails.
+        return Value::undefined(message("access to attribute '", name, "' of '",
+                                        py_type_name(object), "' object is unsafe."));
+      }
+      if (name == "copy") throw ConfigError("the list method 'copy' is not supported");
       return Value::undefined(message("'list object' has no attribute '", name, "'"));
     }
     case Value::Kind::kNone:

@@ -26,6 +26,17 @@ Value binary_op(const std::string& op, const Value& a, const Value& b);
 bool compare(const std::string& op, const Value& a, const Value& b);
 Value apply_filter(const std::string& name, const Value& input, Args& args);
 bool apply_test(const std::string& name, const Value& input, Args& args);
+// Filters and tests the engine implements.
+bool is_known_filter(const std::string& name);
+bool is_known_test(const std::string& name);
+// Filters and tests Jinja itself has (some of which the engine lacks).
+bool jinja_has_filter(const std::string& name);
+bool jinja_has_test(const std::string& name);
+// Throw, for a filter or test the engine lacks, ConfigError (Jinja has it) or DataError with
+// Jinja's message (nobody has it): "No filter named 'x' found." when an expression in an if
+// branch runs it (`found`), "No filter named 'x'." when map() or select() names it.
+void check_filter_exists(const std::string& name, bool found);
+void check_test_exists(const std::string& name, bool found);
 
 // Helpers the operators (chat_template_builtins.cpp) and the filters (chat_template_filters.cpp)
 // share.

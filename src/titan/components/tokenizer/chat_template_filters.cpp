@@ -78,7 +78,7 @@ Value jinja_select(const std::string& name, const Value& input, Args& args) {
   if (next < args.positional.size()) {
     if (!args.positional[next].is_string()) jinja_type_error(name + " needs a test name");
     test = args.positional[next].string;
-    if (!is_known_test(test)) throw ConfigError(message("the test '", test, "' is not supported"));
+    check_test_exists(test, /*found=*/false);
     ++next;
   }
   Args test_args;
@@ -110,8 +110,7 @@ Value jinja_map(const Value& input, Args& args) {
   if (args.positional.empty() || !args.positional[0].is_string())
     jinja_type_error("map needs a filter name or attribute=");
   const std::string filter = args.positional[0].string;
-  if (!is_known_filter(filter))
-    throw ConfigError(message("the filter '", filter, "' is not supported"));
+  check_filter_exists(filter, /*found=*/false);
   Args filter_args;
   filter_args.positional.assign(args.positional.begin() + 1, args.positional.end());
   filter_args.keyword = args.keyword;
@@ -375,6 +374,7 @@ Value apply_filter(const std::string& name, const Value& input, Args& args) {
     }
     return total;
   }
+  check_filter_exists(name, /*found=*/true);
   throw ConfigError(message("the filter '", name, "' is not supported"));
 }
 
@@ -439,6 +439,7 @@ bool apply_test(const std::string& name, const Value& input, Args& args) {
       throw ConfigError("the tests 'lower'/'upper' on non-ASCII text are not supported");
     return cased;
   }
+  check_test_exists(name, /*found=*/true);
   throw ConfigError(message("the test '", name, "' is not supported"));
 }
 
@@ -460,6 +461,40 @@ bool is_known_test(const std::string& name) {
       "gt",       ">",         "greaterthan", "ge",          ">=",      "in",
       "sameas",   "odd",       "even",        "divisibleby", "lower",   "upper"};
   return names.count(name) != 0;
+}
+
+// Like Jinja 3, a template may name a filter or test that does not exist in a branch it never
+// takes; only running it fails, with Jinja's message. One that Jinja has and we lack is ours to
+// report as unsupported.
+bool jinja_has_filter(const std::string& name) {
+  static const std::set<std::string> names = {
+      "abs",    "attr",       "batch",       "capitalize", "center",   "count",
+      "d",      "default",    "dictsort",    "e",          "escape",   "filesizeformat",
+      "first",  "float",      "forceescape", "format",     "groupby",  "indent",
+      "int",    "items",      "join",        "last",       "length",   "list",
+      "lower",  "map",        "max",         "min",        "pprint",   "random",
+      "reject", "rejectattr", "replace",     "reverse",    "round",    "safe",
+      "select", "selectattr", "slice",       "sort",       "string",   "striptags",
+      "sum",    "title",      "tojson",      "trim",       "truncate", "unique",
+      "upper",  "urlencode",  "urlize",      "wordcount",  "wordwrap", "xmlattr"};
+  return names.count(name) != 0;
+}
+
+bool jinja_has_test(const std::string& name) {
+  return is_known_test(name) || name == "escaped" || name == "filter" || name == "test";
+}
+
+void check_filter_exists(const std::string& name, bool found) {
+  if (is_known_filter(name)) return;
+  if (jinja_has_filter(name))
+    throw ConfigError(message("the filter '", name, "' is not supported"));
+  throw DataError(message("No filter named '", name, found ? "' found." : "'."));
+}
+
+void check_test_exists(const std::string& name, bool found) {
+  if (is_known_test(name)) return;
+  if (jinja_has_test(name)) throw ConfigError(message("the test '", name, "' is not supported"));
+  throw DataError(message("No test named '", name, found ? "' found." : "'."));
 }
 
 }  // namespace titan::jinja

@@ -4,6 +4,7 @@
 #include "titan/components/tokenizer/chat_template_ast.h"
 
 #include "titan/common/check.h"
+#include "titan/components/tokenizer/chat_template_builtins.h"
 #include "titan/components/tokenizer/chat_template_lexer.h"
 
 namespace titan::jinja {
@@ -98,6 +99,7 @@ class JinjaParser {
           fail(message("expected '}}', got '", describe(peek()), "'"));
         next();
         body.push_back(std::move(node));
+        check_unknown_names();
       } else if (t.kind == JinjaToken::Kind::kBlockBegin) {
         next();
         const std::string tag = expect_name();
@@ -108,6 +110,7 @@ class JinjaParser {
           }
         }
         body.push_back(parse_statement(tag, t.line));
+        check_unknown_names();
       } else {
         fail(message("unexpected '", describe(t), "'"));
       }
@@ -119,6 +122,7 @@ class JinjaParser {
     node->line = line;
     std::string end;
     if (tag == "if") {
+      SoftFrame soft(this, true);
       node->kind = Node::Kind::kIf;
       ExprPtr cond = parse_expression();
       expect_block_end();
@@ -147,6 +151,7 @@ class JinjaParser {
       if (!is_name("in")) fail("expected 'in' in a for tag");
       next();
       node->expr = parse_or_chain(/*allow_condexpr=*/false);
+      SoftFrame loop_frame(this, false);
       if (is_name("if")) {
         next();
         node->value = parse_or_chain(/*allow_condexpr=*/false);
@@ -186,12 +191,14 @@ class JinjaParser {
         if (node->targets.size() != 1) fail("a block set takes one name");
         if (is_op("|")) fail("filters on a block set are not supported");
         node->kind = Node::Kind::kSetBlock;
+        SoftFrame block_frame(this, false);
         expect_block_end();
         node->body = parse_body({"endset"}, &end);
         expect_block_end();
       }
     } else if (tag == "macro") {
       node->kind = Node::Kind::kMacro;
+      SoftFrame macro_frame(this, false);
       node->text = expect_name();
       expect_op("(");
       while (!is_op(")")) {
@@ -216,18 +223,17 @@ class JinjaParser {
       node->kind = Node::Kind::kFilterBlock;
       node->expr = jinja_make(Expr::Kind::kFilter, line);
       node->expr->name = expect_name();
-      if (!is_known_filter(node->expr->name)) {
-        jinja_syntax_error(name_, line,
-                           message("the filter '", node->expr->name, "' is not supported"));
-      }
       node->expr->children.push_back(nullptr);  // the rendered body
       if (is_op("(")) parse_call_args(node->expr.get());
       if (is_op("|")) fail("chained filters on a filter block are not supported");
+      note_name(node->expr->name, /*is_filter=*/true, line);
+      SoftFrame block_frame(this, false);
       expect_block_end();
       node->body = parse_body({"endfilter"}, &end);
       expect_block_end();
     } else if (tag == "generation") {
       node->kind = Node::Kind::kGeneration;
+      SoftFrame block_frame(this, false);
       expect_block_end();
       node->body = parse_body({"endgeneration"}, &end);
       expect_block_end();
@@ -242,8 +248,20 @@ class JinjaParser {
   ExprPtr parse_expression() { return parse_or_chain(/*allow_condexpr=*/true); }
 
   ExprPtr parse_or_chain(bool allow_condexpr) {
+    const size_t unknown_before = unknown_.size();
     ExprPtr expr = parse_or();
-    while (allow_condexpr && is_name("if")) {
+    if (allow_condexpr && is_name("if")) {
+      // A conditional expression compiles in a soft frame, operands parsed before the `if`
+      // included.
+      SoftFrame soft(this, true);
+      unknown_.resize(unknown_before);
+      return parse_condexpr(std::move(expr));
+    }
+    return expr;
+  }
+
+  ExprPtr parse_condexpr(ExprPtr expr) {
+    while (is_name("if")) {
       const int line = next().line;
       auto cond = jinja_make(Expr::Kind::kCondExpr, line);
       cond->children.push_back(parse_or());
@@ -525,13 +543,10 @@ class JinjaParser {
         const int line = next().line;
         auto filter = jinja_make(Expr::Kind::kFilter, line);
         filter->name = expect_name();
+        note_name(filter->name, /*is_filter=*/true, line);
         while (is_op(".")) {
           next();
           filter->name += "." + expect_name();
-        }
-        if (!is_known_filter(filter->name)) {
-          jinja_syntax_error(name_, line,
-                             message("the filter '", filter->name, "' is not supported"));
         }
         filter->children.push_back(std::move(node));
         if (is_op("(")) parse_call_args(filter.get());
@@ -544,9 +559,7 @@ class JinjaParser {
           test->negated = true;
         }
         test->name = expect_name();
-        if (!is_known_test(test->name)) {
-          jinja_syntax_error(name_, line, message("the test '", test->name, "' is not supported"));
-        }
+        note_name(test->name, /*is_filter=*/false, line);
         test->children.push_back(std::move(node));
         const JinjaToken& t = peek();
         if (is_op("(")) {
@@ -573,6 +586,29 @@ class JinjaParser {
   std::vector<JinjaToken> tokens_;
   const std::string& name_;
   size_t pos_ = 0;
+
+  // Jinja 3 rejects a filter or test nobody defines when it compiles the template, except inside
+  // an `if` (its condition and branches) or a conditional expression, where only running it
+  // fails. soft_ says whether the parser is in such a place; unknown_ holds the names it met
+  // outside one.
+  struct SoftFrame {
+    SoftFrame(JinjaParser* parser, bool soft) : parser(parser), saved(parser->soft_) {
+      parser->soft_ = soft;
+    }
+    ~SoftFrame() { parser->soft_ = saved; }
+    JinjaParser* parser;
+    bool saved;
+  };
+  void note_name(const std::string& name, bool is_filter, int line) {
+    if (soft_ || (is_filter ? jinja_has_filter(name) : jinja_has_test(name))) return;
+    unknown_.emplace_back(message("No ", is_filter ? "filter" : "test", " named '", name, "'."),
+                          line);
+  }
+  void check_unknown_names() {
+    if (!unknown_.empty()) jinja_syntax_error(name_, unknown_[0].second, unknown_[0].first);
+  }
+  bool soft_ = false;
+  std::vector<std::pair<std::string, int>> unknown_;
 };
 
 }  // namespace

@@ -222,6 +222,13 @@ SNIPPETS = [
     ("{% set d = {0: 'zero', 512: 'k', 'k': 1, none: 2, true: 3} %}{{ d }}|{{ d[512] }}{{ d[1] }}{{ d[1.0] }}|{{ d | tojson }}|{{ d.get(0) }}|{{ 512 in d }}|{{ d[[1]] }}|{{ d[7] is defined }}|{% for k in d %}{{ k }},{% endfor %}", {}),
     ("{{ \"they're 1st (a-b) x\" | title }}|{{ \"they're 1st\".title() }}|{{ '2.5' | int }}{{ ' 7 ' | int }}{{ [1, 2] | sum(start=10) }}|{{ '你好 abc' | upper }}|{{ 'ÀB' | length }}", {}),
     ("{{ u | int }}", {}),
+    ("{% if true %}{{ 1 | nofilter }}{% endif %}", {}),
+    ("{% if false %}{{ 1 | nofilter }}{{ 1 is notest }}{% endif %}{{ 2 | nofilter if false else 3 }}", {}),
+    ("{{ 1 | nofilter }}", {}),
+    ("{% if true %}{% for i in [] %}{{ 1 | nofilter }}{% endfor %}{% endif %}", {}),
+    ("{{ [1] | map('nofilter') | list }}", {}),
+    ("{{ [1] | select('notest') | list }}", {}),
+    ("{% set l = [] %}{{ l.append(1) }}", {}),
     ("{{ u | indent }}", {}),
     ("{% set d = {2: 'b', 1: 'a'} %}{% for k, v in d | dictsort %}{{ k }}{{ v }}{% endfor %}{{ d.keys() | list }}{{ d.items() | list }}", {}),
 ]
