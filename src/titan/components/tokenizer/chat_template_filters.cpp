@@ -35,12 +35,9 @@ Value jinja_tojson(const Value& input, const Args& args) {
         !(*separators->list)[0].is_string() || !(*separators->list)[1].is_string()) {
       jinja_type_error("tojson separators must be a pair of strings");
     }
+    options.has_separators = true;
     options.item_sep = (*separators->list)[0].string;
     options.key_sep = (*separators->list)[1].string;
-    // An empty separator is valid in Python; JsonOptions treats empty as "default", so keep a
-    // marker-free path by refusing it rather than printing the default.
-    if (options.item_sep.empty() || options.key_sep.empty())
-      throw ConfigError("tojson with an empty separator is not supported");
   }
   return Value::from_string(py_json_dumps(input, options));
 }

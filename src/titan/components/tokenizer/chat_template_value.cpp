@@ -460,8 +460,8 @@ void jinja_json_string(const std::string& s, bool ensure_ascii, std::string* out
 }
 
 void jinja_json(const Value& v, const JsonOptions& o, int depth, std::string* out) {
-  const std::string item_sep = !o.item_sep.empty() ? o.item_sep : (o.has_indent ? "," : ", ");
-  const std::string key_sep = !o.key_sep.empty() ? o.key_sep : ": ";
+  const std::string item_sep = o.has_separators ? o.item_sep : (o.has_indent ? "," : ", ");
+  const std::string key_sep = o.has_separators ? o.key_sep : ": ";
   auto newline = [&](int level) {
     if (!o.has_indent) return;
     *out += '\n';

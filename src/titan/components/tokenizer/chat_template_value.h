@@ -1,6 +1,7 @@
-// The values a chat template computes with, and how Python shows them. Internal to
-// chat_template.cpp: Jinja2 evaluates templates over Python objects, so printing, comparing,
-// json.dumps and the str methods templates call must follow Python's rules (None, True, 1.0,
+// The values a chat template computes with, and how Python shows them. Internal to the chat
+// template engine (chat_template*.cpp): Jinja2 evaluates templates over Python objects, so
+// printing, comparing, json.dumps and the str methods templates call must follow Python's rules
+// (None, True, 1.0,
 // ['a'], code-point indexing) for the rendering to match byte for byte.
 #pragma once
 
@@ -123,11 +124,13 @@ std::string py_float_repr(double d);
 bool py_equal(const Value& a, const Value& b);
 
 // json.dumps(v, ensure_ascii, indent, separators, sort_keys) as transformers' tojson calls it.
-// indent < 0 means None; item_sep/key_sep empty mean Python's defaults for that indent.
+// has_indent false means indent=None; has_separators false means Python's default separators for
+// that indent (", " and ": ", or "," and ": " with an indent).
 struct JsonOptions {
   bool ensure_ascii = false;
   std::string indent;  // the string one nesting level adds
   bool has_indent = false;
+  bool has_separators = false;
   std::string item_sep;
   std::string key_sep;
   bool sort_keys = false;

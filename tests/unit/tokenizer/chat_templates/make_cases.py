@@ -171,6 +171,7 @@ SNIPPETS = [
     ("{{ '{} {}'.format('a', 1) }}|{{ '{0}{0}'.format('x') }}|{{ '{n}!'.format(n=2) }}", {}),
     ("{{ x | tojson }}|{{ x | tojson(indent=2) }}|{{ x | tojson(separators=(',', ':')) }}|{{ x | tojson(sort_keys=true) }}|{{ x | tojson(ensure_ascii=true) }}", {"x": {"b": [1, 2.5, None, True], "a": "é\"\\\n\t\u0001😀", "c": {}, "d": []}}),
     ("{{ x | tojson(indent='\\t') }}", {"x": {"a": [1, {"b": 2}]}}),
+    ("{{ x | tojson(separators=('', '')) }}|{{ x | tojson(indent=0) }}|{{ x | tojson(indent=1, separators=(';', '=')) }}", {"x": {"a": [1, {"b": 2}]}}),
     ("{{ '  a  ' | trim }}|{{ 'xxaxx' | trim('x') }}|{{ [3, 1] | length }}|{{ 'abc' | count }}|{{ 'aB' | upper }}{{ 'aB' | lower }}{{ 'ab cd' | title }}{{ 'aB' | capitalize }}", {}),
     ("{{ [1, 2] | first }}{{ [1, 2] | last }}{{ [] | first }}{{ 'ab' | first }}|{{ [1, 2] | join }}|{{ [1, 2] | join(', ') }}|{{ [{'a': 1}, {'a': 2}] | join(',', attribute='a') }}", {}),
     ("{{ u | default('d') }}{{ none | default('d') }}{{ '' | default('d') }}{{ '' | default('d', true) }}{{ 0 | d('z', true) }}", {}),
