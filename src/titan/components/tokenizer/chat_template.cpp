@@ -177,6 +177,12 @@ class JinjaRenderer {
       case Node::Kind::kBreak: return JinjaFlow::kBreak;
       case Node::Kind::kContinue: return JinjaFlow::kContinue;
       case Node::Kind::kGeneration: return exec_body(node.body, frame, out);
+      case Node::Kind::kWith: {
+        auto scope = std::make_shared<JinjaFrame>();
+        scope->parent = frame;
+        for (const auto& param : node.params) scope->vars[param.first] = eval(*param.second, frame);
+        return exec_body(node.body, scope, out);
+      }
       case Node::Kind::kFilterBlock: {
         std::string captured;
         const JinjaFlow flow = exec_body(node.body, frame, &captured);

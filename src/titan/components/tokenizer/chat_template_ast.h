@@ -60,7 +60,8 @@ struct Node {
     kMacro,     // macro name(params) body
     kBreak,
     kContinue,
-    kGeneration,   // transformers' {% generation %}: renders its body
+    kGeneration,  // transformers' {% generation %}: renders its body
+    kWith,        // with params (name = value, ...) body: the values are computed outside its scope
     kFilterBlock,  // filter expr %}body{% endfilter: expr is a kFilter whose input is the body
   };
   Kind kind;

@@ -136,6 +136,8 @@ class JinjaLexer {
       pos_ = open + 2 + ((sign == '-' || sign == '+') ? 1 : 0);
       if (type == '#') {
         line_starting = lex_comment();
+      } else if (type == '%' && raw_begin_end(pos_) != std::string::npos) {
+        line_starting = lex_raw();
       } else {
         line_starting = lex_tag(type == '%');
       }
@@ -149,6 +151,65 @@ class JinjaLexer {
     int n = 0;
     for (size_t i = from; i < to && i < src_.size(); ++i) n += src_[i] == '\n';
     return n;
+  }
+
+  // Where `{% raw %}` ends if the block tag whose body starts at `from` is one (after the
+  // opening sign); npos otherwise. Sets raw_sign_ to the closing sign.
+  size_t raw_begin_end(size_t from) {
+    size_t i = from;
+    while (i < src_.size() && std::strchr(" \t\n\r\f\v", src_[i]) != nullptr) ++i;
+    if (src_.compare(i, 3, "raw") != 0) return std::string::npos;
+    i += 3;
+    if (i < src_.size() && (std::isalnum(static_cast<unsigned char>(src_[i])) || src_[i] == '_')) {
+      return std::string::npos;  // a name like raw_text
+    }
+    while (i < src_.size() && std::strchr(" \t\n\r\f\v", src_[i]) != nullptr) ++i;
+    raw_sign_ = '\0';
+    if (src_.compare(i, 3, "-%}") == 0) {
+      raw_sign_ = '-';
+      return i + 3;
+    }
+    return src_.compare(i, 2, "%}") == 0 ? i + 2 : std::string::npos;
+  }
+
+  // {% raw %}text{% endraw %}: the text is data, tags in it included. Jinja trims after
+  // `raw -%}` but applies no trim_blocks there; the text before `{% endraw` gets the same `-`
+  // and lstrip_blocks treatment as text before any block tag, and the end tag trim_blocks.
+  bool lex_raw() {
+    const int line = line_;
+    size_t start = raw_begin_end(pos_);
+    bool line_starting = false;
+    if (raw_sign_ == '-') {
+      const size_t before = start;
+      while (start < src_.size() && py_is_space(static_cast<unsigned char>(src_[start]))) ++start;
+      line_starting = start > before && src_[start - 1] == '\n';
+    }
+    for (size_t at = src_.find("{%", start); at != std::string::npos;
+         at = src_.find("{%", at + 1)) {
+      size_t i = at + 2;
+      const char sign = i < src_.size() && (src_[i] == '-' || src_[i] == '+') ? src_[i++] : '\0';
+      while (i < src_.size() && std::strchr(" \t\n\r\f\v", src_[i]) != nullptr) ++i;
+      if (src_.compare(i, 6, "endraw") != 0) continue;
+      i += 6;
+      while (i < src_.size() && std::strchr(" \t\n\r\f\v", src_[i]) != nullptr) ++i;
+      char end_sign = '\0';
+      if (i < src_.size() && (src_[i] == '-' || src_[i] == '+')) end_sign = src_[i++];
+      if (src_.compare(i, 2, "%}") != 0) continue;
+      std::string text = src_.substr(start, at - start);
+      if (sign == '-') {
+        text = jinja_rstrip(text);
+      } else if (sign != '+') {
+        const size_t l_pos = text.rfind('\n') == std::string::npos ? 0 : text.rfind('\n') + 1;
+        if ((l_pos > 0 || line_starting) && jinja_all_space(text, l_pos))
+          text = text.substr(0, l_pos);
+      }
+      line_ = line;
+      emit_text(text);
+      line_ += count_newlines(pos_, i + 2);
+      pos_ = i + 2;
+      return finish_tag(end_sign, /*block_like=*/true);
+    }
+    jinja_syntax_error(name_, line, "missing end of raw directive");
   }
 
   void emit_text(const std::string& text) {
@@ -294,6 +355,7 @@ class JinjaLexer {
   const std::string& name_;
   size_t pos_ = 0;
   int line_ = 1;
+  char raw_sign_ = '\0';
   std::vector<JinjaToken> tokens_;
 };
 

@@ -231,6 +231,18 @@ class JinjaParser {
       expect_block_end();
       node->body = parse_body({"endfilter"}, &end);
       expect_block_end();
+    } else if (tag == "with") {
+      node->kind = Node::Kind::kWith;
+      while (peek().kind != JinjaToken::Kind::kBlockEnd) {
+        std::string target = expect_name();
+        expect_op("=");
+        node->params.emplace_back(std::move(target), parse_expression());
+        if (peek().kind != JinjaToken::Kind::kBlockEnd) expect_op(",");
+      }
+      SoftFrame with_frame(this, false);
+      expect_block_end();
+      node->body = parse_body({"endwith"}, &end);
+      expect_block_end();
     } else if (tag == "generation") {
       node->kind = Node::Kind::kGeneration;
       SoftFrame block_frame(this, false);

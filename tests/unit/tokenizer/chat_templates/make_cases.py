@@ -219,6 +219,8 @@ SNIPPETS = [
     ("{{ 'a' }}{# only comment #}\n{{ 'b' }}\n{# c #}{{ 'c' }}", {}),
     ("{% if true %}{% if true %}\n  nested\n{% endif %}{% endif %}\n", {}),
     ("plain text only\n", {}),
+    ("a\n  {% raw %}{{ not }} {% if %}\n  {% endraw %}\nb {%- raw -%}  x  {%- endraw -%}  c {%+ raw %}y{% endraw +%}\nz", {}),
+    ("{% set x = 1 %}{% with x = 2, y = x %}{{ x }}{{ y }}{% set z = 3 %}{% endwith %}{{ x }}{{ z }}", {}),
     ("{{ {'a': {'b': 1}} }}{{ {'x': [1, {'y': 2}]}['x'][1]['y'] }}", {}),
     ("{% set d = {0: 'zero', 512: 'k', 'k': 1, none: 2, true: 3} %}{{ d }}|{{ d[512] }}{{ d[1] }}{{ d[1.0] }}|{{ d | tojson }}|{{ d.get(0) }}|{{ 512 in d }}|{{ d[[1]] }}|{{ d[7] is defined }}|{% for k in d %}{{ k }},{% endfor %}", {}),
     ("{{ \"they're 1st (a-b) x\" | title }}|{{ \"they're 1st\".title() }}|{{ '2.5' | int }}{{ ' 7 ' | int }}{{ [1, 2] | sum(start=10) }}|{{ '你好 abc' | upper }}|{{ 'ÀB' | length }}", {}),
