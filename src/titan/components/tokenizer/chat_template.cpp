@@ -269,25 +269,37 @@ class JinjaRenderer {
       } guard{&macro_depth_};
       auto scope = std::make_shared<JinjaFrame>();
       scope->parent = defining;
-      if (args.positional.size() > macro->params.size()) {
-        fail_data(macro->line, message("macro '", macro->text, "' takes not more than ",
-                                       macro->params.size(), " arguments"));
+      const size_t n = macro->params.size();
+      if (args.positional.size() > n && !macro->takes_varargs) {
+        fail_data(macro->line,
+                  message("macro '", macro->text, "' takes not more than ", n, " argument(s)"));
       }
-      std::vector<bool> given(macro->params.size(), false);
+      std::vector<bool> given(n, false);
+      List varargs;
       for (size_t i = 0; i < args.positional.size(); ++i) {
-        scope->vars[macro->params[i].first] = args.positional[i];
-        given[i] = true;
+        if (i < n) {
+          scope->vars[macro->params[i].first] = args.positional[i];
+          given[i] = true;
+        } else {
+          varargs.push_back(args.positional[i]);
+        }
       }
+      Dict kwargs;
       for (const auto& kw : args.keyword) {
         size_t i = 0;
-        while (i < macro->params.size() && macro->params[i].first != kw.first) ++i;
-        if (i == macro->params.size()) {
-          fail_config(macro->line, message("macro '", macro->text, "' has no parameter '", kw.first,
-                                           "' (**kwargs in macros is not supported)"));
+        while (i < n && macro->params[i].first != kw.first) ++i;
+        if (i < n) {
+          scope->vars[kw.first] = kw.second;
+          given[i] = true;
+        } else if (macro->takes_kwargs) {
+          kwargs.set(kw.first, kw.second);
+        } else {
+          fail_data(macro->line, message("macro '", macro->text, "' takes no keyword argument '",
+                                         kw.first, "'"));
         }
-        scope->vars[kw.first] = kw.second;
-        given[i] = true;
       }
+      if (macro->takes_varargs) scope->vars["varargs"] = Value::from_list(std::move(varargs), true);
+      if (macro->takes_kwargs) scope->vars["kwargs"] = Value::from_dict(std::move(kwargs));
       for (size_t i = 0; i < macro->params.size(); ++i) {
         if (given[i]) continue;
         scope->vars[macro->params[i].first] =

@@ -75,6 +75,9 @@ struct Node {
   Body body;
   Body else_body;
   std::vector<std::pair<std::string, ExprPtr>> params;  // macro parameters and their defaults
+  // A macro whose body names `varargs` / `kwargs` takes extra positional / keyword arguments.
+  bool takes_varargs = false;
+  bool takes_kwargs = false;
 };
 
 struct Program {

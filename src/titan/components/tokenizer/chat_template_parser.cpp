@@ -11,6 +11,38 @@ namespace titan::jinja {
 
 namespace {
 
+bool jinja_mentions(const Body& body, const std::string& name);
+
+// Whether an expression reads the variable `name` (Jinja's undeclared-name scan for macros).
+bool jinja_mentions(const Expr* e, const std::string& name) {
+  if (e == nullptr) return false;
+  if (e->kind == Expr::Kind::kName && e->name == name) return true;
+  for (const auto& child : e->children) {
+    if (jinja_mentions(child.get(), name)) return true;
+  }
+  for (const auto& kw : e->kwargs) {
+    if (jinja_mentions(kw.second.get(), name)) return true;
+  }
+  return false;
+}
+
+bool jinja_mentions(const Body& body, const std::string& name) {
+  for (const auto& node : body) {
+    if (jinja_mentions(node->expr.get(), name) || jinja_mentions(node->value.get(), name) ||
+        jinja_mentions(node->body, name) || jinja_mentions(node->else_body, name)) {
+      return true;
+    }
+    for (const auto& branch : node->branches) {
+      if (jinja_mentions(branch.first.get(), name) || jinja_mentions(branch.second, name))
+        return true;
+    }
+    for (const auto& param : node->params) {
+      if (jinja_mentions(param.second.get(), name)) return true;
+    }
+  }
+  return false;
+}
+
 ExprPtr jinja_make(Expr::Kind kind, int line) {
   auto e = std::make_unique<Expr>();
   e->kind = kind;
@@ -214,6 +246,12 @@ class JinjaParser {
       next();
       expect_block_end();
       node->body = parse_body({"endmacro"}, &end);
+      node->takes_varargs = jinja_mentions(node->body, "varargs");
+      node->takes_kwargs = jinja_mentions(node->body, "kwargs");
+      if (jinja_mentions(node->body, "caller")) {
+        jinja_syntax_error(name_, line,
+                           "macros that use `caller` ({% call %} blocks) are not supported");
+      }
       if (peek().kind == JinjaToken::Kind::kName) next();  // {% endmacro name %}
       expect_block_end();
     } else if (tag == "break" || tag == "continue") {
