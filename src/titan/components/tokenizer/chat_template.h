@@ -10,6 +10,13 @@
 // line (ConfigError), never a silently different rendering. A template that rejects a conversation
 // (raise_exception, an undefined value used in arithmetic, str + dict) throws DataError with the
 // message Jinja would give.
+//
+// Not implemented (ConfigError when a template uses them): {% call %} and macros reading
+// `caller`, include/import/extends/block, recursive loops, loop.changed, printf-style `%` on
+// strings, the filters round, min, max, format, groupby, batch, slice, truncate, wordwrap, center,
+// striptags, urlencode, escape and a few more, the less common str methods, case mapping of
+// non-ASCII letters, and integers beyond 64 bits. apply_chat_template has no
+// continue_final_message or assistant-token mask.
 #pragma once
 
 #include <nlohmann/json.hpp>

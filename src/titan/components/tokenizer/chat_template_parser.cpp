@@ -642,8 +642,8 @@ class JinjaParser {
   // fails. soft_ says whether the parser is in such a place; unknown_ holds the names it met
   // outside one.
   struct SoftFrame {
-    SoftFrame(JinjaParser* parser, bool soft) : parser(parser), saved(parser->soft_) {
-      parser->soft_ = soft;
+    SoftFrame(JinjaParser* owner, bool soft) : parser(owner), saved(owner->soft_) {
+      owner->soft_ = soft;
     }
     ~SoftFrame() { parser->soft_ = saved; }
     JinjaParser* parser;
