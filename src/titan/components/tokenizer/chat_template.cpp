@@ -245,6 +245,9 @@ class JinjaRenderer {
                  if (args.positional.empty()) throw DataError("no items for cycling given");
                  return args.positional[i % args.positional.size()];
                }));
+      loop.set("changed", Value::from_function([](Args&) -> Value {
+                 throw ConfigError("loop.changed() is not supported");
+               }));
       scope->vars["loop"] = Value::from_dict(std::move(loop));
       assign(node.targets, items[i], scope.get(), node.line);
       if (exec_body(node.body, scope, out) == JinjaFlow::kBreak) break;

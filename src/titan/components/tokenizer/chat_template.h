@@ -12,11 +12,11 @@
 // message Jinja would give.
 //
 // Not implemented (ConfigError when a template uses them): {% call %} and macros reading
-// `caller`, include/import/extends/block, recursive loops, loop.changed, printf-style `%` on
-// strings, the filters round, min, max, format, groupby, batch, slice, truncate, wordwrap, center,
-// striptags, urlencode, escape and a few more, the less common str methods, case mapping of
-// non-ASCII letters, and integers beyond 64 bits. apply_chat_template has no
-// continue_final_message or assistant-token mask.
+// `caller`, include/import/extends/block, recursive loops, loop.changed, the filters groupby,
+// batch, slice, truncate, wordwrap, wordcount, center, striptags, urlencode, urlize, xmlattr,
+// pprint, filesizeformat, attr and random, the less common str methods, `*` widths in %
+// formatting, case mapping of non-ASCII letters, and integers beyond 64 bits. apply_chat_template
+// has no continue_final_message or assistant-token mask.
 #pragma once
 
 #include <nlohmann/json.hpp>

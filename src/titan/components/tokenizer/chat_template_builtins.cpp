@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <set>
 
 namespace titan::jinja {
@@ -511,6 +512,101 @@ Value unary(const std::string& op, const Value& v) {
   jinja_type_error(message("bad operand type for unary ", op, ": '", py_type_name(v), "'"));
 }
 
+// Python's printf-style `format % args` (what Jinja's format filter and `%` on strings do): a
+// tuple supplies the arguments in order, a dict supplies %(name)s fields, anything else is the one
+// argument.
+Value jinja_percent_format(const std::string& format, const Value& args) {
+  List positional;
+  const Dict* mapping = nullptr;
+  if (args.is_sequence() && args.is_tuple) {
+    positional = *args.list;
+  } else if (args.is_dict()) {
+    mapping = args.dict.get();
+    positional.push_back(args);
+  } else {
+    positional.push_back(args);
+  }
+  size_t next = 0;
+  std::string out;
+  for (size_t i = 0; i < format.size(); ++i) {
+    if (format[i] != '%') {
+      out += format[i];
+      continue;
+    }
+    if (++i >= format.size()) throw DataError("ValueError: incomplete format");
+    const Value* arg = nullptr;
+    if (format[i] == '(') {
+      const size_t close = format.find(')', i);
+      if (close == std::string::npos || mapping == nullptr) {
+        jinja_type_error("format requires a mapping");
+      }
+      arg = mapping->find(format.substr(i + 1, close - i - 1));
+      if (arg == nullptr)
+        throw DataError(message("KeyError: '", format.substr(i + 1, close - i - 1), "'"));
+      i = close + 1;
+    }
+    std::string flags;
+    while (i < format.size() && std::strchr("-+ #0", format[i]) != nullptr) flags += format[i++];
+    std::string width, precision;
+    while (i < format.size() && std::isdigit(static_cast<unsigned char>(format[i])))
+      width += format[i++];
+    if (i < format.size() && format[i] == '.') {
+      precision = ".";
+      ++i;
+      while (i < format.size() && std::isdigit(static_cast<unsigned char>(format[i])))
+        precision += format[i++];
+    }
+    if (i < format.size() && format[i] == '*')
+      throw ConfigError("'*' widths in % formatting are not supported");
+    if (i >= format.size()) throw DataError("ValueError: incomplete format");
+    const char conv = format[i];
+    if (conv == '%') {
+      out += '%';
+      continue;
+    }
+    if (arg == nullptr) {
+      if (next >= positional.size()) jinja_type_error("not enough arguments for format string");
+      arg = &positional[next++];
+    }
+    std::string piece;
+    if (conv == 's' || conv == 'r' || conv == 'a') {
+      std::vector<uint32_t> cps = utf8_decode(conv == 's' ? py_str(*arg) : py_repr(*arg));
+      if (precision.size() > 1)
+        cps.resize(std::min<size_t>(cps.size(), std::stoul(precision.substr(1))));
+      piece = utf8_encode(cps, 0, cps.size());
+      const size_t w = width.empty() ? 0 : std::stoul(width);
+      if (cps.size() < w) {
+        const std::string pad(w - cps.size(), ' ');
+        piece = flags.find('-') != std::string::npos ? piece + pad : pad + piece;
+      }
+    } else if (std::strchr("diouxXeEfFgGc", conv) != nullptr) {
+      if (!arg->is_number()) {
+        jinja_type_error(
+            message("%", conv, " format: a real number is required, not ", py_type_name(*arg)));
+      }
+      const std::string spec = "%" + flags + width + precision;
+      char buffer[512];
+      if (std::strchr("diouxXc", conv) != nullptr) {
+        const long long v = arg->kind == Value::Kind::kFloat ? static_cast<long long>(arg->number)
+                                                             : jinja_int_of(*arg, "");
+        if (conv == 'c') throw ConfigError("%c in % formatting is not supported");
+        const std::string c_spec = spec + "ll" + (conv == 'i' || conv == 'u' ? 'd' : conv);
+        std::snprintf(buffer, sizeof(buffer), c_spec.c_str(), v);
+      } else {
+        std::snprintf(buffer, sizeof(buffer), (spec + conv).c_str(), arg->as_double());
+      }
+      piece = buffer;
+    } else {
+      throw DataError(message("ValueError: unsupported format character '", conv, "'"));
+    }
+    out += piece;
+  }
+  if (mapping == nullptr && next < positional.size()) {
+    jinja_type_error("not all arguments converted during string formatting");
+  }
+  return Value::from_string(out);
+}
+
 namespace {
 
 // Python ints never overflow; ours are 64-bit, so a result beyond them is refused.
@@ -582,8 +678,7 @@ Value binary_op(const std::string& op, const Value& a, const Value& b) {
     return unsupported();
   }
   if (!numbers) {
-    if (op == "%" && a.is_string())
-      throw ConfigError("printf-style string formatting (%) is not supported");
+    if (op == "%" && a.is_string()) return jinja_percent_format(a.string, b);
     return unsupported();
   }
   if (op == "-") {

@@ -51,6 +51,8 @@ std::string jinja_case(const std::string& s, const std::string& how);
 std::string jinja_html_escape(const std::string& s);
 // A dict's (key, value) tuples.
 List jinja_items(const Dict& dict);
+// Python's `format % args`.
+Value jinja_percent_format(const std::string& format, const Value& args);
 // Python's ordering (-1, 0, 1) of two values, or a TypeError naming `op`.
 int jinja_order(const Value& a, const Value& b, const std::string& op);
 

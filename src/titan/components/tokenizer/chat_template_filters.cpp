@@ -357,6 +357,69 @@ Value apply_filter(const std::string& name, const Value& input, Args& args) {
     result.is_markup = input.is_markup;
     return result;
   }
+  if (name == "format") {
+    if (!args.positional.empty() && !args.keyword.empty()) {
+      throw DataError(
+          "FilterArgumentError: can't handle positional and keyword arguments at the same time");
+    }
+    if (!args.keyword.empty()) {
+      Dict kwargs;
+      for (const auto& kw : args.keyword) kwargs.set(kw.first, kw.second);
+      return jinja_percent_format(py_str(input), Value::from_dict(std::move(kwargs)));
+    }
+    return jinja_percent_format(py_str(input),
+                                Value::from_list(args.positional, /*is_tuple=*/true));
+  }
+  if (name == "round") {
+    const Value* precision_arg = jinja_arg(args, 0, "precision");
+    const Value* method_arg = jinja_arg(args, 1, "method");
+    const int64_t precision =
+        precision_arg != nullptr ? jinja_int_of(*precision_arg, "precision") : 0;
+    const std::string method = method_arg != nullptr ? py_str(*method_arg) : "common";
+    if (method != "common" && method != "ceil" && method != "floor") {
+      throw DataError("FilterArgumentError: method must be common, ceil or floor");
+    }
+    if (precision < 0 || precision > 30)
+      throw ConfigError("round with this precision is not supported");
+    jinja_check_defined(input);
+    if (!input.is_number())
+      jinja_type_error(message("type ", py_type_name(input), " doesn't define __round__ method"));
+    if (method == "common") {
+      if (input.kind != Value::Kind::kFloat) return Value::from_int(jinja_int_of(input, ""));
+      // printf rounds the exact binary value half to even, as Python's round() does.
+      char buffer[512];
+      std::snprintf(buffer, sizeof(buffer), "%.*f", static_cast<int>(precision), input.number);
+      return Value::from_float(std::strtod(buffer, nullptr));
+    }
+    const double scale = std::pow(10.0, static_cast<double>(precision));
+    const double scaled = input.as_double() * scale;
+    return Value::from_float((method == "ceil" ? std::ceil(scaled) : std::floor(scaled)) / scale);
+  }
+  if (name == "min" || name == "max") {
+    const Value* case_arg = jinja_arg(args, 0, "case_sensitive");
+    const Value* attribute = jinja_arg(args, 1, "attribute");
+    const bool case_sensitive = case_arg != nullptr && truthy(*case_arg);
+    auto key_of = [&](const Value& item) {
+      Value key = attribute != nullptr ? jinja_attribute_of(item, py_str(*attribute)) : item;
+      if (key.is_string() && !case_sensitive)
+        key = Value::from_string(jinja_case(key.string, "lower"));
+      return key;
+    };
+    const List items = iterate(input);
+    if (items.empty()) return Value::undefined("No aggregated item, sequence was empty.");
+    size_t best = 0;
+    for (size_t i = 1; i < items.size(); ++i) {
+      const int order = jinja_order(key_of(items[i]), key_of(items[best]), "<");
+      if (name == "min" ? order < 0 : order > 0) best = i;
+    }
+    return items[best];
+  }
+  if (name == "escape" || name == "e" || name == "forceescape") {
+    if (input.is_markup && name != "forceescape") return input;
+    Value out = Value::from_string(jinja_html_escape(py_str(input)));
+    out.is_markup = true;
+    return out;
+  }
   if (name == "abs") {
     if (input.kind == Value::Kind::kFloat) return Value::from_float(std::fabs(input.number));
     return Value::from_int(std::llabs(jinja_int_of(input, "abs() operand")));
@@ -442,10 +505,12 @@ bool apply_test(const std::string& name, const Value& input, Args& args) {
 
 bool is_known_filter(const std::string& name) {
   static const std::set<std::string> names = {
-      "tojson", "safe",       "string",     "length", "count",  "default", "d",        "items",
-      "list",   "selectattr", "rejectattr", "select", "reject", "map",     "first",    "last",
-      "join",   "reverse",    "unique",     "sort",   "trim",   "upper",   "lower",    "capitalize",
-      "title",  "replace",    "int",        "float",  "abs",    "sum",     "dictsort", "indent"};
+      "tojson", "safe",   "string",     "length",     "count",   "default", "d",
+      "items",  "list",   "selectattr", "rejectattr", "select",  "reject",  "map",
+      "first",  "last",   "join",       "reverse",    "unique",  "sort",    "trim",
+      "upper",  "lower",  "capitalize", "title",      "replace", "int",     "float",
+      "abs",    "sum",    "dictsort",   "indent",     "format",  "round",   "min",
+      "max",    "escape", "e",          "forceescape"};
   return names.count(name) != 0;
 }
 
