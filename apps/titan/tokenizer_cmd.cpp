@@ -1,7 +1,8 @@
 // `titan tokenizer`: encode or decode text with tokenizer files, one input line per output line
 // (used by the end-to-end tests that compare our ids with reference encoders); time encoding in
 // MB/s on one thread and several; train a byte-level BPE tokenizer.json from .txt files or from a
-// registered dataset. Bad usage throws ConfigError (exit 2).
+// registered dataset; render conversations with a model's chat template. Bad usage throws
+// ConfigError (exit 2).
 #include "commands.h"
 #include "flags.h"
 
@@ -10,6 +11,8 @@
 #include "titan/components/data/dataset.h"
 #include "titan/components/data/document_source.h"
 #include "titan/components/tokenizer/bpe_trainer.h"
+#include "titan/components/tokenizer/chat_config.h"
+#include "titan/components/tokenizer/chat_template.h"
 #include "titan/components/tokenizer/tokenizer.h"
 
 #include <algorithm>
@@ -111,11 +114,6 @@ FlagTable train_flags(TrainArgs& t) {
       .value("--output", "DIR", "the folder to write tokenizer.json into",
              [&t](const std::string& v) { t.output = v; });
   return flags;
-}
-
-// Every action's table (what --help prints and the actions a command line may name).
-std::vector<FlagTable> tokenizer_actions(Options& o, TrainArgs& t) {
-  return {text_flags("encode", o), text_flags("decode", o), text_flags("bench", o), train_flags(t)};
 }
 
 // The options of encode, decode or bench: args[0] is the action.
@@ -329,18 +327,105 @@ int train(const std::vector<std::string>& args) {
   return 0;
 }
 
+struct ChatArgs {
+  std::string tokenizer;
+  std::string input;
+  bool add_generation_prompt = false;
+};
+
+FlagTable chat_flags(ChatArgs& c) {
+  FlagTable flags(
+      "titan tokenizer apply-chat-template --tokenizer PATH [--input FILE.jsonl] "
+      "[--add-generation-prompt]",
+      "Renders each conversation of the input with the chat template of the Hugging Face\n"
+      "tokenizer files at PATH, as transformers' apply_chat_template(..., tokenize=False) does,\n"
+      "and prints each rendering as one JSON string per line. An input line is\n"
+      "{\"messages\": [...]} (with \"tools\" and \"documents\" when the template reads them) or the\n"
+      "list of messages itself.");
+  flags
+      .value("--tokenizer", "PATH",
+             "a tokenizer folder with chat_template.jinja or tokenizer_config.json's\n"
+             "\"chat_template\" (its bos/eos/unk/pad tokens are passed too)",
+             [&c](const std::string& v) { c.tokenizer = v; })
+      .value("--input", "FILE", "the conversations, one per line (default stdin)",
+             [&c](const std::string& v) { c.input = v; })
+      .toggle("--add-generation-prompt", "end each rendering with the assistant's header",
+              &c.add_generation_prompt);
+  return flags;
+}
+
+// args[0] is "apply-chat-template".
+int apply_chat(const std::vector<std::string>& args) {
+  ChatArgs c;
+  const FlagTable flags = chat_flags(c);
+  flags.parse_exact(std::vector<std::string>(args.begin() + 1, args.end()));
+  TITAN_CONFIG_CHECK(!c.tokenizer.empty(), "--tokenizer is required\n", flags.usage());
+  const ChatTemplateFiles files = read_chat_template_files(c.tokenizer);
+  const ChatTemplate chat_template(files.source, files.origin);
+  ChatTemplateOptions options;
+  options.special_tokens = files.special_tokens;
+  options.add_generation_prompt = c.add_generation_prompt;
+  const std::string text = read_all(c.input);
+  const std::string where = c.input.empty() || c.input == "-" ? "stdin" : c.input;
+  size_t line_no = 0;
+  for (std::string_view line : split_lines(text)) {
+    ++line_no;
+    if (line.find_first_not_of(" \t\r") == std::string_view::npos) continue;
+    const std::string at = message(where, ":", line_no);
+    nlohmann::ordered_json row;
+    try {
+      row = nlohmann::ordered_json::parse(line);
+    } catch (const nlohmann::json::exception& e) {
+      throw DataError(message(at, ": not valid JSON (", e.what(), ")"));
+    }
+    ChatTemplateOptions line_options = options;
+    nlohmann::ordered_json messages = row;
+    if (row.is_object()) {
+      if (!row.contains("messages")) {
+        throw DataError(message(at, ": no \"messages\" (want {\"messages\": [...]} or a list)"));
+      }
+      messages = row["messages"];
+      if (row.contains("tools")) line_options.tools = row["tools"];
+      if (row.contains("documents")) line_options.documents = row["documents"];
+    }
+    if (!messages.is_array()) {
+      throw DataError(message(at, ": the messages are ", messages.type_name(), ", not a list"));
+    }
+    std::string rendered;
+    try {
+      rendered = apply_chat_template(chat_template, messages, line_options);
+    } catch (const DataError& e) {
+      throw DataError(message(at, ": ", e.what()));
+    } catch (const ConfigError& e) {
+      throw ConfigError(message(at, ": ", e.what()));
+    }
+    const std::string out = nlohmann::json(rendered).dump() + "\n";
+    std::fwrite(out.data(), 1, out.size(), stdout);
+  }
+  return 0;
+}
+
+// Every action's table (what --help prints and the actions a command line may name).
+std::vector<FlagTable> tokenizer_actions(Options& o, TrainArgs& t, ChatArgs& c) {
+  return {text_flags("encode", o), text_flags("decode", o), text_flags("bench", o), train_flags(t),
+          chat_flags(c)};
+}
+
 }  // namespace
 
 int run_tokenizer(const std::vector<std::string>& args) {
   Options unused_options;
   TrainArgs unused_train;
-  const std::vector<FlagTable> actions = tokenizer_actions(unused_options, unused_train);
+  ChatArgs unused_chat;
+  const std::vector<FlagTable> actions =
+      tokenizer_actions(unused_options, unused_train, unused_chat);
   if (FlagTable::wants_help(args)) {
     std::fputs((actions_usage(actions) + "\n" + kPaths + "\n").c_str(), stdout);
     return 0;
   }
   const std::string action = choose_action(args, actions);
   if (action == "train") return train(args);
+  if (action == "apply-chat-template") return apply_chat(args);
   const Options opts = parse_options(action, args);
   if (action == "bench") return bench(opts);
   const std::unique_ptr<Tokenizer> tok = build_tokenizer(opts.tokenizer);

@@ -289,6 +289,46 @@ TEST(ChatTemplate, ErrorsNameTheLine) {
   EXPECT_NE(error_of<ConfigError>("\n{{ 'a'.zfill(3) }}").find("line 2"), std::string::npos);
 }
 
+TEST(ChatTemplate, DeepNestingIsRefusedNotAStackOverflow) {
+  // Parsing, evaluating and destroying recurse through the template: nesting beyond any real
+  // template's is a ConfigError when parsed, recursion that eats the stack a DataError.
+  const auto parse_error = [](const std::string& source) {
+    try {
+      ChatTemplate t(source, "t");
+    } catch (const ConfigError& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  const int n = 100000;
+  std::string parens = "{{ ", chain = "{{ 1", nots = "{{ ", blocks;
+  for (int i = 0; i < n; ++i) {
+    parens += "(";
+    chain += " + 1";
+    nots += "not ";
+    blocks += "{% if true %}";
+  }
+  parens += "1";
+  for (int i = 0; i < n; ++i) parens += ")";
+  for (int i = 0; i < n; ++i) blocks += "{% endif %}";
+  EXPECT_NE(parse_error(parens + " }}").find("nested more than"), std::string::npos);
+  EXPECT_NE(parse_error(chain + " }}").find("nested more than"), std::string::npos);
+  EXPECT_NE(parse_error(nots + "1 }}").find("nested more than"), std::string::npos);
+  EXPECT_NE(parse_error(blocks).find("nested more than"), std::string::npos);
+  // What real templates nest stays well inside the bound.
+  EXPECT_EQ(render("{{ ((((1 + 2)))) * (((3))) }}{% if 1 %}{% if 1 %}{% for x in [1] %}{{ x }}"
+                   "{% endfor %}{% endif %}{% endif %}"),
+            "91");
+  const std::string recursion = error_of<DataError>(
+      "{% macro m(n) %}{% if true %}{{ (m(n) | trim) ~ 'x' }}{% endif %}"
+      "{% endmacro %}{{ m(1) }}");
+  EXPECT_NE(recursion.find("maximum recursion depth exceeded"), std::string::npos) << recursion;
+  // A macro that recurses a bounded number of times renders.
+  EXPECT_EQ(render("{% macro c(n) %}{% if n > 0 %}{{ n }}{{ c(n - 1) }}{% endif %}{% endmacro %}"
+                   "{{ c(50) | length }}"),
+            "91");
+}
+
 TEST(ChatTemplate, ApplyChatTemplateNormalizesMessages) {
   const ChatTemplate t(
       "{% for m in messages %}{{ m | tojson }}{% endfor %}{{ bos_token }}{{ tools }}");

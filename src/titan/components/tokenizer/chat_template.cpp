@@ -8,6 +8,7 @@
 #include "titan/components/tokenizer/chat_template_ast.h"
 #include "titan/components/tokenizer/chat_template_builtins.h"
 
+#include <cstdint>
 #include <unordered_map>
 
 namespace titan {
@@ -27,6 +28,19 @@ enum class JinjaFlow { kNormal, kBreak, kContinue };
 class JinjaRenderer {
  public:
   JinjaRenderer(const std::string& name, std::optional<std::time_t> now) : name_(name), now_(now) {}
+  JinjaRenderer(const JinjaRenderer&) = delete;
+  JinjaRenderer& operator=(const JinjaRenderer&) = delete;
+
+  // A macro holds the frame it was defined in while that frame holds the macro, and a namespace
+  // may hold itself (ns.me = ns): reference cycles Python's collector frees. The renderer breaks
+  // them when it ends, however the render ended, so rendering many conversations leaks nothing.
+  ~JinjaRenderer() {
+    for (const JinjaFramePtr& frame : captured_frames_) {
+      frame->vars.clear();
+      frame->parent.reset();
+    }
+    for (const std::shared_ptr<Dict>& ns : namespaces_) *ns = Dict();
+  }
 
   std::string run(const Program& program, const nlohmann::ordered_json& variables) {
     TITAN_CONFIG_CHECK(variables.is_object(), "chat template '", name_,
@@ -38,6 +52,8 @@ class JinjaRenderer {
     auto root = std::make_shared<JinjaFrame>();
     root->parent = globals;
     std::string out;
+    char base = 0;
+    stack_base_ = reinterpret_cast<std::uintptr_t>(&base);
     exec_body(program.body, root, &out);
     return out;
   }
@@ -82,14 +98,16 @@ class JinjaRenderer {
           std::strftime(buffer, sizeof(buffer), args.positional[0].string.c_str(), &local);
       return Value::from_string(std::string(buffer, n));
     });
-    frame->vars["namespace"] = Value::from_function([](Args& args) -> Value {
+    frame->vars["namespace"] = Value::from_function([this](Args& args) -> Value {
       Dict attrs;
       for (const auto& arg : args.positional) {
         if (!arg.is_dict()) throw DataError("namespace() takes a dict or keyword arguments");
         for (const auto& item : arg.dict->items) attrs.set(item.first, item.second);
       }
       for (const auto& item : args.keyword) attrs.set(item.first, item.second);
-      return Value::new_namespace(std::move(attrs));
+      Value ns = Value::new_namespace(std::move(attrs));
+      namespaces_.push_back(ns.dict);
+      return ns;
     });
     frame->vars["dict"] = Value::from_function([](Args& args) -> Value {
       Dict dict;
@@ -139,6 +157,7 @@ class JinjaRenderer {
   }
 
   JinjaFlow exec(const Node& node, const JinjaFramePtr& frame, std::string* out) {
+    check_stack(node.line);
     switch (node.kind) {
       case Node::Kind::kText: *out += node.text; return JinjaFlow::kNormal;
       case Node::Kind::kOutput: {
@@ -257,6 +276,7 @@ class JinjaRenderer {
 
   Value make_macro(const Node& node, const JinjaFramePtr& defining) {
     const Node* macro = &node;
+    captured_frames_.push_back(defining);
     return Value::from_function([this, macro, defining](Args& args) -> Value {
       // Python stops runaway recursion (a macro calling itself forever) with RecursionError.
       if (++macro_depth_ > kMaxMacroDepth) {
@@ -320,6 +340,7 @@ class JinjaRenderer {
   // --- expressions --------------------------------------------------------------------------
 
   Value eval(const Expr& e, const JinjaFramePtr& frame) {
+    check_stack(e.line);
     switch (e.kind) {
       case Expr::Kind::kLiteral: return e.literal;
       case Expr::Kind::kName: return lookup(e.name, frame);
@@ -423,8 +444,23 @@ class JinjaRenderer {
 
   const std::string& name_;
   std::optional<std::time_t> now_;
+  // Recursion (macros calling macros, expressions inside blocks inside macros) is bounded by the
+  // stack it takes, not only by a count: frames differ in size from build to build (several KB
+  // each under AddressSanitizer), and a thread's stack may be smaller than the main one's.
+  static constexpr std::uintptr_t kStackBudget = 1 << 20;  // bytes
+  std::uintptr_t stack_base_ = 0;
+  void check_stack(int line) {
+    char here = 0;
+    const std::uintptr_t at = reinterpret_cast<std::uintptr_t>(&here);
+    if (stack_base_ > at && stack_base_ - at > kStackBudget) {
+      fail_data(line,
+                "maximum recursion depth exceeded (the template nests or recurses too deeply)");
+    }
+  }
   static constexpr int kMaxMacroDepth = 500;
   int macro_depth_ = 0;
+  std::vector<JinjaFramePtr> captured_frames_;     // frames macros were defined in
+  std::vector<std::shared_ptr<Dict>> namespaces_;  // every namespace() made
 };
 
 }  // namespace

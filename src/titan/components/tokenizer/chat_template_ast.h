@@ -38,6 +38,7 @@ struct Expr {
   };
   Kind kind;
   int line = 0;
+  int depth = 1;  // levels of the tree from this node down, which the parser bounds
   Value literal;
   std::string name;
   std::vector<ExprPtr> children;

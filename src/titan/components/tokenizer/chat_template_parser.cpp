@@ -77,6 +77,34 @@ class JinjaParser {
   bool is_name(const char* name, size_t ahead = 0) const {
     return peek(ahead).kind == JinjaToken::Kind::kName && peek(ahead).text == name;
   }
+  // Evaluating and destroying an expression recurse through its tree, and parsing recurses through
+  // nested brackets, `not`s and blocks: both are bounded, so a template nested beyond what any
+  // real one needs is refused instead of overflowing the stack.
+  static constexpr int kMaxDepth = 200;
+  void deepen(Expr& parent, const Expr& child) {
+    parent.depth = std::max(parent.depth, child.depth + 1);
+    if (parent.depth > kMaxDepth) {
+      fail(message("an expression nested more than ", kMaxDepth, " levels deep"));
+    }
+  }
+  // parent->children.push_back(child), keeping the depth bound (`child` may be null).
+  void adopt(Expr* parent, ExprPtr child) {
+    if (child) deepen(*parent, *child);
+    parent->children.push_back(std::move(child));
+  }
+  void adopt(const ExprPtr& parent, ExprPtr child) { adopt(parent.get(), std::move(child)); }
+  struct Nesting {
+    JinjaParser* parser;
+    explicit Nesting(JinjaParser* p) : parser(p) {
+      if (++parser->nesting_ > kMaxDepth) {
+        parser->fail(
+            message("brackets, `not`s or blocks nested more than ", kMaxDepth, " levels deep"));
+      }
+    }
+    ~Nesting() { --parser->nesting_; }
+  };
+  int nesting_ = 0;
+
   [[noreturn]] void fail(const std::string& what) const {
     jinja_syntax_error(name_, peek().line, what);
   }
@@ -106,6 +134,7 @@ class JinjaParser {
   // Parses nodes until a block tag whose name is in `ends`; leaves that name in *end_tag with the
   // parser after the name (its arguments, if any, and %} are for the caller).
   Body parse_body(const std::vector<std::string>& ends, std::string* end_tag) {
+    const Nesting nesting(this);
     Body body;
     while (true) {
       const JinjaToken& t = peek();
@@ -261,7 +290,7 @@ class JinjaParser {
       node->kind = Node::Kind::kFilterBlock;
       node->expr = jinja_make(Expr::Kind::kFilter, line);
       node->expr->name = expect_name();
-      node->expr->children.push_back(nullptr);  // the rendered body
+      adopt(node->expr, nullptr);  // the rendered body
       if (is_op("(")) parse_call_args(node->expr.get());
       if (is_op("|")) fail("chained filters on a filter block are not supported");
       note_name(node->expr->name, /*is_filter=*/true, line);
@@ -295,7 +324,10 @@ class JinjaParser {
 
   // Jinja's expression grammar, loosest first: conditional, or, and, not, comparison, + -, ~,
   // * / // %, **, unary, then postfix (. [] ()) with filters and tests.
-  ExprPtr parse_expression() { return parse_or_chain(/*allow_condexpr=*/true); }
+  ExprPtr parse_expression() {
+    const Nesting nesting(this);
+    return parse_or_chain(/*allow_condexpr=*/true);
+  }
 
   ExprPtr parse_or_chain(bool allow_condexpr) {
     const size_t unknown_before = unknown_.size();
@@ -314,13 +346,13 @@ class JinjaParser {
     while (is_name("if")) {
       const int line = next().line;
       auto cond = jinja_make(Expr::Kind::kCondExpr, line);
-      cond->children.push_back(parse_or());
-      cond->children.push_back(std::move(expr));
+      adopt(cond, parse_or());
+      adopt(cond, std::move(expr));
       if (is_name("else")) {
         next();
-        cond->children.push_back(parse_or_chain(true));
+        adopt(cond, parse_or_chain(true));
       } else {
-        cond->children.push_back(nullptr);
+        adopt(cond, nullptr);
       }
       expr = std::move(cond);
     }
@@ -332,8 +364,8 @@ class JinjaParser {
     ExprPtr left = (this->*inner)();
     while (is_name(keyword)) {
       auto node = jinja_make(kind, next().line);
-      node->children.push_back(std::move(left));
-      node->children.push_back((this->*inner)());
+      adopt(node, std::move(left));
+      adopt(node, (this->*inner)());
       left = std::move(node);
     }
     return left;
@@ -343,9 +375,10 @@ class JinjaParser {
     return parse_binary_chain(Expr::Kind::kAnd, "and", &JinjaParser::parse_not);
   }
   ExprPtr parse_not() {
+    const Nesting nesting(this);
     if (is_name("not")) {
       auto node = jinja_make(Expr::Kind::kNot, next().line);
-      node->children.push_back(parse_not());
+      adopt(node, parse_not());
       return node;
     }
     return parse_compare();
@@ -373,10 +406,10 @@ class JinjaParser {
       }
       if (!node) {
         node = jinja_make(Expr::Kind::kCompare, t.line);
-        node->children.push_back(std::move(first));
+        adopt(node, std::move(first));
       }
       node->ops.push_back(op);
-      node->children.push_back(parse_math1());
+      adopt(node, parse_math1());
     }
     return node ? std::move(node) : std::move(first);
   }
@@ -384,8 +417,8 @@ class JinjaParser {
   ExprPtr binary(ExprPtr left, const std::string& op, ExprPtr right, int line) {
     auto node = jinja_make(Expr::Kind::kBinary, line);
     node->name = op;
-    node->children.push_back(std::move(left));
-    node->children.push_back(std::move(right));
+    adopt(node, std::move(left));
+    adopt(node, std::move(right));
     return node;
   }
 
@@ -423,11 +456,12 @@ class JinjaParser {
   }
 
   ExprPtr parse_unary(bool with_filter) {
+    const Nesting nesting(this);
     ExprPtr node;
     if (is_op("-") || is_op("+")) {
       const JinjaToken& t = next();
       node = jinja_make(t.text == "-" ? Expr::Kind::kNeg : Expr::Kind::kPos, t.line);
-      node->children.push_back(parse_unary(false));
+      adopt(node, parse_unary(false));
     } else {
       node = parse_primary();
     }
@@ -479,11 +513,11 @@ class JinjaParser {
         return first;
       }
       auto tuple = jinja_make(Expr::Kind::kTuple, t.line);
-      tuple->children.push_back(std::move(first));
+      adopt(tuple, std::move(first));
       while (is_op(",")) {
         next();
         if (is_op(")")) break;
-        tuple->children.push_back(parse_or_chain(true));
+        adopt(tuple, parse_or_chain(true));
       }
       expect_op(")");
       return tuple;
@@ -492,7 +526,7 @@ class JinjaParser {
       next();
       auto list = jinja_make(Expr::Kind::kList, t.line);
       while (!is_op("]")) {
-        list->children.push_back(parse_expression());
+        adopt(list, parse_expression());
         if (!is_op("]")) expect_op(",");
       }
       next();
@@ -502,9 +536,9 @@ class JinjaParser {
       next();
       auto dict = jinja_make(Expr::Kind::kDict, t.line);
       while (!is_op("}")) {
-        dict->children.push_back(parse_expression());
+        adopt(dict, parse_expression());
         expect_op(":");
-        dict->children.push_back(parse_expression());
+        adopt(dict, parse_expression());
         if (!is_op("}")) expect_op(",");
       }
       next();
@@ -521,9 +555,10 @@ class JinjaParser {
         std::string key = next().text;
         next();
         call->kwargs.emplace_back(std::move(key), parse_expression());
+        deepen(*call, *call->kwargs.back().second);
       } else {
         if (!call->kwargs.empty()) fail("a positional argument follows a keyword argument");
-        call->children.push_back(parse_expression());
+        adopt(call, parse_expression());
       }
       if (!is_op(")")) expect_op(",");
     }
@@ -538,14 +573,14 @@ class JinjaParser {
         if (t.kind == JinjaToken::Kind::kName) {
           auto attr = jinja_make(Expr::Kind::kGetAttr, line);
           attr->name = t.text;
-          attr->children.push_back(std::move(node));
+          adopt(attr, std::move(node));
           node = std::move(attr);
         } else if (t.kind == JinjaToken::Kind::kInt) {
           auto item = jinja_make(Expr::Kind::kGetItem, line);
-          item->children.push_back(std::move(node));
+          adopt(item, std::move(node));
           auto index = jinja_make(Expr::Kind::kLiteral, line);
           index->literal = Value::from_int(t.integer);
-          item->children.push_back(std::move(index));
+          adopt(item, std::move(index));
           node = std::move(item);
         } else {
           fail("expected a name after '.'");
@@ -567,18 +602,18 @@ class JinjaParser {
         if (colons == 0) {
           if (!parts[0]) fail("empty subscript");
           auto item = jinja_make(Expr::Kind::kGetItem, line);
-          item->children.push_back(std::move(node));
-          item->children.push_back(std::move(parts[0]));
+          adopt(item, std::move(node));
+          adopt(item, std::move(parts[0]));
           node = std::move(item);
         } else {
           auto slice = jinja_make(Expr::Kind::kSlice, line);
-          slice->children.push_back(std::move(node));
-          for (auto& part : parts) slice->children.push_back(std::move(part));
+          adopt(slice, std::move(node));
+          for (auto& part : parts) adopt(slice, std::move(part));
           node = std::move(slice);
         }
       } else if (is_op("(")) {
         auto call = jinja_make(Expr::Kind::kCall, peek().line);
-        call->children.push_back(std::move(node));
+        adopt(call, std::move(node));
         parse_call_args(call.get());
         node = std::move(call);
       } else {
@@ -598,7 +633,7 @@ class JinjaParser {
           next();
           filter->name += "." + expect_name();
         }
-        filter->children.push_back(std::move(node));
+        adopt(filter, std::move(node));
         if (is_op("(")) parse_call_args(filter.get());
         node = std::move(filter);
       } else if (is_name("is")) {
@@ -610,7 +645,7 @@ class JinjaParser {
         }
         test->name = expect_name();
         note_name(test->name, /*is_filter=*/false, line);
-        test->children.push_back(std::move(node));
+        adopt(test, std::move(node));
         const JinjaToken& t = peek();
         if (is_op("(")) {
           parse_call_args(test.get());
@@ -619,12 +654,12 @@ class JinjaParser {
                     is_op("[") || is_op("{")) &&
                    !is_name("else") && !is_name("or") && !is_name("and")) {
           // `x is divisibleby 3`, `x is sameas none`: one argument without parentheses.
-          test->children.push_back(parse_postfix(parse_primary()));
+          adopt(test, parse_postfix(parse_primary()));
         }
         node = std::move(test);
       } else if (is_op("(")) {
         auto call = jinja_make(Expr::Kind::kCall, peek().line);
-        call->children.push_back(std::move(node));
+        adopt(call, std::move(node));
         parse_call_args(call.get());
         node = std::move(call);
       } else {
