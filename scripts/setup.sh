@@ -22,6 +22,8 @@ build_dir="${TITAN_BUILD_DIR:-$root/build}"
 # iproute2's ip builds the two-host test bed of network namespaces (tests/e2e/test_multihost.sh);
 # nftables' nft drops a share of its packets there, and where the kernel lacks netem, iptables
 # sends them through an NFQUEUE that the build's netdelay (libnetfilter-queue) holds a while.
+# zlib and zstd read compressed JSON-lines datasets (.jsonl.gz, .jsonl.zst); the zstd command
+# writes the tests' fixtures.
 packages=(
   build-essential cmake ninja-build pkg-config
   libgloo-dev
@@ -29,6 +31,7 @@ packages=(
   ca-certificates
   clang libclang-rt-14-dev clang-format
   iproute2 nftables iptables libnetfilter-queue-dev
+  zlib1g-dev libzstd-dev zstd
 )
 
 missing=()
