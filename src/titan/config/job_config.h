@@ -249,6 +249,36 @@ struct TrainingSection {
   }
 };
 
+// [sft]: chat fine-tuning, used when training.dataset (or validation.dataset) is "chat". A titan
+// section: TorchTitan's chat SFT came after v0.2.2, with Python configuration.
+struct SftSection {
+  static constexpr const char* kName = "sft";
+  std::string messages_field = "messages";
+  std::string prompt_field = "";
+  std::string response_field = "";
+  std::string system_prompt = "";
+  std::string chat_template = "";
+  std::string overlong = "drop";
+
+  template <class V>
+  void visit(V& v) {
+    v("messages_field", messages_field,
+      "Field of a chat row holding its conversation: a list of {role, content} messages");
+    v("prompt_field", prompt_field,
+      "Question/answer rows: the field holding the user's message (with sft.response_field; "
+      "then messages_field is unused)");
+    v("response_field", response_field,
+      "Question/answer rows: the field holding the assistant's reply");
+    v("system_prompt", system_prompt,
+      "System message put first in conversations that have none; empty: none");
+    v("chat_template", chat_template,
+      "A Jinja chat template file used instead of the one in model.hf_assets_path; empty: the "
+      "tokenizer folder's (chat_template.jinja, tokenizer_config.json)");
+    v("overlong", overlong,
+      "Conversations longer than training.seq_len: drop, or truncate (both counted in the log)");
+  }
+};
+
 struct ParallelismSection {
   static constexpr const char* kName = "parallelism";
   int64_t data_parallel_replicate_degree = 1;
@@ -642,6 +672,7 @@ struct JobConfig {
   OptimizerSection optimizer;
   LRSchedulerSection lr_scheduler;
   TrainingSection training;
+  SftSection sft;
   ParallelismSection parallelism;
   CheckpointSection checkpoint;
   ActivationCheckpointSection activation_checkpoint;
@@ -666,6 +697,7 @@ struct JobConfig {
     v.section(LRSchedulerSection::kName, lr_scheduler);
     v.section(TrainingSection::kName, training);
     v.section("training.dataloader", training.dataloader);
+    v.section(SftSection::kName, sft);
     v.section(ParallelismSection::kName, parallelism);
     v.section(CheckpointSection::kName, checkpoint);
     v.section(ActivationCheckpointSection::kName, activation_checkpoint);

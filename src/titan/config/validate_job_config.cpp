@@ -3,6 +3,7 @@
 // states the rule, the value and, for cross-field checks, the arithmetic.
 #include "titan/common/check.h"
 #include "titan/common/cpu.h"
+#include "titan/common/format.h"
 #include "titan/common/names.h"
 #include "titan/config/config_manager.h"
 #include "titan/config/field_table.h"
@@ -252,6 +253,14 @@ void validate_ranges(const JobConfig& c) {
          " is above the cap of " + std::to_string(kMaxNumThreads) +
          " threads per rank (spawning them would stall start-up); "
          "use 0 (cores / local ranks) or at most this machine's core count");
+  }
+
+  check_one_of("sft.overlong", c.sft.overlong, {"drop", "truncate"});
+  if (c.sft.prompt_field.empty() != c.sft.response_field.empty()) {
+    throw ConfigError(message("sft.prompt_field = \"", c.sft.prompt_field,
+                              "\" and sft.response_field = \"", c.sft.response_field,
+                              "\": question/answer rows need both fields (or neither, for rows "
+                              "with sft.messages_field)"));
   }
 
   const ParallelismSection& p = c.parallelism;

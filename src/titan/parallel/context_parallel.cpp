@@ -426,8 +426,11 @@ void ContextParallel::shard_batch(ForwardBatch& batch) const {
   TITAN_CHECK(it != layouts_.end(), "context parallelism: batches of ", batch.inputs.size(1),
               " tokens per sequence, but it was set up for other lengths");
   const SequenceLayout& layout = it->second;
-  // The document ids stay whole: ring attention masks with the whole sequences' ids.
-  batch.forward.positions = layout.positions(cp_rank_, batch.inputs.device());
+  // The document ids stay whole: ring attention masks with the whole sequences' ids. Positions
+  // the batch gives (bs, seq_len) (packed samples restart at 0) are sharded as the tokens.
+  batch.forward.positions = batch.forward.positions.defined()
+                                ? shard_sequence(batch.forward.positions, layout, cp_rank_)
+                                : layout.positions(cp_rank_, batch.inputs.device());
   batch.inputs = shard_sequence(batch.inputs, layout, cp_rank_);
   batch.labels = shard_sequence(batch.labels, layout, cp_rank_);
 }

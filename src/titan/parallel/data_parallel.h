@@ -120,7 +120,6 @@ class DataParallel : public UnitRunner, public ParallelPiece {
   // The shards, one per parameter, in the model's named_parameters() order.
   const std::vector<ShardedParam>& params() const { return params_; }
 
-
   // Every parameter as the model holds it (whole, or its tensor-parallel box), float32, in host
   // memory: a GPU holds one unit gathered at a time (collective over the shard group).
   std::vector<std::pair<std::string, at::Tensor>> gather_full_parameters();

@@ -169,36 +169,44 @@ at::Tensor ParallelizedModel::loss(const at::Tensor& logits, const at::Tensor& l
   return lm_cross_entropy_loss(logits, labels);
 }
 
-ForwardBatch ParallelizedModel::prepare(const at::Tensor& inputs, const at::Tensor& labels) const {
+ForwardBatch ParallelizedModel::prepare(const at::Tensor& inputs, const at::Tensor& labels,
+                                        const PackedBatch& packing) const {
   ForwardBatch batch{inputs, labels, {}};
   // From the whole sequences, before context parallelism shards them.
-  if (document_end_token_) batch.forward.document_ids = document_ids(inputs, *document_end_token_);
+  if (packing.document_ids.defined()) {
+    batch.forward.document_ids = packing.document_ids;
+  } else if (document_end_token_) {
+    batch.forward.document_ids = document_ids(inputs, *document_end_token_);
+  }
+  batch.forward.positions = packing.positions;
   for (const auto& piece : parts_[0]->pieces) piece->shard_batch(batch);
   if (fused_loss_) batch.forward.loss_labels = batch.labels;  // (the pipeline splits its own)
   return batch;
 }
 
-at::Tensor ParallelizedModel::forward_loss(const ForwardBatch& batch) {
+at::Tensor ParallelizedModel::forward_loss(const ForwardBatch& batch, double token_factor) {
   const at::Tensor out = parts_[0]->model->forward(batch.inputs, batch.forward);
-  return fused_loss_ ? out : loss(out, batch.labels);  // the fused loss returns the loss
+  const at::Tensor mean = fused_loss_ ? out : loss(out, batch.labels);  // fused: the loss
+  return token_factor > 0 ? token_weighted_loss(mean, batch.labels, token_factor) : mean;
 }
 
 at::Tensor ParallelizedModel::forward_backward(const at::Tensor& batch_inputs,
-                                               const at::Tensor& batch_labels, double loss_scale) {
-  const ForwardBatch batch = prepare(batch_inputs, batch_labels);
+                                               const at::Tensor& batch_labels, double loss_scale,
+                                               const PackedBatch& packing) {
+  const ForwardBatch batch = prepare(batch_inputs, batch_labels, packing);
   at::Tensor loss_value;
   if (pipeline_) {
     loss_value = pipeline_->train_step(
         batch.inputs, batch.labels,
         [this](const at::Tensor& l, const at::Tensor& y) { return loss(l, y); }, loss_scale,
-        batch.forward);
+        batch.forward, packing.token_factor);
     const PhaseScope phase(Phase::kBackward, "finish backward");
     finish_backward();
   } else {
     at::Tensor l;
     {
       const PhaseScope phase(Phase::kForward);
-      l = forward_loss(batch);
+      l = forward_loss(batch, packing.token_factor);
     }
     const PhaseScope phase(Phase::kBackward);
     (l * loss_scale).backward();
@@ -209,10 +217,10 @@ at::Tensor ParallelizedModel::forward_backward(const at::Tensor& batch_inputs,
 }
 
 at::Tensor ParallelizedModel::evaluate(const at::Tensor& batch_inputs,
-                                       const at::Tensor& batch_labels) {
+                                       const at::Tensor& batch_labels, const PackedBatch& packing) {
   at::NoGradGuard no_grad;
   const NoTokenCounting no_counting(models());
-  const ForwardBatch batch = prepare(batch_inputs, batch_labels);
+  const ForwardBatch batch = prepare(batch_inputs, batch_labels, packing);
   if (pipeline_) {
     return pipeline_->evaluate(
         batch.inputs, batch.labels,

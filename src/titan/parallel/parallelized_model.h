@@ -120,6 +120,18 @@ struct TrainedParam {
   bool tp_replicated = false;
 };
 
+// What a batch of packed samples (chat fine-tuning) carries besides tokens and labels.
+struct PackedBatch {
+  // (bs, seq) int64 RoPE positions, restarting at 0 with each sample; undefined: 0 .. seq - 1.
+  at::Tensor positions;
+  // (bs, seq) int64 sample of every token: attention stays within a sample (block-causal);
+  // undefined: from model.attn_mask_type (set_block_causal_mask).
+  at::Tensor document_ids;
+  // > 0: the loss is the batch's sum over its predicted tokens times this (token_weighted_loss in
+  // components/loss.h; the trainer's global-batch token mean); 0: the mean over them.
+  double token_factor = 0;
+};
+
 class ParallelizedModel {
  public:
   // `dims` (with its groups built when the world has more than one rank) must outlive this.
@@ -174,10 +186,12 @@ class ParallelizedModel {
   // under PP the whole schedule over the layout's microbatches. Backward runs on the loss times
   // `loss_scale`; the gradients are complete on return (finish_backward is done). Returns the
   // mean loss (detached) on every rank.
-  at::Tensor forward_backward(const at::Tensor& inputs, const at::Tensor& labels,
-                              double loss_scale);
+  // With `packing`, see PackedBatch.
+  at::Tensor forward_backward(const at::Tensor& inputs, const at::Tensor& labels, double loss_scale,
+                              const PackedBatch& packing = {});
   // The mean loss of a batch without autograd (validation), on every rank.
-  at::Tensor evaluate(const at::Tensor& inputs, const at::Tensor& labels);
+  at::Tensor evaluate(const at::Tensor& inputs, const at::Tensor& labels,
+                      const PackedBatch& packing = {});
 
   // Mean next-token loss of forward's logits (loss parallel under tensor parallelism).
   at::Tensor loss(const at::Tensor& logits, const at::Tensor& labels) const;
@@ -229,11 +243,12 @@ class ParallelizedModel {
   std::vector<torch::nn::Module*> models() const;
   // The batch as this rank's model parts take it (document ids from the whole sequences, then
   // each piece's share: context parallelism's).
-  ForwardBatch prepare(const at::Tensor& inputs, const at::Tensor& labels) const;
+  ForwardBatch prepare(const at::Tensor& inputs, const at::Tensor& labels,
+                       const PackedBatch& packing) const;
   // `value` all-reduced over dims' group `group` (on its device), back on value's device.
   at::Tensor reduce_over(const char* group, const at::Tensor& value, dist::ReduceOp op) const;
-  // Forward of the whole model (no PP) to the mean loss.
-  at::Tensor forward_loss(const ForwardBatch& batch);
+  // Forward of the whole model (no PP) to the mean loss (token_weighted_loss with a factor).
+  at::Tensor forward_loss(const ForwardBatch& batch, double token_factor = 0);
 
   const ParallelDims& dims_;
   int64_t rank_;

@@ -4,6 +4,7 @@
 #include "titan/common/check.h"
 #include "titan/common/host_sync.h"
 #include "titan/common/phase.h"
+#include "titan/components/loss.h"
 #include "titan/models/common/linear.h"
 #include "titan/parallel/data_parallel.h"
 
@@ -68,8 +69,10 @@ struct PipelineRuntime::StepState {
   std::vector<at::Tensor> tokens, labels;  // per microbatch
   std::vector<at::Tensor> documents;       // per microbatch (block-causal attention), or none
   at::Tensor positions;                    // the tokens' (context parallelism), or undefined
+  std::vector<at::Tensor> row_positions;   // per microbatch (packed samples), or none
   const LossFn* loss_fn = nullptr;
   double scale = 1.0;                    // on each microbatch's loss
+  double token_factor = 0;               // > 0: token_weighted_loss (see train_step)
   std::map<Key, at::Tensor> input;       // a stage's input leaf (not the first stage's)
   std::map<Key, at::Tensor> output;      // a stage's output with its graph (last: scaled loss)
   std::map<Key, at::Tensor> grad_input;  // for the previous stage on this rank
@@ -262,13 +265,14 @@ void PipelineRuntime::forward(StepState& st, int64_t stage, int64_t m, bool grad
   }
   // Block-causal attention: this microbatch's documents; the fused loss: its labels.
   ForwardInputs inputs;
-  inputs.positions = st.positions;
+  inputs.positions = st.row_positions.empty() ? st.positions : st.row_positions[m];
   if (!st.documents.empty()) inputs.document_ids = st.documents[m];
   const bool fused_loss = fused_loss_ && is_last(stage);
   if (fused_loss) inputs.loss_labels = st.labels[m];
   at::Tensor out = s.model->forward(in, inputs);
   if (is_last(stage)) {
     at::Tensor loss = fused_loss ? out : (*st.loss_fn)(out, st.labels[m]);
+    if (st.token_factor > 0) loss = token_weighted_loss(loss, st.labels[m], st.token_factor);
     st.losses[m] = loss.detach();
     if (grad) st.output[key] = loss * st.scale;
     return;
@@ -333,7 +337,7 @@ at::Tensor PipelineRuntime::mean_from_last_stage(const at::Tensor& local_mean) {
 
 at::Tensor PipelineRuntime::train_step(const at::Tensor& inputs, const at::Tensor& labels,
                                        const LossFn& loss_fn, double loss_scale,
-                                       const ForwardInputs& context) {
+                                       const ForwardInputs& context, double token_factor) {
   const int64_t n = layout_.n_microbatches;
   TITAN_CHECK(inputs.size(0) == n * layout_.microbatch_size, "pipeline: the local batch of ",
               inputs.size(0), " sequences is not ", n,
@@ -342,9 +346,15 @@ at::Tensor PipelineRuntime::train_step(const at::Tensor& inputs, const at::Tenso
   st.tokens = inputs.chunk(n, 0);
   st.labels = labels.chunk(n, 0);
   if (context.document_ids.defined()) st.documents = context.document_ids.chunk(n, 0);
-  st.positions = context.positions;
+  if (context.positions.dim() == 2) {
+    st.row_positions = context.positions.chunk(n, 0);
+  } else {
+    st.positions = context.positions;
+  }
   st.loss_fn = &loss_fn;
   st.scale = loss_scale / static_cast<double>(n);
+  // Each microbatch's sum over its predicted tokens, times n to undo the mean over microbatches.
+  st.token_factor = token_factor * static_cast<double>(n);
   st.losses.resize(n);
   st.in_send_order = true;
   for (size_t i = 0; i < stages_.size(); ++i) {
@@ -396,7 +406,11 @@ at::Tensor PipelineRuntime::evaluate(const at::Tensor& inputs, const at::Tensor&
   if (context.document_ids.defined()) {
     st.documents = context.document_ids.split(layout_.microbatch_size, 0);
   }
-  st.positions = context.positions;
+  if (context.positions.dim() == 2) {
+    st.row_positions = context.positions.split(layout_.microbatch_size, 0);
+  } else {
+    st.positions = context.positions;
+  }
   st.loss_fn = &loss_fn;
   const int64_t n = static_cast<int64_t>(st.tokens.size());
   st.losses.resize(n);

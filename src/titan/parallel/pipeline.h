@@ -82,9 +82,13 @@ class PipelineRuntime {
   // mean microbatch loss (a float32 scalar on the device), on every rank of the pp group.
   // `context`: the batch's ForwardInputs (its loss_labels unused): the document ids (bs, whole
   // seq; block-causal attention) are split into the same microbatches, each stage's forward gets
-  // its microbatch's; the positions go to every forward as they are.
+  // its microbatch's; positions (seq) go to every forward as they are, positions (bs, seq) of
+  // packed samples are split as the documents. `token_factor` > 0: each microbatch's loss is its
+  // sum over predicted tokens times token_factor (token_weighted_loss in components/loss.h), the
+  // returned value their sum; 0: the mean microbatch loss.
   at::Tensor train_step(const at::Tensor& inputs, const at::Tensor& labels, const LossFn& loss_fn,
-                        double loss_scale, const ForwardInputs& context = {});
+                        double loss_scale, const ForwardInputs& context = {},
+                        double token_factor = 0);
   // Forward only, without autograd (validation): microbatches of the layout's size (the last may
   // be smaller), each through every stage in order. Returns the token-weighted mean loss on
   // every rank of the pp group.

@@ -2,6 +2,8 @@
 #include "titan/parallel/tensor_parallel.h"
 
 #include "titan/common/check.h"
+#include "titan/components/loss.h"
+#include "titan/kernels/cross_entropy.h"
 #include "titan/models/common/attention.h"
 #include "titan/models/common/linear.h"
 #include "titan/models/common/moe.h"
@@ -130,7 +132,8 @@ struct AllGatherLastDim : public torch::autograd::Function<AllGatherLastDim> {
   }
 };
 
-// Mean cross-entropy over rows of vocab-sharded logits (n, V / t) float32, labels (n) global ids.
+// Mean cross-entropy over rows of vocab-sharded logits (n, V / t) float32, labels (n) global ids
+// (kIgnoreIndex: not predicted).
 struct VocabParallelCrossEntropy : public torch::autograd::Function<VocabParallelCrossEntropy> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& logits,
                             const at::Tensor& labels, dist::Group* g, int64_t vocab_start) {
@@ -150,8 +153,11 @@ struct VocabParallelCrossEntropy : public torch::autograd::Function<VocabParalle
     timed_wait(sums, g->all_reduce(sums, dist::ReduceOp::kSum));
     sum_exp = sums[0];
     target = sums[1];
-    const at::Tensor loss = (sum_exp.log() - target).mean();
-    ctx->save_for_backward({exp / sum_exp.unsqueeze(1), index, mine});
+    // Rows labelled kIgnoreIndex are not predicted: the mean is over the others (0 if none).
+    const at::Tensor valid = labels.ne(kernels::kIgnoreIndex).to(at::kFloat);
+    const at::Tensor count = valid.sum().clamp_min(1.0);
+    const at::Tensor loss = (sum_exp.log() - target).mul(valid).sum().div(count);
+    ctx->save_for_backward({exp / sum_exp.unsqueeze(1), index, mine, valid.div(count)});
     return loss;
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
@@ -159,10 +165,12 @@ struct VocabParallelCrossEntropy : public torch::autograd::Function<VocabParalle
     const at::Tensor& probs = saved[0];
     const at::Tensor& index = saved[1];
     const at::Tensor& mine = saved[2];
-    // d mean(loss) / d logits = (softmax - onehot(label)) / n, the one-hot only where it is ours.
+    const at::Tensor& weight = saved[3];  // 1 / count on predicted rows, 0 elsewhere
+    // d mean(loss) / d logits = (softmax - onehot(label)) / count on predicted rows, the one-hot
+    // only where it is ours.
     at::Tensor grad = probs.clone();
     grad.scatter_add_(1, index, -mine.to(grad.scalar_type()).unsqueeze(1));
-    grad.mul_(grads[0] / static_cast<double>(probs.size(0)));
+    grad.mul_(weight.unsqueeze(1) * grads[0]);
     return {grad, at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
@@ -419,7 +427,7 @@ double TensorParallel::comm_wait_seconds() const {
 
 at::Tensor TensorParallel::cross_entropy(const at::Tensor& logits, const at::Tensor& labels) const {
   if (!loss_parallel_) {
-    return at::cross_entropy_loss(logits.flatten(0, 1).to(at::kFloat), labels.flatten(0, 1));
+    return lm_cross_entropy_loss(logits, labels);
   }
   return VocabParallelCrossEntropy::apply(logits.flatten(0, 1).to(at::kFloat), labels.flatten(0, 1),
                                           group_.get(), vocab_start_);

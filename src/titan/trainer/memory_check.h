@@ -13,8 +13,8 @@ namespace titan {
 // enabled) of every rank on this node together exceeds kMemoryRefuseFactor x `available_bytes`
 // (machine_memory_bytes() in the app; 0 never refuses). Weights, gradients and optimizer state
 // count as sharded over world_size / dp_replicate ranks, activations over the tensor-parallel
-// degree (the options of training_memory_options, plan/memory_options.h). With `device_bytes` > 0 (the
-// rank's own GPU, training_device_memory) each rank is held against that instead.
+// degree (the options of training_memory_options, plan/memory_options.h). With `device_bytes` > 0
+// (the rank's own GPU, training_device_memory) each rank is held against that instead.
 void check_training_memory(const JobConfig& config, const LaunchEnv& env, double available_bytes,
                            double device_bytes = 0);
 

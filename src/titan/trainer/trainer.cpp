@@ -6,6 +6,7 @@
 #include "titan/common/check.h"
 #include "titan/common/cpu.h"
 #include "titan/common/device.h"
+#include "titan/common/file_io.h"
 #include "titan/common/format.h"
 #include "titan/common/host_sync.h"
 #include "titan/common/logging.h"
@@ -13,8 +14,11 @@
 #include "titan/common/phase.h"
 #include "titan/components/data/data_loader.h"
 #include "titan/components/data/dataset.h"
+#include "titan/components/data/record_source.h"
+#include "titan/components/data/sft_data.h"
 #include "titan/components/loss.h"
 #include "titan/components/profiling.h"
+#include "titan/components/tokenizer/chat_config.h"
 #include "titan/components/tokenizer/tokenizer.h"
 #include "titan/components/tokenizer/tokenizer_identity.h"
 #include "titan/components/training_dtype.h"
@@ -22,6 +26,7 @@
 #include "titan/distributed/flight_recorder.h"
 #include "titan/distributed/init.h"
 #include "titan/distributed/parallel_dims.h"
+#include "titan/kernels/cross_entropy.h"
 #include "titan/models/common/attention.h"
 #include "titan/models/common/linear.h"
 #include "titan/models/common/moe.h"
@@ -271,26 +276,88 @@ void Trainer::build_data() {
   check_tokenizer_fits_model(*tokenizer_, stats.vocab_size, "flavor '" + config_.model.flavor + "'",
                              "pick a flavor with a larger vocab");
   const auto& t = config_.training;
-  std::shared_ptr<const DocumentSource> docs = open_dataset(
-      t.dataset, t.dataset_path, t.dataset_text_field, CorpusSettings::of_section("training"));
-  log_info("dataset ", t.dataset, ": ", docs->size(), " documents",
-           t.dataset_shuffle ? ", shuffled each epoch" : ", in order", "; tokenizer vocab ",
-           tokenizer_->vocab_size());
+  const bool chat = t.dataset == kChatDataset;
+  const bool validate_chat =
+      config_.validation.enable && config_.validation.dataset == kChatDataset;
+  if (chat || validate_chat) {
+    const SftSection& sft = config_.sft;
+    TITAN_CONFIG_CHECK(!config_.model.hf_assets_path.empty() || !sft.chat_template.empty(),
+                       "the dataset \"chat\" renders conversations with the model's chat "
+                       "template, but model.hf_assets_path is empty and sft.chat_template unset. "
+                       "HINT: set model.hf_assets_path to the model's Hugging Face folder");
+    ChatTemplateFiles files;
+    if (sft.chat_template.empty()) {
+      files = read_chat_template_files(config_.model.hf_assets_path);
+    } else {
+      files.source = read_regular_file(sft.chat_template, "chat template (sft.chat_template)");
+      files.origin = sft.chat_template;
+      if (!config_.model.hf_assets_path.empty()) {
+        files.special_tokens = read_special_tokens(config_.model.hf_assets_path);
+      }
+    }
+    ChatTemplateOptions options;
+    options.special_tokens = files.special_tokens;
+    chat_encoder_ = std::make_unique<ChatEncoder>(
+        std::make_shared<const ChatTemplate>(files.source, files.origin), options, *tokenizer_);
+    log_info("chat fine-tuning data: conversations rendered with the chat template of ",
+             files.origin,
+             "; only the assistant's replies are trained, conversations packed into "
+             "windows of ",
+             t.seq_len,
+             " positions (block-causal, positions restart per "
+             "conversation), longer ones: ",
+             sft.overlong);
+  }
+  if (chat) {
+    train_chats_ = open_records(t.dataset_path, CorpusSettings::of_section("training"));
+    log_info("dataset chat: ", train_chats_->size(), " conversations",
+             t.dataset_shuffle ? ", shuffled each epoch" : ", in order", "; tokenizer vocab ",
+             tokenizer_->vocab_size());
+  } else {
+    // Opened here so that a missing or corrupt corpus fails before the model is built.
+    std::shared_ptr<const DocumentSource> docs = open_dataset(
+        t.dataset, t.dataset_path, t.dataset_text_field, CorpusSettings::of_section("training"));
+    log_info("dataset ", t.dataset, ": ", docs->size(), " documents",
+             t.dataset_shuffle ? ", shuffled each epoch" : ", in order", "; tokenizer vocab ",
+             tokenizer_->vocab_size());
+    train_docs_ = docs;
+  }
   // The global stream: every rank reads it whole and keeps its slice (see trainer.h).
-  train_loader_ =
-      std::make_unique<DataLoader>(docs, *tokenizer_, t.seq_len, t.local_batch_size * dp_size_,
-                                   /*dp_rank=*/0, /*dp_world=*/1, /*infinite=*/true,
-                                   /*shuffle_seed=*/t.dataset_shuffle ? seed_ : -1);
+  train_loader_ = make_loader("training", t.seq_len, t.local_batch_size * dp_size_,
+                              /*infinite=*/true, t.dataset_shuffle ? seed_ : -1);
   if (config_.validation.enable) {
     const auto& v = config_.validation;
-    validation_docs_ = open_dataset(v.dataset, v.dataset_path, v.dataset_text_field,
-                                    CorpusSettings::of_section("validation"));
-    log_info("validation dataset ", v.dataset, ": ", validation_docs_->size(), " documents");
+    if (validate_chat) {
+      validation_chats_ = open_records(v.dataset_path, CorpusSettings::of_section("validation"));
+      log_info("validation dataset chat: ", validation_chats_->size(), " conversations");
+    } else {
+      validation_docs_ = open_dataset(v.dataset, v.dataset_path, v.dataset_text_field,
+                                      CorpusSettings::of_section("validation"));
+      log_info("validation dataset ", v.dataset, ": ", validation_docs_->size(), " documents");
+    }
     // Found now, not at the first validation after validation.freq training steps.
-    DataLoader probe(validation_docs_, *tokenizer_, v.seq_len, v.local_batch_size * dp_size_, 0, 1,
-                     /*infinite=*/false);
-    if (!probe.next()) throw_validation_too_small(v, dp_size_);
+    if (!make_loader("validation", v.seq_len, v.local_batch_size * dp_size_, false, -1)->next()) {
+      throw_validation_too_small(v, dp_size_);
+    }
   }
+}
+
+std::unique_ptr<BatchLoader> Trainer::make_loader(const std::string& section, int64_t seq_len,
+                                                  int64_t batch_size, bool infinite,
+                                                  int64_t shuffle_seed) const {
+  const bool training = section == "training";
+  const std::shared_ptr<const RecordSource>& chats = training ? train_chats_ : validation_chats_;
+  if (chats) {
+    const SftSection& sft = config_.sft;
+    ChatRowFormat format{sft.messages_field, sft.prompt_field, sft.response_field,
+                         sft.system_prompt};
+    return std::make_unique<SftLoader>(chats, format, *chat_encoder_,
+                                       overlong_from_name(sft.overlong, "sft.overlong"), seq_len,
+                                       batch_size, tokenizer_->eos_id(), infinite, shuffle_seed);
+  }
+  return std::make_unique<DataLoader>(training ? train_docs_ : validation_docs_, *tokenizer_,
+                                      seq_len, batch_size, /*dp_rank=*/0, /*dp_world=*/1, infinite,
+                                      shuffle_seed);
 }
 
 void Trainer::build_optimizer() {
@@ -345,16 +412,21 @@ void Trainer::build_metrics() {
       /*start_step=*/train_state_.step, /*rank=*/rank_, device_, tb_started);
 }
 
-std::optional<Batch> Trainer::next_local_batch(DataLoader& loader) {
+std::optional<Batch> Trainer::next_local_batch(BatchLoader& loader) {
   std::optional<Batch> batch = loader.next();
   if (!batch) return batch;
-  if (dp_size_ > 1) {
-    const int64_t b = batch->inputs.size(0) / dp_size_;
-    batch->inputs = batch->inputs.narrow(0, dp_rank_ * b, b).contiguous();
-    batch->labels = batch->labels.narrow(0, dp_rank_ * b, b).contiguous();
+  return local_batch(std::move(*batch));
+}
+
+Batch Trainer::local_batch(Batch batch) const {
+  for (at::Tensor* t : {&batch.inputs, &batch.labels, &batch.positions, &batch.document_ids}) {
+    if (!t->defined()) continue;
+    if (dp_size_ > 1) {
+      const int64_t b = t->size(0) / dp_size_;
+      *t = t->narrow(0, dp_rank_ * b, b).contiguous();
+    }
+    *t = to_device_async(*t, device_);
   }
-  batch->inputs = to_device_async(batch->inputs, device_);
-  batch->labels = to_device_async(batch->labels, device_);
   return batch;
 }
 
@@ -364,16 +436,41 @@ StepResult Trainer::train_step(int64_t step) {
     parallel_->zero_grad();
   }
   at::Tensor total = at::zeros({}, at::TensorOptions(at::kDouble).device(device_));
-  const double scale = 1.0 / static_cast<double>(accumulation_steps_);
+  // Packed conversations: every micro-batch is read first, so that the loss can be the mean over
+  // the predicted tokens of the whole global batch (TorchTitan's SFT loss), counted on the host
+  // from the global rows every rank reads. Each rank's share is its sum over predicted tokens
+  // times ranks / count, so that averaging over the batch-splitting ranks (dp x cp) gives the
+  // mean. The document stream predicts every token: the mean of equal micro-batches.
+  std::vector<Batch> batches;
+  double token_factor = 0;
+  if (train_chats_) {
+    const PhaseScope data(Phase::kData);
+    int64_t predicted = 0;
+    for (int64_t micro = 0; micro < accumulation_steps_; ++micro) {
+      std::optional<Batch> batch = train_loader_->next();
+      TITAN_CHECK(batch.has_value(), "training data loader ran dry at step ", step);
+      const int64_t* labels = batch->labels.data_ptr<int64_t>();  // host memory: no device read
+      predicted += std::count_if(labels, labels + batch->labels.numel(),
+                                 [](int64_t y) { return y != kernels::kIgnoreIndex; });
+      batches.push_back(std::move(*batch));
+    }
+    const int64_t ranks = dims_->dp_size() * dims_->cp();
+    token_factor =
+        static_cast<double>(ranks) / static_cast<double>(std::max<int64_t>(predicted, 1));
+  }
+  const double scale = token_factor > 0 ? 1.0 : 1.0 / static_cast<double>(accumulation_steps_);
   for (int64_t micro = 0; micro < accumulation_steps_; ++micro) {
     std::optional<Batch> batch;
     {
       const PhaseScope data(Phase::kData);
-      batch = next_local_batch(*train_loader_);
+      batch = batches.empty() ? next_local_batch(*train_loader_)
+                              : local_batch(std::move(batches[micro]));
     }
     TITAN_CHECK(batch.has_value(), "training data loader ran dry at step ", step);
+    const PackedBatch packing{batch->positions, batch->document_ids, token_factor};
     total +=
-        parallel_->forward_backward(batch->inputs, batch->labels, scale).to(at::kDouble) * scale;
+        parallel_->forward_backward(batch->inputs, batch->labels, scale, packing).to(at::kDouble) *
+        scale;
   }
   StepResult result;
   result.loss = parallel_->batch_mean(total);
@@ -420,19 +517,24 @@ void Trainer::settle_steps(TrainResult& result) {
 }
 
 double Trainer::validate(int64_t* tokens) {
-  TITAN_CHECK(validation_docs_ != nullptr, "validation is not enabled");
+  TITAN_CHECK(validation_docs_ != nullptr || validation_chats_ != nullptr,
+              "validation is not enabled");
   const PhaseScope phase(Phase::kValidation);
   at::NoGradGuard no_grad;
   // Like training, every rank reads the whole stream and keeps its slice, so all ranks run the
   // same number of batches.
-  DataLoader loader(validation_docs_, *tokenizer_, config_.validation.seq_len,
-                    config_.validation.local_batch_size * dp_size_, 0, 1, /*infinite=*/false);
+  const std::unique_ptr<BatchLoader> loader =
+      make_loader("validation", config_.validation.seq_len,
+                  config_.validation.local_batch_size * dp_size_, /*infinite=*/false, -1);
   at::Tensor sum = at::zeros({}, at::TensorOptions(at::kDouble).device(device_));
   int64_t n = 0, count = 0;
   while (config_.validation.steps < 0 || n < config_.validation.steps) {
-    auto batch = next_local_batch(loader);
+    auto batch = next_local_batch(*loader);
     if (!batch) break;
-    sum += parallel_->evaluate(batch->inputs, batch->labels).to(at::kDouble);
+    sum += parallel_
+               ->evaluate(batch->inputs, batch->labels,
+                          PackedBatch{batch->positions, batch->document_ids})
+               .to(at::kDouble);
     ++n;
     count += batch->inputs.numel();
   }

@@ -23,8 +23,10 @@
 namespace titan {
 
 class Tokenizer;
-class DataLoader;
+class BatchLoader;
+class ChatEncoder;
 class DocumentSource;
+class RecordSource;
 struct Batch;
 class ParallelDims;
 struct DistributedContext;
@@ -109,7 +111,14 @@ class Trainer {
   void lock_dump_folder();
   // This rank's rows of a global micro-batch from `loader` (batch dp_size * local), on the
   // device (copied from pinned host memory without blocking on CUDA).
-  std::optional<Batch> next_local_batch(DataLoader& loader);
+  std::optional<Batch> next_local_batch(BatchLoader& loader);
+  // This rank's rows of a global batch, on the device.
+  Batch local_batch(Batch batch) const;
+  // A loader of `section`'s dataset ("training" or "validation"): the packed document stream,
+  // or packed conversations for the dataset "chat" (sft_data.h).
+  std::unique_ptr<BatchLoader> make_loader(const std::string& section, int64_t seq_len,
+                                           int64_t batch_size, bool infinite,
+                                           int64_t shuffle_seed) const;
   // Reads the loss and gradient norm of every step not read yet in one host read, appends them to
   // `result`, and throws TrainingError naming the first step whose loss or norm is not finite.
   void settle_steps(TrainResult& result);
@@ -129,8 +138,11 @@ class Trainer {
   const ModelSpec* spec_ = nullptr;
   std::shared_ptr<Model> model_;
   std::unique_ptr<Tokenizer> tokenizer_;
-  std::unique_ptr<DataLoader> train_loader_;
-  std::shared_ptr<const DocumentSource> validation_docs_;
+  std::unique_ptr<BatchLoader> train_loader_;
+  // Opened once (the index of a corpus on disk); a validation run reads them from the start.
+  std::shared_ptr<const DocumentSource> train_docs_, validation_docs_;
+  std::shared_ptr<const RecordSource> train_chats_, validation_chats_;
+  std::unique_ptr<ChatEncoder> chat_encoder_;  // chat datasets: the model's chat template
   std::unique_ptr<Optimizer> optimizer_;
   std::unique_ptr<LRScheduler> lr_scheduler_;
   std::unique_ptr<ckpt::CheckpointManager> checkpointer_;

@@ -147,12 +147,12 @@ StateEntry lr_scheduler_entry(const LRScheduler& scheduler, const TrainState& ts
 
 // One state per data-parallel rank, keyed "dp_rank_<r>" (each rank restores its own), and the
 // tokenizer the positions are counted in (`tokenizer`: a tokenizer_record), checked at resume.
-StateEntry dataloader_entry(DataLoader& loader, int64_t dp_rank, json tokenizer) {
+StateEntry dataloader_entry(BatchLoader& loader, int64_t dp_rank, json tokenizer) {
   StateEntry e;
   e.name = "dataloader";
   const std::string key = "dp_rank_" + std::to_string(dp_rank);
   e.save = [&loader, key, tokenizer](std::vector<SavedTensor>&, json& state) {
-    state[key] = to_json(loader.state());
+    state[key] = loader.state_json();
     state["tokenizer"] = tokenizer;
   };
   e.load = [&loader, key, tokenizer](const CheckpointReader& reader, const json& state) {
@@ -163,7 +163,7 @@ StateEntry dataloader_entry(DataLoader& loader, int64_t dp_rank, json tokenizer)
       throw DataError("checkpoint '" + reader.dir() + "' has no data loader state for " + key +
                       " (saved with a different data-parallel degree?)");
     }
-    loader.load_state(loader_state_from_json(state.at(key)));
+    loader.load_state_json(state.at(key));
   };
   return e;
 }

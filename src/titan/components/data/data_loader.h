@@ -32,6 +32,22 @@ namespace titan {
 struct Batch {
   at::Tensor inputs;  // (batch_size, seq_len) int64
   at::Tensor labels;  // (batch_size, seq_len) int64, inputs shifted left by one token
+  // Packed samples (sft_data.h): (batch_size, seq_len) int64 RoPE positions restarting at 0 with
+  // each sample, and the sample of each token; undefined for the document stream below.
+  at::Tensor positions;
+  at::Tensor document_ids;
+};
+
+// What the trainer pulls batches from: the packed document stream (DataLoader) or packed
+// conversations (SftLoader), with its position as JSON for checkpoints.
+class BatchLoader {
+ public:
+  virtual ~BatchLoader() = default;
+  // The next batch, or nullopt when a finite loader is exhausted.
+  virtual std::optional<Batch> next() = 0;
+  virtual nlohmann::json state_json() const = 0;
+  // Resumes from state_json(); DataError when the state does not fit this loader.
+  virtual void load_state_json(const nlohmann::json& state) = 0;
 };
 
 // Where a DataLoader stands in its stream, for checkpoints. Positions are local to the dp rank.
@@ -60,7 +76,7 @@ DataLoaderState loader_state_from_json(const nlohmann::json& j);
 // sampling, so the order is the same with every standard library.
 std::vector<int64_t> shuffled_order(int64_t n, uint64_t seed);
 
-class DataLoader {
+class DataLoader final : public BatchLoader {
  public:
   // `tokenizer` must outlive the loader. `infinite` (training) re-loops over the documents,
   // logging a warning each time; otherwise (validation) next() returns nullopt once fewer than
@@ -76,7 +92,11 @@ class DataLoader {
              bool infinite = true);
 
   // The next batch, or nullopt when a finite loader is exhausted (and on every later call).
-  std::optional<Batch> next();
+  std::optional<Batch> next() override;
+  nlohmann::json state_json() const override { return to_json(state()); }
+  void load_state_json(const nlohmann::json& state) override {
+    load_state(loader_state_from_json(state));
+  }
 
   DataLoaderState state() const;
   // Resumes from state(); the next batches equal those the saved loader would have produced,

@@ -43,32 +43,49 @@ std::string chat_template_of(const json& value, const std::string& origin) {
 
 }  // namespace
 
+namespace {
+
+// tokenizer_config.json of `dir` (an empty object when there is none) and its special tokens.
+json read_tokenizer_config(const fs::path& dir, nlohmann::ordered_json* special_tokens) {
+  const fs::path config_path = dir / "tokenizer_config.json";
+  json config = json::object();
+  if (!fs::exists(config_path)) return config;
+  config = chat_json_file(config_path);
+  if (!config.is_object()) {
+    throw DataError(message(config_path.string(), ": not a JSON object"));
+  }
+  for (const char* name : {"bos_token", "eos_token", "unk_token", "pad_token"}) {
+    if (!config.contains(name) || config[name].is_null()) continue;
+    const json& token = config[name];
+    if (token.is_string()) {
+      (*special_tokens)[name] = token;
+    } else if (token.is_object() && token.contains("content") && token["content"].is_string()) {
+      (*special_tokens)[name] = token["content"];  // an AddedToken as older configs store it
+    } else {
+      throw DataError(message(config_path.string(), ": \"", name, "\" is ", token.type_name(),
+                              ", not a string or an object with \"content\""));
+    }
+  }
+  return config;
+}
+
+}  // namespace
+
+nlohmann::ordered_json read_special_tokens(const std::string& path) {
+  const fs::path given(path);
+  TITAN_CONFIG_CHECK(fs::exists(given), "tokenizer path '", path, "' does not exist");
+  nlohmann::ordered_json tokens = nlohmann::ordered_json::object();
+  read_tokenizer_config(fs::is_directory(given) ? given : given.parent_path(), &tokens);
+  return tokens;
+}
+
 ChatTemplateFiles read_chat_template_files(const std::string& path) {
   const fs::path given(path);
   TITAN_CONFIG_CHECK(fs::exists(given), "tokenizer path '", path, "' does not exist");
   const fs::path dir = fs::is_directory(given) ? given : given.parent_path();
   ChatTemplateFiles out;
-
   const fs::path config_path = dir / "tokenizer_config.json";
-  json config = json::object();
-  if (fs::exists(config_path)) {
-    config = chat_json_file(config_path);
-    if (!config.is_object()) {
-      throw DataError(message(config_path.string(), ": not a JSON object"));
-    }
-    for (const char* name : {"bos_token", "eos_token", "unk_token", "pad_token"}) {
-      if (!config.contains(name) || config[name].is_null()) continue;
-      const json& token = config[name];
-      if (token.is_string()) {
-        out.special_tokens[name] = token;
-      } else if (token.is_object() && token.contains("content") && token["content"].is_string()) {
-        out.special_tokens[name] = token["content"];  // an AddedToken as older configs store it
-      } else {
-        throw DataError(message(config_path.string(), ": \"", name, "\" is ", token.type_name(),
-                                ", not a string or an object with \"content\""));
-      }
-    }
-  }
+  const json config = read_tokenizer_config(dir, &out.special_tokens);
 
   // transformers reads chat_template.jinja over the config's template when both exist.
   const fs::path jinja_path = given.extension() == ".jinja" ? given : dir / "chat_template.jinja";

@@ -23,4 +23,7 @@ struct ChatTemplateFiles {
 // an unreadable or malformed file, with the file and what is wrong.
 ChatTemplateFiles read_chat_template_files(const std::string& path);
 
+// Only the special tokens of `path`'s tokenizer_config.json (an empty object without one).
+nlohmann::ordered_json read_special_tokens(const std::string& path);
+
 }  // namespace titan

@@ -125,7 +125,7 @@ Outcome compute(const at::Tensor& h_in, const at::Tensor& w_in, const at::Tensor
       }
     }
   }
-  out.loss = lse.sub(target).mul_(valid).sum().div_(count);
+  out.loss = lse.sub(target).mul_(valid).sum().div_(count.clamp_min(1.0f));  // 0 if none
   if (grads) out.grad_h = out.grad_h.to(h_in.scalar_type());
   return out;
 }

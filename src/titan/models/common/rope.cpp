@@ -70,12 +70,15 @@ at::Tensor apply_rotary_emb(const at::Tensor& x, const at::Tensor& cos, const at
   const int64_t seqlen = x.size(1);
   const int64_t n_heads = x.size(2);
   const int64_t half = x.size(3) / 2;
-  TITAN_CHECK(seqlen <= cos.size(0), "sequence length ", seqlen, " exceeds the RoPE table (",
-              cos.size(0), " positions). HINT: build the model with max_seq_len >= seq_len");
-  TITAN_CHECK(half == cos.size(1), "RoPE table is for head_dim ", 2 * cos.size(1),
+  const bool per_row = cos.dim() == 3;  // (bs, seqlen, head_dim / 2)
+  TITAN_CHECK(per_row || seqlen <= cos.size(0), "sequence length ", seqlen,
+              " exceeds the RoPE table (", cos.size(0),
+              " positions). HINT: build the model with max_seq_len >= seq_len");
+  TITAN_CHECK(half == cos.size(-1), "RoPE table is for head_dim ", 2 * cos.size(-1),
               ", input has head_dim ", x.size(3));
-  const at::Tensor c = cos.narrow(0, 0, seqlen).unsqueeze(1);  // (seqlen, 1, head_dim / 2)
-  const at::Tensor s = sin.narrow(0, 0, seqlen).unsqueeze(1);
+  // (seqlen, 1, head_dim / 2), or (bs, seqlen, 1, head_dim / 2) per row
+  const at::Tensor c = per_row ? cos.unsqueeze(2) : cos.narrow(0, 0, seqlen).unsqueeze(1);
+  const at::Tensor s = per_row ? sin.unsqueeze(2) : sin.narrow(0, 0, seqlen).unsqueeze(1);
   const at::Tensor pairs =
       x.to(upcast_dtype(x.scalar_type())).reshape({bs, seqlen, n_heads, half, 2});
   const at::Tensor x0 = pairs.select(-1, 0);  // (bs, seqlen, n_heads, head_dim / 2)
@@ -121,8 +124,11 @@ void RotaryEmbedding::build_tables(int64_t head_dim, int64_t max_seq_len,
 at::Tensor RotaryEmbedding::forward(const at::Tensor& x, const at::Tensor& positions) const {
   if (!positions.defined()) return forward_from(x, 0);
   const TraceSpan span("rope");
-  TITAN_CHECK(positions.dim() == 1 && positions.size(0) == x.size(1), "RoPE positions must be (",
-              x.size(1), "), got ", positions.sizes());
+  const bool per_row = positions.dim() == 2;  // packed samples: each row its own positions
+  TITAN_CHECK((positions.dim() == 1 && positions.size(0) == x.size(1)) ||
+                  (per_row && positions.size(0) == x.size(0) && positions.size(1) == x.size(1)),
+              "RoPE positions must be (", x.size(1), ") or (", x.size(0), ", ", x.size(1),
+              "), got ", positions.sizes());
   // Positions in host memory are checked here; on a GPU that would wait for the device in every
   // layer, so there the caller vouches for them (context parallelism's layout holds positions
   // below the sequence length the model was built for).
@@ -130,6 +136,12 @@ at::Tensor RotaryEmbedding::forward(const at::Tensor& x, const at::Tensor& posit
     const int64_t last = positions.max().item<int64_t>();
     TITAN_CHECK(last < cos.size(0), "position ", last, " is past the RoPE table (", cos.size(0),
                 " positions). HINT: build the model with a larger max_seq_len");
+  }
+  if (per_row) {
+    const at::Tensor flat = positions.reshape({-1});
+    const std::vector<int64_t> shape{x.size(0), x.size(1), cos.size(1)};
+    return apply_rotary_emb(x, cos.index_select(0, flat).view(shape),
+                            sin.index_select(0, flat).view(shape));
   }
   return apply_rotary_emb(x, cos.index_select(0, positions), sin.index_select(0, positions));
 }

@@ -45,8 +45,9 @@ double yarn_mscale(double factor, double mscale);
 // `scaling` is non-null. Mirrors TorchTitan's precompute_freqs_cis (float32 arithmetic).
 at::Tensor rope_frequencies(int64_t head_dim, double theta, const RopeScaling* scaling);
 
-// Rotates x by the tables: x (bs, seqlen, n_heads, head_dim), cos/sin (>= seqlen, head_dim / 2)
-// -> (bs, seqlen, n_heads, head_dim) in x's dtype; the math runs in float32 (or wider).
+// Rotates x by the tables: x (bs, seqlen, n_heads, head_dim), cos/sin (>= seqlen, head_dim / 2),
+// or (bs, seqlen, head_dim / 2) per row -> (bs, seqlen, n_heads, head_dim) in x's dtype; the math
+// runs in float32 (or wider).
 at::Tensor apply_rotary_emb(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
 
 // Peak bytes of building the tables: cos and sin (max_seq_len, head_dim / 2) float32, plus the
@@ -63,10 +64,11 @@ class RotaryEmbedding : public torch::nn::Module {
   // With YaRN frequencies (yarn_frequencies) instead, or plain ones when !yarn.enabled().
   RotaryEmbedding(int64_t head_dim, int64_t max_seq_len, double theta, const YarnScaling& yarn);
 
-  // x (bs, seqlen, n_heads, head_dim) rotated for its tokens' absolute `positions` (seqlen)
-  // int64, each < max_seq_len (checked when they are in host memory; on a GPU the caller must
-  // ensure it); undefined: positions [0, seqlen). Context parallelism passes the positions of
-  // its sequence chunks, incremental inference those after the cached ones.
+  // x (bs, seqlen, n_heads, head_dim) rotated for its tokens' absolute `positions` (seqlen), or
+  // (bs, seqlen) per row (packed samples restarting at 0), int64, each < max_seq_len (checked when
+  // they are in host memory; on a GPU the caller must ensure it); undefined: positions [0, seqlen).
+  // Context parallelism passes the positions of its sequence chunks, incremental inference those
+  // after the cached ones.
   at::Tensor forward(const at::Tensor& x, const at::Tensor& positions = {}) const;
   // x rotated for positions [start_pos, start_pos + seqlen) (incremental inference): the tables'
   // rows are views, with no index lookup and no read-back of the largest position per call.
