@@ -36,6 +36,10 @@ class DocumentSource {
   virtual std::string text(int64_t i) const = 0;
   // Vocabulary size of the tokenizer that wrote a pre-tokenized source; 0 for text sources.
   virtual int64_t token_vocab_size() const { return 0; }
+  // First document of each span (documents decoded together: a compressed file's stretch between
+  // access points, a parquet row group), ascending from 0; empty when every document is its own
+  // span. The DataLoader's shuffle keeps spans together (data_loader.h).
+  virtual std::vector<int64_t> span_starts() const { return {}; }
 };
 
 class MemoryDocumentSource final : public DocumentSource {

@@ -29,6 +29,10 @@ class RecordSource {
   // Row i as a JSON object, keys in the file's order. Throws DataError on unreadable or corrupt
   // data, naming the file (and the byte offset where the format has one).
   virtual nlohmann::ordered_json record(int64_t i) const = 0;
+  // First row of each span (rows decoded together: a compressed file's stretch between access
+  // points, a parquet row group), ascending from 0; empty when every row is its own span.
+  // Reading the rows of one span one after another decodes it once.
+  virtual std::vector<int64_t> span_starts() const { return {}; }
 };
 
 // Rows held in memory (tests, small built-in sets).
