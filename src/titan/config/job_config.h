@@ -211,12 +211,17 @@ struct TrainingSection {
   template <class V>
   void visit(V& v) {
     v("dataset", dataset,
-      "Dataset name: sotu (built-in corpus), or your files at dataset_path: text (.txt, one "
-      "document per file), jsonl (.jsonl/.json, one per line), tokens (.bin from `titan data "
+      "Dataset name: sotu (built-in corpus); c4, c4_test (TorchTitan's, from local files: "
+      "dataset_path is the folder holding en/c4-train.*.json.gz, or a Hugging Face cache "
+      "folder); or your files at dataset_path: text (.txt, one document per file), jsonl "
+      "(.jsonl/.json, plain or .gz/.zst, one per line), parquet (.parquet, one per row; a "
+      "hub folder's data/train-NNNNN-of-NNNNN.parquet), tokens (.bin from `titan data "
       "prepare`), auto (by extension)");
     v("dataset_path", dataset_path,
-      "Where the dataset lives (file or folder); empty uses the cache filled by scripts/setup.sh");
-    v("dataset_text_field", dataset_text_field, "JSON key holding a document's text (jsonl)");
+      "Where the dataset lives (file or folder); empty uses the cache ($TITAN_CACHE/datasets/"
+      "<name>, filled by scripts/setup.sh for sotu)");
+    v("dataset_text_field", dataset_text_field,
+      "JSON key (jsonl) or column (parquet) holding a document's text");
     v("dataset_shuffle", dataset_shuffle,
       "Shuffle the document order every epoch, seeded by debug.seed + epoch");
     v("local_batch_size", local_batch_size, "Sequences per rank per micro-batch (>= 1)");
@@ -393,10 +398,12 @@ struct ValidationSection {
   void visit(V& v) {
     v("enable", enable, "Run validation during training");
     v("dataset", dataset,
-      "Validation dataset name: sotu_validation, or text/jsonl/tokens/auto (as training.dataset); "
-      "read once in order");
+      "Validation dataset name: sotu_validation, c4_validation (en/c4-validation.*.json.gz at "
+      "dataset_path), c4_test, or text/jsonl/parquet/tokens/auto (as training.dataset; a hub "
+      "folder gives its validation split, else test); read once in order");
     v("dataset_path", dataset_path, "Where the validation dataset lives; empty uses the cache");
-    v("dataset_text_field", dataset_text_field, "JSON key holding a document's text (jsonl)");
+    v("dataset_text_field", dataset_text_field,
+      "JSON key (jsonl) or column (parquet) holding a document's text");
     v("local_batch_size", local_batch_size, "Sequences per rank per validation batch (>= 1)");
     v("seq_len", seq_len, "Tokens per validation sequence (>= 1)");
     v("freq", freq, "Validate every N training steps (>= 1)");

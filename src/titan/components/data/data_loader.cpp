@@ -30,6 +30,36 @@ std::vector<int64_t> shuffled_order(int64_t n, uint64_t seed) {
   return order;
 }
 
+std::vector<int64_t> shuffled_span_order(const std::vector<int64_t>& span_starts, int64_t n,
+                                         uint64_t seed) {
+  if (span_starts.empty()) {
+    return shuffled_order(n, seed);
+  }
+  const auto num_spans = static_cast<int64_t>(span_starts.size());
+  for (int64_t s = 0; s < num_spans; ++s) {
+    const bool ok = s == 0 ? span_starts[0] == 0 : span_starts[s] > span_starts[s - 1];
+    if (!ok || span_starts[s] >= n) {
+      throw DataError("shuffled_span_order: span starts must ascend from 0 below " +
+                      std::to_string(n) + "; span " + std::to_string(s) + " starts at " +
+                      std::to_string(span_starts[s]));
+    }
+  }
+  std::vector<int64_t> order;
+  order.reserve(static_cast<size_t>(n));
+  for (int64_t s : shuffled_order(num_spans, seed)) {
+    const int64_t first = span_starts[s];
+    const int64_t end = s + 1 < num_spans ? span_starts[s + 1] : n;
+    // A seed per span, mixed (splitmix64's constant) so that neighbouring spans and seeds do not
+    // draw related permutations.
+    const uint64_t span_seed = (seed ^ 0x9E3779B97F4A7C15ULL) * 0xBF58476D1CE4E5B9ULL +
+                               static_cast<uint64_t>(s) + 1;
+    for (int64_t local : shuffled_order(end - first, span_seed)) {
+      order.push_back(first + local);
+    }
+  }
+  return order;
+}
+
 DataLoader::DataLoader(std::shared_ptr<const std::vector<Document>> docs,
                        const Tokenizer& tokenizer, int64_t seq_len, int64_t batch_size,
                        int64_t dp_rank, int64_t dp_world, bool infinite)
@@ -62,6 +92,9 @@ DataLoader::DataLoader(std::shared_ptr<const DocumentSource> source, const Token
                     "--tokenizer = model.hf_assets_path)");
   }
   const int64_t num_docs = source_->size();
+  if (shuffle_seed_ >= 0) {
+    spans_ = source_->span_starts();
+  }
   num_local_docs_ = num_docs > dp_rank_ ? (num_docs - dp_rank_ + dp_world_ - 1) / dp_world_ : 0;
   if (infinite_ && num_local_docs_ == 0) {
     throw DataError("DataLoader: the dataset has " + std::to_string(num_docs) +
@@ -124,7 +157,8 @@ int64_t DataLoader::current_source_index() {
     return position;
   }
   if (order_epoch_ != epoch_) {
-    order_ = shuffled_order(source_->size(), static_cast<uint64_t>(shuffle_seed_ + epoch_));
+    order_ = shuffled_span_order(spans_, source_->size(),
+                                 static_cast<uint64_t>(shuffle_seed_ + epoch_));
     order_epoch_ = epoch_;
   }
   return order_[position];
@@ -213,6 +247,9 @@ void DataLoader::load_state(const DataLoaderState& state) {
   if (state.shuffle_seed != shuffle_seed_) {
     log_warning("DataLoader::load_state: resuming with the saved document order (shuffle seed ",
                 state.shuffle_seed, ") instead of the configured one (", shuffle_seed_, ")");
+  }
+  if (shuffle_seed_ < 0 && state.shuffle_seed >= 0) {
+    spans_ = source_->span_starts();
   }
   shuffle_seed_ = state.shuffle_seed;
   order_epoch_ = -1;

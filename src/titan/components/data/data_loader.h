@@ -9,7 +9,15 @@
 //
 // Order: the loader loops over the documents forever (training) or once (validation). With a
 // shuffle seed, epoch e visits the documents in a permutation drawn from seed + e (Fisher-Yates
-// over mt19937_64, identical on every platform); without one, in source order. Data parallelism
+// over mt19937_64, identical on every platform); without one, in source order.
+// Spans: a source whose documents are decoded in spans (DocumentSource::span_starts: a compressed
+// file's stretch between access points, a parquet row group) is shuffled span by span: the spans
+// in a permutation drawn from seed + e, and the documents of each span in a permutation of their
+// own drawn from seed + e and the span's index (shuffled_span_order), so a reader decodes each
+// span once per epoch instead of once per document. A source without spans (empty span_starts)
+// gets the plain permutation above. Either order is a function of the seed, the epoch and the
+// source's spans alone, so a resumed loader (DataLoaderState) redraws the same order and produces
+// the same batches. Data parallelism
 // follows split_dataset_by_node: dp rank r reads positions i of the epoch's order with
 // i % dp_world == r. Every rank draws the same permutation, so the ranks' documents are disjoint
 // and together complete in every epoch.
@@ -76,6 +84,13 @@ DataLoaderState loader_state_from_json(const nlohmann::json& j);
 // sampling, so the order is the same with every standard library.
 std::vector<int64_t> shuffled_order(int64_t n, uint64_t seed);
 
+// A permutation of [0, n) that keeps spans together: the spans (first elements `span_starts`,
+// ascending from 0) in shuffled_order(#spans, seed), each span's elements in their own
+// shuffled_order drawn from `seed` and the span's index. Empty `span_starts`: shuffled_order(n,
+// seed). Throws DataError when the starts are not ascending from 0 below n.
+std::vector<int64_t> shuffled_span_order(const std::vector<int64_t>& span_starts, int64_t n,
+                                         uint64_t seed);
+
 class DataLoader final : public BatchLoader {
  public:
   // `tokenizer` must outlive the loader. `infinite` (training) re-loops over the documents,
@@ -126,6 +141,7 @@ class DataLoader final : public BatchLoader {
   bool infinite_;
   int64_t num_local_docs_;
   int64_t shuffle_seed_;
+  std::vector<int64_t> spans_;  // the source's span_starts(), when shuffling
   std::vector<int64_t> order_;  // the epoch's document order, when shuffling
   int64_t order_epoch_ = -1;    // epoch that order_ was drawn for
 

@@ -4,6 +4,7 @@
 #include "titan/common/check.h"
 #include "titan/common/format.h"
 #include "titan/common/names.h"
+#include "titan/components/data/c4.h"
 #include "titan/components/data/document_source.h"
 #include "titan/components/data/sotu.h"
 
@@ -19,9 +20,11 @@ namespace {
 std::vector<DatasetSpec> user_corpus_specs() {
   const std::vector<std::pair<std::string, std::string>> formats{
       {"text", "your .txt files at dataset_path (one document per file)"},
-      {"jsonl", "your .jsonl/.json files at dataset_path (one document per line)"},
+      {"jsonl",
+       "your .jsonl/.json files (plain, .gz or .zst) at dataset_path (one document per line)"},
+      {"parquet", "your .parquet files at dataset_path (one document per row)"},
       {"tokens", "your .bin token files at dataset_path (from `titan data prepare`)"},
-      {"auto", "your .txt/.jsonl/.json/.bin files at dataset_path, format by extension"},
+      {"auto", "your .txt/.jsonl/.json/.parquet/.bin files at dataset_path, format by extension"},
   };
   std::vector<DatasetSpec> specs;
   for (const auto& [name, description] : formats) {
@@ -48,6 +51,9 @@ Registry& registry() {
   static Registry* r = [] {
     auto* reg = new Registry;
     for (DatasetSpec& spec : sotu_dataset_specs()) {
+      reg->specs.emplace(spec.name, std::move(spec));
+    }
+    for (DatasetSpec& spec : c4_dataset_specs()) {
       reg->specs.emplace(spec.name, std::move(spec));
     }
     for (DatasetSpec& spec : user_corpus_specs()) {

@@ -2,9 +2,11 @@
 // Callers use open_dataset(name, options) (or load_dataset for the whole text in memory); a new
 // source is added with register_dataset() or to the built-in list in dataset.cpp.
 //
-// Built-in names: sotu, sotu_validation (the bundled corpus) and, for the user's own data at
-// dataset_path, text (.txt files, one document each), jsonl (.jsonl/.json, one document per
-// line), tokens (.bin files from `titan data prepare`) and auto (format from the extensions).
+// Built-in names: sotu, sotu_validation (the bundled corpus); TorchTitan's c4, c4_validation and
+// c4_test read from local files (c4.h); and, for the user's own data at dataset_path, text (.txt
+// files, one document each), jsonl (.jsonl/.json, plain or .gz/.zst, one document per line),
+// parquet (.parquet, one document per row), tokens (.bin files from `titan data prepare`) and
+// auto (format from the extensions).
 #pragma once
 
 #include <functional>

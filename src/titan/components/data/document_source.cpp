@@ -4,8 +4,8 @@
 #include "titan/common/check.h"
 #include "titan/common/file_io.h"
 #include "titan/common/logging.h"
+#include "titan/components/data/row_file.h"
 #include "titan/components/data/token_file.h"
-#include "titan/components/tokenizer/unicode.h"
 
 #include <nlohmann/json.hpp>
 
@@ -15,8 +15,6 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 #include <utility>
 
 namespace titan {
@@ -25,32 +23,18 @@ namespace fs = std::filesystem;
 
 namespace {
 
-std::string extension_of(const std::string& path) {
-  std::string ext = fs::path(path).extension().string();
-  std::transform(ext.begin(), ext.end(), ext.begin(),
-                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
-  return ext;
-}
+std::string extension_of(const std::string& path) { return data_extension(path); }
 
-bool is_jsonl_ext(const std::string& ext) { return ext == ".jsonl" || ext == ".json"; }
-
-// Text must be UTF-8 in every format: DataError naming the place and the file's byte offset.
-void check_utf8(std::string_view text, const std::string& where, uint64_t file_offset) {
-  const size_t bad = find_invalid_utf8(text);
-  if (bad == std::string_view::npos) return;
-  char byte[8];
-  std::snprintf(byte, sizeof(byte), "0x%02X", static_cast<unsigned char>(text[bad]));
-  throw DataError(where + ": invalid UTF-8 at byte offset " + std::to_string(file_offset + bad) +
-                  " (byte " + byte + "); text corpora must be UTF-8. HINT: convert the file " +
-                  "(e.g. iconv -f latin1 -t utf-8) or remove it");
-}
+bool is_jsonl_ext(const std::string& ext) { return is_json_extension(ext); }
 
 bool matches(CorpusFormat format, const std::string& ext) {
   switch (format) {
     case CorpusFormat::kText: return ext == ".txt";
     case CorpusFormat::kJsonl: return is_jsonl_ext(ext);
+    case CorpusFormat::kParquet: return is_parquet_extension(ext);
     case CorpusFormat::kTokens: return ext == ".bin";
-    case CorpusFormat::kAuto: return ext == ".txt" || is_jsonl_ext(ext) || ext == ".bin";
+    case CorpusFormat::kAuto:
+      return ext == ".txt" || is_jsonl_ext(ext) || is_parquet_extension(ext) || ext == ".bin";
   }
   return false;
 }
@@ -58,147 +42,59 @@ bool matches(CorpusFormat format, const std::string& ext) {
 const char* extensions_of(CorpusFormat format) {
   switch (format) {
     case CorpusFormat::kText: return ".txt";
-    case CorpusFormat::kJsonl: return ".jsonl/.json";
+    case CorpusFormat::kJsonl: return ".jsonl/.json (plain, .gz or .zst)";
+    case CorpusFormat::kParquet: return ".parquet";
     case CorpusFormat::kTokens: return ".bin";
-    case CorpusFormat::kAuto: return ".txt/.jsonl/.json/.bin";
+    case CorpusFormat::kAuto: return ".txt/.jsonl/.json (plain, .gz or .zst)/.parquet/.bin";
   }
   return "";
 }
 
-// Text files (one document each) and JSON-lines files (one document per non-blank line). The
-// index holds one entry per document: its file and, for a JSON line, the line's byte offset.
+// Text files (one document each), JSON lines (one document per non-blank line, plain or
+// compressed) and parquet files (one document per row), read by the per-format readers of
+// row_file.h; a document is a row's text field.
 class TextCorpusSource final : public DocumentSource {
  public:
-  // `format` kText or kJsonl reads every file as that; kAuto goes by extension.
-  TextCorpusSource(std::vector<std::string> files, std::string text_field, CorpusFormat format,
-                   CorpusSettings settings)
-      : files_(std::move(files)),
-        text_field_(std::move(text_field)),
-        settings_(std::move(settings)) {
-    for (size_t f = 0; f < files_.size(); ++f) {
-      if (format == CorpusFormat::kJsonl ||
-          (format != CorpusFormat::kText && is_jsonl_ext(extension_of(files_[f])))) {
-        index_jsonl(f);
-      } else {
-        index_text(f);
-      }
-    }
-  }
+  // `format` kText reads every file as text, kJsonl every file as JSON lines (parquet files
+  // still as parquet); kAuto and kParquet go by extension.
+  TextCorpusSource(const std::vector<std::string>& files, const std::string& text_field,
+                   CorpusFormat format, const CorpusSettings& settings)
+      : rows_(open_files(files, text_field, format, settings)) {}
 
-  int64_t size() const override { return static_cast<int64_t>(entries_.size()); }
-
-  std::string describe(int64_t i) const override {
-    const Entry& e = entries_.at(i);
-    return e.line == 0 ? files_[e.file] : files_[e.file] + ":" + std::to_string(e.line);
-  }
-
+  int64_t size() const override { return rows_.size(); }
+  std::string describe(int64_t i) const override { return rows_.describe(i); }
   std::vector<int64_t> encode(int64_t i, const Tokenizer& tokenizer) const override {
     return tokenizer.encode(text(i));
   }
-
-  std::string text(int64_t i) const override {
-    const Entry& e = entries_.at(i);
-    const std::string& path = files_[e.file];
-    std::ifstream in(path, std::ios::binary);
-    if (!in) {
-      const int err = errno;
-      throw DataError("cannot read " + describe(i) + ": " + std::strerror(err) +
-                      "; it was read when the dataset was opened, so it was removed, replaced or "
-                      "made unreadable since");
-    }
-    if (e.line == 0) {  // a whole text file
-      std::ostringstream ss;
-      ss << in.rdbuf();
-      return ss.str();
-    }
-    in.seekg(static_cast<std::streamoff>(e.offset));
-    std::string line;
-    if (!std::getline(in, line)) {
-      throw DataError("cannot read " + describe(i) + ": the file shrank since it was indexed");
-    }
-    return parse_line(line, e.file, e.line);
-  }
+  std::string text(int64_t i) const override { return rows_.text(i); }
+  std::vector<int64_t> span_starts() const override { return rows_.span_starts(); }
 
  private:
-  struct Entry {
-    uint32_t file;
-    uint32_t line;    // 1-based line of a JSON line; 0 for a whole text file
-    uint64_t offset;  // byte offset of that line
-  };
-
-  // The text field of one JSON line; DataError naming file:line otherwise.
-  std::string parse_line(const std::string& line, size_t file, uint32_t line_no) const {
-    const std::string where = files_[file] + ":" + std::to_string(line_no);
-    nlohmann::json value;
-    try {
-      value = nlohmann::json::parse(line);
-    } catch (const nlohmann::json::exception& e) {
-      throw DataError(where + ": malformed JSON line (" + e.what() + ")");
-    }
-    if (!value.is_object()) {
-      throw DataError(where + ": expected a JSON object with a \"" + text_field_ +
-                      "\" field, got a " + value.type_name());
-    }
-    auto it = value.find(text_field_);
-    if (it == value.end()) {
-      throw DataError(where + ": no \"" + text_field_ + "\" field. HINT: set " +
-                      settings_.text_field + " to the key that holds the text");
-    }
-    if (!it->is_string()) {
-      throw DataError(where + ": field \"" + text_field_ + "\" is a " + it->type_name() +
-                      ", not a string");
-    }
-    return it->get<std::string>();
-  }
-
-  // Reads the file once, as JSON lines are, so that bad text fails at start, not mid-training.
-  void index_text(size_t f) {
-    const std::string text = read_regular_file(files_[f], "dataset file");
-    if (text.empty()) {
-      throw DataError(files_[f] + ": empty file; a .txt file is one document. HINT: remove it");
-    }
-    check_utf8(text, files_[f], 0);
-    entries_.push_back(Entry{static_cast<uint32_t>(f), 0, 0});
-  }
-
-  // Reads the file one line at a time: memory is one line, whatever the file size.
-  void index_jsonl(size_t f) {
-    std::ifstream in(files_[f], std::ios::binary);
-    if (!in) {
-      throw DataError("cannot read " + files_[f]);
-    }
-    const size_t before = entries_.size();
-    uint64_t offset = 0;
-    uint32_t line_no = 0;
-    bool any_text = false;
-    std::string line;
-    while (std::getline(in, line)) {
-      ++line_no;
-      const uint64_t start = offset;
-      offset += line.size() + 1;
-      if (line.find_first_not_of(" \t\r") == std::string::npos) {
-        continue;  // blank lines (e.g. a trailing newline) separate nothing
+  static std::vector<std::unique_ptr<RowFile>> open_files(const std::vector<std::string>& files,
+                                                          const std::string& text_field,
+                                                          CorpusFormat format,
+                                                          const CorpusSettings& settings) {
+    RowFileOptions options;
+    options.mode = RowMode::kText;
+    options.text_field = text_field;
+    options.settings = settings;
+    std::vector<std::unique_ptr<RowFile>> readers;
+    for (const std::string& file : files) {
+      const std::string ext = extension_of(file);
+      if (format == CorpusFormat::kText) {
+        readers.push_back(open_text_file(file, options));
+      } else if (is_parquet_extension(ext)) {
+        readers.push_back(open_parquet_file(file, options));
+      } else if (format == CorpusFormat::kJsonl || is_jsonl_ext(ext)) {
+        readers.push_back(open_json_file(file, options));
+      } else {
+        readers.push_back(open_text_file(file, options));
       }
-      check_utf8(line, files_[f] + ":" + std::to_string(line_no), start);
-      any_text |= !parse_line(line, f, line_no).empty();
-      entries_.push_back(Entry{static_cast<uint32_t>(f), line_no, start});
     }
-    if (entries_.size() == before) {
-      throw DataError(files_[f] + (line_no == 0 ? ": empty file" : ": only blank lines") +
-                      "; a JSON-lines file needs one document per line. HINT: remove it");
-    }
-    // Like an empty .txt file: documents of BOS and EOS alone would train on nothing.
-    if (!any_text) {
-      throw DataError(files_[f] + ": every line's \"" + text_field_ + "\" is empty; the file " +
-                      "holds no text. HINT: check " + settings_.text_field +
-                      ", or remove the file");
-    }
+    return readers;
   }
 
-  std::vector<std::string> files_;
-  std::string text_field_;
-  CorpusSettings settings_;
-  std::vector<Entry> entries_;
+  RowFiles rows_;
 };
 
 // Token files, each memory-mapped; documents are numbered across files in file order.
@@ -279,10 +175,11 @@ std::string MemoryDocumentSource::text(int64_t i) const { return docs_->at(i).te
 CorpusFormat corpus_format_from_name(const std::string& name) {
   if (name == "text") return CorpusFormat::kText;
   if (name == "jsonl") return CorpusFormat::kJsonl;
+  if (name == "parquet") return CorpusFormat::kParquet;
   if (name == "tokens") return CorpusFormat::kTokens;
   if (name == "auto") return CorpusFormat::kAuto;
   throw ConfigError(
-      message("unknown corpus format '", name, "'; expected text, jsonl, tokens or auto"));
+      message("unknown corpus format '", name, "'; expected text, jsonl, parquet, tokens or auto"));
 }
 
 CorpusSettings CorpusSettings::of_section(const std::string& section) {
@@ -308,7 +205,7 @@ std::vector<std::string> list_corpus_files(const std::string& path, CorpusFormat
     if (format == CorpusFormat::kAuto && !matches(format, extension_of(path))) {
       const std::string hint = settings.format.empty() ? "rename it to one of those extensions"
                                                        : "name the format: " + settings.format +
-                                                             " = text, jsonl or tokens";
+                                                             " = text, jsonl, parquet or tokens";
       throw DataError(path + ": cannot tell its format from the extension (expected " +
                       std::string(extensions_of(format)) + "). HINT: " + hint);
     }
@@ -358,7 +255,8 @@ std::shared_ptr<const DocumentSource> open_token_corpus(const std::vector<std::s
 std::shared_ptr<const DocumentSource> open_corpus(const std::string& path, CorpusFormat format,
                                                   const std::string& text_field,
                                                   const CorpusSettings& settings) {
-  const std::vector<std::string> files = list_corpus_files(path, format, settings);
+  std::vector<std::string> files = list_corpus_files(path, format, settings);
+  if (fs::is_directory(path)) files = select_split(files, split_of(settings), path, settings);
   size_t num_bin = 0;
   for (const std::string& f : files) {
     num_bin += extension_of(f) == ".bin" ? 1 : 0;

@@ -6,6 +6,8 @@
 //   MemoryDocumentSource  documents already in memory (the built-in corpora, tests);
 //   text files (.txt)     one document per file;
 //   JSON lines (.jsonl, .json)  one document per non-blank line, text in a configurable field;
+//                         also compressed: .jsonl.gz/.json.gz (c4's files), .jsonl.zst/.json.zst;
+//   parquet (.parquet)    one document per row, text in a configurable column;
 //   token files (.bin)    pre-tokenized documents, memory-mapped (format: token_file.h).
 // Directories are searched recursively and their files taken in sorted path order, so every rank
 // and every run sees the same document numbering.
@@ -54,13 +56,14 @@ class MemoryDocumentSource final : public DocumentSource {
   std::shared_ptr<const std::vector<Document>> docs_;
 };
 
-enum class CorpusFormat { kText, kJsonl, kTokens, kAuto };
+enum class CorpusFormat { kText, kJsonl, kParquet, kTokens, kAuto };
 
-// Parses "text", "jsonl", "tokens" or "auto"; throws ConfigError otherwise.
+// Parses "text", "jsonl", "parquet", "tokens" or "auto"; throws ConfigError otherwise.
 CorpusFormat corpus_format_from_name(const std::string& name);
 
 // The files of `format` at `path` (a file, or a directory searched recursively), sorted.
-// Extensions: text .txt, jsonl .jsonl/.json, tokens .bin, auto any of them. A file named
+// Extensions: text .txt, jsonl .jsonl/.json (and .gz, .zst), parquet .parquet, tokens .bin, auto
+// any of them. A file named
 // directly is accepted whatever its extension unless `format` is kAuto. Files of other
 // extensions in a directory are skipped with one warning. Throws DataError when `path` does
 // not exist or holds no matching file.
@@ -69,7 +72,9 @@ std::vector<std::string> list_corpus_files(const std::string& path, CorpusFormat
 
 // A source over the corpus at `path`. `text_field` is the JSON key holding a line's text. With
 // kAuto the format follows the extensions; token files cannot be mixed with text files. Every
-// JSON line is parsed once here, so a malformed line fails at start, not mid-training.
+// row is read once here, so a malformed line fails at start, not mid-training. A folder of
+// Hugging Face split files ({split}-NNNNN-of-NNNNN.parquet) gives the split of `settings`
+// (train; validation, else test, for the validation section).
 std::shared_ptr<const DocumentSource> open_corpus(const std::string& path, CorpusFormat format,
                                                   const std::string& text_field = "text",
                                                   const CorpusSettings& settings = {});
