@@ -74,7 +74,7 @@ expect_output "dataset parquet: 500 documents"
 expect_output "no 'validation' split; reading 'test'"
 
 # Resume: an interrupted run (checkpoint at step 3, then resumed to step 6) logs the losses of the
-# uninterrupted one, bit for bit; 6 steps of 2 x 33 tokens go past an epoch of the small sources.
+# uninterrupted one, bit for bit.
 losses() { sed -nE 's/.*"loss":([^,}]+).*"step":([0-9]+).*/\2 \1/p; s/.*"step":([0-9]+).*"loss":([^,}]+).*/\1 \2/p' "$1" | sort -u; }
 check_resume() {  # NAME ARGS...
   local name="$1"; shift
@@ -91,17 +91,18 @@ check_resume() {  # NAME ARGS...
     fail "$name: resumed losses differ from the uninterrupted run"
   [ "$(losses "$WORK/ref_$name/metrics.jsonl" | wc -l)" = 6 ] || fail "$name: expected 6 steps"
 }
-# Small sources so that 6 steps cross an epoch: gzip (one span: a span is ~1 MiB of text) and
-# parquet in row groups of 8 (6 spans, shuffled span by span).
-head -n 64 "$data/plain.jsonl" | gzip -c >"$data/small.jsonl.gz"
+# Small sources so that 6 steps of 2 x 257 byte tokens cross an epoch: gzip (one span: a span is
+# ~1 MiB of text) and parquet in row groups of 3 (4 spans, shuffled span by span).
+head -n 6 "$data/plain.jsonl" | gzip -c >"$data/small.jsonl.gz"
 check_resume gz --training.dataset jsonl --training.dataset_path "$data/small.jsonl.gz" \
-  --training.seq_len 128
+  --training.seq_len 256
 "$PY" -c "
 import pyarrow.parquet as pq, sys
-t = pq.read_table(sys.argv[1]).slice(0, 48)
-pq.write_table(t, sys.argv[2], row_group_size=8)" "$data/groups.parquet" "$data/small.parquet"
+t = pq.read_table(sys.argv[1]).slice(0, 12)
+pq.write_table(t, sys.argv[2], row_group_size=3)" "$data/groups.parquet" "$data/small.parquet"
 check_resume parquet --training.dataset parquet --training.dataset_path "$data/small.parquet" \
-  --training.seq_len 128
+  --training.seq_len 256
+expect_output "re-looped"  # the resumed run crossed an epoch
 
 # Corrupt files: the file and the offset, exit code 1, no hang.
 head -c 3000 "$data/docs.jsonl.gz" >"$data/cut.jsonl.gz"
