@@ -69,9 +69,9 @@ train one 1
 loss1=$(grep -m1 '"loss":' "$WORK/one/metrics.jsonl" | sed -E 's/.*"loss":(-?[0-9.eE+-]+).*/\1/')
 "$PY" "$REF" loss "$WORK/qwen" "$WORK/chats.jsonl" --seq-len 256 --batch-size 4 --expect "$loss1" ||
   fail "titan's first-step loss differs from transformers' (Qwen3 template)"
-grep -qE "row 5 has [0-9]+ positions, more than seq_len 256; dropped" "$WORK/one.log" ||
+grep -qE "chats.jsonl:6 has [0-9]+ positions, more than seq_len 256; dropped" "$WORK/one.log" ||
   fail "the over-long conversation was not reported as dropped"
-grep -q "chats.jsonl row 9 has no assistant reply" "$WORK/one.log" ||
+grep -q "chats.jsonl:10 has no assistant reply" "$WORK/one.log" ||
   fail "the conversation without a reply was not reported"
 grep -q "1 dropped and 0 truncated" "$WORK/one.log" || fail "no epoch summary with the counts"
 grep -q '"validation_loss":' "$WORK/one/metrics.jsonl" ||
@@ -110,7 +110,7 @@ expect_exit 2 "$TITAN" train "${common[@]}" --job.dump_folder "$WORK/e1" --sft.p
 expect_output "question/answer rows need both fields"
 expect_exit 1 "$TITAN" train "${common[@]}" --job.dump_folder "$WORK/e2" \
   --training.dataset_path "$WORK/qa.jsonl" --validation.enable false
-expect_output "qa.jsonl row 0: no \"messages\" field .*HINT: set sft.messages_field"
+expect_output "qa.jsonl:1: no \"messages\" field .*HINT: set sft.messages_field"
 expect_exit 2 "$TITAN" train "${common[@]}" --job.dump_folder "$WORK/e3" --model.hf_assets_path "" \
   --checkpoint.initial_load_path "" --checkpoint.initial_load_in_hf false
 expect_output "model.hf_assets_path is empty"

@@ -182,6 +182,10 @@ const std::set<std::string> kOwnKeys = {
     "training.dataset_shuffle", "training.num_threads",
     "training.device",          "validation.dataset_text_field",
     "model.attn_mask_type",
+    // [sft]: chat fine-tuning (TorchTitan's came after v0.2.2, configured in Python).
+    "sft.messages_field",       "sft.prompt_field",
+    "sft.response_field",       "sft.system_prompt",
+    "sft.chat_template",        "sft.overlong",
 };
 
 // Defaults of ours that differ from TorchTitan's, and why: our datasets and tokenizer.

@@ -45,7 +45,7 @@ std::vector<std::string> make_texts(int n) {
 std::string jsonl_of(const std::vector<std::string>& texts, size_t begin, size_t end) {
   std::string out;
   for (size_t i = begin; i < end; ++i) {
-    out += nlohmann::json{{"text", texts[i]}, {"id", i}}.dump() + "\n";
+    out += nlohmann::ordered_json{{"text", texts[i]}, {"id", i}}.dump() + "\n";
     if (i % 97 == 0) out += "\n";  // blank lines separate nothing
   }
   return out;

@@ -148,9 +148,9 @@ TEST(DatasetRegistry, UnknownNameSuggestsClosest) {
   EXPECT_TRUE(contains(msg, "did you mean 'sotu_validation'")) << msg;
   EXPECT_TRUE(contains(msg, "Known datasets: ")) << msg;
   EXPECT_TRUE(contains(message_of([] { load_dataset("sotuu", ""); }), "did you mean 'sotu'?"));
-  const std::string far = message_of([] { default_dataset_path("c4"); });
+  const std::string far = message_of([] { default_dataset_path("openwebtext"); });
   EXPECT_FALSE(contains(far, "did you mean")) << far;
-  EXPECT_THROW(default_dataset_path("c4"), ConfigError);
+  EXPECT_THROW(default_dataset_path("openwebtext"), ConfigError);
 }
 
 TEST(DatasetRegistry, DefaultPathUsesTitanCache) {

@@ -185,12 +185,14 @@ SftLoader::SftLoader(std::shared_ptr<const RecordSource> rows, ChatRowFormat for
   TITAN_CHECK(rows_ != nullptr, "SftLoader: no rows");
   TITAN_CHECK(seq_len_ >= 1 && batch_size_ >= 1, "SftLoader: seq_len and batch_size must be >= 1");
   if (rows_->size() == 0) throw DataError("the chat dataset has no rows");
+  spans_ = rows_->span_starts();
 }
 
 int64_t SftLoader::current_row() {
   if (shuffle_seed_ < 0) return index_;
   if (order_epoch_ != epoch_) {
-    order_ = shuffled_order(rows_->size(), static_cast<uint64_t>(shuffle_seed_ + epoch_));
+    order_ = shuffled_span_order(spans_, rows_->size(),
+                                 static_cast<uint64_t>(shuffle_seed_ + epoch_));
     order_epoch_ = epoch_;
   }
   return order_[index_];

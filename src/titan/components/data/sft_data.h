@@ -19,8 +19,9 @@
 // current window if it fits, else the window is closed (padded) and it starts the next one. A
 // sample longer than seq_len is dropped or truncated (sft.overlong), and one without an assistant
 // turn is skipped; both are counted and logged. Shuffling and resuming follow DataLoader's rules
-// (data_loader.h): a permutation of the rows per epoch drawn from seed + epoch; the state is the
-// row the next window starts with.
+// (data_loader.h): a permutation of the rows per epoch drawn from seed + epoch that keeps the
+// source's spans together (shuffled_span_order); the state is the row the next window starts
+// with.
 #pragma once
 
 #include "titan/components/data/data_loader.h"
@@ -133,6 +134,7 @@ class SftLoader final : public BatchLoader {
   int64_t pad_id_;
   bool infinite_;
   int64_t shuffle_seed_;
+  std::vector<int64_t> spans_;  // the rows' spans (decoded together), for the shuffle
   std::vector<int64_t> order_;
   int64_t order_epoch_ = -1;
 
