@@ -178,14 +178,20 @@ const std::pair<const char*, const char*> kTorchTitanKeys[] = {
 
 // Keys of ours that TorchTitan does not have.
 const std::set<std::string> kOwnKeys = {
-    "metrics.peak_flops",       "training.dataset_text_field",
-    "training.dataset_shuffle", "training.num_threads",
-    "training.device",          "validation.dataset_text_field",
+    "metrics.peak_flops",
+    "training.dataset_text_field",
+    "training.dataset_shuffle",
+    "training.num_threads",
+    "training.device",
+    "validation.dataset_text_field",
     "model.attn_mask_type",
     // [sft]: chat fine-tuning (TorchTitan's came after v0.2.2, configured in Python).
-    "sft.messages_field",       "sft.prompt_field",
-    "sft.response_field",       "sft.system_prompt",
-    "sft.chat_template",        "sft.overlong",
+    "sft.messages_field",
+    "sft.prompt_field",
+    "sft.response_field",
+    "sft.system_prompt",
+    "sft.chat_template",
+    "sft.overlong",
 };
 
 // Defaults of ours that differ from TorchTitan's, and why: our datasets and tokenizer.

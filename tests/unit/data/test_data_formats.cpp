@@ -36,7 +36,8 @@ std::vector<std::string> make_texts(int n) {
   for (int i = 0; i < n; ++i) {
     std::string text = "doc " + std::to_string(i) + ":";
     const int length = 5 + static_cast<int>(rng() % 60);
-    for (int w = 0; w < length; ++w) text += " " + words[rng() % words.size()] + std::to_string(rng() % 1000);
+    for (int w = 0; w < length; ++w)
+      text += " " + words[rng() % words.size()] + std::to_string(rng() % 1000);
     texts.push_back(text);
   }
   return texts;
@@ -124,8 +125,9 @@ TEST_F(Formats, GzipIsReadByRowInAnyOrderWithSpansOfAboutOneMiB) {
   write_file(plain_dir / "a.jsonl", jsonl_of(texts_, 0, texts_.size()));
   const auto plain = open_corpus((plain_dir / "a.jsonl").string(), CorpusFormat::kJsonl);
   EXPECT_EQ(plain->span_starts(), std::vector<int64_t>{});  // every row its own span
-  EXPECT_EQ(source->describe(5000), path("a.jsonl.gz") + plain->describe(5000).substr(
-                                                             (plain_dir / "a.jsonl").string().size()));
+  EXPECT_EQ(
+      source->describe(5000),
+      path("a.jsonl.gz") + plain->describe(5000).substr((plain_dir / "a.jsonl").string().size()));
 }
 
 TEST_F(Formats, MultiMemberGzipAndC4NamingAndAutoFormat) {
@@ -148,7 +150,8 @@ TEST_F(Formats, ZstdOneFrameAndManyFrames) {
   EXPECT_EQ(open_corpus(path("one.jsonl.zst"), CorpusFormat::kJsonl)->span_starts().size(), 1u);
   // Frames of ~1.2 MiB, cut anywhere (not at line ends): a frame start is an access point.
   std::string frames;
-  for (size_t at = 0; at < data.size(); at += 1200000) frames += zstd_frame(data.substr(at, 1200000));
+  for (size_t at = 0; at < data.size(); at += 1200000)
+    frames += zstd_frame(data.substr(at, 1200000));
   write_file(dir_ / "many.jsonl.zst", frames);
   expect_all_rows(path("many.jsonl.zst"));
   EXPECT_GE(open_corpus(path("many.jsonl.zst"), CorpusFormat::kJsonl)->span_starts().size(), 2u);
@@ -199,7 +202,8 @@ TEST_F(Formats, CorruptAndTruncatedFilesNameTheFileAndOffset) {
                            "garbage.jsonl.gz", "trailing.jsonl.gz", "garbage.jsonl.zst"}) {
     const std::string msg = message_of([&] { open_corpus(path(name), CorpusFormat::kJsonl); });
     EXPECT_TRUE(contains(msg, path(name))) << name << ": " << msg;
-    EXPECT_TRUE(contains(msg, "compressed byte offset") || contains(msg, "decompressed byte")) << msg;
+    EXPECT_TRUE(contains(msg, "compressed byte offset") || contains(msg, "decompressed byte"))
+        << msg;
     EXPECT_TRUE(contains(msg, "HINT")) << msg;
   }
   EXPECT_TRUE(contains(message_of([&] { open_corpus(path("cut.jsonl.gz"), CorpusFormat::kJsonl); }),
@@ -207,12 +211,14 @@ TEST_F(Formats, CorruptAndTruncatedFilesNameTheFileAndOffset) {
   EXPECT_TRUE(contains(message_of([&] { open_corpus(path("crc.jsonl.gz"), CorpusFormat::kJsonl); }),
                        "incorrect data check"));
   write_file(dir_ / "empty.jsonl.gz", "");
-  EXPECT_TRUE(contains(message_of([&] { open_corpus(path("empty.jsonl.gz"), CorpusFormat::kJsonl); }),
-                       "empty file"));
+  EXPECT_TRUE(
+      contains(message_of([&] { open_corpus(path("empty.jsonl.gz"), CorpusFormat::kJsonl); }),
+               "empty file"));
   // Bad JSON inside is reported by line, as in plain files.
   write_file(dir_ / "badline.jsonl.gz", gzip_member("{\"text\": \"a\"}\n{oops\n"));
-  EXPECT_TRUE(contains(message_of([&] { open_corpus(path("badline.jsonl.gz"), CorpusFormat::kJsonl); }),
-                       path("badline.jsonl.gz") + ":2: malformed JSON"));
+  EXPECT_TRUE(
+      contains(message_of([&] { open_corpus(path("badline.jsonl.gz"), CorpusFormat::kJsonl); }),
+               path("badline.jsonl.gz") + ":2: malformed JSON"));
 }
 
 // A source with given spans over single-character documents.
@@ -246,9 +252,9 @@ TEST(SpanShuffle, SpansStayTogetherAndEveryRowComesOnce) {
   int changes = 0;
   for (size_t i = 1; i < order.size(); ++i) changes += span_of(order[i]) != span_of(order[i - 1]);
   EXPECT_EQ(changes, static_cast<int>(spans.size()) - 1);
-  EXPECT_NE(order, iota(n));                                    // shuffled
-  EXPECT_EQ(order, shuffled_span_order(spans, n, 11));           // deterministic
-  EXPECT_NE(order, shuffled_span_order(spans, n, 12));           // seeded
+  EXPECT_NE(order, iota(n));                                         // shuffled
+  EXPECT_EQ(order, shuffled_span_order(spans, n, 11));               // deterministic
+  EXPECT_NE(order, shuffled_span_order(spans, n, 12));               // seeded
   EXPECT_EQ(shuffled_span_order({}, n, 11), shuffled_order(n, 11));  // no spans: as before
   EXPECT_THROW(shuffled_span_order({1, 5}, n, 1), DataError);
   EXPECT_THROW(shuffled_span_order({0, 5, 5}, n, 1), DataError);
@@ -302,8 +308,8 @@ TEST(C4, FindsShardsInAFolderItsEnFolderAndAHubCache) {
   EXPECT_EQ(find_c4_files((dir / "plain" / "en").string(), "train", settings), train);
   EXPECT_EQ(open_dataset("c4", (dir / "plain").string())->size(), 3);
   EXPECT_EQ(open_dataset("c4_validation", (dir / "plain").string())->text(0), "hello c4");
-  for (const char* at : {"hub", "hub/datasets--allenai--c4",
-                                "hub/datasets--allenai--c4/snapshots/0123abc"}) {
+  for (const char* at :
+       {"hub", "hub/datasets--allenai--c4", "hub/datasets--allenai--c4/snapshots/0123abc"}) {
     EXPECT_EQ(open_dataset("c4_validation", (dir / at).string())->size(), 1) << at;
   }
   // No train files in the hub cache: the message says which files, where, and which key.

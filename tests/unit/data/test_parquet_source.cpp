@@ -53,16 +53,16 @@ std::shared_ptr<arrow::Table> chat_table(int n, int first = 0) {
              "\"}, {\"role\": \"assistant\", \"content\": null}]";
     maps += sep + "[[\"k\", " + std::to_string(i) + "]]";
   }
-  const auto message = arrow::struct_({arrow::field("role", arrow::utf8()),
-                                       arrow::field("content", arrow::utf8())});
-  const auto schema = arrow::schema({arrow::field("id", arrow::int64()),
-                                     arrow::field("text", arrow::utf8()),
-                                     arrow::field("messages", arrow::list(message)),
-                                     arrow::field("tags", arrow::map(arrow::utf8(), arrow::int32()))});
-  return arrow::Table::Make(schema, {from_json(arrow::int64(), ids + "]"),
-                                     from_json(arrow::utf8(), texts + "]"),
-                                     from_json(arrow::list(message), chats + "]"),
-                                     from_json(arrow::map(arrow::utf8(), arrow::int32()), maps + "]")});
+  const auto message =
+      arrow::struct_({arrow::field("role", arrow::utf8()), arrow::field("content", arrow::utf8())});
+  const auto schema =
+      arrow::schema({arrow::field("id", arrow::int64()), arrow::field("text", arrow::utf8()),
+                     arrow::field("messages", arrow::list(message)),
+                     arrow::field("tags", arrow::map(arrow::utf8(), arrow::int32()))});
+  return arrow::Table::Make(
+      schema, {from_json(arrow::int64(), ids + "]"), from_json(arrow::utf8(), texts + "]"),
+               from_json(arrow::list(message), chats + "]"),
+               from_json(arrow::map(arrow::utf8(), arrow::int32()), maps + "]")});
 }
 
 class Parquet : public ::testing::Test {
@@ -105,16 +105,17 @@ TEST_F(Parquet, HubFoldersGiveTheSplitOfTheSection) {
   write_parquet(dir_ / "data" / "train-00001-of-00002.parquet", chat_table(3, 4), 10);
   write_parquet(dir_ / "data" / "test-00000-of-00001.parquet", chat_table(2, 50), 10);
   EXPECT_EQ(open_corpus(dir_.string(), CorpusFormat::kParquet, "text",
-                        CorpusSettings::of_section("training"))->size(), 7);
+                        CorpusSettings::of_section("training"))
+                ->size(),
+            7);
   // No validation split: the test split.
   const auto validation = open_corpus(dir_.string(), CorpusFormat::kParquet, "text",
                                       CorpusSettings::of_section("validation"));
   EXPECT_EQ(validation->text(0), "t50");
   EXPECT_EQ(open_records(dir_.string(), CorpusSettings::of_section("validation"))->size(), 2);
   fs::remove(dir_ / "data" / "test-00000-of-00001.parquet");
-  const std::string msg = message_of([&] {
-    open_records(dir_.string(), CorpusSettings::of_section("validation"));
-  });
+  const std::string msg =
+      message_of([&] { open_records(dir_.string(), CorpusSettings::of_section("validation")); });
   EXPECT_TRUE(contains(msg, "holds the splits train") && contains(msg, "validation.dataset_path"))
       << msg;
 }
@@ -122,9 +123,8 @@ TEST_F(Parquet, HubFoldersGiveTheSplitOfTheSection) {
 TEST_F(Parquet, ErrorsNameTheColumnsAndTheFile) {
   write_parquet(dir_ / "a.parquet", chat_table(3), 10);
   const CorpusSettings settings = CorpusSettings::of_section("training");
-  std::string msg = message_of([&] {
-    open_corpus(path("a.parquet"), CorpusFormat::kParquet, "txt", settings);
-  });
+  std::string msg =
+      message_of([&] { open_corpus(path("a.parquet"), CorpusFormat::kParquet, "txt", settings); });
   EXPECT_TRUE(contains(msg, "no column \"txt\"") && contains(msg, "id, text, messages, tags") &&
               contains(msg, "text") && contains(msg, "training.dataset_text_field"))
       << msg;

@@ -18,7 +18,8 @@ namespace {
 std::vector<fs::path> c4_roots(const fs::path& path) {
   std::vector<fs::path> roots{path};
   std::vector<fs::path> repos;
-  if (fs::is_directory(path / "datasets--allenai--c4")) repos.push_back(path / "datasets--allenai--c4");
+  if (fs::is_directory(path / "datasets--allenai--c4"))
+    repos.push_back(path / "datasets--allenai--c4");
   if (fs::is_directory(path / "snapshots")) repos.push_back(path);
   for (const fs::path& repo : repos) {
     std::vector<fs::path> snapshots;
@@ -52,9 +53,10 @@ std::shared_ptr<const DocumentSource> open_c4_test(const std::string& path,
                                                    const std::string& text_field,
                                                    const CorpusSettings& settings) {
   if (!fs::exists(path)) {
-    throw DataError(message(
-        "c4_test: ", path, " does not exist. HINT: copy TorchTitan's tests/assets/c4_test folder "
-        "(data.json: JSON lines of c4 rows) there, or set ", settings.path, " to it"));
+    throw DataError(message("c4_test: ", path,
+                            " does not exist. HINT: copy TorchTitan's tests/assets/c4_test folder "
+                            "(data.json: JSON lines of c4 rows) there, or set ",
+                            settings.path, " to it"));
   }
   return open_corpus(path, CorpusFormat::kJsonl, text_field, settings);
 }

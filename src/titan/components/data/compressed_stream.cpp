@@ -77,10 +77,11 @@ class GzipDecompressor final : public Decompressor {
       const uInt in_before = s_.avail_in;
       const uInt out_before = s_.avail_out;
       const int ret = inflate(&s_, Z_BLOCK);
-      if (ret == Z_NEED_DICT || ret == Z_DATA_ERROR || ret == Z_MEM_ERROR || ret == Z_STREAM_ERROR) {
-        fail(std::string("corrupt gzip data (zlib: ") + (s_.msg != nullptr ? s_.msg : "error") +
-                 ")",
-             in_offset());
+      if (ret == Z_NEED_DICT || ret == Z_DATA_ERROR || ret == Z_MEM_ERROR ||
+          ret == Z_STREAM_ERROR) {
+        fail(
+            std::string("corrupt gzip data (zlib: ") + (s_.msg != nullptr ? s_.msg : "error") + ")",
+            in_offset());
       }
       const bool progress = s_.avail_in != in_before || s_.avail_out != out_before;
       if (s_.avail_in != in_before) member_boundary_ = false;
@@ -124,8 +125,8 @@ class GzipDecompressor final : public Decompressor {
     uInt length = kWindowBytes;
     // inflateGetDictionary only reads the stream (and checks that its state belongs to this very
     // z_stream, so a copy will not do).
-    if (inflateGetDictionary(const_cast<z_stream*>(&s_), reinterpret_cast<Bytef*>(point.window.data()), &length) !=
-        Z_OK) {
+    if (inflateGetDictionary(const_cast<z_stream*>(&s_),
+                             reinterpret_cast<Bytef*>(point.window.data()), &length) != Z_OK) {
       fail("cannot save the decoder's window", point.in);
     }
     point.window.resize(length);
@@ -211,8 +212,7 @@ class ZstdDecompressor final : public Decompressor {
       const size_t out_before = output.pos;
       const size_t ret = ZSTD_decompressStream(ctx_, &output, &input_);
       if (ZSTD_isError(ret)) {
-        fail(std::string("corrupt zstd data (zstd: ") + ZSTD_getErrorName(ret) + ")",
-             in_offset());
+        fail(std::string("corrupt zstd data (zstd: ") + ZSTD_getErrorName(ret) + ")", in_offset());
       }
       const bool progress = input_.pos != in_before || output.pos != out_before;
       if (progress || ret == 0) frame_done_ = ret == 0;

@@ -28,11 +28,11 @@ Compression compression_of(const std::string& path);
 
 // A place in a compressed file where decoding can start.
 struct AccessPoint {
-  uint64_t in = 0;            // compressed byte offset
-  uint64_t out = 0;           // uncompressed byte offset
-  int bits = 0;               // gzip: bits of the byte at in - 1 not yet consumed (0..7)
-  bool stream_start = true;   // a gzip member or zstd frame begins at `in` (no window needed)
-  std::string window;         // gzip, inside a member: the output's last 32 KiB before `out`
+  uint64_t in = 0;           // compressed byte offset
+  uint64_t out = 0;          // uncompressed byte offset
+  int bits = 0;              // gzip: bits of the byte at in - 1 not yet consumed (0..7)
+  bool stream_start = true;  // a gzip member or zstd frame begins at `in` (no window needed)
+  std::string window;        // gzip, inside a member: the output's last 32 KiB before `out`
 };
 
 class Decompressor {

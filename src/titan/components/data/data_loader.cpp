@@ -51,8 +51,8 @@ std::vector<int64_t> shuffled_span_order(const std::vector<int64_t>& span_starts
     const int64_t end = s + 1 < num_spans ? span_starts[s + 1] : n;
     // A seed per span, mixed (splitmix64's constant) so that neighbouring spans and seeds do not
     // draw related permutations.
-    const uint64_t span_seed = (seed ^ 0x9E3779B97F4A7C15ULL) * 0xBF58476D1CE4E5B9ULL +
-                               static_cast<uint64_t>(s) + 1;
+    const uint64_t span_seed =
+        (seed ^ 0x9E3779B97F4A7C15ULL) * 0xBF58476D1CE4E5B9ULL + static_cast<uint64_t>(s) + 1;
     for (int64_t local : shuffled_order(end - first, span_seed)) {
       order.push_back(first + local);
     }
@@ -157,8 +157,8 @@ int64_t DataLoader::current_source_index() {
     return position;
   }
   if (order_epoch_ != epoch_) {
-    order_ = shuffled_span_order(spans_, source_->size(),
-                                 static_cast<uint64_t>(shuffle_seed_ + epoch_));
+    order_ =
+        shuffled_span_order(spans_, source_->size(), static_cast<uint64_t>(shuffle_seed_ + epoch_));
     order_epoch_ = epoch_;
   }
   return order_[position];

@@ -164,9 +164,7 @@ class JsonFile final : public RowFile {
     return path_ + ":" + std::to_string(decoded->lines[local]);
   }
 
-  std::string text(int64_t row) const override {
-    return text_of(record(row), describe(row));
-  }
+  std::string text(int64_t row) const override { return text_of(record(row), describe(row)); }
 
   nlohmann::ordered_json record(int64_t row) const override {
     TITAN_CHECK(row >= 0 && row < rows_, path_, ": row ", row, " out of range");
@@ -197,8 +195,8 @@ class JsonFile final : public RowFile {
     int64_t line;     // 1-based line number
   };
   struct Span {
-    size_t point;        // index into points_
-    uint64_t skip;       // decompressed bytes from the point to the span's first row
+    size_t point;   // index into points_
+    uint64_t skip;  // decompressed bytes from the point to the span's first row
     int64_t first_row;
     int64_t first_line;  // 1-based line number of first_row
   };
@@ -387,10 +385,10 @@ class JsonFile final : public RowFile {
   int64_t rows_ = 0;
   int64_t lines_ = 0;
   bool any_text_ = false;
-  std::vector<Entry> entries_;                // plain JSON lines
+  std::vector<Entry> entries_;                 // plain JSON lines
   std::vector<nlohmann::ordered_json> array_;  // a .json array
-  std::vector<AccessPoint> points_;           // compressed
-  std::vector<Span> spans_;                   // compressed
+  std::vector<AccessPoint> points_;            // compressed
+  std::vector<Span> spans_;                    // compressed
   mutable std::mutex mutex_;
   mutable std::shared_ptr<const DecodedSpan> cache_;
 };

@@ -107,8 +107,8 @@ nlohmann::ordered_json value_at(const arrow::Array& array, int64_t i) {
         if (string_keys) {
           out[std::string(string_at(*m.keys(), j))] = value_at(*m.items(), j);
         } else {
-          out.push_back(nlohmann::ordered_json::array(
-              {value_at(*m.keys(), j), value_at(*m.items(), j)}));
+          out.push_back(
+              nlohmann::ordered_json::array({value_at(*m.keys(), j), value_at(*m.items(), j)}));
         }
       }
       return out;
@@ -150,11 +150,10 @@ class ParquetFile final : public RowFile {
     if (options_.mode == RowMode::kText) {
       const int field = schema->GetFieldIndex(options_.text_field);
       if (field < 0) {
-        throw DataError(message(path_, ": no column \"", options_.text_field, "\"; the columns are ",
-                                join(names_), ".",
-                                did_you_mean(likely_name(options_.text_field, names_)),
-                                " HINT: set ", options_.settings.text_field,
-                                " to the column that holds the text"));
+        throw DataError(message(
+            path_, ": no column \"", options_.text_field, "\"; the columns are ", join(names_), ".",
+            did_you_mean(likely_name(options_.text_field, names_)), " HINT: set ",
+            options_.settings.text_field, " to the column that holds the text"));
       }
       const auto& type = schema->field(field)->type();
       if (!is_string_type(type->id())) {
@@ -179,9 +178,7 @@ class ParquetFile final : public RowFile {
 
   int64_t size() const override { return rows_; }
   std::vector<int64_t> span_starts() const override { return starts_; }
-  std::string describe(int64_t row) const override {
-    return path_ + " row " + std::to_string(row);
-  }
+  std::string describe(int64_t row) const override { return path_ + " row " + std::to_string(row); }
 
   std::string text(int64_t row) const override {
     const auto [table, local] = group_of(row);
@@ -270,8 +267,9 @@ class ParquetFile final : public RowFile {
 
   std::pair<std::shared_ptr<arrow::RecordBatch>, int64_t> group_of(int64_t row) const {
     TITAN_CHECK(row >= 0 && row < rows_, path_, ": row ", row, " out of range");
-    const auto g = static_cast<int>(std::upper_bound(starts_.begin(), starts_.end(), row) -
-                                    starts_.begin()) - 1;
+    const auto g =
+        static_cast<int>(std::upper_bound(starts_.begin(), starts_.end(), row) - starts_.begin()) -
+        1;
     std::lock_guard<std::mutex> lock(mutex_);  // the reader is not thread-safe
     if (cached_group_ != g) {
       cached_ = read_group(g);
@@ -294,8 +292,7 @@ class ParquetFile final : public RowFile {
 
 }  // namespace
 
-std::unique_ptr<RowFile> open_parquet_file(const std::string& path,
-                                           const RowFileOptions& options) {
+std::unique_ptr<RowFile> open_parquet_file(const std::string& path, const RowFileOptions& options) {
   require_regular_file(path, "dataset file");
   return std::make_unique<ParquetFile>(path, options);
 }

@@ -24,7 +24,8 @@ namespace {
 // Rows of files through RowFiles, as a RecordSource.
 class FileRecordSource final : public RecordSource {
  public:
-  explicit FileRecordSource(std::vector<std::unique_ptr<RowFile>> files) : rows_(std::move(files)) {}
+  explicit FileRecordSource(std::vector<std::unique_ptr<RowFile>> files)
+      : rows_(std::move(files)) {}
   int64_t size() const override { return rows_.size(); }
   std::string describe(int64_t i) const override { return rows_.describe(i); }
   nlohmann::ordered_json record(int64_t i) const override { return rows_.record(i); }
@@ -44,8 +45,8 @@ std::string data_extension(const std::string& path) {
   std::string name = fs::path(path).filename().string();
   std::transform(name.begin(), name.end(), name.begin(),
                  [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
-  for (const char* compound : {".jsonl.gz", ".json.gz", ".jsonl.zst", ".json.zst", ".jsonl.zstd",
-                               ".json.zstd"}) {
+  for (const char* compound :
+       {".jsonl.gz", ".json.gz", ".jsonl.zst", ".json.zst", ".jsonl.zstd", ".json.zstd"}) {
     const std::string ext = compound;
     if (name.size() > ext.size() && name.compare(name.size() - ext.size(), ext.size(), ext) == 0) {
       return ext;
@@ -66,8 +67,9 @@ std::unique_ptr<RowFile> open_row_file(const std::string& path, const RowFileOpt
   if (is_parquet_extension(ext)) return open_parquet_file(path, options);
   if (is_json_extension(ext)) return open_json_file(path, options);
   if (options.mode == RowMode::kText) return open_text_file(path, options);
-  throw DataError(message(path, ": cannot tell its format from the extension (expected .jsonl, "
-                                ".json, .jsonl.gz, .jsonl.zst or .parquet). HINT: rename it"));
+  throw DataError(message(path,
+                          ": cannot tell its format from the extension (expected .jsonl, "
+                          ".json, .jsonl.gz, .jsonl.zst or .parquet). HINT: rename it"));
 }
 
 RowFiles::RowFiles(std::vector<std::unique_ptr<RowFile>> files) : files_(std::move(files)) {
@@ -175,8 +177,7 @@ std::shared_ptr<const RecordSource> open_records(const std::string& path,
     require_regular_file(path, "dataset file");
     files.push_back(path);
   } else {
-    for (fs::recursive_directory_iterator it(path, ec), end; !ec && it != end;
-         it.increment(ec)) {
+    for (fs::recursive_directory_iterator it(path, ec), end; !ec && it != end; it.increment(ec)) {
       if (!it->is_regular_file()) continue;
       if (it->path().filename().string().rfind('.', 0) == 0) continue;  // hidden files
       if (is_record_extension(data_extension(it->path().string()))) {
@@ -186,7 +187,8 @@ std::shared_ptr<const RecordSource> open_records(const std::string& path,
     if (ec) throw DataError(message("cannot list dataset folder ", path, ": ", ec.message()));
     std::sort(files.begin(), files.end());
     if (files.empty()) {
-      throw DataError(message("dataset folder ", path, " holds no .jsonl, .jsonl.gz, .jsonl.zst, "
+      throw DataError(message("dataset folder ", path,
+                              " holds no .jsonl, .jsonl.gz, .jsonl.zst, "
                               ".json or .parquet files"));
     }
     files = select_split(files, split_of(settings), path, settings);

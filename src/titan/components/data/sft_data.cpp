@@ -191,8 +191,8 @@ SftLoader::SftLoader(std::shared_ptr<const RecordSource> rows, ChatRowFormat for
 int64_t SftLoader::current_row() {
   if (shuffle_seed_ < 0) return index_;
   if (order_epoch_ != epoch_) {
-    order_ = shuffled_span_order(spans_, rows_->size(),
-                                 static_cast<uint64_t>(shuffle_seed_ + epoch_));
+    order_ =
+        shuffled_span_order(spans_, rows_->size(), static_cast<uint64_t>(shuffle_seed_ + epoch_));
     order_epoch_ = epoch_;
   }
   return order_[index_];
