@@ -19,13 +19,16 @@ Run with the project's Python ($TITAN_PYTHON). Commands:
 """
 import argparse
 import json
-import math
+import os
 import sys
 
 import torch
 import torch.nn.functional as F
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast, Qwen3Config
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import qwen3_transformers_reference as qwen3_ref  # noqa: E402
 
 STYLES = {
     "qwen": {"special": ["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
@@ -55,20 +58,9 @@ def make_folder(args):
     fast.save_pretrained(args.out)
     vocab = len(fast)
     assert vocab <= 300, vocab
-    config = Qwen3Config(vocab_size=300, hidden_size=64, intermediate_size=128,
-                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                         head_dim=32, rms_norm_eps=1e-6, max_position_embeddings=256,
-                         tie_word_embeddings=False,
-                         rope_parameters={"rope_type": "default", "rope_theta": 1e6})
-    torch.manual_seed(args.seed)
-    model = AutoModelForCausalLM.from_config(config)
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() == 1:
-                p.copy_(1.0 + 0.2 * torch.randn(p.shape))
-            else:
-                p.copy_(torch.randn(p.shape) / math.sqrt(p.shape[-1]))
-    model.save_pretrained(args.out)
+    # The model: qwen3_transformers_reference's random Qwen3, whose defaults are titan's `tiny`.
+    model_args = qwen3_ref.parser().parse_args(["save-random", args.out, "--seed", str(args.seed)])
+    model_args.run(model_args)
     print(f"{args.out}: tokenizer of {vocab} tokens, random Qwen3 (tiny sizes)")
     return True
 

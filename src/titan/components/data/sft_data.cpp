@@ -15,15 +15,19 @@ namespace {
 
 using ojson = nlohmann::ordered_json;
 
+// DataError: `row` has no field `key`; names the row's fields and the nearest one, then `hint`.
+[[noreturn]] void throw_missing_field(const ojson& row, const std::string& key,
+                                      const std::string& where, const std::string& hint = "") {
+  std::vector<std::string> keys;
+  for (const auto& item : row.items()) keys.push_back(item.key());
+  throw DataError(message(where, ": no \"", key, "\" field", did_you_mean(likely_name(key, keys)),
+                          " (the row has: ", join(keys), ")", hint));
+}
+
 // The string field `key` of `row`; DataError naming the place otherwise.
 std::string string_field(const ojson& row, const std::string& key, const std::string& where) {
   const auto it = row.find(key);
-  if (it == row.end()) {
-    std::vector<std::string> keys;
-    for (const auto& item : row.items()) keys.push_back(item.key());
-    throw DataError(message(where, ": no \"", key, "\" field", did_you_mean(likely_name(key, keys)),
-                            " (the row has: ", join(keys), ")"));
-  }
+  if (it == row.end()) throw_missing_field(row, key, where);
   if (!it->is_string()) {
     throw DataError(message(where, ": \"", key, "\" is a ", it->type_name(), ", not a string"));
   }
@@ -45,13 +49,9 @@ ojson conversation_of(const ojson& row, const ChatRowFormat& format, const std::
   } else {
     const auto it = row.find(format.messages_field);
     if (it == row.end()) {
-      std::vector<std::string> keys;
-      for (const auto& item : row.items()) keys.push_back(item.key());
-      throw DataError(message(
-          where, ": no \"", format.messages_field, "\" field",
-          did_you_mean(likely_name(format.messages_field, keys)), " (the row has: ", join(keys),
-          "). HINT: set sft.messages_field, or sft.prompt_field and sft.response_field for "
-          "question/answer rows"));
+      throw_missing_field(row, format.messages_field, where,
+                          ". HINT: set sft.messages_field, or sft.prompt_field and "
+                          "sft.response_field for question/answer rows");
     }
     if (!it->is_array() || it->empty()) {
       throw DataError(message(where, ": \"", format.messages_field,
