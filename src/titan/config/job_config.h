@@ -216,7 +216,8 @@ struct TrainingSection {
       "folder); or your files at dataset_path: text (.txt, one document per file), jsonl "
       "(.jsonl/.json, plain or .gz/.zst, one per line), parquet (.parquet, one per row; a "
       "hub folder's data/train-NNNNN-of-NNNNN.parquet), tokens (.bin from `titan data "
-      "prepare`), auto (by extension)");
+      "prepare`), auto (by extension); chat (conversations to fine-tune on, rows with "
+      "messages in any of those row formats; see [sft])");
     v("dataset_path", dataset_path,
       "Where the dataset lives (file or folder); empty uses the cache ($TITAN_CACHE/datasets/"
       "<name>, filled by scripts/setup.sh for sotu)");
@@ -400,7 +401,8 @@ struct ValidationSection {
     v("dataset", dataset,
       "Validation dataset name: sotu_validation, c4_validation (en/c4-validation.*.json.gz at "
       "dataset_path), c4_test, or text/jsonl/parquet/tokens/auto (as training.dataset; a hub "
-      "folder gives its validation split, else test); read once in order");
+      "folder gives its validation split, else test), or chat (as training.dataset); read once "
+      "in order");
     v("dataset_path", dataset_path, "Where the validation dataset lives; empty uses the cache");
     v("dataset_text_field", dataset_text_field,
       "JSON key (jsonl) or column (parquet) holding a document's text");
