@@ -343,7 +343,7 @@ prepare_deps() {
   fi
   DEP_ARGS=(-Dtomlplusplus_DIR="$DEPS/cmake/tomlplusplus"
     -Dnlohmann_json_DIR="$DEPS/cmake/nlohmann_json" -DGTest_DIR="$gtest_dir"
-    -DCMAKE_CXX_FLAGS="-isystem $DEPS/include")
+    -DCMAKE_CXX_FLAGS="-isystem $DEPS/include" -DCMAKE_PREFIX_PATH="$DEPS")
   DEP_NOTE="deps from ${DEPS#"$root/"}"
 }
 
@@ -352,6 +352,11 @@ configure() {
   local args=(-S "$root" -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=Release
     -DTITAN_PYTHON="$(command -v "$PY" || echo "$PY")" -DTITAN_CUDA_ARCH_LIST="$ARCH"
     "${DEP_ARGS[@]}")
+  # Parquet datasets need pyarrow's Arrow libraries; a Python without it builds without them.
+  if ! "$PY" -c 'import pyarrow' >/dev/null 2>&1; then
+    args+=(-DTITAN_PARQUET=OFF)
+    DEP_NOTE+="; no pyarrow in $PY: built without parquet datasets"
+  fi
   detect_nvcc_root
   if [[ -n "$NVCC_ROOT" ]]; then
     if run_cmd cmake "${args[@]}" -DCUDA_TOOLKIT_ROOT_DIR="$NVCC_ROOT"; then

@@ -4,6 +4,8 @@
 # registry and none of our C++ dependencies:
 #
 #   .gpu-deps/include/{toml++,nlohmann,gloo}    headers (toml++ used header-only there)
+#   .gpu-deps/include/{zlib,zconf,zstd,zstd_errors}.h, .gpu-deps/lib/lib{z,zstd}.so*
+#                                               compressed datasets (CMAKE_PREFIX_PATH there)
 #   .gpu-deps/cmake/{tomlplusplus,nlohmann_json}/*Config.cmake
 #                                               config files for our find_package calls
 #   .gpu-deps/src/googletest                    GoogleTest's sources (gpu_check.sh builds them
@@ -29,7 +31,7 @@ die() {
 }
 
 hint="HINT: run scripts/setup.sh on this machine (it installs libtomlplusplus-dev, "
-hint+="nlohmann-json3-dev, libgloo-dev, libgtest-dev and fetches the corpus)"
+hint+="nlohmann-json3-dev, libgloo-dev, libgtest-dev, zlib1g-dev, libzstd-dev and fetches the corpus)"
 for dir in /usr/include/toml++ /usr/include/nlohmann /usr/include/gloo /usr/src/googletest; do
   [[ -d "$dir" ]] || die "$dir is missing. $hint"
 done
@@ -58,6 +60,20 @@ mkdir -p "$work/include" "$work/cmake/tomlplusplus" "$work/cmake/nlohmann_json" 
   "$work/cache/datasets" "$work/cache/tokenizers"
 
 cp -a /usr/include/toml++ /usr/include/nlohmann /usr/include/gloo "$work/include/"
+# zlib and zstd (compressed datasets): headers and shared libraries, found through
+# CMAKE_PREFIX_PATH there (the GPU machine may lack their -dev packages).
+mkdir -p "$work/lib"
+arch_lib="/usr/lib/$(gcc -print-multiarch 2>/dev/null || echo x86_64-linux-gnu)"
+for header in zlib.h zconf.h zstd.h zstd_errors.h; do
+  src="/usr/include/$header"
+  [[ -f "$src" ]] || src="/usr/include/$(gcc -print-multiarch 2>/dev/null)/$header"
+  [[ -f "$src" ]] || die "$header is missing. $hint"
+  cp "$src" "$work/include/"
+done
+for lib in libz libzstd; do
+  [[ -e "$arch_lib/$lib.so" ]] || die "$arch_lib/$lib.so is missing. $hint"
+  cp -a "$arch_lib/$lib".so* "$work/lib/"
+done
 # GoogleTest without its own tests and docs (not built, not needed).
 cp -a /usr/src/googletest "$work/src/googletest"
 rm -rf "$work/src/googletest/googletest/test" "$work/src/googletest/googlemock/test" \
@@ -120,6 +136,8 @@ gtest_ver="$(sed -nE 's/.*set\(GOOGLETEST_VERSION ([0-9.]+)\).*/\1/p' \
   echo "gloo headers    $(dpkg-query -W -f='${Version}' libgloo-dev 2>/dev/null || echo '?')" \
     "  /usr/include/gloo"
   echo "googletest      ${gtest_ver}   /usr/src/googletest (sources)"
+  echo "zlib, zstd      $(dpkg-query -W -f='${Version}' zlib1g-dev 2>/dev/null || echo '?')," \
+    "$(dpkg-query -W -f='${Version}' libzstd-dev 2>/dev/null || echo '?')   $arch_lib"
   echo "sotu corpus     $(head -c 80 "$corpus/.fetched")"
   if [[ -f "$work/cache/tokenizers/sotu_2k/tokenizer.json" ]]; then
     echo "sotu_2k         $tokenizer"

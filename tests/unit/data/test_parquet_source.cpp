@@ -2,6 +2,7 @@
 // groups as spans, records with every column as JSON (lists of structs, maps, nulls), the
 // Hugging Face data/{split}-NNNNN-of-NNNNN.parquet layout, and errors (missing or non-string text
 // column, a corrupt file). Fixtures are written here with Arrow's C++ writer.
+#if TITAN_HAS_PARQUET  // a build with TITAN_PARQUET=OFF has no parquet reader to test
 #include "titan/common/check.h"
 #include "titan/components/data/data_loader.h"
 #include "titan/components/data/document_source.h"
@@ -141,3 +142,5 @@ TEST_F(Parquet, ErrorsNameTheColumnsAndTheFile) {
 
 }  // namespace test_parquet_source
 }  // namespace titan
+
+#endif  // TITAN_HAS_PARQUET

@@ -11,6 +11,7 @@
 #include "titan/components/data/row_file.h"
 #include "titan/components/tokenizer/unicode.h"
 
+#if TITAN_HAS_PARQUET
 #include <arrow/array.h>
 #include <arrow/io/file.h>
 #include <arrow/memory_pool.h>
@@ -23,12 +24,15 @@
 #include <parquet/file_reader.h>
 #include <parquet/metadata.h>
 #include <parquet/properties.h>
+#endif
 
 #include <algorithm>
 #include <mutex>
 #include <string_view>
 
 namespace titan {
+
+#if TITAN_HAS_PARQUET
 
 namespace {
 
@@ -296,5 +300,16 @@ std::unique_ptr<RowFile> open_parquet_file(const std::string& path, const RowFil
   require_regular_file(path, "dataset file");
   return std::make_unique<ParquetFile>(path, options);
 }
+
+#else  // built with TITAN_PARQUET=OFF
+
+std::unique_ptr<RowFile> open_parquet_file(const std::string& path, const RowFileOptions&) {
+  throw ConfigError(message(path, ": this titan was built without parquet support (CMake "
+                                  "option TITAN_PARQUET=OFF, no pyarrow when it was configured). "
+                                  "HINT: rebuild with -DTITAN_PARQUET=ON and the project's Python "
+                                  "environment, or convert the data to JSON lines"));
+}
+
+#endif
 
 }  // namespace titan
