@@ -340,7 +340,9 @@ TEST(Planner, TheSearchLeavesOutOnlyDominatedLayouts) {
       Layout other = p.layout;
       other.ac = ac;
       Prediction q;
-      if (evaluate_layout(r, other, &q) == "") EXPECT_GE(q.step, p.step) << "AC " << ac;
+      if (evaluate_layout(r, other, &q) == "") {
+        EXPECT_GE(q.step, p.step) << "AC " << ac;
+      }
     }
   }
   // Absurd sizes are refused up front with the limit; reserved memory cannot exceed the device's.
