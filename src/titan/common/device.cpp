@@ -15,6 +15,7 @@
 
 #if TITAN_HAS_CUDA
 #include <ATen/cuda/CUDAContext.h>
+#include <ATen/native/transformers/cuda/sdp_utils.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAFunctions.h>
 #endif
@@ -159,10 +160,31 @@ bool supports_float8(const DeviceInfo& info) {
          (info.compute_major > 8 || (info.compute_major == 8 && info.compute_minor >= 9));
 }
 
+bool cuda_flash_attention_fits(const at::Tensor& q, const at::Tensor& k) {
+#if TITAN_HAS_CUDA
+  if (!q.is_cuda()) return false;
+  const sdp::sdp_params params{q,
+                               k,
+                               k,
+                               /*attn_mask=*/std::nullopt,
+                               /*dropout=*/0.0,
+                               /*is_causal=*/true,
+                               /*enable_gqa=*/q.size(1) != k.size(1)};
+  return sdp::can_use_flash_attention(params, /*debug=*/false);
+#else
+  (void)q;
+  (void)k;
+  return false;
+#endif
+}
+
 DeviceMemoryStats device_memory_stats(const at::Device& device) {
   DeviceMemoryStats out;
 #if TITAN_HAS_CUDA
   if (device.is_cuda()) {
+    // The caching allocator knows no device before CUDA is initialized in this process
+    // ("Invalid device argument"): a process may ask before its first allocation.
+    at::globalContext().lazyInitDevice(at::kCUDA);
     const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device.index());
     constexpr size_t kAll = static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE);
     out.max_active_bytes = stats.active_bytes[kAll].peak;
@@ -177,6 +199,7 @@ DeviceMemoryStats device_memory_stats(const at::Device& device) {
 void reset_device_memory_stats(const at::Device& device) {
 #if TITAN_HAS_CUDA
   if (device.is_cuda()) {
+    at::globalContext().lazyInitDevice(at::kCUDA);  // as in device_memory_stats
     c10::cuda::CUDACachingAllocator::resetPeakStats(device.index());
     c10::cuda::CUDACachingAllocator::resetAccumulatedStats(device.index());
   }

@@ -67,6 +67,13 @@ DeviceInfo device_info(const at::Device& device);
 // (Ada, Hopper, Blackwell).
 bool supports_float8(const DeviceInfo& info);
 
+// Whether libtorch's CUDA flash attention kernel takes this causal attention: q (bs, heads, L,
+// hd), k (bs, kv_heads, L, hd) on a CUDA device, under the user's SDPA switches
+// (at::globalContext().setSDPUseFlash). Asked of the kernel itself, not of SDPA's choice:
+// libtorch 2.9 and later put cuDNN first on sm90 / sm100, where flash still runs. False on a
+// libtorch without CUDA.
+bool cuda_flash_attention_fits(const at::Tensor& q, const at::Tensor& k);
+
 // The caching allocator's counters of a CUDA device since the last reset_device_memory_stats
 // (TorchTitan's DeviceMemoryMonitor). All zero on the CPU.
 struct DeviceMemoryStats {

@@ -124,22 +124,20 @@ TEST(SavableOps, MaskedAttentionReplaysWithItsMask) {
 // CPU flash kernel): the kernel kept for each backend libtorch may choose, on each device.
 TEST(SavableOps, KeptAttentionKernelsFollowTheSaveList) {
   const auto kept = [](at::SDPBackend backend, at::DeviceType device, int64_t head_dim = 64,
-                       bool masked = false, bool gqa = false) {
-    return kept_attention_kernel(static_cast<int64_t>(backend), device, head_dim, masked, gqa);
+                       bool masked = false) {
+    return kept_attention_kernel(static_cast<int64_t>(backend), device, head_dim, masked);
   };
   using K = AttentionKernel;
   using B = at::SDPBackend;
   EXPECT_EQ(kept(B::flash_attention, at::kCPU), K::kCpuFlash);
-  EXPECT_EQ(kept(B::flash_attention, at::kCPU, 6, /*masked=*/true, /*gqa=*/true), K::kCpuFlash);
+  EXPECT_EQ(kept(B::flash_attention, at::kCPU, 6, /*masked=*/true), K::kCpuFlash);
   EXPECT_EQ(kept(B::math, at::kCPU), K::kNone);
   EXPECT_EQ(kept(B::flash_attention, at::kCUDA), K::kCudaFlash);
-  EXPECT_EQ(kept(B::flash_attention, at::kCUDA, 64, false, /*gqa=*/true), K::kCudaFlash);
   EXPECT_EQ(kept(B::flash_attention, at::kCUDA, /*head_dim=*/12), K::kNone);  // SDPA pads it
   EXPECT_EQ(kept(B::efficient_attention, at::kCUDA), K::kEfficient);
   EXPECT_EQ(kept(B::efficient_attention, at::kCUDA, 12, /*masked=*/true), K::kEfficient);
   EXPECT_EQ(kept(B::cudnn_attention, at::kCUDA), K::kCudnn);
   EXPECT_EQ(kept(B::cudnn_attention, at::kCUDA, 64, /*masked=*/true), K::kNone);
-  EXPECT_EQ(kept(B::cudnn_attention, at::kCUDA, 64, false, /*gqa=*/true), K::kNone);
   EXPECT_EQ(kept(B::math, at::kCUDA), K::kNone);
   EXPECT_EQ(kept(B::overrideable, at::kCUDA), K::kNone);
   EXPECT_EQ(kept(B::flash_attention, at::kMeta), K::kNone);

@@ -9,6 +9,7 @@
 #include "parallel_test_util.h"
 
 #include "../op_counter.h"
+#include "../sdp_switches.h"
 #include "../test_util.h"
 #include "titan/common/device.h"
 #include "titan/common/memory_probe.h"
@@ -20,6 +21,7 @@
 
 #include <gtest/gtest.h>
 
+#include <iostream>
 #include <map>
 
 namespace titan {
@@ -511,16 +513,50 @@ TEST(ActivationCheckpointing, OpModeKeepsTheAttentionKernel) {
   check_attention_kept(at::kCPU, at::kFloat, 2, /*documents=*/true, cpu_flash, /*tol=*/0);
 }
 
-// On a GPU: the CUDA flash kernel (bf16, GQA), the memory-efficient one (float32, MHA: SDPA
-// runs GQA in float32 with the math backend, which is recomputed) and the variable-length flash
-// kernel of block-causal attention (bf16).
+// The backend SDPA picks, under the current switches, for check_attention_kept's causal
+// attention (4 query heads of 8 dims, `kv_heads` key/value heads) in `dtype` on `device`.
+at::SDPBackend sdpa_choice(const at::Device& device, at::ScalarType dtype, int64_t kv_heads) {
+  const auto options = at::TensorOptions().dtype(dtype).device(device);
+  const at::Tensor q = at::empty({2, 4, test::kSeq, 8}, options);
+  const at::Tensor k = at::empty({2, kv_heads, test::kSeq, 8}, options);
+  return static_cast<at::SDPBackend>(at::_fused_sdp_choice(q, k, k, std::nullopt, 0.0,
+                                                           /*is_causal=*/true, std::nullopt,
+                                                           /*enable_gqa=*/kv_heads != 4));
+}
+
+// On a GPU, each kernel SDPA may run, pinned by its switches: CUDA flash (bf16, GQA); cuDNN
+// (bf16, MHA and GQA) where this libtorch runs it for the shapes; memory-efficient (float32, MHA:
+// SDPA runs GQA in float32 with the math backend, which is recomputed); SDPA's own choice with
+// every switch on (cuDNN on sm90 since libtorch 2.9); and the variable-length flash kernel of
+// block-causal attention (bf16), which titan calls whatever SDPA prefers.
 TEST(ActivationCheckpointingCuda, OpModeKeepsTheGpuAttentionKernels) {
   if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
   const at::Device cuda(at::kCUDA, 0);
-  check_attention_kept(cuda, at::kBFloat16, 2, false, "aten::_scaled_dot_product_flash_attention",
-                       /*tol=*/2e-2);
-  check_attention_kept(cuda, at::kFloat, 4, false, "aten::_scaled_dot_product_efficient_attention",
+  using B = at::SDPBackend;
+  {
+    test::SdpSwitches flash({B::flash_attention, B::math});
+    ASSERT_EQ(sdpa_choice(cuda, at::kBFloat16, 2), B::flash_attention);
+    check_attention_kept(cuda, at::kBFloat16, 2, false, test::sdpa_kernel_op(B::flash_attention),
+                         /*tol=*/2e-2);
+  }
+  for (const int64_t kv_heads : {4, 2}) {
+    test::SdpSwitches cudnn({B::cudnn_attention, B::math});
+    if (sdpa_choice(cuda, at::kBFloat16, kv_heads) != B::cudnn_attention) {
+      std::cout << "[ NOTE     ] SDPA does not run cuDNN attention here for kv heads " << kv_heads
+                << ": not checked\n";
+      continue;
+    }
+    check_attention_kept(cuda, at::kBFloat16, kv_heads, false,
+                         test::sdpa_kernel_op(B::cudnn_attention), /*tol=*/2e-2);
+  }
+  ASSERT_EQ(sdpa_choice(cuda, at::kFloat, 4), B::efficient_attention);
+  check_attention_kept(cuda, at::kFloat, 4, false, test::sdpa_kernel_op(B::efficient_attention),
                        /*tol=*/1e-4);
+  const B chosen = sdpa_choice(cuda, at::kBFloat16, 2);
+  std::cout << "[ NOTE     ] SDPA's own choice for bf16 GQA: backend " << static_cast<int>(chosen)
+            << "\n";
+  ASSERT_NE(test::sdpa_kernel_op(chosen), "") << "SDPA chose the math backend for bf16 GQA";
+  check_attention_kept(cuda, at::kBFloat16, 2, false, test::sdpa_kernel_op(chosen), 2e-2);
   check_attention_kept(cuda, at::kBFloat16, 2, true, "aten::_flash_attention_forward",
                        /*tol=*/2e-2);
 }

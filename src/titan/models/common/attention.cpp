@@ -13,12 +13,12 @@
 
 #include "titan/common/check.h"
 #include "titan/common/cpu.h"
+#include "titan/common/device.h"
 #include "titan/common/host_sync.h"
 #include "titan/common/names.h"
 #include "titan/common/phase.h"
 #include "titan/models/common/savable_ops.h"
 
-#include <ATen/SDPBackend.h>
 #include <torch/csrc/autograd/custom_function.h>
 
 #include <algorithm>
@@ -235,8 +235,9 @@ struct MaterialisedAttention : public torch::autograd::Function<MaterialisedAtte
 };
 
 // Whether the variable-length flash kernel takes these q (bs, seqlen, n_heads, hd) and k: CUDA,
-// fp16 / bf16, head_dim a multiple of 8 up to 256 (no padding here), and libtorch would run its
-// flash kernel for the causal attention of these shapes (hardware, the user's SDPA switches).
+// fp16 / bf16, head_dim a multiple of 8 up to 256 (no padding here), and libtorch's flash kernel
+// takes the causal attention of these shapes (hardware, the user's SDPA switches). SDPA's own
+// choice may be cuDNN (libtorch 2.9+ on sm90), which has no variable-length entry here.
 bool varlen_flash_fits(const at::Tensor& q, const at::Tensor& k) {
   const at::ScalarType dtype = q.scalar_type();
   const int64_t head_dim = q.size(3);
@@ -244,12 +245,7 @@ bool varlen_flash_fits(const at::Tensor& q, const at::Tensor& k) {
       head_dim > 256) {
     return false;
   }
-  const at::Tensor qh = q.transpose(1, 2);
-  const at::Tensor kh = k.transpose(1, 2);
-  return at::_fused_sdp_choice(qh, kh, kh, /*attn_mask=*/std::nullopt, /*dropout_p=*/0.0,
-                               /*is_causal=*/true, /*scale=*/std::nullopt,
-                               /*enable_gqa=*/q.size(2) != k.size(2)) ==
-         static_cast<int64_t>(at::SDPBackend::flash_attention);
+  return cuda_flash_attention_fits(q.transpose(1, 2), k.transpose(1, 2));
 }
 
 // The packing of the ids this thread packed last: every layer of a model attends with the same

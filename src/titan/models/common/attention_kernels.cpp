@@ -150,11 +150,20 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward(
           r.aux.at(1), /*dropout_p=*/0.0, {true, true, true, false}, call.causal, scale);
       return {dq, sum_repeated(dk, k.size(1)), sum_repeated(dv, v.size(1))};
     }
-    case AttentionKernel::kCudnn:
+    case AttentionKernel::kCudnn: {
+      // cuDNN reads dout with the output's strides: a dout of another layout gives wrong
+      // gradients (measured on an H200, libtorch 2.11: relative error 1.3), so it is copied
+      // into that layout first.
+      at::Tensor grad_out = dout;
+      if (grad_out.strides() != r.out.strides()) {
+        grad_out = at::empty_strided(r.out.sizes(), r.out.strides(), dout.options());
+        grad_out.copy_(dout);
+      }
       return at::_scaled_dot_product_cudnn_attention_backward(
-          dout, q, k, v, r.out, r.lse, r.aux.at(2), r.aux.at(3), /*attn_bias=*/at::Tensor(),
+          grad_out, q, k, v, r.out, r.lse, r.aux.at(2), r.aux.at(3), /*attn_bias=*/at::Tensor(),
           r.aux.at(0), r.aux.at(1), /*max_q=*/q.size(2), /*max_k=*/k.size(2), /*dropout_p=*/0.0,
           call.causal, scale);
+    }
     case AttentionKernel::kVarlenFlash:
       return at::_flash_attention_backward(dout, q, k, v, r.out, r.lse, call.cu_seqlens,
                                            call.cu_seqlens, call.max_seqlen, call.max_seqlen,

@@ -26,7 +26,7 @@ enum class AttentionKernel {
   kCpuFlash,     // _scaled_dot_product_flash_attention_for_cpu (any additive mask, GQA)
   kCudaFlash,    // _scaled_dot_product_flash_attention (no mask, GQA, head_dim % 8 == 0)
   kEfficient,    // _scaled_dot_product_efficient_attention (additive bias; K, V repeated for GQA)
-  kCudnn,        // _scaled_dot_product_cudnn_attention (no mask here, equal head counts)
+  kCudnn,        // _scaled_dot_product_cudnn_attention (no mask here; GQA where SDPA chose it)
   kVarlenFlash,  // _flash_attention_forward over packed sequences (cumulative lengths), GQA
 };
 const char* attention_kernel_name(AttentionKernel kernel);

@@ -153,7 +153,7 @@ at::Tensor savable_linear(const at::Tensor& x, const at::Tensor& weight) {
 }
 
 AttentionKernel kept_attention_kernel(int64_t backend, at::DeviceType device, int64_t head_dim,
-                                      bool masked, bool grouped_query) {
+                                      bool masked) {
   const auto is = [&](at::SDPBackend b) { return backend == static_cast<int64_t>(b); };
   if (device == at::kCPU) {
     return is(at::SDPBackend::flash_attention) ? AttentionKernel::kCpuFlash
@@ -164,7 +164,7 @@ AttentionKernel kept_attention_kernel(int64_t backend, at::DeviceType device, in
     return AttentionKernel::kCudaFlash;
   }
   if (is(at::SDPBackend::efficient_attention)) return AttentionKernel::kEfficient;
-  if (is(at::SDPBackend::cudnn_attention) && !masked && !grouped_query) {
+  if (is(at::SDPBackend::cudnn_attention) && !masked) {
     return AttentionKernel::kCudnn;
   }
   return AttentionKernel::kNone;
@@ -200,8 +200,7 @@ at::Tensor savable_causal_sdpa(const at::Tensor& q, const at::Tensor& k, const a
   const int64_t backend = at::_fused_sdp_choice(q, k, v, attn_mask, /*dropout_p=*/0.0, is_causal,
                                                 /*scale=*/std::nullopt, enable_gqa);
   AttentionCall call;
-  call.kernel = kept_attention_kernel(backend, q.device().type(), q.size(3), mask.defined(),
-                                      q.size(1) != k.size(1));
+  call.kernel = kept_attention_kernel(backend, q.device().type(), q.size(3), mask.defined());
   if (call.kernel == AttentionKernel::kNone) return plain();
   call.causal = is_causal;
   if (mask.defined()) call.mask = kernel_mask(mask, q, k, call.kernel);

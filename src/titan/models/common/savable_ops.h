@@ -82,10 +82,11 @@ at::Tensor savable_causal_sdpa(const at::Tensor& q, const at::Tensor& k, const a
 // The kernel per-op AC keeps for an SDPA call that libtorch runs with `backend` (an
 // at::SDPBackend as at::_fused_sdp_choice returns it) on `device`: the CPU flash kernel; on CUDA
 // flash (head_dim a multiple of 8: SDPA pads other head dims, which is not replicated here),
-// memory-efficient (with or without a mask) and cuDNN (without a mask, equal head counts);
-// kNone for the math backend and anything else (recomputed).
+// memory-efficient (with or without a mask) and cuDNN (without a mask; grouped-query heads as
+// SDPA passes them, unrepeated, when it chose cuDNN for them); kNone for the math backend and
+// anything else (recomputed).
 AttentionKernel kept_attention_kernel(int64_t backend, at::DeviceType device, int64_t head_dim,
-                                      bool masked, bool grouped_query);
+                                      bool masked);
 
 // Attention through `call` (attention_kernels.h) as an autograd function whose backward is the
 // kernel's (attention_backward), kept and replayed under an OpSaver like the ops above. Shapes
