@@ -79,6 +79,46 @@ TEST(Float8Cast, RoundTripsWithinTheFormatsPrecision) {
   }
 }
 
+// to_float8 casts without saturated_cast's clamp (its scale comes from the operand's own
+// maximum) and rounds the float32 product as it stores it: bit for bit the same float8 values and
+// scales as the clamped cast, for every granularity, power-of-2 scales, float32 and bf16
+// operands, e4m3 and e5m2, row- and column-major results, over a wide range and with the maximum
+// itself among the values; on the CPU and, where there is one, on a GPU.
+TEST(Float8Cast, DynamicCastEqualsTheSaturatedCast) {
+  at::manual_seed(3);
+  at::Tensor x = at::randn({32, 48}) * at::exp(at::randn({32, 48}) * 4);
+  x[5][7] = 3.0e4f;  // one element far above the rest
+  std::vector<at::Device> devices{at::kCPU};
+  if (cuda_device_count() > 0) devices.emplace_back(at::kCUDA, 0);
+  for (const at::Device& device : devices) {
+    for (auto hp : {at::kFloat, at::kBFloat16}) {
+      const at::Tensor xh = x.to(device, hp);
+      for (auto dtype : {kE4M3, kE5M2}) {
+        for (std::optional<int64_t> dim :
+             {std::optional<int64_t>(), std::optional<int64_t>(0), std::optional<int64_t>(1)}) {
+          for (bool pow2 : {false, true}) {
+            const at::Tensor amax =
+                dim ? at::amax(xh.abs(), {*dim}, /*keepdim=*/true) : xh.abs().max();
+            const at::Tensor scale = float8_scale(amax.to(at::kFloat), dtype, pow2);
+            const at::Tensor want = saturated_cast(xh, scale, dtype).cpu().view(at::kByte);
+            for (bool column_major : {false, true}) {
+              const Float8Tensor got =
+                  to_float8(xh, dtype, dim, pow2, nullptr, std::nullopt, column_major);
+              const std::string what =
+                  device.str() + " " + c10::toString(hp) + " -> " + c10::toString(dtype) +
+                  (dim ? " dim " + std::to_string(*dim) : std::string(" tensorwise")) +
+                  (pow2 ? " pow2" : "") + (column_major ? " column-major" : "");
+              EXPECT_TRUE(at::equal(got.scale, scale)) << what;
+              EXPECT_EQ(got.data.stride(column_major ? 0 : 1), 1) << what;
+              EXPECT_TRUE(at::equal(got.data.cpu().view(at::kByte), want)) << what;
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
 TEST(Float8Cast, RowwiseScalesArePerRowOrColumn) {
   at::manual_seed(1);
   const at::Tensor x = at::randn({6, 32});

@@ -140,7 +140,7 @@ struct Float8LinearFunction : public torch::autograd::Function<Float8LinearFunct
       const Float8Tensor w8 = saved[2].numel() > 0
                                   ? Float8Tensor{saved[2], saved[3]}
                                   : to_float8(weight, kE4M3, granularity(c.weight_rowwise_gi, 0),
-                                              c.power_of_2, tp, w_split);
+                                              c.power_of_2, tp, w_split, /*column_major=*/true);
       grad_x = float8_mm(g8, w8, grad.scalar_type(), emulate, /*use_fast_accum=*/false);
     }
     if (ctx->needs_input_grad(1)) {
@@ -168,10 +168,13 @@ struct Float8LinearFunction : public torch::autograd::Function<Float8LinearFunct
       return tp != nullptr ? tp->*dim : std::nullopt;
     };
     // (out, rows) @ (rows, in): both scaled per feature over the rows.
-    const Float8Tensor g8 = to_float8(grad, c.grad_dtype, granularity(c.rowwise, 0), c.power_of_2,
-                                      tp, split(&Float8TensorParallel::grad_output_dim));
-    const Float8Tensor x8 = to_float8(x, kE4M3, granularity(c.rowwise, 0), c.power_of_2, tp,
-                                      split(&Float8TensorParallel::input_dim));
+    // g8.t() is the row-major first operand, x8 the column-major second one.
+    const Float8Tensor g8 =
+        to_float8(grad, c.grad_dtype, granularity(c.rowwise, 0), c.power_of_2, tp,
+                  split(&Float8TensorParallel::grad_output_dim), /*column_major=*/true);
+    const Float8Tensor x8 =
+        to_float8(x, kE4M3, granularity(c.rowwise, 0), c.power_of_2, tp,
+                  split(&Float8TensorParallel::input_dim), /*column_major=*/true);
     return float8_mm(g8.t(), x8, grad.scalar_type(), options.emulate, /*use_fast_accum=*/false);
   }
 };
@@ -214,18 +217,31 @@ at::Tensor float8_scale(const at::Tensor& amax, at::ScalarType float8_dtype, boo
 
 Float8Tensor to_float8(const at::Tensor& x, at::ScalarType float8_dtype,
                        std::optional<int64_t> reduce_dim, bool power_of_2,
-                       const Float8TensorParallel* tp, std::optional<int64_t> split_dim) {
+                       const Float8TensorParallel* tp, std::optional<int64_t> split_dim,
+                       bool column_major) {
   TITAN_CHECK(x.dim() == 2, "to_float8: expected a matrix, got shape ", x.sizes());
   at::NoGradGuard no_grad;
-  const at::Tensor magnitude = x.abs();
+  // The absolute maximum in one reduction (|x| is not materialized), in float32: exact.
   at::Tensor amax =
-      reduce_dim ? at::amax(magnitude, {*reduce_dim}, /*keepdim=*/true) : magnitude.max();
+      reduce_dim ? at::linalg_vector_norm(x, INFINITY, at::IntArrayRef{*reduce_dim},
+                                          /*keepdim=*/true, at::kFloat)
+                 : at::linalg_vector_norm(x, INFINITY, std::nullopt, /*keepdim=*/false, at::kFloat);
   if (tp != nullptr && split_dim && (!reduce_dim || *reduce_dim == *split_dim)) {
-    amax = amax.to(at::kFloat).contiguous();  // exact: a maximum of the operand's values
+    amax = amax.contiguous();
     tp->all_reduce_max(amax);
   }
   const at::Tensor scale = float8_scale(amax, float8_dtype, power_of_2);
-  return {saturated_cast(x, scale, float8_dtype), scale};
+  // The scale comes from this operand's own maximum (or its group's, which is larger), so
+  // |x * scale| <= fp8_max up to one float32 rounding: saturated_cast's clamp would change no
+  // value (a non-finite x gives NaN either way), and is left out: one pass over x fewer. The
+  // product is taken in float32 (a scale of at least one dimension promotes it) and rounded to
+  // float8 as it is stored: one pass.
+  const at::Tensor scale_1d = scale.dim() == 0 ? scale.reshape({1}) : scale;
+  const auto options = x.options().dtype(float8_dtype);
+  at::Tensor data = column_major ? at::empty({x.size(1), x.size(0)}, options).t()
+                                 : at::empty({x.size(0), x.size(1)}, options);
+  at::mul_out(data, x, scale_1d);
+  return {data, scale};
 }
 
 at::Tensor saturated_cast(const at::Tensor& x, const at::Tensor& scale,

@@ -73,13 +73,16 @@ struct Float8Tensor {
   Float8Tensor t() const { return {data.t(), scale.t()}; }
 };
 
-// `x` (rows, cols) cast to `float8_dtype`. reduce_dim: nullopt for one scale over the whole tensor,
-// 1 for one per row (the absolute maximum over dim 1), 0 for one per column. With `tp` and
-// x split along `split_dim` over its group, the maximum covers the whole tensor (see above).
+// `x` (rows, cols) cast to `float8_dtype`, in one pass over x after its maximum (the product
+// with the scale is taken in float32 and rounded on the store), laid out column-major when asked
+// (the layout at::_scaled_mm takes for its second operand, so float8_mm copies nothing).
+// reduce_dim: nullopt for one scale over the whole tensor, 1 for one per row (the absolute maximum
+// over dim 1), 0 for one per column. With `tp` and x split along `split_dim` over its group, the
+// maximum covers the whole tensor (see above).
 Float8Tensor to_float8(const at::Tensor& x, at::ScalarType float8_dtype,
                        std::optional<int64_t> reduce_dim, bool power_of_2,
                        const Float8TensorParallel* tp = nullptr,
-                       std::optional<int64_t> split_dim = std::nullopt);
+                       std::optional<int64_t> split_dim = std::nullopt, bool column_major = false);
 // data / scale in `dtype`.
 at::Tensor from_float8(const Float8Tensor& x, at::ScalarType dtype);
 
