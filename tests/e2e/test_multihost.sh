@@ -286,20 +286,30 @@ NFT
 fi
 # The delay is there: TCP round trips between the hosts take 2 ms more (0.05 ms without).
 python="${TITAN_PYTHON:-python3}"
-rtt_port=$(port)
+# The echo server takes a free port (a fixed or random one may still be held, e.g. in TIME_WAIT
+# from the runs above) and writes it where the client looks for it.
+rm -f "$WORK/rtt_port"
 rtt=$(
   ip netns exec "${ns[1]}" "$python" -c '
-import socket, sys
-s = socket.socket(); s.bind(("0.0.0.0", int(sys.argv[1]))); s.listen(1); c, _ = s.accept()
+import os, socket, sys
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("0.0.0.0", 0)); s.listen(1)
+with open(sys.argv[1] + ".tmp", "w") as f: f.write(str(s.getsockname()[1]))
+os.rename(sys.argv[1] + ".tmp", sys.argv[1])
+c, _ = s.accept()
 while True:
     d = c.recv(64)
     if not d: break
-    c.sendall(d)' "$rtt_port" &
+    c.sendall(d)' "$WORK/rtt_port" &
   ip netns exec "${ns[0]}" "$python" -c '
-import socket, sys, time
+import os, socket, sys, time
+for attempt in range(100):
+    if os.path.exists(sys.argv[2]): break
+    time.sleep(0.1)
+port = int(open(sys.argv[2]).read())
 for attempt in range(100):
     try:
-        c = socket.create_connection((sys.argv[1], int(sys.argv[2])))
+        c = socket.create_connection((sys.argv[1], port))
         break
     except ConnectionRefusedError:
         time.sleep(0.1)
@@ -307,7 +317,7 @@ c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 t = []
 for _ in range(20):
     a = time.perf_counter(); c.sendall(b"x"); c.recv(64); t.append(time.perf_counter() - a)
-print("%.2f" % (1000 * sorted(t)[10]))' "${addr[1]}" "$rtt_port"
+print("%.2f" % (1000 * sorted(t)[10]))' "${addr[1]}" "$WORK/rtt_port"
   wait
 )
 awk -v r="$rtt" 'BEGIN { exit !(r >= 1.9) }' || fail "degraded: round trip $rtt ms, not 2 ms more"
