@@ -13,6 +13,7 @@
 
 #include "titan/common/check.h"
 #include "titan/common/cpu.h"
+#include "titan/common/device.h"
 
 #include <ATen/SDPBackend.h>
 
@@ -450,17 +451,16 @@ AttentionKernel fused_kernel_for(const at::Tensor& q, const at::Tensor& k, bool 
   // log-sum-exp, so documents stay explicit (without CP, attention.cpp runs them through the
   // variable-length flash kernel instead).
   if (!q.is_cuda() || documents) return AttentionKernel::kNone;
-  // What libtorch would run for a multi-head pair of this dtype and head dim.
+  // A multi-head pair of this dtype and head dim: the flash kernel where libtorch's takes it
+  // (asked of the kernel, under the user's switches: SDPA itself prefers cuDNN on sm90 from
+  // libtorch 2.9), else the memory-efficient one where SDPA would run that.
   const at::Tensor qh = q.transpose(1, 2);
+  const bool half = dtype == at::kHalf || dtype == at::kBFloat16;
+  const bool flash_shape = half && head_dim % 8 == 0 && head_dim <= 256;
+  if (flash_shape && cuda_flash_attention_fits(qh, qh)) return AttentionKernel::kCudaFlash;
   const int64_t backend =
       at::_fused_sdp_choice(qh, qh, qh, /*attn_mask=*/std::nullopt, /*dropout_p=*/0.0,
                             /*is_causal=*/true, /*scale=*/std::nullopt, /*enable_gqa=*/false);
-  const bool half = dtype == at::kHalf || dtype == at::kBFloat16;
-  const bool flash_shape = half && head_dim % 8 == 0 && head_dim <= 256;
-  if (flash_shape && (backend == static_cast<int64_t>(at::SDPBackend::flash_attention) ||
-                      backend == static_cast<int64_t>(at::SDPBackend::cudnn_attention))) {
-    return AttentionKernel::kCudaFlash;
-  }
   if (backend == static_cast<int64_t>(at::SDPBackend::efficient_attention)) {
     return AttentionKernel::kEfficient;
   }
