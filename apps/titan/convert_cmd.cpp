@@ -1,7 +1,8 @@
 // `titan convert`: Hugging Face interop for trained models.
 //   to-hf    our checkpoint -> a transformers LlamaForCausalLM folder (config.json, safetensors,
 //            tokenizer files)
-//   from-hf  a transformers folder -> a model-only checkpoint step directory
+//   to-peft  the LoRA adapters of our checkpoint -> a PEFT adapter folder
+//   from-hf  a transformers folder (and a PEFT adapter) -> a model-only checkpoint step directory
 //   logits   one forward pass of a checkpoint or HF folder on given token ids, written as float32
 //            (used by tests/e2e/test_hf_interop.sh against an independent Python reference)
 //   diff     compares the model tensors of two checkpoints / HF folders bit for bit
@@ -34,9 +35,10 @@ struct Args {
   std::string action;
   std::vector<std::string> positional;
   std::map<std::string, std::string> options;  // by flag name
+  bool merge_lora = false;
 };
 
-const std::vector<std::string> kActions = {"to-hf", "from-hf", "logits", "diff"};
+const std::vector<std::string> kActions = {"to-hf", "to-peft", "from-hf", "logits", "diff"};
 
 // The flags and arguments of one action; the values land in out.options under the flag's name.
 FlagTable convert_flags(const std::string& action, Args& out) {
@@ -59,15 +61,33 @@ FlagTable convert_flags(const std::string& action, Args& out) {
                "largest file (default 5GB; suffixes KB, MB, GB = powers of 1000)",
                keep("--max_shard_size"))
         .value("--tokenizer", "PATH", "tokenizer files (default: the path the checkpoint records)",
-               keep("--tokenizer"));
+               keep("--tokenizer"))
+        .toggle("--merge-lora",
+                "fold the LoRA adapters of a LoRA run into the weights (W + scaling * B A); such "
+                "a checkpoint needs it",
+                &out.merge_lora);
+  }
+  if (action == "to-peft") {
+    return FlagTable(
+               "titan convert to-peft CHECKPOINT OUT",
+               "Writes the LoRA adapters of CHECKPOINT (a run with model.converters =\n"
+               "[\"lora\"]) as a PEFT folder OUT: adapter_config.json and\n"
+               "adapter_model.safetensors, which peft's PeftModel.from_pretrained loads onto\n"
+               "the Hugging Face base model.")
+        .positional("CHECKPOINT", "a step-N directory, or a checkpoint folder: its latest step")
+        .positional("OUT", "the folder to write");
   }
   if (action == "from-hf") {
-    return FlagTable("titan convert from-hf HF_DIR OUT",
+    return FlagTable("titan convert from-hf HF_DIR OUT [--adapter PEFT_DIR]",
                      "Writes a model-only checkpoint step directory OUT, loadable by\n"
                      "--checkpoint.initial_load_path and `titan generate --checkpoint`. Float32\n"
                      "weights survive to-hf + from-hf bit for bit.")
         .positional("HF_DIR", "a Hugging Face folder (config.json, *.safetensors)")
-        .positional("OUT", "the step directory to write");
+        .positional("OUT", "the step directory to write")
+        .value("--adapter", "PEFT_DIR",
+               "a PEFT LoRA adapter of that model: the checkpoint holds it too (train on with "
+               "model.converters = [\"lora\"] and the same [lora] settings, or generate with it)",
+               keep("--adapter"));
   }
   if (action == "logits") {
     return FlagTable("titan convert logits MODEL --ids \"1 2 3\" [--out FILE]",
@@ -157,7 +177,7 @@ int to_hf(const Args& args) {
   const std::unique_ptr<Tokenizer> tokenizer = build_tokenizer(options.tokenizer_path);
   options.bos_id = tokenizer->bos_id();
   options.eos_id = tokenizer->eos_id();
-  ckpt::checkpoint_to_hf(dir, args.positional[1], options);
+  ckpt::checkpoint_to_hf(dir, args.positional[1], options, args.merge_lora);
   std::printf("wrote Hugging Face folder %s from %s\n", args.positional[1].c_str(), dir.c_str());
   return 0;
 }
@@ -167,7 +187,9 @@ int from_hf(const Args& args) {
     throw ConfigError(
         message("'", args.positional[0], "' is not a Hugging Face folder (no config.json)"));
   }
-  ckpt::hf_to_checkpoint(args.positional[0], args.positional[1]);
+  const auto adapter = args.options.find("--adapter");
+  ckpt::hf_to_checkpoint(args.positional[0], args.positional[1],
+                         adapter == args.options.end() ? "" : adapter->second);
   std::printf("wrote checkpoint %s from %s\n", args.positional[1].c_str(),
               args.positional[0].c_str());
   return 0;
@@ -308,6 +330,12 @@ int run_convert(const std::vector<std::string>& argv) {
   }
   const Args args = parse_args(argv);
   if (args.action == "to-hf") return to_hf(args);
+  if (args.action == "to-peft") {
+    const std::string dir = resolve_checkpoint_dir(args.positional[0]);
+    ckpt::checkpoint_to_peft(dir, args.positional[1]);
+    std::printf("wrote PEFT adapter folder %s from %s\n", args.positional[1].c_str(), dir.c_str());
+    return 0;
+  }
   if (args.action == "from-hf") return from_hf(args);
   if (args.action == "logits") return logits(args);
   return diff(args);

@@ -17,6 +17,9 @@ are imported once; a failing check prints FAIL, the others still run, and the ex
   check-logits HF_DIR LOGITS.safetensors --ids "1 2 3" [--atol 1e-4]
       transformers' logits of HF_DIR (weights cast to float32) on the ids against tensor "logits"
       (seqlen, vocab) of the file (written by `titan convert logits`).
+  check-peft HF_DIR PEFT_DIR LOGITS.safetensors --ids "1 2 3" [--atol 1e-4]
+      peft's PeftModel.from_pretrained(HF_DIR's model, PEFT_DIR) logits against titan's (a LoRA
+      checkpoint's `titan convert logits`); the adapters must move the base logits.
   same-tensors A B
       Both folders hold the same tensor names, and each has the same dtype, shape and bytes
       (single-file or sharded folders).
@@ -110,6 +113,31 @@ def check_logits(args):
           f"max |titan - transformers| = {diff:.3e} (tolerance {args.atol:g}, "
           f"max |logit| {ref.abs().max().item():.3f}, "
           f"argmax equal: {torch.equal(ours.argmax(-1), ref.argmax(-1))})")
+    return ok
+
+
+def check_peft(args):
+    """peft's PeftModel of a base folder and an adapter folder against titan's logits."""
+    from peft import PeftModel
+    ids = torch.tensor([[int(t) for t in args.ids.split()]])
+    base = load_model(args.hf_dir)
+    with torch.no_grad():
+        base_logits = base(ids).logits[0]
+    model = PeftModel.from_pretrained(base, args.peft_dir).eval()
+    adapted = sum(1 for n, _ in model.named_modules() if n.endswith(".lora_A"))
+    with torch.no_grad():
+        ref = model(ids).logits[0]
+    ours = load_file(args.logits)["logits"].to(torch.float32)
+    if ours.shape != ref.shape:
+        print(f"FAIL: {args.peft_dir}: logits shape titan {tuple(ours.shape)}, "
+              f"peft {tuple(ref.shape)}")
+        return False
+    diff = (ours - ref).abs().max().item()
+    moved = (ref - base_logits).abs().max().item()
+    ok = diff <= args.atol and moved > 10 * args.atol and adapted > 0
+    print(f"{'ok' if ok else 'FAIL'}: {args.peft_dir} on {args.hf_dir}: peft loaded {adapted} "
+          f"LoRA layers; logits max |titan - peft| = {diff:.3e} (tolerance {args.atol:g}); the "
+          f"adapters move the base logits by up to {moved:.3e}")
     return ok
 
 
@@ -233,6 +261,13 @@ def parser():
     s.add_argument("--ids", required=True)
     s.add_argument("--atol", type=float, default=1e-4)
     s.set_defaults(run=check_logits)
+    s = sub.add_parser("check-peft")
+    s.add_argument("hf_dir")
+    s.add_argument("peft_dir")
+    s.add_argument("logits")
+    s.add_argument("--ids", required=True)
+    s.add_argument("--atol", type=float, default=1e-4)
+    s.set_defaults(run=check_peft)
     for name, run in (("same-tensors", same_tensors), ("same-config", same_config)):
         s = sub.add_parser(name)
         s.add_argument("a")

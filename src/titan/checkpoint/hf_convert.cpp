@@ -1,10 +1,12 @@
 // Checkpoint / model <-> Hugging Face folder conversions (see hf_convert.h).
 #include "titan/checkpoint/hf_convert.h"
 
+#include "titan/checkpoint/peft_folder.h"
 #include "titan/common/check.h"
 #include "titan/common/format.h"
 #include "titan/common/logging.h"
 #include "titan/models/common/moe.h"
+#include "titan/models/lora.h"
 
 #include <ATen/core/grad_mode.h>
 
@@ -41,7 +43,8 @@ std::shared_ptr<Model> empty_model(const nlohmann::json& description) {
   const ModelSpec& spec = spec_for_description(description);
   ModelBuildOptions options;
   options.max_seq_len = 2;  // RoPE tables are derived, not loaded
-  return spec.build_uninitialized(description, options);
+  (void)spec;
+  return build_described_model(description, options);  // with the LoRA adapters it describes
 }
 
 const nlohmann::json& checkpoint_model(const CheckpointReader& reader) {
@@ -171,30 +174,68 @@ nlohmann::json hf_model_description(const nlohmann::json& config, const std::str
 }
 
 void checkpoint_to_hf(const std::string& checkpoint_dir, const std::string& out_dir,
-                      const HfWriteOptions& options) {
+                      const HfWriteOptions& options, bool merge_adapters) {
   const CheckpointReader reader(checkpoint_dir);
   const nlohmann::json& description = checkpoint_model(reader);
   const HfAdapter& adapter = adapter_of(spec_for_description(description));
   TensorMap ours = read_model_tensors(reader);
+  if (description.contains("lora")) {
+    if (!merge_adapters) {
+      throw ConfigError(
+          message(checkpoint_dir,
+                  " holds LoRA adapters, which a Hugging Face model folder cannot. HINT: "
+                  "add --merge-lora to write the merged weights, or run `titan convert to-peft ",
+                  checkpoint_dir, " OUT` for the adapters alone (a PEFT folder)"));
+    }
+    ours = merge_lora(ours, LoraSpec::from_json(description["lora"]));
+  } else if (merge_adapters) {
+    throw ConfigError(message("--merge-lora: ", checkpoint_dir,
+                              " holds no LoRA adapters (it was not trained with model.converters "
+                              "= [\"lora\"]). HINT: drop --merge-lora"));
+  }
+  const nlohmann::json base = base_description(description);
   // Expert biases go along: an adapter maps them (DeepSeek-V3) or drops them (Qwen3).
-  for (const auto& [name, buffer] : expert_biases(*empty_model(description))) {
+  for (const auto& [name, buffer] : expert_biases(*empty_model(base))) {
     if (reader.has(name)) ours.emplace(name, reader.read(name));
   }
-  write_hf_folder(out_dir, adapter.to_hf_config(description), adapter.to_hf(ours, description),
-                  options);
+  write_hf_folder(out_dir, adapter.to_hf_config(base), adapter.to_hf(ours, base), options);
 }
 
-void hf_to_checkpoint(const std::string& hf_dir, const std::string& out_dir) {
+void checkpoint_to_peft(const std::string& checkpoint_dir, const std::string& out_dir) {
+  std::error_code ec;
+  if (std::filesystem::exists(out_dir, ec)) {
+    throw ConfigError(
+        message("output folder ", out_dir, " already exists; remove it or pick another"));
+  }
+  const CheckpointReader reader(checkpoint_dir);
+  const nlohmann::json& description = checkpoint_model(reader);
+  if (!description.contains("lora")) {
+    throw ConfigError(message(checkpoint_dir,
+                              " holds no LoRA adapters (it was not trained with model.converters "
+                              "= [\"lora\"]). HINT: `titan convert to-hf` writes the whole model"));
+  }
+  write_peft_adapter(out_dir, read_model_tensors(reader), base_description(description),
+                     LoraSpec::from_json(description["lora"]));
+}
+
+void hf_to_checkpoint(const std::string& hf_dir, const std::string& out_dir,
+                      const std::string& adapter_dir) {
   namespace fs = std::filesystem;
   std::error_code ec;
   if (fs::exists(out_dir, ec)) {
     throw ConfigError(message("output ", out_dir, " already exists; remove it or pick another"));
   }
   const HfFolderReader reader(hf_dir);
-  const nlohmann::json description =
+  const nlohmann::json base =
       hf_model_description(reader.config(), (fs::path(hf_dir) / "config.json").string());
+  nlohmann::json description = base;
   const ModelSpec& spec = spec_for_description(description);
-  const TensorMap ours = adapter_of(spec).from_hf(reader.read_all(at::kFloat), description);
+  TensorMap ours = adapter_of(spec).from_hf(reader.read_all(at::kFloat), description);
+  if (!adapter_dir.empty()) {
+    PeftAdapter adapter = read_peft_adapter(adapter_dir, base);
+    ours.insert(adapter.params.begin(), adapter.params.end());
+    description = with_lora(base, adapter.spec);
+  }
   // Check against the model the description builds, and save in its parameter order.
   const auto model = empty_model(description);
   std::vector<SavedTensor> saved;

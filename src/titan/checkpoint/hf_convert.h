@@ -44,14 +44,24 @@ nlohmann::json hf_model_description(const nlohmann::json& config, const std::str
 // Writes the model of checkpoint `checkpoint_dir` as an HF folder `out_dir` (see
 // write_hf_folder for options; tokenizer_path is copied as given, so callers usually pass the
 // checkpoint's state["tokenizer_path"]).
+// A checkpoint of a LoRA run (its description has a "lora" entry) needs `merge_adapters`: the
+// folder then holds W + scaling * B A for each adapted layer (ConfigError otherwise, and for
+// merge_adapters without adapters).
 void checkpoint_to_hf(const std::string& checkpoint_dir, const std::string& out_dir,
-                      const HfWriteOptions& options);
+                      const HfWriteOptions& options, bool merge_adapters = false);
+
+// Writes the LoRA adapters of checkpoint `checkpoint_dir` as PEFT folder `out_dir` (which must
+// not exist; peft_folder.h). ConfigError for a checkpoint without adapters.
+void checkpoint_to_peft(const std::string& checkpoint_dir, const std::string& out_dir);
 
 // Writes HF folder `hf_dir` as a model-only checkpoint step directory `out_dir` (float32 tensors
 // under our names; state {"model": description, "tokenizer_path": absolute hf_dir if it holds
 // tokenizer files, else "", "model_only": true, "entries": {"model": {}}}, as the checkpoint
 // manager writes a model-only save), loadable by checkpoint.initial_load_path and load_model.
-void hf_to_checkpoint(const std::string& hf_dir, const std::string& out_dir);
+// With `adapter_dir` (a PEFT LoRA folder for that model), the checkpoint holds its adapters too
+// and its description the LoRA settings.
+void hf_to_checkpoint(const std::string& hf_dir, const std::string& out_dir,
+                      const std::string& adapter_dir = "");
 
 // checkpoint.initial_load_in_hf: loads the weights of HF folder `hf_dir` into `model`, which was
 // built from `model_description`. ConfigError if the folder's config.json describes another

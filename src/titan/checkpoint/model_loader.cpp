@@ -8,6 +8,7 @@
 #include "titan/common/check.h"
 #include "titan/common/format.h"
 #include "titan/common/logging.h"
+#include "titan/models/lora.h"
 #include "titan/models/registry.h"
 
 #include <filesystem>
@@ -35,7 +36,7 @@ std::shared_ptr<Model> build(const nlohmann::json& description, at::ScalarType c
   ModelBuildOptions options;
   options.max_seq_len = max_seq_len;
   options.compute_dtype = compute_dtype;
-  return spec_for_description(description).build_uninitialized(description, options);
+  return build_described_model(description, options);  // with LoRA adapters it describes
 }
 
 LoadedModel load_from_checkpoint(const CheckpointReader& reader, at::ScalarType compute_dtype,

@@ -114,7 +114,8 @@ struct ModelSection {
       "Deprecated name of hf_assets_path: when set, it replaces hf_assets_path (with a warning)");
     v("converters", converters,
       "Model converters applied after the build, before parallelism: \"quantize.linear.float8\" "
-      "(or \"float8\"): float8 linear layers, see [quantize.linear.float8]");
+      "(or \"float8\"): float8 linear layers, see [quantize.linear.float8]; \"lora\": low-rank "
+      "adapters on frozen weights, see [lora]");
     v("print_after_conversion", print_after_conversion, "Print the model after the converters ran");
     v("attn_mask_type", attn_mask_type,
       "Attention mask of training and validation: causal (every earlier token of the sequence) "
@@ -282,6 +283,31 @@ struct SftSection {
       "tokenizer folder's (chat_template.jinja, tokenizer_config.json)");
     v("overlong", overlong,
       "Conversations longer than training.seq_len: drop, or truncate (both counted in the log)");
+  }
+};
+
+// [lora]: low-rank adapters (models/lora.h), applied when model.converters lists "lora". A titan
+// section: TorchTitan's LoRA came after v0.2.2, as an experiment configured the same way.
+struct LoraSection {
+  static constexpr const char* kName = "lora";
+  int64_t rank = 8;
+  double alpha = 16.0;
+  double dropout = 0.0;
+  std::vector<std::string> target_modules = {"wq", "wv"};
+  bool use_rslora = false;
+
+  template <class V>
+  void visit(V& v) {
+    v("rank", rank, "Rank r of each adapter: lora_a is (r, in_features), lora_b (out_features, r)");
+    v("alpha", alpha,
+      "Scale of the adapters' output: alpha / rank (alpha / sqrt(rank) with "
+      "use_rslora)");
+    v("dropout", dropout, "Dropout on the adapters' input while training (0: none)");
+    v("target_modules", target_modules,
+      "Linear layers that get adapters, by the last part of their name, ours (wq, wk, wv, wo, w1, "
+      "w2, w3, ...) or Hugging Face's (q_proj, v_proj, gate_proj, ...); \"all-linear\": every "
+      "linear layer of the transformer blocks");
+    v("use_rslora", use_rslora, "Rank-stabilized LoRA: scale by alpha / sqrt(rank)");
   }
 };
 
@@ -682,6 +708,7 @@ struct JobConfig {
   LRSchedulerSection lr_scheduler;
   TrainingSection training;
   SftSection sft;
+  LoraSection lora;
   ParallelismSection parallelism;
   CheckpointSection checkpoint;
   ActivationCheckpointSection activation_checkpoint;
@@ -707,6 +734,7 @@ struct JobConfig {
     v.section(TrainingSection::kName, training);
     v.section("training.dataloader", training.dataloader);
     v.section(SftSection::kName, sft);
+    v.section(LoraSection::kName, lora);
     v.section(ParallelismSection::kName, parallelism);
     v.section(CheckpointSection::kName, checkpoint);
     v.section(ActivationCheckpointSection::kName, activation_checkpoint);

@@ -348,6 +348,23 @@ void validate_compile(const CompileSection& c) {
   }
 }
 
+// [lora], when model.converters lists "lora" (the target names are checked against the model when
+// the adapters are added: models/lora.h).
+void validate_lora(const LoraSection& l) {
+  if (l.rank < 1) {
+    fail("lora.rank = " + std::to_string(l.rank) + " must be at least 1. HINT: 8 or 16 are usual");
+  }
+  if (!(l.alpha > 0)) fail("lora.alpha = " + std::to_string(l.alpha) + " must be > 0");
+  if (!(l.dropout >= 0 && l.dropout < 1)) {
+    fail("lora.dropout = " + std::to_string(l.dropout) + " must be in [0, 1)");
+  }
+  if (l.target_modules.empty()) {
+    fail(
+        "lora.target_modules is empty, so no layer would train. HINT: e.g. [\"wq\", \"wv\"] "
+        "or [\"all-linear\"]");
+  }
+}
+
 // model.converters: TorchTitan's registered names; the float8 linear converter is built (under
 // its v0.2.2 name and its older one), the others are refused by name. Its FSDP float8 all-gather
 // is not built, so its two switches are refused while the converter is on.
@@ -355,11 +372,16 @@ void validate_model_converters(const JobConfig& c) {
   const std::vector<std::string> built = {"quantize.linear.float8", "float8"};
   const std::vector<std::string> not_built = {"quantize.grouped_mm.float8", "quantize.linear.mx",
                                               "quantize.grouped_mm.mx", "mx"};
-  bool float8 = false;
+  bool float8 = false, lora = false;
   for (const std::string& name : c.model.converters) {
     const auto in = [&](const std::vector<std::string>& names) {
       return std::find(names.begin(), names.end(), name) != names.end();
     };
+    if (name == "lora") {
+      if (lora) fail("model.converters lists \"lora\" twice. HINT: keep one entry");
+      lora = true;
+      continue;
+    }
     if (in(not_built)) {
       fail("model.converters entry '" + name +
            "' is not supported yet; titan.cpp builds the float8 linear converter only. HINT: "
@@ -368,10 +390,11 @@ void validate_model_converters(const JobConfig& c) {
     }
     if (!in(built)) {
       std::vector<std::string> all = built;
+      all.push_back("lora");
       all.insert(all.end(), not_built.begin(), not_built.end());
       fail("model.converters entry '" + name + "' is not a model converter" +
            did_you_mean(nearest_name(name, all)) +
-           " (built: quantize.linear.float8, also spelled float8; not built yet: "
+           " (built: quantize.linear.float8, also spelled float8, and lora; not built yet: "
            "quantize.grouped_mm.float8, quantize.linear.mx, quantize.grouped_mm.mx)");
     }
     if (float8) {
@@ -381,6 +404,7 @@ void validate_model_converters(const JobConfig& c) {
     }
     float8 = true;
   }
+  if (lora) validate_lora(c.lora);
   if (!float8) return;
   const Float8LinearSection& f8 = c.quantize.linear.float8;
   // The float8 all-gather casts each weight with one scale (torchao supports it for the

@@ -14,6 +14,8 @@
 #include "titan/models/common/linear.h"
 #include "titan/models/common/norms.h"
 #include "titan/models/common/rope.h"
+#include "titan/models/lora.h"
+#include "titan/models/registry.h"
 
 #include <algorithm>
 #include <cstdlib>
@@ -64,7 +66,7 @@ Float8Conversion convert_to_float8(torch::nn::Module& model, const Float8LinearS
   if (auto_filter) filters.erase(auto_flag);
   for (const auto& item : model.named_modules()) {
     auto* linear = dynamic_cast<Linear*>(item.value().get());
-    if (linear == nullptr) continue;
+    if (linear == nullptr || linear->is_adapter) continue;  // LoRA adapters stay high precision
     const std::string& name = item.key();
     const int64_t n = linear->weight.size(0), k = linear->weight.size(1);
     const bool filtered = std::any_of(filters.begin(), filters.end(), [&](const std::string& f) {
@@ -152,10 +154,23 @@ int64_t apply_compile(torch::nn::Module& model, const CompileSection& config,
   return norms + ffns + ropes;
 }
 
-void apply_model_converters(torch::nn::Module& model, const ModelSection& config,
-                            const Float8LinearSection& float8, const at::Device& device) {
+void apply_model_converters(Model& model, const ModelSection& config,
+                            const Float8LinearSection& float8, const at::Device& device,
+                            const LoraSection& lora) {
   if (config.converters.empty()) return;
   for (const std::string& name : config.converters) {
+    if (name == "lora") {
+      const LoraSpec spec = LoraSpec::from_section(lora);
+      const LoraApplied a = apply_lora(model, spec, model_description(config));
+      log_info("LoRA: rank ", spec.rank, ", alpha ", spec.alpha, " (scaling ", spec.scaling(),
+               spec.use_rslora ? ", rank-stabilized" : "", "), dropout ", spec.dropout, " on ",
+               a.adapted.size(), " linear layers; trained ", with_commas(a.adapter_params),
+               " parameters, frozen ", with_commas(a.frozen_params), " (",
+               100.0 * static_cast<double>(a.adapter_params) /
+                   static_cast<double>(std::max<int64_t>(1, a.adapter_params + a.frozen_params)),
+               "% trained)");
+      continue;
+    }
     // validate_job_config admits only the float8 linear converter's two names.
     TITAN_CHECK(name == "float8" || name == "quantize.linear.float8", "model converter '", name,
                 "' is not built");

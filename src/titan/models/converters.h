@@ -8,6 +8,7 @@
 #include "titan/common/device.h"
 #include "titan/config/job_config.h"
 #include "titan/models/common/float8.h"
+#include "titan/models/model.h"
 
 #include <torch/nn/module.h>
 
@@ -38,10 +39,12 @@ Float8Conversion convert_to_float8(torch::nn::Module& model, const Float8LinearS
                                    const DeviceInfo& device);
 
 // Applies model.converters to `model` on `device` in order (the float8 converter with
-// `float8`, quantize.linear.float8), logging what each converted and skipped (and the model
-// after conversion when model.print_after_conversion is set).
-void apply_model_converters(torch::nn::Module& model, const ModelSection& config,
-                            const Float8LinearSection& float8, const at::Device& device);
+// `float8`, quantize.linear.float8; "lora" with `lora`, models/lora.h), logging what each
+// converted and skipped (and the model after conversion when model.print_after_conversion is set).
+// Float8 never converts LoRA's adapters, whichever comes first.
+void apply_model_converters(Model& model, const ModelSection& config,
+                            const Float8LinearSection& float8, const at::Device& device,
+                            const LoraSection& lora = {});
 
 // How many layers of each kind enable_fused_layers switched.
 struct FusedLayers {

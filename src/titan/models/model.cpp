@@ -40,8 +40,13 @@ void Model::remove_unit_runner(UnitRunner* runner) {
 
 void Model::init_weights(uint64_t seed) {
   for (auto& item : named_parameters()) {
-    init_whole(item.value(), param_init(item.key()), seed, item.key());
+    init_whole(item.value(), initial_value(item.key()), seed, item.key());
   }
+}
+
+ParamInit Model::initial_value(const std::string& name) const {
+  const auto it = added_inits_.find(name);
+  return it != added_inits_.end() ? it->second : param_init(name);
 }
 
 void Model::keep_only(const std::vector<std::string>& modules) {

@@ -13,6 +13,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <set>
 #include <string>
 #include <utility>
@@ -143,7 +144,12 @@ class Model : public torch::nn::Module {
   // How parameter `name` (an FQN of named_parameters()) starts out; its values then depend only
   // on the seed, the name and the position (init.h), never on how the model is split.
   virtual ParamInit param_init(const std::string& name) const = 0;
-  // (Re-)initializes every parameter in place: param_init with `seed`.
+  // How parameter `name` starts out in this instance: what a converter that added it set
+  // (set_param_init: LoRA's adapters), else param_init(name). Initializers call this one.
+  ParamInit initial_value(const std::string& name) const;
+  // Sets how parameter `name` (one a converter added) starts out.
+  void set_param_init(const std::string& name, const ParamInit& init) { added_inits_[name] = init; }
+  // (Re-)initializes every parameter in place: initial_value with `seed`.
   void init_weights(uint64_t seed);
   virtual ModelStats stats(int64_t batch, int64_t seq_len) const = 0;
 
@@ -205,6 +211,7 @@ class Model : public torch::nn::Module {
 
  private:
   std::vector<UnitRunner*> runners_;  // innermost first
+  std::map<std::string, ParamInit> added_inits_;
 };
 
 }  // namespace titan

@@ -59,7 +59,13 @@ struct GatherParams : public torch::autograd::Function<GatherParams> {
     ctx->saved_data["impl"] = reinterpret_cast<int64_t>(impl);
     ctx->saved_data["unit"] = unit;
     ctx->set_materialize_grads(false);  // undefined: no gradient (or deferred, see post_backward)
-    return impl->param_tensors(impl->units[unit]);
+    variable_list out = impl->param_tensors(impl->units[unit]);
+    // Frozen parameters get no gradient: autograd then skips their weight-gradient GEMMs.
+    const auto& params = impl->units[unit].params;
+    for (size_t k = 0; k < params.size(); ++k) {
+      if (impl->params[params[k]].frozen) ctx->mark_non_differentiable({out[k]});
+    }
+    return out;
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     auto* impl = reinterpret_cast<DataParallel::Impl*>(ctx->saved_data["impl"].toInt());
@@ -131,6 +137,7 @@ DataParallel::DataParallel(Model& model, DataParallelOptions options)
     p.name = item.key();
     p.slot = slots.at(p.name);
     const at::Tensor& t = item.value();
+    p.frozen = !t.requires_grad();
     TITAN_CHECK(t.scalar_type() == at::kFloat, "FSDP expects float32 parameters; ", p.name, " is ",
                 t.scalar_type());
     p.global_shape = t.sizes().vec();
@@ -316,6 +323,7 @@ void DataParallel::finish_backward() {
     SideStream::record_on_current(u.grad);  // made on the reduce stream, used by compute now
     for (int64_t pi : u.params) {
       const Impl::Param& p = d.params[pi];
+      if (p.frozen) continue;
       ShardedParam& sp = params_[pi];
       sp.local.mutable_grad() =
           u.grad.narrow(0, p.offset, p.local_rows * p.rest).view(sp.local.sizes());
@@ -364,6 +372,7 @@ void DataParallel::load_full_parameters(const std::function<at::Tensor(const std
   at::NoGradGuard no_grad;
   for (auto& sp : params_) {
     at::Tensor t = full(sp.name);
+    if (!t.defined()) continue;  // kept as it is (e.g. LoRA adapters over a loaded base)
     TITAN_CHECK(t.sizes().vec() == sp.box.global_shape, "parameter ", sp.name, " has shape ",
                 t.sizes(), ", expected ", at::IntArrayRef(sp.box.global_shape));
     if (sp.local.numel() == 0) continue;

@@ -68,6 +68,7 @@ struct DataParallel::Impl {
     int64_t offset8 = 0;                // byte offset of its float8 chunk in the unit's gather
     int64_t unsharded8_offset = 0;      // of the gathered float8 parameter in `unsharded8`
     int64_t scale_index = 0;            // in the unit's scales8
+    bool frozen = false;                // no gradient (requires_grad false: LoRA's base weights)
   };
   enum class State { kSharded, kGathering, kGathered };
   struct Unit {
@@ -352,7 +353,7 @@ struct DataParallel::Impl {
     std::vector<size_t> missing;
     grads.resize(u.params.size());
     for (size_t k = 0; k < grads.size(); ++k) {
-      if (grads[k].defined()) continue;
+      if (grads[k].defined() || params[u.params[k]].frozen) continue;
       slots.push_back(params[u.params[k]].slot);
       missing.push_back(k);
     }

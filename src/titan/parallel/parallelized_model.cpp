@@ -124,7 +124,7 @@ void ParallelizedModel::init_weights(uint64_t seed) {
     TrainedParam& p = params_[i];
     TITAN_CHECK(!p.local.is_meta(), "parameter ", p.name,
                 " is on the meta device: materialize() before init_weights()");
-    init_box(p.local, parts_[param_part_[i]]->model->param_init(p.name), seed, p.name, p.box);
+    init_box(p.local, parts_[param_part_[i]]->model->initial_value(p.name), seed, p.name, p.box);
   }
 }
 
@@ -155,6 +155,7 @@ void ParallelizedModel::refresh_params() {
             where != placed.end() ? where->second.box : ShardBox::whole(item.value().sizes());
         params_.push_back({name, item.value(), box, writer, tp_replicated});
       }
+      params_.back().frozen = !item.value().requires_grad();
       param_part_.push_back(pi);
       param_owner_.push_back(where != placed.end() ? owners.at(name) : nullptr);
     }
@@ -356,6 +357,7 @@ void ParallelizedModel::load_full_parameters(
   for (TrainedParam& p : params_) {
     if (kept.count(p.name) != 0) continue;
     const at::Tensor t = whole(p.name);
+    if (!t.defined()) continue;  // kept as it is (e.g. LoRA adapters over a loaded base)
     TITAN_CHECK(t.sizes().vec() == p.box.global_shape, "parameter ", p.name, " has shape ",
                 t.sizes(), ", expected ", at::IntArrayRef(p.box.global_shape));
     p.local.copy_(p.box.narrow(t, p.local.sizes()));

@@ -66,6 +66,7 @@ struct ModelPreparation {
   std::string layout;      // the parallelism, for that refusal
   ModelSection model;      // converters, print_after_conversion
   Float8LinearSection float8;
+  LoraSection lora;  // with "lora" in model.converters
   CompileSection compile;
   at::ScalarType compute_dtype = at::kFloat;
   int64_t seq_len = 0;  // the kernels' log names the paths for it
@@ -118,6 +119,9 @@ struct TrainedParam {
   bool writer = true;
   // Ranks of the TP group hold the same tensor (weights 1/tp in the global norm).
   bool tp_replicated = false;
+  // Not trained (a base weight under LoRA): no gradient, no optimizer state; checkpoints still
+  // hold it.
+  bool frozen = false;
 };
 
 // What a batch of packed samples (chat fine-tuning) carries besides tokens and labels.
@@ -214,7 +218,8 @@ class ParallelizedModel {
   // holds one unit or parameter gathered at a time; under PP every stage's parameters reach every
   // rank (checkpoint/stage_gather.h).
   std::vector<std::pair<std::string, at::Tensor>> gather_full_parameters();
-  // Sets this rank's pieces from whole parameters: whole(name) is the (global shape) tensor.
+  // Sets this rank's pieces from whole parameters: whole(name) is the (global shape) tensor, or
+  // an undefined tensor to keep the parameter as it is.
   void load_full_parameters(const std::function<at::Tensor(const std::string&)>& whole);
 
   // Mixture-of-experts layers, after each optimizer step (collective: every rank): load

@@ -305,6 +305,8 @@ void PipelineRuntime::backward(StepState& st, int64_t stage, int64_t m) {
     }
   };
   const at::Tensor out = take(st.output, key, "output");
+  // A first stage with nothing to train (LoRA's frozen embedding alone) has no graph.
+  if (!out.requires_grad() && !has_input) return;
   torch::autograd::backward({out}, grads);
   if (has_input) deliver(take(st.input, key, "input").grad());
 }

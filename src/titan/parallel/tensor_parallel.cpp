@@ -293,6 +293,18 @@ TensorParallel::TensorParallel(Model& model, std::shared_ptr<dist::Group> group,
     place.replicated = false;
     w.set_data(w.narrow(dim, r * (n / t), n / t).clone());
   };
+  // A LoRA adapter (linear.h) splits with its layer: a column-wise layer's B by output rows (A
+  // stays whole: its gradient is partial over tp, summed like the norms'), a row-wise layer's A
+  // by input columns (B whole: it receives the partial sums before the layer's reduction).
+  const auto shard_adapter = [&](const std::string& name, WeightLayer* layer, bool colwise) {
+    auto* linear = dynamic_cast<Linear*>(layer);
+    if (linear == nullptr || linear->lora_a == nullptr) return;
+    if (colwise) {
+      shard(name + ".lora_b", *linear->lora_b, 0, "output features");
+    } else {
+      shard(name + ".lora_a", *linear->lora_a, 1, "input features");
+    }
+  };
   // A float8 layer takes its scales over whole operands, as torchao does on DTensors: the split
   // dimension of each (rows, in) input, (out, in) weight and (rows, out) grad_output (float8.h).
   const auto float8_over_group = [this](WeightLayer* layer, std::optional<int64_t> input,
@@ -345,10 +357,12 @@ TensorParallel::TensorParallel(Model& model, std::shared_ptr<dist::Group> group,
           break;
         case TpStyle::kColwise:
           shard(name, *layer, 0, "output features");
+          shard_adapter(name, layer, /*colwise=*/true);
           float8_over_group(layer, std::nullopt, 0, 1);
           break;
         case TpStyle::kRowwise:
           shard(name, *layer, 1, "input features");
+          shard_adapter(name, layer, /*colwise=*/false);
           float8_over_group(layer, 1, 1, std::nullopt);
           install_hook(*hooked, std::make_shared<RowwiseHook>(group_.get()));
           break;
@@ -391,6 +405,9 @@ TensorParallel::TensorParallel(Model& model, std::shared_ptr<dist::Group> group,
       shard(shared + "w1", *ffn.w1, 0, "hidden features");
       shard(shared + "w3", *ffn.w3, 0, "hidden features");
       shard(shared + "w2", *ffn.w2, 1, "hidden features");
+      shard_adapter(shared + "w1", ffn.w1.get(), /*colwise=*/true);
+      shard_adapter(shared + "w3", ffn.w3.get(), /*colwise=*/true);
+      shard_adapter(shared + "w2", ffn.w2.get(), /*colwise=*/false);
       float8_over_group(ffn.w1.get(), std::nullopt, 0, 1);
       float8_over_group(ffn.w3.get(), std::nullopt, 0, 1);
       float8_over_group(ffn.w2.get(), 1, 1, std::nullopt);

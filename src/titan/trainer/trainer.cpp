@@ -228,6 +228,7 @@ void Trainer::build_model() {
                                dims_->describe(),
                                config_.model,
                                config_.quantize.linear.float8,
+                               config_.lora,
                                config_.compile,
                                compute_dtype_,
                                config_.training.seq_len};
@@ -362,7 +363,9 @@ std::unique_ptr<BatchLoader> Trainer::make_loader(const std::string& section, in
 
 void Trainer::build_optimizer() {
   std::vector<NamedParam> named;
-  for (const auto& [name, t] : trained_params()) named.push_back({name, t});
+  for (const TrainedParam& p : parallel_->params()) {
+    if (!p.frozen) named.push_back({p.name, p.local});
+  }
   optimizer_ = std::make_unique<Optimizer>(std::move(named), config_.optimizer);
   lr_scheduler_ = std::make_unique<LRScheduler>(config_.lr_scheduler, config_.optimizer.lr,
                                                 config_.training.steps);

@@ -2,6 +2,7 @@
 // dataloader, train_state, rng) handed to the CheckpointManager, and resuming at construction.
 #include "titan/checkpoint/checkpoint_manager.h"
 #include "titan/checkpoint/hf_convert.h"
+#include "titan/checkpoint/peft_folder.h"
 #include "titan/checkpoint/rng_state.h"
 #include "titan/common/check.h"
 #include "titan/common/format.h"
@@ -11,9 +12,13 @@
 #include "titan/components/tokenizer/tokenizer_identity.h"
 #include "titan/config/config_manager.h"
 #include "titan/distributed/parallel_dims.h"
+#include "titan/models/lora.h"
 #include "titan/models/registry.h"
 #include "titan/parallel/parallelized_model.h"
 #include "titan/trainer/trainer.h"
+
+#include "titan/checkpoint/peft_folder.h"
+#include "titan/models/lora.h"
 
 #include <functional>
 #include <map>
@@ -72,7 +77,22 @@ StateEntry model_entry(std::vector<std::pair<std::string, at::Tensor>> params, L
     }
   };
   e.load = [params, layout](const CheckpointReader& reader, const json&) {
-    for (const auto& [name, t] : params) reader.read_box_into(name, layout(name), t);
+    // A checkpoint of the base model (its description has no "lora" entry) leaves LoRA's
+    // adapters as initialized; one of a LoRA run must hold them.
+    const json& saved = reader.state().is_object() ? reader.state().value("model", json()) : json();
+    const bool base_only = !saved.is_object() || !saved.contains("lora");
+    int64_t fresh = 0;
+    for (const auto& [name, t] : params) {
+      if (base_only && is_lora_param(name) && !reader.has(name)) {
+        ++fresh;
+        continue;
+      }
+      reader.read_box_into(name, layout(name), t);
+    }
+    if (fresh > 0) {
+      log_info("checkpoint ", reader.dir(), " holds the base model: ", fresh,
+               " LoRA adapter tensors keep their initial values");
+    }
   };
   return e;
 }
@@ -200,7 +220,7 @@ void Trainer::build_checkpoint() {
       // "rng.cpu" (rank 0's) and every rank's "rng.cuda.<rank>": rng_state.h has the rules.
       ckpt::rng_entry(ckpt::rank_generators(device_), rank_, world_size_),
   };
-  json describe = {{"model", model_description(config_.model)},
+  json describe = {{"model", trained_model_description(config_.model, config_.lora)},
                    {"tokenizer_path", config_.model.hf_assets_path},
                    {"job_config", render_config_toml(config_)}};
   checkpointer_ = std::make_unique<ckpt::CheckpointManager>(
@@ -218,8 +238,13 @@ void Trainer::build_checkpoint() {
     }
   }
   const ckpt::LoadResult loaded = checkpointer_->load([&](const std::string& hf_dir) {
+    // A Hugging Face folder holds the base model; LoRA's adapters keep their initial values.
     const TensorMap whole = ckpt::read_hf_parameters(hf_dir, model_description(config_.model));
-    parallel_->load_full_parameters([&](const std::string& name) { return whole.at(name); });
+    parallel_->load_full_parameters([&](const std::string& name) {
+      const auto it = whole.find(name);
+      if (it == whole.end() && is_lora_param(name)) return at::Tensor();
+      return whole.at(name);
+    });
   });
   if (loaded.loaded && !loaded.model_only) {
     if (train_state_.step >= config_.training.steps) {
@@ -240,9 +265,21 @@ void Trainer::save_final_hf(int64_t step) {
   options.bos_id = tokenizer_->bos_id();
   options.eos_id = tokenizer_->eos_id();
   // Every rank takes part in gathering the parameters; rank 0 writes them.
-  ckpt::export_hf(ckpt::hf_export_dir(checkpointer_->folder(), step),
-                  parallel_->gather_full_parameters(), model_description(config_.model), rank_,
-                  options);
+  std::vector<std::pair<std::string, at::Tensor>> full = parallel_->gather_full_parameters();
+  if (lora_enabled(config_.model)) {
+    // The merged model as the Hugging Face folder, and the adapters alone as a PEFT folder.
+    const LoraSpec spec = LoraSpec::from_section(config_.lora);
+    const TensorMap params(full.begin(), full.end());
+    const nlohmann::json description = model_description(config_.model);
+    if (rank_ == 0) {
+      ckpt::write_peft_adapter(ckpt::peft_export_dir(checkpointer_->folder(), step), params,
+                               description, spec);
+    }
+    const TensorMap merged = merge_lora(params, spec);
+    full.assign(merged.begin(), merged.end());
+  }
+  ckpt::export_hf(ckpt::hf_export_dir(checkpointer_->folder(), step), full,
+                  model_description(config_.model), rank_, options);
 }
 
 }  // namespace titan

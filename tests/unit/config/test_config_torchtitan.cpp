@@ -192,6 +192,12 @@ const std::set<std::string> kOwnKeys = {
     "sft.system_prompt",
     "sft.chat_template",
     "sft.overlong",
+    // [lora]: low-rank adapters (TorchTitan's LoRA came after v0.2.2, as an experiment).
+    "lora.rank",
+    "lora.alpha",
+    "lora.dropout",
+    "lora.target_modules",
+    "lora.use_rslora",
 };
 
 // Defaults of ours that differ from TorchTitan's, and why: our datasets and tokenizer.

@@ -6,6 +6,7 @@
 
 #include "titan/components/loss.h"
 #include "titan/components/optimizer.h"
+#include "titan/distributed/parallel_dims.h"
 #include "titan/models/llama3/model.h"
 #include "titan/parallel/grad_norm.h"
 
@@ -62,6 +63,15 @@ inline Reference reference(int ranks, bool tied, int64_t micro_batches = 1, int6
   }
   r.grad_norm = clip_grad_norm(grads_of(params), 0.0);
   return r;
+}
+
+// Mesh degrees of a layout: dp_replicate x dp_shard x tp.
+inline ParallelDegrees degrees(int64_t replicate, int64_t shard, int64_t tp) {
+  ParallelDegrees d;
+  d.dp_replicate = replicate;
+  d.dp_shard = shard;
+  d.tp = tp;
+  return d;
 }
 
 // Rows of `t` for data-parallel rank `dp_rank` of micro-batch `micro` (the trainer's split).

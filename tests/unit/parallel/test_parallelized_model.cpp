@@ -33,13 +33,7 @@ struct Layout {
   ParallelDegrees degrees;
 };
 
-ParallelDegrees degrees(int64_t replicate, int64_t shard, int64_t tp) {
-  ParallelDegrees d;
-  d.dp_replicate = replicate;
-  d.dp_shard = shard;
-  d.tp = tp;
-  return d;
-}
+using test::degrees;
 
 ParallelizeOptions options(const std::string& ac_mode) {
   ParallelizeOptions o;

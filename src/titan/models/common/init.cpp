@@ -74,6 +74,13 @@ class Sampler {
   Sampler(const ParamInit& init, uint64_t key) : init_(init), key_(key) {}
 
   float operator()(uint64_t index) {
+    if (init_.kind == ParamInit::Kind::kUniform) {
+      // One Philox draw per position: its first two words as 53 random bits.
+      const std::array<uint32_t, 4> x = philox4x32(
+          {static_cast<uint32_t>(index), static_cast<uint32_t>(index >> 32), 0u, 1u}, key_);
+      const double u = unit_interval(x[0], x[1]) - 0x1.0p-53;  // [0, 1)
+      return static_cast<float>(init_.a + (init_.b - init_.a) * u);
+    }
     const uint64_t pair = index >> 1;
     const int lane = static_cast<int>(index & 1);
     if (pair != cached_pair_) {
@@ -116,6 +123,10 @@ void init_box(at::Tensor& dst, const ParamInit& init, uint64_t seed, const std::
   if (init.kind == ParamInit::Kind::kZeros || init.kind == ParamInit::Kind::kOnes) {
     dst.fill_(init.kind == ParamInit::Kind::kOnes ? 1.0 : 0.0);
     return;
+  }
+  if (init.kind == ParamInit::Kind::kUniform) {
+    TITAN_CHECK(init.a < init.b, "init of ", name, ": uniform needs a < b, got [", init.a, ", ",
+                init.b, ")");
   }
   TITAN_CHECK(init.std > 0, "init of ", name, ": std must be > 0, got ", init.std);
   if (init.kind == ParamInit::Kind::kTruncNormal) {

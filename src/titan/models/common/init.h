@@ -22,7 +22,7 @@ namespace titan {
 // How a parameter starts out. trunc_normal's a and b are absolute bounds, not multiples of std
 // (TorchTitan's convention: the defaults barely truncate a small std).
 struct ParamInit {
-  enum class Kind { kZeros, kOnes, kNormal, kTruncNormal };
+  enum class Kind { kZeros, kOnes, kNormal, kTruncNormal, kUniform };
   Kind kind = Kind::kZeros;
   double mean = 0.0;
   double std = 1.0;
@@ -32,6 +32,8 @@ struct ParamInit {
   static ParamInit zeros() { return {Kind::kZeros}; }
   static ParamInit ones() { return {Kind::kOnes}; }
   static ParamInit normal(double mean, double std) { return {Kind::kNormal, mean, std}; }
+  // Uniform on [a, b) (e.g. kaiming_uniform's bounds, computed by the caller).
+  static ParamInit uniform(double a, double b) { return {Kind::kUniform, 0.0, 1.0, a, b}; }
   // At least 1% of the normal's mass must lie in [a, b] (checked when used).
   static ParamInit trunc_normal(double mean, double std, double a = -2.0, double b = 2.0) {
     return {Kind::kTruncNormal, mean, std, a, b};

@@ -164,7 +164,8 @@ bool PackedLinear::pack(const std::vector<Linear*>& layers) {
     if (!w.defined() || w.is_meta() || w.dim() != 2 || !w.is_contiguous() ||
         w.scalar_type() != first.scalar_type() || w.device() != first.device() ||
         w.size(1) != first.size(1) || layer->has_forward_hooks() || layer->float8 ||
-        layer->deferral != nullptr || layer->compute_dtype != layers.front()->compute_dtype) {
+        layer->lora_a != nullptr || layer->deferral != nullptr ||
+        layer->compute_dtype != layers.front()->compute_dtype) {
       return false;
     }
   }
@@ -189,8 +190,8 @@ bool PackedLinear::intact() const {
   int64_t row = 0;
   for (const Linear* layer : layers_) {
     const at::Tensor& w = layer->weight;
-    if (!w.defined() || layer->has_forward_hooks() || layer->float8 || w.dim() != 2 ||
-        w.size(1) != weight_.size(1) || row + w.size(0) > weight_.size(0) ||
+    if (!w.defined() || layer->has_forward_hooks() || layer->float8 || layer->lora_a ||
+        w.dim() != 2 || w.size(1) != weight_.size(1) || row + w.size(0) > weight_.size(0) ||
         w.scalar_type() != weight_.scalar_type() ||
         w.const_data_ptr() != static_cast<const char*>(weight_.const_data_ptr()) +
                                   row * weight_.stride(0) * weight_.element_size()) {
@@ -244,29 +245,39 @@ Linear::Linear(int64_t in_features, int64_t out_features, at::ScalarType compute
 
 at::Tensor Linear::forward(const at::Tensor& x) {
   return hooked(x, [this](const at::Tensor& in) {
-    if (float8) {
-      return float8_linear(to_compute(in, compute_dtype), to_compute(weight, compute_dtype),
-                           *float8, float8_weight ? &*float8_weight : nullptr,
-                           DeferTarget{deferral.get(), this});
-    }
-    if (deferral == nullptr || !at::GradMode::is_enabled()) {
-      return mixed_linear(in, weight, compute_dtype);
-    }
-    const at::Tensor xc = to_compute(in, compute_dtype);
-    const at::Tensor wc = to_compute(weight, compute_dtype);
-    if (single_row(xc)) return mixed_linear(in, weight, compute_dtype);
-    std::vector<int64_t> out_sizes = xc.sizes().vec();
-    out_sizes.back() = wc.size(0);
-    return savable_matmul(wc, out_sizes, [&](const at::Tensor& kept) {
-      return DeferrableLinear::apply(xc, wc, kept.defined() ? kept : at::empty({0}, xc.options()),
-                                     this);
-    });
+    if (lora_a == nullptr) return base_forward(in);
+    at::Tensor h = in;
+    if (lora_dropout > 0 && at::GradMode::is_enabled()) h = at::dropout(h, lora_dropout, true);
+    return base_forward(in) + lora_b->forward(lora_a->forward(h)) * lora_scaling;
+  });
+}
+
+at::Tensor Linear::base_forward(const at::Tensor& in) {
+  if (float8) {
+    return float8_linear(to_compute(in, compute_dtype), to_compute(weight, compute_dtype), *float8,
+                         float8_weight ? &*float8_weight : nullptr,
+                         DeferTarget{deferral.get(), this});
+  }
+  if (deferral == nullptr || !at::GradMode::is_enabled()) {
+    return mixed_linear(in, weight, compute_dtype);
+  }
+  const at::Tensor xc = to_compute(in, compute_dtype);
+  const at::Tensor wc = to_compute(weight, compute_dtype);
+  if (single_row(xc)) return mixed_linear(in, weight, compute_dtype);
+  std::vector<int64_t> out_sizes = xc.sizes().vec();
+  out_sizes.back() = wc.size(0);
+  return savable_matmul(wc, out_sizes, [&](const at::Tensor& kept) {
+    return DeferrableLinear::apply(xc, wc, kept.defined() ? kept : at::empty({0}, xc.options()),
+                                   this);
   });
 }
 
 at::Tensor Linear::forward_loss(const at::Tensor& x, const at::Tensor& labels) {
   TITAN_CHECK(!float8, "the fused linear + cross-entropy runs its GEMMs in ", compute_dtype,
               ", not float8: keep the head out of the float8 conversion (filter_fqns \"output\")");
+  TITAN_CHECK(lora_a == nullptr,
+              "the fused linear + cross-entropy has no LoRA adapter path; the head cannot carry "
+              "an adapter there");
   loss_labels_ = &labels;
   struct Clear {
     const at::Tensor*& labels;
@@ -294,6 +305,7 @@ void Linear::pretty_print(std::ostream& stream) const {
     stream << ", float8=" << float8_recipe_name(float8->recipe)
            << (float8->emulate ? " emulated" : "");
   }
+  if (lora_a) stream << ", lora_rank=" << lora_a->named_parameters(false)["weight"].size(0);
   stream << ")";
 }
 

@@ -140,8 +140,21 @@ class Linear : public WeightLayer {
   std::shared_ptr<WeightGradDeferral> deferral;
   // Set by tensor parallelism on a vocabulary-sharded head: forward_loss combines the shards.
   VocabShard vocab_shard;
+  // Set by the LoRA converter (models/lora.h): a low-rank adapter whose output, times
+  // lora_scaling, forward adds to the layer's: lora_b(lora_a(dropout(x))). Registered children
+  // "lora_a" (r, in_features) and "lora_b" (out_features, r), so parallelisms shard, gather and
+  // rebind them like any weight (tensor parallelism splits lora_b with a column-wise layer and
+  // lora_a with a row-wise one). Dropout applies only while autograd records (training).
+  std::shared_ptr<Linear> lora_a, lora_b;
+  double lora_scaling = 0.0;
+  double lora_dropout = 0.0;
+  // This layer is a LoRA adapter matrix: the float8 converter leaves it in high precision.
+  bool is_adapter = false;
 
  private:
+  // x @ weight^T alone (float8, deferred or plain), without the adapter.
+  at::Tensor base_forward(const at::Tensor& in);
+
   const at::Tensor* loss_labels_ = nullptr;  // during forward_loss
 };
 

@@ -1,0 +1,92 @@
+#!/usr/bin/env bash
+# LoRA (model.converters = ["lora"], src/titan/models/lora.h) from a Hugging Face Llama folder
+# that transformers wrote, with peft ($TITAN_PYTHON) as the reference:
+#   - step 1 (adapters' B still zero) has the base model's loss exactly; the base weights stay
+#     frozen: peft's PeftModel of the untouched base folder plus titan's exported adapter
+#     (`convert to-peft`, and the run's own step-N-peft folder) gives titan's logits (1e-4);
+#   - the merged export (`to-hf --merge-lora`, and checkpoint.last_save_in_hf's step-N-hf) gives
+#     them too (transformers, 1e-4); `from-hf --adapter` imports the adapter bit for bit;
+#   - FSDP 2, TP 2 and PP 2 reproduce the one-process loss curve (1e-5), a resumed run its
+#     losses; Float8 (emulated) leaves the adapters in high precision;
+#   - a LoRA checkpoint refused by plain to-hf, a target that names no layer: clear errors.
+# About 60 s.
+source "$(dirname "$0")/parallel_lib.sh"
+
+PY="${TITAN_PYTHON:-}"
+[ -n "$PY" ] || fail "TITAN_PYTHON is not set; ctest sets it, by hand:" \
+  "TITAN_PYTHON=\$(scripts/python_env.sh --print) bash $0 $TITAN"
+export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 OMP_NUM_THREADS=2
+REF="$(dirname "$0")/hf_transformers_reference.py"
+IDS="1 17 100 42 99 3 120 7 64 5 125 31 18 77 2 129 45 11 90 101 66 8 13 0"
+
+# The tiny flavor's shapes (RoPE theta 5e5, llama3 scaling 8, 1, 4, 8192; rms eps 1e-5), float32.
+"$PY" "$REF" save-random "$WORK/base" --seed 6 --hidden 64 --heads 4 --kv-heads 2 --vocab 300 \
+  --intermediate 192 --norm-eps 1e-5 --rope-theta 500000 --llama3-rope 8 1 4 8192 \
+  --max-positions 16384 + token-file "$WORK/tokens.bin" --vocab-size 258 --tokens 130 \
+  >/dev/null || fail "transformers could not write the base folder"
+
+common=(--job.config_file configs/llama3/debug_model.toml --model.flavor tiny
+  --model.hf_assets_path "" --checkpoint.initial_load_path "$WORK/base"
+  --checkpoint.initial_load_in_hf true --training.dataset tokens
+  --training.dataset_path "$WORK/tokens.bin" --training.dataset_shuffle false
+  --training.seq_len 32 --training.local_batch_size 4 --training.global_batch_size 4
+  --training.steps 6 --training.mixed_precision_param float32 --metrics.log_freq 1
+  --metrics.peak_flops 1e12 --lr_scheduler.warmup_steps 2 --optimizer.lr 1e-2
+  --validation.enable false --checkpoint.enable true --checkpoint.interval 3
+  --checkpoint.last_save_model_only false)
+lora=(--model.converters lora --lora.rank 4 --lora.alpha 8
+  --lora.target_modules "wq,wk,wv,wo,gate_proj,up_proj,down_proj")
+
+train base 1 --training.steps 1 --checkpoint.enable false
+train one 1 "${lora[@]}" --checkpoint.last_save_in_hf true --checkpoint.last_save_model_only true
+grep -q "LoRA: rank 4, alpha 8 (scaling 2), dropout 0 on 14 linear layers" "$WORK/one.log" ||
+  fail "no LoRA summary in the log"
+[ "$(json_field "$WORK/one/metrics.jsonl" loss 1)" = "$(json_field "$WORK/base/metrics.jsonl" loss 1)" ] ||
+  fail "step 1 of the LoRA run (B = 0) does not have the base model's loss"
+first=$(json_field "$WORK/one/metrics.jsonl" loss 1)
+last=$(json_field "$WORK/one/metrics.jsonl" loss 6)
+awk -v a="$first" -v b="$last" 'BEGIN { exit !(b < a) }' || fail "loss did not fall: $first -> $last"
+echo "one: loss $first -> $last over 6 steps of adapters"
+
+# Export: the adapters (PEFT), the merged model; both give the LoRA model's logits.
+ck="$WORK/one/checkpoint/step-6"
+expect_exit 0 "$TITAN" convert logits "$ck" --ids "$IDS" --out "$WORK/lora_logits.safetensors"
+expect_exit 0 "$TITAN" convert to-peft "$ck" "$WORK/peft"
+expect_exit 0 "$TITAN" convert to-hf "$ck" "$WORK/merged" --merge-lora
+"$PY" "$REF" check-peft "$WORK/base" "$WORK/peft" "$WORK/lora_logits.safetensors" --ids "$IDS" + \
+  check-peft "$WORK/base" "$WORK/one/checkpoint/step-6-peft" "$WORK/lora_logits.safetensors" \
+  --ids "$IDS" + check-logits "$WORK/merged" "$WORK/lora_logits.safetensors" --ids "$IDS" + \
+  check-logits "$WORK/one/checkpoint/step-6-hf" "$WORK/lora_logits.safetensors" --ids "$IDS" ||
+  fail "peft / transformers disagree with titan's LoRA model"
+# Import: the base folder plus the PEFT adapter is the trained model, bit for bit.
+expect_exit 0 "$TITAN" convert from-hf "$WORK/base" "$WORK/imported" --adapter "$WORK/peft"
+expect_exit 0 "$TITAN" convert logits "$WORK/imported" --ids "$IDS" \
+  --out "$WORK/imported_logits.safetensors"
+cmp "$WORK/lora_logits.safetensors" "$WORK/imported_logits.safetensors" ||
+  fail "the imported PEFT adapter does not give the trained model's logits"
+
+# The same steps split over ranks, and resumed.
+train fsdp2 2 "${lora[@]}" --parallelism.data_parallel_shard_degree 2 \
+  --training.local_batch_size 2
+same_losses one fsdp2 loss
+train tp2 2 "${lora[@]}" --parallelism.tensor_parallel_degree 2
+same_losses one tp2 loss
+train pp2 2 "${lora[@]}" --parallelism.pipeline_parallel_degree 2 \
+  --parallelism.pipeline_parallel_microbatch_size 2
+same_losses one pp2 loss
+resume_from one 3 resumed 1 "${lora[@]}"
+train float8 1 "${lora[@]}" --model.converters "quantize.linear.float8,lora" \
+  --quantize.linear.float8.emulate true --checkpoint.enable false --training.steps 2
+grep -q "float8 linear layers (tensorwise recipe, emulated in float32): 14 converted" \
+  "$WORK/float8.log" || fail "float8 did not convert the 14 base layers (and only them)"
+
+# Errors.
+expect_exit 2 "$TITAN" convert to-hf "$ck" "$WORK/nomerge"
+expect_output "holds LoRA adapters.*HINT: add --merge-lora"
+expect_exit 2 "$TITAN" train "${common[@]}" "${lora[@]}" --job.dump_folder "$WORK/e1" \
+  --lora.target_modules "wq,q_prj"
+expect_output "'q_prj' matches no linear layer.*did you mean 'q_proj'"
+expect_exit 2 "$TITAN" train "${common[@]}" "${lora[@]}" --job.dump_folder "$WORK/e2" \
+  --lora.rank 0
+expect_output "lora.rank = 0 must be at least 1"
+echo "PASS test_lora"
