@@ -18,7 +18,8 @@ are imported once; a failing check prints FAIL, the others still run, and the ex
       transformers' logits of HF_DIR (weights cast to float32) on the ids against tensor "logits"
       (seqlen, vocab) of the file (written by `titan convert logits`).
   check-peft HF_DIR PEFT_DIR LOGITS.safetensors --ids "1 2 3" [--atol 1e-4]
-      peft's PeftModel.from_pretrained(HF_DIR's model, PEFT_DIR) logits against titan's (a LoRA
+      peft's PeftModel.from_pretrained(HF_DIR's model, any architecture transformers knows,
+      PEFT_DIR) logits against titan's (a LoRA
       checkpoint's `titan convert logits`); the adapters must move the base logits.
   same-tensors A B
       Both folders hold the same tensor names, and each has the same dtype, shape and bytes
@@ -61,8 +62,10 @@ class CheckFailed(Exception):
 
 
 def load_model(hf_dir):
-    """LlamaForCausalLM of hf_dir in float32; fails if a weight is missing or left over."""
-    model, info = LlamaForCausalLM.from_pretrained(
+    """The model of hf_dir (LlamaForCausalLM for Llama folders, whatever architecture its config
+    names otherwise) in float32; fails if a weight is missing or left over."""
+    from transformers import AutoModelForCausalLM
+    model, info = AutoModelForCausalLM.from_pretrained(
         hf_dir, dtype=torch.float32, attn_implementation="eager", output_loading_info=True)
     problems = {k: v for k, v in info.items() if v}
     if problems:

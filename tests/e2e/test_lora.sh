@@ -8,6 +8,8 @@
 #     them too (transformers, 1e-4); `from-hf --adapter` imports the adapter bit for bit;
 #   - FSDP 2, TP 2 and PP 2 reproduce the one-process loss curve (1e-5), a resumed run its
 #     losses; Float8 (emulated) leaves the adapters in high precision;
+#   - the recipe (scripts/sft_lora_example.sh: chat SFT of a Qwen3 folder) exports a PEFT folder
+#     that peft loads onto Qwen3 with the run's logits;
 #   - a LoRA checkpoint refused by plain to-hf, a target that names no layer: clear errors.
 # About 60 s.
 source "$(dirname "$0")/parallel_lib.sh"
@@ -18,6 +20,7 @@ PY="${TITAN_PYTHON:-}"
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 OMP_NUM_THREADS=2
 REF="$(dirname "$0")/hf_transformers_reference.py"
 IDS="1 17 100 42 99 3 120 7 64 5 125 31 18 77 2 129 45 11 90 101 66 8 13 0"
+IDS_QWEN="5 40 17 200 3 99 151 8 62 120"  # below the recipe tokenizer's vocabulary
 
 # The tiny flavor's shapes (RoPE theta 5e5, llama3 scaling 8, 1, 4, 8192; rms eps 1e-5), float32.
 "$PY" "$REF" save-random "$WORK/base" --seed 6 --hidden 64 --heads 4 --kv-heads 2 --vocab 300 \
@@ -79,6 +82,19 @@ train float8 1 "${lora[@]}" --model.converters "quantize.linear.float8,lora" \
   --quantize.linear.float8.emulate true --checkpoint.enable false --training.steps 2
 grep -q "float8 linear layers (tensorwise recipe, emulated in float32): 14 converted" \
   "$WORK/float8.log" || fail "float8 did not convert the 14 base layers (and only them)"
+
+# The recipe (configs/qwen3/sft_lora_tiny.toml): chat SFT of a Qwen3 folder with adapters on every
+# linear layer; its PEFT folder on the base gives the run's logits.
+expect_exit 0 env SFT_EXAMPLE_DIR="$WORK/example" TITAN="$TITAN" bash scripts/sft_lora_example.sh \
+  --training.steps 6 --metrics.log_freq 1
+grep -q "LoRA: rank 8, alpha 16 (scaling 2), dropout 0 on 14 linear layers" "$WORK/out" ||
+  fail "the recipe did not adapt Qwen3's 14 linear layers"
+ex="$WORK/example/run/checkpoint"
+expect_exit 0 "$TITAN" convert logits "$ex/step-6" --ids "$IDS_QWEN" \
+  --out "$WORK/qwen_logits.safetensors"
+"$PY" "$REF" check-peft "$WORK/example/model" "$ex/step-6-peft" "$WORK/qwen_logits.safetensors" \
+  --ids "$IDS_QWEN" + check-logits "$ex/step-6-hf" "$WORK/qwen_logits.safetensors" \
+  --ids "$IDS_QWEN" || fail "peft / transformers disagree with the recipe's Qwen3 LoRA model"
 
 # Errors.
 expect_exit 2 "$TITAN" convert to-hf "$ck" "$WORK/nomerge"
