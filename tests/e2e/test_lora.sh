@@ -6,6 +6,7 @@
 #     (`convert to-peft`, and the run's own step-N-peft folder) gives titan's logits (1e-4);
 #   - the merged export (`to-hf --merge-lora`, and checkpoint.last_save_in_hf's step-N-hf) gives
 #     them too (transformers, 1e-4); `from-hf --adapter` imports the adapter bit for bit;
+#     `titan generate` with the adapters gives the merged model's greedy tokens;
 #   - FSDP 2, TP 2 and PP 2 reproduce the one-process loss curve (1e-5), a resumed run its
 #     losses; Float8 (emulated) leaves the adapters in high precision;
 #   - the recipe (scripts/sft_lora_example.sh: chat SFT of a Qwen3 folder) exports a PEFT folder
@@ -67,6 +68,16 @@ expect_exit 0 "$TITAN" convert logits "$WORK/imported" --ids "$IDS" \
   --out "$WORK/imported_logits.safetensors"
 cmp "$WORK/lora_logits.safetensors" "$WORK/imported_logits.safetensors" ||
   fail "the imported PEFT adapter does not give the trained model's logits"
+
+# Generation (KV cache) with the adapters: greedy tokens of the merged folder.
+gen=(generate --prompt_ids "1 17 100 42" --max_new_tokens 12 --temperature 0 --print_ids
+  --tokenizer "")
+lora_ids="$("$TITAN" "${gen[@]}" --checkpoint "$ck" 2>"$WORK/gen.err")" ||
+  { cat "$WORK/gen.err" >&2; fail "generation from the LoRA checkpoint failed"; }
+merged_ids="$("$TITAN" "${gen[@]}" --checkpoint "$WORK/merged" 2>"$WORK/gen.err")" ||
+  { cat "$WORK/gen.err" >&2; fail "generation from the merged folder failed"; }
+[ "$(wc -w <<<"$lora_ids")" = 16 ] && [ "$lora_ids" = "$merged_ids" ] ||
+  fail "generation with the adapters ($lora_ids) differs from the merged model's ($merged_ids)"
 
 # The same steps split over ranks, and resumed.
 train fsdp2 2 "${lora[@]}" --parallelism.data_parallel_shard_degree 2 \
