@@ -40,10 +40,8 @@ TensorMap expert_biases(const Model& model) {
 
 // An empty model of `description` whose parameter names and shapes say what to load.
 std::shared_ptr<Model> empty_model(const nlohmann::json& description) {
-  const ModelSpec& spec = spec_for_description(description);
   ModelBuildOptions options;
   options.max_seq_len = 2;  // RoPE tables are derived, not loaded
-  (void)spec;
   return build_described_model(description, options);  // with the LoRA adapters it describes
 }
 
