@@ -7,8 +7,10 @@ headers: this script downloads the torch wheel of RELEASE without its dependenci
 cached in ~/.cache/titan/libtorch-headers/RELEASE), unpacks its include/ folder, and runs the
 compiler on every source of the build (src/, apps/, bench/, tests/ from compile_commands.json,
 or those under the folders given)
-with -fsyntax-only, those headers in place of the build's libtorch headers and without the
-precompiled header. Any error fails the check with the compiler's output.
+with -fsyntax-only, those headers in place of the build's libtorch headers. The build's precompiled
+header is rebuilt once against those headers (BUILD/libtorch-compat/RELEASE) and used by the units
+that use it in the build: parsing the libtorch headers once instead of once per unit makes the
+check about three times faster. Any error fails the check with the compiler's output.
 
     python scripts/check_libtorch_compat.py --build build --release 2.11.0 [--jobs 2] [src/ apps/]
 
@@ -59,17 +61,23 @@ def headers_for(release):
     return include
 
 
-def rewrite(command, torch_include, new_include):
-    """The compile command with libtorch's include dirs swapped, no PCH, -fsyntax-only."""
+def rewrite(command, torch_include, new_include, pch=None):
+    """The compile command with libtorch's include dirs swapped and -fsyntax-only. A unit that
+    includes the build's PCH header includes PCH instead (the same header, precompiled against
+    the other headers), or nothing when PCH is None."""
     args = shlex.split(command)
     out = []
     i = 0
     while i < len(args):
         a = args[i]
+        if a == "-include" and i + 1 < len(args) and pch:
+            out += ["-include", pch]
+            i += 2
+            continue
         if a in ("-include", "-o") and i + 1 < len(args):
             i += 2  # the PCH of the 2.15 build; the object file
             continue
-        if a in ("-c", "-Winvalid-pch"):
+        if a == "-c" or (a == "-Winvalid-pch" and not pch):
             i += 1
             continue
         if a == "-isystem" and i + 1 < len(args) and args[i + 1].startswith(torch_include):
@@ -79,6 +87,36 @@ def rewrite(command, torch_include, new_include):
         out.append(a)
         i += 1
     return out + ["-fsyntax-only"]
+
+
+def precompile(build, release, commands, torch_include, new_include):
+    """The build's PCH header (the one compile units -include) compiled against NEW_INCLUDE with
+    the flags of a unit that uses it, as BUILD/libtorch-compat/RELEASE/<header>(.gch); None when
+    no unit uses a PCH. GCC uses the .gch beside the header and falls back to the header itself
+    for a unit whose flags do not match (slower, same verdict)."""
+    for c in commands:
+        args = shlex.split(c["command"])
+        if "-include" not in args or "-x" in args:  # "-x c++-header": the build's own PCH
+            continue
+        header = args[args.index("-include") + 1]
+        folder = os.path.join(os.path.abspath(build), "libtorch-compat", release)
+        os.makedirs(folder, exist_ok=True)
+        copy = os.path.join(folder, os.path.basename(header))
+        shutil.copyfile(header, copy)
+        cmd = rewrite(c["command"], torch_include, new_include, copy)
+        at = cmd.index("-include")
+        cmd = cmd[:at] + cmd[at + 2:]  # the header is the input now, not a prefix
+        cmd = [x for x in cmd if x not in ("-fsyntax-only", c["file"])]
+        took = time.time()
+        r = subprocess.run(cmd + ["-x", "c++-header", copy, "-o", copy + ".gch"],
+                           cwd=c["directory"], capture_output=True, text=True)
+        if r.returncode != 0:
+            sys.exit("check_libtorch_compat: the precompiled header does not compile against "
+                     "torch %s headers:\n%s" % (release, r.stderr[-6000:]))
+        print("check_libtorch_compat: precompiled %s against torch %s headers (%.0f s)"
+              % (os.path.basename(header), release, time.time() - took), flush=True)
+        return copy
+    return None
 
 
 def main():
@@ -122,11 +160,12 @@ def main():
                  % a.build)
     by_file = {c["file"]: c for c in commands}
     start = time.time()
+    pch = precompile(a.build, a.release, commands, torch_include, new_include)
 
     def check(unit):
         c = by_file[unit]
-        r = subprocess.run(rewrite(c["command"], torch_include, new_include), cwd=c["directory"],
-                           capture_output=True, text=True)
+        r = subprocess.run(rewrite(c["command"], torch_include, new_include, pch),
+                           cwd=c["directory"], capture_output=True, text=True)
         return unit, r.returncode, r.stderr
 
     failures = []

@@ -5,7 +5,8 @@
 # (tests/fuzz/dict/<parser>.dict) when there is one. Configures and builds the fuzz build first
 # (clang, its own build folder) when needed. Prints the executions run per harness; exits 1 on any
 # finding (crash, sanitizer report, unexpected exception, leak, timeout, out of memory) and names
-# the input that caused it.
+# the input that caused it. The harnesses run side by side, TITAN_FUZZ_JOBS at a time (default: one
+# per core).
 #
 #   scripts/fuzz.sh                        # 60 s per harness
 #   scripts/fuzz.sh 20 config jsonl        # 20 s, only fuzz_config and fuzz_jsonl
@@ -57,27 +58,52 @@ fi
 
 export ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=0}"
 export UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}"
+for name in "${harnesses[@]}"; do
+  [ -x "$build_dir/fuzz_$name" ] || { echo "[fuzz] no harness $build_dir/fuzz_$name" >&2; exit 2; }
+done
+mkdir -p "$work/findings"
+
+# One harness: fuzzes for SECONDS and leaves its exit status in $work/<name>.rc.
+run_harness() {
+  local name="$1" exe="$build_dir/fuzz_$1" corpus="$work/corpus/$1" rc=0
+  mkdir -p "$corpus"
+  if [ -d "$root/tests/fuzz/corpus/$name" ]; then
+    cp -r "$root/tests/fuzz/corpus/$name/." "$corpus/"
+  fi
+  local args=(-max_total_time="$seconds" -timeout=10 -rss_limit_mb=4096 -print_final_stats=1
+              -artifact_prefix="$work/findings/$name-")
+  [ -f "$root/tests/fuzz/dict/$name.dict" ] && args+=(-dict="$root/tests/fuzz/dict/$name.dict")
+  # The harness runs in its own folder under the work folder, and its scratch files (kept when a
+  # finding ends it) go there too: nothing lands in the repository or stays behind in /tmp, and
+  # harnesses running side by side never share a file.
+  mkdir -p "$work/run/$name/tmp"
+  (cd "$work/run/$name" && TMPDIR="$work/run/$name/tmp" "$exe" "${args[@]}" "$corpus") \
+    >"$work/$name.log" 2>&1 || rc=$?
+  echo "$rc" >"$work/$name.rc"
+}
+
+# The harnesses are single-threaded: TITAN_FUZZ_JOBS of them (default: one per core) run at once.
+jobs="${TITAN_FUZZ_JOBS:-$(nproc)}"
+fuzz_start=$SECONDS
+running=0
+for name in "${harnesses[@]}"; do
+  if ((running >= jobs)); then
+    wait -n || true
+    running=$((running - 1))
+  fi
+  run_harness "$name" &
+  running=$((running + 1))
+done
+wait || true
+
 findings=0
 summary=""
 for name in "${harnesses[@]}"; do
   exe="$build_dir/fuzz_$name"
-  [ -x "$exe" ] || { echo "[fuzz] no harness $exe" >&2; exit 2; }
-  corpus="$work/corpus/$name"
-  mkdir -p "$corpus" "$work/findings"
-  if [ -d "$root/tests/fuzz/corpus/$name" ]; then
-    cp -r "$root/tests/fuzz/corpus/$name/." "$corpus/"
-  fi
-  args=(-max_total_time="$seconds" -timeout=10 -rss_limit_mb=4096 -print_final_stats=1
-        -artifact_prefix="$work/findings/$name-")
-  [ -f "$root/tests/fuzz/dict/$name.dict" ] && args+=(-dict="$root/tests/fuzz/dict/$name.dict")
   log="$work/$name.log"
-  rc=0
-  # The harness runs in the work folder, and its scratch files (kept when a finding ends it)
-  # go there too: nothing lands in the repository or stays behind in /tmp.
-  mkdir -p "$work/tmp"
-  (cd "$work" && TMPDIR="$work/tmp" "$exe" "${args[@]}" "$corpus") >"$log" 2>&1 || rc=$?
+  rc="$(cat "$work/$name.rc" 2>/dev/null || echo "?")"
   execs="$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -1)"
-  if [ "$rc" -ne 0 ]; then
+  if [ "$rc" != 0 ]; then
     findings=$((findings + 1))
     input="$(sed -n 's/.*Test unit written to //p' "$log" | tail -1)"
     echo "[fuzz] FINDING in fuzz_$name (exit $rc): input ${input:-<none written>}"
@@ -89,7 +115,7 @@ for name in "${harnesses[@]}"; do
     summary+="$(printf '%-18s %12s  ok' "$name" "${execs:-?}")"$'\n'
   fi
 done
-echo "[fuzz] ${seconds} s per harness; executions run:"
+echo "[fuzz] ${seconds} s per harness, $jobs at a time ($((SECONDS - fuzz_start)) s); executions run:"
 printf '%s' "$summary"
 if [ "$findings" -ne 0 ]; then
   echo "[fuzz] $findings harness(es) found problems; inputs under $work/findings" >&2

@@ -7,13 +7,19 @@ trap 'rm -rf "$WORK"' EXIT
 
 fail() { echo "FAIL: $*" >&2; exit 1; }
 
-# expect_exit CODE CMD...: runs CMD, captures output in $WORK/out, checks the exit code.
+# expect_exit CODE CMD...: runs CMD, captures output in $WORK/out, checks the exit code. With
+# TITAN_E2E_TIMES=FILE, appends "<seconds> <test> <command>" to FILE (where the CI time goes).
 expect_exit() {
   local want="$1"; shift
+  local t0=$EPOCHREALTIME
   set +e
   "$@" >"$WORK/out" 2>&1
   local got=$?
   set -e
+  if [ -n "${TITAN_E2E_TIMES:-}" ]; then
+    awk -v a="$t0" -v b="$EPOCHREALTIME" -v t="$(basename "$0" .sh)" -v c="${*:1:14}" \
+      'BEGIN { printf "%.1f %s %s\n", b - a, t, c }' >>"$TITAN_E2E_TIMES"
+  fi
   if [ "$got" != "$want" ]; then
     cat "$WORK/out" >&2
     fail "expected exit $want, got $got: $*"
