@@ -195,7 +195,7 @@ int from_hf(const Args& args) {
   return 0;
 }
 
-std::vector<int64_t> parse_ids(const std::string& text) {
+std::vector<int64_t> parse_id_list(const std::string& text) {
   std::string bad;
   const auto ids = parse_int_list(text, &bad);
   if (!ids) throw ConfigError(message("--ids: '", bad, "' is not a token id"));
@@ -211,7 +211,7 @@ int logits(const Args& args) {
     Args unused;
     throw ConfigError(message("logits needs --ids\n", convert_flags("logits", unused).usage()));
   }
-  const std::vector<int64_t> ids = parse_ids(args.options.at("--ids"));
+  const std::vector<int64_t> ids = parse_id_list(args.options.at("--ids"));
   const auto n = static_cast<int64_t>(ids.size());
   const ckpt::LoadedModel loaded = ckpt::load_model(args.positional[0], at::kFloat, n);
   at::NoGradGuard no_grad;

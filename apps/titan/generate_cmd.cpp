@@ -27,7 +27,7 @@
 namespace titan {
 namespace {
 
-struct Options {
+struct GenerateOptions {
   std::string checkpoint;
   std::string flavor;
   std::optional<std::string> prompt;
@@ -63,7 +63,7 @@ double parse_double(const std::string& name, const std::string& text) {
 }
 
 // The flags, writing into `opts`.
-FlagTable generate_flags(Options& opts) {
+FlagTable generate_flags(GenerateOptions& opts) {
   SamplerOptions& sampler = opts.generation.sampler;
   const auto text = [](std::string& field) {
     return [&field](const std::string& v) { field = v; };
@@ -137,8 +137,8 @@ FlagTable generate_flags(Options& opts) {
   return flags;
 }
 
-Options parse_options(const std::vector<std::string>& args) {
-  Options opts;
+GenerateOptions parse_generate_options(const std::vector<std::string>& args) {
+  GenerateOptions opts;
   const FlagTable flags = generate_flags(opts);
   const std::string usage = flags.usage();
   for (const std::string& extra : flags.parse(args)) {
@@ -209,11 +209,11 @@ void write_out(const std::string& text) {
 int run_generate(const std::vector<std::string>& args) {
   if (std::any_of(args.begin(), args.end(),
                   [](const std::string& a) { return a == "--help" || a == "-h"; })) {
-    Options unused;
+    GenerateOptions unused;
     std::fputs(generate_flags(unused).usage().c_str(), stdout);
     return 0;
   }
-  Options opts = parse_options(args);
+  GenerateOptions opts = parse_generate_options(args);
   const std::string threads = configure_threads(opts.threads);
   const at::ScalarType dtype = opts.dtype == "bfloat16" ? at::kBFloat16 : at::kFloat;
 

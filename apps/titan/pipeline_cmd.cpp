@@ -18,7 +18,7 @@
 namespace titan {
 namespace {
 
-struct Options {
+struct ScheduleOptions {
   std::string schedule = "1F1B";
   bool schedule_given = false;
   int64_t pp = -1;
@@ -67,7 +67,7 @@ pp::ActionCosts parse_costs(const std::string& text) {
 }
 
 // The flags, writing into `opts`.
-FlagTable schedule_flags(Options& opts) {
+FlagTable schedule_flags(ScheduleOptions& opts) {
   FlagTable flags(
       "titan pipeline-schedule --schedule NAME --pp N --microbatches M\n"
       "                               [--stages-per-rank V] [--comms] [--costs F,B,I,W]\n"
@@ -115,8 +115,8 @@ FlagTable schedule_flags(Options& opts) {
   return flags;
 }
 
-Options parse_options(const std::vector<std::string>& args) {
-  Options opts;
+ScheduleOptions parse_schedule_options(const std::vector<std::string>& args) {
+  ScheduleOptions opts;
   const FlagTable flags = schedule_flags(opts);
   const std::string usage = flags.usage();
   for (const std::string& extra : flags.parse(args)) {
@@ -151,7 +151,7 @@ std::string placement_text(const std::vector<int64_t>& stage_rank, int64_t pp) {
   return out;
 }
 
-std::string number(double v) {
+std::string number_text(double v) {
   char buf[32];
   std::snprintf(buf, sizeof(buf), "%g", v);
   return buf;
@@ -169,11 +169,11 @@ void write_text_file(const std::string& path, const std::string& text) {
 int run_pipeline_schedule(const std::vector<std::string>& args) {
   if (std::any_of(args.begin(), args.end(),
                   [](const std::string& a) { return a == "--help" || a == "-h"; })) {
-    Options unused;
+    ScheduleOptions unused;
     std::fputs(schedule_flags(unused).usage().c_str(), stdout);
     return 0;
   }
-  const Options opts = parse_options(args);
+  const ScheduleOptions opts = parse_schedule_options(args);
   pp::ScheduleTable table;
   std::vector<int64_t> stage_rank;
   std::string title;
@@ -216,13 +216,15 @@ int run_pipeline_schedule(const std::vector<std::string>& args) {
   const pp::SimulationResult sim = pp::simulate_schedule(table, opts.costs);
   pp::check_transfer_order(table, stage_rank);
   std::vector<std::string> busy;
-  for (double b : sim.busy) busy.push_back(number(b));
+  for (double b : sim.busy) busy.push_back(number_text(b));
   std::string busy_text;
   for (const std::string& b : busy) busy_text += (busy_text.empty() ? "" : " ") + b;
   std::printf("\nsimulated with costs F=%s B=%s I=%s W=%s: makespan %s, busy per rank %s\n",
-              number(opts.costs.forward).c_str(), number(opts.costs.full_backward).c_str(),
-              number(opts.costs.backward_input).c_str(), number(opts.costs.backward_weight).c_str(),
-              number(sim.makespan).c_str(), busy_text.c_str());
+              number_text(opts.costs.forward).c_str(),
+              number_text(opts.costs.full_backward).c_str(),
+              number_text(opts.costs.backward_input).c_str(),
+              number_text(opts.costs.backward_weight).c_str(), number_text(sim.makespan).c_str(),
+              busy_text.c_str());
   std::printf("bubble fraction %.4f\n", sim.bubble_fraction());
   if (kind && pp::is_single_stage(*kind)) {
     const int64_t p = opts.pp;

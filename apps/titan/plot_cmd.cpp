@@ -18,7 +18,7 @@
 namespace titan {
 namespace {
 
-struct Options {
+struct PlotCmdOptions {
   std::vector<std::string> runs;
   std::string out = "plot.svg";
   std::vector<std::string> metrics;
@@ -46,7 +46,7 @@ std::string lower(std::string s) {
 }
 
 // The flags, writing into `opts`.
-FlagTable plot_flags(Options& opts) {
+FlagTable plot_flags(PlotCmdOptions& opts) {
   FlagTable flags(
       "titan plot RUN [RUN ...] [--out FILE.svg] [--metrics NAME,NAME,...] [--log-loss]\n"
       "                  [--labels LABEL,LABEL,...] [--rank R] [--title TEXT]",
@@ -82,8 +82,8 @@ FlagTable plot_flags(Options& opts) {
   return flags;
 }
 
-Options parse_options(const std::vector<std::string>& args) {
-  Options opts;
+PlotCmdOptions parse_plot_options(const std::vector<std::string>& args) {
+  PlotCmdOptions opts;
   const FlagTable flags = plot_flags(opts);
   opts.runs = flags.parse(args);
   const std::string usage = flags.usage();
@@ -115,11 +115,11 @@ Options parse_options(const std::vector<std::string>& args) {
 int run_plot(const std::vector<std::string>& args) {
   if (std::any_of(args.begin(), args.end(),
                   [](const std::string& a) { return a == "--help" || a == "-h"; })) {
-    Options unused;
+    PlotCmdOptions unused;
     std::fputs(plot_flags(unused).usage().c_str(), stdout);
     return 0;
   }
-  const Options opts = parse_options(args);
+  const PlotCmdOptions opts = parse_plot_options(args);
   const std::vector<PlotSeries> series = load_plot_runs(opts.runs, opts.labels, opts.rank);
   PlotOptions plot;
   plot.metrics = choose_plot_metrics(series, opts.metrics);

@@ -35,7 +35,7 @@ constexpr const char* kPaths =
     "PATH is a tokenizer.json, a tiktoken file (Llama 3's tokenizer.model), or a folder holding\n"
     "tokenizer.json, vocab.json + merges.txt, encoder.json + vocab.bpe or tokenizer.model.";
 
-struct Options {
+struct TokenizerOptions {
   std::string tokenizer;
   std::string input;
   bool whole = false;
@@ -50,7 +50,7 @@ int64_t parse_count(const std::string& flag, const std::string& text) {
 }
 
 // The flags of encode, decode and bench (`action`), which all read text with a tokenizer.
-FlagTable text_flags(const std::string& action, Options& o) {
+FlagTable text_flags(const std::string& action, TokenizerOptions& o) {
   const bool bench = action == "bench";
   FlagTable flags(
       action == "encode"   ? "titan tokenizer encode --tokenizer PATH [--input FILE] [--whole]"
@@ -117,8 +117,9 @@ FlagTable train_flags(TrainArgs& t) {
 }
 
 // The options of encode, decode or bench: args[0] is the action.
-Options parse_options(const std::string& action, const std::vector<std::string>& args) {
-  Options opts;
+TokenizerOptions parse_tokenizer_options(const std::string& action,
+                                         const std::vector<std::string>& args) {
+  TokenizerOptions opts;
   const FlagTable flags = text_flags(action, opts);
   flags.parse_exact(std::vector<std::string>(args.begin() + 1, args.end()));
   TITAN_CONFIG_CHECK(!opts.tokenizer.empty(), "--tokenizer is required\n", flags.usage());
@@ -157,7 +158,7 @@ void print_ids(const std::vector<int64_t>& ids) {
   std::fwrite(line.data(), 1, line.size(), stdout);
 }
 
-std::vector<int64_t> parse_ids(std::string_view line, size_t line_no) {
+std::vector<int64_t> parse_token_ids(std::string_view line, size_t line_no) {
   std::string bad;
   const auto ids = parse_int_list(std::string(line), &bad);
   if (!ids) {
@@ -209,7 +210,7 @@ std::vector<std::string> read_documents(const std::string& input) {
 
 // Times encoding one thread, then `threads` threads, each with a fresh tokenizer (cold per-piece
 // cache: the first pass over a corpus) and again (warm cache).
-int bench(const Options& opts) {
+int bench(const TokenizerOptions& opts) {
   const std::vector<std::string> docs = read_documents(opts.input);
   size_t bytes = 0;
   for (const auto& d : docs) bytes += d.size();
@@ -406,7 +407,7 @@ int apply_chat(const std::vector<std::string>& args) {
 }
 
 // Every action's table (what --help prints and the actions a command line may name).
-std::vector<FlagTable> tokenizer_actions(Options& o, TrainArgs& t, ChatArgs& c) {
+std::vector<FlagTable> tokenizer_actions(TokenizerOptions& o, TrainArgs& t, ChatArgs& c) {
   return {text_flags("encode", o), text_flags("decode", o), text_flags("bench", o), train_flags(t),
           chat_flags(c)};
 }
@@ -414,7 +415,7 @@ std::vector<FlagTable> tokenizer_actions(Options& o, TrainArgs& t, ChatArgs& c) 
 }  // namespace
 
 int run_tokenizer(const std::vector<std::string>& args) {
-  Options unused_options;
+  TokenizerOptions unused_options;
   TrainArgs unused_train;
   ChatArgs unused_chat;
   const std::vector<FlagTable> actions =
@@ -426,7 +427,7 @@ int run_tokenizer(const std::vector<std::string>& args) {
   const std::string action = choose_action(args, actions);
   if (action == "train") return train(args);
   if (action == "apply-chat-template") return apply_chat(args);
-  const Options opts = parse_options(action, args);
+  const TokenizerOptions opts = parse_tokenizer_options(action, args);
   if (action == "bench") return bench(opts);
   const std::unique_ptr<Tokenizer> tok = build_tokenizer(opts.tokenizer);
   const std::string text = read_all(opts.input);
@@ -440,7 +441,7 @@ int run_tokenizer(const std::vector<std::string>& args) {
   }
   size_t line_no = 0;
   for (std::string_view line : split_lines(text)) {
-    const std::string decoded = tok->decode(parse_ids(line, ++line_no));
+    const std::string decoded = tok->decode(parse_token_ids(line, ++line_no));
     std::fwrite(decoded.data(), 1, decoded.size(), stdout);
     std::fputc('\n', stdout);
   }

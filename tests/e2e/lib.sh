@@ -26,6 +26,18 @@ expect_exit() {
   fi
 }
 
+# start_watchdog SECONDS PID: SIGKILLs PID after SECONDS unless stop_watchdog comes first; sets
+# $watchdog. The watchdog writes nowhere: a background sleep that held the test's stdout would keep
+# ctest waiting on the pipe until the sleep ended, long after the test itself.
+start_watchdog() {
+  (sleep "$1"; kill -KILL "$2" 2>/dev/null) >/dev/null 2>&1 &
+  watchdog=$!
+}
+stop_watchdog() {  # the watchdog's sleep, then the watchdog
+  pkill -P "$watchdog" sleep 2>/dev/null || true
+  kill "$watchdog" 2>/dev/null || true
+}
+
 # expect_output PATTERN: grep -E PATTERN in the last captured output.
 expect_output() {
   grep -qE -- "$1" "$WORK/out" || { cat "$WORK/out" >&2; fail "output lacks /$1/"; }

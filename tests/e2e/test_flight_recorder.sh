@@ -37,8 +37,7 @@ expect_exit 2 "$TITAN" fr analyze "$WORK/nowhere"
   --comm.init_timeout_seconds 60 --comm.train_timeout_seconds 3 \
   --job.dump_folder "$WORK/train" >"$WORK/out" 2>&1 &
 launcher=$!
-(sleep 60; kill -KILL "$launcher" 2>/dev/null) &
-watchdog=$!
+start_watchdog 60 "$launcher"
 for _ in $(seq 300); do
   grep -qE 'step: +3 ' "$WORK/out" && break
   kill -0 "$launcher" 2>/dev/null || break
@@ -54,7 +53,7 @@ kill -STOP "$rank1"
 start=$(date +%s)
 set +e; wait "$launcher"; code=$?; set -e
 elapsed=$(($(date +%s) - start))
-kill "$watchdog" 2>/dev/null || true
+stop_watchdog
 [ "$code" != 0 ] || { cat "$WORK/out" >&2; fail "the job with a stopped rank exited 0"; }
 [ "$elapsed" -lt 20 ] || fail "the job with a stopped rank took ${elapsed}s to end"
 [ -s "$WORK/train/comm_traces/rank_0.json" ] || { cat "$WORK/out" >&2; fail "no dump of rank 0"; }

@@ -19,8 +19,7 @@ frozen_rank() {
     --training.steps 10000 --metrics.log_freq 1 --job.dump_folder "$WORK/frozen_$tag" \
     --comm.train_timeout_seconds 10 --comm.init_timeout_seconds 60 "$@" >"$WORK/out" 2>&1 &
   local launcher=$!
-  (sleep 120; kill -KILL "$launcher" 2>/dev/null) >/dev/null 2>&1 &  # not holding our stdout
-  local watchdog=$!
+  start_watchdog 120 "$launcher"
   for _ in $(seq 600); do
     grep -qE '^\[rank [01]\] .*step: +2 ' "$WORK/out" && break
     sleep 0.1
@@ -35,8 +34,7 @@ frozen_rank() {
   start=$(date +%s.%N)
   set +e; wait "$launcher"; code=$?; set -e
   elapsed=$(awk -v a="$start" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }')
-  pkill -P "$watchdog" sleep 2>/dev/null || true  # the watchdog's own sleep, then the watchdog
-  kill "$watchdog" 2>/dev/null || true
+  stop_watchdog
   kill -KILL "$rank1" 2>/dev/null || true  # only if the launcher left it behind (a failure)
   [ "$code" = 1 ] || { cat "$WORK/out" >&2; fail "$tag: frozen rank: expected exit 1, got $code"; }
   expect_output '^\[rank 0\] .* on process group .* failed after 1[0-9]\.[0-9] s \(timeout 10\.0 s\)'

@@ -33,8 +33,7 @@ no_leftovers() {
 background_launcher() {
   "$TITAN" run "$@" >"$WORK/out" 2>&1 &
   launcher=$!
-  (sleep 60; kill -KILL "$launcher" 2>/dev/null) &
-  watchdog=$!
+  start_watchdog 60 "$launcher"
 }
 # wait_for PATTERN: until the background launcher's output matches (at most 30 s).
 wait_for() {
@@ -115,7 +114,7 @@ background_launcher --nproc_per_node 2 -- "${selftest[@]}" --fail_rank 0 --fail_
 wait_for "injected failure 'hang'"
 kill -TERM "$launcher"
 set +e; wait "$launcher"; code=$?; set -e
-kill "$watchdog" 2>/dev/null || true
+stop_watchdog
 [ "$code" = 143 ] || { cat "$WORK/out" >&2; fail "SIGTERM: expected exit 143, got $code"; }
 expect_output 'titan run: received SIGTERM; sending SIGTERM to the 2 remaining ranks'
 no_leftovers
@@ -124,7 +123,7 @@ background_launcher --nproc_per_node 2 -- "${selftest[@]}" --fail_rank 0 --fail_
 wait_for "injected failure 'hang'"
 kill -KILL "$launcher"
 set +e; { wait "$launcher"; } 2>/dev/null; set -e
-kill "$watchdog" 2>/dev/null || true
+stop_watchdog
 no_leftovers
 
 # --- training refuses a layout the model cannot take, on every rank ---

@@ -68,6 +68,9 @@ Float8Conversion convert_to_float8(torch::nn::Module& model, const Float8LinearS
     auto* linear = dynamic_cast<Linear*>(item.value().get());
     if (linear == nullptr || linear->is_adapter) continue;  // LoRA adapters stay high precision
     const std::string& name = item.key();
+    TITAN_CONFIG_CHECK(linear->nf4_weight == nullptr, "float8: ", name, " holds its frozen ",
+                       "weight in NF4 (QLoRA); a layer's frozen base is either float8 or NF4, ",
+                       "not both");
     const int64_t n = linear->weight.size(0), k = linear->weight.size(1);
     const bool filtered = std::any_of(filters.begin(), filters.end(), [&](const std::string& f) {
       return name.find(f) != std::string::npos;

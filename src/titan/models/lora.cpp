@@ -10,7 +10,9 @@
 #include <algorithm>
 #include <cmath>
 #include <map>
+#include <mutex>
 #include <set>
+#include <string_view>
 
 namespace titan {
 namespace {
@@ -18,6 +20,8 @@ namespace {
 constexpr const char* kLoraA = ".lora_a.weight";
 constexpr const char* kLoraB = ".lora_b.weight";
 constexpr const char* kPeftPrefix = "base_model.model.";
+constexpr std::string_view kPeftA = ".lora_A.weight";
+constexpr std::string_view kPeftB = ".lora_B.weight";
 
 bool ends_with(const std::string& s, const std::string& suffix) {
   return s.size() >= suffix.size() &&
@@ -229,6 +233,27 @@ std::shared_ptr<Model> build_described_model(const nlohmann::json& description,
   return model;
 }
 
+int64_t lora_trained_params(const ModelSection& model, const LoraSection& lora) {
+  const nlohmann::json description = trained_model_description(model, lora);
+  const std::string key = description.dump();
+  static std::mutex mutex;
+  static std::map<std::string, int64_t> counted;
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    if (auto it = counted.find(key); it != counted.end()) return it->second;
+  }
+  ModelBuildOptions options;
+  options.meta = true;
+  const std::shared_ptr<Model> built = build_described_model(description, options);
+  int64_t trained = 0;
+  for (const at::Tensor& p : built->parameters()) {
+    if (p.requires_grad()) trained += p.numel();
+  }
+  std::lock_guard<std::mutex> lock(mutex);
+  counted[key] = trained;
+  return trained;
+}
+
 TensorMap merge_lora(const TensorMap& params, const LoraSpec& spec) {
   TensorMap out;
   for (const auto& [name, t] : params) {
@@ -267,8 +292,8 @@ TensorMap to_peft_tensors(const TensorMap& params, const nlohmann::json& descrip
                               " has no Hugging Face name for ", module, ".weight"));
     }
     const std::string peft = kPeftPrefix + module_of(hf_name);
-    out.emplace(peft + ".lora_A.weight", a);
-    out.emplace(peft + ".lora_B.weight", b_hf);
+    out.emplace(peft + std::string(kPeftA), a);
+    out.emplace(peft + std::string(kPeftB), b_hf);
   }
   if (out.empty()) throw DataError("no LoRA adapters to export (the model has none)");
   return out;
@@ -279,8 +304,8 @@ TensorMap from_peft_tensors(const TensorMap& peft, const nlohmann::json& descrip
   TITAN_CHECK(spec.hf.from_hf != nullptr, "model ", spec.name, " has no Hugging Face adapter");
   TensorMap out;
   for (const auto& [name, b] : peft) {
-    if (ends_with(name, ".lora_A.weight")) continue;
-    const std::string suffix = ".lora_B.weight";
+    if (ends_with(name, std::string(kPeftA))) continue;
+    const std::string suffix(kPeftB);
     if (!ends_with(name, suffix) || name.rfind(kPeftPrefix, 0) != 0) {
       throw DataError(message("PEFT adapter tensor '", name,
                               "' is not a LoRA matrix (want base_model.model.<module>.lora_A / "
@@ -290,7 +315,7 @@ TensorMap from_peft_tensors(const TensorMap& peft, const nlohmann::json& descrip
     const std::string hf_module =
         name.substr(std::string(kPeftPrefix).size(),
                     name.size() - suffix.size() - std::string(kPeftPrefix).size());
-    const auto a = peft.find(kPeftPrefix + hf_module + ".lora_A.weight");
+    const auto a = peft.find(kPeftPrefix + hf_module + std::string(kPeftA));
     if (a == peft.end()) throw DataError(message("PEFT adapter: ", name, " has no lora_A"));
     TensorMap ours;
     try {
@@ -306,8 +331,8 @@ TensorMap from_peft_tensors(const TensorMap& peft, const nlohmann::json& descrip
     out.emplace(module + kLoraA, a->second);
   }
   for (const auto& [name, t] : peft) {
-    if (ends_with(name, ".lora_A.weight") &&
-        !peft.count(name.substr(0, name.size() - 14) + ".lora_B.weight")) {
+    if (ends_with(name, std::string(kPeftA)) &&
+        !peft.count(name.substr(0, name.size() - kPeftA.size()) + std::string(kPeftB))) {
       throw DataError(message("PEFT adapter: ", name, " has no lora_B"));
     }
   }
@@ -318,8 +343,8 @@ nlohmann::json peft_adapter_config(const TensorMap& params, const nlohmann::json
                                    const LoraSpec& spec) {
   std::set<std::string> targets;
   for (const auto& [name, t] : to_peft_tensors(params, description)) {
-    if (ends_with(name, ".lora_A.weight")) {
-      targets.insert(last_part(name.substr(0, name.size() - 14)));
+    if (ends_with(name, std::string(kPeftA))) {
+      targets.insert(last_part(name.substr(0, name.size() - kPeftA.size())));
     }
   }
   return {{"peft_type", "LORA"},

@@ -70,6 +70,10 @@ bool lora_enabled(const ModelSection& model);
 // lora_enabled (checkpoints record it, so loaders rebuild the adapters).
 nlohmann::json trained_model_description(const ModelSection& model, const LoraSection& lora);
 
+// The parameters a LoRA run of `model` trains (its adapters' elements), counted on a build on
+// the meta device (nothing allocated); remembered per description. For memory estimates.
+int64_t lora_trained_params(const ModelSection& model, const LoraSection& lora);
+
 // The description with the adapters (a "lora" entry), for checkpoints of a LoRA run.
 nlohmann::json with_lora(nlohmann::json description, const LoraSpec& spec);
 // The description without its "lora" entry (the base model).

@@ -59,6 +59,9 @@ struct MemoryOptions {
   // whole experts, replicated: tp > 1 without ep or etp). 0: as the dense weights.
   int64_t expert_shards = 0;
   int64_t expert_param_shards = 0;
+  // LoRA (models/lora.h): only this many parameters are trained, the adapters, sharded as the
+  // dense weights; gradients and AdamW moments exist for them alone. -1: every parameter.
+  int64_t trained_params = -1;
 };
 
 // Parameters of the routed experts of `flavor` (all MoE layers; 0 for a dense model), from the

@@ -23,18 +23,7 @@ constexpr int64_t kVocab = 61;
 llama3::Llama3Args tiny_args() { return test::tiny_args(/*tied=*/false, kVocab); }
 
 // The description of tiny_args(), for the Hugging Face names.
-nlohmann::json tiny_description() {
-  return {{"name", "llama3"},
-          {"flavor", "custom"},
-          {"args",
-           {{"dim", 24},
-            {"n_layers", 2},
-            {"n_heads", 4},
-            {"n_kv_heads", 2},
-            {"vocab_size", kVocab},
-            {"multiple_of", 16},
-            {"max_seq_len", 16}}}};
-}
+nlohmann::json tiny_description() { return test::tiny_description(kVocab); }
 
 std::shared_ptr<llama3::Transformer> tiny_model() {
   auto m = std::make_shared<llama3::Transformer>(tiny_args());

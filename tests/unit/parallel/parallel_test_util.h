@@ -10,6 +10,8 @@
 #include "titan/models/llama3/model.h"
 #include "titan/parallel/grad_norm.h"
 
+#include <nlohmann/json.hpp>
+
 #include <map>
 #include <memory>
 #include <string>
@@ -30,6 +32,21 @@ inline llama3::Llama3Args tiny_args(bool tied, int64_t vocab = 61) {
   a.max_seq_len = 16;
   a.tie_embeddings = tied;
   return a;
+}
+
+// The model description of tiny_args(false, vocab) (a custom flavor), for code that maps names to
+// Hugging Face's through it (LoRA targets, PEFT names).
+inline nlohmann::json tiny_description(int64_t vocab = 61) {
+  return {{"name", "llama3"},
+          {"flavor", "custom"},
+          {"args",
+           {{"dim", 24},
+            {"n_layers", 2},
+            {"n_heads", 4},
+            {"n_kv_heads", 2},
+            {"vocab_size", vocab},
+            {"multiple_of", 16},
+            {"max_seq_len", 16}}}};
 }
 
 inline std::shared_ptr<llama3::Transformer> make_model(bool tied, at::ScalarType dtype = at::kFloat,

@@ -1,9 +1,12 @@
 // Memory estimates: exactly the model's own activation figure at ordinary sizes, finite (no
 // int64 overflow) at absurd ones, and a refusal only far above the memory given.
 #include "titan/common/check.h"
+#include "titan/config/job_config.h"
 #include "titan/models/common/rope.h"
+#include "titan/models/lora.h"
 #include "titan/models/registry.h"
 #include "titan/plan/memory_estimate.h"
+#include "titan/plan/memory_options.h"
 
 #include <gtest/gtest.h>
 
@@ -54,6 +57,33 @@ TEST(MemoryEstimate, MatchesTheModelStatsAtOrdinarySizes) {
       estimate_training_memory(spec, "debugmodel", 8, 256, at::kBFloat16, layout);
   EXPECT_DOUBLE_EQ(part(cp, "activations (estimate)"), s.activation_bytes / 8.0);
   EXPECT_DOUBLE_EQ(part(cp, "bf16 weight copies"), part(sharded, "bf16 weight copies"));
+}
+
+// LoRA: gradients and AdamW moments for the adapters only, counted on the model the run builds.
+TEST(MemoryEstimate, LoraHoldsGradientsAndAdamStateForTheAdaptersOnly) {
+  JobConfig c;
+  c.model.name = "llama3";
+  c.model.flavor = "debugmodel";
+  c.model.hf_assets_path = "";
+  c.model.converters = {"lora"};
+  // The default [lora]: rank 8 on wq and wv, each (256 x 256) in debugmodel's 6 blocks:
+  // r (in + out) elements per adapted layer.
+  const int64_t adapters = 6 * 2 * 8 * (256 + 256);
+  EXPECT_EQ(lora_trained_params(c.model, c.lora), adapters);
+  const MemoryOptions o = training_memory_options(c, 2);
+  EXPECT_EQ(o.trained_params, adapters);
+  const ModelSpec& spec = get_model_spec("llama3");
+  const ModelStats s = spec.describe("debugmodel", 8, 256, at::kBFloat16);
+  const MemoryEstimate e = estimate_training_memory(spec, "debugmodel", 8, 256, at::kBFloat16, o);
+  EXPECT_DOUBLE_EQ(part(e, "weights (fp32)"), 4.0 * (s.n_params + adapters) / 2);
+  EXPECT_DOUBLE_EQ(part(e, "gradients (fp32, LoRA adapters)"), 4.0 * adapters / 2);
+  EXPECT_DOUBLE_EQ(part(e, "optimizer (AdamW fp32, LoRA adapters)"), 8.0 * adapters / 2);
+  c.lora.target_modules = {kAllLinear};
+  c.lora.rank = 4;
+  // + wk (256 x 256), wo (256 x 256), w1 and w3 (768 x 256), w2 (256 x 768).
+  EXPECT_EQ(lora_trained_params(c.model, c.lora), 6 * 4 * (4 * (256 + 256) + 3 * (768 + 256)));
+  c.model.converters.clear();
+  EXPECT_EQ(training_memory_options(c, 2).trained_params, -1);
 }
 
 // Activation checkpointing: a checkpointed block keeps its input (full, every Nth) or its costly

@@ -65,7 +65,109 @@ struct DeferrableLinear : public torch::autograd::Function<DeferrableLinear> {
   }
 };
 
+// The NF4 weight's tensors and fields in an autograd context, and back: backward dequantizes
+// again instead of keeping the dense weight.
+void save_nf4(AutogradContext* ctx, const kernels::Nf4Weight& w) {
+  ctx->saved_data["nf4_packed"] = w.packed;
+  if (w.double_quant()) {
+    ctx->saved_data["nf4_absmax_code"] = w.absmax_code;
+    ctx->saved_data["nf4_absmax_scale"] = w.absmax_scale;
+  } else {
+    ctx->saved_data["nf4_absmax"] = w.absmax;
+  }
+  ctx->saved_data["nf4_offset"] = static_cast<double>(w.absmax_offset);
+  ctx->saved_data["nf4_sizes"] = w.sizes;
+  ctx->saved_data["nf4_dtype"] = static_cast<int64_t>(w.dtype);
+  ctx->saved_data["nf4_blocksize"] = w.blocksize;
+  ctx->saved_data["nf4_scale_blocksize"] = w.scale_blocksize;
+}
+
+kernels::Nf4Weight saved_nf4(AutogradContext* ctx) {
+  auto& d = ctx->saved_data;
+  kernels::Nf4Weight w;
+  w.packed = d["nf4_packed"].toTensor();
+  if (d.count("nf4_absmax_code")) {
+    w.absmax_code = d["nf4_absmax_code"].toTensor();
+    w.absmax_scale = d["nf4_absmax_scale"].toTensor();
+  } else {
+    w.absmax = d["nf4_absmax"].toTensor();
+  }
+  w.absmax_offset = static_cast<float>(d["nf4_offset"].toDouble());
+  w.sizes = d["nf4_sizes"].toIntVector();
+  w.dtype = static_cast<at::ScalarType>(d["nf4_dtype"].toInt());
+  w.blocksize = d["nf4_blocksize"].toInt();
+  w.scale_blocksize = d["nf4_scale_blocksize"].toInt();
+  return w;
+}
+
+// a (rows, k) @ b (k, n) in a's dtype; a bf16 product on a CPU without fast bf16 GEMMs runs in
+// float32 on the same operands, rounded once (as mixed_linear does).
+at::Tensor reduced_mm(const at::Tensor& a, const at::Tensor& b) {
+  if (widens_reduced_matmul(a.scalar_type(), a.device()) && a.size(0) >= kMinRowsToWiden) {
+    return a.to(at::kFloat).mm(b.to(at::kFloat)).to(a.scalar_type());
+  }
+  return a.mm(b);
+}
+
+// x @ W^T with W in NF4 (see nf4_linear): x (rows, in) in the compute dtype.
+struct Nf4LinearFunction : public torch::autograd::Function<Nf4LinearFunction> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x,
+                            const kernels::Nf4Weight& weight) {
+    save_nf4(ctx, weight);
+    return reduced_mm(x, kernels::nf4_dequantize(weight, x.scalar_type()).t());
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const at::Tensor& grad = grads[0];  // (rows, out)
+    return {reduced_mm(grad, kernels::nf4_dequantize(saved_nf4(ctx), grad.scalar_type())),
+            at::Tensor()};
+  }
+};
+
 }  // namespace
+
+at::Tensor nf4_linear(const at::Tensor& x, const std::shared_ptr<const kernels::Nf4Weight>& weight,
+                      at::ScalarType compute_dtype) {
+  TITAN_CHECK(weight != nullptr && weight->sizes.size() == 2, "nf4_linear: a 2-d NF4 weight");
+  const int64_t in = weight->sizes[1];
+  TITAN_CHECK(x.dim() >= 1 && x.size(-1) == in, "nf4_linear: input of ", in,
+              " features expected, got shape ", x.sizes());
+  const at::Tensor xc = to_compute(x, compute_dtype);
+  std::vector<int64_t> out_sizes = xc.sizes().vec();
+  out_sizes.back() = weight->sizes[0];
+  return Nf4LinearFunction::apply(xc.reshape({-1, in}), *weight).view(out_sizes);
+}
+
+Nf4Quantized quantize_frozen_nf4(torch::nn::Module& root, const kernels::Nf4Options& options) {
+  Nf4Quantized done;
+  at::NoGradGuard no_grad;
+  for (const auto& item : root.named_modules()) {
+    auto* layer = dynamic_cast<Linear*>(item.value().get());
+    if (layer == nullptr || layer->is_adapter || layer->nf4_weight != nullptr ||
+        item.key().rfind("layers.", 0) != 0) {
+      continue;
+    }
+    auto params = layer->named_parameters(/*recurse=*/false);
+    if (!params.contains("weight") || params["weight"].requires_grad()) continue;
+    const at::Tensor w = params["weight"];
+    TITAN_CHECK(!w.is_meta(), "QLoRA: ", item.key(), ".weight is on the meta device; quantize the ",
+                "base after its weights are loaded");
+    TITAN_CONFIG_CHECK(!layer->float8, "QLoRA: ", item.key(), " computes in float8; a layer's ",
+                       "frozen base is either float8 or NF4, not both");
+    TITAN_CHECK(!layer->has_forward_hooks() && layer->weight.defined() && layer->weight.is_same(w),
+                "QLoRA: ", item.key(), " is already wrapped by a parallelism; quantize the base ",
+                "before parallelizing the model");
+    auto quantized = std::make_shared<kernels::Nf4Weight>(
+        kernels::nf4_to(kernels::nf4_quantize(w.cpu(), options), w.device()));
+    done.layers.push_back(item.key());
+    done.elements += w.numel();
+    done.dense_bytes += w.numel() * static_cast<int64_t>(w.element_size());
+    done.nf4_bytes += quantized->nbytes();
+    layer->nf4_weight = std::move(quantized);
+    layer->weight = at::Tensor();
+    layer->unregister_weight();
+  }
+  return done;
+}
 
 void HookedModule::add_forward_hook(std::shared_ptr<ForwardHook> hook) {
   TITAN_CHECK(hook != nullptr, "add_forward_hook: null hook");
@@ -94,7 +196,9 @@ void materialize(torch::nn::Module& root, at::Device device) {
   // set_data cannot move a tensor off the meta device: each layer registers a new parameter.
   for (const auto& item : root.named_modules()) {
     auto* layer = dynamic_cast<WeightLayer*>(item.value().get());
-    if (layer == nullptr) continue;
+    if (layer == nullptr || !layer->named_parameters(/*recurse=*/false).contains("weight")) {
+      continue;  // a weight held another way (Linear::nf4_weight)
+    }
     const at::Tensor old = layer->named_parameters(/*recurse=*/false)["weight"];
     if (!old.is_meta()) continue;
     at::Tensor fresh = at::empty(old.sizes(), old.options().device(device));
@@ -231,6 +335,8 @@ at::Tensor savable_matmul(const at::Tensor& weight, at::IntArrayRef out_sizes,
   return out;
 }
 
+void WeightLayer::unregister_weight() { parameters_.erase("weight"); }
+
 void WeightLayer::replace_weight(const at::Tensor& w) {
   at::Tensor& registered = parameters_["weight"];
   if (weight.defined() && weight.is_same(registered)) weight = w;
@@ -253,6 +359,7 @@ at::Tensor Linear::forward(const at::Tensor& x) {
 }
 
 at::Tensor Linear::base_forward(const at::Tensor& in) {
+  if (nf4_weight) return nf4_linear(in, nf4_weight, compute_dtype);
   if (float8) {
     return float8_linear(to_compute(in, compute_dtype), to_compute(weight, compute_dtype), *float8,
                          float8_weight ? &*float8_weight : nullptr,
@@ -299,8 +406,11 @@ std::vector<std::pair<std::string, Linear*>> float8_linears(torch::nn::Module& r
 }
 
 void Linear::pretty_print(std::ostream& stream) const {
-  const at::Tensor& w = named_parameters(/*recurse=*/false)["weight"];
-  stream << "titan::Linear(in_features=" << w.size(1) << ", out_features=" << w.size(0);
+  const auto params = named_parameters(/*recurse=*/false);
+  const std::vector<int64_t> sizes =
+      nf4_weight ? nf4_weight->sizes : params["weight"].sizes().vec();
+  stream << "titan::Linear(in_features=" << sizes[1] << ", out_features=" << sizes[0];
+  if (nf4_weight) stream << ", nf4";
   if (float8) {
     stream << ", float8=" << float8_recipe_name(float8->recipe)
            << (float8->emulate ? " emulated" : "");

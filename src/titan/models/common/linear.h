@@ -4,6 +4,7 @@
 // never from cached constructor arguments, so a parallelism plan can shard them in place.
 #pragma once
 
+#include "titan/kernels/nf4.h"
 #include "titan/models/common/deferred_grad.h"
 #include "titan/models/common/float8.h"
 #include "titan/models/common/fused_loss.h"
@@ -94,6 +95,8 @@ class WeightLayer : public HookedModule {
   void replace_weight(const at::Tensor& w);
   // The registered parameter "weight" (which `weight` holds unless a parallelism rebound it).
   at::Tensor& registered_weight() { return parameters_["weight"]; }
+  // Removes the parameter "weight" (a Linear whose frozen weight is held in NF4 instead).
+  void unregister_weight();
 };
 
 // Where forward reads each parameter of a module tree: "<fqn>" -> the WeightLayer member.
@@ -150,6 +153,11 @@ class Linear : public WeightLayer {
   double lora_dropout = 0.0;
   // This layer is a LoRA adapter matrix: the float8 converter leaves it in high precision.
   bool is_adapter = false;
+  // Set by QLoRA's base quantization (quantize_frozen_nf4): the frozen weight held in NF4
+  // (kernels/nf4.h) in place of the parameter "weight", which the layer no longer registers (no
+  // optimizer, FSDP or checkpoint sees it). Every matmul, forward and backward, dequantizes it to
+  // the compute dtype; backward keeps the NF4 tensors, not the dequantized weight.
+  std::shared_ptr<const kernels::Nf4Weight> nf4_weight;
 
  private:
   // x @ weight^T alone (float8, deferred or plain), without the adapter.
@@ -178,6 +186,27 @@ class PackedLinear {
   at::Tensor weight_;  // (sum of out_i, in)
   std::vector<Linear*> layers_;
 };
+
+// x @ W^T for W held in NF4: W dequantized to the compute dtype (x's dtype when that is not a
+// 16-bit type) for the product, and again for grad_x in backward, which keeps only the NF4
+// tensors. No gradient for W (it is frozen). x (..., in) -> (..., out).
+at::Tensor nf4_linear(const at::Tensor& x, const std::shared_ptr<const kernels::Nf4Weight>& weight,
+                      at::ScalarType compute_dtype);
+
+// What quantize_frozen_nf4 did.
+struct Nf4Quantized {
+  std::vector<std::string> layers;  // module names, in named_modules() order
+  int64_t elements = 0;             // weight elements now held in NF4
+  int64_t dense_bytes = 0;          // their bytes before (in the parameters' dtype)
+  int64_t nf4_bytes = 0;            // and in NF4 (codes and scales)
+};
+
+// QLoRA's base: the weight of every Linear layer of `root` under a module named "layers" (the
+// transformer blocks) that is frozen (requires_grad false) and not an adapter, quantized to NF4
+// on the CPU (moved back to the weight's device) and unregistered (see Linear::nf4_weight). Layers
+// with float8, hooks of a parallelism or an empty (meta) weight are refused with their name:
+// quantize after the weights are loaded, before a parallelism wraps the model.
+Nf4Quantized quantize_frozen_nf4(torch::nn::Module& root, const kernels::Nf4Options& options = {});
 
 // The Linear layers of `root` that compute in float8, by the name of their weight parameter
 // ("layers.0.attention.wq.weight"), in named_modules() order.
