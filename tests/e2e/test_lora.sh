@@ -51,6 +51,10 @@ first=$(json_field "$WORK/one/metrics.jsonl" loss 1)
 last=$(json_field "$WORK/one/metrics.jsonl" loss 6)
 awk -v a="$first" -v b="$last" 'BEGIN { exit !(b < a) }' || fail "loss did not fall: $first -> $last"
 echo "one: loss $first -> $last over 6 steps of adapters"
+# titan inspect's memory estimate: gradients and AdamW moments for the adapters alone.
+expect_exit 0 "$TITAN" inspect "${common[@]}" "${lora[@]}"
+expect_output 'gradients \(fp32, LoRA adapters\)'
+expect_output 'optimizer \(AdamW fp32, LoRA adapters\)'
 
 # Export: the adapters (PEFT), the merged model; both give the LoRA model's logits.
 ck="$WORK/one/checkpoint/step-6"
