@@ -114,17 +114,15 @@ MemoryEstimate estimate_training_memory(const ModelSpec& spec, const std::string
   // AdamW keeps two moments per parameter, in the parameters' dtype.
   const double bytes = options.bf16_state ? 2 : 4;
   const std::string dtype = options.bf16_state ? "bf16" : "fp32";
-  const double trained =
-      options.trained_params >= 0 ? static_cast<double>(options.trained_params) / shards : 0;
-  // The adapters (LoRA) are parameters besides the model's own.
-  e.parts.push_back({"weights (" + dtype + ")", bytes * (held + trained)});
-  if (options.trained_params >= 0) {
-    e.parts.push_back({"gradients (" + dtype + ", LoRA adapters)", bytes * trained});
-    e.parts.push_back({"optimizer (AdamW " + dtype + ", LoRA adapters)", 2 * bytes * trained});
-  } else {
-    e.parts.push_back({"gradients (" + dtype + ")", bytes * held});
-    e.parts.push_back({"optimizer (AdamW " + dtype + ")", 2 * bytes * held});
-  }
+  // With LoRA only the adapters are trained: gradients and AdamW moments for them alone; they
+  // are parameters besides the model's own.
+  const bool lora = options.trained_params >= 0;
+  const double adapters = lora ? static_cast<double>(options.trained_params) / shards : 0;
+  const double trained = lora ? adapters : held;
+  const std::string of = lora ? ", LoRA adapters" : "";
+  e.parts.push_back({"weights (" + dtype + ")", bytes * (held + adapters)});
+  e.parts.push_back({"gradients (" + dtype + of + ")", bytes * trained});
+  e.parts.push_back({"optimizer (AdamW " + dtype + of + ")", 2 * bytes * trained});
   if (compute_dtype == at::kBFloat16 && !options.bf16_state) {
     // Tensor parallelism splits the copies over its ranks (activation_shards is its degree).
     // FSDP (param_shards beyond that) gathers one unit at a time: about two blocks' worth are

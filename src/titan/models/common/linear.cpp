@@ -65,41 +65,6 @@ struct DeferrableLinear : public torch::autograd::Function<DeferrableLinear> {
   }
 };
 
-// The NF4 weight's tensors and fields in an autograd context, and back: backward dequantizes
-// again instead of keeping the dense weight.
-void save_nf4(AutogradContext* ctx, const kernels::Nf4Weight& w) {
-  ctx->saved_data["nf4_packed"] = w.packed;
-  if (w.double_quant()) {
-    ctx->saved_data["nf4_absmax_code"] = w.absmax_code;
-    ctx->saved_data["nf4_absmax_scale"] = w.absmax_scale;
-  } else {
-    ctx->saved_data["nf4_absmax"] = w.absmax;
-  }
-  ctx->saved_data["nf4_offset"] = static_cast<double>(w.absmax_offset);
-  ctx->saved_data["nf4_sizes"] = w.sizes;
-  ctx->saved_data["nf4_dtype"] = static_cast<int64_t>(w.dtype);
-  ctx->saved_data["nf4_blocksize"] = w.blocksize;
-  ctx->saved_data["nf4_scale_blocksize"] = w.scale_blocksize;
-}
-
-kernels::Nf4Weight saved_nf4(AutogradContext* ctx) {
-  auto& d = ctx->saved_data;
-  kernels::Nf4Weight w;
-  w.packed = d["nf4_packed"].toTensor();
-  if (d.count("nf4_absmax_code")) {
-    w.absmax_code = d["nf4_absmax_code"].toTensor();
-    w.absmax_scale = d["nf4_absmax_scale"].toTensor();
-  } else {
-    w.absmax = d["nf4_absmax"].toTensor();
-  }
-  w.absmax_offset = static_cast<float>(d["nf4_offset"].toDouble());
-  w.sizes = d["nf4_sizes"].toIntVector();
-  w.dtype = static_cast<at::ScalarType>(d["nf4_dtype"].toInt());
-  w.blocksize = d["nf4_blocksize"].toInt();
-  w.scale_blocksize = d["nf4_scale_blocksize"].toInt();
-  return w;
-}
-
 // a (rows, k) @ b (k, n) in a's dtype; a bf16 product on a CPU without fast bf16 GEMMs runs in
 // float32 on the same operands, rounded once (as mixed_linear does).
 at::Tensor reduced_mm(const at::Tensor& a, const at::Tensor& b) {
@@ -109,17 +74,20 @@ at::Tensor reduced_mm(const at::Tensor& a, const at::Tensor& b) {
   return a.mm(b);
 }
 
-// x @ W^T with W in NF4 (see nf4_linear): x (rows, in) in the compute dtype.
+// x @ W^T with W in NF4 (see nf4_linear): x (rows, in) in the compute dtype. Backward reads the
+// NF4 weight through its address (the caller's holds it, as DeferrableLinear's layer) and
+// dequantizes it again.
 struct Nf4LinearFunction : public torch::autograd::Function<Nf4LinearFunction> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x,
-                            const kernels::Nf4Weight& weight) {
-    save_nf4(ctx, weight);
-    return reduced_mm(x, kernels::nf4_dequantize(weight, x.scalar_type()).t());
+                            const kernels::Nf4Weight* weight) {
+    ctx->saved_data["weight"] = reinterpret_cast<int64_t>(weight);
+    return reduced_mm(x, kernels::nf4_dequantize(*weight, x.scalar_type()).t());
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto* weight =
+        reinterpret_cast<const kernels::Nf4Weight*>(ctx->saved_data["weight"].toInt());
     const at::Tensor& grad = grads[0];  // (rows, out)
-    return {reduced_mm(grad, kernels::nf4_dequantize(saved_nf4(ctx), grad.scalar_type())),
-            at::Tensor()};
+    return {reduced_mm(grad, kernels::nf4_dequantize(*weight, grad.scalar_type())), at::Tensor()};
   }
 };
 
@@ -134,7 +102,7 @@ at::Tensor nf4_linear(const at::Tensor& x, const std::shared_ptr<const kernels::
   const at::Tensor xc = to_compute(x, compute_dtype);
   std::vector<int64_t> out_sizes = xc.sizes().vec();
   out_sizes.back() = weight->sizes[0];
-  return Nf4LinearFunction::apply(xc.reshape({-1, in}), *weight).view(out_sizes);
+  return Nf4LinearFunction::apply(xc.reshape({-1, in}), weight.get()).view(out_sizes);
 }
 
 Nf4Quantized quantize_frozen_nf4(torch::nn::Module& root, const kernels::Nf4Options& options) {
@@ -196,10 +164,10 @@ void materialize(torch::nn::Module& root, at::Device device) {
   // set_data cannot move a tensor off the meta device: each layer registers a new parameter.
   for (const auto& item : root.named_modules()) {
     auto* layer = dynamic_cast<WeightLayer*>(item.value().get());
-    if (layer == nullptr || !layer->named_parameters(/*recurse=*/false).contains("weight")) {
-      continue;  // a weight held another way (Linear::nf4_weight)
-    }
-    const at::Tensor old = layer->named_parameters(/*recurse=*/false)["weight"];
+    if (layer == nullptr) continue;
+    const auto own = layer->named_parameters(/*recurse=*/false);
+    if (!own.contains("weight")) continue;  // a weight held another way (Linear::nf4_weight)
+    const at::Tensor old = own["weight"];
     if (!old.is_meta()) continue;
     at::Tensor fresh = at::empty(old.sizes(), old.options().device(device));
     fresh.set_requires_grad(old.requires_grad());

@@ -189,7 +189,8 @@ class PackedLinear {
 
 // x @ W^T for W held in NF4: W dequantized to the compute dtype (x's dtype when that is not a
 // 16-bit type) for the product, and again for grad_x in backward, which keeps only the NF4
-// tensors. No gradient for W (it is frozen). x (..., in) -> (..., out).
+// tensors. No gradient for W (it is frozen); `weight` must live until backward has run (a layer's
+// nf4_weight does). x (..., in) -> (..., out).
 at::Tensor nf4_linear(const at::Tensor& x, const std::shared_ptr<const kernels::Nf4Weight>& weight,
                       at::ScalarType compute_dtype);
 
