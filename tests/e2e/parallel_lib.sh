@@ -1,11 +1,12 @@
 # Shared by the parallelism end-to-end tests (sourced after nothing else): a short float32 run of
-# the debug model (seq 64, global batch 8, 10 steps, one validation batch every 5 steps,
-# checkpoints at 5 and 10) in any layout, and comparisons of loss curves and final parameters
-# against another run.
+# the narrow debug model (debugmodel_narrow: debugmodel at dim 128; seq 64, global batch 8, 10
+# steps, one validation batch every 5 steps, checkpoints at 5 and 10) in any layout, and comparisons
+# of loss curves and final parameters against another run.
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
-common=(--job.config_file configs/llama3/debug_model.toml --training.steps 10
-  --training.seq_len 64 --training.global_batch_size 8 --training.mixed_precision_param float32
+common=(--job.config_file configs/llama3/debug_model.toml --model.flavor debugmodel_narrow
+  --training.steps 10 --training.seq_len 64 --training.global_batch_size 8
+  --training.mixed_precision_param float32
   --metrics.log_freq 1 --metrics.peak_flops 1e12 --validation.freq 5 --validation.steps 1
   --lr_scheduler.warmup_steps 3 --checkpoint.enable true --checkpoint.interval 5
   --checkpoint.last_save_model_only false)

@@ -1,11 +1,11 @@
-# Context parallelism end to end, real processes over Gloo: 10 float32 steps of the debug model
-# (seq 64, global batch 8, validation every 5 steps) in one process, then cp 2 with ring (alltoall)
-# attention and head-tail sharding, and dp_shard 2 x cp 2 with the all-gather rotation. Each gives
-# the single-process training and validation losses within 1e-5 relative and final parameters
-# within the data-parallel tests' tolerance; cp 2's step-5 checkpoint resumes in one process; a
-# sequence length the chunks do not divide stops at start-up with the arithmetic. Block-causal
-# attention (model.attn_mask_type) on a corpus of short documents: cp 2 (all-gather rotation)
-# reproduces the single process's training and validation losses.
+# Context parallelism end to end, real processes over Gloo: 10 float32 steps of the narrow debug
+# model (seq 64, global batch 8, validation every 5 steps) in one process, then cp 2 with ring
+# (alltoall) attention and head-tail sharding, and dp_shard 2 x cp 2 with the all-gather rotation.
+# Each gives the single-process training and validation losses within 1e-5 relative and final
+# parameters within the data-parallel tests' tolerance; cp 2's step-5 checkpoint resumes in one
+# process; a sequence length the chunks do not divide stops at start-up with the arithmetic.
+# Block-causal attention (model.attn_mask_type) on a corpus of short documents: cp 2 (all-gather
+# rotation) reproduces the single process's training and validation losses.
 source "$(dirname "$0")/parallel_lib.sh"
 
 train single 1 --training.local_batch_size 8 --validation.local_batch_size 4

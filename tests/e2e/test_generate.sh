@@ -38,8 +38,9 @@ expect_output "--dtype must be float32 or bfloat16"
 expect_exit 2 "$TITAN" generate --flavor nosuch --prompt hi
 expect_output "nosuch"
 
-# Train the debug model briefly with a checkpoint at the end.
+# Train the narrow debug model briefly with a checkpoint at the end.
 expect_exit 0 "$TITAN" train --job.config_file configs/llama3/debug_model.toml \
+  --model.flavor debugmodel_narrow \
   --job.dump_folder "$WORK/run" --training.steps 30 --training.seq_len 128 \
   --lr_scheduler.warmup_steps 5 --validation.enable=false --metrics.log_freq 10 \
   --metrics.disable_color_printing --checkpoint.enable --checkpoint.interval 30

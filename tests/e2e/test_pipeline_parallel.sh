@@ -1,12 +1,12 @@
-# Pipeline parallelism end to end, real processes over Gloo: 10 float32 steps of the debug model
-# (6 layers; seq 64, global batch 8, validation every 5 steps) in one process, then pp 2 with the
-# debug config's Interleaved1F1B (2 stages per rank), pp 2 with ZBVZeroBubble (V placement), the
-# same with the fused linear + cross-entropy on the last stage (compile.components loss), and
-# pp 2 x FSDP 2 with 1F1B. Each gives the single-process training and validation losses within
-# 1e-5 relative and final parameters within the data-parallel tests' tolerance. A checkpoint saved
-# under pp 2 exports to Hugging Face safetensors equal to the checkpoint and resumes in one
-# process; wrong microbatch counts stop at start-up; a rank killed mid-schedule ends the job
-# non-zero, naming the rank.
+# Pipeline parallelism end to end, real processes over Gloo: 10 float32 steps of the narrow debug
+# model (6 layers; seq 64, global batch 8, validation every 5 steps) in one process, then pp 2 with
+# the debug config's Interleaved1F1B (2 stages per rank), pp 2 with ZBVZeroBubble (V placement), the
+# same with the fused linear + cross-entropy on the last stage (compile.components loss), and pp 2 x
+# FSDP 2 with 1F1B. Each gives the single-process training and validation losses within 1e-5
+# relative and final parameters within the data-parallel tests' tolerance. A checkpoint saved under
+# pp 2 exports to Hugging Face safetensors equal to the checkpoint and resumes in one process; wrong
+# microbatch counts stop at start-up; a rank killed mid-schedule ends the job non-zero, naming the
+# rank.
 source "$(dirname "$0")/parallel_lib.sh"
 
 train single 1 --training.local_batch_size 8 --validation.local_batch_size 4

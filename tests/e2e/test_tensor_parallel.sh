@@ -1,11 +1,11 @@
-# Tensor + sequence parallelism end to end, on CPU over Gloo: the debug model (16 heads, vocab
-# 2048) trained 10 float32 steps (seq 64, global batch 8) in one process and with TP 2, TP 4,
-# TP 2 without loss parallel, FSDP 2 x TP 2, HSDP 2 x 2 x TP 2 (8 processes) and FSDP 2 x TP 2
-# with the fused linear + cross-entropy over vocabulary shards (compile.components loss). Every
-# layout must give the single-process loss curves within 1e-5 relative and final parameters within 3e-4
-# (see test_data_parallel.sh for why Adam needs the absolute bound). Checkpoints cross-load:
-# TP 2's step 5 resumes under FSDP 4 and one process, FSDP 4's under TP 2 and FSDP 2 x TP 2;
-# Hugging Face export / import work on TP shards; splits that do not divide are refused.
+# Tensor + sequence parallelism end to end, on CPU over Gloo: the narrow debug model (16 heads,
+# vocab 2048) trained 10 float32 steps (seq 64, global batch 8) in one process and with TP 2, TP 4,
+# TP 2 without loss parallel, FSDP 2 x TP 2, HSDP 2 x 2 x TP 2 (8 processes) and FSDP 2 x TP 2 with
+# the fused linear + cross-entropy over vocabulary shards (compile.components loss). Every layout
+# must give the single-process loss curves within 1e-5 relative and final parameters within 3e-4
+# (see test_data_parallel.sh for why Adam needs the absolute bound). Checkpoints cross-load: TP 2's
+# step 5 resumes under FSDP 4 and one process, FSDP 4's under TP 2 and FSDP 2 x TP 2; Hugging Face
+# export / import work on TP shards; splits that do not divide are refused.
 source "$(dirname "$0")/parallel_lib.sh"
 
 train single 1 --training.local_batch_size 8 --validation.local_batch_size 4

@@ -35,9 +35,10 @@ TEST(Registry, Llama3IsRegisteredWithAllFlavors) {
   const auto models = registered_models();
   ASSERT_NE(std::find(models.begin(), models.end(), "llama3"), models.end());
   const ModelSpec& spec = get_model_spec("llama3");
-  const std::vector<std::string> expected = {"tiny", "debugmodel", "bench_small", "bench_medium",
-                                             "1B",   "3B",         "8B_cut",      "8B",
-                                             "70B",  "405B"};
+  const std::vector<std::string> expected = {"tiny",        "debugmodel",   "debugmodel_narrow",
+                                             "bench_small", "bench_medium", "1B",
+                                             "3B",          "8B_cut",       "8B",
+                                             "70B",         "405B"};
   EXPECT_EQ(spec.flavors, expected);
 }
 
@@ -81,9 +82,10 @@ TEST(Registry, DescribeFlavor) {
 
 TEST(Llama3Args, FfnHiddenDimsMatchTorchTitan) {
   const std::map<std::string, int64_t> expected = {
-      {"tiny", 192},  {"debugmodel", 768}, {"bench_small", 768}, {"bench_medium", 1536},
-      {"1B", 8192},   {"3B", 8192},        {"8B_cut", 14336},    {"8B", 14336},
-      {"70B", 28672}, {"405B", 53248}};
+      {"tiny", 192},        {"debugmodel", 768},    {"debugmodel_narrow", 384},
+      {"bench_small", 768}, {"bench_medium", 1536}, {"1B", 8192},
+      {"3B", 8192},         {"8B_cut", 14336},      {"8B", 14336},
+      {"70B", 28672},       {"405B", 53248}};
   for (const auto& [flavor, hidden] : expected) {
     EXPECT_EQ(llama3::args_for_flavor(flavor).ffn_hidden_dim(), hidden) << flavor;
   }
@@ -116,7 +118,8 @@ TEST(Llama3Args, FlopsPerTokenFormula) {
 }
 
 TEST(Llama3Args, AnalyticCountEqualsModuleCount) {
-  for (const std::string flavor : {"tiny", "debugmodel", "bench_small", "bench_medium"}) {
+  for (const std::string flavor :
+       {"tiny", "debugmodel", "debugmodel_narrow", "bench_small", "bench_medium"}) {
     for (const bool tied : {false, true}) {
       llama3::Llama3Args args = llama3::args_for_flavor(flavor);
       args.tie_embeddings = tied;

@@ -20,7 +20,7 @@ namespace fs = std::filesystem;
 
 JobConfig debug_config(const fs::path& dump) {
   JobConfig c = test::tiny_training_config(dump.string());
-  c.model.flavor = "debugmodel";  // dim 256, 6 layers, vocab 2048
+  c.model.flavor = "debugmodel_narrow";  // dim 128, 6 layers, vocab 2048
   c.training.seq_len = 32;
   c.training.local_batch_size = 2;
   c.training.steps = 50;
@@ -45,7 +45,7 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 // TorchTitan's claim for float8 training: loss curves on top of bf16's. Over 50 steps from the
 // same seed and batches, each step's loss stays within kTolerance (relative) of bf16's: float8
 // rounds every GEMM operand to 3 (e4m3) or 2 (e5m2) mantissa bits, a ~3% per-element error that
-// averages out over the 256..768-long dot products, so it moves the loss by well under 1% (the
+// averages out over the 128..384-long dot products, so it moves the loss by well under 1% (the
 // measured worst step is printed); a wrong scale, dtype or operand layout moves it by far more
 // (a transposed scale or an unclamped e5m2 cast diverges within a few steps).
 TEST(Float8Training, EmulatedLossTracksBf16Over50Steps) {

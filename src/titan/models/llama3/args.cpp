@@ -121,6 +121,9 @@ const std::vector<std::pair<std::string, Llama3Args>>& flavors() {
       // For unit tests: a few milliseconds per step.
       {"tiny", make_args(64, 2, 4, 2, 300, 32, 0.0, false)},
       {"debugmodel", make_args(256, 6, 16, 0, 2048, 256, 0.0, false)},
+      // debugmodel at half the width (1.8M parameters, a third of its FLOPs per token): the
+      // multi-process tests' model, where every layout must reproduce one process's curve.
+      {"debugmodel_narrow", make_args(128, 6, 16, 0, 2048, 128, 0.0, false)},
       // CPU benchmark sizes.
       {"bench_small", make_args(256, 6, 8, 4, 8192, 256, 0.0, false)},
       {"bench_medium", make_args(512, 8, 8, 8, 32000, 256, 0.0, false)},
