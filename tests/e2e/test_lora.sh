@@ -11,6 +11,8 @@
 #     losses; Float8 (emulated) leaves the adapters in high precision;
 #   - the recipe (scripts/sft_lora_example.sh: chat SFT of a Qwen3 folder) exports a PEFT folder
 #     that peft loads onto Qwen3 with the run's logits;
+#   - QLoRA (lora.quantize_base nf4): the base in NF4 under the same adapters trains, resumes bit
+#     for bit, exports its PEFT adapter, shows in titan inspect; its wrong settings are refused;
 #   - a LoRA checkpoint refused by plain to-hf, a target that names no layer: clear errors.
 # About 60 s.
 source "$(dirname "$0")/parallel_lib.sh"
@@ -110,6 +112,46 @@ expect_exit 0 "$TITAN" convert logits "$ex/step-6" --ids "$IDS_QWEN" \
 "$PY" "$REF" check-peft "$WORK/example/model" "$ex/step-6-peft" "$WORK/qwen_logits.safetensors" \
   --ids "$IDS_QWEN" + check-logits "$ex/step-6-hf" "$WORK/qwen_logits.safetensors" \
   --ids "$IDS_QWEN" || fail "peft / transformers disagree with the recipe's Qwen3 LoRA model"
+
+# QLoRA: the 14 frozen base weights in NF4 under the same adapters. Step 1 (B = 0) is the NF4
+# base's loss: near the float base's, not equal (4-bit weights); the loss falls; a resumed run
+# (the base read and quantized again) repeats the losses bit for bit; the final export is the
+# PEFT adapter alone.
+train qlora 1 "${lora[@]}" --lora.quantize_base nf4 --checkpoint.last_save_in_hf true \
+  --checkpoint.last_save_model_only true
+# 14 layers: 2 blocks x (4 attention + 3 feed-forward); 384 KiB of float32 in 49.6 KiB.
+summary="QLoRA: the frozen base of 14 linear layers \(98,304 weights\) from .* held in NF4: "
+summary+="384(\.0+)? KiB -> 49\.[0-9]+ KiB \(4\.1[0-9]* bits per weight\)"
+grep -qE "$summary" "$WORK/qlora.log" ||
+  { grep QLoRA "$WORK/qlora.log" >&2; fail "no QLoRA summary in the log"; }
+q1=$(json_field "$WORK/qlora/metrics.jsonl" loss 1)
+q6=$(json_field "$WORK/qlora/metrics.jsonl" loss 6)
+base1=$(json_field "$WORK/base/metrics.jsonl" loss 1)
+awk -v q="$q1" -v b="$base1" \
+  'BEGIN { d = (q - b) / b; if (d < 0) d = -d; exit !(d > 0 && d < 0.02) }' ||
+  fail "QLoRA step 1 loss $q1 is not within 2% of (and different from) the float base's $base1"
+awk -v a="$q1" -v b="$q6" 'BEGIN { exit !(b < a) }' || fail "QLoRA loss did not fall: $q1 -> $q6"
+echo "qlora: step 1 loss $q1 (float base $base1) -> $q6"
+[ -f "$WORK/qlora/checkpoint/step-6-peft/adapter_model.safetensors" ] ||
+  fail "QLoRA wrote no PEFT adapter"
+[ ! -e "$WORK/qlora/checkpoint/step-6-hf" ] || fail "QLoRA wrote a merged export of its NF4 base"
+resume_from qlora 3 qresumed 1 "${lora[@]}" --lora.quantize_base nf4
+expect_exit 0 "$TITAN" inspect "${common[@]}" "${lora[@]}" --lora.quantize_base nf4
+expect_output 'frozen base \(NF4, QLoRA\) +0\.000 GiB'
+grep -rqs 'qlora_base' "$WORK/qlora/checkpoint/step-3" ||
+  fail "the checkpoint does not record the NF4 base"
+expect_exit 2 "$TITAN" train "${common[@]}" "${lora[@]}" --job.dump_folder "$WORK/q1" \
+  --lora.quantize_base nf4 --checkpoint.initial_load_path "" --checkpoint.initial_load_in_hf false
+expect_output 'lora.quantize_base = "nf4" quantizes a pretrained base, read from a Hugging Face'
+expect_exit 2 "$TITAN" train "${common[@]}" "${lora[@]}" --job.dump_folder "$WORK/q2" \
+  --lora.quantize_base nf5
+expect_output 'lora.quantize_base = "nf5" is not a base quantization; did you mean .nf4.'
+expect_exit 2 "$TITAN" train "${common[@]}" --model.converters "quantize.linear.float8,lora" \
+  --quantize.linear.float8.emulate true --lora.quantize_base nf4 --job.dump_folder "$WORK/q3"
+expect_output 'and the float8 linear converter both claim the base'
+expect_exit 2 timeout 120 "$TITAN" run --nproc_per_node 2 -- train "${common[@]}" "${lora[@]}" \
+  --lora.quantize_base nf4 --training.local_batch_size 2 --job.dump_folder "$WORK/q4"
+expect_output 'lora.quantize_base = "nf4" runs on one rank in this version; this job has 2'
 
 # Errors.
 expect_exit 2 "$TITAN" convert to-hf "$ck" "$WORK/nomerge"

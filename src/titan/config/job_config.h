@@ -295,6 +295,7 @@ struct LoraSection {
   double dropout = 0.0;
   std::vector<std::string> target_modules = {"wq", "wv"};
   bool use_rslora = false;
+  std::string quantize_base;
 
   template <class V>
   void visit(V& v) {
@@ -308,6 +309,10 @@ struct LoraSection {
       "w2, w3, ...) or Hugging Face's (q_proj, v_proj, gate_proj, ...); \"all-linear\": every "
       "linear layer of the transformer blocks");
     v("use_rslora", use_rslora, "Rank-stabilized LoRA: scale by alpha / sqrt(rank)");
+    v("quantize_base", quantize_base,
+      "QLoRA: \"nf4\" holds the frozen linear weights of the transformer blocks in 4-bit NF4 "
+      "(blocks of 64, double-quantized scales), read from checkpoint.initial_load_path (a "
+      "Hugging Face folder); \"\": in the training dtype");
   }
 };
 

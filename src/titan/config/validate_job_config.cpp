@@ -365,6 +365,36 @@ void validate_lora(const LoraSection& l) {
   }
 }
 
+// lora.quantize_base (QLoRA): "nf4" quantizes the frozen base under LoRA's adapters, so it needs
+// the adapters, a pretrained base to quantize (a Hugging Face folder) and no float8 on the same
+// layers.
+void validate_qlora(const JobConfig& c, bool lora, bool float8) {
+  const std::string& q = c.lora.quantize_base;
+  if (q.empty()) return;
+  if (q != "nf4") {
+    fail("lora.quantize_base = \"" + q + "\" is not a base quantization" +
+         did_you_mean(nearest_name(q, {"nf4"})) + " (\"nf4\": 4-bit NormalFloat; \"\": none)");
+  }
+  if (!lora) {
+    fail(
+        "lora.quantize_base = \"nf4\" quantizes the frozen base under LoRA's adapters, but "
+        "model.converters does not list \"lora\". HINT: model.converters = [\"lora\"]");
+  }
+  if (float8) {
+    fail(
+        "lora.quantize_base = \"nf4\" and the float8 linear converter both claim the base "
+        "linear layers (a frozen weight is held in NF4 or computes in float8, not both). HINT: "
+        "drop one of them from model.converters / lora.quantize_base");
+  }
+  if (c.checkpoint.initial_load_path.empty() || !c.checkpoint.initial_load_in_hf) {
+    fail(
+        "lora.quantize_base = \"nf4\" quantizes a pretrained base, read from a Hugging Face "
+        "folder (and read again when a run resumes: checkpoints hold the adapters, not the NF4 "
+        "base). HINT: set checkpoint.initial_load_path to the folder and "
+        "checkpoint.initial_load_in_hf = true");
+  }
+}
+
 // model.converters: TorchTitan's registered names; the float8 linear converter is built (under
 // its v0.2.2 name and its older one), the others are refused by name. Its FSDP float8 all-gather
 // is not built, so its two switches are refused while the converter is on.
@@ -405,6 +435,7 @@ void validate_model_converters(const JobConfig& c) {
     float8 = true;
   }
   if (lora) validate_lora(c.lora);
+  validate_qlora(c, lora, float8);
   if (!float8) return;
   const Float8LinearSection& f8 = c.quantize.linear.float8;
   // The float8 all-gather casts each weight with one scale (torchao supports it for the

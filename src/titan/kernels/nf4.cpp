@@ -145,6 +145,15 @@ int64_t Nf4Weight::nbytes() const {
   return total + static_cast<int64_t>(sizeof(float));  // the offset
 }
 
+double nf4_bytes_per_weight(const Nf4Options& options) {
+  const double block = static_cast<double>(options.blocksize);
+  const double scales =
+      options.double_quant
+          ? 1.0 / block + 4.0 / (block * static_cast<double>(options.scale_blocksize))
+          : 4.0 / block;
+  return 0.5 + scales;
+}
+
 Nf4Weight nf4_quantize(const at::Tensor& weight, const Nf4Options& options) {
   TITAN_CHECK(weight.device().is_cpu(), "nf4_quantize: the weight is on ", weight.device(),
               "; quantize it on the CPU");

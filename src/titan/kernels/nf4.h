@@ -60,6 +60,10 @@ struct Nf4Weight {
   int64_t nbytes() const;
 };
 
+// Bytes per element of a large weight in NF4 under `options` (codes and scales, without a
+// tensor's few fixed bytes): 0.516, 4.13 bits, at the defaults. For memory estimates.
+double nf4_bytes_per_weight(const Nf4Options& options = {});
+
 // Quantizes a float32, bfloat16 or float16 CPU tensor of any shape and finite values.
 Nf4Weight nf4_quantize(const at::Tensor& weight, const Nf4Options& options = {});
 

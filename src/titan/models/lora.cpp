@@ -233,11 +233,19 @@ std::shared_ptr<Model> build_described_model(const nlohmann::json& description,
   return model;
 }
 
-int64_t lora_trained_params(const ModelSection& model, const LoraSection& lora) {
+namespace {
+
+struct LoraCounts {
+  int64_t trained = 0;       // adapter elements
+  int64_t frozen_block = 0;  // frozen weights of the blocks' linear layers (QLoRA's NF4 base)
+};
+
+// Counted on a meta build of the LoRA model, once per description.
+LoraCounts lora_counts(const ModelSection& model, const LoraSection& lora) {
   const nlohmann::json description = trained_model_description(model, lora);
   const std::string key = description.dump();
   static std::mutex mutex;
-  static std::map<std::string, int64_t> counted;
+  static std::map<std::string, LoraCounts> counted;
   {
     std::lock_guard<std::mutex> lock(mutex);
     if (auto it = counted.find(key); it != counted.end()) return it->second;
@@ -245,13 +253,31 @@ int64_t lora_trained_params(const ModelSection& model, const LoraSection& lora) 
   ModelBuildOptions options;
   options.meta = true;
   const std::shared_ptr<Model> built = build_described_model(description, options);
-  int64_t trained = 0;
+  LoraCounts c;
   for (const at::Tensor& p : built->parameters()) {
-    if (p.requires_grad()) trained += p.numel();
+    if (p.requires_grad()) c.trained += p.numel();
+  }
+  // The layers quantize_frozen_nf4 takes: under "layers.", not adapters, weight frozen.
+  for (const auto& item : built->named_modules()) {
+    const auto* layer = dynamic_cast<const Linear*>(item.value().get());
+    if (layer == nullptr || layer->is_adapter || item.key().rfind("layers.", 0) != 0) continue;
+    if (layer->weight.defined() && !layer->weight.requires_grad()) {
+      c.frozen_block += layer->weight.numel();
+    }
   }
   std::lock_guard<std::mutex> lock(mutex);
-  counted[key] = trained;
-  return trained;
+  counted[key] = c;
+  return c;
+}
+
+}  // namespace
+
+int64_t lora_trained_params(const ModelSection& model, const LoraSection& lora) {
+  return lora_counts(model, lora).trained;
+}
+
+int64_t qlora_base_params(const ModelSection& model, const LoraSection& lora) {
+  return lora.quantize_base.empty() ? 0 : lora_counts(model, lora).frozen_block;
 }
 
 TensorMap merge_lora(const TensorMap& params, const LoraSpec& spec) {

@@ -73,6 +73,9 @@ nlohmann::json trained_model_description(const ModelSection& model, const LoraSe
 // The parameters a LoRA run of `model` trains (its adapters' elements), counted on a build on
 // the meta device (nothing allocated); remembered per description. For memory estimates.
 int64_t lora_trained_params(const ModelSection& model, const LoraSection& lora);
+// The weights QLoRA (lora.quantize_base) holds in NF4: the frozen linear weights of the blocks
+// (what quantize_frozen_nf4 takes), counted the same way; 0 without quantize_base.
+int64_t qlora_base_params(const ModelSection& model, const LoraSection& lora);
 
 // The description with the adapters (a "lora" entry), for checkpoints of a LoRA run.
 nlohmann::json with_lora(nlohmann::json description, const LoraSpec& spec);

@@ -49,7 +49,8 @@ struct ActivationCheckpointing::Impl {
     std::string name;
     bool block = false;  // a transformer block (ModelUnit::block >= 0)
     bool checkpointed = false;
-    std::vector<at::Tensor*> slots;  // where the unit's layers read its parameters
+    std::vector<std::string> params;  // the unit's parameters, by name
+    std::vector<at::Tensor*> slots;   // where the unit's layers read them
     // Weight shapes (out, in) whose matmuls "op" mode always recomputes.
     std::vector<std::vector<int64_t>> force_recompute;
   };
@@ -403,6 +404,7 @@ ActivationCheckpointing::ActivationCheckpointing(Model& model,
   for (const ModelUnit& mu : model.units()) {
     Impl::Unit u;
     u.name = mu.name;
+    u.params = mu.params;
     for (const std::string& name : mu.params) u.slots.push_back(slots.at(name));
     u.block = mu.block >= 0;
     if (u.block) {
@@ -419,6 +421,23 @@ ActivationCheckpointing::ActivationCheckpointing(Model& model,
 }
 
 ActivationCheckpointing::~ActivationCheckpointing() { model_.remove_unit_runner(this); }
+
+void ActivationCheckpointing::parameters_removed() {
+  std::map<std::string, at::Tensor*> slots;
+  for (const ParamSlot& s : parameter_slots(model_)) slots[s.name] = s.slot;
+  for (Impl::Unit& u : impl_->units) {
+    std::vector<std::string> names;
+    std::vector<at::Tensor*> kept;
+    for (const std::string& name : u.params) {
+      const auto it = slots.find(name);
+      if (it == slots.end()) continue;
+      names.push_back(name);
+      kept.push_back(it->second);
+    }
+    u.params = std::move(names);
+    u.slots = std::move(kept);
+  }
+}
 
 at::Tensor ActivationCheckpointing::run(int64_t index, const at::Tensor& input,
                                         const UnitFn& next) {

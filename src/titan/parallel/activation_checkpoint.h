@@ -90,6 +90,8 @@ class ActivationCheckpointing : public UnitRunner, public ParallelPiece {
   // "activation checkpointing: selective, every 2nd block (layers.1, layers.3)"
   std::string describe() const override;
   bool communicates() const override { return false; }
+  // The units keep the slots of the parameters the model still registers.
+  void parameters_removed() override;
 
   struct Impl;
 

@@ -364,6 +364,22 @@ void ParallelizedModel::load_full_parameters(
   }
 }
 
+Nf4Quantized ParallelizedModel::quantize_frozen_base(const kernels::Nf4Options& options) {
+  TITAN_CHECK(dims_.world_size() == 1, "quantize_frozen_base: one rank only, this model has ",
+              dims_.world_size());
+  Nf4Quantized all;
+  for (auto& part : parts_) {
+    const Nf4Quantized q = quantize_frozen_nf4(*part->model, options);
+    all.layers.insert(all.layers.end(), q.layers.begin(), q.layers.end());
+    all.elements += q.elements;
+    all.dense_bytes += q.dense_bytes;
+    all.nf4_bytes += q.nf4_bytes;
+  }
+  for (ParallelPiece* piece : all_pieces()) piece->parameters_removed();
+  refresh_params();
+  return all;
+}
+
 bool ParallelizedModel::communicates() const {
   if (pipeline_) return true;
   for (const auto& piece : parts_[0]->pieces) {

@@ -37,6 +37,7 @@
 #include "titan/common/shard_box.h"
 #include "titan/config/job_config.h"
 #include "titan/distributed/parallel_dims.h"
+#include "titan/models/common/linear.h"
 #include "titan/models/common/moe.h"
 #include "titan/models/model.h"
 #include "titan/parallel/grad_norm.h"
@@ -221,6 +222,11 @@ class ParallelizedModel {
   // Sets this rank's pieces from whole parameters: whole(name) is the (global shape) tensor, or
   // an undefined tensor to keep the parameter as it is.
   void load_full_parameters(const std::function<at::Tensor(const std::string&)>& whole);
+
+  // QLoRA: the frozen linear weights of the blocks to NF4 (quantize_frozen_nf4 on every part,
+  // after their values are loaded); they leave params(), so checkpoints and the optimizer no
+  // longer see them. One rank without parallel pieces only, for now (a clear error otherwise).
+  Nf4Quantized quantize_frozen_base(const kernels::Nf4Options& options = {});
 
   // Mixture-of-experts layers, after each optimizer step (collective: every rank): load
   // balancing (balance_expert_loads in models/common/moe.h) with each layer's token counts

@@ -109,6 +109,10 @@ class ParallelPiece {
 
   // FSDP's memory per rank (zeros for the other pieces).
   virtual DataParallelMemory memory() const { return {}; }
+
+  // The model stopped registering some parameters (QLoRA holds frozen weights in NF4 instead):
+  // a piece that keeps per-parameter state drops theirs.
+  virtual void parameters_removed() {}
 };
 
 }  // namespace titan

@@ -5,6 +5,7 @@
 
 #include "titan/common/check.h"
 #include "titan/common/format.h"
+#include "titan/kernels/nf4.h"
 #include "titan/models/common/rope.h"
 
 #include <algorithm>
@@ -108,8 +109,10 @@ MemoryEstimate estimate_training_memory(const ModelSpec& spec, const std::string
   const double experts = own_split ? static_cast<double>(routed_expert_params(spec, flavor)) : 0;
   const double expert_param_shards =
       options.expert_param_shards > 0 ? static_cast<double>(options.expert_param_shards) : shards;
+  // QLoRA's base: whole on every rank, in NF4.
+  const double nf4 = static_cast<double>(options.nf4_base_params);
   // Parameters this rank holds (fp32 master weights, or bf16 with bf16_state).
-  const double held = (n - experts) / shards + experts / expert_param_shards;
+  const double held = (n - experts - nf4) / shards + experts / expert_param_shards;
   MemoryEstimate e;
   // AdamW keeps two moments per parameter, in the parameters' dtype.
   const double bytes = options.bf16_state ? 2 : 4;
@@ -121,6 +124,9 @@ MemoryEstimate estimate_training_memory(const ModelSpec& spec, const std::string
   const double trained = lora ? adapters : held;
   const std::string of = lora ? ", LoRA adapters" : "";
   e.parts.push_back({"weights (" + dtype + ")", bytes * (held + adapters)});
+  if (nf4 > 0) {
+    e.parts.push_back({"frozen base (NF4, QLoRA)", nf4 * kernels::nf4_bytes_per_weight()});
+  }
   e.parts.push_back({"gradients (" + dtype + of + ")", bytes * trained});
   e.parts.push_back({"optimizer (AdamW " + dtype + of + ")", 2 * bytes * trained});
   if (compute_dtype == at::kBFloat16 && !options.bf16_state) {
@@ -130,7 +136,7 @@ MemoryEstimate estimate_training_memory(const ModelSpec& spec, const std::string
     const double tp = static_cast<double>(activation_shards);
     const double expert_shards =
         options.expert_shards > 0 ? static_cast<double>(options.expert_shards) : tp;
-    double copies = 2 * ((n - experts) / tp + experts / expert_shards);
+    double copies = 2 * ((n - experts - nf4) / tp + experts / expert_shards);
     if (shards > tp && !options.fsdp_keeps_gathered)
       copies =
           std::min(copies, 2.0 * copies / static_cast<double>(std::max<int64_t>(1, one.n_layers)));

@@ -62,6 +62,10 @@ struct MemoryOptions {
   // LoRA (models/lora.h): only this many parameters are trained, the adapters, sharded as the
   // dense weights; gradients and AdamW moments exist for them alone. -1: every parameter.
   int64_t trained_params = -1;
+  // QLoRA (lora.quantize_base): this many of the frozen weights are held in NF4 (whole on every
+  // rank, nf4_bytes_per_weight each) instead of the weights' dtype, and have no bf16 copies (a
+  // layer dequantizes its weight for each matmul). 0: none.
+  int64_t nf4_base_params = 0;
 };
 
 // Parameters of the routed experts of `flavor` (all MoE layers; 0 for a dense model), from the

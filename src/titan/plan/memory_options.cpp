@@ -38,7 +38,10 @@ MemoryOptions training_memory_options(const JobConfig& config, int64_t param_sha
   o.ac_every = ac.every;
   o.ac_per_op = ac.per_op;
   o.bf16_state = config.training.dtype == "bfloat16";
-  if (lora_enabled(config.model)) o.trained_params = lora_trained_params(config.model, config.lora);
+  if (lora_enabled(config.model)) {
+    o.trained_params = lora_trained_params(config.model, config.lora);
+    o.nf4_base_params = qlora_base_params(config.model, config.lora);
+  }
   // Routed experts: each ep rank holds its own, each split over tp when etp = tp; FSDP then
   // shards them over the rest (dp_shard_mod_ep), so a rank holds 1 / param_shards of them, except
   // where the tp ranks all hold the same whole experts (tp > 1, no ep, etp 1).

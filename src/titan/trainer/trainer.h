@@ -101,6 +101,9 @@ class Trainer {
   void build_optimizer();
   // The checkpoint manager with the state entries; resumes (or loads initial_load_path).
   void build_checkpoint();
+  // QLoRA (lora.quantize_base): the base from checkpoint.initial_load_path, its frozen block
+  // linears then held in NF4, before the checkpoint's state lists the parameters.
+  void load_and_quantize_base();
   // checkpoint.last_save_in_hf: the final model as a Hugging Face folder <folder>/step-N-hf.
   void save_final_hf(int64_t step);
   void build_metrics();

@@ -20,6 +20,7 @@
 #include "titan/checkpoint/peft_folder.h"
 #include "titan/models/lora.h"
 
+#include <chrono>
 #include <functional>
 #include <map>
 #include <set>
@@ -190,7 +191,39 @@ StateEntry dataloader_entry(BatchLoader& loader, int64_t dp_rank, json tokenizer
 
 }  // namespace
 
+// Every start of a QLoRA run reads the base here, a resumed one too: checkpoints hold the adapters
+// and the other trained tensors, not the NF4 base, which is a function of the Hugging Face folder.
+void Trainer::load_and_quantize_base() {
+  TITAN_CONFIG_CHECK(world_size_ == 1,
+                     "lora.quantize_base = \"nf4\" runs on one rank in this version; this job "
+                     "has ",
+                     world_size_, " (", dims_->describe(),
+                     "). HINT: drop lora.quantize_base to train LoRA over the float base with "
+                     "these parallelisms");
+  const std::string& hf_dir = config_.checkpoint.initial_load_path;
+  const auto t0 = std::chrono::steady_clock::now();
+  const TensorMap whole = ckpt::read_hf_parameters(hf_dir, model_description(config_.model));
+  parallel_->load_full_parameters([&](const std::string& name) {
+    const auto it = whole.find(name);
+    if (it == whole.end() && is_lora_param(name)) return at::Tensor();
+    return whole.at(name);
+  });
+  const Nf4Quantized q = parallel_->quantize_frozen_base();
+  TITAN_CONFIG_CHECK(!q.layers.empty(),
+                     "lora.quantize_base = \"nf4\": no frozen linear layer in the blocks to "
+                     "quantize (lora.target_modules adapts every one?)");
+  log_info("QLoRA: the frozen base of ", q.layers.size(), " linear layers (",
+           with_commas(q.elements), " weights) from ", hf_dir,
+           " held in NF4: ", human_bytes(static_cast<uint64_t>(q.dense_bytes)), " -> ",
+           human_bytes(static_cast<uint64_t>(q.nf4_bytes)), " (",
+           8.0 * static_cast<double>(q.nf4_bytes) / static_cast<double>(q.elements),
+           " bits per weight) in ",
+           std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), "s");
+}
+
 void Trainer::build_checkpoint() {
+  const bool qlora = !config_.lora.quantize_base.empty();
+  if (qlora) load_and_quantize_base();
   const std::vector<std::pair<std::string, at::Tensor>> params = trained_params();
   // Boxes and writers come from the parallelized model: replicas (HSDP, DDP) hold equal shards and
   // the first replica writes them; TP-replicated parameters are written by tp rank 0.
@@ -223,6 +256,10 @@ void Trainer::build_checkpoint() {
   json describe = {{"model", trained_model_description(config_.model, config_.lora)},
                    {"tokenizer_path", config_.model.hf_assets_path},
                    {"job_config", render_config_toml(config_)}};
+  if (qlora) {  // the blocks' frozen linears are not in this checkpoint: they come from here
+    describe["qlora_base"] = {{"quantization", config_.lora.quantize_base},
+                              {"hf_folder", config_.checkpoint.initial_load_path}};
+  }
   checkpointer_ = std::make_unique<ckpt::CheckpointManager>(
       config_.checkpoint, config_.job.dump_folder, std::move(states), std::move(describe), world_);
   const auto& c = config_.checkpoint;
@@ -238,6 +275,7 @@ void Trainer::build_checkpoint() {
     }
   }
   const ckpt::LoadResult loaded = checkpointer_->load([&](const std::string& hf_dir) {
+    if (qlora) return;  // load_and_quantize_base has read this folder
     // A Hugging Face folder holds the base model; LoRA's adapters keep their initial values.
     const TensorMap whole = ckpt::read_hf_parameters(hf_dir, model_description(config_.model));
     parallel_->load_full_parameters([&](const std::string& name) {
@@ -274,6 +312,16 @@ void Trainer::save_final_hf(int64_t step) {
     if (rank_ == 0) {
       ckpt::write_peft_adapter(ckpt::peft_export_dir(checkpointer_->folder(), step), params,
                                description, spec);
+    }
+    if (!config_.lora.quantize_base.empty()) {
+      // QLoRA: the float base is the Hugging Face folder the run started from; merging onto the
+      // NF4 copy would bake its rounding into the export.
+      log_info("QLoRA: the final export is the PEFT adapter (",
+               ckpt::peft_export_dir(checkpointer_->folder(), step), "), for the float base in ",
+               config_.checkpoint.initial_load_path,
+               " (titan convert from-hf BASE OUT --adapter PEFT_DIR, or peft); no merged Hugging "
+               "Face folder is written");
+      return;
     }
     const TensorMap merged = merge_lora(params, spec);
     full.assign(merged.begin(), merged.end());

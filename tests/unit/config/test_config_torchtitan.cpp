@@ -198,6 +198,7 @@ const std::set<std::string> kOwnKeys = {
     "lora.dropout",
     "lora.target_modules",
     "lora.use_rslora",
+    "lora.quantize_base",
 };
 
 // Defaults of ours that differ from TorchTitan's, and why: our datasets and tokenizer.

@@ -2,6 +2,7 @@
 // int64 overflow) at absurd ones, and a refusal only far above the memory given.
 #include "titan/common/check.h"
 #include "titan/config/job_config.h"
+#include "titan/kernels/nf4.h"
 #include "titan/models/common/rope.h"
 #include "titan/models/lora.h"
 #include "titan/models/registry.h"
@@ -59,13 +60,19 @@ TEST(MemoryEstimate, MatchesTheModelStatsAtOrdinarySizes) {
   EXPECT_DOUBLE_EQ(part(cp, "bf16 weight copies"), part(sharded, "bf16 weight copies"));
 }
 
-// LoRA: gradients and AdamW moments for the adapters only, counted on the model the run builds.
-TEST(MemoryEstimate, LoraHoldsGradientsAndAdamStateForTheAdaptersOnly) {
+// The debug model with the default [lora] (rank 8 on wq and wv).
+JobConfig debugmodel_with_lora() {
   JobConfig c;
   c.model.name = "llama3";
   c.model.flavor = "debugmodel";
   c.model.hf_assets_path = "";
   c.model.converters = {"lora"};
+  return c;
+}
+
+// LoRA: gradients and AdamW moments for the adapters only, counted on the model the run builds.
+TEST(MemoryEstimate, LoraHoldsGradientsAndAdamStateForTheAdaptersOnly) {
+  JobConfig c = debugmodel_with_lora();
   // The default [lora]: rank 8 on wq and wv, each (256 x 256) in debugmodel's 6 blocks:
   // r (in + out) elements per adapted layer.
   const int64_t adapters = 6 * 2 * 8 * (256 + 256);
@@ -84,6 +91,32 @@ TEST(MemoryEstimate, LoraHoldsGradientsAndAdamStateForTheAdaptersOnly) {
   EXPECT_EQ(lora_trained_params(c.model, c.lora), 6 * 4 * (4 * (256 + 256) + 3 * (768 + 256)));
   c.model.converters.clear();
   EXPECT_EQ(training_memory_options(c, 2).trained_params, -1);
+}
+
+// QLoRA: the frozen linear weights of the blocks in NF4 (4.13 bits each, whole on the rank), no
+// bf16 copies of them; the embedding, norms and output head stay in the weights' dtype.
+TEST(MemoryEstimate, QloraHoldsTheFrozenBlockLinearsInNf4) {
+  JobConfig c = debugmodel_with_lora();
+  EXPECT_EQ(qlora_base_params(c.model, c.lora), 0);  // quantize_base unset
+  c.lora.quantize_base = "nf4";
+  // Every linear layer of debugmodel's 6 blocks: wq, wk, wv, wo (256 x 256), w1, w2, w3 (768 x
+  // 256), adapted or not (the adapted ones keep a frozen base weight too).
+  const int64_t base = 6 * (4 * 256 * 256 + 3 * 768 * 256);
+  EXPECT_EQ(qlora_base_params(c.model, c.lora), base);
+  const MemoryOptions o = training_memory_options(c, 1);
+  EXPECT_EQ(o.nf4_base_params, base);
+  const int64_t adapters = 6 * 2 * 8 * (256 + 256);
+  const ModelSpec& spec = get_model_spec("llama3");
+  const ModelStats s = spec.describe("debugmodel", 8, 256, at::kBFloat16);
+  const MemoryEstimate e = estimate_training_memory(spec, "debugmodel", 8, 256, at::kBFloat16, o);
+  EXPECT_DOUBLE_EQ(part(e, "weights (fp32)"), 4.0 * (s.n_params - base + adapters));
+  EXPECT_DOUBLE_EQ(part(e, "frozen base (NF4, QLoRA)"), base * kernels::nf4_bytes_per_weight());
+  EXPECT_DOUBLE_EQ(part(e, "bf16 weight copies"), 2.0 * (s.n_params - base));
+  // 4 bits per code, 8 per scale of 64 codes, 32 per scale of 256 scales: 4.127 bits.
+  EXPECT_NEAR(8 * kernels::nf4_bytes_per_weight(), 4.0 + 8.0 / 64 + 32.0 / (64 * 256), 1e-12);
+  // The real thing holds what the estimate says, but for a few fixed bytes per tensor.
+  const kernels::Nf4Weight w = kernels::nf4_quantize(at::randn({768, 256}));
+  EXPECT_NEAR(static_cast<double>(w.nbytes()), 768 * 256 * kernels::nf4_bytes_per_weight(), 8.0);
 }
 
 // Activation checkpointing: a checkpointed block keeps its input (full, every Nth) or its costly
