@@ -136,6 +136,18 @@ echo "qlora: step 1 loss $q1 (float base $base1) -> $q6"
   fail "QLoRA wrote no PEFT adapter"
 [ ! -e "$WORK/qlora/checkpoint/step-6-hf" ] || fail "QLoRA wrote a merged export of its NF4 base"
 resume_from qlora 3 qresumed 1 "${lora[@]}" --lora.quantize_base nf4
+# A QLoRA checkpoint holds no frozen base: titan reads it (in float) from the folder its state
+# names, so the checkpoint's logits are peft's over the float base with the run's PEFT adapter.
+expect_exit 0 "$TITAN" convert logits "$WORK/qlora/checkpoint/step-6" --ids "$IDS" \
+  --out "$WORK/qlora_logits.safetensors"
+expect_output "a QLoRA checkpoint; its frozen base weights from $WORK/base"
+"$PY" "$REF" check-peft "$WORK/base" "$WORK/qlora/checkpoint/step-6-peft" \
+  "$WORK/qlora_logits.safetensors" --ids "$IDS" ||
+  fail "peft disagrees with titan's QLoRA checkpoint over the float base"
+mv "$WORK/base" "$WORK/base_away"
+expect_exit 1 "$TITAN" convert to-peft "$WORK/qlora/checkpoint/step-6" "$WORK/qpeft"
+expect_output "a QLoRA checkpoint .*the Hugging Face folder '$WORK/base', which is not there"
+mv "$WORK/base_away" "$WORK/base"
 expect_exit 0 "$TITAN" inspect "${common[@]}" "${lora[@]}" --lora.quantize_base nf4
 expect_output 'frozen base \(NF4, QLoRA\) +0\.000 GiB'
 grep -rqs 'qlora_base' "$WORK/qlora/checkpoint/step-3" ||

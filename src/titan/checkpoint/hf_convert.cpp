@@ -11,6 +11,7 @@
 #include <ATen/core/grad_mode.h>
 
 #include <filesystem>
+#include <optional>
 #include <sstream>
 
 namespace titan::ckpt {
@@ -41,7 +42,7 @@ TensorMap expert_biases(const Model& model) {
 // An empty model of `description` whose parameter names and shapes say what to load.
 std::shared_ptr<Model> empty_model(const nlohmann::json& description) {
   ModelBuildOptions options;
-  options.max_seq_len = 2;  // RoPE tables are derived, not loaded
+  options.max_seq_len = 2;                             // RoPE tables are derived, not loaded
   return build_described_model(description, options);  // with the LoRA adapters it describes
 }
 
@@ -67,6 +68,46 @@ std::string args_difference(const nlohmann::json& model, const nlohmann::json& c
   }
   return join(out, "; ");
 }
+
+// The tensors of a checkpoint, and for a QLoRA run's (state "qlora_base") the frozen base weights
+// it does not hold: the Hugging Face folder the run quantized, read whole in float the first time
+// a name is missing (the adapters were trained over its NF4 copy; PEFT applies them to it too).
+class CheckpointTensors {
+ public:
+  explicit CheckpointTensors(const CheckpointReader& reader) : reader_(reader) {}
+
+  bool has(const std::string& name) { return reader_.has(name) || base().count(name) != 0; }
+  std::vector<int64_t> shape(const std::string& name) {
+    if (reader_.has(name)) return reader_.meta(name).shape;
+    return base().at(name).sizes().vec();
+  }
+  at::Tensor read(const std::string& name) {
+    return reader_.has(name) ? reader_.read(name) : base().at(name);
+  }
+
+ private:
+  const TensorMap& base() {
+    if (base_) return *base_;
+    base_.emplace();
+    const nlohmann::json& state = reader_.state();
+    if (!state.is_object() || !state.contains("qlora_base")) return *base_;
+    const std::string folder = state["qlora_base"].value("hf_folder", "");
+    if (!std::filesystem::is_directory(folder)) {
+      throw DataError(reader_.dir() +
+                      ": a QLoRA checkpoint (qlora_base in its index.json): its "
+                      "frozen base weights are the Hugging Face folder '" +
+                      folder +
+                      "', which is not there. HINT: put the base folder back at that path");
+    }
+    log_info(reader_.dir(), ": a QLoRA checkpoint; its frozen base weights from ", folder,
+             " (in float, not NF4)");
+    *base_ = read_hf_parameters(folder, base_description(checkpoint_model(reader_)));
+    return *base_;
+  }
+
+  const CheckpointReader& reader_;
+  std::optional<TensorMap> base_;
+};
 
 }  // namespace
 
@@ -117,18 +158,18 @@ void copy_into_model(Model& model, const TensorMap& tensors, const std::string& 
 
 void load_checkpoint_parameters(Model& model, const CheckpointReader& reader) {
   at::NoGradGuard no_grad;
+  CheckpointTensors tensors(reader);
   for (const auto& item : model.named_parameters()) {
-    if (!reader.has(item.key())) {
+    if (!tensors.has(item.key())) {
       throw DataError(reader.dir() + ": checkpoint has no tensor for parameter '" + item.key() +
                       "'");
     }
-    const TensorMeta& meta = reader.meta(item.key());
-    if (at::IntArrayRef(meta.shape) != item.value().sizes()) {
-      throw DataError(reader.dir() + ": tensor '" + item.key() + "' has shape " +
-                      shape_str(meta.shape) + ", the model expects " +
-                      shape_str(item.value().sizes()));
+    const std::vector<int64_t> shape = tensors.shape(item.key());
+    if (at::IntArrayRef(shape) != item.value().sizes()) {
+      throw DataError(reader.dir() + ": tensor '" + item.key() + "' has shape " + shape_str(shape) +
+                      ", the model expects " + shape_str(item.value().sizes()));
     }
-    item.value().copy_(reader.read(item.key()));
+    item.value().copy_(tensors.read(item.key()));
   }
   // Buffers that are state: MoE expert biases steer routing at inference too.
   for (const auto& [name, buffer] : expert_biases(model)) {
@@ -142,13 +183,14 @@ void load_checkpoint_parameters(Model& model, const CheckpointReader& reader) {
 
 TensorMap read_model_tensors(const CheckpointReader& reader) {
   const auto model = empty_model(checkpoint_model(reader));
+  CheckpointTensors tensors(reader);
   TensorMap out;
   for (const auto& item : model->named_parameters()) {
-    if (!reader.has(item.key())) {
+    if (!tensors.has(item.key())) {
       throw DataError(reader.dir() + ": checkpoint has no tensor for parameter '" + item.key() +
                       "'");
     }
-    at::Tensor t = reader.read(item.key());
+    at::Tensor t = tensors.read(item.key());
     if (t.sizes() != item.value().sizes()) {
       throw DataError(reader.dir() + ": tensor '" + item.key() + "' has shape " +
                       shape_str(t.sizes()) + ", the model expects " +
