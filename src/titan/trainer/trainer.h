@@ -101,6 +101,8 @@ class Trainer {
   void build_optimizer();
   // The checkpoint manager with the state entries; resumes (or loads initial_load_path).
   void build_checkpoint();
+  // Fills the parameters from a Hugging Face folder of the base model (adapters stay as they are).
+  void load_hf_base(const std::string& hf_dir);
   // QLoRA (lora.quantize_base): the base from checkpoint.initial_load_path, its frozen block
   // linears then held in NF4, before the checkpoint's state lists the parameters.
   void load_and_quantize_base();

@@ -191,6 +191,16 @@ StateEntry dataloader_entry(BatchLoader& loader, int64_t dp_rank, json tokenizer
 
 }  // namespace
 
+// A Hugging Face folder holds the base model; LoRA's adapters keep their initial values.
+void Trainer::load_hf_base(const std::string& hf_dir) {
+  const TensorMap whole = ckpt::read_hf_parameters(hf_dir, model_description(config_.model));
+  parallel_->load_full_parameters([&](const std::string& name) {
+    const auto it = whole.find(name);
+    if (it == whole.end() && is_lora_param(name)) return at::Tensor();
+    return whole.at(name);
+  });
+}
+
 // Every start of a QLoRA run reads the base here, a resumed one too: checkpoints hold the adapters
 // and the other trained tensors, not the NF4 base, which is a function of the Hugging Face folder.
 void Trainer::load_and_quantize_base() {
@@ -202,12 +212,7 @@ void Trainer::load_and_quantize_base() {
                      "these parallelisms");
   const std::string& hf_dir = config_.checkpoint.initial_load_path;
   const auto t0 = std::chrono::steady_clock::now();
-  const TensorMap whole = ckpt::read_hf_parameters(hf_dir, model_description(config_.model));
-  parallel_->load_full_parameters([&](const std::string& name) {
-    const auto it = whole.find(name);
-    if (it == whole.end() && is_lora_param(name)) return at::Tensor();
-    return whole.at(name);
-  });
+  load_hf_base(hf_dir);
   const Nf4Quantized q = parallel_->quantize_frozen_base();
   TITAN_CONFIG_CHECK(!q.layers.empty(),
                      "lora.quantize_base = \"nf4\": no frozen linear layer in the blocks to "
@@ -275,14 +280,7 @@ void Trainer::build_checkpoint() {
     }
   }
   const ckpt::LoadResult loaded = checkpointer_->load([&](const std::string& hf_dir) {
-    if (qlora) return;  // load_and_quantize_base has read this folder
-    // A Hugging Face folder holds the base model; LoRA's adapters keep their initial values.
-    const TensorMap whole = ckpt::read_hf_parameters(hf_dir, model_description(config_.model));
-    parallel_->load_full_parameters([&](const std::string& name) {
-      const auto it = whole.find(name);
-      if (it == whole.end() && is_lora_param(name)) return at::Tensor();
-      return whole.at(name);
-    });
+    if (!qlora) load_hf_base(hf_dir);  // else load_and_quantize_base has read this folder
   });
   if (loaded.loaded && !loaded.model_only) {
     if (train_state_.step >= config_.training.steps) {
