@@ -13,8 +13,12 @@
 #     that peft loads onto Qwen3 with the run's logits;
 #   - QLoRA (lora.quantize_base nf4): the base in NF4 under the same adapters trains, resumes bit
 #     for bit, exports its PEFT adapter, shows in titan inspect; its wrong settings are refused;
-#   - a LoRA checkpoint refused by plain to-hf, a target that names no layer: clear errors.
-# About 60 s.
+#   - a LoRA checkpoint refused by plain to-hf, a target that names no layer: clear errors;
+#   - the routed experts of a Qwen3-MoE folder: adapters that peft loads as its adapters of the
+#     experts' parameters with the run's logits, merged, imported; EP 2 and experts split over
+#     TP 2 reproduce the losses, a resumed run too; a DeepSeek-V3 folder (router biases, shared
+#     experts, a dense layer) with every linear layer and the experts adapted, through peft.
+# About 120 s.
 source "$(dirname "$0")/parallel_lib.sh"
 
 PY="${TITAN_PYTHON:-}"
@@ -174,4 +178,62 @@ expect_output "'q_prj' matches no linear layer.*did you mean 'q_proj'"
 expect_exit 2 "$TITAN" train "${common[@]}" "${lora[@]}" --job.dump_folder "$WORK/e2" \
   --lora.rank 0
 expect_output "lora.rank = 0 must be at least 1"
+# The routed experts of a Qwen3-MoE folder that transformers wrote (fused gate_up_proj and
+# down_proj per layer): adapters per expert, exported as PEFT's adapters of those parameters
+# (target_parameters), which peft loads with the run's logits; the merged export, the import;
+# expert parallelism and experts split over tp reproduce the losses; a resumed run too.
+"$PY" "$(dirname "$0")/qwen3_transformers_reference.py" save-random "$WORK/moe_base" --seed 3 \
+  --experts 4 --top-k 2 --moe-intermediate 64 >/dev/null ||
+  fail "transformers could not write the Qwen3-MoE folder"
+common=(--job.config_file configs/llama3/debug_model.toml --model.name qwen3
+  --model.flavor tiny_moe --model.hf_assets_path "" --checkpoint.initial_load_path "$WORK/moe_base"
+  --checkpoint.initial_load_in_hf true --training.dataset tokens
+  --training.dataset_path "$WORK/tokens.bin" --training.dataset_shuffle false
+  --training.seq_len 32 --training.local_batch_size 4 --training.global_batch_size 4
+  --training.steps 6 --training.mixed_precision_param float32 --metrics.log_freq 1
+  --lr_scheduler.warmup_steps 2 --optimizer.lr 1e-2 --validation.enable false
+  --checkpoint.enable true --checkpoint.interval 3 --checkpoint.last_save_model_only false)
+moe_lora=(--model.converters lora --lora.rank 4 --lora.alpha 8
+  --lora.target_modules "q_proj,v_proj,experts")
+train moe 1 "${moe_lora[@]}" --checkpoint.last_save_in_hf true \
+  --checkpoint.last_save_model_only true
+grep -q "dropout 0 on 4 linear layers and the routed experts of 2 MoE layers" "$WORK/moe.log" ||
+  fail "LoRA did not adapt the routed experts of the 2 MoE layers"
+train moe_ep 2 "${moe_lora[@]}" --parallelism.expert_parallel_degree 2 \
+  --training.local_batch_size 2 --checkpoint.enable false
+same_losses moe moe_ep loss
+train moe_etp 2 "${moe_lora[@]}" --parallelism.tensor_parallel_degree 2 \
+  --parallelism.expert_tensor_parallel_degree 2 --checkpoint.enable false
+same_losses moe moe_etp loss
+resume_from moe 3 moe_resumed 1 "${moe_lora[@]}"
+ck="$WORK/moe/checkpoint/step-6"
+expect_exit 0 "$TITAN" convert logits "$ck" --ids "$IDS" --out "$WORK/moe_logits.safetensors"
+expect_exit 0 "$TITAN" convert to-peft "$ck" "$WORK/moe_peft"
+grep -q '"experts.gate_up_proj"' "$WORK/moe_peft/adapter_config.json" ||
+  fail "the PEFT config does not target the experts' parameters"
+expect_exit 0 "$TITAN" convert from-hf "$WORK/moe_base" "$WORK/moe_imported" \
+  --adapter "$WORK/moe_peft"
+expect_exit 0 "$TITAN" convert logits "$WORK/moe_imported" --ids "$IDS" \
+  --out "$WORK/moe_imported_logits.safetensors"
+cmp "$WORK/moe_logits.safetensors" "$WORK/moe_imported_logits.safetensors" ||
+  fail "the imported PEFT adapter of the experts does not give the trained model's logits"
+# DeepSeek-V3 (dense first layer, shared experts, router biases that transformers' folder holds):
+# every linear layer and the routed experts. peft reads the names gate_proj / up_proj /
+# down_proj / gate on such models as the experts' and router's, so titan's config names those
+# layers by parameter; the run's routing is the folder's (its biases loaded, and frozen).
+"$PY" "$(dirname "$0")/deepseek_v3_transformers_reference.py" save-random "$WORK/ds_base" \
+  --seed 1 >/dev/null || fail "transformers could not write the DeepSeek-V3 folder"
+train ds 1 "${moe_lora[@]}" --model.name deepseek_v3 --model.flavor tiny \
+  --checkpoint.initial_load_path "$WORK/ds_base" --lora.target_modules "all-linear,experts" \
+  --checkpoint.interval 10 --checkpoint.last_save_in_hf true --checkpoint.last_save_model_only true
+ck="$WORK/ds/checkpoint/step-6"
+expect_exit 0 "$TITAN" convert logits "$ck" --ids "$IDS" --out "$WORK/ds_logits.safetensors"
+"$PY" "$REF" check-peft "$WORK/moe_base" "$WORK/moe_peft" "$WORK/moe_logits.safetensors" \
+  --ids "$IDS" + check-logits "$WORK/moe/checkpoint/step-6-hf" "$WORK/moe_logits.safetensors" \
+  --ids "$IDS" + check-peft "$WORK/ds_base" "$ck-peft" "$WORK/ds_logits.safetensors" \
+  --ids "$IDS" + check-logits "$ck-hf" "$WORK/ds_logits.safetensors" --ids "$IDS" ||
+  fail "peft / transformers disagree with titan's LoRA on the Qwen3-MoE or DeepSeek-V3 folder"
+expect_exit 2 "$TITAN" train "${common[@]}" "${moe_lora[@]}" --job.dump_folder "$WORK/e3" \
+  --lora.target_modules "experts.w1"
+expect_output "names experts.w1 without experts.w3.*HINT: list both, or experts.gate_up_proj"
 echo "PASS test_lora"

@@ -361,7 +361,9 @@ void save_hf_weights(const Model& model, const nlohmann::json& model_description
 TensorMap read_hf_parameters(const std::string& hf_dir, const nlohmann::json& model_description) {
   const auto model = empty_model(model_description);
   load_hf_weights(*model, model_description, hf_dir);
-  return model_tensors(*model);
+  TensorMap out = model_tensors(*model);
+  for (auto& [name, buffer] : state_buffers(*model)) out.emplace(name, buffer);
+  return out;
 }
 
 std::string hf_export_dir(const std::string& folder, int64_t step) {

@@ -77,7 +77,8 @@ void save_hf_weights(const Model& model, const nlohmann::json& model_description
 
 // checkpoint.initial_load_in_hf for a parallelized model: every parameter of a model of
 // `model_description`, whole and by FQN, read from HF folder `hf_dir` and checked as
-// load_hf_weights does; each rank then keeps its boxes (ParallelizedModel::load_full_parameters).
+// load_hf_weights does, and its state buffers (moe.h: MoE expert biases, zero where the folder
+// has none); each rank then keeps its boxes (ParallelizedModel::load_full_parameters).
 TensorMap read_hf_parameters(const std::string& hf_dir, const nlohmann::json& model_description);
 
 // "<folder>/step-<step>-hf": where checkpoint.last_save_in_hf exports the model of step `step`.

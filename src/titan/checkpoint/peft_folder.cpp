@@ -78,13 +78,14 @@ PeftAdapter read_peft_adapter(const std::string& dir, const nlohmann::json& desc
     peft.emplace(name, reader.read(e.name).to(at::kFloat));
   }
   try {
-    out.params = from_peft_tensors(peft, description);
+    out.params = from_peft_tensors(peft, description, out.spec);
   } catch (const DataError& e) {
     throw DataError(message(weights_path, ": ", e.what()));
   }
   for (const auto& [name, t] : out.params) {
     const bool is_a = name.size() > 14 && name.compare(name.size() - 14, 14, ".lora_a.weight") == 0;
-    const int64_t r = is_a ? t.size(0) : t.size(1);
+    // (r, in) / (out, r), or per expert (experts, r, in) / (experts, out, r).
+    const int64_t r = is_a ? t.size(-2) : t.size(-1);
     if (r != out.spec.rank) {
       throw DataError(message(weights_path, ": ", name, " has rank ", r,
                               ", adapter_config.json r = ", out.spec.rank));

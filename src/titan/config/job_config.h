@@ -307,7 +307,8 @@ struct LoraSection {
     v("target_modules", target_modules,
       "Linear layers that get adapters, by the last part of their name, ours (wq, wk, wv, wo, w1, "
       "w2, w3, ...) or Hugging Face's (q_proj, v_proj, gate_proj, ...); \"all-linear\": every "
-      "linear layer of the transformer blocks");
+      "linear layer of the transformer blocks; the routed experts of MoE layers only by name: "
+      "\"experts\", or PEFT's experts.gate_up_proj / experts.down_proj");
     v("use_rslora", use_rslora, "Rank-stabilized LoRA: scale by alpha / sqrt(rank)");
     v("quantize_base", quantize_base,
       "QLoRA: \"nf4\" holds the frozen linear weights of the transformer blocks in 4-bit NF4 "

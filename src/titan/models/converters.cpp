@@ -167,8 +167,12 @@ void apply_model_converters(Model& model, const ModelSection& config,
       const LoraApplied a = apply_lora(model, spec, model_description(config));
       log_info("LoRA: rank ", spec.rank, ", alpha ", spec.alpha, " (scaling ", spec.scaling(),
                spec.use_rslora ? ", rank-stabilized" : "", "), dropout ", spec.dropout, " on ",
-               a.adapted.size(), " linear layers; trained ", with_commas(a.adapter_params),
-               " parameters, frozen ", with_commas(a.frozen_params), " (",
+               a.adapted.size(), " linear layers",
+               a.adapted_experts.empty() ? std::string()
+                                         : message(" and the routed experts of ",
+                                                   a.adapted_experts.size(), " MoE layers"),
+               "; trained ", with_commas(a.adapter_params), " parameters, frozen ",
+               with_commas(a.frozen_params), " (",
                100.0 * static_cast<double>(a.adapter_params) /
                    static_cast<double>(std::max<int64_t>(1, a.adapter_params + a.frozen_params)),
                "% trained)");

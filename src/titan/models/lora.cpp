@@ -6,6 +6,7 @@
 #include "titan/common/names.h"
 #include "titan/models/common/init.h"
 #include "titan/models/common/linear.h"
+#include "titan/models/common/moe.h"
 
 #include <algorithm>
 #include <cmath>
@@ -22,6 +23,20 @@ constexpr const char* kLoraB = ".lora_b.weight";
 constexpr const char* kPeftPrefix = "base_model.model.";
 constexpr std::string_view kPeftA = ".lora_A.weight";
 constexpr std::string_view kPeftB = ".lora_B.weight";
+
+// lora.target_modules entries that name the routed experts of MoE layers: all of them, PEFT's
+// two parameters (the fused gate/up projection, the down projection), or ours (w1 and w3
+// together: they share one A).
+constexpr const char* kExpertTargets[] = {"experts",    "experts.gate_up_proj", "experts.down_proj",
+                                          "experts.w1", "experts.w2",           "experts.w3"};
+
+// A GroupedExperts module the spec adapts, and which of its parts.
+struct ExpertsChoice {
+  std::string name;  // "layers.1.moe.experts"
+  GroupedExperts* experts;
+  bool gate_up;  // w1 and w3 (one A)
+  bool down;     // w2
+};
 
 bool ends_with(const std::string& s, const std::string& suffix) {
   return s.size() >= suffix.size() &&
@@ -42,17 +57,28 @@ std::string adapted_module(const std::string& param) {
 // The Hugging Face name of parameter `ours` (a module's weight) through the model's adapter, with
 // `value` as its tensor (row layouts follow: Llama's q/k permutation). Empty when the model has
 // no adapter or the adapter knows no such name.
-std::pair<std::string, at::Tensor> hf_entry(const ModelSpec& spec,
-                                            const nlohmann::json& description,
-                                            const std::string& ours, const at::Tensor& value) {
+// The Hugging Face tensors the model's adapter writes for `ours` alone: what it writes for
+// {ours: value} less what it writes for nothing (tensors it always adds, such as DeepSeek-V3's
+// zero e_score_correction_bias per MoE layer). Empty when it has no adapter or refuses.
+TensorMap hf_tensors_of(const ModelSpec& spec, const nlohmann::json& description,
+                        const std::string& ours, const at::Tensor& value) {
   if (!spec.hf.to_hf) return {};
   try {
-    const TensorMap hf = spec.hf.to_hf({{ours, value}}, base_description(description));
-    if (hf.size() != 1) return {};
-    return *hf.begin();
+    const nlohmann::json base = base_description(description);
+    TensorMap hf = spec.hf.to_hf({{ours, value}}, base);
+    for (const auto& [name, t] : spec.hf.to_hf({}, base)) hf.erase(name);
+    return hf;
   } catch (const DataError&) {
     return {};
   }
+}
+
+std::pair<std::string, at::Tensor> hf_entry(const ModelSpec& spec,
+                                            const nlohmann::json& description,
+                                            const std::string& ours, const at::Tensor& value) {
+  const TensorMap hf = hf_tensors_of(spec, description, ours, value);
+  if (hf.size() != 1) return {};
+  return *hf.begin();
 }
 
 // Only the Hugging Face module name of layer `module` (a weight of `sizes`), for matching target
@@ -67,6 +93,40 @@ std::string hf_module_name(const ModelSpec& spec, const nlohmann::json& descript
   } catch (const std::exception&) {
     return "";
   }
+}
+
+// The routed experts' w3 has no A of its own: it uses w1's ("<experts>.w1.lora_a.weight").
+bool shares_a(const std::string& module) { return ends_with(module, ".experts.w3"); }
+std::string adapter_a_name(const std::string& module) {
+  return shares_a(module) ? module.substr(0, module.size() - 2) + "w1" + kLoraA : module + kLoraA;
+}
+
+// The routed experts' module ("layers.1.moe.experts") of an adapter of theirs, or "".
+std::string experts_module(const std::string& param) {
+  for (const char* w : {".w1", ".w2", ".w3"}) {
+    for (const char* suffix : {kLoraA, kLoraB}) {
+      const std::string tail = std::string(".experts") + w + suffix;
+      if (ends_with(param, tail)) return param.substr(0, param.size() - tail.size() + 8);
+    }
+  }
+  return "";
+}
+
+// PEFT adapts the routed experts through their parameters (target_parameters), in this order of
+// the Hugging Face experts module; several on one module nest: the i-th of k adapted ones sits
+// under k - 1 - i "base_layer." levels.
+constexpr const char* kHfExpertParams[] = {"gate_up_proj", "down_proj"};
+
+// The Hugging Face experts module ("model.layers.1.mlp.experts") of ours, through the model's
+// adapter (which names each expert's weights, or the fused parameters, below it).
+std::string hf_experts_module(const ModelSpec& spec, const nlohmann::json& description,
+                              const std::string& experts, const at::Tensor& w2) {
+  for (const auto& [name, t] : hf_tensors_of(spec, description, experts + ".w2.weight", w2)) {
+    const size_t at = name.find(".experts.");
+    if (at != std::string::npos) return name.substr(0, at + 8);
+  }
+  throw DataError(message("LoRA adapter of ", experts, ": model ", spec.name,
+                          " has no Hugging Face name for its routed experts"));
 }
 
 // "model.layers.0.self_attn.q_proj.weight" -> "model.layers.0.self_attn.q_proj".
@@ -151,9 +211,33 @@ LoraApplied apply_lora(Model& model, const LoraSpec& spec, const nlohmann::json&
   unmatched.erase(kAllLinear);
   std::set<std::string> names_here;  // last parts of the blocks' layers, ours and HF's
   std::vector<std::pair<std::string, Linear*>> chosen;
+  std::vector<ExpertsChoice> experts_chosen;
+  const auto targeted = [&](const std::string& target) {
+    unmatched.erase(target);
+    return std::count(spec.target_modules.begin(), spec.target_modules.end(), target) > 0;
+  };
   for (const auto& item : model.named_modules("", /*include_self=*/false)) {
     const std::string& name = item.key();
     if (name.rfind("layers.", 0) != 0) continue;
+    if (auto* experts = dynamic_cast<GroupedExperts*>(item.value().get())) {
+      // The routed experts are adapted only when named (PEFT's all-linear leaves them too).
+      for (const char* n : kExpertTargets) names_here.insert(n);
+      const bool all_experts = targeted("experts");
+      const bool w1 = targeted("experts.w1");
+      const bool w3 = targeted("experts.w3");
+      const bool gate_up = targeted("experts.gate_up_proj");
+      const bool w2 = targeted("experts.w2");
+      const bool down = targeted("experts.down_proj");
+      TITAN_CONFIG_CHECK(w1 == w3, "lora.target_modules names experts.", w1 ? "w1" : "w3",
+                         " without experts.", w1 ? "w3" : "w1",
+                         ": the routed experts' w1 and w3 read the same input and share one "
+                         "adapter A, as PEFT's adapter of the fused experts.gate_up_proj does. "
+                         "HINT: list both, or experts.gate_up_proj");
+      ExpertsChoice c{name, experts, all_experts || gate_up || w1, all_experts || down || w2};
+      if (c.gate_up || c.down) experts_chosen.push_back(c);
+      continue;
+    }
+    if (dynamic_cast<ExpertWeight*>(item.value().get()) != nullptr) continue;
     auto* linear = dynamic_cast<Linear*>(item.value().get());
     auto* layer = dynamic_cast<WeightLayer*>(item.value().get());
     if (layer == nullptr || (linear != nullptr && linear->is_adapter)) continue;
@@ -173,9 +257,8 @@ LoraApplied apply_lora(Model& model, const LoraSpec& spec, const nlohmann::json&
     }
     if (linear == nullptr) {
       TITAN_CONFIG_CHECK(!hit, "lora.target_modules names ", leaf[0], ", and ", name,
-                         " is not a linear layer (the routed experts of a mixture-of-experts "
-                         "layer have no LoRA path yet). HINT: target the attention projections "
-                         "or the dense feed-forward layers");
+                         " is not a linear layer. HINT: target the attention projections, the "
+                         "feed-forward layers, or the routed experts (\"experts\")");
       continue;
     }
     if (hit || all) chosen.emplace_back(name, linear);
@@ -188,14 +271,19 @@ LoraApplied apply_lora(Model& model, const LoraSpec& spec, const nlohmann::json&
                               did_you_mean(nearest_name(target, candidates)),
                               " (layers here: ", join(candidates), "; or \"", kAllLinear, "\")"));
   }
-  TITAN_CONFIG_CHECK(!chosen.empty(), "lora.target_modules selects no layer of this model part");
+  TITAN_CONFIG_CHECK(!chosen.empty() || !experts_chosen.empty(),
+                     "lora.target_modules selects no layer of this model part");
+  TITAN_CONFIG_CHECK(experts_chosen.empty() || spec.dropout == 0.0, "lora.dropout = ", spec.dropout,
+                     " with adapters on the routed experts: their adapter (as PEFT's on expert "
+                     "parameters) has no dropout. HINT: set lora.dropout = 0");
 
   LoraApplied out;
-  // Everything the model held so far is the frozen base.
+  // Everything the model held so far is the frozen base, the routers' load-balancing bias too.
   for (auto& p : model.parameters()) {
     p.set_requires_grad(false);
     out.frozen_params += p.numel();
   }
+  for (const auto& [name, moe] : moe_layers(model)) moe->expert_bias_frozen = true;
   for (const auto& [name, linear] : chosen) {
     TITAN_CHECK(linear->lora_a == nullptr, "LoRA applied twice to ", name);
     const at::Tensor w = linear->named_parameters(/*recurse=*/false)["weight"];
@@ -219,6 +307,45 @@ LoraApplied apply_lora(Model& model, const LoraSpec& spec, const nlohmann::json&
     model.set_param_init(name + kLoraA, ParamInit::uniform(-bound, bound));
     model.set_param_init(name + kLoraB, ParamInit::zeros());
     out.adapted.push_back(name);
+  }
+  for (const ExpertsChoice& c : experts_chosen) {
+    GroupedExperts& g = *c.experts;
+    const at::Tensor w1 = g.w1->named_parameters(/*recurse=*/false)["weight"];
+    const int64_t n_experts = w1.size(0), hidden = w1.size(1), dim = w1.size(2);
+    ParamDeviceGuard on(w1.device());
+    const auto adapter = [&](const std::string& param, int64_t out_features, int64_t in_features,
+                             bool is_a) {
+      auto w = std::make_shared<ExpertWeight>(n_experts, out_features, in_features);
+      w->is_adapter = true;
+      if (w1.scalar_type() != w->weight.scalar_type()) {
+        w->replace_weight(w->weight.to(w1.scalar_type()).detach().requires_grad_(true));
+      }
+      out.adapter_params += w->weight.numel();
+      // PEFT's init for expert parameters: A as for a Linear of in_features, B zeros.
+      const double bound = 1.0 / std::sqrt(static_cast<double>(in_features));
+      model.set_param_init(c.name + param,
+                           is_a ? ParamInit::uniform(-bound, bound) : ParamInit::zeros());
+      return w;
+    };
+    if (c.gate_up) {
+      TITAN_CHECK(g.w1->lora_a == nullptr, "LoRA applied twice to ", c.name);
+      g.w1->lora_a = g.w1->register_module(
+          "lora_a", adapter(".w1" + std::string(kLoraA), spec.rank, dim, true));
+      g.w1->lora_b = g.w1->register_module(
+          "lora_b", adapter(".w1" + std::string(kLoraB), hidden, spec.rank, false));
+      g.w3->lora_a = g.w1->lora_a;
+      g.w3->lora_b = g.w3->register_module(
+          "lora_b", adapter(".w3" + std::string(kLoraB), hidden, spec.rank, false));
+    }
+    if (c.down) {
+      TITAN_CHECK(g.w2->lora_a == nullptr, "LoRA applied twice to ", c.name);
+      g.w2->lora_a = g.w2->register_module(
+          "lora_a", adapter(".w2" + std::string(kLoraA), spec.rank, hidden, true));
+      g.w2->lora_b = g.w2->register_module(
+          "lora_b", adapter(".w2" + std::string(kLoraB), dim, spec.rank, false));
+    }
+    g.lora_scaling = spec.scaling();
+    out.adapted_experts.push_back(c.name);
   }
   return out;
 }
@@ -286,16 +413,23 @@ TensorMap merge_lora(const TensorMap& params, const LoraSpec& spec) {
     if (!is_lora_param(name)) out.emplace(name, t);
   }
   at::NoGradGuard no_grad;
-  for (const auto& [name, a] : params) {
-    if (!ends_with(name, kLoraA)) continue;
+  for (const auto& [name, t] : params) {
+    if (!is_lora_param(name)) continue;
     const std::string module = adapted_module(name);
+    const std::string a_name = adapter_a_name(module);
+    const auto a = params.find(a_name);
     const auto b = params.find(module + kLoraB);
     const auto w = out.find(module + ".weight");
-    if (b == params.end() || w == out.end()) {
-      throw DataError(message("merging LoRA: ", name, " has no ",
-                              b == params.end() ? module + kLoraB : module + ".weight"));
+    if (a == params.end() || b == params.end() || w == out.end()) {
+      const std::string missing = a == params.end()   ? a_name
+                                  : b == params.end() ? module + kLoraB
+                                                      : module + ".weight";
+      throw DataError(message("merging LoRA: ", name, " has no ", missing));
     }
-    const at::Tensor delta = b->second.to(at::kFloat).mm(a.to(at::kFloat)) * spec.scaling();
+    if (name != b->first) continue;  // each layer once, at its B
+    // (out, r) @ (r, in), or per expert (experts, out, r) @ (experts, r, in).
+    const at::Tensor delta =
+        b->second.to(at::kFloat).matmul(a->second.to(at::kFloat)) * spec.scaling();
     w->second = (w->second.to(at::kFloat) + delta.to(w->second.device())).to(w->second.dtype());
   }
   return out;
@@ -304,8 +438,13 @@ TensorMap merge_lora(const TensorMap& params, const LoraSpec& spec) {
 TensorMap to_peft_tensors(const TensorMap& params, const nlohmann::json& description) {
   const ModelSpec& spec = spec_for_description(description);
   TensorMap out;
+  std::set<std::string> experts;
   for (const auto& [name, a] : params) {
     if (!ends_with(name, kLoraA)) continue;
+    if (const std::string e = experts_module(name); !e.empty()) {
+      experts.insert(e);
+      continue;
+    }
     const std::string module = adapted_module(name);
     const auto b = params.find(module + kLoraB);
     if (b == params.end())
@@ -321,13 +460,57 @@ TensorMap to_peft_tensors(const TensorMap& params, const nlohmann::json& descrip
     out.emplace(peft + std::string(kPeftA), a);
     out.emplace(peft + std::string(kPeftB), b_hf);
   }
+  // The routed experts, as PEFT's adapters of their parameters: A (experts * r, in) with expert
+  // e's rows at e * r ..., B (out, r * experts) with expert e's columns at e, e + experts, ...
+  // (PEFT's layout); gate_up_proj's B is w1's rows then w3's.
+  const auto find = [&](const std::string& name) {
+    const auto it = params.find(name);
+    if (it == params.end()) throw DataError(message("LoRA adapter: missing ", name));
+    return it->second;
+  };
+  for (const std::string& e : experts) {
+    std::vector<std::pair<at::Tensor, at::Tensor>> parts;  // (A, B), in kHfExpertParams order
+    at::Tensor w2_like;
+    if (params.count(e + ".w1" + kLoraA)) {
+      const at::Tensor b = at::cat({find(e + ".w1" + kLoraB), find(e + ".w3" + kLoraB)}, 1);
+      parts.emplace_back(find(e + ".w1" + kLoraA), b);
+    }
+    if (params.count(e + ".w2" + kLoraA)) {
+      parts.emplace_back(find(e + ".w2" + kLoraA), find(e + ".w2" + kLoraB));
+    }
+    const at::Tensor& a0 = parts.front().first;  // (experts, r, in)
+    const at::Tensor& b0 = parts.front().second;
+    const std::string module =
+        kPeftPrefix +
+        hf_experts_module(spec, description, e, at::empty({a0.size(0), b0.size(1), 1}, at::kMeta));
+    for (size_t i = 0; i < parts.size(); ++i) {
+      const auto& [a, b] = parts[i];
+      std::string nest;
+      for (size_t d = i + 1; d < parts.size(); ++d) nest += ".base_layer";
+      out.emplace(module + nest + std::string(kPeftA), a.reshape({-1, a.size(2)}));
+      out.emplace(module + nest + std::string(kPeftB),
+                  b.permute({1, 2, 0}).reshape({b.size(1), -1}));
+    }
+  }
   if (out.empty()) throw DataError("no LoRA adapters to export (the model has none)");
   return out;
 }
 
-TensorMap from_peft_tensors(const TensorMap& peft, const nlohmann::json& description) {
+TensorMap from_peft_tensors(const TensorMap& peft, const nlohmann::json& description,
+                            const LoraSpec& lora) {
   const ModelSpec& spec = spec_for_description(description);
   TITAN_CHECK(spec.hf.from_hf != nullptr, "model ", spec.name, " has no Hugging Face adapter");
+  // The experts' parameters the adapter targets, in the module's order (their nesting).
+  std::vector<std::string> expert_params;
+  const auto targets = [&](const std::string& t) {
+    return std::count(lora.target_modules.begin(), lora.target_modules.end(), t) > 0;
+  };
+  for (const char* p : kHfExpertParams) {
+    const bool ours =
+        std::string(p) == "gate_up_proj" ? targets("experts.w1") : targets("experts.w2");
+    if (targets("experts") || targets(std::string("experts.") + p) || ours)
+      expert_params.push_back(p);
+  }
   TensorMap out;
   for (const auto& [name, b] : peft) {
     if (ends_with(name, std::string(kPeftA))) continue;
@@ -343,6 +526,54 @@ TensorMap from_peft_tensors(const TensorMap& peft, const nlohmann::json& descrip
                     name.size() - suffix.size() - std::string(kPeftPrefix).size());
     const auto a = peft.find(kPeftPrefix + hf_module + std::string(kPeftA));
     if (a == peft.end()) throw DataError(message("PEFT adapter: ", name, " has no lora_A"));
+    // An adapter of the routed experts' parameters: "<...>.experts[.base_layer]*".
+    std::string base = hf_module;
+    int64_t depth = 0;
+    while (ends_with(base, ".base_layer")) {
+      base = base.substr(0, base.size() - 11);
+      ++depth;
+    }
+    if (ends_with(base, ".experts") && (a->second.dim() == 2 && b.dim() == 2)) {
+      const int64_t k = static_cast<int64_t>(expert_params.size());
+      if (depth >= k) {
+        throw DataError(message("PEFT adapter: ", name,
+                                " adapts a parameter of the routed "
+                                "experts, and adapter_config.json's target_parameters name ",
+                                k, " of them (gate_up_proj, down_proj)"));
+      }
+      const std::string param = expert_params[k - 1 - depth];
+      const int64_t r = lora.rank;
+      if (r < 1 || a->second.size(0) % r != 0 || b.size(1) != a->second.size(0)) {
+        throw DataError(message("PEFT adapter: ", name, " ", b.sizes(), " and its lora_A ",
+                                a->second.sizes(), " are not rank-", r,
+                                " adapters of a stack of experts"));
+      }
+      const int64_t n_experts = a->second.size(0) / r;
+      TensorMap ours;
+      try {
+        ours = spec.hf.from_hf(
+            {{base + "." + param, at::empty({n_experts, b.size(0), a->second.size(1)}, at::kMeta)}},
+            base_description(description));
+      } catch (const DataError& e) {
+        throw DataError(message("PEFT adapter: ", base, ".", param, " is no parameter of model ",
+                                spec.name, " (", e.what(), ")"));
+      }
+      const std::string experts = experts_module(module_of(ours.begin()->first) + kLoraA);
+      TITAN_CHECK(!experts.empty(), "PEFT adapter: ", base, ".", param, " maps to ",
+                  ours.begin()->first);
+      const at::Tensor a_ours = a->second.reshape({n_experts, r, a->second.size(1)});
+      const at::Tensor b_ours = b.reshape({b.size(0), r, n_experts}).permute({2, 0, 1});
+      if (param == "gate_up_proj") {
+        const int64_t hidden = b.size(0) / 2;
+        out.emplace(experts + ".w1" + kLoraA, a_ours.contiguous());
+        out.emplace(experts + ".w1" + kLoraB, b_ours.narrow(1, 0, hidden).contiguous());
+        out.emplace(experts + ".w3" + kLoraB, b_ours.narrow(1, hidden, hidden).contiguous());
+      } else {
+        out.emplace(experts + ".w2" + kLoraA, a_ours.contiguous());
+        out.emplace(experts + ".w2" + kLoraB, b_ours.contiguous());
+      }
+      continue;
+    }
     TensorMap ours;
     try {
       ours = spec.hf.from_hf({{hf_module + ".weight", b}}, base_description(description));
@@ -367,28 +598,73 @@ TensorMap from_peft_tensors(const TensorMap& peft, const nlohmann::json& descrip
 
 nlohmann::json peft_adapter_config(const TensorMap& params, const nlohmann::json& description,
                                    const LoraSpec& spec) {
+  // On transformers' fused-experts MoE models peft reads the target_modules names gate_proj,
+  // up_proj, down_proj and gate as the routed experts' and router's (their names before the
+  // experts were fused) and moves them to target_parameters; a dense or shared-expert layer of
+  // those names is then targeted through its parameter ("shared_experts.down_proj.weight"),
+  // which gives the same adapter names and math (no dropout there, as for any parameter).
+  const ModelSpec& model_spec = spec_for_description(description);
+  bool fused_moe = false;
+  if (model_spec.hf.to_hf_config) {
+    const std::string type =
+        model_spec.hf.to_hf_config(base_description(description)).value("model_type", "");
+    fused_moe = type == "qwen3_moe" || type == "deepseek_v3";
+  }
   std::set<std::string> targets;
+  std::set<std::string> param_targets;  // PEFT's target_parameters
   for (const auto& [name, t] : to_peft_tensors(params, description)) {
-    if (ends_with(name, std::string(kPeftA))) {
-      targets.insert(last_part(name.substr(0, name.size() - kPeftA.size())));
+    if (!ends_with(name, std::string(kPeftA)) || name.find(".experts.") != std::string::npos) {
+      continue;
+    }
+    const std::string module = name.substr(0, name.size() - kPeftA.size());
+    const std::string leaf = last_part(module);
+    if (fused_moe &&
+        (leaf == "gate_proj" || leaf == "up_proj" || leaf == "down_proj" || leaf == "gate")) {
+      const std::string parent = last_part(module.substr(0, module.size() - leaf.size() - 1));
+      param_targets.insert(parent + "." + leaf + ".weight");
+    } else {
+      targets.insert(leaf);
     }
   }
-  return {{"peft_type", "LORA"},
-          {"task_type", "CAUSAL_LM"},
-          {"base_model_name_or_path", nullptr},
-          {"r", spec.rank},
-          {"lora_alpha", spec.alpha},
-          {"lora_dropout", spec.dropout},
-          {"use_rslora", spec.use_rslora},
-          {"target_modules", std::vector<std::string>(targets.begin(), targets.end())},
-          {"bias", "none"},
-          {"fan_in_fan_out", false},
-          {"inference_mode", true},
-          {"init_lora_weights", true},
-          {"use_dora", false},
-          {"modules_to_save", nullptr},
-          {"rank_pattern", nlohmann::json::object()},
-          {"alpha_pattern", nlohmann::json::object()}};
+  for (const auto& [name, t] : params) {
+    if (ends_with(name, ".experts.w1" + std::string(kLoraA))) {
+      param_targets.insert("experts.gate_up_proj");
+    }
+    if (ends_with(name, ".experts.w2" + std::string(kLoraA))) {
+      param_targets.insert("experts.down_proj");
+    }
+  }
+  if (!param_targets.empty() && spec.dropout != 0) {
+    throw DataError(message(
+        "a PEFT adapter of this model targets ",
+        join(std::vector<std::string>(param_targets.begin(), param_targets.end())),
+        " as parameters, which peft adapts without dropout, and these adapters were trained with "
+        "lora.dropout = ",
+        spec.dropout, ". HINT: export the merged model (titan convert to-hf --merge-lora)"));
+  }
+  nlohmann::json config = {
+      {"peft_type", "LORA"},
+      {"task_type", "CAUSAL_LM"},
+      {"base_model_name_or_path", nullptr},
+      {"r", spec.rank},
+      {"lora_alpha", spec.alpha},
+      {"lora_dropout", spec.dropout},
+      {"use_rslora", spec.use_rslora},
+      {"target_modules", std::vector<std::string>(targets.begin(), targets.end())},
+      {"bias", "none"},
+      {"fan_in_fan_out", false},
+      {"inference_mode", true},
+      {"init_lora_weights", true},
+      {"use_dora", false},
+      {"modules_to_save", nullptr},
+      {"rank_pattern", nlohmann::json::object()},
+      {"alpha_pattern", nlohmann::json::object()}};
+  if (!param_targets.empty()) {
+    config["target_parameters"] =
+        std::vector<std::string>(param_targets.begin(), param_targets.end());
+    if (targets.empty()) config["target_modules"] = nullptr;
+  }
+  return config;
 }
 
 LoraSpec lora_spec_from_peft_config(const nlohmann::json& config, const std::string& path) {
@@ -413,11 +689,32 @@ LoraSpec lora_spec_from_peft_config(const nlohmann::json& config, const std::str
     spec.alpha = config.at("lora_alpha").get<double>();
     spec.dropout = config.value("lora_dropout", 0.0);
     spec.use_rslora = config.value("use_rslora", false);
-    const nlohmann::json& t = config.at("target_modules");
+    const nlohmann::json& t =
+        config.contains("target_modules") ? config["target_modules"] : nlohmann::json();
     if (t.is_string()) {
       spec.target_modules = {t.get<std::string>()};
-    } else {
+    } else if (!t.is_null()) {
       spec.target_modules = t.get<std::vector<std::string>>();
+    }
+    // Parameters of the routed experts (PEFT's target_parameters, matched by name suffix).
+    const nlohmann::json params = config.value("target_parameters", nlohmann::json());
+    if (!params.is_null()) {
+      for (const std::string& p : params.get<std::vector<std::string>>()) {
+        if (ends_with(p, ".weight") && p.size() > 7) {  // a linear layer's weight
+          spec.target_modules.push_back(last_part(p.substr(0, p.size() - 7)));
+          continue;
+        }
+        const std::string leaf = last_part(p);
+        if (leaf != "gate_up_proj" && leaf != "down_proj") {
+          refuse("target_parameters entry \"" + p +
+                 "\" (titan adapts the routed experts' gate_up_proj and down_proj, and linear "
+                 "layers' weights)");
+        }
+        spec.target_modules.push_back("experts." + leaf);
+      }
+    }
+    if (spec.target_modules.empty()) {
+      throw DataError(message(path, ": neither target_modules nor target_parameters"));
     }
   } catch (const nlohmann::json::exception& e) {
     throw DataError(message(path, ": ", e.what()));

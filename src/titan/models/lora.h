@@ -50,15 +50,22 @@ struct LoraSpec {
 // What apply_lora did.
 struct LoraApplied {
   std::vector<std::string> adapted;  // module names, in model order
-  int64_t adapter_params = 0;        // elements of the adapters (trained)
-  int64_t frozen_params = 0;         // elements of every other parameter
+  // The GroupedExperts modules whose routed experts got adapters ("layers.1.moe.experts").
+  std::vector<std::string> adapted_experts;
+  int64_t adapter_params = 0;  // elements of the adapters (trained)
+  int64_t frozen_params = 0;   // elements of every other parameter
 };
 
 // Adds adapters to the Linear layers of `model` inside its transformer blocks ("layers.N.")
 // whose last name part is a target, ours or the Hugging Face name the model's adapter gives it
-// (description: the model's description, for that mapping), and freezes every other parameter.
-// ConfigError when a target matches no layer (naming the layer names there are), or matches a
-// layer that is not a Linear (routed experts). Applies to a model on the meta device too.
+// (description: the model's description, for that mapping), and freezes every other parameter
+// (and the MoE routers' load-balancing bias, MoE::expert_bias_frozen). The routed experts of MoE
+// layers are adapted only when named: "experts" (all), PEFT's "experts.gate_up_proj" /
+// "experts.down_proj", or ours "experts.w1" + "experts.w3" (together: they share one A) /
+// "experts.w2"; each expert gets its own adapter (moe.h, ExpertWeight). ConfigError when a target
+// matches no layer (naming the layer names there are), names only one of experts.w1 / w3, matches a
+// layer that is not a Linear, or adapts experts with dropout. Applies to a model on the meta device
+// too.
 LoraApplied apply_lora(Model& model, const LoraSpec& spec, const nlohmann::json& description);
 
 // Whether `name` is an adapter parameter ("<module>.lora_a.weight" or "<module>.lora_b.weight").
@@ -94,15 +101,19 @@ TensorMap merge_lora(const TensorMap& params, const LoraSpec& spec);
 // The adapters of `params` under PEFT's names and layouts for the base model of `description`
 // (Hugging Face names through its adapter). DataError when there are none.
 TensorMap to_peft_tensors(const TensorMap& params, const nlohmann::json& description);
-// The inverse: PEFT adapter tensors -> our adapter parameters. DataError naming an entry that is
-// no LoRA A/B matrix of a module of the model.
-TensorMap from_peft_tensors(const TensorMap& peft, const nlohmann::json& description);
+// The inverse: PEFT adapter tensors -> our adapter parameters; `lora` (from the adapter's config)
+// gives the rank and which routed-expert parameters it targets (PEFT nests several on one
+// module). DataError naming an entry that is no LoRA A/B matrix of a module of the model.
+TensorMap from_peft_tensors(const TensorMap& peft, const nlohmann::json& description,
+                            const LoraSpec& lora);
 
-// adapter_config.json for the adapters of `params` (target modules by their Hugging Face names).
+// adapter_config.json for the adapters of `params` (target modules by their Hugging Face names;
+// the routed experts' as PEFT's target_parameters).
 nlohmann::json peft_adapter_config(const TensorMap& params, const nlohmann::json& description,
                                    const LoraSpec& spec);
 // The LoraSpec of a PEFT adapter_config.json (ConfigError for settings we do not train: biases,
-// DoRA, per-module ranks, another task type); target modules as written.
+// DoRA, per-module ranks, another task type); target modules as written, and the routed
+// experts' target_parameters as "experts.gate_up_proj" / "experts.down_proj".
 LoraSpec lora_spec_from_peft_config(const nlohmann::json& config, const std::string& path);
 
 }  // namespace titan

@@ -145,10 +145,19 @@ ExpertParallel::ExpertParallel(Model& model, std::shared_ptr<dist::Group> group,
     const int64_t local = n / ep;
     experts_per_rank_ = local;
     GroupedExperts& experts = *moe->experts;
+    // The three weights and their LoRA adapters (w3 uses w1's A): every (experts, ...) tensor.
+    std::vector<std::pair<std::string, ExpertWeight*>> weights;
     for (const auto& [wname, layer] :
          {std::pair<const char*, ExpertWeight*>{"w1", experts.w1.get()},
           {"w2", experts.w2.get()},
           {"w3", experts.w3.get()}}) {
+      weights.emplace_back(wname, layer);
+      if (layer->lora_a && layer != experts.w3.get()) {
+        weights.emplace_back(std::string(wname) + ".lora_a", layer->lora_a.get());
+      }
+      if (layer->lora_b) weights.emplace_back(std::string(wname) + ".lora_b", layer->lora_b.get());
+    }
+    for (const auto& [wname, layer] : weights) {
       at::Tensor& w = layer->weight;
       const std::string name = item.key() + ".experts." + wname + ".weight";
       ParamPlacement place{ShardBox::whole(w.sizes()), /*replicated=*/false};

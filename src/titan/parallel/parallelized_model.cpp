@@ -322,7 +322,8 @@ double ParallelizedModel::clip_grad_norm(double max_norm) {
   return host_item<double>(n.norm);
 }
 
-std::vector<std::pair<std::string, at::Tensor>> ParallelizedModel::gather_full_parameters() {
+std::vector<std::pair<std::string, at::Tensor>> ParallelizedModel::gather_full_parameters(
+    bool state_buffers) {
   std::vector<ckpt::StageTensors> mine;
   for (auto& part : parts_) {
     // As the model holds them (TP boxes, EP slices): from the pieces that keep the trained
@@ -337,6 +338,11 @@ std::vector<std::pair<std::string, at::Tensor>> ParallelizedModel::gather_full_p
     }
     for (auto it = part->pieces.rbegin(); it != part->pieces.rend(); ++it) {
       (*it)->gather_whole(full);
+    }
+    if (state_buffers) {
+      for (const auto& [name, buffer] : titan::state_buffers(*part->model)) {
+        full.emplace_back(name, buffer.detach().to(at::kCPU));
+      }
     }
     mine.push_back({part->stage, std::move(full)});
   }

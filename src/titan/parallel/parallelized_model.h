@@ -217,8 +217,10 @@ class ParallelizedModel {
 
   // Every parameter whole, float32, in host memory (collective: every rank must call). A GPU
   // holds one unit or parameter gathered at a time; under PP every stage's parameters reach every
-  // rank (checkpoint/stage_gather.h).
-  std::vector<std::pair<std::string, at::Tensor>> gather_full_parameters();
+  // rank (checkpoint/stage_gather.h). With state_buffers, the state buffers too (MoE expert
+  // biases, whole on every rank that holds their layer): a model as exports write it.
+  std::vector<std::pair<std::string, at::Tensor>> gather_full_parameters(
+      bool state_buffers = false);
   // Sets this rank's pieces from whole parameters: whole(name) is the (global shape) tensor, or
   // an undefined tensor to keep the parameter as it is.
   void load_full_parameters(const std::function<at::Tensor(const std::string&)>& whole);

@@ -399,6 +399,15 @@ TensorParallel::TensorParallel(Model& model, std::shared_ptr<dist::Group> group,
     shard(experts + "w1", *moe->experts->w1, 1, "hidden features per expert");
     shard(experts + "w3", *moe->experts->w3, 1, "hidden features per expert");
     shard(experts + "w2", *moe->experts->w2, 2, "hidden features per expert");
+    // Their LoRA adapters (moe.h) split with them: w1's and w3's B by hidden rows (the A they
+    // share stays whole, its gradient summed over tp), w2's A by hidden columns (B whole).
+    if (moe->experts->gate_up_adapted()) {
+      shard(experts + "w1.lora_b", *moe->experts->w1->lora_b, 1, "hidden features per expert");
+      shard(experts + "w3.lora_b", *moe->experts->w3->lora_b, 1, "hidden features per expert");
+    }
+    if (moe->experts->down_adapted()) {
+      shard(experts + "w2.lora_a", *moe->experts->w2->lora_a, 2, "hidden features per expert");
+    }
     if (moe->shared_experts) {
       const std::string shared = name + ".shared_experts.";
       FeedForward& ffn = *moe->shared_experts;

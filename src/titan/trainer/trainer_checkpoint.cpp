@@ -199,6 +199,16 @@ void Trainer::load_hf_base(const std::string& hf_dir) {
     if (it == whole.end() && is_lora_param(name)) return at::Tensor();
     return whole.at(name);
   });
+  // State buffers the folder holds (DeepSeek-V3's e_score_correction_bias as the MoE layers'
+  // expert_bias: the routing of the model as published); a model without them keeps zeros.
+  at::NoGradGuard no_grad;
+  for (auto& [name, buffer] : parallel_->state_buffers()) {
+    if (const auto it = whole.find(name); it != whole.end()) {
+      TITAN_CHECK(it->second.sizes() == buffer.sizes(), hf_dir, ": ", name, " has shape ",
+                  it->second.sizes(), ", the model's is ", buffer.sizes());
+      buffer.copy_(it->second);
+    }
+  }
 }
 
 // Every start of a QLoRA run reads the base here, a resumed one too: checkpoints hold the adapters
@@ -301,7 +311,8 @@ void Trainer::save_final_hf(int64_t step) {
   options.bos_id = tokenizer_->bos_id();
   options.eos_id = tokenizer_->eos_id();
   // Every rank takes part in gathering the parameters; rank 0 writes them.
-  std::vector<std::pair<std::string, at::Tensor>> full = parallel_->gather_full_parameters();
+  std::vector<std::pair<std::string, at::Tensor>> full =
+      parallel_->gather_full_parameters(/*state_buffers=*/true);
   if (lora_enabled(config_.model)) {
     // The merged model as the Hugging Face folder, and the adapters alone as a PEFT folder.
     const LoraSpec spec = LoraSpec::from_section(config_.lora);

@@ -1,9 +1,11 @@
 // LoRA (models/lora.h): the adapted layer's output and gradients against W x + s B A x written
 // out with plain ATen ops, which layers the converter adapts (our names and Hugging Face's), what
-// it freezes, its initialization (PEFT's), merging, and PEFT's names and layouts both ways.
+// it freezes, its initialization (PEFT's), merging, and PEFT's names and layouts both ways; the
+// routed experts' adapters (targets, refusals, merging, PEFT's target_parameters layout).
 #include "titan/common/check.h"
 #include "titan/models/common/init.h"
 #include "titan/models/common/linear.h"
+#include "titan/models/common/moe.h"
 #include "titan/models/llama3/hf_adapter.h"
 #include "titan/models/llama3/model.h"
 #include "titan/models/lora.h"
@@ -30,6 +32,8 @@ std::shared_ptr<llama3::Transformer> tiny_model() {
   m->init_weights(7);
   return m;
 }
+
+nlohmann::json moe_description() { return {{"name", "qwen3"}, {"flavor", "tiny_moe"}}; }
 
 LoraSpec spec(std::vector<std::string> targets, int64_t rank = 4) {
   LoraSpec s;
@@ -206,7 +210,7 @@ TEST(LoraPeft, NamesAndLayoutsRoundTrip) {
                 llama3::permute_to_hf(params.at("layers.1.attention.wq.lora_b.weight"), 4)));
   EXPECT_TRUE(
       at::equal(peft.at(q + "lora_A.weight"), params.at("layers.1.attention.wq.lora_a.weight")));
-  const TensorMap back = from_peft_tensors(peft, tiny_description());
+  const TensorMap back = from_peft_tensors(peft, tiny_description(), spec({"wq", "w2"}));
   ASSERT_EQ(back.size(), 8u);
   for (const auto& [name, t] : back) EXPECT_TRUE(at::equal(t, params.at(name))) << name;
   const nlohmann::json config = peft_adapter_config(params, tiny_description(), spec({"wq", "w2"}));
@@ -220,7 +224,7 @@ TEST(LoraPeft, NamesAndLayoutsRoundTrip) {
   EXPECT_THROW(lora_spec_from_peft_config(dora, "adapter_config.json"), ConfigError);
   TensorMap stray = peft;
   stray["base_model.model.model.layers.0.self_attn.q_proj.lora_magnitude_vector"] = at::ones({2});
-  EXPECT_THROW(from_peft_tensors(stray, tiny_description()), DataError);
+  EXPECT_THROW(from_peft_tensors(stray, tiny_description(), spec({"wq", "w2"})), DataError);
 }
 
 TEST(LoraDescription, LoadersRebuildTheAdapters) {
@@ -233,6 +237,110 @@ TEST(LoraDescription, LoadersRebuildTheAdapters) {
   EXPECT_EQ(params["layers.0.attention.wv.lora_a.weight"].sizes(), at::IntArrayRef({2, 24}));
   EXPECT_EQ(base_description(d), tiny_description());
   EXPECT_EQ(LoraSpec::from_json(d["lora"]).to_json(), spec({"wv"}, 2).to_json());
+}
+
+// The routed experts of a Qwen3-MoE model (2 MoE layers, 4 experts of hidden 64 over dim 64).
+std::shared_ptr<Model> moe_model(const LoraSpec& lora) {
+  ModelBuildOptions options;
+  options.max_seq_len = 16;
+  auto m = build_described_model(with_lora(moe_description(), lora), options);
+  m->init_weights(5);
+  perturb_adapters(*m);
+  return m;
+}
+
+TEST(LoraExperts, AdaptTheRoutedExpertsOnlyWhenNamed) {
+  auto m = moe_model(spec({"q_proj", "experts"}));
+  const auto params = m->named_parameters();
+  const std::string e = "layers.1.moe.experts.";
+  // w1 and w3 share one A (PEFT's gate_up_proj), w2 has its own; (experts, ...) each.
+  EXPECT_EQ(params[e + "w1.lora_a.weight"].sizes(), at::IntArrayRef({4, 4, 64}));
+  EXPECT_EQ(params[e + "w1.lora_b.weight"].sizes(), at::IntArrayRef({4, 64, 4}));
+  EXPECT_EQ(params[e + "w3.lora_b.weight"].sizes(), at::IntArrayRef({4, 64, 4}));
+  EXPECT_EQ(params.find(e + "w3.lora_a.weight"), nullptr);
+  EXPECT_EQ(params[e + "w2.lora_a.weight"].sizes(), at::IntArrayRef({4, 4, 64}));
+  EXPECT_EQ(params[e + "w2.lora_b.weight"].sizes(), at::IntArrayRef({4, 64, 4}));
+  EXPECT_FALSE(params[e + "w1.weight"].requires_grad());
+  for (const auto& [name, moe] : moe_layers(*m)) EXPECT_TRUE(moe->expert_bias_frozen) << name;
+  // all-linear leaves them (as PEFT's does); one part alone; w1 without w3 is refused.
+  EXPECT_EQ(moe_model(spec({kAllLinear}))->named_parameters().find(e + "w1.lora_a.weight"),
+            nullptr);
+  const auto down = moe_model(spec({"experts.down_proj"}))->named_parameters();
+  EXPECT_EQ(down.find(e + "w1.lora_a.weight"), nullptr);
+  EXPECT_NE(down.find(e + "w2.lora_a.weight"), nullptr);
+  EXPECT_NE(moe_model(spec({"experts.w1", "experts.w3"}))
+                ->named_parameters()
+                .find(e + "w3.lora_b.weight"),
+            nullptr);
+  const auto refused = [&](const LoraSpec& s, const std::string& text) {
+    try {
+      moe_model(s);
+      ADD_FAILURE() << "no error for " << s.to_json().dump();
+    } catch (const ConfigError& err) {
+      EXPECT_NE(std::string(err.what()).find(text), std::string::npos) << err.what();
+    }
+  };
+  refused(spec({"experts.w1"}), "names experts.w1 without experts.w3");
+  LoraSpec dropout = spec({"experts"});
+  dropout.dropout = 0.1;
+  refused(dropout, "with adapters on the routed experts");
+  try {
+    auto dense = tiny_model();
+    apply_lora(*dense, spec({"experts"}), tiny_description());
+    ADD_FAILURE() << "a dense model took an experts target";
+  } catch (const ConfigError& err) {
+    EXPECT_NE(std::string(err.what()).find("'experts' matches no linear layer"), std::string::npos)
+        << err.what();
+  }
+}
+
+// The adapted experts compute with W + s B A per expert: merging gives the same logits, and the
+// PEFT layout (A (experts * r, in), B (out, r * experts), gate_up's B w1's rows then w3's) goes
+// there and back bit for bit.
+TEST(LoraExperts, MergeAndPeftRoundTrip) {
+  const LoraSpec s = spec({"wq", "experts"});
+  auto m = moe_model(s);
+  TensorMap params;
+  for (const auto& item : m->named_parameters()) params.emplace(item.key(), item.value().detach());
+  const TensorMap merged = merge_lora(params, s);
+  ModelBuildOptions options;
+  options.max_seq_len = 16;
+  auto plain = build_described_model(moe_description(), options);
+  {
+    at::NoGradGuard no_grad;
+    for (auto& item : plain->named_parameters()) item.value().copy_(merged.at(item.key()));
+  }
+  const at::Tensor tokens = at::randint(0, 300, {2, 8});
+  at::NoGradGuard no_grad;
+  const at::Tensor want = m->forward(tokens);
+  EXPECT_LT((plain->forward(tokens) - want).abs().max().item<double>(), 1e-4);
+
+  const nlohmann::json description = with_lora(moe_description(), s);
+  const TensorMap peft = to_peft_tensors(params, description);
+  const std::string e = "base_model.model.model.layers.0.mlp.experts.";
+  ASSERT_TRUE(peft.count(e + "base_layer.lora_A.weight")) << "gate_up_proj nests under down_proj";
+  const at::Tensor a = peft.at(e + "base_layer.lora_A.weight");  // (experts * r, dim)
+  const at::Tensor b = peft.at(e + "base_layer.lora_B.weight");  // (2 hidden, r * experts)
+  EXPECT_EQ(a.sizes(), at::IntArrayRef({16, 64}));
+  EXPECT_EQ(b.sizes(), at::IntArrayRef({128, 16}));
+  // Expert 2's rank-1 row of A, and its column of B (w3's half).
+  const std::string o = "layers.0.moe.experts.";
+  EXPECT_TRUE(at::equal(a[2 * 4 + 1], params.at(o + "w1.lora_a.weight")[2][1]));
+  EXPECT_TRUE(at::equal(b.narrow(0, 64, 64).select(1, 1 * 4 + 2),
+                        params.at(o + "w3.lora_b.weight")[2].select(1, 1)));
+  const TensorMap back = from_peft_tensors(peft, description, s);
+  ASSERT_EQ(back.size(), params.size() - merged.size());
+  for (const auto& [name, t] : back) EXPECT_TRUE(at::equal(t, params.at(name))) << name;
+  const nlohmann::json config = peft_adapter_config(params, description, s);
+  EXPECT_EQ(config["target_modules"], nlohmann::json({"q_proj"}));
+  EXPECT_EQ(config["target_parameters"],
+            nlohmann::json({"experts.down_proj", "experts.gate_up_proj"}));
+  const LoraSpec read = lora_spec_from_peft_config(config, "adapter_config.json");
+  EXPECT_EQ(read.target_modules,
+            std::vector<std::string>({"q_proj", "experts.down_proj", "experts.gate_up_proj"}));
+  nlohmann::json other = config;
+  other["target_parameters"] = {"experts.gate_proj"};
+  EXPECT_THROW(lora_spec_from_peft_config(other, "adapter_config.json"), ConfigError);
 }
 
 }  // namespace test_lora

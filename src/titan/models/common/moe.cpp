@@ -20,6 +20,8 @@ namespace {
 // Rows of an expert group handed to a grouped GEMM are padded to a multiple of this (CUDA's
 // grouped kernels need 16-byte aligned group offsets for 16-bit types).
 constexpr int64_t kGroupAlign = 16;
+// Elements per 16 bytes of the narrowest compute dtype (16-bit).
+constexpr int64_t kRankAlign = 8;
 
 // The dtype the experts' GEMMs multiply in for operands of `dtype` on `device`: float32 on the
 // operands as rounded to bf16 where the CPU has no fast bf16 GEMMs (ATen's generic loop there;
@@ -73,13 +75,28 @@ at::Tensor GroupedExperts::forward_loop(const at::Tensor& x, const std::vector<i
   const std::vector<at::Tensor> a = to_compute(w1->weight, compute_dtype).unbind(0);
   const std::vector<at::Tensor> b = to_compute(w2->weight, compute_dtype).unbind(0);
   const std::vector<at::Tensor> c = to_compute(w3->weight, compute_dtype).unbind(0);
+  const auto per_expert = [&](const std::shared_ptr<ExpertWeight>& w) {
+    return w ? to_compute(w->weight, compute_dtype).unbind(0) : std::vector<at::Tensor>();
+  };
+  const std::vector<at::Tensor> a13 = per_expert(w1->lora_a), b1 = per_expert(w1->lora_b),
+                                b3 = per_expert(w3->lora_b), a2 = per_expert(w2->lora_a),
+                                b2 = per_expert(w2->lora_b);
   std::vector<at::Tensor> outs;
   int64_t offset = 0;
   for (size_t e = 0; e < counts.size(); ++e) {
     if (counts[e] == 0) continue;
     const at::Tensor xe = xc.narrow(0, offset, counts[e]);
-    outs.push_back(
-        expert_linear(at::silu(expert_linear(xe, a[e])) * expert_linear(xe, c[e]), b[e]));
+    at::Tensor h1 = expert_linear(xe, a[e]);
+    at::Tensor h3 = expert_linear(xe, c[e]);
+    if (gate_up_adapted()) {
+      const at::Tensor xa = expert_linear(xe, a13[e]);
+      h1 = h1 + expert_linear(xa, b1[e]) * lora_scaling;
+      h3 = h3 + expert_linear(xa, b3[e]) * lora_scaling;
+    }
+    const at::Tensor h = at::silu(h1) * h3;
+    at::Tensor out = expert_linear(h, b[e]);
+    if (down_adapted()) out = out + expert_linear(expert_linear(h, a2[e]), b2[e]) * lora_scaling;
+    outs.push_back(out);
     offset += counts[e];
   }
   if (outs.empty()) return at::zeros({0, w2->weight.size(1)}, xc.options());
@@ -125,8 +142,29 @@ at::Tensor GroupedExperts::forward_grouped(const at::Tensor& x, const at::Tensor
     const at::Tensor wt = to_compute(w, compute_dtype).transpose(-2, -1);
     return at::_grouped_mm(in.to(dtype), wt.to(dtype), offs).to(in.scalar_type());
   };
-  const at::Tensor h = at::silu(gmm(xp, w1->weight)) * gmm(xp, w3->weight);
-  return gmm(h, w2->weight).index_select(0, dest);
+  // LoRA adapters' rank padded with zeros to a multiple of kRankAlign: the (rows, r) product
+  // between A and B is an operand of the grouped kernel, whose rows CUDA wants 16-byte aligned.
+  const auto pad_a = [](const at::Tensor& a) {  // (experts, r, in)
+    const int64_t pad = (kRankAlign - a.size(1) % kRankAlign) % kRankAlign;
+    return pad == 0 ? a : at::constant_pad_nd(a, {0, 0, 0, pad});
+  };
+  const auto pad_b = [](const at::Tensor& b) {  // (experts, out, r)
+    const int64_t pad = (kRankAlign - b.size(2) % kRankAlign) % kRankAlign;
+    return pad == 0 ? b : at::constant_pad_nd(b, {0, pad});
+  };
+  at::Tensor h1 = gmm(xp, w1->weight);
+  at::Tensor h3 = gmm(xp, w3->weight);
+  if (gate_up_adapted()) {
+    const at::Tensor xa = gmm(xp, pad_a(w1->lora_a->weight));  // (rows, r), shared by w1 and w3
+    h1 = h1 + gmm(xa, pad_b(w1->lora_b->weight)) * lora_scaling;
+    h3 = h3 + gmm(xa, pad_b(w3->lora_b->weight)) * lora_scaling;
+  }
+  const at::Tensor h = at::silu(h1) * h3;
+  at::Tensor out = gmm(h, w2->weight);
+  if (down_adapted()) {
+    out = out + gmm(gmm(h, pad_a(w2->lora_a->weight)), pad_b(w2->lora_b->weight)) * lora_scaling;
+  }
+  return out.index_select(0, dest);
 }
 
 std::vector<int64_t> host_counts(const at::Tensor& counts) {
@@ -234,7 +272,7 @@ at::Tensor MoE::forward(const at::Tensor& x) {
 void MoE::update_expert_bias(const at::Tensor& loads) {
   at::NoGradGuard no_grad;
   const at::Tensor load = (loads.defined() ? loads : tokens_per_expert).to(at::kFloat);
-  if (args_.load_balance_coeff > 0) {
+  if (args_.load_balance_coeff > 0 && !expert_bias_frozen) {
     at::Tensor delta = (load.mean() - load).sign().mul_(args_.load_balance_coeff);
     delta.sub_(delta.mean());
     expert_bias.add_(delta.to(expert_bias.device()));

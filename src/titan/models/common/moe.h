@@ -67,11 +67,21 @@ MoEArgs::Score parse_moe_score(const std::string& name);
 class ExpertWeight : public WeightLayer {
  public:
   ExpertWeight(int64_t experts, int64_t out_features, int64_t in_features);
+
+  // Set by the LoRA converter (models/lora.h) on the experts it adapts: expert e's weight acts as
+  // W[e] + lora_scaling * lora_b[e] lora_a[e], with lora_a (experts, r, in) and lora_b (experts,
+  // out, r) ExpertWeights of their own, so expert parallelism slices them with the experts and
+  // FSDP shards them like any weight. w1 and w3 read the same input and share one A, as PEFT's
+  // adapter of the fused gate_up_proj does: w1 registers it ("w1.lora_a"), w3 holds a pointer.
+  std::shared_ptr<ExpertWeight> lora_a, lora_b;
+  // This weight is a LoRA adapter matrix.
+  bool is_adapter = false;
 };
 
 // The routed experts: w1 and w3 (experts, hidden, dim), w2 (experts, dim, hidden); expert e is
-// w2[e](silu(w1[e] x) * w3[e] x). A rank may hold a contiguous range of the experts (expert
-// parallelism slices dim 0); nothing here depends on the count.
+// w2[e](silu(w1[e] x) * w3[e] x), each weight plus its LoRA adapter's product where it has one. A
+// rank may hold a contiguous range of the experts (expert parallelism slices dim 0); nothing here
+// depends on the count.
 class GroupedExperts : public torch::nn::Module {
  public:
   GroupedExperts(int64_t experts, int64_t dim, int64_t hidden_dim, at::ScalarType compute_dtype,
@@ -94,9 +104,14 @@ class GroupedExperts : public torch::nn::Module {
   // Whether forward takes the grouped kernels (so the counts may stay on the device).
   bool groups_on_device() const;
 
+  // Whether the LoRA converter adapted w1 and w3 (one shared A), or w2.
+  bool gate_up_adapted() const { return w1->lora_b != nullptr; }
+  bool down_adapted() const { return w2->lora_b != nullptr; }
+
   std::shared_ptr<ExpertWeight> w1, w2, w3;
   at::ScalarType compute_dtype;
   bool use_grouped_mm;
+  double lora_scaling = 0.0;  // of the adapters (see ExpertWeight)
 };
 
 // How the routed tokens reach their experts. `x` (routed tokens, dim) holds every token once per
@@ -135,9 +150,10 @@ class MoE : public HookedModule {
   // The router alone: x (tokens, dim).
   Routing route(const at::Tensor& x);
 
-  // After an optimizer step: expert_bias += coeff * sign(mean load - load), centred; then the
-  // counts restart. `loads` are the counts to use (tokens_per_expert summed over the ranks that
-  // split the batch; undefined: this layer's own). No-op when load_balance_coeff is 0.
+  // After an optimizer step: expert_bias += coeff * sign(mean load - load), centred (unless
+  // expert_bias_frozen); then the counts restart. `loads` are the counts to use (tokens_per_expert
+  // summed over the ranks that split the batch; undefined: this layer's own). No-op when
+  // load_balance_coeff is 0.
   void update_expert_bias(const at::Tensor& loads = {});
 
   const MoEArgs& args() const { return args_; }
@@ -151,6 +167,10 @@ class MoE : public HookedModule {
   bool force_load_balance = false;
   // Whether forward adds its routing to tokens_per_expert (evaluation turns it off).
   bool count_tokens = true;
+  // Set by the LoRA converter: the base model is frozen, its routing too (update_expert_bias
+  // restarts the counts and leaves expert_bias as loaded), so that the adapters apply to the
+  // base model as it was (PEFT's adapter on the Hugging Face base, which has no such state).
+  bool expert_bias_frozen = false;
   // Buffers: (num_experts) float32; expert_bias is state to checkpoint, tokens_per_expert the
   // counts since the last update (float32 so it all-reduces on every backend).
   at::Tensor expert_bias;
