@@ -12,7 +12,8 @@
 #   - the recipe (scripts/sft_lora_example.sh: chat SFT of a Qwen3 folder) exports a PEFT folder
 #     that peft loads onto Qwen3 with the run's logits;
 #   - QLoRA (lora.quantize_base nf4): the base in NF4 under the same adapters trains, resumes bit
-#     for bit, exports its PEFT adapter, shows in titan inspect; its wrong settings are refused;
+#     for bit, exports its PEFT adapter, shows in titan inspect; FSDP 2 and PP 2 reproduce its
+#     losses, an FSDP run resumes; its wrong settings are refused;
 #   - a LoRA checkpoint refused by plain to-hf, a target that names no layer: clear errors;
 #   - the routed experts of a Qwen3-MoE folder: adapters that peft loads as its adapters of the
 #     experts' parameters with the run's logits, merged, imported; EP 2 and experts split over
@@ -165,9 +166,19 @@ expect_output 'lora.quantize_base = "nf5" is not a base quantization; did you me
 expect_exit 2 "$TITAN" train "${common[@]}" --model.converters "quantize.linear.float8,lora" \
   --quantize.linear.float8.emulate true --lora.quantize_base nf4 --job.dump_folder "$WORK/q3"
 expect_output 'and the float8 linear converter both claim the base'
+# Over ranks: FSDP leaves the frozen block linears whole on each rank (each holds the NF4 base);
+# FSDP 2 and PP 2 reproduce the one-process curve, an FSDP run resumes; TP is refused.
+train qfsdp2 2 "${lora[@]}" --lora.quantize_base nf4 --parallelism.data_parallel_shard_degree 2 \
+  --training.local_batch_size 2
+same_losses qlora qfsdp2 loss
+resume_from qfsdp2 3 qfsdp2_resumed 2 "${lora[@]}" --lora.quantize_base nf4 \
+  --parallelism.data_parallel_shard_degree 2 --training.local_batch_size 2
+train qpp2 2 "${lora[@]}" --lora.quantize_base nf4 --parallelism.pipeline_parallel_degree 2 \
+  --parallelism.pipeline_parallel_microbatch_size 2 --checkpoint.enable false
+same_losses qlora qpp2 loss
 expect_exit 2 timeout 120 "$TITAN" run --nproc_per_node 2 -- train "${common[@]}" "${lora[@]}" \
-  --lora.quantize_base nf4 --training.local_batch_size 2 --job.dump_folder "$WORK/q4"
-expect_output 'lora.quantize_base = "nf4" runs on one rank in this version; this job has 2'
+  --lora.quantize_base nf4 --parallelism.tensor_parallel_degree 2 --job.dump_folder "$WORK/q4"
+expect_output 'lora.quantize_base = "nf4" with parallelism.tensor_parallel_degree = 2 is not supported'
 
 # Errors.
 expect_exit 2 "$TITAN" convert to-hf "$ck" "$WORK/nomerge"

@@ -393,6 +393,13 @@ void validate_qlora(const JobConfig& c, bool lora, bool float8) {
         "base). HINT: set checkpoint.initial_load_path to the folder and "
         "checkpoint.initial_load_in_hf = true");
   }
+  if (c.parallelism.tensor_parallel_degree > 1) {
+    fail("lora.quantize_base = \"nf4\" with parallelism.tensor_parallel_degree = " +
+         std::to_string(c.parallelism.tensor_parallel_degree) +
+         " is not supported in this version (the NF4 base is held whole on each rank). HINT: "
+         "split the batch with data parallelism (FSDP, HSDP, DDP) or the layers with pipeline "
+         "parallelism");
+  }
 }
 
 // model.converters: TorchTitan's registered names; the float8 linear converter is built (under

@@ -384,13 +384,10 @@ LoraCounts lora_counts(const ModelSection& model, const LoraSection& lora) {
   for (const at::Tensor& p : built->parameters()) {
     if (p.requires_grad()) c.trained += p.numel();
   }
-  // The layers quantize_frozen_nf4 takes: under "layers.", not adapters, weight frozen.
-  for (const auto& item : built->named_modules()) {
-    const auto* layer = dynamic_cast<const Linear*>(item.value().get());
-    if (layer == nullptr || layer->is_adapter || item.key().rfind("layers.", 0) != 0) continue;
-    if (layer->weight.defined() && !layer->weight.requires_grad()) {
-      c.frozen_block += layer->weight.numel();
-    }
+  // The layers quantize_frozen_nf4 takes.
+  const auto params = built->named_parameters();
+  for (const std::string& layer : frozen_block_linears(*built)) {
+    c.frozen_block += params[layer + ".weight"].numel();
   }
   std::lock_guard<std::mutex> lock(mutex);
   counted[key] = c;

@@ -265,12 +265,20 @@ void apply_dp(ParallelizedModel& pm, const ParallelizeOptions& options) {
     o.device = options.device;
     o.float8_all_gather = float8_all_gather;
     o.float8_precompute_scales = float8_all_gather && options.fsdp_float8_precompute_scales;
+    if (options.keep_frozen_block_linears) {
+      std::set<std::string> frozen;
+      for (const std::string& layer : frozen_block_linears(model)) frozen.insert(layer + ".weight");
+      o.param_filter = [frozen](const std::string& name) { return frozen.count(name) == 0; };
+    }
     if (const ExpertParallel* ep = find_piece<ExpertParallel>(pm, pi)) {
       // The experts: sharded over the ranks holding the same ones (dp_shard_mod_ep), replicated
       // over dp_replicate, their gradients (summed over ep by the token exchange) divided by the
       // whole data-parallel size. Their shards lie within the other instance's groups and tp.
       DataParallelOptions e = o;
-      o.param_filter = [ep](const std::string& name) { return !ep->holds(name); };
+      const auto rest = o.param_filter;
+      o.param_filter = [ep, rest](const std::string& name) {
+        return !ep->holds(name) && (!rest || rest(name));
+      };
       e.param_filter = [ep](const std::string& name) { return ep->holds(name); };
       e.shard_group = dims.dp_shard_mod_ep() > 1 ? dims.group_ptr("dp_shard_mod_ep") : nullptr;
       e.grad_divisor = static_cast<double>(dims.dp_size() * dims.cp());

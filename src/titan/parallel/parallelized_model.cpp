@@ -371,8 +371,11 @@ void ParallelizedModel::load_full_parameters(
 }
 
 Nf4Quantized ParallelizedModel::quantize_frozen_base(const kernels::Nf4Options& options) {
-  TITAN_CHECK(dims_.world_size() == 1, "quantize_frozen_base: one rank only, this model has ",
-              dims_.world_size());
+  TITAN_CONFIG_CHECK(!dims_.tp_enabled(),
+                     "QLoRA (lora.quantize_base) with tensor parallelism is not supported in this "
+                     "version (tp ",
+                     dims_.tp(),
+                     "). HINT: use data parallelism (FSDP, HSDP, DDP) or pipeline parallelism");
   Nf4Quantized all;
   for (auto& part : parts_) {
     const Nf4Quantized q = quantize_frozen_nf4(*part->model, options);

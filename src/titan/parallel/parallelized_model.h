@@ -107,6 +107,10 @@ struct ParallelizeOptions {
   // compile.enable with "loss" in compile.components: the head and the loss run as the fused
   // linear + cross-entropy (ForwardInputs::loss_labels; models/common/fused_loss.h).
   bool fused_loss = false;
+  // QLoRA (lora.quantize_base): data parallelism leaves the frozen linear weights of the blocks
+  // (nf4_candidates in linear.h) to each rank whole (or as tensor parallelism split them), so
+  // that they can be held in NF4 after the base is loaded (quantize_frozen_base).
+  bool keep_frozen_block_linears = false;
 };
 
 // A parameter as this rank trains it: the tensor the optimizer updates (the whole parameter,

@@ -244,6 +244,7 @@ void Trainer::build_model() {
   const Float8LinearSection& f8 = config_.quantize.linear.float8;
   o.fsdp_float8_all_gather = f8.enable_fsdp_float8_all_gather;
   o.fsdp_float8_precompute_scales = f8.precompute_float8_dynamic_scale_for_fsdp;
+  o.keep_frozen_block_linears = !config_.lora.quantize_base.empty();
   if (config_.validation.enable)
     o.seq_lens.emplace_back("validation.seq_len", config_.validation.seq_len);
   const std::vector<std::string>& compiled = config_.compile.components;

@@ -214,12 +214,6 @@ void Trainer::load_hf_base(const std::string& hf_dir) {
 // Every start of a QLoRA run reads the base here, a resumed one too: checkpoints hold the adapters
 // and the other trained tensors, not the NF4 base, which is a function of the Hugging Face folder.
 void Trainer::load_and_quantize_base() {
-  TITAN_CONFIG_CHECK(world_size_ == 1,
-                     "lora.quantize_base = \"nf4\" runs on one rank in this version; this job "
-                     "has ",
-                     world_size_, " (", dims_->describe(),
-                     "). HINT: drop lora.quantize_base to train LoRA over the float base with "
-                     "these parallelisms");
   const std::string& hf_dir = config_.checkpoint.initial_load_path;
   const auto t0 = std::chrono::steady_clock::now();
   load_hf_base(hf_dir);

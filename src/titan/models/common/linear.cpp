@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <map>
+#include <set>
 
 namespace titan {
 
@@ -105,9 +106,8 @@ at::Tensor nf4_linear(const at::Tensor& x, const std::shared_ptr<const kernels::
   return Nf4LinearFunction::apply(xc.reshape({-1, in}), weight.get()).view(out_sizes);
 }
 
-Nf4Quantized quantize_frozen_nf4(torch::nn::Module& root, const kernels::Nf4Options& options) {
-  Nf4Quantized done;
-  at::NoGradGuard no_grad;
+std::vector<std::string> frozen_block_linears(torch::nn::Module& root) {
+  std::vector<std::string> out;
   for (const auto& item : root.named_modules()) {
     auto* layer = dynamic_cast<Linear*>(item.value().get());
     if (layer == nullptr || layer->is_adapter || layer->nf4_weight != nullptr ||
@@ -115,8 +115,22 @@ Nf4Quantized quantize_frozen_nf4(torch::nn::Module& root, const kernels::Nf4Opti
       continue;
     }
     auto params = layer->named_parameters(/*recurse=*/false);
-    if (!params.contains("weight") || params["weight"].requires_grad()) continue;
-    const at::Tensor w = params["weight"];
+    if (params.contains("weight") && !params["weight"].requires_grad()) out.push_back(item.key());
+  }
+  return out;
+}
+
+Nf4Quantized quantize_frozen_nf4(torch::nn::Module& root, const kernels::Nf4Options& options) {
+  Nf4Quantized done;
+  at::NoGradGuard no_grad;
+  const std::set<std::string> chosen = [&] {
+    const std::vector<std::string> v = frozen_block_linears(root);
+    return std::set<std::string>(v.begin(), v.end());
+  }();
+  for (const auto& item : root.named_modules()) {
+    if (chosen.count(item.key()) == 0) continue;
+    auto* layer = dynamic_cast<Linear*>(item.value().get());
+    const at::Tensor w = layer->named_parameters(/*recurse=*/false)["weight"];
     TITAN_CHECK(!w.is_meta(), "QLoRA: ", item.key(), ".weight is on the meta device; quantize the ",
                 "base after its weights are loaded");
     TITAN_CONFIG_CHECK(!layer->float8, "QLoRA: ", item.key(), " computes in float8; a layer's ",

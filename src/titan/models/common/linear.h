@@ -209,6 +209,10 @@ struct Nf4Quantized {
 // quantize after the weights are loaded, before a parallelism wraps the model.
 Nf4Quantized quantize_frozen_nf4(torch::nn::Module& root, const kernels::Nf4Options& options = {});
 
+// The layers quantize_frozen_nf4 takes, by module name ("layers.0.attention.wq"): Linear layers
+// under "layers." that are no adapter, with a registered weight that is frozen.
+std::vector<std::string> frozen_block_linears(torch::nn::Module& root);
+
 // The Linear layers of `root` that compute in float8, by the name of their weight parameter
 // ("layers.0.attention.wq.weight"), in named_modules() order.
 std::vector<std::pair<std::string, Linear*>> float8_linears(torch::nn::Module& root);
