@@ -4,6 +4,7 @@
 // the logits and adapter gradients of the same model in float whose base weights are the NF4
 // codes dequantized; what is quantized, what stays, and what is refused.
 #include "titan/common/check.h"
+#include "titan/common/device.h"
 #include "titan/kernels/nf4.h"
 #include "titan/models/common/init.h"
 #include "titan/models/common/linear.h"
@@ -211,6 +212,44 @@ TEST(Qlora, RefusesMetaWeightsFloat8AndWrappedLayers) {
   Float8LinearSection section;
   section.emulate = true;
   EXPECT_THROW(convert_to_float8(*m, section, DeviceInfo{}), ConfigError);
+}
+
+// The NF4 tensors moved to `cuda` (the device under test) dequantize there to the CPU table's
+// bits, and the layer's bf16 product and input gradient there match the CPU's within bf16
+// rounding.
+void check_nf4_on(const at::Device& cuda) {
+  at::manual_seed(4);
+  const at::Tensor w = at::randn({96, 256}) * 0.05;
+  for (bool double_quant : {false, true}) {
+    SCOPED_TRACE(double_quant ? "double-quantized scales" : "float32 scales");
+    const auto cpu = std::make_shared<const kernels::Nf4Weight>(kernels::nf4_quantize(
+        w, kernels::Nf4Options{.blocksize = 64, .double_quant = double_quant}));
+    const auto dev = std::make_shared<const kernels::Nf4Weight>(kernels::nf4_to(*cpu, cuda));
+    for (auto dtype : {at::kFloat, at::kBFloat16}) {
+      EXPECT_TRUE(at::equal(kernels::nf4_dequantize_aten(*dev, dtype).cpu(),
+                            kernels::nf4_dequantize(*cpu, dtype)));
+    }
+    const at::Tensor x = at::randn({4, 7, 256});
+    const at::Tensor g = at::randn({4, 7, 96});
+    const at::Tensor xc = x.clone().requires_grad_();
+    const at::Tensor xd = x.to(cuda).requires_grad_();
+    const at::Tensor yc = nf4_linear(xc, cpu, at::kBFloat16);
+    const at::Tensor yd = nf4_linear(xd, dev, at::kBFloat16);
+    EXPECT_TRUE(at::allclose(yd.cpu().to(at::kFloat), yc.to(at::kFloat), 2e-2, 2e-2))
+        << (yd.cpu().to(at::kFloat) - yc.to(at::kFloat)).abs().max();
+    yc.backward(g.to(at::kBFloat16));
+    yd.backward(g.to(at::kBFloat16).to(cuda));
+    EXPECT_TRUE(at::allclose(xd.grad().cpu(), xc.grad(), 2e-2, 2e-2))
+        << (xd.grad().cpu() - xc.grad()).abs().max();
+  }
+}
+
+TEST(Nf4Linear, TheDeviceCheckHoldsOnTheCpu) { check_nf4_on(at::kCPU); }
+
+// On a GPU (scripts/gpu_check.sh).
+TEST(Nf4LinearCuda, DeviceDequantizeAndProductMatchTheCpu) {
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  check_nf4_on(at::Device(at::kCUDA, 0));
 }
 
 }  // namespace test_qlora
