@@ -3,7 +3,8 @@
 # move) with a checkpoint; `titan generate` from that checkpoint gives the same greedy ids with and
 # without the KV cache; 2-process FSDP and FSDP x EP runs reproduce the single-process losses
 # within 1e-5, the EP run's checkpoint generates what one process's does and its HF export holds
-# the same tensors (1e-5); ep on a dense model
+# the same tensors (1e-5), and says that Qwen3-MoE's HF model drops the trained routing bias; ep on
+# a dense model
 # exits 2 with the reason.
 source "$(dirname "$0")/lib.sh"
 
@@ -60,6 +61,8 @@ same_losses "$WORK/ref/metrics.jsonl" "$WORK/ep/metrics.jsonl" ||
 expect_exit 0 "$TITAN" train "${moe[@]}" --training.steps 10 --training.local_batch_size 8 \
   --job.dump_folder "$WORK/ref_ckpt" --checkpoint.enable --checkpoint.interval 10 \
   --checkpoint.last_save_in_hf true
+# Qwen3-MoE's HF model has no routing bias: the export says that the trained one is dropped.
+expect_output "Hugging Face export: layers.0.moe.expert_bias is not zero .*has no routing bias"
 for run in ep ref_ckpt; do
   "$TITAN" generate --checkpoint "$WORK/$run/checkpoint" --prompt "The" --temperature 0 \
     --max_new_tokens 12 --print_ids >"$WORK/$run.gen" 2>"$WORK/gen.err" ||
