@@ -30,13 +30,25 @@ constexpr std::string_view kPeftB = ".lora_B.weight";
 constexpr const char* kExpertTargets[] = {"experts",    "experts.gate_up_proj", "experts.down_proj",
                                           "experts.w1", "experts.w2",           "experts.w3"};
 
-// A GroupedExperts module the spec adapts, and which of its parts.
-struct ExpertsChoice {
-  std::string name;  // "layers.1.moe.experts"
-  GroupedExperts* experts;
-  bool gate_up;  // w1 and w3 (one A)
-  bool down;     // w2
+// Which parts of the routed experts a target list adapts. ConfigError for experts.w1 without
+// experts.w3 or the reverse (they share one A).
+struct ExpertParts {
+  bool gate_up = false;  // w1 and w3 (one A)
+  bool down = false;     // w2
 };
+ExpertParts expert_parts(const std::vector<std::string>& targets) {
+  const auto has = [&](const char* t) { return std::count(targets.begin(), targets.end(), t) > 0; };
+  const bool w1 = has("experts.w1");
+  const bool w3 = has("experts.w3");
+  TITAN_CONFIG_CHECK(w1 == w3, "lora.target_modules names experts.", w1 ? "w1" : "w3",
+                     " without experts.", w1 ? "w3" : "w1",
+                     ": the routed experts' w1 and w3 read the same input and share one "
+                     "adapter A, as PEFT's adapter of the fused experts.gate_up_proj does. "
+                     "HINT: list both, or experts.gate_up_proj");
+  const bool all = has("experts");
+  return {all || has("experts.gate_up_proj") || w1,
+          all || has("experts.down_proj") || has("experts.w2")};
+}
 
 bool ends_with(const std::string& s, const std::string& suffix) {
   return s.size() >= suffix.size() &&
@@ -211,30 +223,18 @@ LoraApplied apply_lora(Model& model, const LoraSpec& spec, const nlohmann::json&
   unmatched.erase(kAllLinear);
   std::set<std::string> names_here;  // last parts of the blocks' layers, ours and HF's
   std::vector<std::pair<std::string, Linear*>> chosen;
-  std::vector<ExpertsChoice> experts_chosen;
-  const auto targeted = [&](const std::string& target) {
-    unmatched.erase(target);
-    return std::count(spec.target_modules.begin(), spec.target_modules.end(), target) > 0;
-  };
+  const ExpertParts parts = expert_parts(spec.target_modules);
+  std::vector<std::pair<std::string, GroupedExperts*>> experts_chosen;
   for (const auto& item : model.named_modules("", /*include_self=*/false)) {
     const std::string& name = item.key();
     if (name.rfind("layers.", 0) != 0) continue;
     if (auto* experts = dynamic_cast<GroupedExperts*>(item.value().get())) {
       // The routed experts are adapted only when named (PEFT's all-linear leaves them too).
-      for (const char* n : kExpertTargets) names_here.insert(n);
-      const bool all_experts = targeted("experts");
-      const bool w1 = targeted("experts.w1");
-      const bool w3 = targeted("experts.w3");
-      const bool gate_up = targeted("experts.gate_up_proj");
-      const bool w2 = targeted("experts.w2");
-      const bool down = targeted("experts.down_proj");
-      TITAN_CONFIG_CHECK(w1 == w3, "lora.target_modules names experts.", w1 ? "w1" : "w3",
-                         " without experts.", w1 ? "w3" : "w1",
-                         ": the routed experts' w1 and w3 read the same input and share one "
-                         "adapter A, as PEFT's adapter of the fused experts.gate_up_proj does. "
-                         "HINT: list both, or experts.gate_up_proj");
-      ExpertsChoice c{name, experts, all_experts || gate_up || w1, all_experts || down || w2};
-      if (c.gate_up || c.down) experts_chosen.push_back(c);
+      for (const char* n : kExpertTargets) {
+        names_here.insert(n);
+        unmatched.erase(n);
+      }
+      if (parts.gate_up || parts.down) experts_chosen.emplace_back(name, experts);
       continue;
     }
     if (dynamic_cast<ExpertWeight*>(item.value().get()) != nullptr) continue;
@@ -308,8 +308,8 @@ LoraApplied apply_lora(Model& model, const LoraSpec& spec, const nlohmann::json&
     model.set_param_init(name + kLoraB, ParamInit::zeros());
     out.adapted.push_back(name);
   }
-  for (const ExpertsChoice& c : experts_chosen) {
-    GroupedExperts& g = *c.experts;
+  for (const auto& [experts_name, experts] : experts_chosen) {
+    GroupedExperts& g = *experts;
     const at::Tensor w1 = g.w1->named_parameters(/*recurse=*/false)["weight"];
     const int64_t n_experts = w1.size(0), hidden = w1.size(1), dim = w1.size(2);
     ParamDeviceGuard on(w1.device());
@@ -323,12 +323,12 @@ LoraApplied apply_lora(Model& model, const LoraSpec& spec, const nlohmann::json&
       out.adapter_params += w->weight.numel();
       // PEFT's init for expert parameters: A as for a Linear of in_features, B zeros.
       const double bound = 1.0 / std::sqrt(static_cast<double>(in_features));
-      model.set_param_init(c.name + param,
+      model.set_param_init(experts_name + param,
                            is_a ? ParamInit::uniform(-bound, bound) : ParamInit::zeros());
       return w;
     };
-    if (c.gate_up) {
-      TITAN_CHECK(g.w1->lora_a == nullptr, "LoRA applied twice to ", c.name);
+    if (parts.gate_up) {
+      TITAN_CHECK(g.w1->lora_a == nullptr, "LoRA applied twice to ", experts_name);
       g.w1->lora_a = g.w1->register_module(
           "lora_a", adapter(".w1" + std::string(kLoraA), spec.rank, dim, true));
       g.w1->lora_b = g.w1->register_module(
@@ -337,15 +337,15 @@ LoraApplied apply_lora(Model& model, const LoraSpec& spec, const nlohmann::json&
       g.w3->lora_b = g.w3->register_module(
           "lora_b", adapter(".w3" + std::string(kLoraB), hidden, spec.rank, false));
     }
-    if (c.down) {
-      TITAN_CHECK(g.w2->lora_a == nullptr, "LoRA applied twice to ", c.name);
+    if (parts.down) {
+      TITAN_CHECK(g.w2->lora_a == nullptr, "LoRA applied twice to ", experts_name);
       g.w2->lora_a = g.w2->register_module(
           "lora_a", adapter(".w2" + std::string(kLoraA), spec.rank, hidden, true));
       g.w2->lora_b = g.w2->register_module(
           "lora_b", adapter(".w2" + std::string(kLoraB), dim, spec.rank, false));
     }
     g.lora_scaling = spec.scaling();
-    out.adapted_experts.push_back(c.name);
+    out.adapted_experts.push_back(experts_name);
   }
   return out;
 }
@@ -467,7 +467,6 @@ TensorMap to_peft_tensors(const TensorMap& params, const nlohmann::json& descrip
   };
   for (const std::string& e : experts) {
     std::vector<std::pair<at::Tensor, at::Tensor>> parts;  // (A, B), in kHfExpertParams order
-    at::Tensor w2_like;
     if (params.count(e + ".w1" + kLoraA)) {
       const at::Tensor b = at::cat({find(e + ".w1" + kLoraB), find(e + ".w3" + kLoraB)}, 1);
       parts.emplace_back(find(e + ".w1" + kLoraA), b);
@@ -499,15 +498,9 @@ TensorMap from_peft_tensors(const TensorMap& peft, const nlohmann::json& descrip
   TITAN_CHECK(spec.hf.from_hf != nullptr, "model ", spec.name, " has no Hugging Face adapter");
   // The experts' parameters the adapter targets, in the module's order (their nesting).
   std::vector<std::string> expert_params;
-  const auto targets = [&](const std::string& t) {
-    return std::count(lora.target_modules.begin(), lora.target_modules.end(), t) > 0;
-  };
-  for (const char* p : kHfExpertParams) {
-    const bool ours =
-        std::string(p) == "gate_up_proj" ? targets("experts.w1") : targets("experts.w2");
-    if (targets("experts") || targets(std::string("experts.") + p) || ours)
-      expert_params.push_back(p);
-  }
+  const ExpertParts parts = expert_parts(lora.target_modules);
+  if (parts.gate_up) expert_params.push_back(kHfExpertParams[0]);
+  if (parts.down) expert_params.push_back(kHfExpertParams[1]);
   TensorMap out;
   for (const auto& [name, b] : peft) {
     if (ends_with(name, std::string(kPeftA))) continue;

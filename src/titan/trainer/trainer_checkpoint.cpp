@@ -199,16 +199,10 @@ void Trainer::load_hf_base(const std::string& hf_dir) {
     if (it == whole.end() && is_lora_param(name)) return at::Tensor();
     return whole.at(name);
   });
-  // State buffers the folder holds (DeepSeek-V3's e_score_correction_bias as the MoE layers'
-  // expert_bias: the routing of the model as published); a model without them keeps zeros.
+  // The state buffers as read (DeepSeek-V3's e_score_correction_bias as the MoE layers'
+  // expert_bias: the routing of the model as published; zeros where the folder has none).
   at::NoGradGuard no_grad;
-  for (auto& [name, buffer] : parallel_->state_buffers()) {
-    if (const auto it = whole.find(name); it != whole.end()) {
-      TITAN_CHECK(it->second.sizes() == buffer.sizes(), hf_dir, ": ", name, " has shape ",
-                  it->second.sizes(), ", the model's is ", buffer.sizes());
-      buffer.copy_(it->second);
-    }
-  }
+  for (auto& [name, buffer] : parallel_->state_buffers()) buffer.copy_(whole.at(name));
 }
 
 // Every start of a QLoRA run reads the base here, a resumed one too: checkpoints hold the adapters
