@@ -338,6 +338,10 @@ TEST(LoraExperts, MergeAndPeftRoundTrip) {
   const LoraSpec read = lora_spec_from_peft_config(config, "adapter_config.json");
   EXPECT_EQ(read.target_modules,
             std::vector<std::string>({"q_proj", "experts.down_proj", "experts.gate_up_proj"}));
+  // peft adapts parameters without dropout: such an export of adapters trained with it is refused.
+  LoraSpec with_dropout = s;
+  with_dropout.dropout = 0.1;
+  EXPECT_THROW(peft_adapter_config(params, description, with_dropout), DataError);
   nlohmann::json other = config;
   other["target_parameters"] = {"experts.gate_proj"};
   EXPECT_THROW(lora_spec_from_peft_config(other, "adapter_config.json"), ConfigError);
