@@ -90,8 +90,14 @@ int run_inspect(const std::vector<std::string>& args) {
                 with_commas(s.active_params()).c_str());
   }
   std::printf("\n");
-  std::printf("FLOPs per token  %.4g (seq_len %lld; 6*(N%s - N_emb) + 12*L*H*head_dim*T)\n", flops,
-              (long long)t.seq_len, s.active_params() != s.n_params ? "_active" : "");
+  // Sliding-window layers count their window's keys instead of T (ModelStats::flops_per_token).
+  const std::string attention =
+      s.n_window_layers == 0 ? std::string("12*L*H*head_dim*T")
+                             : message("12*H*head_dim*(", s.n_layers - s.n_window_layers, "*T + ",
+                                       s.n_window_layers, "*min(T, ", s.attention_window, "))");
+  std::printf("FLOPs per token  %.4g (seq_len %lld; 6*(N%s - N_emb) + %s)\n", flops,
+              (long long)t.seq_len, s.active_params() != s.n_params ? "_active" : "",
+              attention.c_str());
   std::printf("FLOPs per step   %.4g per rank (local_batch_size %lld x seq_len %lld)\n",
               flops * static_cast<double>(t.local_batch_size * t.seq_len),
               (long long)t.local_batch_size, (long long)t.seq_len);

@@ -98,9 +98,12 @@ at::Tensor Model::run_unit(int64_t index, const at::Tensor& input, const UnitFn&
 double ModelStats::flops_per_token(int64_t seq_len) const {
   // 6 FLOPs per parameter per token (forward 2, backward 4), embeddings excluded as lookups; plus
   // the attention matmuls (scores and weighted sum), 12 per head dimension per key position.
+  const double window_keys = static_cast<double>(std::min(seq_len, attention_window));
+  const double keys =
+      static_cast<double>(n_layers - n_window_layers) * static_cast<double>(seq_len) +
+      static_cast<double>(n_window_layers) * window_keys;
   return 6.0 * static_cast<double>(active_params() - n_embedding_params) +
-         12.0 * static_cast<double>(n_layers) * static_cast<double>(n_heads) *
-             static_cast<double>(head_dim) * static_cast<double>(seq_len);
+         12.0 * static_cast<double>(n_heads) * static_cast<double>(head_dim) * keys;
 }
 
 }  // namespace titan

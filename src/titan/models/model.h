@@ -32,6 +32,10 @@ struct ModelStats {
   int64_t head_dim = 0;
   int64_t dim = 0;
   int64_t vocab_size = 0;
+  // Sliding-window layers (gpt-oss): n_window_layers of the n_layers attend over at most
+  // attention_window keys, which flops_per_token counts instead of seq_len.
+  int64_t n_window_layers = 0;
+  int64_t attention_window = 0;
   int64_t active_params() const { return n_active_params > 0 ? n_active_params : n_params; }
   // TorchTitan's formula: 6 * (active params - n_embedding_params) + 12 * L * H * head_dim *
   // seq_len.

@@ -6,6 +6,7 @@
 #include "titan/common/check.h"
 #include "titan/config/job_config.h"
 #include "titan/models/deepseek_v3/spec.h"
+#include "titan/models/gpt_oss/spec.h"
 #include "titan/models/llama3/spec.h"
 #include "titan/models/qwen3/spec.h"
 
@@ -42,6 +43,7 @@ Registry& registry() {
     add_spec(make_llama3_spec());
     add_spec(make_qwen3_spec());
     add_spec(make_deepseek_v3_spec());
+    add_spec(make_gpt_oss_spec());
   });
   return registry_storage();
 }

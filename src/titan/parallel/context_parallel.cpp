@@ -213,8 +213,10 @@ class GradSink {
 // The pair walk's context for one call; the ids on the CPU too, read once per call (the walk
 // decides there which blocks documents hide, without a device read per block).
 ring::PairContext pair_context(RingAttention* self, const at::Tensor& docs,
-                               const at::Tensor& docs_host) {
+                               const at::Tensor& docs_host, int64_t window, double scale) {
   ring::PairContext ctx;
+  ctx.window = window;
+  ctx.scale = scale;
   ctx.layout = &self->layout();
   ctx.rank = self->group().rank();
   ctx.docs = docs;
@@ -228,16 +230,34 @@ at::Tensor saved_tensor(AutogradContext* ctx, const char* key) {
   return found != ctx->saved_data.end() ? found->second.toTensor() : at::Tensor();
 }
 
+// A kernel's saved log-sum-exp as (bs, L, n_heads) rows, and back: the explicit kernel's is
+// folded (bs, n_kv, L * rep), the fused kernels' (bs, n_heads, L).
+at::Tensor lse_rows(const at::Tensor& lse, AttentionKernel kernel, int64_t n_heads) {
+  if (kernel != AttentionKernel::kNone) return lse.transpose(1, 2);
+  const int64_t bs = lse.size(0), n_kv = lse.size(1), rep = n_heads / n_kv;
+  return lse.view({bs, n_kv, -1, rep}).permute({0, 2, 1, 3}).reshape({bs, -1, n_heads});
+}
+
+at::Tensor lse_from_rows(const at::Tensor& rows, AttentionKernel kernel, int64_t n_kv) {
+  if (kernel != AttentionKernel::kNone) return rows.transpose(1, 2).contiguous();
+  const int64_t bs = rows.size(0), len = rows.size(1), rep = rows.size(2) / n_kv;
+  return rows.view({bs, len, n_kv, rep}).permute({0, 2, 1, 3}).reshape({bs, n_kv, len * rep});
+}
+
 struct RingAttentionFunction : public torch::autograd::Function<RingAttentionFunction> {
+  // `sinks`: gpt-oss's (n_heads) sink logits (context_parallel.h), or an empty tensor for none
+  // (autograd wants a device for every tensor argument).
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k,
-                            const at::Tensor& v, const at::Tensor* docs_or_null,
-                            RingAttention* self) {
+                            const at::Tensor& v, const at::Tensor& sinks,
+                            const at::Tensor* docs_or_null, RingAttention* self, int64_t window,
+                            double scale) {
     // Document ids travel outside the tensor arguments: autograd needs a device for each of
     // those, and causal attention has none.
     const at::Tensor docs = docs_or_null != nullptr ? *docs_or_null : at::Tensor();
     const at::Tensor docs_host = docs.defined() ? to_host(docs) : at::Tensor();
-    const AttentionKernel kernel = ring::choose_pair_kernel(self->kernel(), q, k, docs.defined());
-    const ring::PairContext pairs = pair_context(self, docs, docs_host);
+    const AttentionKernel kernel =
+        ring::choose_pair_kernel(self->kernel(), q, k, docs.defined() || window > 0);
+    const ring::PairContext pairs = pair_context(self, docs, docs_host, window, scale);
     const std::unique_ptr<ring::PairForward> attend =
         ring::make_pair_forward(kernel, q, k.size(2), pairs);
     KVSource kv_source(self->groups(), self->rotate(), at::stack({k, v}).contiguous());
@@ -245,6 +265,17 @@ struct RingAttentionFunction : public torch::autograd::Function<RingAttentionFun
       attend->add(kv_source.get(step), kv_source.source(step));
     }
     ring::PairForwardResult result = attend->finish();
+    if (sinks.numel() > 0) {
+      const at::Tensor lse = lse_rows(result.saved.at(0), kernel, q.size(2));  // (bs, L, heads)
+      const at::Tensor sink = sinks.to(at::kFloat).view({1, 1, -1});
+      result.out = (result.out.to(at::kFloat) * at::sigmoid(lse - sink).unsqueeze(-1))
+                       .to(result.out.scalar_type())
+                       .contiguous();
+      result.saved[0] = lse_from_rows(at::logaddexp(lse, sink), kernel, k.size(2));
+      ctx->saved_data["sinks"] = sinks;
+    }
+    ctx->saved_data["window"] = window;
+    ctx->saved_data["scale"] = scale;
     variable_list saved{q, k, v, result.out};
     saved.insert(saved.end(), result.saved.begin(), result.saved.end());
     ctx->save_for_backward(saved);
@@ -266,7 +297,8 @@ struct RingAttentionFunction : public torch::autograd::Function<RingAttentionFun
     const at::Tensor& v = saved[2];
     const std::vector<at::Tensor> stats(saved.begin() + 4, saved.end());
     const ring::PairContext pairs =
-        pair_context(self, saved_tensor(ctx, "docs"), saved_tensor(ctx, "docs_host"));
+        pair_context(self, saved_tensor(ctx, "docs"), saved_tensor(ctx, "docs_host"),
+                     ctx->saved_data["window"].toInt(), ctx->saved_data["scale"].toDouble());
     const std::unique_ptr<ring::PairBackward> attend =
         ring::make_pair_backward(kernel, q, saved[3], stats, grads[0], k.size(2), pairs);
     KVSource kv_source(self->groups(), self->rotate(), at::stack({k, v}).contiguous());
@@ -277,8 +309,25 @@ struct RingAttentionFunction : public torch::autograd::Function<RingAttentionFun
     }
     // (2, bs, n_kv, L, hd) -> (2, bs, L, n_kv, hd)
     const at::Tensor dkv = grad_sink.finish().permute({0, 1, 3, 2, 4});
-    return {attend->finish(), dkv[0].to(k.scalar_type()).contiguous(),
-            dkv[1].to(v.scalar_type()).contiguous(), at::Tensor(), at::Tensor()};
+    // The sinks' gradient: each sink is a key of value 0 in every query's softmax.
+    at::Tensor dsinks;
+    const at::Tensor sinks = saved_tensor(ctx, "sinks");
+    if (sinks.defined()) {
+      const at::Tensor delta = (grads[0].to(at::kFloat) * saved[3].to(at::kFloat)).sum(-1);
+      const at::Tensor lse = lse_rows(stats.at(0), kernel, q.size(2));  // with the sinks
+      dsinks = (at::exp(sinks.to(at::kFloat).view({1, 1, -1}) - lse) * delta)
+                   .sum({0, 1})
+                   .neg()
+                   .to(sinks.scalar_type());
+    }
+    return {attend->finish(),
+            dkv[0].to(k.scalar_type()).contiguous(),
+            dkv[1].to(v.scalar_type()).contiguous(),
+            dsinks,
+            at::Tensor(),
+            at::Tensor(),
+            at::Tensor(),
+            at::Tensor()};
   }
 };
 
@@ -349,7 +398,31 @@ at::Tensor RingAttention::forward(const at::Tensor& q, const at::Tensor& k, cons
                 layout_.seq_len, ") for the whole sequence, got ", document_ids.sizes());
     docs = document_ids.to(q.device(), at::kLong);
   }
-  return RingAttentionFunction::apply(q, k, v, docs.defined() ? &docs : nullptr, this);
+  return RingAttentionFunction::apply(q, k, v, at::empty({0}, q.options()),
+                                      docs.defined() ? &docs : nullptr, this, /*window=*/0,
+                                      /*scale=*/0.0);
+}
+
+at::Tensor RingAttention::forward_variant(const at::Tensor& q, const at::Tensor& k,
+                                          const at::Tensor& v, const at::Tensor& document_ids,
+                                          const AttentionVariant& variant) {
+  TITAN_CHECK(
+      !variant.sinks.defined() || (variant.sinks.dim() == 1 && variant.sinks.size(0) == q.size(2)),
+      "RingAttention: sinks ", variant.sinks.sizes(), " for ", q.size(2), " heads");
+  TITAN_CHECK(variant.window >= 0, "RingAttention: window ", variant.window);
+  at::Tensor docs;
+  if (document_ids.defined()) docs = document_ids.to(q.device(), at::kLong);
+  // The checks of forward (shapes, lengths, document ids) on the plain call's path.
+  TITAN_CHECK(
+      q.dim() == 4 && k.dim() == 4 && v.sizes() == k.sizes() && q.size(1) == layout_.local_len() &&
+          (!docs.defined() ||
+           (docs.dim() == 2 && docs.size(0) == q.size(0) && docs.size(1) == layout_.seq_len)),
+      "RingAttention: q ", q.sizes(), ", k ", k.sizes(), ", document ids ",
+      document_ids.defined() ? document_ids.sizes() : at::IntArrayRef{},
+      " do not fit the layout (local length ", layout_.local_len(), " of ", layout_.seq_len, ")");
+  const at::Tensor sinks = variant.sinks.defined() ? variant.sinks : at::empty({0}, q.options());
+  return RingAttentionFunction::apply(q, k, v, sinks, docs.defined() ? &docs : nullptr, this,
+                                      variant.window, variant.scale);
 }
 
 ContextParallelAttention::ContextParallelAttention(
@@ -360,8 +433,19 @@ ContextParallelAttention::ContextParallelAttention(
 
 at::Tensor ContextParallelAttention::forward(const at::Tensor& q, const at::Tensor& k,
                                              const at::Tensor& v, const at::Tensor& document_ids) {
+  return ring_for(q).forward(q, k, v, document_ids);
+}
+
+at::Tensor ContextParallelAttention::forward_variant(const at::Tensor& q, const at::Tensor& k,
+                                                     const at::Tensor& v,
+                                                     const at::Tensor& document_ids,
+                                                     const AttentionVariant& variant) {
+  return ring_for(q).forward_variant(q, k, v, document_ids, variant);
+}
+
+RingAttention& ContextParallelAttention::ring_for(const at::Tensor& q) {
   for (const auto& ring : rings_) {
-    if (ring->layout().local_len() == q.size(1)) return ring->forward(q, k, v, document_ids);
+    if (ring->layout().local_len() == q.size(1)) return *ring;
   }
   std::string lengths;
   for (const auto& ring : rings_) {
@@ -370,7 +454,7 @@ at::Tensor ContextParallelAttention::forward(const at::Tensor& q, const at::Tens
   TITAN_CHECK(false, "context parallelism: a local sequence of ", q.size(1),
               " tokens is no rank's share of the sequence lengths it was set up for (", lengths,
               ")");
-  return {};
+  return *rings_.front();  // not reached
 }
 
 ContextParallel::ContextParallel(Model& model, const RingGroups& groups, int cp_rank, int64_t tp,

@@ -139,6 +139,15 @@ class RingAttention final : public InnerAttention {
   // the same on every cp rank) the mask is block-causal.
   at::Tensor forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                      const at::Tensor& document_ids) override;
+  // gpt-oss's attention over the ring: the sliding window joins the mask (pairs wholly outside
+  // it are skipped; partly visible ones take an additive mask), the scale replaces
+  // head_dim^-0.5, and the sinks correct the merged result once: out * sigmoid(lse - sink), the
+  // log-sum-exp becoming logaddexp(lse, sink) (a key of value 0 that every query sees), which the
+  // pairs' backward then uses unchanged; the sinks' gradient is -sum over queries of
+  // exp(sink - lse) * rowsum(dO * O).
+  at::Tensor forward_variant(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                             const at::Tensor& document_ids,
+                             const AttentionVariant& variant) override;
 
   // (query block, key block) pairs computed and skipped as fully masked, forward and backward
   // together, since construction or reset_stats(). A block is a whole chunk for the fused causal
@@ -177,9 +186,14 @@ class ContextParallelAttention final : public InnerAttention {
   explicit ContextParallelAttention(std::vector<std::shared_ptr<RingAttention>> rings);
   at::Tensor forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                      const at::Tensor& document_ids) override;
+  at::Tensor forward_variant(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                             const at::Tensor& document_ids,
+                             const AttentionVariant& variant) override;
   const std::vector<std::shared_ptr<RingAttention>>& rings() const { return rings_; }
 
  private:
+  // The ring set up for q's local length.
+  RingAttention& ring_for(const at::Tensor& q);
   std::vector<std::shared_ptr<RingAttention>> rings_;
 };
 

@@ -146,7 +146,7 @@ ExpertParallel::ExpertParallel(Model& model, std::shared_ptr<dist::Group> group,
     experts_per_rank_ = local;
     GroupedExperts& experts = *moe->experts;
     // The three weights and their LoRA adapters (w3 uses w1's A): every (experts, ...) tensor.
-    std::vector<std::pair<std::string, ExpertWeight*>> weights;
+    std::vector<std::pair<std::string, WeightLayer*>> weights;
     for (const auto& [wname, layer] :
          {std::pair<const char*, ExpertWeight*>{"w1", experts.w1.get()},
           {"w2", experts.w2.get()},
@@ -156,6 +156,11 @@ ExpertParallel::ExpertParallel(Model& model, std::shared_ptr<dist::Group> group,
         weights.emplace_back(std::string(wname) + ".lora_a", layer->lora_a.get());
       }
       if (layer->lora_b) weights.emplace_back(std::string(wname) + ".lora_b", layer->lora_b.get());
+    }
+    if (experts.b1) {  // gpt-oss's expert biases, (experts, out)
+      weights.emplace_back("b1", experts.b1.get());
+      weights.emplace_back("b2", experts.b2.get());
+      weights.emplace_back("b3", experts.b3.get());
     }
     for (const auto& [wname, layer] : weights) {
       at::Tensor& w = layer->weight;

@@ -47,14 +47,30 @@ struct PairMask {
 PairMask pair_mask(const PositionRange& qr, const PositionRange& kr, const PairContext& ctx,
                    at::Device device) {
   PairMask m;
-  if (qr.end - 1 < kr.start) {  // every key is after every query
+  const int64_t window = ctx.window;
+  // Every key after every query, or (sliding window) too old for every query.
+  if (qr.end - 1 < kr.start || (window > 0 && qr.start - (kr.end - 1) >= window)) {
     m.kind = PairMask::kHidden;
     return m;
   }
   const bool causal_all = kr.end - 1 <= qr.start;  // every key is at or before every query
+  const bool window_all = window <= 0 || (qr.end - 1) - kr.start < window;  // none too old
   const auto positions = [](const PositionRange& r, at::Device on) {
     return at::arange(r.start, r.end, at::TensorOptions(at::kLong).device(on));
   };
+  // Where key position <= query position and, with a window, within it: (lq, lk) bool.
+  const auto visible = [&](at::Device on) {
+    const at::Tensor qp = positions(qr, on).unsqueeze(1), kp = positions(kr, on).unsqueeze(0);
+    at::Tensor keep = kp.le(qp);
+    if (window > 0) keep.logical_and_((qp - kp).lt(window));
+    return keep;
+  };
+  if (!ctx.docs.defined() && window > 0) {
+    if (causal_all && window_all) return m;  // kAll
+    m.kind = PairMask::kPartial;             // an additive mask for the fused kernels (not causal)
+    m.keep = visible(device).unsqueeze(0);
+    return m;
+  }
   if (!ctx.docs.defined()) {
     if (causal_all) return m;  // kAll
     // Chunks are equal and blocks cut alike from their starts: a partly visible block pair is
@@ -72,10 +88,7 @@ PairMask pair_mask(const PositionRange& qr, const PositionRange& kr, const PairC
   at::Tensor keep = docs.narrow(1, qr.start, qr.size())
                         .unsqueeze(2)
                         .eq(docs.narrow(1, kr.start, kr.size()).unsqueeze(1));  // (bs, lq, lk)
-  if (!causal_all) {
-    keep.logical_and_(
-        positions(kr, at::kCPU).unsqueeze(0).le(positions(qr, at::kCPU).unsqueeze(1)));
-  }
+  if (!causal_all || !window_all) keep.logical_and_(visible(at::kCPU));
   if (!keep.any().item<bool>()) {
     m.kind = PairMask::kHidden;
     return m;
@@ -150,6 +163,11 @@ struct Geometry {
   double scale;
 };
 
+// The scores' scale: the context's, else head_dim^-0.5.
+double scale_of(const PairContext& ctx, const at::Tensor& q) {
+  return ctx.scale > 0 ? ctx.scale : 1.0 / std::sqrt(static_cast<double>(q.size(3)));
+}
+
 Geometry geometry_of(const at::Tensor& q, int64_t n_kv) {
   Geometry g{};
   g.bs = q.size(0);
@@ -202,6 +220,7 @@ class ExplicitForward final : public PairForward {
  public:
   ExplicitForward(const at::Tensor& q, int64_t n_kv, const PairContext& ctx)
       : ctx_(ctx), g_(geometry_of(q, n_kv)), dtype_(q.scalar_type()), device_(q.device()) {
+    g_.scale = scale_of(ctx, q);
     q_f_ = fold_queries(q, g_);
     out_f_ = at::zeros_like(q_f_);
     lse_ = at::full({g_.bs, g_.n_kv, g_.len * g_.rep}, kNegInf, q_f_.options());
@@ -241,6 +260,7 @@ class ExplicitBackward final : public PairBackward {
         dtype_(q.scalar_type()),
         device_(q.device()),
         lse_(lse) {
+    g_.scale = scale_of(ctx, q);
     q_f_ = fold_queries(q, g_);
     dout_f_ = fold_queries(dout.contiguous(), g_);
     // delta = rowsum(dO * O): the softmax backward's per-row term, over the whole key range.
@@ -304,7 +324,7 @@ at::ScalarType work_dtype(AttentionKernel kernel, const at::Tensor& q) {
 
 // Blocks the fused walk cuts pairs into: whole chunks when no mask is materialised.
 int64_t fused_block(const PairContext& ctx) {
-  return ctx.docs.defined() ? kBlock : ctx.layout->local_len();
+  return ctx.docs.defined() || ctx.window > 0 ? kBlock : ctx.layout->local_len();
 }
 
 // The call of a pair: causal on a diagonal block, else full or under the block's mask.
@@ -326,7 +346,7 @@ class FusedForward final : public PairForward {
     const auto f32 = q.options().dtype(at::kFloat);
     out_ = at::zeros(q.sizes(), f32);
     lse_ = at::full({q.size(0), q.size(2), q.size(1)}, kNegInf, f32);
-    scale_ = 1.0 / std::sqrt(static_cast<double>(q.size(3)));
+    scale_ = scale_of(ctx, q);
   }
 
   void add(const at::Tensor& kv_in, int source) override {
@@ -387,7 +407,7 @@ class FusedBackward final : public PairBackward {
     out_ = out.to(work_);
     dout_ = dout.to(work_).contiguous();
     dq_ = at::zeros(q.sizes(), q.options().dtype(at::kFloat));
-    scale_ = 1.0 / std::sqrt(static_cast<double>(q.size(3)));
+    scale_ = scale_of(ctx, q);
   }
 
   at::Tensor add(const at::Tensor& kv_in, int source) override {

@@ -31,12 +31,13 @@
 
 namespace titan::ring {
 
-// The kernel for q (bs, L, n_heads, hd) and k (bs, L, n_kv, hd), with or without a block-causal
-// mask (`documents`), under `requested`: kExplicit gives kNone (the explicit kernel); kFused the
-// fused kernel of q's device that takes the pairs (CPU: the flash kernel, any mask, where
-// libtorch runs it for these shapes; CUDA, causal only: flash for fp16 / bf16 with head_dim a
-// multiple of 8 up to 256, else the memory-efficient kernel where libtorch would run it), else
-// kNone; kAuto the fused kernel where it measured faster (see the .cpp), else kNone.
+// The kernel for q (bs, L, n_heads, hd) and k (bs, L, n_kv, hd), with or without a mask beyond
+// the causal one (`documents`: a block-causal or a sliding-window mask), under `requested`:
+// kExplicit gives kNone (the explicit kernel); kFused the fused kernel of q's device that takes the
+// pairs (CPU: the flash kernel, any mask, where libtorch runs it for these shapes; CUDA, causal
+// only: flash for fp16 / bf16 with head_dim a multiple of 8 up to 256, else the memory-efficient
+// kernel where libtorch would run it), else kNone; kAuto the fused kernel where it measured faster
+// (see the .cpp), else kNone.
 AttentionKernel choose_pair_kernel(RingKernel requested, const at::Tensor& q, const at::Tensor& k,
                                    bool documents);
 
@@ -47,6 +48,8 @@ struct PairContext {
   at::Tensor docs;       // (bs, seq_len) int64 on q's device, or undefined (causal)
   at::Tensor docs_host;  // the same on the CPU (one counted device read per call)
   RingAttention::Stats* stats = nullptr;
+  int64_t window = 0;  // > 0: sliding-window attention over this many positions (gpt-oss)
+  double scale = 0;    // > 0: the scores' scale in place of head_dim^-0.5
 };
 
 struct PairForwardResult {

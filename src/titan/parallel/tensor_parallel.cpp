@@ -399,6 +399,13 @@ TensorParallel::TensorParallel(Model& model, std::shared_ptr<dist::Group> group,
     shard(experts + "w1", *moe->experts->w1, 1, "hidden features per expert");
     shard(experts + "w3", *moe->experts->w3, 1, "hidden features per expert");
     shard(experts + "w2", *moe->experts->w2, 2, "hidden features per expert");
+    // gpt-oss's expert biases: b1 and b3 split with the hidden rows; b2 stays whole and joins the
+    // partial sums on the first tp rank only (moe.h).
+    if (moe->experts->b1) {
+      shard(experts + "b1", *moe->experts->b1, 1, "hidden features per expert");
+      shard(experts + "b3", *moe->experts->b3, 1, "hidden features per expert");
+      moe->experts->down_bias_here = r == 0;
+    }
     // Their LoRA adapters (moe.h) split with them: w1's and w3's B by hidden rows (the A they
     // share stays whole, its gradient summed over tp), w2's A by hidden columns (B whole).
     if (moe->experts->gate_up_adapted()) {

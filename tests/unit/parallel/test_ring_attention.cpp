@@ -297,6 +297,75 @@ TEST(RingAttention, LongChunksRunInBlocks) {
   check_ring_attention(2, 2560, cases);
 }
 
+// gpt-oss's attention over the ring (forward_variant): sinks, a sliding window shorter than a
+// chunk and longer than one, its own scale, with and without documents, both kernels and both
+// rotate methods, against sink_window_attention of the whole sequence in float64; the sinks'
+// gradient summed over the ranks equals the whole sequence's.
+TEST(RingAttention, SinksAndSlidingWindowsMatchOneProcess) {
+  const int64_t seq = 24, heads = 4, kv = 2;
+  const double scale = 0.4;
+  for (const int cp : {2, 3}) {
+    for (const int64_t window : {3, 9}) {
+      for (const bool block_causal : {false, true}) {
+        at::manual_seed(31 + cp * 7 + window);
+        const at::Tensor q = at::randn({kBs, seq, heads, kHeadDim});
+        const at::Tensor k = at::randn({kBs, seq, kv, kHeadDim});
+        const at::Tensor v = at::randn({kBs, seq, kv, kHeadDim});
+        const at::Tensor sinks = at::randn({heads});
+        const at::Tensor dout = at::randn({kBs, seq, heads, kHeadDim});
+        const at::Tensor docs = block_causal ? packed_document_ids(seq) : at::Tensor();
+        at::Tensor rq = q.to(at::kDouble).requires_grad_(), rk = k.to(at::kDouble).requires_grad_(),
+                   rv = v.to(at::kDouble).requires_grad_(),
+                   rs = sinks.to(at::kDouble).requires_grad_();
+        const at::Tensor want = sink_window_attention(rq, rk.transpose(1, 2), rv.transpose(1, 2), 0,
+                                                      rs, window, scale, docs);
+        want.backward(dout.to(at::kDouble));
+        for (const RingKernel kernel : {RingKernel::kExplicit, RingKernel::kFused}) {
+          for (const RotateMethod rotate : {RotateMethod::kAllGather, RotateMethod::kAllToAll}) {
+            const SequenceLayout layout =
+                SequenceLayout::make(seq, cp, SequenceSharding::kHeadTail);
+            std::vector<std::vector<double>> errors(cp);
+            std::vector<at::Tensor> dsinks(cp);
+            std::vector<RingAttention::Stats> stats(cp);
+            run_ranks(cp, [&](int rank, std::shared_ptr<dist::Group> world) {
+              RingAttention ring(world, layout, rotate, kernel);
+              at::Tensor lq = shard_sequence(q, layout, rank).requires_grad_();
+              at::Tensor lk = shard_sequence(k, layout, rank).requires_grad_();
+              at::Tensor lv = shard_sequence(v, layout, rank).requires_grad_();
+              at::Tensor ls = sinks.clone().requires_grad_();
+              const at::Tensor out =
+                  ring.forward_variant(lq, lk, lv, docs, AttentionVariant{ls, window, scale});
+              out.backward(shard_sequence(dout, layout, rank));
+              errors[rank] = {max_diff(out, shard_sequence(want.detach(), layout, rank)),
+                              max_diff(lq.grad(), shard_sequence(rq.grad(), layout, rank)),
+                              max_diff(lk.grad(), shard_sequence(rk.grad(), layout, rank)),
+                              max_diff(lv.grad(), shard_sequence(rv.grad(), layout, rank))};
+              dsinks[rank] = ls.grad();
+              stats[rank] = ring.stats();
+            });
+            const std::string what = "cp " + std::to_string(cp) + " window " +
+                                     std::to_string(window) + (block_causal ? " docs " : " ") +
+                                     to_string(kernel) + " " + to_string(rotate);
+            at::Tensor dsink_sum = at::zeros({heads}, at::kDouble);
+            int64_t skipped = 0;
+            for (int rank = 0; rank < cp; ++rank) {
+              ASSERT_EQ(errors[rank].size(), 4u) << what;
+              for (double e : errors[rank]) EXPECT_LE(e, 1e-5) << what << " rank " << rank;
+              dsink_sum += dsinks[rank].to(at::kDouble);
+              skipped += stats[rank].skipped_pairs;
+            }
+            EXPECT_LE(max_diff(dsink_sum, rs.grad()), 1e-5) << what;
+            // Chunks of seq / (2 cp) = 4 or 6 positions: windows of 3 hide every pair of chunks
+            // more than one chunk apart, besides the causal ones.
+            const int64_t chunks = 2 * cp, causal_hidden = chunks * (chunks - 1) / 2;
+            if (window == 3) EXPECT_GT(skipped, 2 * causal_hidden) << what;
+          }
+        }
+      }
+    }
+  }
+}
+
 // The all-to-all ring over ParallelDims' groups (dp_shard 2 x cp 2 and cp 4): its hops travel
 // on cp_up (to a higher cp rank) and cp_down (to a lower one) only, never point to point on the
 // cp group, so that no communicator carries messages both ways between two ranks (which NCCL can

@@ -316,6 +316,89 @@ DocumentPacking pack_documents(const at::Tensor& document_ids) {
   return p;
 }
 
+at::Tensor sink_window_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                 int64_t q_start, const at::Tensor& sinks, int64_t window,
+                                 double scale, const at::Tensor& document_ids) {
+  const TraceSpan span("attention");
+  TITAN_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4 && k.sizes() == v.sizes() &&
+                  q.size(0) == k.size(0) && q.size(3) == k.size(3),
+              "sink_window_attention: q ", q.sizes(), ", k ", k.sizes(), ", v ", v.sizes(),
+              " are not (bs, n, n_heads, head_dim) and (bs, n_kv_heads, positions, head_dim)");
+  const int64_t bs = q.size(0), n = q.size(1), n_heads = q.size(2), head_dim = q.size(3);
+  const int64_t n_kv_heads = k.size(1);
+  const int64_t end = q_start + n;
+  TITAN_CHECK(n_kv_heads > 0 && n_heads % n_kv_heads == 0, "n_kv_heads (", n_kv_heads,
+              ") must divide n_heads (", n_heads, ")");
+  TITAN_CHECK(q_start >= 0 && k.size(2) >= end, "sink_window_attention: keys hold ", k.size(2),
+              " positions, queries reach ", end);
+  TITAN_CHECK(!sinks.defined() || (sinks.dim() == 1 && sinks.size(0) == n_heads),
+              "sink_window_attention: sinks ", sinks.sizes(), " for ", n_heads, " heads");
+  TITAN_CHECK(!document_ids.defined() || (document_ids.dim() == 2 && document_ids.size(0) == bs &&
+                                          document_ids.size(1) >= end),
+              "sink_window_attention: document ids ", document_ids.sizes(), " for ", bs,
+              " sequences of ", end, " positions");
+  const int64_t n_rep = n_heads / n_kv_heads;
+  // The products in float32 where the CPU has no fast 16-bit GEMMs (widens_reduced_matmul), the
+  // softmax in float32 (or wider) always.
+  const at::ScalarType mm =
+      widens_reduced_matmul(q.scalar_type(), q.device()) ? at::kFloat : q.scalar_type();
+  const at::ScalarType wide = upcast_dtype(q.scalar_type());
+  // Query heads grouped under their kv head: (bs, n_kv, n_rep, n, hd); keys (bs, n_kv, 1, L, hd).
+  const at::Tensor qg =
+      q.to(mm).reshape({bs, n, n_kv_heads, n_rep, head_dim}).permute({0, 2, 3, 1, 4});
+  const at::Tensor kg = k.to(mm).unsqueeze(2);
+  const at::Tensor vg = v.to(mm).unsqueeze(2);
+  const at::Tensor sink_logits =
+      sinks.defined() ? sinks.to(wide).view({1, n_kv_heads, n_rep, 1, 1}) : at::Tensor();
+  const auto long_options = q.options().dtype(at::kLong);
+  std::vector<at::Tensor> chunks;
+  for (int64_t t0 = 0; t0 < n; t0 += kQueryChunk) {
+    const int64_t t1 = std::min(n, t0 + kQueryChunk);
+    const int64_t rows = t1 - t0;
+    const int64_t p0 = q_start + t0, p1 = q_start + t1;  // the chunk's positions
+    // The first key any query of the chunk may see.
+    const int64_t k0 = window > 0 ? std::max<int64_t>(0, p0 - window + 1) : 0;
+    const int64_t keys = p1 - k0;
+    at::Tensor scores = at::matmul(qg.narrow(3, t0, rows), kg.narrow(3, k0, keys).transpose(-1, -2))
+                            .to(wide)
+                            .mul_(scale);  // (bs, n_kv, n_rep, rows, keys)
+    const at::Tensor query_pos = at::arange(p0, p1, long_options).unsqueeze(1);
+    const at::Tensor key_pos = at::arange(k0, p1, long_options).unsqueeze(0);
+    at::Tensor hidden = key_pos.gt(query_pos);  // (rows, keys)
+    if (window > 0) hidden.logical_or_((query_pos - key_pos).ge(window));
+    if (document_ids.defined()) {
+      const at::Tensor query_docs = document_ids.narrow(1, p0, rows).unsqueeze(2);
+      const at::Tensor key_docs = document_ids.narrow(1, k0, keys).unsqueeze(1);
+      hidden = key_docs.ne(query_docs).logical_or_(hidden.unsqueeze(0));  // (bs, rows, keys)
+      hidden = hidden.view({bs, 1, 1, rows, keys});
+    } else {
+      hidden = hidden.view({1, 1, 1, rows, keys});
+    }
+    scores = scores.masked_fill(hidden, -std::numeric_limits<double>::infinity());
+    if (sink_logits.defined()) {
+      scores = at::cat({scores, sink_logits.expand({bs, n_kv_heads, n_rep, rows, 1})}, -1);
+    }
+    at::Tensor probs = scores.softmax(-1);
+    if (sink_logits.defined()) probs = probs.narrow(-1, 0, keys);
+    chunks.push_back(at::matmul(probs.to(mm), vg.narrow(3, k0, keys)));  // (.., rows, hd)
+  }
+  const at::Tensor out = chunks.size() == 1 ? chunks[0] : at::cat(chunks, 3);
+  return out.permute({0, 3, 1, 2, 4})
+      .reshape({bs, n, n_heads, head_dim})
+      .to(v.scalar_type())
+      .contiguous();
+}
+
+int64_t sink_window_kept_scores(int64_t seq_len, int64_t window, bool sinks) {
+  int64_t kept = 0;
+  for (int64_t t0 = 0; t0 < seq_len; t0 += kQueryChunk) {  // the chunks of sink_window_attention
+    const int64_t t1 = std::min(seq_len, t0 + kQueryChunk);
+    const int64_t k0 = window > 0 ? std::max<int64_t>(0, t0 - window + 1) : 0;
+    kept += (t1 - t0) * (t1 - k0 + (sinks ? 1 : 0));
+  }
+  return kept;
+}
+
 at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                             const at::Tensor& document_ids) {
   // On a CPU without fast bf16 GEMMs SDPA's 16-bit kernel multiplies in ATen's generic loop
@@ -378,6 +461,22 @@ at::Tensor CausalAttention::forward(const at::Tensor& q, const at::Tensor& k, co
   return causal_attention(q, k, v, document_ids);
 }
 
+at::Tensor InnerAttention::forward_variant(const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                           const at::Tensor&, const AttentionVariant&) {
+  TITAN_CHECK(false, "this attention kernel computes no sinks, sliding windows or scales of ",
+              "its own (gpt-oss's attention)");
+  return {};
+}
+
+at::Tensor CausalAttention::forward_variant(const at::Tensor& q, const at::Tensor& k,
+                                            const at::Tensor& v, const at::Tensor& document_ids,
+                                            const AttentionVariant& variant) {
+  const double scale =
+      variant.scale > 0 ? variant.scale : 1.0 / std::sqrt(static_cast<double>(q.size(3)));
+  return sink_window_attention(q, k.transpose(1, 2), v.transpose(1, 2), /*q_start=*/0,
+                               variant.sinks, variant.window, scale, document_ids);
+}
+
 at::Tensor document_ids(const at::Tensor& tokens, int64_t end_token) {
   TITAN_CHECK(tokens.dim() == 2, "document_ids: expected tokens (bs, seqlen), got ",
               tokens.sizes());
@@ -438,8 +537,9 @@ at::Tensor cached_attention(const at::Tensor& q, const at::Tensor& k, const at::
 }
 
 Attention::Attention(int64_t dim, int64_t n_heads, int64_t n_kv_heads, int64_t head_dim,
-                     at::ScalarType compute_dtype, bool qk_norm, double norm_eps)
-    : head_dim(head_dim), compute_dtype(compute_dtype) {
+                     at::ScalarType compute_dtype, bool qk_norm, double norm_eps,
+                     const AttentionExtras& extras)
+    : extras(extras), head_dim(head_dim), compute_dtype(compute_dtype) {
   wq = register_module("wq", std::make_shared<Linear>(dim, n_heads * head_dim, compute_dtype));
   wk = register_module("wk", std::make_shared<Linear>(dim, n_kv_heads * head_dim, compute_dtype));
   wv = register_module("wv", std::make_shared<Linear>(dim, n_kv_heads * head_dim, compute_dtype));
@@ -448,6 +548,20 @@ Attention::Attention(int64_t dim, int64_t n_heads, int64_t n_kv_heads, int64_t h
     q_norm = register_module("q_norm", std::make_shared<RMSNorm>(head_dim, norm_eps));
     k_norm = register_module("k_norm", std::make_shared<RMSNorm>(head_dim, norm_eps));
   }
+  if (extras.bias) {
+    bq = register_module("bq", std::make_shared<Bias>(at::IntArrayRef{n_heads * head_dim}));
+    bk = register_module("bk", std::make_shared<Bias>(at::IntArrayRef{n_kv_heads * head_dim}));
+    bv = register_module("bv", std::make_shared<Bias>(at::IntArrayRef{n_kv_heads * head_dim}));
+    bo = register_module("bo", std::make_shared<Bias>(at::IntArrayRef{dim}));
+  }
+  if (extras.sinks) {
+    sinks = register_module("sinks", std::make_shared<Bias>(at::IntArrayRef{n_heads}));
+  }
+}
+
+double Attention::softmax_scale() const {
+  return extras.softmax_scale > 0 ? extras.softmax_scale
+                                  : 1.0 / std::sqrt(static_cast<double>(head_dim));
 }
 
 at::Tensor Attention::forward(const at::Tensor& x, const RotaryEmbedding& rope,
@@ -475,6 +589,11 @@ at::Tensor Attention::forward(const at::Tensor& x, const RotaryEmbedding& rope,
       k = wk->forward(xc).view({bs, n, -1, head_dim});
       v = wv->forward(xc).view({bs, n, -1, head_dim});  // (bs, n, n_kv, head_dim)
     }
+    if (bq) {
+      q = q + to_compute(bq->weight, compute_dtype).view({-1, head_dim});
+      k = k + to_compute(bk->weight, compute_dtype).view({-1, head_dim});
+      v = v + to_compute(bv->weight, compute_dtype).view({-1, head_dim});
+    }
     if (q_norm) {
       q = q_norm->forward(q);
       k = k_norm->forward(k);
@@ -486,9 +605,18 @@ at::Tensor Attention::forward(const at::Tensor& x, const RotaryEmbedding& rope,
       q = rope.forward(q, positions);
       k = rope.forward(k, positions);
     }
-    const at::Tensor out = cache != nullptr ? attend_cached(q, k, v, *cache)
-                                            : inner_attention->forward(q, k, v, document_ids);
-    return wo->forward(out.view({bs, n, -1}));  // out: (bs, n, n_local_heads, head_dim)
+    at::Tensor out;  // (bs, n, n_local_heads, head_dim)
+    if (cache != nullptr) {
+      out = attend_cached(q, k, v, *cache);
+    } else if (extras.own_kernel()) {
+      const AttentionVariant variant{sinks ? sinks->weight : at::Tensor(), extras.window,
+                                     softmax_scale()};
+      out = inner_attention->forward_variant(q, k, v, document_ids, variant);
+    } else {
+      out = inner_attention->forward(q, k, v, document_ids);
+    }
+    const at::Tensor projected = wo->forward(out.view({bs, n, -1}));
+    return bo ? projected + to_compute(bo->weight, compute_dtype) : projected;
   });
 }
 
@@ -508,6 +636,11 @@ at::Tensor Attention::attend_cached(const at::Tensor& q, const at::Tensor& k, co
   }
   cache.k.narrow(2, step.start_pos, n).copy_(k.transpose(1, 2));
   cache.v.narrow(2, step.start_pos, n).copy_(v.transpose(1, 2));
+  if (extras.own_kernel()) {
+    return sink_window_attention(q, cache.k, cache.v, step.start_pos,
+                                 sinks ? sinks->weight : at::Tensor(), extras.window,
+                                 softmax_scale());
+  }
   return cached_attention(q, cache.k, cache.v, step.start_pos);  // (bs, n, n_heads, head_dim)
 }
 

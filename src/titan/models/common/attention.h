@@ -93,20 +93,64 @@ at::Tensor cached_attention(const at::Tensor& q, const at::Tensor& k, const at::
 // (bs, whole seqlen) int64 (block-causal). The default is causal_attention over the local
 // sequence; context parallelism swaps in a kernel that also attends to the other ranks' keys and
 // values (its local sequence is a share of the whole one the document ids cover).
+// gpt-oss's variations of the attention an InnerAttention computes (sink_window_attention).
+struct AttentionVariant {
+  at::Tensor sinks;    // (n_heads of q) sink logits, or undefined
+  int64_t window = 0;  // > 0: sliding window of this many positions
+  double scale = 0;    // > 0: the scores' scale in place of head_dim^-0.5
+};
+
 class InnerAttention {
  public:
   virtual ~InnerAttention() = default;
   virtual at::Tensor forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                              const at::Tensor& document_ids) = 0;
+  // The same attention with `variant` applied (Attention calls it for layers with sinks, a window
+  // or a scale of their own). The default refuses: a kernel that does not compute them.
+  virtual at::Tensor forward_variant(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                     const at::Tensor& document_ids,
+                                     const AttentionVariant& variant);
 };
 
 class CausalAttention final : public InnerAttention {
  public:
   at::Tensor forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                      const at::Tensor& document_ids) override;
+  // sink_window_attention over the local sequence.
+  at::Tensor forward_variant(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                             const at::Tensor& document_ids,
+                             const AttentionVariant& variant) override;
   // compile.enable: materialised_causal_attention for the CPU inputs where it is faster
   // (materialised_attention_is_faster); causal_attention for the others and when false.
   bool fused = false;
+};
+
+// Attention with gpt-oss's variations, the scores materialised (query chunks of 128, each against
+// only the keys it may see): q (bs, n, n_heads, head_dim) holds positions [q_start, q_start + n);
+// k and v, in the cache layout (bs, n_kv_heads, >= q_start + n, head_dim), positions from 0.
+// Causal; with window > 0 a query at position i sees the keys j with i - window < j <= i (its
+// `window` latest positions, itself included, as Hugging Face's sliding_window); with
+// `document_ids` (bs, q_start + n) int64 only keys of its own document. With `sinks` (n_heads),
+// each head's softmax runs over its scores and the head's sink logit, which has no value: the
+// weights of the keys sum to less than 1. Scores are q.k times `scale`; softmax in float32 (or
+// wider). Differentiable through ATen's autograd (training calls it with q_start 0; incremental
+// inference with the cache). Returns (bs, n, n_heads, head_dim), contiguous, in v's dtype.
+at::Tensor sink_window_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                 int64_t q_start, const at::Tensor& sinks, int64_t window,
+                                 double scale, const at::Tensor& document_ids = {});
+
+// Score elements sink_window_attention keeps for backward per sequence and head (its softmax
+// outputs, the sink's column included), over seq_len positions with `window` (0: none).
+int64_t sink_window_kept_scores(int64_t seq_len, int64_t window, bool sinks);
+
+// Variations of Attention (gpt-oss's); all off by default.
+struct AttentionExtras {
+  bool bias = false;           // biases bq, bk, bv (of the projections' outputs) and bo
+  bool sinks = false;          // a learned sink logit per query head (sink_window_attention)
+  int64_t window = 0;          // > 0: sliding-window attention over this many positions
+  double softmax_scale = 0.0;  // > 0: the scores' scale in place of head_dim^-0.5
+  // Whether the layer attends with sink_window_attention rather than the inner kernel.
+  bool own_kernel() const { return sinks || window > 0 || softmax_scale > 0; }
 };
 
 // Incremental inference: the layer's cache, the position of the first new token, and the cache's
@@ -123,8 +167,8 @@ struct KVCacheStep {
 class Attention : public HookedModule {
  public:
   Attention(int64_t dim, int64_t n_heads, int64_t n_kv_heads, int64_t head_dim,
-            at::ScalarType compute_dtype = at::kFloat, bool qk_norm = false,
-            double norm_eps = 1e-6);
+            at::ScalarType compute_dtype = at::kFloat, bool qk_norm = false, double norm_eps = 1e-6,
+            const AttentionExtras& extras = {});
 
   // x (bs, seqlen, dim) -> (bs, seqlen, dim) in the compute dtype. `positions` (seqlen) int64
   // are the tokens' absolute positions for RoPE (undefined: [0, seqlen), or with `cache`
@@ -140,9 +184,21 @@ class Attention : public HookedModule {
 
   std::shared_ptr<Linear> wq, wk, wv, wo;
   std::shared_ptr<RMSNorm> q_norm, k_norm;  // null without qk_norm
+  // With extras.bias: bq (n_heads * head_dim), bk and bv (n_kv_heads * head_dim), added to wq's,
+  // wk's and wv's outputs, and bo (dim), added after wo (outside wo's hooks: tensor parallelism
+  // reduces wo's partial products first). Null otherwise.
+  std::shared_ptr<Bias> bq, bk, bv, bo;
+  // With extras.sinks: (n_heads) sink logits (split with the heads by tensor parallelism).
+  std::shared_ptr<Bias> sinks;
+  // extras.window and extras.softmax_scale. With sinks, a window or a scale the layer attends
+  // through inner_attention->forward_variant in training and sink_window_attention over the
+  // cache in inference.
+  AttentionExtras extras;
   std::shared_ptr<InnerAttention> inner_attention = std::make_shared<CausalAttention>();
   // wq, wk and wv packed into one matrix for inference (prepare_for_inference); used while intact.
   PackedLinear packed_qkv;
+  // The scores' scale: extras.softmax_scale, else head_dim^-0.5.
+  double softmax_scale() const;
   int64_t head_dim;
   at::ScalarType compute_dtype;
 

@@ -325,6 +325,8 @@ void WeightLayer::replace_weight(const at::Tensor& w) {
   registered = w;
 }
 
+Bias::Bias(at::IntArrayRef sizes) { weight = register_parameter("weight", new_parameter(sizes)); }
+
 Linear::Linear(int64_t in_features, int64_t out_features, at::ScalarType compute_dtype)
     : compute_dtype(compute_dtype) {
   // Values are set by the owning model's init_weights(); empty keeps construction cheap.

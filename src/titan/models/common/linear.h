@@ -113,6 +113,15 @@ std::vector<ParamSlot> parameter_slots(torch::nn::Module& root);
 // on the CPU) there. Throws if another parameter is left on the meta device.
 void materialize(torch::nn::Module& root, at::Device device);
 
+// A parameter that its parent module reads in its own computation: a bias the parent adds after
+// a Linear or an expert GEMM (so that a parallelism's hooks around the Linear leave it out: a
+// row-wise split reduces the partial products before the parent adds the bias once), or
+// gpt-oss's per-head attention sink logits. Parameter: weight, of the given sizes.
+class Bias : public WeightLayer {
+ public:
+  explicit Bias(at::IntArrayRef sizes);
+};
+
 // A bias-free linear layer. Parameter: weight (out_features, in_features).
 class Linear : public WeightLayer {
  public:

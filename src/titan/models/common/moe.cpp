@@ -44,11 +44,22 @@ ExpertWeight::ExpertWeight(int64_t experts, int64_t out_features, int64_t in_fea
 }
 
 GroupedExperts::GroupedExperts(int64_t experts, int64_t dim, int64_t hidden_dim,
-                               at::ScalarType compute_dtype, bool use_grouped_mm)
+                               at::ScalarType compute_dtype, bool use_grouped_mm, bool biases)
     : compute_dtype(compute_dtype), use_grouped_mm(use_grouped_mm) {
   w1 = register_module("w1", std::make_shared<ExpertWeight>(experts, hidden_dim, dim));
   w2 = register_module("w2", std::make_shared<ExpertWeight>(experts, dim, hidden_dim));
   w3 = register_module("w3", std::make_shared<ExpertWeight>(experts, hidden_dim, dim));
+  if (biases) {
+    b1 = register_module("b1", std::make_shared<Bias>(at::IntArrayRef{experts, hidden_dim}));
+    b2 = register_module("b2", std::make_shared<Bias>(at::IntArrayRef{experts, dim}));
+    b3 = register_module("b3", std::make_shared<Bias>(at::IntArrayRef{experts, hidden_dim}));
+  }
+}
+
+at::Tensor GroupedExperts::activate(const at::Tensor& h1, const at::Tensor& h3) const {
+  if (swiglu_limit <= 0) return at::silu(h1) * h3;
+  const at::Tensor g = h1.clamp_max(swiglu_limit);
+  return g * at::sigmoid(g * swiglu_alpha) * (h3.clamp(-swiglu_limit, swiglu_limit) + 1);
 }
 
 at::Tensor GroupedExperts::forward(const at::Tensor& x, const std::vector<int64_t>& counts) {
@@ -81,6 +92,10 @@ at::Tensor GroupedExperts::forward_loop(const at::Tensor& x, const std::vector<i
   const std::vector<at::Tensor> a13 = per_expert(w1->lora_a), b1 = per_expert(w1->lora_b),
                                 b3 = per_expert(w3->lora_b), a2 = per_expert(w2->lora_a),
                                 b2 = per_expert(w2->lora_b);
+  const auto biases = [&](const std::shared_ptr<Bias>& bias) {
+    return bias ? to_compute(bias->weight, compute_dtype).unbind(0) : std::vector<at::Tensor>();
+  };
+  const std::vector<at::Tensor> c1 = biases(this->b1), c2 = biases(this->b2), c3 = biases(this->b3);
   std::vector<at::Tensor> outs;
   int64_t offset = 0;
   for (size_t e = 0; e < counts.size(); ++e) {
@@ -93,9 +108,14 @@ at::Tensor GroupedExperts::forward_loop(const at::Tensor& x, const std::vector<i
       h1 = h1 + expert_linear(xa, b1[e]) * lora_scaling;
       h3 = h3 + expert_linear(xa, b3[e]) * lora_scaling;
     }
-    const at::Tensor h = at::silu(h1) * h3;
+    if (!c1.empty()) {
+      h1 = h1 + c1[e];
+      h3 = h3 + c3[e];
+    }
+    const at::Tensor h = activate(h1, h3);
     at::Tensor out = expert_linear(h, b[e]);
     if (down_adapted()) out = out + expert_linear(expert_linear(h, a2[e]), b2[e]) * lora_scaling;
+    if (!c2.empty()) out = out + (down_bias_here ? c2[e] : c2[e] * 0);
     outs.push_back(out);
     offset += counts[e];
   }
@@ -159,10 +179,26 @@ at::Tensor GroupedExperts::forward_grouped(const at::Tensor& x, const at::Tensor
     h1 = h1 + gmm(xa, pad_b(w1->lora_b->weight)) * lora_scaling;
     h3 = h3 + gmm(xa, pad_b(w3->lora_b->weight)) * lora_scaling;
   }
-  const at::Tensor h = at::silu(h1) * h3;
+  // Each buffer row's expert (padding rows too; their outputs are dropped) for the biases.
+  at::Tensor row_expert;
+  if (b1) {
+    row_expert = at::searchsorted(offs.to(at::kLong), at::arange(buffer_rows, counts.options()),
+                                  /*out_int32=*/false, /*right=*/true)
+                     .clamp_max_(experts() - 1);
+    h1 =
+        h1 + to_compute(b1->weight, compute_dtype).index_select(0, row_expert).to(h1.scalar_type());
+    h3 =
+        h3 + to_compute(b3->weight, compute_dtype).index_select(0, row_expert).to(h3.scalar_type());
+  }
+  const at::Tensor h = activate(h1, h3);
   at::Tensor out = gmm(h, w2->weight);
   if (down_adapted()) {
     out = out + gmm(gmm(h, pad_a(w2->lora_a->weight)), pad_b(w2->lora_b->weight)) * lora_scaling;
+  }
+  if (b2) {
+    const at::Tensor rows_b2 =
+        to_compute(b2->weight, compute_dtype).index_select(0, row_expert).to(out.scalar_type());
+    out = out + (down_bias_here ? rows_b2 : rows_b2 * 0);
   }
   return out.index_select(0, dest);
 }
@@ -182,9 +218,15 @@ MoE::MoE(int64_t dim, const MoEArgs& args, at::ScalarType compute_dtype)
     : args_(args), compute_dtype_(compute_dtype) {
   args_.validate();
   gate = register_module("gate", std::make_shared<Linear>(dim, args.num_experts, compute_dtype));
-  experts = register_module("experts",
-                            std::make_shared<GroupedExperts>(args.num_experts, dim, args.hidden_dim,
-                                                             compute_dtype, args.use_grouped_mm));
+  if (args.router_bias) {
+    gate_bias =
+        register_module("gate_bias", std::make_shared<Bias>(at::IntArrayRef{args.num_experts}));
+  }
+  experts = register_module("experts", std::make_shared<GroupedExperts>(
+                                           args.num_experts, dim, args.hidden_dim, compute_dtype,
+                                           args.use_grouped_mm, args.expert_biases));
+  experts->swiglu_limit = args.swiglu_limit;
+  experts->swiglu_alpha = args.swiglu_alpha;
   if (args.num_shared_experts > 0) {
     shared_experts = register_module(
         "shared_experts", std::make_shared<FeedForward>(
@@ -201,7 +243,8 @@ Routing MoE::route(const at::Tensor& x) {
   const int64_t k = args_.top_k;
   // Scores in float32 for 16-bit compute (float64 in tests stays float64).
   const at::Tensor logits = gate->forward(x);
-  const at::Tensor logits_wide = logits.to(upcast_dtype(logits.scalar_type()));
+  at::Tensor logits_wide = logits.to(upcast_dtype(logits.scalar_type()));
+  if (gate_bias) logits_wide = logits_wide + gate_bias->weight.to(logits_wide.scalar_type());
   const at::Tensor scores = args_.score_func == MoEArgs::Score::kSigmoid ? logits_wide.sigmoid()
                                                                          : logits_wide.softmax(-1);
   Routing r;

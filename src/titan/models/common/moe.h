@@ -55,6 +55,14 @@ struct MoEArgs {
   double load_balance_coeff = 1e-3;
   // Experts as grouped GEMMs (at::_grouped_mm, 16-bit compute) rather than one GEMM per expert.
   bool use_grouped_mm = true;
+  // gpt-oss: a bias on the router's logits, biases on every expert's three projections, and the
+  // clamped SwiGLU: with swiglu_limit > 0 an expert computes
+  //   w2 ((clamp(u, -limit, limit) + 1) * g * sigmoid(swiglu_alpha * g)),  g = min(w1 x, limit),
+  //   u = w3 x   (plus the biases), instead of w2 (silu(w1 x) * w3 x).
+  bool router_bias = false;
+  bool expert_biases = false;
+  double swiglu_limit = 0.0;  // 0: plain SwiGLU
+  double swiglu_alpha = 1.702;
 
   // Throws ConfigError (with the arithmetic) for impossible settings.
   void validate() const;
@@ -85,7 +93,7 @@ class ExpertWeight : public WeightLayer {
 class GroupedExperts : public torch::nn::Module {
  public:
   GroupedExperts(int64_t experts, int64_t dim, int64_t hidden_dim, at::ScalarType compute_dtype,
-                 bool use_grouped_mm);
+                 bool use_grouped_mm, bool biases = false);
 
   // x (tokens, dim), grouped by expert: the first counts[0] rows go to this module's expert 0,
   // the next counts[1] to expert 1, ... counts (experts held) int64 on the CPU, summing to
@@ -108,7 +116,20 @@ class GroupedExperts : public torch::nn::Module {
   bool gate_up_adapted() const { return w1->lora_b != nullptr; }
   bool down_adapted() const { return w2->lora_b != nullptr; }
 
+  // The activation between the projections: silu(h1) * h3, or with swiglu_limit > 0 gpt-oss's
+  // clamped SwiGLU (MoEArgs).
+  at::Tensor activate(const at::Tensor& h1, const at::Tensor& h3) const;
+
   std::shared_ptr<ExpertWeight> w1, w2, w3;
+  // With biases: b1 and b3 (experts, hidden), b2 (experts, dim), each expert's row added to its
+  // projection's output. Expert parallelism slices them with the experts. Null otherwise.
+  std::shared_ptr<Bias> b1, b2, b3;
+  double swiglu_limit = 0.0;  // MoEArgs::swiglu_limit / swiglu_alpha
+  double swiglu_alpha = 1.702;
+  // Whether b2 is added here. Expert tensor parallelism clears it on every tp rank but the first:
+  // w2's partial products are summed over tp after the experts, so the bias joins once (the other
+  // ranks add it times zero, which gives their replicated b2 a zero gradient to sum).
+  bool down_bias_here = true;
   at::ScalarType compute_dtype;
   bool use_grouped_mm;
   double lora_scaling = 0.0;  // of the adapters (see ExpertWeight)
@@ -158,7 +179,8 @@ class MoE : public HookedModule {
 
   const MoEArgs& args() const { return args_; }
 
-  std::shared_ptr<Linear> gate;  // router: (num_experts, dim)
+  std::shared_ptr<Linear> gate;     // router: (num_experts, dim)
+  std::shared_ptr<Bias> gate_bias;  // (num_experts) added to the router's logits; null without
   std::shared_ptr<GroupedExperts> experts;
   std::shared_ptr<FeedForward> shared_experts;  // null without shared experts
   std::shared_ptr<ExpertRunner> runner = std::make_shared<LocalExperts>();

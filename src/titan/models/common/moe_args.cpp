@@ -59,6 +59,10 @@ void MoEArgs::validate() const {
                   num(per_group), " expert are too small"));
     }
   }
+  if (!(swiglu_limit >= 0) || !(swiglu_alpha > 0) || swiglu_limit > 1e6 || swiglu_alpha > 1e6) {
+    throw ConfigError(message("MoE: swiglu_limit ", swiglu_limit, " must be >= 0 (0: plain SwiGLU)",
+                              " and swiglu_alpha ", swiglu_alpha, " > 0, both at most 1e6"));
+  }
   if (load_balance_coeff < 0) {
     throw ConfigError(message("MoE: load_balance_coeff must be >= 0, got ", load_balance_coeff));
   }

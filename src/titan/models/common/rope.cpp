@@ -53,8 +53,9 @@ at::Tensor yarn_frequencies(int64_t dim, double theta, const YarnScaling& yarn) 
            std::log(static_cast<double>(yarn.original_seq_len) / (rotations * 2 * M_PI)) /
            (2 * std::log(theta));
   };
-  const double low = std::max(std::floor(correction_dim(yarn.beta_fast)), 0.0);
-  double high = std::min(std::ceil(correction_dim(yarn.beta_slow)), static_cast<double>(dim - 1));
+  const double fast = correction_dim(yarn.beta_fast), slow = correction_dim(yarn.beta_slow);
+  const double low = std::max(yarn.truncate ? std::floor(fast) : fast, 0.0);
+  double high = std::min(yarn.truncate ? std::ceil(slow) : slow, static_cast<double>(dim - 1));
   if (low == high) high += 0.001;  // no division by zero
   // 0 below `low` (keep the frequency), 1 above `high` (divide it by the factor).
   const at::Tensor ramp = ((at::arange(dim / 2, at::kFloat) - low) / (high - low)).clamp(0, 1);

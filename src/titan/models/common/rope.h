@@ -33,6 +33,9 @@ struct YarnScaling {
   double beta_fast = 32.0;
   double beta_slow = 1.0;
   int64_t original_seq_len = 4096;
+  // Whether the boundary indices are floored / ceiled (DeepSeek's YaRN; gpt-oss's config sets
+  // Hugging Face's "truncate": false, which keeps them fractional).
+  bool truncate = true;
   bool enabled() const { return factor > 1.0; }
 };
 

@@ -5,6 +5,7 @@
 #include "titan/common/logging.h"
 #include "titan/models/common/hf_config_checks.h"
 #include "titan/models/deepseek_v3/spec.h"
+#include "titan/models/llama3/hf_adapter.h"
 #include "titan/models/qwen3/hf_adapter.h"
 
 #include <algorithm>
@@ -56,13 +57,6 @@ std::string translate(const std::string& rest, bool from_ours) {
     if (rest == (from_ours ? ours : hf)) return from_ours ? hf : ours;
   }
   return "";
-}
-
-void put(TensorMap& map, const std::string& name, const at::Tensor& value,
-         const std::string& original) {
-  if (!map.emplace(name, value).second) {
-    throw DataError("tensor '" + original + "' maps to '" + name + "', which is already present");
-  }
 }
 
 bool has(const nlohmann::json& c, const std::string& key) {
@@ -330,7 +324,7 @@ TensorMap to_hf_tensors(const TensorMap& ours, const Llama3Args& args) {
     if (mapped.empty()) {
       rest.emplace(name, tensor);  // embeddings, norms, dense SwiGLU, router and experts
     } else {
-      put(hf, "model.layers." + std::to_string(layer) + "." + mapped, tensor, name);
+      llama3::put_tensor(hf, "model.layers." + std::to_string(layer) + "." + mapped, tensor, name);
     }
   }
   // Every MoE layer has an e_score_correction_bias; zero where ours gave none (parameters only).
@@ -338,7 +332,8 @@ TensorMap to_hf_tensors(const TensorMap& ours, const Llama3Args& args) {
     hf.emplace("model.layers." + std::to_string(layer) + ".mlp.gate.e_score_correction_bias",
                at::zeros({args.moe.num_experts}, at::kFloat));
   }
-  for (const auto& [name, tensor] : qwen3::to_hf_tensors(rest, args)) put(hf, name, tensor, name);
+  for (const auto& [name, tensor] : qwen3::to_hf_tensors(rest, args))
+    llama3::put_tensor(hf, name, tensor, name);
   return hf;
 }
 
@@ -356,30 +351,20 @@ TensorMap from_hf_tensors(const TensorMap& hf, const Llama3Args& args) {
     if (mapped.empty()) {
       rest.emplace(name, tensor);
     } else {
-      put(ours, "layers." + std::to_string(layer) + "." + mapped, tensor, name);
+      llama3::put_tensor(ours, "layers." + std::to_string(layer) + "." + mapped, tensor, name);
     }
   }
   for (const auto& [name, tensor] : qwen3::from_hf_tensors(rest, args)) {
-    put(ours, name, tensor, name);
+    llama3::put_tensor(ours, name, tensor, name);
   }
   return ours;
 }
 
 HfAdapter make_hf_adapter() {
-  HfAdapter adapter;
-  adapter.model_type = "deepseek_v3";
-  adapter.to_hf_config = [](const nlohmann::json& model) {
-    return hf_config(llama3::args_from_description(model, family()));
-  };
-  adapter.from_hf_config = [](const nlohmann::json& config) {
-    return llama3::describe_args(args_from_hf_config(config), family());
-  };
-  adapter.to_hf = [](const TensorMap& ours, const nlohmann::json& model) {
-    return to_hf_tensors(ours, llama3::args_from_description(model, family()));
-  };
-  adapter.from_hf = [](const TensorMap& hf, const nlohmann::json& model) {
-    return from_hf_tensors(hf, llama3::args_from_description(model, family()));
-  };
+  HfAdapter adapter =
+      llama3::family_hf_adapter(family(), "deepseek_v3",
+                                {&deepseek_v3::hf_config, &deepseek_v3::args_from_hf_config,
+                                 &deepseek_v3::to_hf_tensors, &deepseek_v3::from_hf_tensors});
   return adapter;
 }
 

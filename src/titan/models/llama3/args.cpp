@@ -108,6 +108,28 @@ void Llama3Args::validate() const {
     throw ConfigError(os.str());
   }
   if (has_moe()) moe.validate();
+  if (sliding_window < 0 || sliding_window > (int64_t{1} << 31) || global_attention_every < 0 ||
+      global_attention_every > n_layers) {
+    throw ConfigError(message("llama3: sliding_window = ", sliding_window,
+                              " (0: none) and global_attention_every = ", global_attention_every,
+                              " (0: no global layer) must be in range (global_attention_every at "
+                              "most n_layers = ",
+                              n_layers, ")"));
+  }
+  if (yarn.enabled()) {
+    if (mla.enabled()) {
+      throw ConfigError(
+          "llama3: \"yarn\" scales grouped-query attention's RoPE; multi-head latent attention "
+          "has its own (mla.rope_factor). HINT: set one of them");
+    }
+    if (!(yarn.beta_fast > 0) || !(yarn.beta_slow > 0) || yarn.original_seq_len <= 0 ||
+        yarn.factor > 1e6) {
+      throw ConfigError(message(
+          "llama3: yarn needs beta_fast, beta_slow, original_seq_len > 0 "
+          "and factor at most 1e6, got ",
+          yarn.beta_fast, ", ", yarn.beta_slow, ", ", yarn.original_seq_len, ", ", yarn.factor));
+    }
+  }
   if (n_heads % kv_heads() != 0) {
     std::ostringstream os;
     os << "llama3: n_kv_heads (" << kv_heads() << ") must divide n_heads (" << n_heads << ")";
@@ -188,17 +210,21 @@ ModelStats compute_stats(const Llama3Args& args, int64_t batch, int64_t seq_len,
   const int64_t ffn = args.ffn_hidden_dim();
   const int64_t vocab = args.vocab_size;
 
-  const int64_t attention_params = mla ? args.mla.params(dim, args.n_heads)
-                                       : dim * args.n_heads * head_dim * 2 +
-                                             dim * n_kv * head_dim * 2 +
-                                             (args.qk_norm ? 2 * head_dim : 0);
+  const int64_t attention_params =
+      mla ? args.mla.params(dim, args.n_heads)
+          : dim * args.n_heads * head_dim * 2 + dim * n_kv * head_dim * 2 +
+                (args.qk_norm ? 2 * head_dim : 0) +
+                (args.attention_bias ? (args.n_heads + 2 * n_kv) * head_dim + dim : 0) +
+                (args.attention_sinks ? args.n_heads : 0);
   const int64_t ffn_params = 3 * dim * ffn;
   const int64_t layer_params = attention_params + ffn_params + 2 * dim;
   // An MoE block: the router, every expert, the shared experts; a token uses top_k experts.
   const MoEArgs& moe = args.moe;
-  const int64_t expert_params = 3 * dim * moe.hidden_dim;
-  const int64_t moe_common =
-      attention_params + 2 * dim + moe.num_experts * dim + moe.num_shared_experts * expert_params;
+  const int64_t expert_params =
+      3 * dim * moe.hidden_dim + (moe.expert_biases ? 2 * moe.hidden_dim + dim : 0);
+  const int64_t moe_common = attention_params + 2 * dim + moe.num_experts * dim +
+                             (moe.router_bias ? moe.num_experts : 0) +
+                             moe.num_shared_experts * 3 * dim * moe.hidden_dim;
   const int64_t moe_layer_params = moe_common + moe.num_experts * expert_params;
   const int64_t moe_layer_active = moe_common + moe.top_k * expert_params;
   const int64_t n_moe = args.has_moe() ? args.n_layers - args.n_dense_layers : 0;
@@ -216,12 +242,24 @@ ModelStats compute_stats(const Llama3Args& args, int64_t batch, int64_t seq_len,
   stats.head_dim = mla ? (args.mla.qk_head_dim() + args.mla.v_head_dim) / 2 : head_dim;
   stats.dim = dim;
   stats.vocab_size = vocab;
+  for (int64_t i = 0; i < args.n_layers; ++i) stats.n_window_layers += args.is_sliding_layer(i);
+  stats.attention_window = args.sliding_window;
 
   const bool reduced = is_reduced_float(compute_dtype);
   const int64_t c = reduced ? dtype_bytes(compute_dtype) : 4;
   const int64_t r = dtype_bytes(residual_dtype(reduced ? compute_dtype : at::kFloat));
   const int64_t tokens = batch * seq_len;
-  const int64_t attention_stats = 4 * batch * args.n_heads * seq_len;
+  int64_t attention_stats = 4 * batch * args.n_heads * seq_len;
+  if (!mla && (args.attention_sinks || args.sliding_window > 0 || args.yarn.enabled())) {
+    // gpt-oss's attention keeps its float32 probabilities (and their copy in a 16-bit compute
+    // dtype) instead of log-sum-exp statistics: the layers' mean.
+    int64_t kept = 0;
+    for (int64_t i = 0; i < args.n_layers; ++i) {
+      kept += sink_window_kept_scores(seq_len, args.is_sliding_layer(i) ? args.sliding_window : 0,
+                                      args.attention_sinks);
+    }
+    attention_stats = (4 + (reduced ? c : 0)) * batch * args.n_heads * (kept / args.n_layers);
+  }
   // MLA also keeps its latents: the q latent and its norm, the kv latent and its norm, wkv_b's
   // output, and the attention output before the padding is cut off.
   const int64_t mla_latents =
@@ -271,6 +309,14 @@ std::string describe(const Llama3Args& args) {
   }
   if (args.head_dim_override > 0 && !args.mla.enabled()) os << " of " << args.head_dim();
   if (args.qk_norm) os << ", qk norm";
+  if (args.attention_bias) os << ", attention biases";
+  if (args.attention_sinks) os << ", sinks";
+  if (args.sliding_window > 0) {
+    os << ", sliding window " << args.sliding_window;
+    if (args.global_attention_every > 0)
+      os << " (global every " << args.global_attention_every << ")";
+  }
+  if (args.yarn.enabled()) os << ", YaRN x" << args.yarn.factor;
   if (!args.has_moe() || args.n_dense_layers > 0) {
     os << ", ffn " << args.ffn_hidden_dim();
   }
@@ -313,9 +359,22 @@ void visit_scalars(A& a, V&& v) {
   v("head_dim", a.head_dim_override);
   v("qk_norm", a.qk_norm);
   v("n_dense_layers", a.n_dense_layers);
+  v("attention_bias", a.attention_bias);
+  v("attention_sinks", a.attention_sinks);
+  v("sliding_window", a.sliding_window);
+  v("global_attention_every", a.global_attention_every);
 }
-// The objects within: "rope_scaling", "moe", "mla" (null: none).
-const char* const kObjectKeys[] = {"rope_scaling", "moe", "mla"};
+// The objects within: "rope_scaling", "moe", "mla", "yarn" (null: none).
+const char* const kObjectKeys[] = {"rope_scaling", "moe", "mla", "yarn"};
+
+template <typename Y, typename V>
+void visit_yarn(Y& y, V&& v) {
+  v("factor", y.factor);
+  v("beta_fast", y.beta_fast);
+  v("beta_slow", y.beta_slow);
+  v("original_seq_len", y.original_seq_len);
+  v("truncate", y.truncate);
+}
 
 template <typename M, typename V>
 void visit_moe(M& m, V&& v) {
@@ -330,6 +389,10 @@ void visit_moe(M& m, V&& v) {
   v("num_expert_groups", m.num_expert_groups);
   v("num_limited_groups", m.num_limited_groups);
   v("load_balance_coeff", m.load_balance_coeff);
+  v("router_bias", m.router_bias);
+  v("expert_biases", m.expert_biases);
+  v("swiglu_limit", m.swiglu_limit);
+  v("swiglu_alpha", m.swiglu_alpha);
 }
 
 template <typename M, typename V>
@@ -459,6 +522,9 @@ void apply_args_json(const nlohmann::json& json, Llama3Args& args) {
       });
   TITAN_CONFIG_CHECK(!json.contains("mla") || json["mla"].is_null() || args.mla.kv_lora_rank >= 1,
                      where, ".mla.kv_lora_rank must be >= 1 (null \"mla\": no latent attention)");
+  const auto yarn = [](auto& y, auto&& v) { visit_yarn(y, v); };
+  read_object(
+      json, "yarn", where, args.yarn, yarn, [&] { args.yarn = YarnScaling{}; }, [] {});
   const auto scaling = [](auto& r, auto&& v) { visit_rope_scaling(r, v); };
   read_object(
       json, "rope_scaling", where, args.rope_scaling, scaling,
@@ -482,6 +548,13 @@ nlohmann::json mla_json(const Llama3Args& args) {
   if (!args.mla.enabled()) return nullptr;
   nlohmann::json out = nlohmann::json::object();
   visit_mla(args.mla, JsonWriter{out});
+  return out;
+}
+
+nlohmann::json yarn_json(const Llama3Args& args) {
+  if (!args.yarn.enabled()) return nullptr;
+  nlohmann::json out = nlohmann::json::object();
+  visit_yarn(args.yarn, JsonWriter{out});
   return out;
 }
 
@@ -519,6 +592,7 @@ nlohmann::json args_to_json(const Llama3Args& args) {
   out["rope_scaling"] = rope_scaling_json(args.rope_scaling);
   out["moe"] = moe_json(args);
   out["mla"] = mla_json(args);
+  out["yarn"] = yarn_json(args);
   return out;
 }
 
@@ -541,6 +615,17 @@ nlohmann::json resolved_args(const Llama3Args& args) {
   if (args.has_moe()) {
     resolved["moe"] = moe_json(args);
     resolved["n_dense_layers"] = args.n_dense_layers;
+  }
+  // gpt-oss's attention: only when used (the other models' resolved arguments stay as they were).
+  if (args.attention_bias) resolved["attention_bias"] = true;
+  if (args.attention_sinks) resolved["attention_sinks"] = true;
+  if (args.sliding_window > 0) {
+    resolved["sliding_window"] = args.sliding_window;
+    resolved["global_attention_every"] = args.global_attention_every;
+  }
+  if (args.yarn.enabled()) {
+    resolved["yarn"] = yarn_json(args);
+    resolved["rope_scaling"] = nullptr;  // YaRN replaces the Llama 3.1 scaling
   }
   // MLA: its own head sizes and RoPE (GQA's keys would only describe unused fields).
   if (args.mla.enabled()) {

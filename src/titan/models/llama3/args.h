@@ -45,6 +45,17 @@ struct Llama3Args {
   // when mla.kv_lora_rank > 0. RoPE then rotates mla.qk_rope_head_dim dimensions with mla.yarn
   // (rope_scaling and n_kv_heads / head_dim unused).
   MlaArgs mla;
+  // gpt-oss (models/gpt_oss) on this decoder: biases on wq/wk/wv/wo, a learned sink logit per
+  // head in every attention softmax, sliding-window attention over the last sliding_window
+  // positions in every layer but each global_attention_every-th (layer i attends globally when
+  // (i + 1) % global_attention_every == 0; 0: every layer slides), and YaRN frequencies for GQA's
+  // RoPE (yarn.factor > 1) with the softmax scaled by yarn_mscale(factor, 1)^2, which is what
+  // Hugging Face's cos/sin scaled by its attention_factor amount to.
+  bool attention_bias = false;
+  bool attention_sinks = false;
+  int64_t sliding_window = 0;  // 0: every layer attends to all earlier positions
+  int64_t global_attention_every = 0;
+  YarnScaling yarn;  // GQA models only (MLA has its own: mla.yarn)
 
   static MoEArgs dense_moe() {
     MoEArgs m;
@@ -54,6 +65,11 @@ struct Llama3Args {
   bool has_moe() const { return moe.num_experts > 0; }
   bool is_moe_layer(int64_t layer) const { return has_moe() && layer >= n_dense_layers; }
   int64_t kv_heads() const { return n_kv_heads > 0 ? n_kv_heads : n_heads; }
+  // Whether layer `layer` attends through a sliding window (sliding_window > 0).
+  bool is_sliding_layer(int64_t layer) const {
+    return sliding_window > 0 &&
+           (global_attention_every <= 0 || (layer + 1) % global_attention_every != 0);
+  }
   int64_t head_dim() const { return head_dim_override > 0 ? head_dim_override : dim / n_heads; }
   // ffn_dim if set; else TorchTitan's integer arithmetic: h = int(2 * 4 * dim / 3);
   // h = int(ffn_dim_multiplier * h) if set; then rounded up to a multiple of multiple_of.

@@ -351,21 +351,50 @@ TensorMap from_hf_tensors(const TensorMap& hf, const Llama3Args& args) {
 }
 
 HfAdapter make_hf_adapter() {
+  return family_hf_adapter(llama3_family(), "llama",
+                           {&hf_config, &args_from_hf_config, &to_hf_tensors, &from_hf_tensors});
+}
+
+HfAdapter family_hf_adapter(const Family& family, const std::string& model_type,
+                            const FamilyHfFunctions& f) {
+  const Family* fam = &family;
   HfAdapter adapter;
-  adapter.model_type = "llama";
-  adapter.to_hf_config = [](const nlohmann::json& model) {
-    return hf_config(args_from_description(model));
+  adapter.model_type = model_type;
+  adapter.to_hf_config = [fam, f](const nlohmann::json& model) {
+    return f.to_config(args_from_description(model, *fam));
   };
-  adapter.from_hf_config = [](const nlohmann::json& config) {
-    return describe_args(args_from_hf_config(config));
+  adapter.from_hf_config = [fam, f](const nlohmann::json& config) {
+    return describe_args(f.from_config(config), *fam);
   };
-  adapter.to_hf = [](const TensorMap& ours, const nlohmann::json& model) {
-    return to_hf_tensors(ours, args_from_description(model));
+  adapter.to_hf = [fam, f](const TensorMap& ours, const nlohmann::json& model) {
+    return f.to_hf(ours, args_from_description(model, *fam));
   };
-  adapter.from_hf = [](const TensorMap& hf, const nlohmann::json& model) {
-    return from_hf_tensors(hf, args_from_description(model));
+  adapter.from_hf = [fam, f](const TensorMap& hf, const nlohmann::json& model) {
+    return f.from_hf(hf, args_from_description(model, *fam));
   };
   return adapter;
+}
+
+bool parse_layer_name(const std::string& name, const std::string& prefix, int64_t& layer,
+                      std::string& rest) {
+  if (name.rfind(prefix, 0) != 0) return false;
+  const size_t dot = name.find('.', prefix.size());
+  if (dot == std::string::npos) return false;
+  const std::string digits = name.substr(prefix.size(), dot - prefix.size());
+  if (digits.empty() || digits.size() > 9 ||
+      digits.find_first_not_of("0123456789") != std::string::npos) {
+    return false;
+  }
+  layer = std::stoll(digits);
+  rest = name.substr(dot + 1);
+  return true;
+}
+
+void put_tensor(TensorMap& map, const std::string& name, const at::Tensor& value,
+                const std::string& original) {
+  if (!map.emplace(name, value).second) {
+    throw DataError("tensor '" + original + "' maps to '" + name + "', which is already present");
+  }
 }
 
 }  // namespace titan::llama3

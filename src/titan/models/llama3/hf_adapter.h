@@ -22,6 +22,7 @@
 #include <nlohmann/json.hpp>
 
 #include <cstdint>
+#include <string>
 
 namespace titan::llama3 {
 
@@ -44,5 +45,26 @@ TensorMap from_hf_tensors(const TensorMap& hf, const Llama3Args& args);
 
 // The adapter registered in the llama3 ModelSpec.
 HfAdapter make_hf_adapter();
+
+// The HfAdapter of a model family on this decoder (Llama 3, Qwen3, DeepSeek-V3, gpt-oss) from its
+// functions of arguments: the adapter's functions take model descriptions and resolve them
+// through `family` (which must outlive the adapter: the families are static).
+struct FamilyHfFunctions {
+  nlohmann::json (*to_config)(const Llama3Args&);
+  Llama3Args (*from_config)(const nlohmann::json&);
+  TensorMap (*to_hf)(const TensorMap&, const Llama3Args&);
+  TensorMap (*from_hf)(const TensorMap&, const Llama3Args&);
+};
+HfAdapter family_hf_adapter(const Family& family, const std::string& model_type,
+                            const FamilyHfFunctions& functions);
+
+// Helpers of the families' tensor conversions. "<prefix><N>.<rest>" -> (N, rest), false for any
+// other form (N at most 9 digits).
+bool parse_layer_name(const std::string& name, const std::string& prefix, int64_t& layer,
+                      std::string& rest);
+// Adds `value` to `map` as `name`; DataError naming the source tensor `original` when `name` is
+// already there.
+void put_tensor(TensorMap& map, const std::string& name, const at::Tensor& value,
+                const std::string& original);
 
 }  // namespace titan::llama3

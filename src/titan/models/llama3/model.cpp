@@ -30,6 +30,17 @@ ParamInit block_param_init(const std::string& name, double weight_init_std) {
       name == "attention.kv_norm.weight") {
     return ParamInit::ones();
   }
+  // gpt-oss: biases start at zero (Hugging Face's init), sinks and the router bias as the
+  // projections.
+  if (name == "attention.bq.weight" || name == "attention.bk.weight" ||
+      name == "attention.bv.weight" || name == "attention.bo.weight" ||
+      name == "moe.experts.b1.weight" || name == "moe.experts.b2.weight" ||
+      name == "moe.experts.b3.weight" || name == "moe.gate_bias.weight") {
+    return ParamInit::zeros();
+  }
+  if (name == "attention.sinks.weight") {
+    return ParamInit::trunc_normal(/*mean=*/0.0, /*std=*/0.02);
+  }
   if (name == "attention.wq.weight" || name == "attention.wk.weight" ||
       name == "attention.wv.weight" || name == "attention.wq_a.weight" ||
       name == "attention.wq_b.weight" || name == "attention.wkv_a.weight" ||
@@ -58,10 +69,18 @@ TransformerBlock::TransformerBlock(int64_t layer_id, const Llama3Args& args,
         register_module("attention", std::make_shared<MultiHeadLatentAttention>(
                                          args.dim, args.n_heads, args.mla, compute_dtype));
   } else {
+    AttentionExtras extras;
+    extras.bias = args.attention_bias;
+    extras.sinks = args.attention_sinks;
+    extras.window = args.is_sliding_layer(layer_id) ? args.sliding_window : 0;
+    if (args.yarn.enabled()) {
+      const double m = yarn_mscale(args.yarn.factor, 1.0);
+      extras.softmax_scale = m * m / std::sqrt(static_cast<double>(args.head_dim()));
+    }
     attention = register_module(
         "attention",
         std::make_shared<Attention>(args.dim, args.n_heads, args.kv_heads(), args.head_dim(),
-                                    compute_dtype, args.qk_norm, args.norm_eps));
+                                    compute_dtype, args.qk_norm, args.norm_eps, extras));
   }
   if (args.is_moe_layer(layer_id)) {
     moe = register_module("moe", std::make_shared<MoE>(args.dim, args.moe, compute_dtype));
@@ -104,6 +123,9 @@ Transformer::Transformer(const Llama3Args& args, at::ScalarType compute_dtype)
       "rope", args.mla.enabled()
                   ? std::make_shared<RotaryEmbedding>(args.mla.qk_rope_head_dim, args.max_seq_len,
                                                       args.rope_theta, args.mla.yarn)
+              : args.yarn.enabled()
+                  ? std::make_shared<RotaryEmbedding>(args.head_dim(), args.max_seq_len,
+                                                      args.rope_theta, args.yarn)
                   : std::make_shared<RotaryEmbedding>(
                         args.head_dim(), args.max_seq_len, args.rope_theta,
                         args.use_rope_scaling ? &args.rope_scaling : nullptr));

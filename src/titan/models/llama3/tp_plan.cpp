@@ -25,6 +25,14 @@ std::vector<TpRule> Transformer::tensor_parallel_plan() const {
       {"layers.*.attention.wo", TpStyle::kRowwise},
       {"layers.*.ffn_norm", TpStyle::kSequenceParallel},
   };
+  // gpt-oss: the q/k/v biases and the sinks split with the heads; wo's bias stays whole (the
+  // attention adds it after wo's output is reduced; its gradient is summed over tp).
+  if (args_.attention_bias) {
+    for (const char* bias : {"bq", "bk", "bv"}) {
+      block_rules.push_back({std::string("layers.*.attention.") + bias, TpStyle::kColwise});
+    }
+  }
+  if (args_.attention_sinks) block_rules.push_back({"layers.*.attention.sinks", TpStyle::kColwise});
   if (args_.mla.enabled()) {
     // TorchTitan's MLA plan: heads split by the query and wkv_b rows, wo by columns; wq_a, wkv_a
     // and the latent norms replicated (their gradients are partial over heads and summed).

@@ -26,21 +26,6 @@ constexpr std::array<std::pair<const char*, const char*>, 3> kExpertNames = {{
     {"w3", "up_proj"},
 }};
 
-// "<prefix><N>.<rest>" -> (N, rest); false for any other form.
-bool parse_layer(const std::string& name, const std::string& prefix, int64_t& layer,
-                 std::string& rest) {
-  if (name.rfind(prefix, 0) != 0) return false;
-  const size_t dot = name.find('.', prefix.size());
-  const std::string digits = name.substr(prefix.size(), dot - prefix.size());
-  if (dot == std::string::npos || digits.empty() ||
-      digits.find_first_not_of("0123456789") != std::string::npos || digits.size() > 9) {
-    return false;
-  }
-  layer = std::stoll(digits);
-  rest = name.substr(dot + 1);
-  return true;
-}
-
 // A q/k norm weight (head_dim) in HF's half layout and back: one head of the wq row permutation.
 at::Tensor norm_to_hf(const at::Tensor& w) {
   return llama3::permute_to_hf(w.reshape({w.numel(), 1}), /*n_heads=*/1).view(w.sizes());
@@ -48,13 +33,6 @@ at::Tensor norm_to_hf(const at::Tensor& w) {
 
 at::Tensor norm_from_hf(const at::Tensor& w) {
   return llama3::permute_from_hf(w.reshape({w.numel(), 1}), /*n_heads=*/1).view(w.sizes());
-}
-
-void put(TensorMap& map, const std::string& name, const at::Tensor& value,
-         const std::string& original) {
-  if (!map.emplace(name, value).second) {
-    throw DataError("tensor '" + original + "' maps to '" + name + "', which is already present");
-  }
 }
 
 int64_t int_or(const nlohmann::json& config, const std::string& key, int64_t fallback) {
@@ -190,15 +168,15 @@ TensorMap to_hf_tensors(const TensorMap& ours, const Llama3Args& args) {
   for (const auto& [name, tensor] : ours) {
     int64_t layer = 0;
     std::string rest;
-    if (!parse_layer(name, "layers.", layer, rest)) {
+    if (!llama3::parse_layer_name(name, "layers.", layer, rest)) {
       shared.emplace(name, tensor);
       continue;
     }
     const std::string prefix = "model.layers." + std::to_string(layer) + ".";
     if (rest == "attention.q_norm.weight" || rest == "attention.k_norm.weight") {
-      put(hf, prefix + "self_attn." + rest.substr(10), norm_to_hf(tensor), name);
+      llama3::put_tensor(hf, prefix + "self_attn." + rest.substr(10), norm_to_hf(tensor), name);
     } else if (rest == "moe.gate.weight") {
-      put(hf, prefix + "mlp.gate.weight", tensor, name);
+      llama3::put_tensor(hf, prefix + "mlp.gate.weight", tensor, name);
     } else if (rest == "moe.expert_bias") {
       // Load-balancing state, no parameter of HF's model: said when it steers the routing.
       if (!tensor.is_meta() && tensor.numel() > 0) {
@@ -219,15 +197,15 @@ TensorMap to_hf_tensors(const TensorMap& ours, const Llama3Args& args) {
         throw DataError("qwen3 -> Hugging Face: no Hugging Face name for tensor '" + name + "'");
       }
       for (int64_t e = 0; e < tensor.size(0); ++e) {
-        put(hf, prefix + "mlp.experts." + std::to_string(e) + "." + proj + ".weight",
-            tensor.select(0, e), name);
+        llama3::put_tensor(hf, prefix + "mlp.experts." + std::to_string(e) + "." + proj + ".weight",
+                           tensor.select(0, e), name);
       }
     } else {
       shared.emplace(name, tensor);
     }
   }
   for (const auto& [name, tensor] : llama3::to_hf_tensors(shared, args)) {
-    put(hf, name, tensor, name);
+    llama3::put_tensor(hf, name, tensor, name);
   }
   return hf;
 }
@@ -239,7 +217,7 @@ TensorMap from_hf_tensors(const TensorMap& hf, const Llama3Args& args) {
   for (const auto& [name, tensor] : hf) {
     int64_t layer = 0;
     std::string rest;
-    if (!parse_layer(name, "model.layers.", layer, rest)) {
+    if (!llama3::parse_layer_name(name, "model.layers.", layer, rest)) {
       shared.emplace(name, tensor);
       continue;
     }
@@ -247,17 +225,17 @@ TensorMap from_hf_tensors(const TensorMap& hf, const Llama3Args& args) {
     int64_t expert = 0;
     std::string proj;
     if (rest == "self_attn.q_norm.weight" || rest == "self_attn.k_norm.weight") {
-      put(ours, prefix + "attention." + rest.substr(10), norm_from_hf(tensor), name);
+      llama3::put_tensor(ours, prefix + "attention." + rest.substr(10), norm_from_hf(tensor), name);
     } else if (rest == "mlp.gate.weight") {
-      put(ours, prefix + "moe.gate.weight", tensor, name);
+      llama3::put_tensor(ours, prefix + "moe.gate.weight", tensor, name);
     } else if (rest == "mlp.experts.gate_up_proj" && tensor.dim() == 3) {
       // Fused (E, 2h, dim): gate rows then up rows.
       const auto halves = tensor.chunk(2, /*dim=*/1);
-      put(ours, prefix + "moe.experts.w1.weight", halves[0].contiguous(), name);
-      put(ours, prefix + "moe.experts.w3.weight", halves[1].contiguous(), name);
+      llama3::put_tensor(ours, prefix + "moe.experts.w1.weight", halves[0].contiguous(), name);
+      llama3::put_tensor(ours, prefix + "moe.experts.w3.weight", halves[1].contiguous(), name);
     } else if (rest == "mlp.experts.down_proj" && tensor.dim() == 3) {
-      put(ours, prefix + "moe.experts.w2.weight", tensor, name);
-    } else if (parse_layer(rest, "mlp.experts.", expert, proj)) {
+      llama3::put_tensor(ours, prefix + "moe.experts.w2.weight", tensor, name);
+    } else if (llama3::parse_layer_name(rest, "mlp.experts.", expert, proj)) {
       std::string w;
       for (const auto& [our_w, hf_proj] : kExpertNames) {
         if (proj == std::string(hf_proj) + ".weight") w = our_w;
@@ -286,31 +264,20 @@ TensorMap from_hf_tensors(const TensorMap& hf, const Llama3Args& args) {
                         std::to_string(args.moe.num_experts - 1) + " (config num_experts " +
                         std::to_string(args.moe.num_experts) + ")");
       }
-      put(ours, name, at::stack(stack), name);
+      llama3::put_tensor(ours, name, at::stack(stack), name);
     }
   }
   for (const auto& [name, tensor] : llama3::from_hf_tensors(shared, args)) {
-    put(ours, name, tensor, name);
+    llama3::put_tensor(ours, name, tensor, name);
   }
   return ours;
 }
 
 HfAdapter make_hf_adapter() {
-  HfAdapter adapter;
-  adapter.model_type = "qwen3";
+  HfAdapter adapter = llama3::family_hf_adapter(family(), "qwen3",
+                                                {&qwen3::hf_config, &qwen3::args_from_hf_config,
+                                                 &qwen3::to_hf_tensors, &qwen3::from_hf_tensors});
   adapter.other_model_types = {"qwen3_moe"};
-  adapter.to_hf_config = [](const nlohmann::json& model) {
-    return qwen3::hf_config(llama3::args_from_description(model, family()));
-  };
-  adapter.from_hf_config = [](const nlohmann::json& config) {
-    return llama3::describe_args(qwen3::args_from_hf_config(config), family());
-  };
-  adapter.to_hf = [](const TensorMap& ours, const nlohmann::json& model) {
-    return qwen3::to_hf_tensors(ours, llama3::args_from_description(model, family()));
-  };
-  adapter.from_hf = [](const TensorMap& hf, const nlohmann::json& model) {
-    return qwen3::from_hf_tensors(hf, llama3::args_from_description(model, family()));
-  };
   return adapter;
 }
 
