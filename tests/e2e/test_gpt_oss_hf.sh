@@ -15,6 +15,10 @@
 # (C) The trained checkpoint exports as a folder transformers loads with every weight used, whose
 # logits equal ours within 1e-4; `titan generate` with and without the KV cache gives
 # transformers' greedy ids past the window (the trained folder and the saved one).
+# LoRA from the saved tiny folder on q_proj, v_proj and the routed experts: the PEFT export
+# gives peft's logits (experts as target_parameters, gate and up interleaved in gate_up_proj's B
+# as in the base parameter), the merged export transformers' logits, and the base folder plus
+# the adapter imports to the trained model bit for bit.
 # (D) `titan inspect` prints 20b's and 120b's total and active parameters (OpenAI's model card:
 # 20.91B / 3.61B and 116.83B / 5.13B active without the embedding), for the configs/gpt_oss files.
 source "$(dirname "$0")/parallel_lib.sh"
@@ -99,6 +103,32 @@ for m in hf_ours hf_tiny hf_wide; do
     fail "$m: greedy ids differ with and without the KV cache"
   checks+=(check-greedy "$WORK/$m" --ids "$PROMPT" --expect "$(cat "$WORK/gen_$m.out")" --new 16 +)
 done
+
+# ---- LoRA on the saved tiny folder: attention and the routed experts, as PEFT adapters --------
+"$PY" "$REF" token-file "$WORK/tokens.bin" --vocab-size 258 --tokens 130 >/dev/null ||
+  fail "could not write the token file"
+lora=(--job.config_file configs/gpt_oss/debug_model.toml --model.flavor tiny
+  --model.hf_assets_path "" --checkpoint.initial_load_path "$WORK/hf_tiny"
+  --checkpoint.initial_load_in_hf true --training.dataset tokens
+  --training.dataset_path "$WORK/tokens.bin" --training.dataset_shuffle false
+  --training.seq_len 32 --training.local_batch_size 4 --training.steps 6
+  --training.mixed_precision_param float32 --metrics.log_freq 1 --lr_scheduler.warmup_steps 2
+  --optimizer.lr 1e-2 --validation.enable false --checkpoint.enable true
+  --checkpoint.interval 6 --checkpoint.last_save_model_only true --model.converters lora
+  --lora.rank 4 --lora.alpha 8 --lora.target_modules "q_proj,v_proj,experts"
+  --job.dump_folder "$WORK/lora")
+expect_exit 0 "$TITAN" train "${lora[@]}"
+expect_output "on 4 linear layers and the routed experts of 2 MoE layers"
+lck="$WORK/lora/checkpoint/step-6"
+expect_exit 0 "$TITAN" convert logits "$lck" --ids "$IDS" --out "$WORK/logits_lora.st"
+expect_exit 0 "$TITAN" convert to-peft "$lck" "$WORK/peft"
+expect_exit 0 "$TITAN" convert to-hf "$lck" "$WORK/merged" --merge-lora
+checks+=(check-peft "$WORK/hf_tiny" "$WORK/peft" "$WORK/logits_lora.st" --ids "$IDS" +
+  check-logits "$WORK/merged" "$WORK/logits_lora.st" --ids "$IDS" +)
+expect_exit 0 "$TITAN" convert from-hf "$WORK/hf_tiny" "$WORK/imported" --adapter "$WORK/peft"
+expect_exit 0 "$TITAN" convert logits "$WORK/imported" --ids "$IDS" --out "$WORK/logits_imp.st"
+cmp "$WORK/logits_lora.st" "$WORK/logits_imp.st" ||
+  fail "the imported PEFT adapter does not give the trained model's logits"
 
 # All transformers checks in one process (importing transformers takes seconds).
 unset 'checks[${#checks[@]}-1]'  # the trailing "+"

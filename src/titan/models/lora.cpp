@@ -141,6 +141,14 @@ std::string hf_experts_module(const ModelSpec& spec, const nlohmann::json& descr
                           " has no Hugging Face name for its routed experts"));
 }
 
+// Whether the model's Hugging Face gate_up_proj interleaves gate and up along its output
+// features (gpt-oss: gate in the even ones) rather than stacking gate then up (Qwen3-MoE,
+// DeepSeek-V3): PEFT's B of gate_up_proj has its rows in that order.
+bool gate_up_interleaved(const ModelSpec& spec, const nlohmann::json& description) {
+  return spec.hf.to_hf_config &&
+         spec.hf.to_hf_config(base_description(description)).value("model_type", "") == "gpt_oss";
+}
+
 // "model.layers.0.self_attn.q_proj.weight" -> "model.layers.0.self_attn.q_proj".
 std::string module_of(const std::string& weight_name) {
   TITAN_CHECK(ends_with(weight_name, ".weight"), "not a weight name: ", weight_name);
@@ -459,7 +467,8 @@ TensorMap to_peft_tensors(const TensorMap& params, const nlohmann::json& descrip
   }
   // The routed experts, as PEFT's adapters of their parameters: A (experts * r, in) with expert
   // e's rows at e * r ..., B (out, r * experts) with expert e's columns at e, e + experts, ...
-  // (PEFT's layout); gate_up_proj's B is w1's rows then w3's.
+  // (PEFT's layout); gate_up_proj's B is w1's rows then w3's (gpt-oss: interleaved).
+  const bool interleaved = !experts.empty() && gate_up_interleaved(spec, description);
   const auto find = [&](const std::string& name) {
     const auto it = params.find(name);
     if (it == params.end()) throw DataError(message("LoRA adapter: missing ", name));
@@ -468,7 +477,10 @@ TensorMap to_peft_tensors(const TensorMap& params, const nlohmann::json& descrip
   for (const std::string& e : experts) {
     std::vector<std::pair<at::Tensor, at::Tensor>> parts;  // (A, B), in kHfExpertParams order
     if (params.count(e + ".w1" + kLoraA)) {
-      const at::Tensor b = at::cat({find(e + ".w1" + kLoraB), find(e + ".w3" + kLoraB)}, 1);
+      const at::Tensor b1 = find(e + ".w1" + kLoraB), b3 = find(e + ".w3" + kLoraB);
+      const at::Tensor b = interleaved
+                               ? at::stack({b1, b3}, 2).reshape({b1.size(0), -1, b1.size(2)})
+                               : at::cat({b1, b3}, 1);
       parts.emplace_back(find(e + ".w1" + kLoraA), b);
     }
     if (params.count(e + ".w2" + kLoraA)) {
@@ -556,8 +568,14 @@ TensorMap from_peft_tensors(const TensorMap& peft, const nlohmann::json& descrip
       if (param == "gate_up_proj") {
         const int64_t hidden = b.size(0) / 2;
         out.emplace(experts + ".w1" + kLoraA, a_ours.contiguous());
-        out.emplace(experts + ".w1" + kLoraB, b_ours.narrow(1, 0, hidden).contiguous());
-        out.emplace(experts + ".w3" + kLoraB, b_ours.narrow(1, hidden, hidden).contiguous());
+        if (gate_up_interleaved(spec, description)) {  // gate rows even, up rows odd
+          const at::Tensor pairs = b_ours.reshape({n_experts, hidden, 2, r});
+          out.emplace(experts + ".w1" + kLoraB, pairs.select(2, 0).contiguous());
+          out.emplace(experts + ".w3" + kLoraB, pairs.select(2, 1).contiguous());
+        } else {
+          out.emplace(experts + ".w1" + kLoraB, b_ours.narrow(1, 0, hidden).contiguous());
+          out.emplace(experts + ".w3" + kLoraB, b_ours.narrow(1, hidden, hidden).contiguous());
+        }
       } else {
         out.emplace(experts + ".w2" + kLoraA, a_ours.contiguous());
         out.emplace(experts + ".w2" + kLoraB, b_ours.contiguous());
