@@ -316,7 +316,7 @@ struct RingAttentionFunction : public torch::autograd::Function<RingAttentionFun
       const at::Tensor delta = (grads[0].to(at::kFloat) * saved[3].to(at::kFloat)).sum(-1);
       const at::Tensor lse = lse_rows(stats.at(0), kernel, q.size(2));  // with the sinks
       dsinks = (at::exp(sinks.to(at::kFloat).view({1, 1, -1}) - lse) * delta)
-                   .sum({0, 1})
+                   .sum(at::IntArrayRef{0, 1})
                    .neg()
                    .to(sinks.scalar_type());
     }

@@ -29,9 +29,7 @@
 namespace titan {
 namespace {
 
-// Query positions per attention chunk. Smaller chunks skip more of the masked triangle but run
-// smaller matmuls; on the 2-core AVX-512 CPU 128 beat 64 and unchunked at seq_len 256 and 512.
-constexpr int64_t kQueryChunk = 128;
+constexpr int64_t kQueryChunk = kAttentionQueryChunk;  // attention.h
 
 // Additive causal mask for query positions [t0, t1) against keys [0, t1), with each position
 // repeated n_rep times (rows ordered (position, rep)): 0 where key <= query, -inf above.
@@ -387,16 +385,6 @@ at::Tensor sink_window_attention(const at::Tensor& q, const at::Tensor& k, const
       .reshape({bs, n, n_heads, head_dim})
       .to(v.scalar_type())
       .contiguous();
-}
-
-int64_t sink_window_kept_scores(int64_t seq_len, int64_t window, bool sinks) {
-  int64_t kept = 0;
-  for (int64_t t0 = 0; t0 < seq_len; t0 += kQueryChunk) {  // the chunks of sink_window_attention
-    const int64_t t1 = std::min(seq_len, t0 + kQueryChunk);
-    const int64_t k0 = window > 0 ? std::max<int64_t>(0, t0 - window + 1) : 0;
-    kept += (t1 - t0) * (t1 - k0 + (sinks ? 1 : 0));
-  }
-  return kept;
 }
 
 at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
