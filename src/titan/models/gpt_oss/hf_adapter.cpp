@@ -292,15 +292,7 @@ TensorMap to_hf_tensors(const TensorMap& ours, const Llama3Args& a) {
     } else if (rest == "moe.gate_bias.weight") {
       llama3::put_tensor(hf, prefix + "mlp.router.bias", tensor, name);
     } else if (rest == "moe.expert_bias") {
-      if (!tensor.is_meta() && tensor.numel() > 0) {
-        const double most = tensor.abs().max().item<double>();
-        if (most > 0) {
-          log_warning("Hugging Face export: ", name, " is not zero (max |bias| ", most,
-                      "); gpt-oss's Hugging Face model has no load-balancing bias, so the "
-                      "exported model routes without it (train with moe load_balance_coeff 0 to "
-                      "export the routing as trained)");
-        }
-      }
+      llama3::warn_dropped_expert_bias(name, tensor, "gpt-oss");
     } else if (rest == "moe.experts.w1.weight" || rest == "moe.experts.w3.weight" ||
                rest == "moe.experts.b1.weight" || rest == "moe.experts.b3.weight") {
       gate_up[layer][rest.substr(12, 2)] = tensor;

@@ -2,6 +2,7 @@
 #include "titan/models/llama3/hf_adapter.h"
 
 #include "titan/common/check.h"
+#include "titan/common/logging.h"
 #include "titan/models/common/hf_config_checks.h"
 
 #include <array>
@@ -395,6 +396,18 @@ void put_tensor(TensorMap& map, const std::string& name, const at::Tensor& value
   if (!map.emplace(name, value).second) {
     throw DataError("tensor '" + original + "' maps to '" + name + "', which is already present");
   }
+}
+
+void warn_dropped_expert_bias(const std::string& name, const at::Tensor& bias,
+                              const std::string& model) {
+  if (bias.is_meta() || bias.numel() == 0) return;
+  const double most = bias.abs().max().item<double>();
+  if (most == 0) return;
+  log_warning(
+      "Hugging Face export: ", name, " is not zero (max |bias| ", most, "); ", model,
+      "'s Hugging Face model has no routing bias for load balancing, so the exported model "
+      "routes without it (a model with load_balance_coeff 0, or a LoRA run, which keeps the "
+      "bias as loaded, exports the routing as trained)");
 }
 
 }  // namespace titan::llama3

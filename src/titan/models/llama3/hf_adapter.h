@@ -66,5 +66,9 @@ bool parse_layer_name(const std::string& name, const std::string& prefix, int64_
 // already there.
 void put_tensor(TensorMap& map, const std::string& name, const at::Tensor& value,
                 const std::string& original);
+// Warns when an export drops the MoE load-balancing bias `name` (`bias`, a state buffer no
+// Hugging Face model of `model` holds) while it is nonzero: the exported model routes without it.
+void warn_dropped_expert_bias(const std::string& name, const at::Tensor& bias,
+                              const std::string& model);
 
 }  // namespace titan::llama3

@@ -178,16 +178,7 @@ TensorMap to_hf_tensors(const TensorMap& ours, const Llama3Args& args) {
     } else if (rest == "moe.gate.weight") {
       llama3::put_tensor(hf, prefix + "mlp.gate.weight", tensor, name);
     } else if (rest == "moe.expert_bias") {
-      // Load-balancing state, no parameter of HF's model: said when it steers the routing.
-      if (!tensor.is_meta() && tensor.numel() > 0) {
-        const double most = tensor.abs().max().item<double>();
-        if (most > 0) {
-          log_warning("Hugging Face export: ", name, " is not zero (max |bias| ", most,
-                      "); Qwen3-MoE's Hugging Face model has no routing bias, so the exported "
-                      "model routes without it (a model with load_balance_coeff 0, or a LoRA run, "
-                      "which keeps the bias as loaded, exports the routing as trained)");
-        }
-      }
+      llama3::warn_dropped_expert_bias(name, tensor, "Qwen3-MoE");
     } else if (rest.rfind("moe.experts.", 0) == 0) {
       std::string proj;
       for (const auto& [w, hf_proj] : kExpertNames) {
