@@ -16,6 +16,7 @@
 # (ring attention over MLA's padded heads; 2 processes) and per-op activation checkpointing
 # reproduce the one-process losses of tiny within 1e-5 relative.
 source "$(dirname "$0")/lib.sh"
+source "$(dirname "$0")/hf_family_lib.sh"
 PY="${TITAN_PYTHON:-}"
 [ -n "$PY" ] || fail "TITAN_PYTHON is not set. HINT: run through ctest, or \
 TITAN_PYTHON=\"\$(scripts/python_env.sh)\" bash $0 $TITAN"
@@ -33,23 +34,8 @@ declare -A CASES=(
     --experts 6 --top-k 3"
   [no_yarn]="--seed 3 --yarn 0 --v 32"
 )
-save=() checks=()
-for c in "${!CASES[@]}"; do
-  # shellcheck disable=SC2206  # the options split into words
-  save+=(save-random "$WORK/hf_$c" ${CASES[$c]} +)
-done
-unset 'save[${#save[@]}-1]'  # the trailing "+"
-"$PY" "$REF" "${save[@]}" || fail "transformers could not write the random folders"
-for c in "${!CASES[@]}"; do
-  hf="$WORK/hf_$c"
-  expect_exit 0 "$TITAN" convert from-hf "$hf" "$WORK/ck_$c"
-  expect_exit 0 "$TITAN" convert logits "$WORK/ck_$c" --ids "$IDS" --out "$WORK/logits_$c.st"
-  expect_exit 0 "$TITAN" convert logits "$hf" --ids "$IDS" --out "$WORK/logits_${c}_hf.st"
-  cmp "$WORK/logits_$c.st" "$WORK/logits_${c}_hf.st" ||
-    fail "$c: logits from the HF folder and from its conversion differ"
-  expect_exit 0 "$TITAN" convert to-hf "$WORK/ck_$c" "$WORK/back_$c"
-  checks+=(check-logits "$hf" "$WORK/logits_$c.st" --ids "$IDS" + same-tensors "$hf" "$WORK/back_$c" +)
-done
+hf_save_cases CASES
+hf_folders_round_trip "${!CASES[@]}"
 grep -q '"flavor": *"tiny"' "$WORK/ck_tiny/index.json" ||
   fail "the tiny-sized DeepSeek-V3 folder did not convert to the tiny flavor"
 
@@ -61,28 +47,11 @@ tiny=(--job.config_file configs/llama3/debug_model.toml --model.name deepseek_v3
   --metrics.disable_color_printing)
 expect_exit 0 "$TITAN" train "${tiny[@]}" --training.steps 3 --training.local_batch_size 4 \
   --job.dump_folder "$WORK/one" --checkpoint.enable --checkpoint.interval 3
-ck="$WORK/one/checkpoint/step-3"
-expect_exit 0 "$TITAN" convert logits "$ck" --ids "$IDS" --out "$WORK/logits_ours.st"
-expect_exit 0 "$TITAN" convert to-hf "$ck" "$WORK/hf_ours"
-grep -q '"model_type": "deepseek_v3"' "$WORK/hf_ours/config.json" || fail "model_type not deepseek_v3"
-checks+=(check-logits "$WORK/hf_ours" "$WORK/logits_ours.st" --ids "$IDS" +)
+hf_export_trained "$WORK/one/checkpoint/step-3" deepseek_v3
 
 # ---- C: generation -----------------------------------------------------------------------------
-for m in hf_ours hf_tiny hf_no_q_latent; do
-  for cache in "" --no_kv_cache; do
-    # shellcheck disable=SC2086  # $cache is one option or none
-    "$TITAN" generate --checkpoint "$WORK/$m" --prompt_ids "$PROMPT" --temperature 0 \
-      --max_new_tokens 10 --print_ids $cache >"$WORK/gen_$m$cache.out" 2>"$WORK/gen.err" ||
-      { cat "$WORK/gen.err" >&2; fail "generate $m $cache failed"; }
-  done
-  cmp -s "$WORK/gen_$m.out" "$WORK/gen_$m--no_kv_cache.out" ||
-    fail "$m: greedy ids differ with and without the KV cache"
-  checks+=(check-greedy "$WORK/$m" --ids "$PROMPT" --expect "$(cat "$WORK/gen_$m.out")" --new 10 +)
-done
-
-# All transformers checks in one process (importing transformers takes seconds).
-unset 'checks[${#checks[@]}-1]'  # the trailing "+"
-"$PY" "$REF" "${checks[@]}" || fail "transformers disagrees (see the FAIL lines above)"
+hf_greedy 10 hf_ours hf_tiny hf_no_q_latent
+hf_run_checks
 
 # ---- D: sizes, FSDP and TP against one process -------------------------------------------------
 expect_exit 0 "$TITAN" inspect --model.name deepseek_v3 --model.flavor 671B

@@ -22,6 +22,7 @@
 # (D) `titan inspect` prints 20b's and 120b's total and active parameters (OpenAI's model card:
 # 20.91B / 3.61B and 116.83B / 5.13B active without the embedding), for the configs/gpt_oss files.
 source "$(dirname "$0")/parallel_lib.sh"
+source "$(dirname "$0")/hf_family_lib.sh"
 PY="${TITAN_PYTHON:-}"
 [ -n "$PY" ] || fail "TITAN_PYTHON is not set. HINT: run through ctest, or \
 TITAN_PYTHON=\"\$(scripts/python_env.sh --print)\" bash $0 $TITAN"
@@ -37,102 +38,21 @@ declare -A CASES=(
   [wide]="--seed 2 --layers 4 --heads 8 --kv-heads 2 --head-dim 8 --window 5 --experts 8
     --top-k 4 --intermediate 48 --yarn 0"
 )
-save=() checks=()
-for c in "${!CASES[@]}"; do
-  # shellcheck disable=SC2206  # the options split into words
-  save+=(save-random "$WORK/hf_$c" ${CASES[$c]} +)
-done
-unset 'save[${#save[@]}-1]'  # the trailing "+"
-"$PY" "$REF" "${save[@]}" || fail "transformers could not write the random folders"
-for c in "${!CASES[@]}"; do
-  hf="$WORK/hf_$c"
-  expect_exit 0 "$TITAN" convert from-hf "$hf" "$WORK/ck_$c"
-  expect_exit 0 "$TITAN" convert logits "$WORK/ck_$c" --ids "$IDS" --out "$WORK/logits_$c.st"
-  expect_exit 0 "$TITAN" convert logits "$hf" --ids "$IDS" --out "$WORK/logits_${c}_hf.st"
-  cmp "$WORK/logits_$c.st" "$WORK/logits_${c}_hf.st" ||
-    fail "$c: logits from the HF folder and from its conversion differ"
-  expect_exit 0 "$TITAN" convert to-hf "$WORK/ck_$c" "$WORK/back_$c"
-  checks+=(check-logits "$hf" "$WORK/logits_$c.st" --ids "$IDS" + same-tensors "$hf" "$WORK/back_$c" +)
-done
+hf_save_cases CASES
+hf_folders_round_trip "${!CASES[@]}"
 grep -q '"flavor": *"tiny"' "$WORK/ck_tiny/index.json" ||
   fail "the tiny-sized gpt-oss folder did not convert to the tiny flavor"
 
 # ---- B: training and its parallel layouts ------------------------------------------------------
-common=(--job.config_file configs/gpt_oss/debug_model.toml --model.flavor tiny
-  --model.hf_assets_path "" --training.seq_len 32 --training.local_batch_size 4
-  --training.global_batch_size 4 --training.steps 6 --training.mixed_precision_param float32
-  --metrics.log_freq 1 --metrics.peak_flops 1e12 --metrics.disable_color_printing
-  --lr_scheduler.warmup_steps 2 --optimizer.lr 1e-2 --validation.enable false
-  --checkpoint.enable true --checkpoint.interval 3 --checkpoint.last_save_model_only false)
-train one 1
-first=$(json_field "$WORK/one/metrics.jsonl" loss 1)
-last=$(json_field "$WORK/one/metrics.jsonl" loss 6)
-awk -v a="$first" -v b="$last" 'BEGIN { exit !(b < a - 1) }' || fail "loss did not fall: $first -> $last"
-echo "one: loss $first -> $last over 6 steps"
-train fsdp2 2 --parallelism.data_parallel_shard_degree 2 --training.local_batch_size 2
-same_losses one fsdp2 loss
-train tp2 2 --parallelism.tensor_parallel_degree 2
-same_losses one tp2 loss
-train ep2 2 --parallelism.expert_parallel_degree 2 --training.local_batch_size 2
-same_losses one ep2 loss
-train pp2 2 --parallelism.pipeline_parallel_degree 2 --parallelism.pipeline_parallel_schedule 1F1B \
-  --parallelism.pipeline_parallel_microbatch_size 2
-same_losses one pp2 loss
-train cp2 2 --parallelism.context_parallel_degree 2
-same_losses one cp2 loss
-train op_ac 1 --activation_checkpoint.mode selective --activation_checkpoint.selective_ac_option op
-same_losses one op_ac loss
-train etp2 2 --parallelism.tensor_parallel_degree 2 --parallelism.expert_tensor_parallel_degree 2
-same_losses one etp2 loss
-resume_from one 3 resumed 1
+hf_tiny_layouts configs/gpt_oss/debug_model.toml
 
 # ---- C: export of the trained model, generation ------------------------------------------------
-ck="$WORK/one/checkpoint/step-6"
-expect_exit 0 "$TITAN" convert logits "$ck" --ids "$IDS" --out "$WORK/logits_ours.st"
-expect_exit 0 "$TITAN" convert to-hf "$ck" "$WORK/hf_ours"
-grep -q '"model_type": "gpt_oss"' "$WORK/hf_ours/config.json" || fail "model_type not gpt_oss"
-checks+=(check-logits "$WORK/hf_ours" "$WORK/logits_ours.st" --ids "$IDS" +)
-for m in hf_ours hf_tiny hf_wide; do
-  for cache in "" --no_kv_cache; do
-    # shellcheck disable=SC2086  # $cache is one option or none
-    "$TITAN" generate --checkpoint "$WORK/$m" --prompt_ids "$PROMPT" --temperature 0 \
-      --max_new_tokens 16 --print_ids $cache >"$WORK/gen_$m$cache.out" 2>"$WORK/gen.err" ||
-      { cat "$WORK/gen.err" >&2; fail "generate $m $cache failed"; }
-  done
-  cmp -s "$WORK/gen_$m.out" "$WORK/gen_$m--no_kv_cache.out" ||
-    fail "$m: greedy ids differ with and without the KV cache"
-  checks+=(check-greedy "$WORK/$m" --ids "$PROMPT" --expect "$(cat "$WORK/gen_$m.out")" --new 16 +)
-done
-
-# ---- LoRA on the saved tiny folder: attention and the routed experts, as PEFT adapters --------
-"$PY" "$REF" token-file "$WORK/tokens.bin" --vocab-size 258 --tokens 130 >/dev/null ||
-  fail "could not write the token file"
-lora=(--job.config_file configs/gpt_oss/debug_model.toml --model.flavor tiny
-  --model.hf_assets_path "" --checkpoint.initial_load_path "$WORK/hf_tiny"
-  --checkpoint.initial_load_in_hf true --training.dataset tokens
-  --training.dataset_path "$WORK/tokens.bin" --training.dataset_shuffle false
-  --training.seq_len 32 --training.local_batch_size 4 --training.steps 6
-  --training.mixed_precision_param float32 --metrics.log_freq 1 --lr_scheduler.warmup_steps 2
-  --optimizer.lr 1e-2 --validation.enable false --checkpoint.enable true
-  --checkpoint.interval 6 --checkpoint.last_save_model_only true --model.converters lora
-  --lora.rank 4 --lora.alpha 8 --lora.target_modules "q_proj,v_proj,experts"
-  --job.dump_folder "$WORK/lora")
-expect_exit 0 "$TITAN" train "${lora[@]}"
-expect_output "on 4 linear layers and the routed experts of 2 MoE layers"
-lck="$WORK/lora/checkpoint/step-6"
-expect_exit 0 "$TITAN" convert logits "$lck" --ids "$IDS" --out "$WORK/logits_lora.st"
-expect_exit 0 "$TITAN" convert to-peft "$lck" "$WORK/peft"
-expect_exit 0 "$TITAN" convert to-hf "$lck" "$WORK/merged" --merge-lora
-checks+=(check-peft "$WORK/hf_tiny" "$WORK/peft" "$WORK/logits_lora.st" --ids "$IDS" +
-  check-logits "$WORK/merged" "$WORK/logits_lora.st" --ids "$IDS" +)
-expect_exit 0 "$TITAN" convert from-hf "$WORK/hf_tiny" "$WORK/imported" --adapter "$WORK/peft"
-expect_exit 0 "$TITAN" convert logits "$WORK/imported" --ids "$IDS" --out "$WORK/logits_imp.st"
-cmp "$WORK/logits_lora.st" "$WORK/logits_imp.st" ||
-  fail "the imported PEFT adapter does not give the trained model's logits"
-
-# All transformers checks in one process (importing transformers takes seconds).
-unset 'checks[${#checks[@]}-1]'  # the trailing "+"
-"$PY" "$REF" "${checks[@]}" || fail "transformers disagrees (see the FAIL lines above)"
+hf_export_trained "$WORK/one/checkpoint/step-6" gpt_oss
+hf_greedy 16 hf_ours hf_tiny hf_wide
+# LoRA on the saved tiny folder: attention and the routed experts, as PEFT adapters.
+hf_lora configs/gpt_oss/debug_model.toml "q_proj,v_proj,experts" \
+  "on 4 linear layers and the routed experts of 2 MoE layers"
+hf_run_checks
 
 # ---- D: sizes ----------------------------------------------------------------------------------
 expect_exit 0 "$TITAN" inspect --job.config_file configs/gpt_oss/gpt_oss_20b.toml

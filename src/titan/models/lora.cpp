@@ -149,6 +149,17 @@ bool gate_up_interleaved(const ModelSpec& spec, const nlohmann::json& descriptio
          spec.hf.to_hf_config(base_description(description)).value("model_type", "") == "gpt_oss";
 }
 
+// Whether PEFT reads the model's Hugging Face expert parameters with their last two dimensions
+// swapped: Llama 4's are (experts, in, out), as gpt-oss's, but its experts module does not say
+// so (transformers' is_transposed), and PEFT takes them as (experts, out, in). Its adapter is then
+// the same low-rank update with the roles swapped: PEFT's A of expert e is our B's transpose, its
+// B our A's.
+bool experts_swapped_in_peft(const ModelSpec& spec, const nlohmann::json& description) {
+  return spec.hf.to_hf_config &&
+         spec.hf.to_hf_config(base_description(description)).value("model_type", "") ==
+             "llama4_text";
+}
+
 // "model.layers.0.self_attn.q_proj.weight" -> "model.layers.0.self_attn.q_proj".
 std::string module_of(const std::string& weight_name) {
   TITAN_CHECK(ends_with(weight_name, ".weight"), "not a weight name: ", weight_name);
@@ -469,6 +480,7 @@ TensorMap to_peft_tensors(const TensorMap& params, const nlohmann::json& descrip
   // e's rows at e * r ..., B (out, r * experts) with expert e's columns at e, e + experts, ...
   // (PEFT's layout); gate_up_proj's B is w1's rows then w3's (gpt-oss: interleaved).
   const bool interleaved = !experts.empty() && gate_up_interleaved(spec, description);
+  const bool swapped = !experts.empty() && experts_swapped_in_peft(spec, description);
   const auto find = [&](const std::string& name) {
     const auto it = params.find(name);
     if (it == params.end()) throw DataError(message("LoRA adapter: missing ", name));
@@ -492,7 +504,9 @@ TensorMap to_peft_tensors(const TensorMap& params, const nlohmann::json& descrip
         kPeftPrefix +
         hf_experts_module(spec, description, e, at::empty({a0.size(0), b0.size(1), 1}, at::kMeta));
     for (size_t i = 0; i < parts.size(); ++i) {
-      const auto& [a, b] = parts[i];
+      // a (experts, r, in), b (experts, out, r); swapped: PEFT's A_e = b_e^T, B_e = a_e^T.
+      const at::Tensor a = swapped ? parts[i].second.transpose(1, 2) : parts[i].first;
+      const at::Tensor b = swapped ? parts[i].first.transpose(1, 2) : parts[i].second;
       std::string nest;
       for (size_t d = i + 1; d < parts.size(); ++d) nest += ".base_layer";
       out.emplace(module + nest + std::string(kPeftA), a.reshape({-1, a.size(2)}));
@@ -563,10 +577,14 @@ TensorMap from_peft_tensors(const TensorMap& peft, const nlohmann::json& descrip
       const std::string experts = experts_module(module_of(ours.begin()->first) + kLoraA);
       TITAN_CHECK(!experts.empty(), "PEFT adapter: ", base, ".", param, " maps to ",
                   ours.begin()->first);
-      const at::Tensor a_ours = a->second.reshape({n_experts, r, a->second.size(1)});
-      const at::Tensor b_ours = b.reshape({b.size(0), r, n_experts}).permute({2, 0, 1});
+      const at::Tensor a_peft = a->second.reshape({n_experts, r, a->second.size(1)});
+      const at::Tensor b_peft = b.reshape({b.size(0), r, n_experts}).permute({2, 0, 1});
+      // (experts, r, in) and (experts, out, r) in our orientation (see experts_swapped_in_peft).
+      const bool swapped = experts_swapped_in_peft(spec, description);
+      const at::Tensor a_ours = swapped ? b_peft.transpose(1, 2) : a_peft;
+      const at::Tensor b_ours = swapped ? a_peft.transpose(1, 2) : b_peft;
       if (param == "gate_up_proj") {
-        const int64_t hidden = b.size(0) / 2;
+        const int64_t hidden = b_ours.size(1) / 2;
         out.emplace(experts + ".w1" + kLoraA, a_ours.contiguous());
         if (gate_up_interleaved(spec, description)) {  // gate rows even, up rows odd
           const at::Tensor pairs = b_ours.reshape({n_experts, hidden, 2, r});

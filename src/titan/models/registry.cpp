@@ -8,6 +8,7 @@
 #include "titan/models/deepseek_v3/spec.h"
 #include "titan/models/gpt_oss/spec.h"
 #include "titan/models/llama3/spec.h"
+#include "titan/models/llama4/spec.h"
 #include "titan/models/qwen3/spec.h"
 
 #include <algorithm>
@@ -44,6 +45,7 @@ Registry& registry() {
     add_spec(make_qwen3_spec());
     add_spec(make_deepseek_v3_spec());
     add_spec(make_gpt_oss_spec());
+    add_spec(make_llama4_spec());
   });
   return registry_storage();
 }

@@ -213,9 +213,11 @@ class GradSink {
 // The pair walk's context for one call; the ids on the CPU too, read once per call (the walk
 // decides there which blocks documents hide, without a device read per block).
 ring::PairContext pair_context(RingAttention* self, const at::Tensor& docs,
-                               const at::Tensor& docs_host, int64_t window, double scale) {
+                               const at::Tensor& docs_host, int64_t window, int64_t chunk,
+                               double scale) {
   ring::PairContext ctx;
   ctx.window = window;
+  ctx.chunk = chunk;
   ctx.scale = scale;
   ctx.layout = &self->layout();
   ctx.rank = self->group().rank();
@@ -250,14 +252,14 @@ struct RingAttentionFunction : public torch::autograd::Function<RingAttentionFun
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k,
                             const at::Tensor& v, const at::Tensor& sinks,
                             const at::Tensor* docs_or_null, RingAttention* self, int64_t window,
-                            double scale) {
+                            int64_t chunk, double scale) {
     // Document ids travel outside the tensor arguments: autograd needs a device for each of
     // those, and causal attention has none.
     const at::Tensor docs = docs_or_null != nullptr ? *docs_or_null : at::Tensor();
     const at::Tensor docs_host = docs.defined() ? to_host(docs) : at::Tensor();
     const AttentionKernel kernel =
-        ring::choose_pair_kernel(self->kernel(), q, k, docs.defined() || window > 0);
-    const ring::PairContext pairs = pair_context(self, docs, docs_host, window, scale);
+        ring::choose_pair_kernel(self->kernel(), q, k, docs.defined() || window > 0 || chunk > 0);
+    const ring::PairContext pairs = pair_context(self, docs, docs_host, window, chunk, scale);
     const std::unique_ptr<ring::PairForward> attend =
         ring::make_pair_forward(kernel, q, k.size(2), pairs);
     KVSource kv_source(self->groups(), self->rotate(), at::stack({k, v}).contiguous());
@@ -275,6 +277,7 @@ struct RingAttentionFunction : public torch::autograd::Function<RingAttentionFun
       ctx->saved_data["sinks"] = sinks;
     }
     ctx->saved_data["window"] = window;
+    ctx->saved_data["chunk"] = chunk;
     ctx->saved_data["scale"] = scale;
     variable_list saved{q, k, v, result.out};
     saved.insert(saved.end(), result.saved.begin(), result.saved.end());
@@ -298,7 +301,8 @@ struct RingAttentionFunction : public torch::autograd::Function<RingAttentionFun
     const std::vector<at::Tensor> stats(saved.begin() + 4, saved.end());
     const ring::PairContext pairs =
         pair_context(self, saved_tensor(ctx, "docs"), saved_tensor(ctx, "docs_host"),
-                     ctx->saved_data["window"].toInt(), ctx->saved_data["scale"].toDouble());
+                     ctx->saved_data["window"].toInt(), ctx->saved_data["chunk"].toInt(),
+                     ctx->saved_data["scale"].toDouble());
     const std::unique_ptr<ring::PairBackward> attend =
         ring::make_pair_backward(kernel, q, saved[3], stats, grads[0], k.size(2), pairs);
     KVSource kv_source(self->groups(), self->rotate(), at::stack({k, v}).contiguous());
@@ -324,10 +328,11 @@ struct RingAttentionFunction : public torch::autograd::Function<RingAttentionFun
             dkv[0].to(k.scalar_type()).contiguous(),
             dkv[1].to(v.scalar_type()).contiguous(),
             dsinks,
-            at::Tensor(),
-            at::Tensor(),
-            at::Tensor(),
-            at::Tensor()};
+            at::Tensor(),   // document ids
+            at::Tensor(),   // self
+            at::Tensor(),   // window
+            at::Tensor(),   // chunk
+            at::Tensor()};  // scale
   }
 };
 
@@ -400,7 +405,7 @@ at::Tensor RingAttention::forward(const at::Tensor& q, const at::Tensor& k, cons
   }
   return RingAttentionFunction::apply(q, k, v, at::empty({0}, q.options()),
                                       docs.defined() ? &docs : nullptr, this, /*window=*/0,
-                                      /*scale=*/0.0);
+                                      /*chunk=*/0, /*scale=*/0.0);
 }
 
 at::Tensor RingAttention::forward_variant(const at::Tensor& q, const at::Tensor& k,
@@ -409,7 +414,8 @@ at::Tensor RingAttention::forward_variant(const at::Tensor& q, const at::Tensor&
   TITAN_CHECK(
       !variant.sinks.defined() || (variant.sinks.dim() == 1 && variant.sinks.size(0) == q.size(2)),
       "RingAttention: sinks ", variant.sinks.sizes(), " for ", q.size(2), " heads");
-  TITAN_CHECK(variant.window >= 0, "RingAttention: window ", variant.window);
+  TITAN_CHECK(variant.window >= 0 && variant.chunk >= 0, "RingAttention: window ", variant.window,
+              ", chunk ", variant.chunk);
   at::Tensor docs;
   if (document_ids.defined()) docs = document_ids.to(q.device(), at::kLong);
   // The checks of forward (shapes, lengths, document ids) on the plain call's path.
@@ -422,7 +428,7 @@ at::Tensor RingAttention::forward_variant(const at::Tensor& q, const at::Tensor&
       " do not fit the layout (local length ", layout_.local_len(), " of ", layout_.seq_len, ")");
   const at::Tensor sinks = variant.sinks.defined() ? variant.sinks : at::empty({0}, q.options());
   return RingAttentionFunction::apply(q, k, v, sinks, docs.defined() ? &docs : nullptr, this,
-                                      variant.window, variant.scale);
+                                      variant.window, variant.chunk, variant.scale);
 }
 
 ContextParallelAttention::ContextParallelAttention(

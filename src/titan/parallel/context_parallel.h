@@ -139,8 +139,9 @@ class RingAttention final : public InnerAttention {
   // the same on every cp rank) the mask is block-causal.
   at::Tensor forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                      const at::Tensor& document_ids) override;
-  // gpt-oss's attention over the ring: the sliding window joins the mask (pairs wholly outside
-  // it are skipped; partly visible ones take an additive mask), the scale replaces
+  // gpt-oss's and Llama 4's attention over the ring: the sliding window or the chunks join the
+  // mask (pairs wholly outside are skipped; partly visible ones take an additive mask), the
+  // scale replaces
   // head_dim^-0.5, and the sinks correct the merged result once: out * sigmoid(lse - sink), the
   // log-sum-exp becoming logaddexp(lse, sink) (a key of value 0 that every query sees), which the
   // pairs' backward then uses unchanged; the sinks' gradient is -sum over queries of

@@ -47,27 +47,35 @@ struct PairMask {
 PairMask pair_mask(const PositionRange& qr, const PositionRange& kr, const PairContext& ctx,
                    at::Device device) {
   PairMask m;
-  const int64_t window = ctx.window;
-  // Every key after every query, or (sliding window) too old for every query.
-  if (qr.end - 1 < kr.start || (window > 0 && qr.start - (kr.end - 1) >= window)) {
+  const int64_t window = ctx.window, chunk = ctx.chunk;
+  // Every key after every query, (sliding window) too old for every query, or (chunks) in a chunk
+  // before every query's (keys at or before the queries: a later key is hidden by causality).
+  if (qr.end - 1 < kr.start || (window > 0 && qr.start - (kr.end - 1) >= window) ||
+      (chunk > 0 && (kr.end - 1) / chunk < qr.start / chunk)) {
     m.kind = PairMask::kHidden;
     return m;
   }
   const bool causal_all = kr.end - 1 <= qr.start;  // every key is at or before every query
   const bool window_all = window <= 0 || (qr.end - 1) - kr.start < window;  // none too old
+  // Every key and query in one chunk.
+  const bool chunk_all =
+      chunk <= 0 || std::min(kr.start, qr.start) / chunk == (std::max(kr.end, qr.end) - 1) / chunk;
+  const bool local_all = window_all && chunk_all;
   const auto positions = [](const PositionRange& r, at::Device on) {
     return at::arange(r.start, r.end, at::TensorOptions(at::kLong).device(on));
   };
-  // Where key position <= query position and, with a window, within it: (lq, lk) bool.
+  // Where key position <= query position and, with a window or chunks, within them: (lq, lk)
+  // bool.
   const auto visible = [&](at::Device on) {
     const at::Tensor qp = positions(qr, on).unsqueeze(1), kp = positions(kr, on).unsqueeze(0);
     at::Tensor keep = kp.le(qp);
     if (window > 0) keep.logical_and_((qp - kp).lt(window));
+    if (chunk > 0) keep.logical_and_(qp.div(chunk, "floor").eq(kp.div(chunk, "floor")));
     return keep;
   };
-  if (!ctx.docs.defined() && window > 0) {
-    if (causal_all && window_all) return m;  // kAll
-    m.kind = PairMask::kPartial;             // an additive mask for the fused kernels (not causal)
+  if (!ctx.docs.defined() && (window > 0 || chunk > 0)) {
+    if (causal_all && local_all) return m;  // kAll
+    m.kind = PairMask::kPartial;            // an additive mask for the fused kernels (not causal)
     m.keep = visible(device).unsqueeze(0);
     return m;
   }
@@ -88,7 +96,7 @@ PairMask pair_mask(const PositionRange& qr, const PositionRange& kr, const PairC
   at::Tensor keep = docs.narrow(1, qr.start, qr.size())
                         .unsqueeze(2)
                         .eq(docs.narrow(1, kr.start, kr.size()).unsqueeze(1));  // (bs, lq, lk)
-  if (!causal_all || !window_all) keep.logical_and_(visible(at::kCPU));
+  if (!causal_all || !local_all) keep.logical_and_(visible(at::kCPU));
   if (!keep.any().item<bool>()) {
     m.kind = PairMask::kHidden;
     return m;
@@ -324,7 +332,7 @@ at::ScalarType work_dtype(AttentionKernel kernel, const at::Tensor& q) {
 
 // Blocks the fused walk cuts pairs into: whole chunks when no mask is materialised.
 int64_t fused_block(const PairContext& ctx) {
-  return ctx.docs.defined() || ctx.window > 0 ? kBlock : ctx.layout->local_len();
+  return ctx.docs.defined() || ctx.local() ? kBlock : ctx.layout->local_len();
 }
 
 // The call of a pair: causal on a diagonal block, else full or under the block's mask.

@@ -32,7 +32,7 @@
 namespace titan::ring {
 
 // The kernel for q (bs, L, n_heads, hd) and k (bs, L, n_kv, hd), with or without a mask beyond
-// the causal one (`documents`: a block-causal or a sliding-window mask), under `requested`:
+// the causal one (`documents`: a block-causal, sliding-window or chunked mask), under `requested`:
 // kExplicit gives kNone (the explicit kernel); kFused the fused kernel of q's device that takes the
 // pairs (CPU: the flash kernel, any mask, where libtorch runs it for these shapes; CUDA, causal
 // only: flash for fp16 / bf16 with head_dim a multiple of 8 up to 256, else the memory-efficient
@@ -49,7 +49,10 @@ struct PairContext {
   at::Tensor docs_host;  // the same on the CPU (one counted device read per call)
   RingAttention::Stats* stats = nullptr;
   int64_t window = 0;  // > 0: sliding-window attention over this many positions (gpt-oss)
+  int64_t chunk = 0;   // > 0: chunked attention over chunks of this many positions (Llama 4)
   double scale = 0;    // > 0: the scores' scale in place of head_dim^-0.5
+  // Whether a window or chunks hide keys the causal mask leaves.
+  bool local() const { return window > 0 || chunk > 0; }
 };
 
 struct PairForwardResult {

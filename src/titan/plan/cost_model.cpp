@@ -4,6 +4,7 @@
 #include "titan/common/check.h"
 #include "titan/components/training_dtype.h"
 #include "titan/models/registry.h"
+#include "titan/plan/memory_estimate.h"
 #include "titan/plan/memory_options.h"
 #include "titan/plan/schedule_simulator.h"
 
@@ -62,7 +63,7 @@ ModelFacts model_facts(const JobConfig& config) {
     f.num_experts = args["moe"].value("num_experts", int64_t{0});
     f.top_k = args["moe"].value("top_k", int64_t{0});
     f.expert_hidden = args["moe"].value("hidden_dim", int64_t{0});
-    f.moe_layers = f.stats.n_layers - args.value("n_dense_layers", int64_t{0});
+    f.moe_layers = moe_layer_count(args);
   }
   f.expert_params = static_cast<double>(routed_expert_params(spec, config.model.flavor));
   return f;

@@ -72,13 +72,22 @@ std::string MemoryEstimate::breakdown() const {
   return join(terms, " + ") + " = " + gib_text(total());
 }
 
+int64_t moe_layer_count(const nlohmann::json& args) {
+  const int64_t n_layers = args.value("n_layers", int64_t{0});
+  const int64_t step = std::max<int64_t>(1, args.value("interleave_moe_layer_step", int64_t{1}));
+  int64_t n = 0;
+  for (int64_t i = args.value("n_dense_layers", int64_t{0}); i < n_layers; ++i) {
+    n += (i + 1) % step == 0;
+  }
+  return n;
+}
+
 int64_t routed_expert_params(const ModelSpec& spec, const std::string& flavor) {
   if (!spec.resolve_args) return 0;
   const nlohmann::json args = spec.resolve_args({{"name", spec.name}, {"flavor", flavor}});
   if (!args.contains("moe") || !args["moe"].is_object()) return 0;
   const nlohmann::json& moe = args["moe"];
-  const int64_t moe_layers =
-      args.value("n_layers", int64_t{0}) - args.value("n_dense_layers", int64_t{0});
+  const int64_t moe_layers = moe_layer_count(args);
   // w1, w3 (dim -> hidden) and w2 (hidden -> dim) per expert.
   return moe_layers * moe.value("num_experts", int64_t{0}) * 3 * args.value("dim", int64_t{0}) *
          moe.value("hidden_dim", int64_t{0});

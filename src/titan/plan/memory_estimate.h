@@ -71,6 +71,9 @@ struct MemoryOptions {
 // Parameters of the routed experts of `flavor` (all MoE layers; 0 for a dense model), from the
 // model's resolved arguments.
 int64_t routed_expert_params(const ModelSpec& spec, const std::string& flavor);
+// The MoE layers of resolved model arguments (ModelSpec::resolve_args): layers n_dense_layers on,
+// every interleave_moe_layer_step-th of them where the key is there (Llama 4).
+int64_t moe_layer_count(const nlohmann::json& args);
 
 // One rank's training step on one micro-batch of (batch, seq_len) tokens with matmuls in
 // `compute_dtype`: weights, gradients and AdamW moments (fp32, or bf16 with bf16_state), bf16

@@ -13,6 +13,7 @@
 #include "titan/models/registry.h"
 #include "titan/parallel/parallelize.h"
 
+#include "../test_util.h"
 #include "finite_difference.h"
 
 #include <gtest/gtest.h>
@@ -251,41 +252,23 @@ TEST(DeepSeekV3, TinyGradientsMatchFiniteDifferences) {
   const at::Tensor probe = at::randn({2, 8, 300}, at::kDouble);
   const auto loss = [&] { return (model->forward(tokens) * probe).sum(); };
   loss().backward();
-  const auto params = model->named_parameters();
-  for (const char* name : {"layers.0.attention.wq_a.weight", "layers.0.attention.q_norm.weight",
-                           "layers.1.attention.wkv_a.weight", "layers.1.attention.kv_norm.weight",
-                           "layers.2.attention.wkv_b.weight", "layers.0.feed_forward.w2.weight",
-                           "layers.1.moe.gate.weight", "layers.2.moe.experts.w1.weight",
-                           "layers.1.moe.shared_experts.w3.weight", "tok_embeddings.weight"}) {
-    const at::Tensor p = params[name];
-    const at::Tensor g = p.grad().clone().view({-1});
-    const at::Tensor order = std::get<1>(g.abs().topk(2));
-    for (int64_t i = 0; i < 2; ++i) {
-      const int64_t j = order[i].item<int64_t>();
-      const double want = test::central_difference(p, j, [&] { return loss().item<double>(); });
-      EXPECT_NEAR(g[j].item<double>(), want, 1e-5 * std::max(1.0, std::abs(want)))
-          << name << "[" << j << "]";
-    }
-  }
+  test::expect_top_gradients_match(
+      *model,
+      {"layers.0.attention.wq_a.weight", "layers.0.attention.q_norm.weight",
+       "layers.1.attention.wkv_a.weight", "layers.1.attention.kv_norm.weight",
+       "layers.2.attention.wkv_b.weight", "layers.0.feed_forward.w2.weight",
+       "layers.1.moe.gate.weight", "layers.2.moe.experts.w1.weight",
+       "layers.1.moe.shared_experts.w3.weight", "tok_embeddings.weight"},
+      loss);
 }
 
 TEST(DeepSeekV3, CachedDecodingEqualsTheFullForward) {
   const auto model = tiny_model(/*seed=*/7, /*max_seq_len=*/32);
   at::manual_seed(2);
   const at::Tensor tokens = at::randint(300, {2, 12}, at::kLong);
-  at::Tensor full;
-  {
-    at::NoGradGuard no_grad;
-    full = model->forward(tokens);
-  }
   KVCache cache(/*max_len=*/32);
-  std::vector<at::Tensor> steps = {model->forward_cached(tokens.narrow(1, 0, 5), cache, 0)};
-  for (int64_t t = 5; t < 12; ++t) {
-    steps.push_back(model->forward_cached(tokens.narrow(1, t, 1), cache, t));
-  }
+  const at::Tensor full = test::expect_cached_decoding_matches(*model, tokens, /*prefix=*/5, cache);
   EXPECT_EQ(cache.length, 12);
-  const at::Tensor cached = at::cat(steps, 1);
-  EXPECT_LT((cached - full).abs().max().item<double>(), 1e-4);
   // Rewinding reuses the cache: positions 8.. again give the same logits.
   const at::Tensor again = model->forward_cached(tokens.narrow(1, 8, 4), cache, 8);
   EXPECT_LT((again - full.narrow(1, 8, 4)).abs().max().item<double>(), 1e-4);
@@ -380,20 +363,9 @@ TEST(DeepSeekV3, HuggingFaceRoundTrip) {
     EXPECT_TRUE(hf.count(name)) << name;
   }
   const TensorMap back = deepseek_v3::from_hf_tensors(hf, args);
-  ASSERT_EQ(back.size(), ours.size());
-  for (const auto& [name, t] : ours) {
-    ASSERT_TRUE(back.count(name)) << name;
-    EXPECT_TRUE(at::equal(back.at(name), t)) << name;
-  }
+  test::expect_same_tensors(ours, back);
   // What DeepseekV3ForCausalLM cannot express, and what we cannot read, is refused by name.
-  const auto refusal = [](const std::function<void()>& f) {
-    try {
-      f();
-    } catch (const ConfigError& e) {
-      return std::string(e.what());
-    }
-    return std::string("no ConfigError");
-  };
+  const auto refusal = test::message_of;
   EXPECT_NE(refusal([] {
               deepseek_v3::hf_config(llama3::args_for_flavor("16B", deepseek_v3::family()));
             }).find("sigmoid"),

@@ -13,6 +13,7 @@
 #include "titan/models/qwen3/spec.h"
 #include "titan/models/registry.h"
 
+#include "../test_util.h"
 #include "finite_difference.h"
 
 #include <gtest/gtest.h>
@@ -117,7 +118,7 @@ TEST(GptOss, SinkWindowAttentionMatchesDirectComputation) {
         const std::string what = "window " + std::to_string(window) + (with_docs ? " docs" : "") +
                                  (with_sinks ? " sinks" : "");
         const at::Tensor got = sink_window_attention(q, k.transpose(1, 2), v.transpose(1, 2), 0,
-                                                     sinks, window, scale, d);
+                                                     AttentionVariant{sinks, window, scale}, d);
         (got * probe).sum().backward();
         const std::vector<at::Tensor> grads = {q.grad().clone(), k.grad().clone(), v.grad().clone(),
                                                with_sinks ? sinks.grad().clone() : at::Tensor()};
@@ -139,7 +140,7 @@ TEST(GptOss, SinkWindowAttentionMatchesDirectComputation) {
           at::NoGradGuard no_grad;
           const at::Tensor tail =
               sink_window_attention(q.narrow(1, 170, n - 170), k.transpose(1, 2), v.transpose(1, 2),
-                                    170, sinks, window, scale);
+                                    170, AttentionVariant{sinks, window, scale});
           EXPECT_LT((tail - want.narrow(1, 170, n - 170)).abs().max().item<double>(), 1e-12)
               << what;
         }
@@ -206,40 +207,23 @@ TEST(GptOss, TinyGradientsMatchFiniteDifferences) {
   const at::Tensor probe = at::randn({2, 16, 300}, at::kDouble);
   const auto loss = [&] { return (model->forward(tokens) * probe).sum(); };
   loss().backward();
-  const auto params = model->named_parameters();
-  for (const char* name : {"layers.0.attention.sinks.weight", "layers.1.attention.sinks.weight",
-                           "layers.0.attention.bq.weight", "layers.0.attention.bk.weight",
-                           "layers.1.attention.bv.weight", "layers.1.attention.bo.weight",
-                           "layers.0.moe.gate_bias.weight", "layers.0.moe.experts.b1.weight",
-                           "layers.1.moe.experts.b2.weight", "layers.1.moe.experts.w3.weight",
-                           "layers.0.attention.wq.weight"}) {
-    const at::Tensor p = params[name];
-    const at::Tensor g = p.grad().clone().view({-1});
-    const at::Tensor order = std::get<1>(g.abs().topk(2));
-    for (int64_t i = 0; i < 2; ++i) {
-      const int64_t j = order[i].item<int64_t>();
-      const double want = test::central_difference(p, j, [&] { return loss().item<double>(); });
-      EXPECT_NEAR(g[j].item<double>(), want, 1e-5 * std::max(1.0, std::abs(want)))
-          << name << "[" << j << "]";
-    }
-  }
+  test::expect_top_gradients_match(
+      *model,
+      {"layers.0.attention.sinks.weight", "layers.1.attention.sinks.weight",
+       "layers.0.attention.bq.weight", "layers.0.attention.bk.weight",
+       "layers.1.attention.bv.weight", "layers.1.attention.bo.weight",
+       "layers.0.moe.gate_bias.weight", "layers.0.moe.experts.b1.weight",
+       "layers.1.moe.experts.b2.weight", "layers.1.moe.experts.w3.weight",
+       "layers.0.attention.wq.weight"},
+      loss);
 }
 
 TEST(GptOss, CachedDecodingEqualsTheFullForward) {
   const auto model = tiny_model(/*seed=*/7, /*max_seq_len=*/32);
   at::manual_seed(2);
   const at::Tensor tokens = at::randint(300, {2, 20}, at::kLong);  // past the window of 8
-  at::Tensor full;
-  {
-    at::NoGradGuard no_grad;
-    full = model->forward(tokens);
-  }
   KVCache cache(/*max_len=*/32);
-  std::vector<at::Tensor> steps = {model->forward_cached(tokens.narrow(1, 0, 11), cache, 0)};
-  for (int64_t t = 11; t < 20; ++t) {
-    steps.push_back(model->forward_cached(tokens.narrow(1, t, 1), cache, t));
-  }
-  EXPECT_LT((at::cat(steps, 1) - full).abs().max().item<double>(), 1e-4);
+  test::expect_cached_decoding_matches(*model, tokens, /*prefix=*/11, cache);
 }
 
 TEST(GptOss, HuggingFaceRoundTrip) {
@@ -251,10 +235,7 @@ TEST(GptOss, HuggingFaceRoundTrip) {
   EXPECT_EQ(
       llama3::describe_args(gpt_oss::args_from_hf_config(config), gpt_oss::family()),
       nlohmann::json({{"name", "gpt_oss"}, {"flavor", "tiny"}, {"args", {{"max_seq_len", 64}}}}));
-  TensorMap ours;
-  for (const auto& item : model->named_parameters()) {
-    ours.emplace(item.key(), at::randn(item.value().sizes()));
-  }
+  const TensorMap ours = test::random_tensors_like(*model);
   const TensorMap hf = gpt_oss::to_hf_tensors(ours, args);
   const at::Tensor gate_up = hf.at("model.layers.1.mlp.experts.gate_up_proj");
   EXPECT_EQ(gate_up.sizes(), at::IntArrayRef({4, 64, 128}));
@@ -270,19 +251,8 @@ TEST(GptOss, HuggingFaceRoundTrip) {
     EXPECT_TRUE(hf.count(name)) << name;
   }
   const TensorMap back = gpt_oss::from_hf_tensors(hf, args);
-  ASSERT_EQ(back.size(), ours.size());
-  for (const auto& [name, t] : ours) {
-    ASSERT_TRUE(back.count(name)) << name;
-    EXPECT_TRUE(at::equal(back.at(name), t)) << name;
-  }
-  const auto refusal = [](const std::function<void()>& f) {
-    try {
-      f();
-    } catch (const ConfigError& e) {
-      return std::string(e.what());
-    }
-    return std::string("no ConfigError");
-  };
+  test::expect_same_tensors(ours, back);
+  const auto refusal = test::message_of;
   nlohmann::json odd = config;
   odd["layer_types"] = {"full_attention", "sliding_attention"};
   EXPECT_NE(refusal([&] { gpt_oss::args_from_hf_config(odd); }).find("every N-th layer"),

@@ -90,9 +90,12 @@ TEST(HfConfigHints, EveryArgumentIsRangeCheckedByItsKey) {
   scaled["rope_scaling"] = {{"rope_type", "llama3"},
                             {"factor", 8.0},
                             {"low_freq_factor", 4.0},
-                            {"high_freq_factor", 4.0}};
-  EXPECT_NE(refusal([&] { qwen3::args_from_hf_config(scaled); }).find("must exceed"),
+                            {"high_freq_factor", 1.0}};
+  EXPECT_NE(refusal([&] { qwen3::args_from_hf_config(scaled); }).find("must be at least"),
             std::string::npos);
+  // Equal factors (Llama 4's) leave no band to blend: accepted.
+  scaled["rope_scaling"]["high_freq_factor"] = 4.0;
+  EXPECT_EQ(refusal([&] { qwen3::args_from_hf_config(scaled); }), "no ConfigError");
 }
 
 }  // namespace test_hf_config_hints

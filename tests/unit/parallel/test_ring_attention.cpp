@@ -22,6 +22,7 @@
 #include <cstdio>
 #include <limits>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace titan {
@@ -300,12 +301,14 @@ TEST(RingAttention, LongChunksRunInBlocks) {
 // gpt-oss's attention over the ring (forward_variant): sinks, a sliding window shorter than a
 // chunk and longer than one, its own scale, with and without documents, both kernels and both
 // rotate methods, against sink_window_attention of the whole sequence in float64; the sinks'
-// gradient summed over the ranks equals the whole sequence's.
+// gradient summed over the ranks equals the whole sequence's. Llama 4's chunked attention
+// (chunks of 5 positions, across the ranks' sequence chunks) the same way.
 TEST(RingAttention, SinksAndSlidingWindowsMatchOneProcess) {
   const int64_t seq = 24, heads = 4, kv = 2;
   const double scale = 0.4;
   for (const int cp : {2, 3}) {
-    for (const int64_t window : {3, 9}) {
+    for (const auto& local : std::vector<std::pair<int64_t, int64_t>>{{3, 0}, {9, 0}, {0, 5}}) {
+      const int64_t window = local.first, chunk = local.second;
       for (const bool block_causal : {false, true}) {
         at::manual_seed(31 + cp * 7 + window);
         const at::Tensor q = at::randn({kBs, seq, heads, kHeadDim});
@@ -317,8 +320,9 @@ TEST(RingAttention, SinksAndSlidingWindowsMatchOneProcess) {
         at::Tensor rq = q.to(at::kDouble).requires_grad_(), rk = k.to(at::kDouble).requires_grad_(),
                    rv = v.to(at::kDouble).requires_grad_(),
                    rs = sinks.to(at::kDouble).requires_grad_();
-        const at::Tensor want = sink_window_attention(rq, rk.transpose(1, 2), rv.transpose(1, 2), 0,
-                                                      rs, window, scale, docs);
+        const at::Tensor want =
+            sink_window_attention(rq, rk.transpose(1, 2), rv.transpose(1, 2), 0,
+                                  AttentionVariant{rs, window, scale, chunk}, docs);
         want.backward(dout.to(at::kDouble));
         for (const RingKernel kernel : {RingKernel::kExplicit, RingKernel::kFused}) {
           for (const RotateMethod rotate : {RotateMethod::kAllGather, RotateMethod::kAllToAll}) {
@@ -333,8 +337,8 @@ TEST(RingAttention, SinksAndSlidingWindowsMatchOneProcess) {
               at::Tensor lk = shard_sequence(k, layout, rank).requires_grad_();
               at::Tensor lv = shard_sequence(v, layout, rank).requires_grad_();
               at::Tensor ls = sinks.clone().requires_grad_();
-              const at::Tensor out =
-                  ring.forward_variant(lq, lk, lv, docs, AttentionVariant{ls, window, scale});
+              const at::Tensor out = ring.forward_variant(
+                  lq, lk, lv, docs, AttentionVariant{ls, window, scale, chunk});
               out.backward(shard_sequence(dout, layout, rank));
               errors[rank] = {max_diff(out, shard_sequence(want.detach(), layout, rank)),
                               max_diff(lq.grad(), shard_sequence(rq.grad(), layout, rank)),
@@ -344,8 +348,9 @@ TEST(RingAttention, SinksAndSlidingWindowsMatchOneProcess) {
               stats[rank] = ring.stats();
             });
             const std::string what = "cp " + std::to_string(cp) + " window " +
-                                     std::to_string(window) + (block_causal ? " docs " : " ") +
-                                     to_string(kernel) + " " + to_string(rotate);
+                                     std::to_string(window) + " chunk " + std::to_string(chunk) +
+                                     (block_causal ? " docs " : " ") + to_string(kernel) + " " +
+                                     to_string(rotate);
             at::Tensor dsink_sum = at::zeros({heads}, at::kDouble);
             int64_t skipped = 0;
             for (int rank = 0; rank < cp; ++rank) {
@@ -359,6 +364,7 @@ TEST(RingAttention, SinksAndSlidingWindowsMatchOneProcess) {
             // more than one chunk apart, besides the causal ones.
             const int64_t chunks = 2 * cp, causal_hidden = chunks * (chunks - 1) / 2;
             if (window == 3) EXPECT_GT(skipped, 2 * causal_hidden) << what;
+            if (chunk == 5) EXPECT_GT(skipped, causal_hidden) << what;
           }
         }
       }

@@ -31,6 +31,13 @@ namespace {
 
 constexpr int64_t kQueryChunk = kAttentionQueryChunk;  // attention.h
 
+// x / sqrt(mean(x^2) + eps) over the last dimension, in float32 (or wider), back in x's dtype:
+// Llama 4's weightless qk norm.
+at::Tensor rms_normalize(const at::Tensor& x, double eps) {
+  const at::Tensor wide = x.to(upcast_dtype(x.scalar_type()));
+  return (wide * at::rsqrt(wide.pow(2).mean(-1, /*keepdim=*/true) + eps)).to(x.scalar_type());
+}
+
 // Additive causal mask for query positions [t0, t1) against keys [0, t1), with each position
 // repeated n_rep times (rows ordered (position, rep)): 0 where key <= query, -inf above.
 at::Tensor chunk_causal_mask(int64_t t0, int64_t t1, int64_t n_rep,
@@ -315,8 +322,12 @@ DocumentPacking pack_documents(const at::Tensor& document_ids) {
 }
 
 at::Tensor sink_window_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                 int64_t q_start, const at::Tensor& sinks, int64_t window,
-                                 double scale, const at::Tensor& document_ids) {
+                                 int64_t q_start, const AttentionVariant& variant,
+                                 const at::Tensor& document_ids) {
+  const at::Tensor& sinks = variant.sinks;
+  const int64_t window = variant.window, chunk = variant.chunk;
+  TITAN_CHECK(window >= 0 && chunk >= 0, "sink_window_attention: window ", window, ", chunk ",
+              chunk);
   const TraceSpan span("attention");
   TITAN_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4 && k.sizes() == v.sizes() &&
                   q.size(0) == k.size(0) && q.size(3) == k.size(3),
@@ -336,6 +347,8 @@ at::Tensor sink_window_attention(const at::Tensor& q, const at::Tensor& k, const
               "sink_window_attention: document ids ", document_ids.sizes(), " for ", bs,
               " sequences of ", end, " positions");
   const int64_t n_rep = n_heads / n_kv_heads;
+  const double scale =
+      variant.scale > 0 ? variant.scale : 1.0 / std::sqrt(static_cast<double>(head_dim));
   // The products in float32 where the CPU has no fast 16-bit GEMMs (widens_reduced_matmul), the
   // softmax in float32 (or wider) always.
   const at::ScalarType mm =
@@ -355,7 +368,7 @@ at::Tensor sink_window_attention(const at::Tensor& q, const at::Tensor& k, const
     const int64_t rows = t1 - t0;
     const int64_t p0 = q_start + t0, p1 = q_start + t1;  // the chunk's positions
     // The first key any query of the chunk may see.
-    const int64_t k0 = window > 0 ? std::max<int64_t>(0, p0 - window + 1) : 0;
+    const int64_t k0 = first_visible_key(p0, window, chunk);
     const int64_t keys = p1 - k0;
     at::Tensor scores = at::matmul(qg.narrow(3, t0, rows), kg.narrow(3, k0, keys).transpose(-1, -2))
                             .to(wide)
@@ -364,6 +377,7 @@ at::Tensor sink_window_attention(const at::Tensor& q, const at::Tensor& k, const
     const at::Tensor key_pos = at::arange(k0, p1, long_options).unsqueeze(0);
     at::Tensor hidden = key_pos.gt(query_pos);  // (rows, keys)
     if (window > 0) hidden.logical_or_((query_pos - key_pos).ge(window));
+    if (chunk > 0) hidden.logical_or_(key_pos.lt(query_pos.div(chunk, "floor").mul(chunk)));
     if (document_ids.defined()) {
       const at::Tensor query_docs = document_ids.narrow(1, p0, rows).unsqueeze(2);
       const at::Tensor key_docs = document_ids.narrow(1, k0, keys).unsqueeze(1);
@@ -451,18 +465,16 @@ at::Tensor CausalAttention::forward(const at::Tensor& q, const at::Tensor& k, co
 
 at::Tensor InnerAttention::forward_variant(const at::Tensor&, const at::Tensor&, const at::Tensor&,
                                            const at::Tensor&, const AttentionVariant&) {
-  TITAN_CHECK(false, "this attention kernel computes no sinks, sliding windows or scales of ",
-              "its own (gpt-oss's attention)");
+  TITAN_CHECK(false, "this attention kernel computes no sinks, sliding windows, chunks or ",
+              "scales of its own (gpt-oss's and Llama 4's attention)");
   return {};
 }
 
 at::Tensor CausalAttention::forward_variant(const at::Tensor& q, const at::Tensor& k,
                                             const at::Tensor& v, const at::Tensor& document_ids,
                                             const AttentionVariant& variant) {
-  const double scale =
-      variant.scale > 0 ? variant.scale : 1.0 / std::sqrt(static_cast<double>(q.size(3)));
-  return sink_window_attention(q, k.transpose(1, 2), v.transpose(1, 2), /*q_start=*/0,
-                               variant.sinks, variant.window, scale, document_ids);
+  return sink_window_attention(q, k.transpose(1, 2), v.transpose(1, 2), /*q_start=*/0, variant,
+                               document_ids);
 }
 
 at::Tensor document_ids(const at::Tensor& tokens, int64_t end_token) {
@@ -547,6 +559,11 @@ Attention::Attention(int64_t dim, int64_t n_heads, int64_t n_kv_heads, int64_t h
   }
 }
 
+AttentionVariant Attention::variant() const {
+  return AttentionVariant{sinks ? sinks->weight : at::Tensor(), extras.window, softmax_scale(),
+                          extras.chunk};
+}
+
 double Attention::softmax_scale() const {
   return extras.softmax_scale > 0 ? extras.softmax_scale
                                   : 1.0 / std::sqrt(static_cast<double>(head_dim));
@@ -586,20 +603,39 @@ at::Tensor Attention::forward(const at::Tensor& x, const RotaryEmbedding& rope,
       q = q_norm->forward(q);
       k = k_norm->forward(k);
     }
-    if (cache != nullptr && !positions.defined()) {  // positions [start_pos, start_pos + n)
+    if (!extras.rope) {
+      // A NoPE layer (Llama 4): no rotation.
+    } else if (cache != nullptr && !positions.defined()) {  // [start_pos, start_pos + n)
       q = rope.forward_from(q, cache->start_pos);
       k = rope.forward_from(k, cache->start_pos);
     } else {
       q = rope.forward(q, positions);
       k = rope.forward(k, positions);
     }
+    if (extras.l2_qk_norm) {
+      q = rms_normalize(q, extras.l2_norm_eps);
+      k = rms_normalize(k, extras.l2_norm_eps);
+    }
+    if (extras.temperature_floor > 0) {
+      at::Tensor pos = positions;  // (n) or (bs, n)
+      if (!pos.defined()) {
+        const int64_t start = cache != nullptr ? cache->start_pos : 0;
+        pos = at::arange(start, start + n, q.options().dtype(at::kLong));
+      }
+      // (n, 1, 1) or (bs, n, 1, 1) float32 factors.
+      const at::Tensor scales = at::log1p(at::floor((pos.to(q.device(), at::kFloat) + 1.0) /
+                                                    static_cast<double>(extras.temperature_floor)))
+                                    .mul_(extras.temperature_scale)
+                                    .add_(1.0)
+                                    .unsqueeze(-1)
+                                    .unsqueeze(-1);
+      q = (q.to(upcast_dtype(q.scalar_type())) * scales).to(q.scalar_type());
+    }
     at::Tensor out;  // (bs, n, n_local_heads, head_dim)
     if (cache != nullptr) {
       out = attend_cached(q, k, v, *cache);
     } else if (extras.own_kernel()) {
-      const AttentionVariant variant{sinks ? sinks->weight : at::Tensor(), extras.window,
-                                     softmax_scale()};
-      out = inner_attention->forward_variant(q, k, v, document_ids, variant);
+      out = inner_attention->forward_variant(q, k, v, document_ids, variant());
     } else {
       out = inner_attention->forward(q, k, v, document_ids);
     }
@@ -625,9 +661,7 @@ at::Tensor Attention::attend_cached(const at::Tensor& q, const at::Tensor& k, co
   cache.k.narrow(2, step.start_pos, n).copy_(k.transpose(1, 2));
   cache.v.narrow(2, step.start_pos, n).copy_(v.transpose(1, 2));
   if (extras.own_kernel()) {
-    return sink_window_attention(q, cache.k, cache.v, step.start_pos,
-                                 sinks ? sinks->weight : at::Tensor(), extras.window,
-                                 softmax_scale());
+    return sink_window_attention(q, cache.k, cache.v, step.start_pos, variant());
   }
   return cached_attention(q, cache.k, cache.v, step.start_pos);  // (bs, n, n_heads, head_dim)
 }

@@ -93,11 +93,17 @@ at::Tensor cached_attention(const at::Tensor& q, const at::Tensor& k, const at::
 // (bs, whole seqlen) int64 (block-causal). The default is causal_attention over the local
 // sequence; context parallelism swaps in a kernel that also attends to the other ranks' keys and
 // values (its local sequence is a share of the whole one the document ids cover).
-// gpt-oss's variations of the attention an InnerAttention computes (sink_window_attention).
+// The variations of the attention an InnerAttention computes (sink_window_attention): gpt-oss's
+// sinks, sliding windows and scale, Llama 4's chunked local attention.
 struct AttentionVariant {
   at::Tensor sinks;    // (n_heads of q) sink logits, or undefined
   int64_t window = 0;  // > 0: sliding window of this many positions
   double scale = 0;    // > 0: the scores' scale in place of head_dim^-0.5
+  // > 0: chunked attention: a query at position i sees only keys of its chunk, the positions j
+  // with j / chunk == i / chunk (integer division), as Hugging Face's chunked_attention layers.
+  int64_t chunk = 0;
+  // Whether any keys the causal mask leaves are hidden (a window or chunks).
+  bool local() const { return window > 0 || chunk > 0; }
 };
 
 class InnerAttention {
@@ -125,19 +131,20 @@ class CausalAttention final : public InnerAttention {
   bool fused = false;
 };
 
-// Attention with gpt-oss's variations, the scores materialised (query chunks of 128, each against
-// only the keys it may see): q (bs, n, n_heads, head_dim) holds positions [q_start, q_start + n);
-// k and v, in the cache layout (bs, n_kv_heads, >= q_start + n, head_dim), positions from 0.
-// Causal; with window > 0 a query at position i sees the keys j with i - window < j <= i (its
-// `window` latest positions, itself included, as Hugging Face's sliding_window); with
-// `document_ids` (bs, q_start + n) int64 only keys of its own document. With `sinks` (n_heads),
-// each head's softmax runs over its scores and the head's sink logit, which has no value: the
-// weights of the keys sum to less than 1. Scores are q.k times `scale`; softmax in float32 (or
+// Attention with the variations of `variant`, the scores materialised (query chunks of 128, each
+// against only the keys it may see): q (bs, n, n_heads, head_dim) holds positions
+// [q_start, q_start + n); k and v, in the cache layout (bs, n_kv_heads, >= q_start + n, head_dim),
+// positions from 0. Causal; with window > 0 a query at position i sees the keys j with
+// i - window < j <= i (its `window` latest positions, itself included, as Hugging Face's
+// sliding_window); with chunk > 0 only keys of its chunk (AttentionVariant); with `document_ids`
+// (bs, q_start + n) int64 only keys of its own document. With sinks (n_heads), each head's softmax
+// runs over its scores and the head's sink logit, which has no value: the weights of the keys sum
+// to less than 1. Scores are q.k times variant.scale (0: head_dim^-0.5); softmax in float32 (or
 // wider). Differentiable through ATen's autograd (training calls it with q_start 0; incremental
 // inference with the cache). Returns (bs, n, n_heads, head_dim), contiguous, in v's dtype.
 at::Tensor sink_window_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                 int64_t q_start, const at::Tensor& sinks, int64_t window,
-                                 double scale, const at::Tensor& document_ids = {});
+                                 int64_t q_start, const AttentionVariant& variant,
+                                 const at::Tensor& document_ids = {});
 
 // Query positions per chunk of the materialised attention kernels (sink_window_attention,
 // materialised_causal_attention, cached_attention). Smaller chunks skip more of the masked
@@ -145,14 +152,22 @@ at::Tensor sink_window_attention(const at::Tensor& q, const at::Tensor& k, const
 // seq_len 256 and 512.
 inline constexpr int64_t kAttentionQueryChunk = 128;
 
+// The first key position any query of [p0, ...) may see under a window and chunks (0: none).
+inline int64_t first_visible_key(int64_t p0, int64_t window, int64_t chunk) {
+  int64_t k0 = window > 0 && p0 - window + 1 > 0 ? p0 - window + 1 : 0;
+  if (chunk > 0 && (p0 / chunk) * chunk > k0) k0 = (p0 / chunk) * chunk;
+  return k0;
+}
+
 // Score elements sink_window_attention keeps for backward per sequence and head (its softmax
-// outputs, the sink's column included), over seq_len positions with `window` (0: none). Inline:
-// the analytic model sizes (llama3/args.cpp) link without the modules.
-inline int64_t sink_window_kept_scores(int64_t seq_len, int64_t window, bool sinks) {
+// outputs, the sink's column included), over seq_len positions with `window` and `chunk` (0:
+// none). Inline: the analytic model sizes (llama3/args.cpp) link without the modules.
+inline int64_t sink_window_kept_scores(int64_t seq_len, int64_t window, bool sinks,
+                                       int64_t chunk = 0) {
   int64_t kept = 0;
   for (int64_t t0 = 0; t0 < seq_len; t0 += kAttentionQueryChunk) {
     const int64_t t1 = t0 + kAttentionQueryChunk < seq_len ? t0 + kAttentionQueryChunk : seq_len;
-    const int64_t k0 = window > 0 && t0 - window + 1 > 0 ? t0 - window + 1 : 0;
+    const int64_t k0 = first_visible_key(t0, window, chunk);
     kept += (t1 - t0) * (t1 - k0 + (sinks ? 1 : 0));
   }
   return kept;
@@ -164,8 +179,19 @@ struct AttentionExtras {
   bool sinks = false;          // a learned sink logit per query head (sink_window_attention)
   int64_t window = 0;          // > 0: sliding-window attention over this many positions
   double softmax_scale = 0.0;  // > 0: the scores' scale in place of head_dim^-0.5
+  // Llama 4: chunked local attention over chunks of this many positions (AttentionVariant);
+  // rope false: no rotary embedding (a NoPE layer); l2_qk_norm: q and k of every head divided by
+  // their root mean square (eps l2_norm_eps, no weight) after RoPE; temperature_floor > 0: the
+  // queries at position p scaled by 1 + temperature_scale * log1p(floor((p + 1) /
+  // temperature_floor)) (Hugging Face's attn_temperature_tuning, floor_scale and attn_scale).
+  int64_t chunk = 0;
+  bool rope = true;
+  bool l2_qk_norm = false;
+  double l2_norm_eps = 1e-5;
+  int64_t temperature_floor = 0;
+  double temperature_scale = 0.1;
   // Whether the layer attends with sink_window_attention rather than the inner kernel.
-  bool own_kernel() const { return sinks || window > 0 || softmax_scale > 0; }
+  bool own_kernel() const { return sinks || window > 0 || chunk > 0 || softmax_scale > 0; }
 };
 
 // Incremental inference: the layer's cache, the position of the first new token, and the cache's
@@ -214,6 +240,8 @@ class Attention : public HookedModule {
   PackedLinear packed_qkv;
   // The scores' scale: extras.softmax_scale, else head_dim^-0.5.
   double softmax_scale() const;
+  // What the layer's own kernel computes (extras.own_kernel()): sinks, window, scale, chunk.
+  AttentionVariant variant() const;
   int64_t head_dim;
   at::ScalarType compute_dtype;
 

@@ -5,6 +5,8 @@
 
 #include "titan/common/check.h"
 
+#include <nlohmann/json.hpp>
+
 #include <cmath>
 #include <cstdint>
 #include <sstream>
@@ -29,6 +31,40 @@ inline void check_int(const std::string& key, int64_t value, int64_t lo, int64_t
   if (value >= lo && value <= hi) return;
   throw ConfigError(message("config.json \"", key, "\" must be in [", lo, ", ", hi, "], got ",
                             value, (why.empty() ? "" : " (" + why + ")")));
+}
+
+// config.json's `key`, or null when absent or null.
+inline const nlohmann::json* find_key(const nlohmann::json& config, const std::string& key) {
+  return config.contains(key) && !config[key].is_null() ? &config[key] : nullptr;
+}
+
+// config.json's `key` as an integer, number or boolean (`fallback` when absent or null);
+// ConfigError naming the key for a value of another type.
+inline int64_t int_or(const nlohmann::json& config, const std::string& key, int64_t fallback) {
+  const nlohmann::json* v = find_key(config, key);
+  if (v == nullptr) return fallback;
+  if (!v->is_number_integer()) {
+    throw ConfigError(message("config.json \"", key, "\" must be an integer, got ", v->dump()));
+  }
+  return v->get<int64_t>();
+}
+
+inline double number_or(const nlohmann::json& config, const std::string& key, double fallback) {
+  const nlohmann::json* v = find_key(config, key);
+  if (v == nullptr) return fallback;
+  if (!v->is_number()) {
+    throw ConfigError(message("config.json \"", key, "\" must be a number, got ", v->dump()));
+  }
+  return v->get<double>();
+}
+
+inline bool bool_or(const nlohmann::json& config, const std::string& key, bool fallback) {
+  const nlohmann::json* v = find_key(config, key);
+  if (v == nullptr) return fallback;
+  if (!v->is_boolean()) {
+    throw ConfigError(message("config.json \"", key, "\" must be true or false, got ", v->dump()));
+  }
+  return v->get<bool>();
 }
 
 }  // namespace titan::hf

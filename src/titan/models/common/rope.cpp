@@ -33,7 +33,9 @@ at::Tensor rope_frequencies(int64_t head_dim, double theta, const RopeScaling* s
   const double low_freq_wavelen = orig / low;
   // Long wavelengths (low frequencies) are slowed down by the scaling factor.
   freqs = at::where(wavelen > low_freq_wavelen, freqs / factor, freqs);
-  // The band between the two wavelengths blends the slowed and the original frequency.
+  // The band between the two wavelengths blends the slowed and the original frequency. Equal
+  // factors (Llama 4) leave no band: nothing to blend (and no division by zero).
+  if (high == low) return freqs;
   const at::Tensor smooth = (wavelen.reciprocal() * orig - low) / (high - low);
   const at::Tensor smoothed = (1 - smooth) * freqs / factor + smooth * freqs;
   const at::Tensor is_medium =

@@ -17,35 +17,12 @@ namespace {
 
 using llama3::Llama3Args;
 
+using hf::bool_or;
+using hf::int_or;
+using hf::number_or;
+
 const nlohmann::json* find(const nlohmann::json& config, const std::string& key) {
-  return config.contains(key) && !config[key].is_null() ? &config[key] : nullptr;
-}
-
-int64_t int_or(const nlohmann::json& config, const std::string& key, int64_t fallback) {
-  const nlohmann::json* v = find(config, key);
-  if (v == nullptr) return fallback;
-  if (!v->is_number_integer()) {
-    throw ConfigError(message("config.json \"", key, "\" must be an integer, got ", v->dump()));
-  }
-  return v->get<int64_t>();
-}
-
-double number_or(const nlohmann::json& config, const std::string& key, double fallback) {
-  const nlohmann::json* v = find(config, key);
-  if (v == nullptr) return fallback;
-  if (!v->is_number()) {
-    throw ConfigError(message("config.json \"", key, "\" must be a number, got ", v->dump()));
-  }
-  return v->get<double>();
-}
-
-bool bool_or(const nlohmann::json& config, const std::string& key, bool fallback) {
-  const nlohmann::json* v = find(config, key);
-  if (v == nullptr) return fallback;
-  if (!v->is_boolean()) {
-    throw ConfigError(message("config.json \"", key, "\" must be true or false, got ", v->dump()));
-  }
-  return v->get<bool>();
+  return hf::find_key(config, key);
 }
 
 // A (rows) bias of a RoPE-rotated projection: its rows permuted as the weight's rows.

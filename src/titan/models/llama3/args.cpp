@@ -116,6 +116,23 @@ void Llama3Args::validate() const {
                               "most n_layers = ",
                               n_layers, ")"));
   }
+  if (interleave_moe_layer_step < 1 || interleave_moe_layer_step > std::max<int64_t>(1, n_layers) ||
+      nope_every < 0 || nope_every > n_layers || attention_chunk_size < 0 ||
+      attention_chunk_size > (int64_t{1} << 31) || attn_temperature_floor < 0 ||
+      !std::isfinite(attn_temperature_scale)) {
+    throw ConfigError(message(
+        "llama3: interleave_moe_layer_step = ", interleave_moe_layer_step,
+        " (1: every layer), nope_every = ", nope_every, " (0: none), attention_chunk_size = ",
+        attention_chunk_size, " (0: none) and attn_temperature_floor = ", attn_temperature_floor,
+        " (0: none) must be in range (the steps at most n_layers = ", n_layers, ")"));
+  }
+  if ((nope_every > 0 || attention_chunk_size > 0 || qk_l2_norm || attn_temperature_floor > 0) &&
+      (mla.enabled() || sliding_window > 0 || attention_sinks || qk_norm)) {
+    throw ConfigError(
+        "llama3: Llama 4's attention (nope_every, attention_chunk_size, qk_l2_norm, "
+        "attn_temperature_floor) does not combine with MLA, sliding windows, sinks or the "
+        "weighted qk_norm. HINT: use one model's attention");
+  }
   if (yarn.enabled()) {
     if (mla.enabled()) {
       throw ConfigError(
@@ -227,7 +244,7 @@ ModelStats compute_stats(const Llama3Args& args, int64_t batch, int64_t seq_len,
                              moe.num_shared_experts * 3 * dim * moe.hidden_dim;
   const int64_t moe_layer_params = moe_common + moe.num_experts * expert_params;
   const int64_t moe_layer_active = moe_common + moe.top_k * expert_params;
-  const int64_t n_moe = args.has_moe() ? args.n_layers - args.n_dense_layers : 0;
+  const int64_t n_moe = args.n_moe_layers();
   const int64_t n_dense = args.n_layers - n_moe;
 
   ModelStats stats;
@@ -242,23 +259,34 @@ ModelStats compute_stats(const Llama3Args& args, int64_t batch, int64_t seq_len,
   stats.head_dim = mla ? (args.mla.qk_head_dim() + args.mla.v_head_dim) / 2 : head_dim;
   stats.dim = dim;
   stats.vocab_size = vocab;
-  for (int64_t i = 0; i < args.n_layers; ++i) stats.n_window_layers += args.is_sliding_layer(i);
-  stats.attention_window = args.sliding_window;
+  // Sliding windows (gpt-oss) and chunks (Llama 4) bound the keys a query sees alike.
+  for (int64_t i = 0; i < args.n_layers; ++i) {
+    stats.n_window_layers += args.is_sliding_layer(i) || args.layer_attention_chunk(i) > 0;
+  }
+  stats.attention_window =
+      args.sliding_window > 0 ? args.sliding_window : args.attention_chunk_size;
 
   const bool reduced = is_reduced_float(compute_dtype);
   const int64_t c = reduced ? dtype_bytes(compute_dtype) : 4;
   const int64_t r = dtype_bytes(residual_dtype(reduced ? compute_dtype : at::kFloat));
   const int64_t tokens = batch * seq_len;
   int64_t attention_stats = 4 * batch * args.n_heads * seq_len;
-  if (!mla && (args.attention_sinks || args.sliding_window > 0 || args.yarn.enabled())) {
-    // gpt-oss's attention keeps its float32 probabilities (and their copy in a 16-bit compute
-    // dtype) instead of log-sum-exp statistics: the layers' mean.
+  if (!mla && (args.attention_sinks || args.sliding_window > 0 || args.yarn.enabled() ||
+               args.attention_chunk_size > 0)) {
+    // gpt-oss's and Llama 4's chunked attention keep their float32 probabilities (and their copy
+    // in a 16-bit compute dtype) instead of log-sum-exp statistics: the layers' mean (a Llama 4
+    // NoPE layer runs the plain kernel: its log-sum-exp).
     int64_t kept = 0;
     for (int64_t i = 0; i < args.n_layers; ++i) {
-      kept += sink_window_kept_scores(seq_len, args.is_sliding_layer(i) ? args.sliding_window : 0,
-                                      args.attention_sinks);
+      const bool own = args.attention_sinks || args.is_sliding_layer(i) || args.yarn.enabled() ||
+                       args.layer_attention_chunk(i) > 0;
+      kept +=
+          own ? sink_window_kept_scores(seq_len, args.is_sliding_layer(i) ? args.sliding_window : 0,
+                                        args.attention_sinks, args.layer_attention_chunk(i)) *
+                    (4 + (reduced ? c : 0))
+              : 4 * seq_len;
     }
-    attention_stats = (4 + (reduced ? c : 0)) * batch * args.n_heads * (kept / args.n_layers);
+    attention_stats = batch * args.n_heads * (kept / args.n_layers);  // kept is in bytes
   }
   // MLA also keeps its latents: the q latent and its norm, the kv latent and its norm, wkv_b's
   // output, and the attention output before the padding is cut off.
@@ -284,7 +312,9 @@ ModelStats compute_stats(const Llama3Args& args, int64_t batch, int64_t seq_len,
   stats.activation_bytes = n_dense * per_layer + n_moe * moe_per_layer + r * tokens * dim +
                            4 * tokens + c * tokens * dim + (reduced ? c * vocab * dim : 0) +
                            2 * 4 * tokens * vocab + 8 * tokens;
-  stats.block_activation_bytes = n_moe > 0 ? moe_per_layer : per_layer;
+  // The mean block (dense and MoE blocks differ; Llama 4 interleaves them, DeepSeek-V3 starts
+  // with dense ones).
+  stats.block_activation_bytes = (n_dense * per_layer + n_moe * moe_per_layer) / args.n_layers;
   stats.block_input_bytes = r * tokens * dim;
   // Selective "op" keeps the outputs of wq, wv, w1 and w2 (every second matmul) and of the
   // attention kernel (output and log-sum-exp), besides the block's input.
@@ -317,7 +347,10 @@ std::string describe(const Llama3Args& args) {
       os << " (global every " << args.global_attention_every << ")";
   }
   if (args.yarn.enabled()) os << ", YaRN x" << args.yarn.factor;
-  if (!args.has_moe() || args.n_dense_layers > 0) {
+  if (args.nope_every > 0) os << ", NoPE every " << args.nope_every;
+  if (args.attention_chunk_size > 0) os << ", chunked attention " << args.attention_chunk_size;
+  if (args.qk_l2_norm) os << ", qk L2 norm";
+  if (!args.has_moe() || args.n_dense_layers > 0 || args.interleave_moe_layer_step > 1) {
     os << ", ffn " << args.ffn_hidden_dim();
   }
   if (args.has_moe()) {
@@ -325,6 +358,8 @@ std::string describe(const Llama3Args& args) {
        << args.moe.hidden_dim;
     if (args.moe.num_shared_experts > 0) os << " + " << args.moe.num_shared_experts << " shared";
     if (args.n_dense_layers > 0) os << " after " << args.n_dense_layers << " dense layers";
+    if (args.interleave_moe_layer_step > 1)
+      os << " every " << args.interleave_moe_layer_step << " layers";
   }
   os << ", vocab " << args.vocab_size;
   if (args.tie_embeddings) {
@@ -363,6 +398,12 @@ void visit_scalars(A& a, V&& v) {
   v("attention_sinks", a.attention_sinks);
   v("sliding_window", a.sliding_window);
   v("global_attention_every", a.global_attention_every);
+  v("interleave_moe_layer_step", a.interleave_moe_layer_step);
+  v("nope_every", a.nope_every);
+  v("attention_chunk_size", a.attention_chunk_size);
+  v("qk_l2_norm", a.qk_l2_norm);
+  v("attn_temperature_floor", a.attn_temperature_floor);
+  v("attn_temperature_scale", a.attn_temperature_scale);
 }
 // The objects within: "rope_scaling", "moe", "mla", "yarn" (null: none).
 const char* const kObjectKeys[] = {"rope_scaling", "moe", "mla", "yarn"};
@@ -623,6 +664,19 @@ nlohmann::json resolved_args(const Llama3Args& args) {
     resolved["sliding_window"] = args.sliding_window;
     resolved["global_attention_every"] = args.global_attention_every;
   }
+  // Llama 4's: only when used.
+  if (args.has_moe() && args.interleave_moe_layer_step > 1) {
+    resolved["interleave_moe_layer_step"] = args.interleave_moe_layer_step;
+  }
+  if (args.nope_every > 0) {
+    resolved["nope_every"] = args.nope_every;
+    if (args.attn_temperature_floor > 0) {
+      resolved["attn_temperature_floor"] = args.attn_temperature_floor;
+      resolved["attn_temperature_scale"] = args.attn_temperature_scale;
+    }
+  }
+  if (args.attention_chunk_size > 0) resolved["attention_chunk_size"] = args.attention_chunk_size;
+  if (args.qk_l2_norm) resolved["qk_l2_norm"] = true;
   if (args.yarn.enabled()) {
     resolved["yarn"] = yarn_json(args);
     resolved["rope_scaling"] = nullptr;  // YaRN replaces the Llama 3.1 scaling

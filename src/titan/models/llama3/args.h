@@ -56,6 +56,23 @@ struct Llama3Args {
   int64_t sliding_window = 0;  // 0: every layer attends to all earlier positions
   int64_t global_attention_every = 0;
   YarnScaling yarn;  // GQA models only (MLA has its own: mla.yarn)
+  // Llama 4 (models/llama4) on this decoder:
+  // - MoE only in every interleave_moe_layer_step-th layer (layer i when (i + 1) % step == 0, as
+  //   TorchTitan and Hugging Face place them; 1: every layer from n_dense_layers on), the others
+  //   dense with the ffn_hidden_dim() SwiGLU;
+  // - iRoPE: no rotary embedding in every nope_every-th layer (layer i when (i + 1) % nope_every
+  //   == 0, where Meta's released models have them: 3, 7, ...; 0: RoPE everywhere), those layers
+  //   attending globally with temperature-tuned queries (attn_temperature_floor > 0: queries at
+  //   position p times 1 + attn_temperature_scale * log1p(floor((p + 1) / floor))), the RoPE
+  //   layers attending within chunks of attention_chunk_size positions (0: globally);
+  // - qk_l2_norm: in the RoPE layers, q and k of every head divided by their root mean square
+  //   (eps norm_eps, no weight) after RoPE (Hugging Face's use_qk_norm).
+  int64_t interleave_moe_layer_step = 1;
+  int64_t nope_every = 0;
+  int64_t attention_chunk_size = 0;
+  bool qk_l2_norm = false;
+  int64_t attn_temperature_floor = 0;
+  double attn_temperature_scale = 0.1;
 
   static MoEArgs dense_moe() {
     MoEArgs m;
@@ -63,7 +80,23 @@ struct Llama3Args {
     return m;
   }
   bool has_moe() const { return moe.num_experts > 0; }
-  bool is_moe_layer(int64_t layer) const { return has_moe() && layer >= n_dense_layers; }
+  bool is_moe_layer(int64_t layer) const {
+    return has_moe() && layer >= n_dense_layers &&
+           (interleave_moe_layer_step <= 1 || (layer + 1) % interleave_moe_layer_step == 0);
+  }
+  int64_t n_moe_layers() const {
+    int64_t n = 0;
+    for (int64_t i = 0; i < n_layers; ++i) n += is_moe_layer(i);
+    return n;
+  }
+  // Whether layer `layer` has no rotary embedding (Llama 4's NoPE layers).
+  bool is_nope_layer(int64_t layer) const {
+    return nope_every > 0 && (layer + 1) % nope_every == 0;
+  }
+  // The chunk size of layer `layer`'s chunked attention (0: none).
+  int64_t layer_attention_chunk(int64_t layer) const {
+    return is_nope_layer(layer) ? 0 : attention_chunk_size;
+  }
   int64_t kv_heads() const { return n_kv_heads > 0 ? n_kv_heads : n_heads; }
   // Whether layer `layer` attends through a sliding window (sliding_window > 0).
   bool is_sliding_layer(int64_t layer) const {

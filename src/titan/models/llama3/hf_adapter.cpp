@@ -114,12 +114,23 @@ double config_double(const nlohmann::json& config, const std::string& key, doubl
   return value.get<double>();
 }
 
-// RoPE from config.json. transformers >= 5 writes one "rope_parameters" object (rope_type,
-// rope_theta and the scaling keys); older versions write "rope_theta" plus "rope_scaling" (null
-// without scaling). As in transformers, a non-empty "rope_scaling" wins over "rope_parameters", a
-// rope_theta inside the object over the top-level one, and a llama3 scaling without
-// original_max_position_embeddings uses max_position_embeddings (args.max_seq_len).
-void set_rope(const nlohmann::json& config, Llama3Args& args) {
+// Keys whose only supported value is `expected` (absent is fine).
+void check_fixed(const nlohmann::json& config, const std::string& key,
+                 const nlohmann::json& expected) {
+  if (config.contains(key) && !config[key].is_null() && config[key] != expected) {
+    throw ConfigError(message("config.json \"", key, "\": ", config[key].dump(),
+                              " is not supported (only ", expected.dump(), ")"));
+  }
+}
+
+}  // namespace
+
+// RoPE from config.json (hf_adapter.h). transformers >= 5 writes one "rope_parameters" object
+// (rope_type, rope_theta and the scaling keys); older versions write "rope_theta" plus
+// "rope_scaling" (null without scaling). As in transformers, a non-empty "rope_scaling" wins over
+// "rope_parameters", a rope_theta inside the object over the top-level one, and a llama3 scaling
+// without original_max_position_embeddings uses max_position_embeddings (args.max_seq_len).
+void set_rope_from_hf(const nlohmann::json& config, Llama3Args& args) {
   std::string key = "rope_parameters";
   if (config.contains("rope_scaling") && !config["rope_scaling"].is_null() &&
       !config["rope_scaling"].empty()) {
@@ -167,17 +178,6 @@ void set_rope(const nlohmann::json& config, Llama3Args& args) {
           : args.max_seq_len;
 }
 
-// Keys whose only supported value is `expected` (absent is fine).
-void check_fixed(const nlohmann::json& config, const std::string& key,
-                 const nlohmann::json& expected) {
-  if (config.contains(key) && !config[key].is_null() && config[key] != expected) {
-    throw ConfigError(message("config.json \"", key, "\": ", config[key].dump(),
-                              " is not supported (only ", expected.dump(), ")"));
-  }
-}
-
-}  // namespace
-
 void check_hf_ranges(const Llama3Args& args) {
   // Named by their config.json keys here; later checks know only our argument names. Bounds far
   // outside every released model, inside what the arithmetic survives.
@@ -189,10 +189,12 @@ void check_hf_ranges(const Llama3Args& args) {
     hf::check_number("rope_scaling.factor", rs.scaling_factor, 0, 1e6, /*lo_open=*/true);
     hf::check_number("rope_scaling.low_freq_factor", rs.low_freq_factor, 0, 1e6, true);
     hf::check_number("rope_scaling.high_freq_factor", rs.high_freq_factor, 0, 1e6, true);
-    if (rs.high_freq_factor <= rs.low_freq_factor) {
+    if (rs.high_freq_factor < rs.low_freq_factor) {
       throw ConfigError(message("config.json rope_scaling \"high_freq_factor\" ",
-                                rs.high_freq_factor, " must exceed \"low_freq_factor\" ",
-                                rs.low_freq_factor, " (Llama 3 scaling divides by the gap)"));
+                                rs.high_freq_factor, " must be at least \"low_freq_factor\" ",
+                                rs.low_freq_factor,
+                                " (Llama 3 scaling blends the band between them; Llama 4's "
+                                "equal factors leave none)"));
     }
     hf::check_int("rope_scaling.original_max_position_embeddings",
                   rs.original_max_position_embeddings, 1, int64_t{1} << 31);
@@ -272,7 +274,7 @@ Llama3Args args_from_hf_config(const nlohmann::json& config) {
   } else {
     args.tie_embeddings = false;
   }
-  set_rope(config, args);
+  set_rope_from_hf(config, args);
   check_fixed(config, "hidden_act", "silu");
   check_fixed(config, "attention_bias", false);
   check_fixed(config, "mlp_bias", false);

@@ -40,6 +40,12 @@ nlohmann::json hf_config(const Llama3Args& args);
 // other than "llama3" or "default", a partial_rotary_factor).
 Llama3Args args_from_hf_config(const nlohmann::json& config);
 
+// Sets rope_theta, use_rope_scaling and rope_scaling from config.json's "rope_parameters"
+// (transformers >= 5) or "rope_theta" + "rope_scaling": type "llama3" or "default"; ConfigError
+// for others and for a partial_rotary_factor. Reads args.max_seq_len (the default
+// original_max_position_embeddings). Llama 4's reader uses it too.
+void set_rope_from_hf(const nlohmann::json& config, Llama3Args& args);
+
 TensorMap to_hf_tensors(const TensorMap& ours, const Llama3Args& args);
 TensorMap from_hf_tensors(const TensorMap& hf, const Llama3Args& args);
 

@@ -73,6 +73,15 @@ TransformerBlock::TransformerBlock(int64_t layer_id, const Llama3Args& args,
     extras.bias = args.attention_bias;
     extras.sinks = args.attention_sinks;
     extras.window = args.is_sliding_layer(layer_id) ? args.sliding_window : 0;
+    // Llama 4: NoPE layers attend globally with temperature-tuned queries; the RoPE layers
+    // within chunks, with the L2 qk norm.
+    const bool nope = args.is_nope_layer(layer_id);
+    extras.rope = !nope;
+    extras.chunk = args.layer_attention_chunk(layer_id);
+    extras.l2_qk_norm = args.qk_l2_norm && !nope;
+    extras.l2_norm_eps = args.norm_eps;
+    extras.temperature_floor = nope ? args.attn_temperature_floor : 0;
+    extras.temperature_scale = args.attn_temperature_scale;
     if (args.yarn.enabled()) {
       const double m = yarn_mscale(args.yarn.factor, 1.0);
       extras.softmax_scale = m * m / std::sqrt(static_cast<double>(args.head_dim()));
