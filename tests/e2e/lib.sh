@@ -38,6 +38,22 @@ stop_watchdog() {  # the watchdog's sleep, then the watchdog
   kill "$watchdog" 2>/dev/null || true
 }
 
+# free_port: a TCP port for a rendezvous store started by hand (rank 0 binds it), below the
+# kernel's ephemeral range, whose ports other tests' client sockets take at random (a random port
+# in it once collided: rank 0 could not bind, rank 1 waited for a store that never came), and
+# that no socket of this host uses now.
+free_port() {
+  local lo rest base p i
+  read -r lo rest </proc/sys/net/ipv4/ip_local_port_range 2>/dev/null || lo=32768
+  base=20000
+  [ "$lo" -gt $((base + 1000)) ] || base=10000
+  for i in $(seq 1 100); do
+    p=$((base + RANDOM % (lo - base)))
+    grep -qi "$(printf ':%04X ' "$p")" /proc/net/tcp /proc/net/tcp6 2>/dev/null || { echo "$p"; return; }
+  done
+  fail "free_port: no unused port in [$base, $lo)"
+}
+
 # expect_output PATTERN: grep -E PATTERN in the last captured output.
 expect_output() {
   grep -qE -- "$1" "$WORK/out" || { cat "$WORK/out" >&2; fail "output lacks /$1/"; }

@@ -61,7 +61,7 @@ done
 kill_rank_1_mid_run killed --training.local_batch_size 4
 
 # A rank whose config differs: refused at the rendezvous with both digests, before training.
-port=$((20000 + RANDOM % 20000))
+port=$(free_port)
 pids=()
 for r in 0 1; do
   extra=()

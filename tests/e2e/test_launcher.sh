@@ -147,18 +147,17 @@ by_hand() {
   grep -q '^\[rank 0\] .*selftest passed (rank 0 of 2)' "$WORK/$name.0" || fail "$name: rank 0 output"
   ! grep -q 'selftest passed' "$WORK/$name.1" || fail "$name: rank 1 printed info lines (LOG_RANK=0)"
 }
-port() { echo $((20000 + RANDOM % 20000)); }
 by_hand torchrun RANK=@R@ LOCAL_RANK=@R@ WORLD_SIZE=2 LOCAL_WORLD_SIZE=2 GROUP_RANK=0 \
-  MASTER_ADDR=127.0.0.1 MASTER_PORT="$(port)" TORCHELASTIC_RUN_ID=e2e
-job=$((RANDOM + 1))
+  MASTER_ADDR=127.0.0.1 MASTER_PORT="$(free_port)" TORCHELASTIC_RUN_ID=e2e
+job=$(( $(free_port) - 15000 ))  # the store's port from SLURM_JOB_ID: 15000 + job % 20000
 by_hand slurm SLURM_PROCID=@R@ SLURM_LOCALID=@R@ SLURM_NTASKS=2 SLURM_NODEID=0 SLURM_JOB_ID=$job \
   SLURM_STEP_TASKS_PER_NODE=2 SLURM_JOB_NODELIST='localhost,node[01-02]'
 grep -q "store localhost:$((15000 + job % 20000))" "$WORK/slurm.0" || fail "slurm: port from SLURM_JOB_ID"
 by_hand openmpi OMPI_COMM_WORLD_RANK=@R@ OMPI_COMM_WORLD_LOCAL_RANK=@R@ OMPI_COMM_WORLD_SIZE=2 \
-  OMPI_COMM_WORLD_LOCAL_SIZE=2 MASTER_PORT="$(port)"
+  OMPI_COMM_WORLD_LOCAL_SIZE=2 MASTER_PORT="$(free_port)"
 
 # --- two nodes on one host: one `titan run` per node ---
-port=$(port)
+port=$(free_port)
 for node in 1 0; do
   env LOG_RANK=all timeout 60 "$TITAN" run --nnodes 2 --node_rank $node --master_addr 127.0.0.1 \
     --master_port "$port" --nproc_per_node 1 -- "${selftest[@]}" >"$WORK/node$node" 2>&1 &
@@ -172,7 +171,7 @@ grep -q '^\[rank 1\] .*selftest passed (rank 1 of 2)' "$WORK/node1" || fail "nod
 # --- the real torchrun, from torch 2.15 of the project environment (scripts/python_env.sh) ---
 [ -n "${TITAN_PYTHON:-}" ] || fail "TITAN_PYTHON is not set (ctest sets it; see scripts/python_env.sh)"
 expect_exit 0 env LOG_RANK=all timeout 60 "$TITAN_PYTHON" -m torch.distributed.run \
-  --nproc_per_node 2 --master_port "$(port)" --no_python "$TITAN" "${selftest[@]}"
+  --nproc_per_node 2 --master_port "$(free_port)" --no_python "$TITAN" "${selftest[@]}"
 expect_output '^\[rank 1\] .*launched by torchrun'
 expect_output '^\[rank 1\] .*selftest passed \(rank 1 of 2\)'
 
