@@ -1,11 +1,14 @@
-// Fuzzes Hugging Face config.json reading for Llama (args_from_hf_config: dims, optional keys,
-// rope_parameters / rope_theta + rope_scaling, fixed keys) and what the adapter derives from it:
-// the model description (describe_args), which must read back to the same architecture.
+// Fuzzes Hugging Face config.json reading for Llama and Llama 4 (args_from_hf_config: dims,
+// optional keys, rope_parameters / rope_theta + rope_scaling, fixed keys; Llama 4's layer lists,
+// chunks and text_config) and what the adapters derive from it: the model description
+// (describe_args), which must read back to the same architecture.
 //
 // JSON syntax errors are a DataError in the app (hf_folder.cpp read_json); here they end the run.
 #include "fuzz_util.h"
 
 #include "titan/models/llama3/hf_adapter.h"
+#include "titan/models/llama4/hf_adapter.h"
+#include "titan/models/llama4/spec.h"
 
 #include <cstdio>
 
@@ -14,16 +17,22 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const nlohmann::json config = nlohmann::json::parse(data, data + size, /*cb=*/nullptr,
                                                       /*allow_exceptions=*/false);
   if (config.is_discarded()) return 0;
-  fuzz::expect_success_or_rejection([&] {
-    const llama3::Llama3Args args = llama3::args_from_hf_config(config);
-    const nlohmann::json description = llama3::describe_args(args);
-    llama3::describe(args);
-    const llama3::Llama3Args back = llama3::args_from_description(description);
-    if (llama3::resolved_args(back) != llama3::resolved_args(args)) {
-      std::fprintf(stderr, "description %s reads back as another architecture\n",
-                   description.dump().c_str());
-      std::abort();
-    }
-  });
+  // The reader of `family`: its arguments' description reads back to the same architecture.
+  const auto check = [&](llama3::Llama3Args (*read)(const nlohmann::json&),
+                         const llama3::Family& family) {
+    fuzz::expect_success_or_rejection([&] {
+      const llama3::Llama3Args args = read(config);
+      const nlohmann::json description = llama3::describe_args(args, family);
+      llama3::describe(args);
+      const llama3::Llama3Args back = llama3::args_from_description(description, family);
+      if (llama3::resolved_args(back) != llama3::resolved_args(args)) {
+        std::fprintf(stderr, "description %s reads back as another architecture\n",
+                     description.dump().c_str());
+        std::abort();
+      }
+    });
+  };
+  check(&llama3::args_from_hf_config, llama3::llama3_family());
+  check(&llama4::args_from_hf_config, llama4::family());
   return 0;
 }

@@ -228,6 +228,10 @@ TEST(Llama4, HuggingFaceRoundTrip) {
   EXPECT_NE(refusal([&] { llama4::args_from_hf_config(odd); }).find("without RoPE"),
             std::string::npos);
   odd = config;
+  odd["model_type"] = 192;  // found by the parsers' fuzzer: was an uncaught JSON type error
+  EXPECT_NE(refusal([&] { llama4::args_from_hf_config(odd); }).find("must be a string"),
+            std::string::npos);
+  odd = config;
   odd["layer_types"] = {"chunked_attention", "full_attention", "chunked_attention",
                         "full_attention"};
   EXPECT_NE(refusal([&] { llama4::args_from_hf_config(odd); }).find("every RoPE layer"),

@@ -38,7 +38,7 @@ inline const nlohmann::json* find_key(const nlohmann::json& config, const std::s
   return config.contains(key) && !config[key].is_null() ? &config[key] : nullptr;
 }
 
-// config.json's `key` as an integer, number or boolean (`fallback` when absent or null);
+// config.json's `key` as an integer, number, boolean or string (`fallback` when absent or null);
 // ConfigError naming the key for a value of another type.
 inline int64_t int_or(const nlohmann::json& config, const std::string& key, int64_t fallback) {
   const nlohmann::json* v = find_key(config, key);
@@ -65,6 +65,16 @@ inline bool bool_or(const nlohmann::json& config, const std::string& key, bool f
     throw ConfigError(message("config.json \"", key, "\" must be true or false, got ", v->dump()));
   }
   return v->get<bool>();
+}
+
+inline std::string string_or(const nlohmann::json& config, const std::string& key,
+                             const std::string& fallback) {
+  const nlohmann::json* v = find_key(config, key);
+  if (v == nullptr) return fallback;
+  if (!v->is_string()) {
+    throw ConfigError(message("config.json \"", key, "\" must be a string, got ", v->dump()));
+  }
+  return v->get<std::string>();
 }
 
 }  // namespace titan::hf

@@ -123,7 +123,7 @@ void set_rope(const nlohmann::json& config, Llama3Args& a) {
   a.use_rope_scaling = false;
   a.yarn = YarnScaling{};
   if (!rope.is_object()) return;
-  const std::string type = rope.value("rope_type", rope.value("type", std::string("default")));
+  const std::string type = hf::string_or(rope, "rope_type", hf::string_or(rope, "type", "default"));
   if (type == "default") return;
   if (type != "yarn") {
     throw ConfigError(message("config.json rope_type \"", type,
@@ -193,11 +193,11 @@ nlohmann::json hf_config(const Llama3Args& a) {
 
 Llama3Args args_from_hf_config(const nlohmann::json& config) {
   if (!config.is_object()) throw ConfigError("config.json must hold a JSON object");
-  const std::string type = config.value("model_type", std::string("gpt_oss"));
+  const std::string type = hf::string_or(config, "model_type", "gpt_oss");
   if (type != "gpt_oss") {
     throw ConfigError(message("config.json model_type '", type, "' is not \"gpt_oss\""));
   }
-  if (config.value("hidden_act", std::string("silu")) != "silu") {
+  if (hf::string_or(config, "hidden_act", "silu") != "silu") {
     throw ConfigError(message("config.json \"hidden_act\" ", config["hidden_act"].dump(),
                               " is not supported for gpt_oss (only \"silu\")"));
   }

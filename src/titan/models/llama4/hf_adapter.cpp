@@ -99,6 +99,7 @@ void set_moe_layers(const nlohmann::json& c, Llama3Args& a) {
       throw ConfigError(
           "config.json \"moe_layers\" is empty: a Llama 4 without MoE layers is not supported");
     }
+    hf::check_int("moe_layers[0]", layers[0], 0, a.n_layers - 1);
     step = layers[0] + 1;
   }
   hf::check_int("interleave_moe_layer_step", step, 1, a.n_layers);
@@ -177,7 +178,7 @@ void set_attention_layers(const nlohmann::json& c, Llama3Args& a) {
 // text_config.
 const nlohmann::json& text_config(const nlohmann::json& config) {
   if (!config.is_object()) throw ConfigError("config.json must hold a JSON object");
-  const std::string type = config.value("model_type", std::string("llama4_text"));
+  const std::string type = hf::string_or(config, "model_type", "llama4_text");
   if (type == "llama4") {
     const nlohmann::json* text = hf::find_key(config, "text_config");
     if (text == nullptr || !text->is_object()) {
@@ -255,7 +256,7 @@ nlohmann::json hf_config(const Llama3Args& a) {
 
 Llama3Args args_from_hf_config(const nlohmann::json& config) {
   const nlohmann::json& c = text_config(config);
-  if (c.value("hidden_act", std::string("silu")) != "silu") {
+  if (hf::string_or(c, "hidden_act", "silu") != "silu") {
     throw ConfigError(message("config.json \"hidden_act\" ", c["hidden_act"].dump(),
                               " is not supported for llama4 (only \"silu\")"));
   }
@@ -355,7 +356,9 @@ TensorMap from_hf_tensors(const TensorMap& hf, const Llama3Args& a) {
   TensorMap ours;
   TensorMap shared;
   int64_t vision = 0;
-  for (const auto& [full_name, tensor] : hf) {
+  for (const auto& item : hf) {
+    const std::string& full_name = item.first;  // (a structured binding: clang's lambdas
+    const at::Tensor& tensor = item.second;     // below could not capture it)
     // Llama4ForConditionalGeneration: the text model under language_model., the vision tower
     // and its projector beside it.
     std::string name = full_name;
