@@ -384,6 +384,12 @@ RingAttention::RingAttention(std::shared_ptr<dist::Group> group, SequenceLayout 
 
 at::Tensor RingAttention::forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                   const at::Tensor& document_ids) {
+  return forward_variant(q, k, v, document_ids, AttentionVariant{});
+}
+
+at::Tensor RingAttention::forward_variant(const at::Tensor& q, const at::Tensor& k,
+                                          const at::Tensor& v, const at::Tensor& document_ids,
+                                          const AttentionVariant& variant) {
   TITAN_CHECK(q.dim() == 4 && k.dim() == 4 && v.sizes() == k.sizes(),
               "RingAttention: expected q (bs, L, n_heads, hd), k and v (bs, L, n_kv_heads, hd), "
               "got ",
@@ -395,6 +401,11 @@ at::Tensor RingAttention::forward(const at::Tensor& q, const at::Tensor& k, cons
   TITAN_CHECK(q.size(1) == layout_.local_len(), "RingAttention: local sequence length ", q.size(1),
               " != seq_len / cp = ", layout_.seq_len, " / ", layout_.cp, " = ", layout_.local_len(),
               ". HINT: shard the batch with shard_sequence and this layout");
+  TITAN_CHECK(
+      !variant.sinks.defined() || (variant.sinks.dim() == 1 && variant.sinks.size(0) == q.size(2)),
+      "RingAttention: sinks ", variant.sinks.sizes(), " for ", q.size(2), " heads");
+  TITAN_CHECK(variant.window >= 0 && variant.chunk >= 0, "RingAttention: window ", variant.window,
+              ", chunk ", variant.chunk);
   at::Tensor docs;
   if (document_ids.defined()) {
     TITAN_CHECK(document_ids.dim() == 2 && document_ids.size(0) == q.size(0) &&
@@ -403,29 +414,7 @@ at::Tensor RingAttention::forward(const at::Tensor& q, const at::Tensor& k, cons
                 layout_.seq_len, ") for the whole sequence, got ", document_ids.sizes());
     docs = document_ids.to(q.device(), at::kLong);
   }
-  return RingAttentionFunction::apply(q, k, v, at::empty({0}, q.options()),
-                                      docs.defined() ? &docs : nullptr, this, /*window=*/0,
-                                      /*chunk=*/0, /*scale=*/0.0);
-}
-
-at::Tensor RingAttention::forward_variant(const at::Tensor& q, const at::Tensor& k,
-                                          const at::Tensor& v, const at::Tensor& document_ids,
-                                          const AttentionVariant& variant) {
-  TITAN_CHECK(
-      !variant.sinks.defined() || (variant.sinks.dim() == 1 && variant.sinks.size(0) == q.size(2)),
-      "RingAttention: sinks ", variant.sinks.sizes(), " for ", q.size(2), " heads");
-  TITAN_CHECK(variant.window >= 0 && variant.chunk >= 0, "RingAttention: window ", variant.window,
-              ", chunk ", variant.chunk);
-  at::Tensor docs;
-  if (document_ids.defined()) docs = document_ids.to(q.device(), at::kLong);
-  // The checks of forward (shapes, lengths, document ids) on the plain call's path.
-  TITAN_CHECK(
-      q.dim() == 4 && k.dim() == 4 && v.sizes() == k.sizes() && q.size(1) == layout_.local_len() &&
-          (!docs.defined() ||
-           (docs.dim() == 2 && docs.size(0) == q.size(0) && docs.size(1) == layout_.seq_len)),
-      "RingAttention: q ", q.sizes(), ", k ", k.sizes(), ", document ids ",
-      document_ids.defined() ? document_ids.sizes() : at::IntArrayRef{},
-      " do not fit the layout (local length ", layout_.local_len(), " of ", layout_.seq_len, ")");
+  // Sinks travel as an empty tensor when there are none (autograd wants a device for each).
   const at::Tensor sinks = variant.sinks.defined() ? variant.sinks : at::empty({0}, q.options());
   return RingAttentionFunction::apply(q, k, v, sinks, docs.defined() ? &docs : nullptr, this,
                                       variant.window, variant.chunk, variant.scale);
