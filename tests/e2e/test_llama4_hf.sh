@@ -12,6 +12,7 @@
 # (B) Training: tiny's loss falls over 6 steps; FSDP 2, TP 2, EP 2, experts split over TP 2, PP 2,
 # CP 2 (ring attention with chunks across the ranks' sequence chunks) and per-op activation
 # checkpointing reproduce the one-process losses within 1e-5 relative; a resumed run repeats them.
+# With block-causal documents (several per chunk), CP 2 and PP 2 reproduce one process too.
 # (C) The trained checkpoint exports as a folder transformers loads with every weight used, whose
 # logits equal ours within 1e-4; `titan generate` with and without the KV cache gives
 # transformers' greedy ids past the chunks (the trained folder and the saved ones). LoRA from the
@@ -46,6 +47,21 @@ cmp "$WORK/logits_tiny.st" "$WORK/logits_whole.st" ||
 
 # ---- B: training and its parallel layouts ------------------------------------------------------
 hf_tiny_layouts configs/llama4/debug_model.toml
+# Block-causal documents (4 to 12 characters: several per window of 32, across the chunks of 8):
+# CP 2 and PP 2 give one process's losses.
+alphabet=abcdefghijklmnopqrstuvwxyz
+for ((d = 0; d < 400; d++)); do
+  printf '{"text": "%s %d"}\n' "${alphabet:$((d % 20)):$((2 + d % 7))}" "$d"
+done >"$WORK/short.jsonl"
+docs=(--model.attn_mask_type block_causal --training.dataset jsonl
+  --training.dataset_path "$WORK/short.jsonl" --checkpoint.enable false)
+train docs_one 1 "${docs[@]}"
+grep -q 'attention: block-causal' "$WORK/docs_one.log" || fail "docs_one: not block-causal"
+train docs_cp2 2 "${docs[@]}" --parallelism.context_parallel_degree 2
+same_losses docs_one docs_cp2 loss
+train docs_pp2 2 "${docs[@]}" --parallelism.pipeline_parallel_degree 2 \
+  --parallelism.pipeline_parallel_schedule 1F1B --parallelism.pipeline_parallel_microbatch_size 2
+same_losses docs_one docs_pp2 loss
 
 # ---- C: export of the trained model, generation, LoRA ------------------------------------------
 hf_export_trained "$WORK/one/checkpoint/step-6" llama4_text
