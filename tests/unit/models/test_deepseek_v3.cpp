@@ -364,6 +364,12 @@ TEST(DeepSeekV3, HuggingFaceRoundTrip) {
   }
   const TensorMap back = deepseek_v3::from_hf_tensors(hf, args);
   test::expect_same_tensors(ours, back);
+  // The released folders' multi-token prediction layer (model.layers.<n_layers>.*) is not read
+  // (with a warning), as transformers skips it.
+  TensorMap with_mtp = hf;
+  with_mtp.emplace("model.layers.3.eh_proj.weight", at::zeros({64, 128}));
+  with_mtp.emplace("model.layers.3.enorm.weight", at::ones({64}));
+  test::expect_same_tensors(ours, deepseek_v3::from_hf_tensors(with_mtp, args));
   // What DeepseekV3ForCausalLM cannot express, and what we cannot read, is refused by name.
   const auto refusal = test::message_of;
   EXPECT_NE(refusal([] {

@@ -339,6 +339,7 @@ TensorMap to_hf_tensors(const TensorMap& ours, const Llama3Args& args) {
 
 TensorMap from_hf_tensors(const TensorMap& hf, const Llama3Args& args) {
   TensorMap ours, rest;
+  int64_t mtp_tensors = 0;
   for (const auto& [name, tensor] : hf) {
     int64_t layer = 0;
     std::string tail;
@@ -346,7 +347,10 @@ TensorMap from_hf_tensors(const TensorMap& hf, const Llama3Args& args) {
       rest.emplace(name, tensor);
       continue;
     }
-    if (layer >= args.n_layers) continue;  // multi-token prediction, not modelled
+    if (layer >= args.n_layers) {  // multi-token prediction (layer 61 of the released folders)
+      ++mtp_tensors;
+      continue;
+    }
     const std::string mapped = translate(tail, false);
     if (mapped.empty()) {
       rest.emplace(name, tensor);
@@ -356,6 +360,12 @@ TensorMap from_hf_tensors(const TensorMap& hf, const Llama3Args& args) {
   }
   for (const auto& [name, tensor] : qwen3::from_hf_tensors(rest, args)) {
     llama3::put_tensor(ours, name, tensor, name);
+  }
+  if (mtp_tensors > 0) {
+    log_warning("Hugging Face -> deepseek_v3: the ", mtp_tensors,
+                " tensors of the multi-token prediction layers (model.layers.", args.n_layers,
+                " on) are not read: titan does not model them yet, and the main model does not "
+                "use them (transformers skips them too)");
   }
   return ours;
 }
