@@ -1,0 +1,48 @@
+"""transformers' gated delta rule (Qwen3-Next's torch_chunk_gated_delta_rule and
+torch_recurrent_gated_delta_rule, the pure-torch paths) on random inputs, for
+test_gated_delta_reference.sh: writes the inputs and both functions' outputs and final states to
+a safetensors file that titan's GatedDelta.MatchesTransformers unit test reads.
+
+  gated_delta_reference.py OUT.safetensors [--seed N]
+"""
+import argparse
+import sys
+
+import torch
+from safetensors.torch import save_file
+from transformers.models.qwen3_next import modeling_qwen3_next as qn
+
+
+def main(argv):
+    p = argparse.ArgumentParser()
+    p.add_argument("out")
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args(argv)
+    torch.manual_seed(args.seed)
+    # 21 positions in chunks of 8 (the last one padded), 2 sequences, 3 heads of 8 keys and 6
+    # values; unit keys (the model normalizes them), decays in (0.6, 1], betas in (0, 1).
+    bs, length, heads, dk, dv, chunk = 2, 21, 3, 8, 6, 8
+    q = torch.randn(bs, length, heads, dk)
+    k = torch.nn.functional.normalize(torch.randn(bs, length, heads, dk), dim=-1)
+    v = torch.randn(bs, length, heads, dv)
+    g = -0.5 * torch.rand(bs, length, heads)
+    beta = torch.sigmoid(torch.randn(bs, length, heads))
+    state = torch.randn(bs, heads, dk, dv)
+    out_c, state_c = qn.torch_chunk_gated_delta_rule(
+        q, k, v, g, beta, chunk_size=chunk, initial_state=state, output_final_state=True,
+        use_qk_l2norm_in_kernel=False)
+    out_r, state_r = qn.torch_recurrent_gated_delta_rule(
+        q, k, v, g, beta, initial_state=state, output_final_state=True,
+        use_qk_l2norm_in_kernel=False)
+    tensors = {"q": q, "k": k, "v": v, "g": g, "beta": beta, "state": state,
+               "chunk_size": torch.tensor(chunk, dtype=torch.int64),
+               "out_chunk": out_c, "state_chunk": state_c,
+               "out_recurrent": out_r, "state_recurrent": state_r}
+    save_file({n: t.contiguous() for n, t in tensors.items()}, args.out)
+    print(f"{args.out}: transformers' chunked and recurrent gated delta rule "
+          f"(max |chunked - recurrent| {float((out_c - out_r).abs().max()):.3g})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# The gated delta rule (Qwen3-Next's linear attention, models/common/gated_delta.h) against
+# transformers' pure-torch reference functions: tests/e2e/gated_delta_reference.py writes random
+# inputs with transformers' chunked and recurrent outputs and final states (chunks of 8 over 21
+# positions, an initial state), and the unit test GatedDelta.MatchesTransformers (in test_models,
+# beside the titan binary) checks ours against them within 1e-5.
+source "$(dirname "$0")/lib.sh"
+PY="${TITAN_PYTHON:-}"
+[ -n "$PY" ] || fail "TITAN_PYTHON is not set. HINT: run through ctest, or \
+TITAN_PYTHON=\"\$(scripts/python_env.sh --print)\" bash $0 $TITAN"
+export OMP_NUM_THREADS=2 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+TESTS="$(dirname "$TITAN")/test_models"
+[ -x "$TESTS" ] || fail "no $TESTS beside $TITAN (build the unit tests)"
+expect_exit 0 "$PY" "$(dirname "$0")/gated_delta_reference.py" "$WORK/gated_delta.safetensors"
+TITAN_GATED_DELTA_FIXTURE="$WORK/gated_delta.safetensors" expect_exit 0 "$TESTS" \
+  --gtest_filter=GatedDelta.MatchesTransformers
+expect_output "gated delta vs transformers"
+! grep -q "SKIPPED" "$WORK/out" || fail "the comparison was skipped"
+grep "gated delta vs transformers" "$WORK/out"
+echo "PASS test_gated_delta_reference"
