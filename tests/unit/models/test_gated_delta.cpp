@@ -1,6 +1,7 @@
 // The gated delta rule (Qwen3-Next's linear attention): the chunked form against the recurrent
 // one in float64 (outputs, final states and every input's gradient; sequences not a multiple of
-// the chunk, with and without an initial state), and both against transformers' reference
+// the chunk, with and without an initial state, packed documents restarting the state), and
+// both against transformers' reference
 // functions on the inputs and outputs tests/e2e/test_gated_delta_reference.sh writes (the test
 // is skipped without them).
 #include "titan/checkpoint/safetensors.h"
@@ -69,6 +70,62 @@ TEST(GatedDelta, ChunkedEqualsRecurrent) {
       }
     }
   }
+}
+
+// Packed documents: the state restarts at each document start. The chunked form equals the
+// recurrent one (values, states, gradients) with documents inside, across and at chunk borders,
+// and a document's output equals that of the document alone (from zero state; the first
+// document continues the initial state).
+TEST(GatedDelta, DocumentsRestartTheState) {
+  at::manual_seed(9);
+  const int64_t len = 23;
+  const Inputs in = random_inputs(2, len, 2, 8, 6);
+  // Row 0: documents [0, 5) [5, 8) [8, 17) [17, 23); row 1: one restart at 16 (a chunk border
+  // for chunks of 8 and 4).
+  at::Tensor docs = at::zeros({2, len}, at::kLong);
+  for (int64_t t = 0; t < len; ++t) {
+    docs[0][t] = (t >= 5) + (t >= 8) + (t >= 17);
+    docs[1][t] = t >= 16;
+  }
+  const at::Tensor probe = at::randn({2, len, 2, 6}, at::kDouble);
+  for (const int64_t chunk : {4, 8, 64}) {
+    std::vector<std::vector<at::Tensor>> grads;
+    std::vector<GatedDeltaResult> results;
+    for (const bool chunked : {false, true}) {
+      std::vector<at::Tensor> x = {in.q.clone(), in.k.clone(), in.v.clone(), in.g.clone(),
+                                   in.beta.clone()};
+      for (auto& t : x) t.requires_grad_();
+      const GatedDeltaResult r =
+          chunked ? gated_delta_chunked(x[0], x[1], x[2], x[3], x[4], chunk, in.state, docs)
+                  : gated_delta_recurrent(x[0], x[1], x[2], x[3], x[4], in.state, docs);
+      ((r.out * probe).sum() + r.state.sum()).backward();
+      std::vector<at::Tensor> g;
+      for (auto& t : x) g.push_back(t.grad());
+      grads.push_back(g);
+      results.push_back(r);
+    }
+    const std::string what = "chunk " + std::to_string(chunk);
+    EXPECT_LT(max_diff(results[0].out, results[1].out), 1e-10) << what;
+    EXPECT_LT(max_diff(results[0].state, results[1].state), 1e-10) << what;
+    for (size_t i = 0; i < grads[0].size(); ++i) {
+      EXPECT_LT(max_diff(grads[0][i], grads[1][i]), 1e-9) << what << " input " << i;
+    }
+  }
+  // Row 0's third document [8, 17) alone, from zero state; row 1's first [0, 16) from the state.
+  const auto alone = [&](int64_t row, int64_t t0, int64_t t1, const at::Tensor& s0) {
+    const auto part = [&](const at::Tensor& t) {
+      return t.narrow(0, row, 1).narrow(1, t0, t1 - t0);
+    };
+    return gated_delta_recurrent(part(in.q), part(in.k), part(in.v), part(in.g), part(in.beta), s0);
+  };
+  const GatedDeltaResult packed =
+      gated_delta_chunked(in.q, in.k, in.v, in.g, in.beta, 8, in.state, docs);
+  const GatedDeltaResult third = alone(0, 8, 17, {});
+  EXPECT_LT(max_diff(packed.out.narrow(0, 0, 1).narrow(1, 8, 9), third.out), 1e-10);
+  const GatedDeltaResult first = alone(1, 0, 16, in.state.narrow(0, 1, 1));
+  EXPECT_LT(max_diff(packed.out.narrow(0, 1, 1).narrow(1, 0, 16), first.out), 1e-10);
+  // The final state is the last document's alone.
+  EXPECT_LT(max_diff(packed.state.narrow(0, 0, 1), alone(0, 17, len, {}).state), 1e-10);
 }
 
 // The recurrence written out for one head and two tokens.

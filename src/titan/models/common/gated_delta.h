@@ -26,14 +26,21 @@ struct GatedDeltaResult {
   at::Tensor state;  // (bs, H, dk, dv) float32 (or float64): the state after the last token
 };
 
-// `state`: the state before the first token (undefined: zeros).
+// `state`: the state before the first token (undefined: zeros). `document_ids` (bs, L) int64
+// (packed documents): the state restarts from zero at every position whose document differs
+// from the previous position's (the first position continues `state`).
 GatedDeltaResult gated_delta_recurrent(const at::Tensor& q, const at::Tensor& k,
                                        const at::Tensor& v, const at::Tensor& g,
-                                       const at::Tensor& beta, const at::Tensor& state = {});
+                                       const at::Tensor& beta, const at::Tensor& state = {},
+                                       const at::Tensor& document_ids = {});
 
-// The same in chunks of `chunk` positions (the sequence padded to a multiple of it).
+// The same in chunks of `chunk` positions (the sequence padded to a multiple of it). With
+// documents, the chunk's pairs meet only within a document, the state before the chunk reaches
+// only the tokens before the chunk's first document start, and the state after it holds the
+// chunk's last document only.
 GatedDeltaResult gated_delta_chunked(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                      const at::Tensor& g, const at::Tensor& beta,
-                                     int64_t chunk = 64, const at::Tensor& state = {});
+                                     int64_t chunk = 64, const at::Tensor& state = {},
+                                     const at::Tensor& document_ids = {});
 
 }  // namespace titan
