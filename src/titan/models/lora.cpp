@@ -527,6 +527,9 @@ TensorMap from_peft_tensors(const TensorMap& peft, const nlohmann::json& descrip
   const ExpertParts parts = expert_parts(lora.target_modules);
   if (parts.gate_up) expert_params.push_back(kHfExpertParams[0]);
   if (parts.down) expert_params.push_back(kHfExpertParams[1]);
+  // The Hugging Face layout of the experts' adapters (each derived from the model's config).
+  const bool interleaved = !expert_params.empty() && gate_up_interleaved(spec, description);
+  const bool swapped = !expert_params.empty() && experts_swapped_in_peft(spec, description);
   TensorMap out;
   for (const auto& [name, b] : peft) {
     if (ends_with(name, std::string(kPeftA))) continue;
@@ -580,13 +583,12 @@ TensorMap from_peft_tensors(const TensorMap& peft, const nlohmann::json& descrip
       const at::Tensor a_peft = a->second.reshape({n_experts, r, a->second.size(1)});
       const at::Tensor b_peft = b.reshape({b.size(0), r, n_experts}).permute({2, 0, 1});
       // (experts, r, in) and (experts, out, r) in our orientation (see experts_swapped_in_peft).
-      const bool swapped = experts_swapped_in_peft(spec, description);
       const at::Tensor a_ours = swapped ? b_peft.transpose(1, 2) : a_peft;
       const at::Tensor b_ours = swapped ? a_peft.transpose(1, 2) : b_peft;
       if (param == "gate_up_proj") {
         const int64_t hidden = b_ours.size(1) / 2;
         out.emplace(experts + ".w1" + kLoraA, a_ours.contiguous());
-        if (gate_up_interleaved(spec, description)) {  // gate rows even, up rows odd
+        if (interleaved) {  // gate rows even, up rows odd
           const at::Tensor pairs = b_ours.reshape({n_experts, hidden, 2, r});
           out.emplace(experts + ".w1" + kLoraB, pairs.select(2, 0).contiguous());
           out.emplace(experts + ".w3" + kLoraB, pairs.select(2, 1).contiguous());

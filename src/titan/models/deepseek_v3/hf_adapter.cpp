@@ -101,9 +101,7 @@ void set_rope(const nlohmann::json& c, Llama3Args& args) {
         message("config.json \"rope_parameters\" must be an object, got ", rope.dump()));
   }
   args.rope_theta = double_or(rope, "rope_theta", double_or(c, "rope_theta", 10000.0));
-  const std::string type = rope.contains("rope_type") && rope["rope_type"].is_string()
-                               ? rope["rope_type"].get<std::string>()
-                               : rope.value("type", std::string("default"));
+  const std::string type = hf::string_or(rope, "rope_type", hf::string_or(rope, "type", "default"));
   args.mla.yarn = YarnScaling{};
   args.mla.mscale = 1.0;
   if (double_or(rope, "partial_rotary_factor", 1.0) != 1.0) {
@@ -226,7 +224,7 @@ nlohmann::json hf_config(const Llama3Args& args) {
 
 Llama3Args args_from_hf_config(const nlohmann::json& c) {
   if (!c.is_object()) throw ConfigError("config.json must hold a JSON object");
-  const std::string type = c.value("model_type", std::string("deepseek_v3"));
+  const std::string type = hf::string_or(c, "model_type", "deepseek_v3");
   if (type != "deepseek_v3") {
     throw ConfigError(message("config.json model_type '", type, "' is not \"deepseek_v3\""));
   }
@@ -247,7 +245,7 @@ Llama3Args args_from_hf_config(const nlohmann::json& c) {
                               args.n_heads,
                               " (latent attention expands keys and values for every head)"));
   }
-  if (c.value("hidden_act", std::string("silu")) != "silu") {
+  if (hf::string_or(c, "hidden_act", "silu") != "silu") {
     throw ConfigError(message("config.json \"hidden_act\" ", c["hidden_act"].dump(),
                               " is not supported (only \"silu\")"));
   }
@@ -260,7 +258,7 @@ Llama3Args args_from_hf_config(const nlohmann::json& c) {
         "fp32 first (e.g. DeepSeek's fp8_cast_bf16.py) and drop quantization_config");
   }
   // DeepSeek's own config.json (remote code) names the router; transformers' is always sigmoid.
-  if (c.value("scoring_func", std::string("sigmoid")) != "sigmoid") {
+  if (hf::string_or(c, "scoring_func", "sigmoid") != "sigmoid") {
     throw ConfigError(message("config.json \"scoring_func\" ", c["scoring_func"].dump(),
                               " is not supported by DeepseekV3 (only \"sigmoid\")"));
   }

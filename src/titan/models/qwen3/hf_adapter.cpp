@@ -137,7 +137,7 @@ Llama3Args args_from_hf_config(const nlohmann::json& config) {
   if (!config.is_object()) {
     throw ConfigError("config.json must hold a JSON object");
   }
-  const std::string type = config.value("model_type", std::string("qwen3"));
+  const std::string type = hf::string_or(config, "model_type", "qwen3");
   if (type != "qwen3" && type != "qwen3_moe") {
     throw ConfigError(
         message("config.json model_type '", type, "' is not \"qwen3\" or \"qwen3_moe\""));
