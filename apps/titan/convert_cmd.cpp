@@ -92,7 +92,9 @@ FlagTable convert_flags(const std::string& action, Args& out) {
   if (action == "logits") {
     return FlagTable("titan convert logits MODEL --ids \"1 2 3\" [--out FILE]",
                      "Runs MODEL in float32 on the ids and writes the logits (seqlen, vocab) as\n"
-                     "tensor \"logits\" of a safetensors FILE, or prints the argmax per position.")
+                     "tensor \"logits\" of a safetensors FILE (a model with multi-token\n"
+                     "prediction also each depth k's as \"mtp_logits_k\"), or prints the argmax\n"
+                     "per position.")
         .positional("MODEL", "a checkpoint or a Hugging Face folder")
         .value("--ids", "\"ID ...\"", "the token ids, space-separated", keep("--ids"))
         .value("--out", "FILE", "the safetensors file to write", keep("--out"));
@@ -224,7 +226,12 @@ int logits(const Args& args) {
   }
   const at::Tensor out = loaded.model->forward(tokens)[0].to(at::kFloat).contiguous();
   if (args.options.count("--out")) {
-    ckpt::write_safetensors(args.options.at("--out"), {{"logits", out}});
+    std::vector<std::pair<std::string, at::Tensor>> written = {{"logits", out}};
+    const std::vector<at::Tensor> depths = loaded.model->mtp_logits(tokens);
+    for (size_t k = 0; k < depths.size(); ++k) {
+      written.emplace_back("mtp_logits_" + std::to_string(k + 1), depths[k][0].contiguous());
+    }
+    ckpt::write_safetensors(args.options.at("--out"), written);
     std::printf("wrote logits (%lld, %lld) of %s to %s\n", static_cast<long long>(out.size(0)),
                 static_cast<long long>(out.size(1)), loaded.source.c_str(),
                 args.options.at("--out").c_str());
@@ -243,7 +250,7 @@ TensorMap tensors_of(const std::string& path) {
   if (ckpt::is_hf_folder(path)) {
     const ckpt::HfFolderReader reader(path);
     const nlohmann::json description =
-        ckpt::hf_model_description(reader.config(), path + "/config.json");
+        ckpt::hf_model_description(reader.config(), path + "/config.json", reader.names());
     return spec_for_description(description)
         .hf.from_hf(reader.read_all(at::ScalarType::Undefined), description);
   }

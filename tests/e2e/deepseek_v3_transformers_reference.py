@@ -18,6 +18,13 @@ Commands (several per process, separated by a lone "+"):
   check-logits HF_DIR LOGITS.safetensors --ids "1 2 3" [--atol 1e-4]
   same-tensors A B
       As in hf_transformers_reference.py.
+  check-mtp HF_DIR LOGITS.safetensors --ids "1 2 3" [--atol 1e-4]
+      A folder with multi-token prediction layers (num_nextn_predict_layers D, tensors
+      model.layers.{L..L+D-1}): the main model loads with every weight used, transformers'
+      MtpModel loads the D layers from the folder (its own weight conversions), and the logits of
+      the main model and of each depth k (MtpModel.forward_layer chained from the main model's
+      last hidden state over the tokens k ahead) equal titan's "logits" and "mtp_logits_k" where
+      titan's are defined (positions before seqlen - k).
   check-greedy HF_DIR --ids "1 2 3" --expect "1 2 3 ..." --new N [--vocab-limit V --eos E]
       transformers' greedy generate (with its cache) from the ids gives the sequence `expect`,
       with ids >= V suppressed and E ending it as `titan generate` does for its tokenizer (the
@@ -85,6 +92,52 @@ def check_greedy(args):
     return ok
 
 
+def check_mtp(args):
+    import json
+    from safetensors.torch import load_file
+    from transformers import DeepseekV3ForCausalLM
+    from transformers.modeling_layers import MtpModel
+    with open(os.path.join(args.hf_dir, "config.json")) as f:
+        config = json.load(f)
+    layers, depths = config["num_hidden_layers"], config["num_nextn_predict_layers"]
+    # transformers finds a checkpoint's MTP layers by the main model's ignored-key patterns
+    # (layer 61 for the released model): name this folder's.
+    DeepseekV3ForCausalLM._keys_to_ignore_on_load_unexpected = [
+        rf"model\.layers\.{layers + j}\..*" for j in range(depths)]
+    main, info = DeepseekV3ForCausalLM.from_pretrained(
+        args.hf_dir, dtype=torch.float32, output_loading_info=True)
+    main.eval()
+    missing = list(info.get("missing_keys", []))
+    mtp = MtpModel.from_pretrained(main).to(torch.float32).eval()
+    # Every MTP weight came from the folder: each depth's eh_proj is the folder's tensor.
+    stored = {}
+    for name in os.listdir(args.hf_dir):
+        if name.endswith(".safetensors"):
+            stored.update(load_file(os.path.join(args.hf_dir, name)))
+    loaded = all(torch.equal(mtp.layers[j].eh_proj.weight.detach(),
+                             stored[f"model.layers.{layers + j}.eh_proj.weight"])
+                 for j in range(depths))
+    ids = torch.tensor([[int(t) for t in args.ids.split()]])
+    n = ids.shape[1]
+    ours = load_file(args.logits)
+    with torch.no_grad():
+        out = main(ids, output_hidden_states=True)
+        diffs = [(out.logits[0] - ours["logits"]).abs().max().item()]
+        hidden = out.hidden_states[-1]  # normed, as transformers' MTP drafting reads it
+        for k in range(1, depths + 1):
+            m = n - k
+            hidden = mtp.forward_layer(k - 1, hidden[:, :m], torch.arange(m)[None], None,
+                                       input_ids=ids[:, k:])
+            ref_k = mtp._project_to_logits(hidden)[0]
+            diffs.append((ref_k - ours[f"mtp_logits_{k}"][:m]).abs().max().item())
+    ok = not missing and loaded and len(diffs) == depths + 1 and max(diffs) <= args.atol
+    print(f"{'ok' if ok else 'FAIL'}: {args.hf_dir}: {depths} MTP layers loaded by MtpModel "
+          f"({'from the folder' if loaded else 'NOT the folder tensors'}; main missing "
+          f"{missing}); max |titan - transformers| main {diffs[0]:.3e}, depths "
+          f"{', '.join(f'{d:.3e}' for d in diffs[1:])} (tolerance {args.atol:g})")
+    return ok
+
+
 BASE_PARSER = ref.parser
 
 
@@ -112,6 +165,12 @@ def parser():
     s.add_argument("--vocab-limit", type=int, default=258)
     s.add_argument("--eos", type=int, default=257)
     s.set_defaults(run=check_greedy)
+    s = sub.choices["check-mtp"] = ref.argparse.ArgumentParser(prog="check-mtp")
+    s.add_argument("hf_dir")
+    s.add_argument("logits")
+    s.add_argument("--ids", required=True)
+    s.add_argument("--atol", type=float, default=1e-4)
+    s.set_defaults(run=check_mtp)
     return p
 
 

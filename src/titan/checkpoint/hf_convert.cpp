@@ -201,13 +201,16 @@ TensorMap read_model_tensors(const CheckpointReader& reader) {
   return out;
 }
 
-nlohmann::json hf_model_description(const nlohmann::json& config, const std::string& config_path) {
+nlohmann::json hf_model_description(const nlohmann::json& config, const std::string& config_path,
+                                    const std::vector<std::string>& tensor_names) {
   if (!config.contains("model_type") || !config["model_type"].is_string()) {
     throw DataError(config_path + ": no \"model_type\" string");
   }
   try {
     const ModelSpec& spec = spec_for_hf_model_type(config["model_type"].get<std::string>());
-    return adapter_of(spec).from_hf_config(config);
+    const HfAdapter& adapter = adapter_of(spec);
+    const nlohmann::json description = adapter.from_hf_config(config);
+    return adapter.fit_to_tensors ? adapter.fit_to_tensors(description, tensor_names) : description;
   } catch (const ConfigError& e) {
     throw DataError(config_path + ": " + e.what());
   }
@@ -266,8 +269,8 @@ void hf_to_checkpoint(const std::string& hf_dir, const std::string& out_dir,
     throw ConfigError(message("output ", out_dir, " already exists; remove it or pick another"));
   }
   const HfFolderReader reader(hf_dir);
-  const nlohmann::json base =
-      hf_model_description(reader.config(), (fs::path(hf_dir) / "config.json").string());
+  const nlohmann::json base = hf_model_description(
+      reader.config(), (fs::path(hf_dir) / "config.json").string(), reader.names());
   nlohmann::json description = base;
   const ModelSpec& spec = spec_for_description(description);
   TensorMap ours = adapter_of(spec).from_hf(reader.read_all(at::kFloat), description);
@@ -330,14 +333,27 @@ void load_hf_weights(Model& model, const nlohmann::json& model_description,
   const std::string config_path = (std::filesystem::path(hf_dir) / "config.json").string();
   const ModelSpec& spec = spec_for_description(model_description);
   const HfAdapter& adapter = adapter_of(spec);
-  const nlohmann::json hf_description = hf_model_description(reader.config(), config_path);
+  const nlohmann::json hf_description =
+      hf_model_description(reader.config(), config_path, reader.names());
   if (spec_for_description(hf_description).name != spec.name) {
     throw ConfigError(message(config_path, " describes model '",
                               hf_description["name"].get<std::string>(), "', not '", spec.name,
                               "'"));
   }
   const nlohmann::json ours = spec.resolve_args(model_description);
-  const nlohmann::json theirs = spec.resolve_args(hf_description);
+  nlohmann::json theirs = spec.resolve_args(hf_description);
+  // Multi-token prediction layers the model lacks are left unread (the adapter says so): a model
+  // without them trains or generates from the folder's main model.
+  const auto mtp_layers = [](const nlohmann::json& args) {
+    return args.value("num_mtp_layers", int64_t{0});
+  };
+  if (mtp_layers(theirs) > mtp_layers(ours)) {
+    if (mtp_layers(ours) > 0) {
+      theirs["num_mtp_layers"] = mtp_layers(ours);
+    } else {
+      theirs.erase("num_mtp_layers");
+    }
+  }
   if (ours != theirs) {
     throw ConfigError(
         message(config_path, " describes another architecture than the model ",

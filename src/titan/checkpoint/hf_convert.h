@@ -38,8 +38,10 @@ void load_checkpoint_parameters(Model& model, const CheckpointReader& reader);
 TensorMap read_model_tensors(const CheckpointReader& reader);
 
 // The model description (registry.h) for an HF folder's config.json, through the adapter of
-// its "model_type". DataError naming `config_path` when the config is unsupported or malformed.
-nlohmann::json hf_model_description(const nlohmann::json& config, const std::string& config_path);
+// its "model_type", fitted to the tensors the folder holds (`tensor_names`, HfAdapter::
+// fit_to_tensors). DataError naming `config_path` when the config is unsupported or malformed.
+nlohmann::json hf_model_description(const nlohmann::json& config, const std::string& config_path,
+                                    const std::vector<std::string>& tensor_names);
 
 // Writes the model of checkpoint `checkpoint_dir` as an HF folder `out_dir` (see
 // write_hf_folder for options; tokenizer_path is copied as given, so callers usually pass the

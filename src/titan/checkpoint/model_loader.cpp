@@ -60,8 +60,8 @@ LoadedModel load_from_checkpoint(const CheckpointReader& reader, at::ScalarType 
 LoadedModel load_from_hf(const std::string& dir, at::ScalarType compute_dtype,
                          int64_t max_seq_len) {
   const HfFolderReader reader(dir);
-  const nlohmann::json description =
-      hf_model_description(reader.config(), (std::filesystem::path(dir) / "config.json").string());
+  const nlohmann::json description = hf_model_description(
+      reader.config(), (std::filesystem::path(dir) / "config.json").string(), reader.names());
   const ModelSpec& spec = spec_for_description(description);
   LoadedModel loaded;
   loaded.model = build(description, compute_dtype, max_seq_len);

@@ -221,6 +221,7 @@ std::optional<StepMetrics> MetricsLogger::on_step(int64_t step, int64_t tokens,
   StepMetrics m;
   m.step = step;
   m.loss = v.loss;
+  m.auxiliary = v.auxiliary;
   m.grad_norm = v.grad_norm;
   m.lr = v.lr;
   m.host_syncs = v.host_syncs;
@@ -257,17 +258,24 @@ std::optional<StepMetrics> MetricsLogger::on_step(int64_t step, int64_t tokens,
   m.step_time_s = window / static_cast<double>(std::max<int64_t>(1, step - last_log_step_));
   m.eta_s = m.step_time_s * static_cast<double>(total_steps_ - step);
 
-  char line[512];
-  std::snprintf(line, sizeof(line),
-                "%sstep: %*lld  %sloss: %7.4f  %sgrad_norm: %7.4f  %slr: %.2e  %smemory: %5.2fGiB"
-                "(%.2f%%)  %stps: %s  %stflops: %.2f  %smfu: %.2f%%%s  elapsed: %s  eta: %s",
-                color("\033[31m").c_str(), static_cast<int>(std::to_string(total_steps_).size()),
-                (long long)step, color("\033[32m").c_str(), m.loss, color("\033[33m").c_str(),
-                m.grad_norm, color("\033[35m").c_str(), m.lr, color("\033[36m").c_str(),
-                m.memory_gib, m.memory_pct, color("\033[34m").c_str(),
-                with_commas(std::llround(m.tps)).c_str(), color("\033[36m").c_str(), m.tflops,
-                color("\033[33m").c_str(), m.mfu, color("\033[0m").c_str(),
-                format_duration(m.elapsed_s).c_str(), format_duration(m.eta_s).c_str());
+  std::string auxiliary;  // "  mtp_loss: 5.1234"
+  for (const auto& [name, value] : m.auxiliary) {
+    char field[96];
+    std::snprintf(field, sizeof(field), "  %s: %7.4f", name.c_str(), value);
+    auxiliary += field;
+  }
+  char line[640];
+  std::snprintf(
+      line, sizeof(line),
+      "%sstep: %*lld  %sloss: %7.4f%s  %sgrad_norm: %7.4f  %slr: %.2e  %smemory: "
+      "%5.2fGiB(%.2f%%)  %stps: %s  %stflops: %.2f  %smfu: %.2f%%%s  elapsed: %s  eta: %s",
+      color("\033[31m").c_str(), static_cast<int>(std::to_string(total_steps_).size()),
+      (long long)step, color("\033[32m").c_str(), m.loss, auxiliary.c_str(),
+      color("\033[33m").c_str(), m.grad_norm, color("\033[35m").c_str(), m.lr,
+      color("\033[36m").c_str(), m.memory_gib, m.memory_pct, color("\033[34m").c_str(),
+      with_commas(std::llround(m.tps)).c_str(), color("\033[36m").c_str(), m.tflops,
+      color("\033[33m").c_str(), m.mfu, color("\033[0m").c_str(),
+      format_duration(m.elapsed_s).c_str(), format_duration(m.eta_s).c_str());
   log_info(line);
   write_json(m);
   if (tb_) tb_->add_scalars(step, tensorboard_scalars(m, device_.is_cuda()));
@@ -307,6 +315,7 @@ std::vector<Scalar> tensorboard_scalars(const StepMetrics& m, bool cuda) {
                            {"tflops", m.tflops},
                            {"mfu(%)", m.mfu},
                            {"time_metrics/end_to_end(s)", m.step_time_s}};
+  for (const auto& [name, value] : m.auxiliary) s.push_back({"loss_metrics/" + name, value});
   if (cuda) {
     s.insert(s.end(), {{"memory/max_active(GiB)", m.max_active_gib},
                        {"memory/max_active(%)", m.max_active_pct},
@@ -332,6 +341,7 @@ void MetricsLogger::write_json(const StepMetrics& m) {
                       {"memory_pct", m.memory_pct},
                       {"time_metrics/end_to_end(s)", m.step_time_s},
                       {"elapsed_s", m.elapsed_s}};
+  for (const auto& [name, value] : m.auxiliary) j[name] = value;
   if (m.host_syncs >= 0) {
     j["host_syncs"] = m.host_syncs;
     j["host_syncs_between_logs"] = m.host_syncs_between_logs;

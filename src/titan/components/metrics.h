@@ -63,6 +63,8 @@ struct LoggedValues {
   double loss = 0.0;
   double grad_norm = 0.0;
   double lr = 0.0;
+  // The model's auxiliary losses (multi-token prediction's mtp_loss), by name.
+  std::vector<std::pair<std::string, double>> auxiliary;
   // Device-to-host reads (titan/common/host_sync.h) of the logged step up to its row, and the
   // most any other step made since the previous row; -1 when not counted.
   int64_t host_syncs = -1;
@@ -72,6 +74,7 @@ struct LoggedValues {
 struct StepMetrics {
   int64_t step = 0;
   double loss = 0.0;
+  std::vector<std::pair<std::string, double>> auxiliary;  // see LoggedValues
   double grad_norm = 0.0;
   double lr = 0.0;
   int64_t host_syncs = -1;  // see LoggedValues

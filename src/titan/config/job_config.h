@@ -207,6 +207,7 @@ struct TrainingSection {
   bool gc_debug = false;
   int64_t num_threads = 0;
   std::string device = "auto";
+  double mtp_loss_weight = 0.1;
   DataLoaderSection dataloader;  // [training.dataloader]
 
   template <class V>
@@ -253,6 +254,10 @@ struct TrainingSection {
     v("device", device,
       "Device of each rank: auto (cuda:LOCAL_RANK when CUDA devices are visible, honouring "
       "CUDA_VISIBLE_DEVICES, else cpu), cuda (an error without one), or cpu");
+    v("mtp_loss_weight", mtp_loss_weight,
+      "Multi-token prediction (models with num_mtp_layers, e.g. deepseek_v3 debugmodel_mtp): "
+      "backward runs on loss + mtp_loss_weight x the mean of the depths' cross-entropies "
+      "(DeepSeek-V3's lambda: 0.3, then 0.1), which the metrics log as mtp_loss; >= 0");
   }
 };
 

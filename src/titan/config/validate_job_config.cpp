@@ -248,6 +248,10 @@ void validate_ranges(const JobConfig& c) {
   check_one_of("training.mixed_precision_reduce", c.training.mixed_precision_reduce, {"float32"});
   check_at_least("training.num_threads", c.training.num_threads, 0);
   check_one_of("training.device", c.training.device, {"auto", "cuda", "cpu"});
+  if (c.training.mtp_loss_weight < 0) {
+    fail("training.mtp_loss_weight must be >= 0 (the multi-token prediction loss's weight), got " +
+         format_number(c.training.mtp_loss_weight));
+  }
   if (c.training.num_threads > kMaxNumThreads) {
     fail("training.num_threads " + std::to_string(c.training.num_threads) +
          " is above the cap of " + std::to_string(kMaxNumThreads) +

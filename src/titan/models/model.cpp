@@ -91,6 +91,13 @@ void Model::keep_only(const std::vector<std::string>& modules) {
   keep_modules(seen);
 }
 
+at::Tensor Model::forward(const at::Tensor& tokens, const ForwardInputs& inputs) {
+  for (UnitRunner* runner : runners_) runner->begin_forward();
+  at::Tensor out = run_forward(tokens, inputs);
+  for (UnitRunner* runner : runners_) runner->end_forward();
+  return out;
+}
+
 at::Tensor Model::run_unit(int64_t index, const at::Tensor& input, const UnitFn& fn) const {
   return run_chain(runners_, runners_.size(), index, input, fn);
 }
@@ -99,10 +106,12 @@ double ModelStats::flops_per_token(int64_t seq_len) const {
   // 6 FLOPs per parameter per token (forward 2, backward 4), embeddings excluded as lookups; plus
   // the attention matmuls (scores and weighted sum), 12 per head dimension per key position.
   const double window_keys = static_cast<double>(std::min(seq_len, attention_window));
-  const double keys =
-      static_cast<double>(n_layers - n_window_layers) * static_cast<double>(seq_len) +
-      static_cast<double>(n_window_layers) * window_keys;
-  return 6.0 * static_cast<double>(active_params() - n_embedding_params) +
+  const double keys = static_cast<double>(n_layers + n_mtp_layers - n_window_layers) *
+                          static_cast<double>(seq_len) +
+                      static_cast<double>(n_window_layers) * window_keys;
+  const double mtp_heads = static_cast<double>(n_mtp_layers) * static_cast<double>(dim) *
+                           static_cast<double>(vocab_size);
+  return 6.0 * (static_cast<double>(active_params() - n_embedding_params) + mtp_heads) +
          12.0 * static_cast<double>(n_heads) * static_cast<double>(head_dim) * keys;
 }
 

@@ -36,9 +36,13 @@ struct ModelStats {
   // attention_window keys, which flops_per_token counts instead of seq_len.
   int64_t n_window_layers = 0;
   int64_t attention_window = 0;
+  // Multi-token prediction depths (DeepSeek-V3): each one block more (in the parameters) that
+  // attends over seq_len keys, and one more pass through the output head per token, which
+  // flops_per_token counts.
+  int64_t n_mtp_layers = 0;
   int64_t active_params() const { return n_active_params > 0 ? n_active_params : n_params; }
   // TorchTitan's formula: 6 * (active params - n_embedding_params) + 12 * L * H * head_dim *
-  // seq_len.
+  // seq_len (plus the multi-token prediction depths' attention and head passes).
   double flops_per_token(int64_t seq_len) const;
   // Bytes of activations kept for backward by one training micro-batch of (batch, seq_len) tokens
   // when matmuls run in `compute_dtype` (an estimate; attention scores are materialised on CPU).
@@ -107,9 +111,26 @@ using UnitFn = std::function<at::Tensor(const at::Tensor&)>;
 class UnitRunner {
  public:
   virtual ~UnitRunner() = default;
+  // Around every Model::forward (one per call, also per pipeline microbatch): a runner that
+  // tracks a forward's units (FSDP: which are gathered, which unit runs how often) starts over
+  // at begin_forward and may release what only that forward needed at end_forward. A unit may
+  // run more than once in a forward (ModelUnit::reused_in_forward), as often as the forward
+  // needs (multi-token prediction reruns the embedding and the head once per depth).
+  virtual void begin_forward() {}
+  virtual void end_forward() {}
   // Runs unit `index` (a position in Model::units()) on `input`, calling `next` (possibly again
   // later, see UnitFn), and returns its output.
   virtual at::Tensor run(int64_t index, const at::Tensor& input, const UnitFn& next) = 0;
+};
+
+// One auxiliary loss of a forward (ForwardInputs::auxiliary_losses): a 0-d float32 mean
+// cross-entropy over the predicted tokens of `labels` (-100: not predicted), differentiable. The
+// caller weighs the losses of one `name` (their mean over the forward's entries, e.g. over
+// multi-token prediction's depths) into what backward runs on, and logs that mean by name.
+struct AuxiliaryLoss {
+  std::string name;  // "mtp_loss"
+  at::Tensor value;
+  at::Tensor labels;  // (bs, seqlen) int64: the targets `value` averages over
 };
 
 // What a forward needs besides its tokens, given by whoever runs it (the parallelized model, a
@@ -129,6 +150,12 @@ struct ForwardInputs {
   // logits against them, a 0-d float32 tensor, without materialising the logits. Undefined:
   // logits.
   at::Tensor loss_labels;
+  // Auxiliary training objectives (multi-token prediction): the next-token targets of the tokens,
+  // (bs, seqlen) int64 as the loss takes them (-100: not predicted), and where forward appends the
+  // auxiliary losses it computes from them. Either undefined / null: none are computed (inference,
+  // validation).
+  at::Tensor targets;
+  std::vector<AuxiliaryLoss>* auxiliary_losses = nullptr;
 };
 
 // A trainable decoder: forward(tokens (bs, seqlen) int64) -> logits (bs, seqlen, vocab) float32.
@@ -143,7 +170,8 @@ class Model : public torch::nn::Module {
   // bf16/fp16, else the parameters' dtype).
   // `inputs`: what else this forward needs (ForwardInputs; empty: positions 0 .. seqlen - 1,
   // causal attention, logits out).
-  virtual at::Tensor forward(const at::Tensor& tokens, const ForwardInputs& inputs) = 0;
+  // Runs run_forward between the runners' begin_forward and end_forward.
+  at::Tensor forward(const at::Tensor& tokens, const ForwardInputs& inputs);
   at::Tensor forward(const at::Tensor& tokens) { return forward(tokens, ForwardInputs{}); }
   // How parameter `name` (an FQN of named_parameters()) starts out; its values then depend only
   // on the seed, the name and the position (init.h), never on how the model is split.
@@ -187,6 +215,15 @@ class Model : public torch::nn::Module {
   void remove_unit_runner(UnitRunner* runner);
   const std::vector<UnitRunner*>& unit_runners() const { return runners_; }
 
+  // Multi-token prediction's logits without autograd (whole models): one (bs, seqlen, vocab)
+  // float32 tensor per depth k, position t predicting token t + k + 1 (the last k positions
+  // read wrapped tokens and mean nothing); empty for a model without prediction depths.
+  virtual std::vector<at::Tensor> mtp_logits(const at::Tensor& tokens) { return {}; }
+
+  // Why this model cannot (yet) be split by `parallelism` ("pipeline", "tensor", "context"), or
+  // empty when it can; parallelize refuses with the reason (a ConfigError) before applying it.
+  virtual std::string refuses(const std::string& parallelism) const { return {}; }
+
   // The fused linear + cross-entropy (compile.components "loss", models/common/fused_loss.h):
   // whether a forward given ForwardInputs::loss_labels returns the loss instead of logits.
   virtual bool supports_fused_loss() const { return false; }
@@ -209,6 +246,9 @@ class Model : public torch::nn::Module {
   // generic checks: its own rules (ConfigError), then the removal of what is not kept.
   virtual std::vector<std::string> stage_modules() const { return {}; }
   virtual void keep_modules(const std::set<std::string>& kept) {}
+
+  // The model's forward (see forward), which calls run_unit for each unit.
+  virtual at::Tensor run_forward(const at::Tensor& tokens, const ForwardInputs& inputs) = 0;
 
   // Forward implementations call this for each unit: fn(input) through the runner chain.
   at::Tensor run_unit(int64_t index, const at::Tensor& input, const UnitFn& fn) const;

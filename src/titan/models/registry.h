@@ -41,6 +41,13 @@ struct HfAdapter {
   std::function<TensorMap(const TensorMap& ours, const nlohmann::json& model)> to_hf;
   // The inverse; HF tensors that hold no parameter (e.g. rotary inv_freq buffers) are dropped.
   std::function<TensorMap(const TensorMap& hf, const nlohmann::json& model)> from_hf;
+  // Optional: from_hf_config's description fitted to the tensors a folder holds (their HF names),
+  // for what a config.json states that its tensors may lack (DeepSeek-V3's
+  // num_nextn_predict_layers, which transformers writes as 1 also where it saved no multi-token
+  // prediction layer).
+  std::function<nlohmann::json(const nlohmann::json& model,
+                               const std::vector<std::string>& hf_names)>
+      fit_to_tensors;
 };
 
 struct ModelSection;

@@ -198,7 +198,6 @@ DataParallel::DataParallel(Model& model, DataParallelOptions options)
     } else {
       u.reshard_after_forward = o.reshard_after_forward == "always" || !last;
     }
-    d.runs_per_forward += u.reused ? 2 : 1;
     d.units.push_back(std::move(u));
   }
   for (const auto& p : d.params) {
@@ -275,18 +274,7 @@ at::Tensor DataParallel::run(int64_t index, const at::Tensor& input, const UnitF
   Impl& d = *impl_;
   TITAN_CHECK(index >= 0 && index < static_cast<int64_t>(d.units.size()), "unit ", index,
               " out of range");
-  const int64_t pos = d.forward_pos;
-  d.forward_pos = (d.forward_pos + 1) % d.runs_per_forward;
-  if (pos == 0) {
-    // A new forward: the weights may have changed since the float8 scales were taken.
-    std::vector<int64_t> with_float8;
-    for (int64_t ui = 0; ui < static_cast<int64_t>(d.units.size()); ++ui) {
-      d.units[ui].uses = 0;
-      d.units[ui].scales_ready = false;
-      if (d.units[ui].f8_numel > 0) with_float8.push_back(ui);
-    }
-    if (d.options.float8_precompute_scales && !with_float8.empty()) d.compute_scales(with_float8);
-  }
+  const int64_t pos = d.forward_pos++;
   Impl::Unit& u = d.units[index];
   if (u.params.empty()) return next(input);  // none of this instance's parameters
   d.gather_finish(index);
@@ -305,10 +293,31 @@ at::Tensor DataParallel::run(int64_t index, const at::Tensor& input, const UnitF
   if (grad) {
     out = PreBackward::apply(out, &d, index);
     if (u.reshard_after_forward) d.reshard(index);
-  } else if (!u.reused || u.uses == 2) {
-    d.reshard(index);  // no backward will need it
+  } else if (!u.reused) {
+    d.reshard(index);  // no backward will need it (a reused unit: at end_forward)
   }
   return out;
+}
+
+void DataParallel::begin_forward() {
+  Impl& d = *impl_;
+  d.forward_pos = 0;
+  // The weights may have changed since the float8 scales were taken.
+  std::vector<int64_t> with_float8;
+  for (int64_t ui = 0; ui < static_cast<int64_t>(d.units.size()); ++ui) {
+    d.units[ui].uses = 0;
+    d.units[ui].scales_ready = false;
+    if (d.units[ui].f8_numel > 0) with_float8.push_back(ui);
+  }
+  if (d.options.float8_precompute_scales && !with_float8.empty()) d.compute_scales(with_float8);
+}
+
+void DataParallel::end_forward() {
+  Impl& d = *impl_;
+  if (at::GradMode::is_enabled()) return;  // backward releases them
+  for (int64_t ui = 0; ui < static_cast<int64_t>(d.units.size()); ++ui) {
+    if (d.units[ui].reused && d.units[ui].uses > 0) d.reshard(ui);
+  }
 }
 
 void DataParallel::defer_weight_grads(std::shared_ptr<WeightGradDeferral> deferral) {

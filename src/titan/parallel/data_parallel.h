@@ -104,6 +104,8 @@ class DataParallel : public UnitRunner, public ParallelPiece {
   DataParallel& operator=(const DataParallel&) = delete;
 
   at::Tensor run(int64_t index, const at::Tensor& input, const UnitFn& next) override;
+  void begin_forward() override;
+  void end_forward() override;
 
   // The pipeline's zero-bubble split (pipeline.h): while `deferral` collects, a unit's backward
   // adds itself to the collecting DeferredGrads as the consumer of its weights' deferred

@@ -109,8 +109,7 @@ struct DataParallel::Impl {
   double divide_factor = 1.0;
   std::vector<Param> params;
   std::vector<Unit> units;
-  int64_t runs_per_forward = 0;
-  int64_t forward_pos = 0;
+  int64_t forward_pos = 0;  // units run so far in the current forward
   std::deque<Pending> pending;
   at::Tensor anchor;             // a leaf that requires grad: gives GatherParams a backward
   at::Device device = at::kCPU;  // the model's

@@ -43,6 +43,14 @@ T* find_piece(const ParallelizedModel& pm, size_t part) {
   return nullptr;
 }
 
+// ConfigError with the model's reason when it cannot be split by `parallelism` (Model::refuses).
+void check_model_accepts(ParallelizedModel& pm, const std::string& parallelism) {
+  for (size_t i = 0; i < pm.n_parts(); ++i) {
+    const std::string why = pm.part_model(i).refuses(parallelism);
+    if (!why.empty()) throw ConfigError(why);
+  }
+}
+
 }  // namespace
 
 void register_parallelize(const std::string& name, ParallelizeFn fn) {
@@ -107,6 +115,7 @@ void prepare_model(Model& model, const ModelPreparation& p, at::Device device) {
 void apply_pp(ParallelizedModel& pm, const ParallelizeOptions& options) {
   pm.advance(Step::kPipeline, "pipeline parallelism must be applied first (and once)");
   if (!pm.dims().pp_enabled()) return;
+  check_model_accepts(pm, "pipeline");
   TITAN_CHECK(options.pipeline.has_value(),
               "pipeline parallelism needs its layout (ParallelizeOptions::pipeline)");
   const pp::PipelineLayout& layout = *options.pipeline;
@@ -138,6 +147,7 @@ void apply_tp(ParallelizedModel& pm, bool loss_parallel, const SeqLens& seq_lens
   pm.advance(Step::kTensor, "tensor parallelism must be applied first (and once)");
   const ParallelDims& dims = pm.dims();
   if (!dims.tp_enabled()) return;
+  check_model_accepts(pm, "tensor");
   const int64_t t = dims.tp();
   for (const auto& [what, n] : pm.part_model(0).tp_split_counts()) {
     TITAN_CONFIG_CHECK(n % t == 0, what, " ", n, " is not divisible by tensor_parallel_degree ", t,
@@ -175,6 +185,7 @@ void apply_cp(ParallelizedModel& pm, const std::string& load_balancer,
              "context parallelism must be applied after tensor parallelism (and once)");
   const ParallelDims& dims = pm.dims();
   if (!dims.cp_enabled()) return;
+  check_model_accepts(pm, "context");
   const RingGroups groups{dims.group_ptr("cp"), dims.group_ptr("cp_up"), dims.group_ptr("cp_down")};
   const int cp_rank = static_cast<int>(dims.coordinate(pm.rank()).cp);
   for (size_t i = 0; i < pm.n_parts(); ++i) {

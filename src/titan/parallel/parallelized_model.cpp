@@ -185,10 +185,39 @@ ForwardBatch ParallelizedModel::prepare(const at::Tensor& inputs, const at::Tens
   return batch;
 }
 
-at::Tensor ParallelizedModel::forward_loss(const ForwardBatch& batch, double token_factor) {
-  const at::Tensor out = parts_[0]->model->forward(batch.inputs, batch.forward);
+std::pair<at::Tensor, at::Tensor> ParallelizedModel::forward_loss(
+    const ForwardBatch& batch, double token_factor, std::map<std::string, at::Tensor>* auxiliary) {
+  std::vector<AuxiliaryLoss> extra;
+  ForwardInputs inputs = batch.forward;
+  if (auxiliary != nullptr) {
+    inputs.targets = batch.labels;
+    inputs.auxiliary_losses = &extra;
+  }
+  const at::Tensor out = parts_[0]->model->forward(batch.inputs, inputs);
   const at::Tensor mean = fused_loss_ ? out : loss(out, batch.labels);  // fused: the loss
-  return token_factor > 0 ? token_weighted_loss(mean, batch.labels, token_factor) : mean;
+  const at::Tensor main =
+      token_factor > 0 ? token_weighted_loss(mean, batch.labels, token_factor) : mean;
+  if (auxiliary == nullptr) return {main, main};
+  at::Tensor total = main;
+  // Each name's entries (multi-token prediction: one per depth) averaged, then weighted.
+  std::map<std::string, std::vector<const AuxiliaryLoss*>> by_name;
+  for (const AuxiliaryLoss& a : extra) by_name[a.name].push_back(&a);
+  for (const auto& [name, entries] : by_name) {
+    const auto weight = auxiliary_weights_.find(name);
+    TITAN_CHECK(weight != auxiliary_weights_.end(), "the model reports an auxiliary loss '", name,
+                "' that has no weight (ParallelizedModel::set_auxiliary_loss_weight)");
+    at::Tensor sum, logged;
+    for (const AuxiliaryLoss* a : entries) {
+      const at::Tensor part =
+          token_factor > 0 ? token_weighted_loss(a->value, a->labels, token_factor) : a->value;
+      sum = sum.defined() ? sum + part : part;
+      logged = logged.defined() ? logged + a->value.detach() : a->value.detach();
+    }
+    const double n = static_cast<double>(entries.size());
+    total = total + sum * (weight->second / n);
+    (*auxiliary)[name] = logged / n;
+  }
+  return {main, total};
 }
 
 at::Tensor ParallelizedModel::forward_backward(const at::Tensor& batch_inputs,
@@ -196,6 +225,7 @@ at::Tensor ParallelizedModel::forward_backward(const at::Tensor& batch_inputs,
                                                const PackedBatch& packing) {
   const ForwardBatch batch = prepare(batch_inputs, batch_labels, packing);
   at::Tensor loss_value;
+  auxiliary_.clear();
   if (pipeline_) {
     loss_value = pipeline_->train_step(
         batch.inputs, batch.labels,
@@ -204,14 +234,14 @@ at::Tensor ParallelizedModel::forward_backward(const at::Tensor& batch_inputs,
     const PhaseScope phase(Phase::kBackward, "finish backward");
     finish_backward();
   } else {
-    at::Tensor l;
+    std::pair<at::Tensor, at::Tensor> l;  // the loss, and what backward runs on
     {
       const PhaseScope phase(Phase::kForward);
-      l = forward_loss(batch, packing.token_factor);
+      l = forward_loss(batch, packing.token_factor, &auxiliary_);
     }
     const PhaseScope phase(Phase::kBackward);
-    (l * loss_scale).backward();
-    loss_value = l.detach();
+    (l.second * loss_scale).backward();
+    loss_value = l.first.detach();
     finish_backward();
   }
   return loss_value;
@@ -227,7 +257,7 @@ at::Tensor ParallelizedModel::evaluate(const at::Tensor& batch_inputs,
         batch.inputs, batch.labels,
         [this](const at::Tensor& l, const at::Tensor& y) { return loss(l, y); }, batch.forward);
   }
-  return forward_loss(batch);
+  return forward_loss(batch).first;
 }
 
 at::Tensor ParallelizedModel::reduce_over(const char* group, const at::Tensor& value,

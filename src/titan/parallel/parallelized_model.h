@@ -178,6 +178,15 @@ class ParallelizedModel {
   // loss in its head (ForwardInputs::loss_labels) instead of returning logits. ConfigError for a
   // model without it. Any time before the first step.
   void set_fused_loss();
+  // Auxiliary losses (ForwardInputs::auxiliary_losses: multi-token prediction's "mtp_loss"):
+  // training runs backward on loss + weight x (the mean of the forward's `name` entries). A model
+  // that reports a loss without a weight is an error. Any time before the first step.
+  void set_auxiliary_loss_weight(const std::string& name, double weight) {
+    auxiliary_weights_[name] = weight;
+  }
+  // The auxiliary losses of the last forward_backward, by name, each the mean of its entries
+  // (detached, this rank's, not token-weighted; under PP none): for the metrics.
+  const std::map<std::string, at::Tensor>& auxiliary_losses() const { return auxiliary_; }
   // Gives every parameter still on the meta device uninitialized storage on `device` (its
   // current, possibly TP-sliced shape); last, after the pieces.
   void materialize(at::Device device);
@@ -264,8 +273,12 @@ class ParallelizedModel {
                        const PackedBatch& packing) const;
   // `value` all-reduced over dims' group `group` (on its device), back on value's device.
   at::Tensor reduce_over(const char* group, const at::Tensor& value, dist::ReduceOp op) const;
-  // Forward of the whole model (no PP) to the mean loss (token_weighted_loss with a factor).
-  at::Tensor forward_loss(const ForwardBatch& batch, double token_factor = 0);
+  // Forward of the whole model (no PP) to the mean loss (token_weighted_loss with a factor), and
+  // what backward runs on: the loss, or with `auxiliary` the loss plus the model's auxiliary
+  // losses by their weights (left in `auxiliary`, detached, by name).
+  std::pair<at::Tensor, at::Tensor> forward_loss(
+      const ForwardBatch& batch, double token_factor = 0,
+      std::map<std::string, at::Tensor>* auxiliary = nullptr);
 
   const ParallelDims& dims_;
   int64_t rank_;
@@ -275,6 +288,8 @@ class ParallelizedModel {
   // Block-causal attention: the token ending a document (absent: causal).
   std::optional<int64_t> document_end_token_;
   bool fused_loss_ = false;
+  std::map<std::string, double> auxiliary_weights_;
+  std::map<std::string, at::Tensor> auxiliary_;  // of the last forward_backward
   std::vector<TrainedParam> params_;
   std::vector<size_t> param_part_;                 // params_[i] belongs to parts_[param_part_[i]]
   std::vector<const ParallelPiece*> param_owner_;  // the piece that placed params_[i], or null

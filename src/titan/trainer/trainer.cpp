@@ -260,6 +260,7 @@ void Trainer::build_model() {
     o.build_model = build;
   }
   parallel_ = parallelize_fn(config_.model.name)(model_, *dims_, rank_, o);
+  parallel_->set_auxiliary_loss_weight("mtp_loss", config_.training.mtp_loss_weight);
   const auto t1 = std::chrono::steady_clock::now();
   parallel_->init_weights(static_cast<uint64_t>(seed_));
   log_info("initialized this rank's parameters (seed ", seed_, ") in ",
@@ -463,6 +464,7 @@ StepResult Trainer::train_step(int64_t step) {
         static_cast<double>(ranks) / static_cast<double>(std::max<int64_t>(predicted, 1));
   }
   const double scale = token_factor > 0 ? 1.0 : 1.0 / static_cast<double>(accumulation_steps_);
+  std::map<std::string, at::Tensor> auxiliary;  // summed like the loss
   for (int64_t micro = 0; micro < accumulation_steps_; ++micro) {
     std::optional<Batch> batch;
     {
@@ -475,9 +477,15 @@ StepResult Trainer::train_step(int64_t step) {
     total +=
         parallel_->forward_backward(batch->inputs, batch->labels, scale, packing).to(at::kDouble) *
         scale;
+    for (const auto& [name, value] : parallel_->auxiliary_losses()) {
+      const at::Tensor part = value.to(at::kDouble) / static_cast<double>(accumulation_steps_);
+      auto [it, fresh] = auxiliary.emplace(name, part);
+      if (!fresh) it->second = it->second + part;
+    }
   }
   StepResult result;
   result.loss = parallel_->batch_mean(total);
+  for (const auto& [name, sum] : auxiliary) result.auxiliary[name] = parallel_->batch_mean(sum);
   const PhaseScope optimizer(Phase::kOptimizer);
   // The norm and the clipping coefficient stay on the device; AdamW applies the coefficient as
   // it reads each gradient. A non-finite loss or norm is found when the step is read
@@ -493,13 +501,17 @@ void Trainer::settle_steps(TrainResult& result) {
   if (unsettled_.empty()) return;
   std::vector<at::Tensor> values;
   for (const auto& [step, v] : unsettled_) values.push_back(v);
-  const at::Tensor host = to_host(at::stack(values));  // (steps, 2) float64
+  const at::Tensor host = to_host(at::stack(values));  // (steps, 2 + auxiliary losses) float64
   const auto rows = host.accessor<double, 2>();
   std::vector<std::pair<int64_t, at::Tensor>> steps = std::move(unsettled_);
   unsettled_.clear();
   for (size_t i = 0; i < steps.size(); ++i) {
     const double loss = rows[static_cast<int64_t>(i)][0];
     const double norm = rows[static_cast<int64_t>(i)][1];
+    for (size_t a = 0; a < auxiliary_names_.size(); ++a) {
+      result.auxiliary_losses[auxiliary_names_[a]].push_back(
+          rows[static_cast<int64_t>(i)][static_cast<int64_t>(2 + a)]);
+    }
     const int64_t step = steps[i].first;
     if (!std::isfinite(loss) || !std::isfinite(norm)) {
       const bool bad_loss = !std::isfinite(loss);
@@ -603,7 +615,15 @@ TrainResult Trainer::train() {
       }
       throw;
     }
-    unsettled_.emplace_back(step, at::stack({out.loss, out.grad_norm}));
+    // The auxiliary losses' columns, in auxiliary_names_ order (the same names every step).
+    std::vector<at::Tensor> row = {out.loss, out.grad_norm};
+    if (auxiliary_names_.empty()) {
+      for (const auto& item : out.auxiliary) auxiliary_names_.push_back(item.first);
+    }
+    TITAN_CHECK(out.auxiliary.size() == auxiliary_names_.size(), "step ", step, " reports ",
+                out.auxiliary.size(), " auxiliary losses, earlier steps ", auxiliary_names_.size());
+    for (const std::string& name : auxiliary_names_) row.push_back(out.auxiliary.at(name));
+    unsettled_.emplace_back(step, at::stack(row));
     const bool validates =
         config_.validation.enable && (step % config_.validation.freq == 0 || step == t.steps);
     // Read before anything is kept from this step (validation, a checkpoint, the end), so that
@@ -616,6 +636,9 @@ TrainResult Trainer::train() {
       LoggedValues v;
       v.loss = result.losses.back();
       v.grad_norm = result.grad_norms.back();
+      for (const std::string& name : auxiliary_names_) {
+        v.auxiliary.emplace_back(name, result.auxiliary_losses.at(name).back());
+      }
       v.lr = lr_scheduler_->lr_at(step);
       v.host_syncs = host_sync_count() - syncs_at_start;
       v.host_syncs_between_logs = most_syncs_since_log;

@@ -48,6 +48,9 @@ struct TrainState {
 struct StepResult {
   at::Tensor loss;       // 0-d float64: mean loss over the global batch
   at::Tensor grad_norm;  // 0-d float64: global gradient norm before clipping
+  // 0-d float64 means over the global batch of the model's auxiliary losses (multi-token
+  // prediction's mtp_loss), by name.
+  std::map<std::string, at::Tensor> auxiliary;
 };
 
 // What train() reports back (also used by tests).
@@ -55,8 +58,10 @@ struct TrainResult {
   std::vector<double> losses;             // loss of every step (mean over the global batch)
   std::vector<double> grad_norms;         // pre-clip grad norm of every step
   std::vector<double> validation_losses;  // one per validation run
-  int64_t steps = 0;                      // last step reached (== training.steps when done)
-  int64_t start_step = 1;                 // first step this run executed (> 1 after resuming)
+  // Auxiliary losses (multi-token prediction's mtp_loss) of every step, by name.
+  std::map<std::string, std::vector<double>> auxiliary_losses;
+  int64_t steps = 0;       // last step reached (== training.steps when done)
+  int64_t start_step = 1;  // first step this run executed (> 1 after resuming)
   double seconds = 0.0;
 };
 
@@ -137,6 +142,7 @@ class Trainer {
   int64_t accumulation_steps_ = 1;
   // Steps whose (loss, gradient norm) are still on the device: (step, (2) float64).
   std::vector<std::pair<int64_t, at::Tensor>> unsettled_;
+  std::vector<std::string> auxiliary_names_;  // the auxiliary losses' columns of unsettled_
   // The last step's max/mean expert load of each MoE layer on this rank (no layers: a dense
   // model), on the device until a logged step reads it.
   MoELoads moe_loads_;

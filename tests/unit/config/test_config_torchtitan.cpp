@@ -183,6 +183,7 @@ const std::set<std::string> kOwnKeys = {
     "training.dataset_shuffle",
     "training.num_threads",
     "training.device",
+    "training.mtp_loss_weight",
     "validation.dataset_text_field",
     "model.attn_mask_type",
     // [sft]: chat fine-tuning (TorchTitan's came after v0.2.2, configured in Python).

@@ -68,6 +68,21 @@ inline at::Tensor expect_cached_decoding_matches(Model& model, const at::Tensor&
   return full;
 }
 
+// The analytic parameter count (stats) of each flavor is the built model's (on the meta device:
+// shapes only).
+inline void expect_stats_count_parameters(const ModelSpec& spec,
+                                          const std::vector<std::string>& flavors) {
+  for (const std::string& flavor : flavors) {
+    ModelBuildOptions options;
+    options.max_seq_len = 16;
+    options.meta = true;
+    const auto model = spec.build(flavor, options);
+    int64_t total = 0;
+    for (const auto& item : model->named_parameters()) total += item.value().numel();
+    EXPECT_EQ(total, model->stats(1, 16).n_params) << flavor;
+  }
+}
+
 // Random tensors of the shapes of `model`'s parameters, by name (a Hugging Face round trip's
 // input).
 inline TensorMap random_tensors_like(Model& model) {

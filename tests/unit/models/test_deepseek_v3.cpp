@@ -57,15 +57,7 @@ TEST(DeepSeekV3, ReleasedSizes) {
         << s.flavor;
   }
   // The analytic count is the built model's (on the meta device: shapes only).
-  for (const char* flavor : {"tiny", "debugmodel", "16B"}) {
-    ModelBuildOptions options;
-    options.max_seq_len = 16;
-    options.meta = true;
-    const auto model = spec.build(flavor, options);
-    int64_t total = 0;
-    for (const auto& item : model->named_parameters()) total += item.value().numel();
-    EXPECT_EQ(total, model->stats(1, 16).n_params) << flavor;
-  }
+  test::expect_stats_count_parameters(spec, {"tiny", "debugmodel", "16B"});
   // Attention FLOPs as TorchTitan counts them: 6 * L * heads * (qk + v) * seq_len per token.
   const ModelStats st = spec.describe("671B", 1, 4096, at::kBFloat16);
   EXPECT_DOUBLE_EQ(st.flops_per_token(4096) -

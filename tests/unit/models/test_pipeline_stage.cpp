@@ -288,7 +288,7 @@ TEST(PipelineStage, StagesCheckTheirInputAndRefuseCachedInference) {
 // A model without a pipeline split.
 class Unsplittable : public Model {
  public:
-  at::Tensor forward(const at::Tensor& tokens, const ForwardInputs&) override { return tokens; }
+  at::Tensor run_forward(const at::Tensor& tokens, const ForwardInputs&) override { return tokens; }
   ParamInit param_init(const std::string&) const override { return ParamInit::zeros(); }
   ModelStats stats(int64_t, int64_t) const override { return {}; }
   std::vector<ModelUnit> units() const override { return {}; }

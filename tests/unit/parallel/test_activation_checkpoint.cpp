@@ -191,7 +191,7 @@ class NoisyModel : public Model {
     runs_.assign(layers, 0);
   }
   using Model::forward;
-  at::Tensor forward(const at::Tensor& x, const ForwardInputs&) override {
+  at::Tensor run_forward(const at::Tensor& x, const ForwardInputs&) override {
     at::Tensor h = x;
     for (size_t i = 0; i < layers_.size(); ++i) {
       h = run_unit(static_cast<int64_t>(i), h, [this, i](const at::Tensor& in) {

@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <set>
 #include <string>
 #include <utility>
 
@@ -206,7 +207,7 @@ nlohmann::json hf_config(const Llama3Args& args) {
       {"attention_dropout", 0.0},
       {"initializer_range", 0.02},
       {"use_cache", true},
-      {"num_nextn_predict_layers", 0},
+      {"num_nextn_predict_layers", args.num_mtp_layers},
   };
   if (a.yarn.enabled()) {
     config["rope_scaling"] = {{"rope_type", "yarn"},
@@ -289,6 +290,10 @@ Llama3Args args_from_hf_config(const nlohmann::json& c) {
   // One group is no limit (every expert in the chosen group).
   m.num_expert_groups = groups == 1 ? 0 : groups;
   m.num_limited_groups = groups == 1 ? 0 : limited;
+  // transformers' default is 1, and it writes the key also where it saved no multi-token
+  // prediction layer: fit_to_tensors then lowers the count to the layers the folder holds.
+  args.num_mtp_layers = int_or(c, "num_nextn_predict_layers", 1);
+  hf::check_int("num_nextn_predict_layers", args.num_mtp_layers, 0, 16);
   // Each value named by its key before the model's own checks, which know only our names (and a
   // zero kv_lora_rank would otherwise build attention without the latent and miss its tensors).
   llama3::check_hf_ranges(args);
@@ -312,8 +317,89 @@ Llama3Args args_from_hf_config(const nlohmann::json& c) {
   return args;
 }
 
-TensorMap to_hf_tensors(const TensorMap& ours, const Llama3Args& args) {
-  TensorMap hf, rest;
+namespace {
+
+// Multi-token prediction depth j's own tensors (ours after "mtp.<j>.", Hugging Face's after
+// "model.layers.<n_layers + j>."); its block's are a layer's, and the folder repeats the
+// embedding and the head in each MTP layer (embed_tokens, shared_head.head).
+constexpr std::array<std::pair<const char*, const char*>, 4> kMtpNames = {{
+    {"enorm.weight", "enorm.weight"},
+    {"hnorm.weight", "hnorm.weight"},
+    {"eh_proj.weight", "eh_proj.weight"},
+    {"norm.weight", "shared_head.norm.weight"},
+}};
+
+std::string translate_mtp(const std::string& rest, bool from_ours) {
+  for (const auto& [ours, hf] : kMtpNames) {
+    if (rest == (from_ours ? ours : hf)) return from_ours ? hf : ours;
+  }
+  return "";
+}
+
+}  // namespace
+
+nlohmann::json fit_to_tensors(const nlohmann::json& model, const std::vector<std::string>& names) {
+  Llama3Args args = llama3::args_from_description(model, family());
+  const std::set<std::string> present(names.begin(), names.end());
+  int64_t held = 0;
+  while (held < args.num_mtp_layers &&
+         present.count("model.layers." + std::to_string(args.mtp_layer_id(held + 1)) +
+                       ".eh_proj.weight") != 0) {
+    ++held;
+  }
+  if (held == args.num_mtp_layers) return model;
+  // Quietly: every folder transformers saves says 1 and holds none.
+  args.num_mtp_layers = held;
+  return llama3::describe_args(args, family());
+}
+
+namespace {
+
+// Our name of a multi-token prediction tensor as a main layer's ("mtp.<j>.block.<rest>" ->
+// "layers.<n_layers + j>.<rest>") or its own HF name; false for other names.
+bool mtp_to_hf_name(const std::string& name, const Llama3Args& args, std::string& as_layer,
+                    std::string& hf) {
+  int64_t j = 0;
+  std::string rest;
+  if (!split_layer(name, "mtp.", j, rest)) return false;
+  const std::string layer = std::to_string(args.mtp_layer_id(j + 1));
+  const std::string block = "block.";
+  if (rest.rfind(block, 0) == 0) {
+    as_layer = "layers." + layer + "." + rest.substr(block.size());
+  } else {
+    const std::string mapped = translate_mtp(rest, true);
+    if (mapped.empty())
+      throw DataError("deepseek_v3 -> Hugging Face: unknown tensor '" + name + "'");
+    hf = "model.layers." + layer + "." + mapped;
+  }
+  return true;
+}
+
+}  // namespace
+
+TensorMap to_hf_tensors(const TensorMap& ours_in, const Llama3Args& args) {
+  // Multi-token prediction: the blocks as the layers after the main ones, the rest by name, and
+  // DeepSeek's copies of the embedding and the head in every MTP layer.
+  TensorMap ours, hf, rest;
+  for (const auto& [name, tensor] : ours_in) {
+    std::string as_layer, own;
+    if (!mtp_to_hf_name(name, args, as_layer, own)) {
+      ours.emplace(name, tensor);
+    } else if (!as_layer.empty()) {
+      llama3::put_tensor(ours, as_layer, tensor, name);
+    } else {
+      llama3::put_tensor(hf, own, tensor, name);
+    }
+  }
+  for (int64_t depth = 1; depth <= args.num_mtp_layers; ++depth) {
+    const std::string prefix = "model.layers." + std::to_string(args.mtp_layer_id(depth)) + ".";
+    if (const auto e = ours_in.find("tok_embeddings.weight"); e != ours_in.end()) {
+      llama3::put_tensor(hf, prefix + "embed_tokens.weight", e->second, e->first);
+    }
+    if (const auto o = ours_in.find("output.weight"); o != ours_in.end()) {
+      llama3::put_tensor(hf, prefix + "shared_head.head.weight", o->second, o->first);
+    }
+  }
   for (const auto& [name, tensor] : ours) {
     int64_t layer = 0;
     std::string tail;
@@ -326,7 +412,9 @@ TensorMap to_hf_tensors(const TensorMap& ours, const Llama3Args& args) {
     }
   }
   // Every MoE layer has an e_score_correction_bias; zero where ours gave none (parameters only).
-  for (int64_t layer = args.n_dense_layers; args.has_moe() && layer < args.n_layers; ++layer) {
+  const int64_t layers = args.n_layers + args.num_mtp_layers;
+  for (int64_t layer = args.n_dense_layers; args.has_moe() && layer < layers; ++layer) {
+    if (!args.is_moe_layer(layer)) continue;
     hf.emplace("model.layers." + std::to_string(layer) + ".mlp.gate.e_score_correction_bias",
                at::zeros({args.moe.num_experts}, at::kFloat));
   }
@@ -338,6 +426,7 @@ TensorMap to_hf_tensors(const TensorMap& ours, const Llama3Args& args) {
 TensorMap from_hf_tensors(const TensorMap& hf, const Llama3Args& args) {
   TensorMap ours, rest;
   int64_t mtp_tensors = 0;
+  const int64_t layers = args.n_layers + args.num_mtp_layers;
   for (const auto& [name, tensor] : hf) {
     int64_t layer = 0;
     std::string tail;
@@ -345,9 +434,19 @@ TensorMap from_hf_tensors(const TensorMap& hf, const Llama3Args& args) {
       rest.emplace(name, tensor);
       continue;
     }
-    if (layer >= args.n_layers) {  // multi-token prediction (layer 61 of the released folders)
+    if (layer >= layers) {  // multi-token prediction layers this model does not have
       ++mtp_tensors;
       continue;
+    }
+    if (layer >= args.n_layers) {  // multi-token prediction (layer 61 of the released folders)
+      const std::string own = translate_mtp(tail, false);
+      if (!own.empty()) {
+        llama3::put_tensor(ours, "mtp." + std::to_string(layer - args.n_layers) + "." + own, tensor,
+                           name);
+        continue;
+      }
+      // DeepSeek's copies of the embedding and the head: the model's own are read.
+      if (tail == "embed_tokens.weight" || tail == "shared_head.head.weight") continue;
     }
     const std::string mapped = translate(tail, false);
     if (mapped.empty()) {
@@ -359,13 +458,26 @@ TensorMap from_hf_tensors(const TensorMap& hf, const Llama3Args& args) {
   for (const auto& [name, tensor] : qwen3::from_hf_tensors(rest, args)) {
     llama3::put_tensor(ours, name, tensor, name);
   }
+  // The multi-token prediction blocks read as main layers: their names as ours.
+  TensorMap out;
+  for (auto& [name, tensor] : ours) {
+    int64_t layer = 0;
+    std::string tail;
+    if (split_layer(name, "layers.", layer, tail) && layer >= args.n_layers) {
+      llama3::put_tensor(out, "mtp." + std::to_string(layer - args.n_layers) + ".block." + tail,
+                         tensor, name);
+    } else {
+      out.emplace(name, tensor);
+    }
+  }
   if (mtp_tensors > 0) {
     log_warning("Hugging Face -> deepseek_v3: the ", mtp_tensors,
-                " tensors of the multi-token prediction layers (model.layers.", args.n_layers,
-                " on) are not read: titan does not model them yet, and the main model does not "
-                "use them (transformers skips them too)");
+                " tensors of the multi-token prediction layers from model.layers.", layers,
+                " on are not read: this model has num_mtp_layers = ", args.num_mtp_layers,
+                " (generation and the main model do not use them). HINT: to train them, use a "
+                "flavor or description with num_mtp_layers (e.g. convert the folder itself)");
   }
-  return ours;
+  return out;
 }
 
 HfAdapter make_hf_adapter() {
@@ -373,6 +485,7 @@ HfAdapter make_hf_adapter() {
       llama3::family_hf_adapter(family(), "deepseek_v3",
                                 {&deepseek_v3::hf_config, &deepseek_v3::args_from_hf_config,
                                  &deepseek_v3::to_hf_tensors, &deepseek_v3::from_hf_tensors});
+  adapter.fit_to_tensors = &deepseek_v3::fit_to_tensors;
   return adapter;
 }
 

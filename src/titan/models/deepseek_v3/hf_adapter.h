@@ -17,14 +17,25 @@
 // rotates the same interleaved pairs as we do, so no row moves. Exported configs say YaRN with
 // mscale = mscale_all_dim = our mscale (the rotation unscaled, the softmax corrected as ours).
 // Hugging Face's router is always sigmoid and group-limited (n_group 1: no limit) with scores
-// applied after the experts; its latent norms use eps 1e-6. Multi-token-prediction layers
-// (model.layers.{num_hidden_layers}.*) are not modelled and are skipped on reading.
+// applied after the experts; its latent norms use eps 1e-6.
+//
+// Multi-token prediction depth j (num_nextn_predict_layers <-> num_mtp_layers) is HF layer
+// L + j (L = num_hidden_layers; 61 in the released model):
+//   mtp.j.enorm / hnorm / eh_proj          model.layers.{L+j}.enorm / hnorm / eh_proj
+//   mtp.j.norm                             model.layers.{L+j}.shared_head.norm
+//   mtp.j.block.<as a layer>               model.layers.{L+j}.<as a layer>
+//   (tok_embeddings, output: written again) model.layers.{L+j}.embed_tokens / shared_head.head
+// Reading ignores the repeated embedding and head, and layers past the model's num_mtp_layers
+// (with a warning).
 #pragma once
 
 #include "titan/models/llama3/args.h"
 #include "titan/models/registry.h"
 
 #include <nlohmann/json.hpp>
+
+#include <string>
+#include <vector>
 
 namespace titan::deepseek_v3 {
 
@@ -36,6 +47,11 @@ nlohmann::json hf_config(const llama3::Llama3Args& args);
 // rotation scaled by attention_factor != 1, biases, tied embeddings, another activation, a
 // quantization_config: the released fp8 weights must be dequantized first).
 llama3::Llama3Args args_from_hf_config(const nlohmann::json& config);
+
+// The description with num_mtp_layers lowered to the multi-token prediction layers `hf_names`
+// holds (HfAdapter::fit_to_tensors).
+nlohmann::json fit_to_tensors(const nlohmann::json& model,
+                              const std::vector<std::string>& hf_names);
 
 TensorMap to_hf_tensors(const TensorMap& ours, const llama3::Llama3Args& args);
 TensorMap from_hf_tensors(const TensorMap& hf, const llama3::Llama3Args& args);

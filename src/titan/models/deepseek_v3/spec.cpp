@@ -78,14 +78,24 @@ Llama3Args tiny() {
              /*limited_groups=*/2);
 }
 
+// `a` with multi-token prediction over `depths` depths.
+Llama3Args with_mtp(Llama3Args a, int64_t depths) {
+  a.num_mtp_layers = depths;
+  return a;
+}
+
 }  // namespace
 
 const std::vector<std::pair<std::string, Llama3Args>>& flavors() {
   using S = MoEArgs::Score;
   static const std::vector<std::pair<std::string, Llama3Args>> kFlavors = {
       {"tiny", tiny()},
+      {"tiny_mtp", with_mtp(tiny(), 2)},
       {"debugmodel", moe(base(256, 6, 1, 16, 1024, 2048, 0, 512, 0.70), 8, 3, 256, 2, S::kSoftmax,
                          false, 1.0, 0, 0)},
+      {"debugmodel_mtp", with_mtp(moe(base(256, 6, 1, 16, 1024, 2048, 0, 512, 0.70), 8, 3, 256, 2,
+                                      S::kSoftmax, false, 1.0, 0, 0),
+                                  1)},
       {"16B", moe(base(2048, 27, 1, 16, 10944, 102400, 0, 512, 0.70), 64, 6, 1408, 2, S::kSoftmax,
                   false, 1.0, 0, 0)},
       {"236B", moe(base(5120, 60, 1, 128, 12288, 102400, 1536, 512, 1.0), 160, 6, 1536, 2,

@@ -3,7 +3,9 @@
 // rotary key shared by all heads, YaRN frequencies and softmax correction) in every block, and
 // from layer n_dense_layers on a mixture of experts instead of the SwiGLU: shared experts, sigmoid
 // or softmax router scores, group-limited top-k, route scale, weights applied after the experts,
-// auxiliary-loss-free bias balancing. Multi-token prediction is not modelled.
+// auxiliary-loss-free bias balancing; multi-token prediction (Llama3Args::num_mtp_layers, the
+// _mtp flavors and Hugging Face folders with num_nextn_predict_layers) trains the MTP modules
+// with training.mtp_loss_weight.
 #pragma once
 
 #include "titan/models/llama3/args.h"
@@ -16,7 +18,8 @@
 namespace titan::deepseek_v3 {
 
 // tiny (unit tests: 3 layers, the first dense, q latent, sigmoid groups; its norms use HF's eps
-// 1e-6 so that it converts to Hugging Face exactly), then TorchTitan's debugmodel, 16B
+// 1e-6 so that it converts to Hugging Face exactly) and tiny_mtp (tiny with 2 prediction depths),
+// then TorchTitan's debugmodel, debugmodel_mtp (with DeepSeek-V3's one prediction depth), 16B
 // (DeepSeek-V2-Lite's sizes), 236B (DeepSeek-V2) and 671B (DeepSeek-V3).
 const std::vector<std::pair<std::string, llama3::Llama3Args>>& flavors();
 const llama3::Family& family();

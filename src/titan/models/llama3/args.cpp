@@ -126,6 +126,10 @@ void Llama3Args::validate() const {
         attention_chunk_size, " (0: none) and attn_temperature_floor = ", attn_temperature_floor,
         " (0: none) must be in range (the steps at most n_layers = ", n_layers, ")"));
   }
+  if (num_mtp_layers < 0 || num_mtp_layers > 16) {
+    throw ConfigError(message("llama3: num_mtp_layers = ", num_mtp_layers,
+                              " is out of range (0: none, at most 16 prediction depths)"));
+  }
   if ((nope_every > 0 || attention_chunk_size > 0 || qk_l2_norm || attn_temperature_floor > 0) &&
       (mla.enabled() || sliding_window > 0 || attention_sinks || qk_norm)) {
     throw ConfigError(
@@ -252,6 +256,17 @@ ModelStats compute_stats(const Llama3Args& args, int64_t batch, int64_t seq_len,
   const int64_t outside = stats.n_embedding_params + dim + (args.tie_embeddings ? 0 : vocab * dim);
   stats.n_params = outside + n_dense * layer_params + n_moe * moe_layer_params;
   stats.n_active_params = outside + n_dense * layer_params + n_moe * moe_layer_active;
+  // Multi-token prediction: per depth a block, eh_proj and three norms (the embedding and head
+  // are the model's).
+  int64_t n_mtp_moe = 0;
+  for (int64_t depth = 1; depth <= args.num_mtp_layers; ++depth) {
+    const bool moe_block = args.is_moe_layer(args.mtp_layer_id(depth));
+    n_mtp_moe += moe_block;
+    const int64_t own = 2 * dim * dim + 3 * dim;
+    stats.n_params += own + (moe_block ? moe_layer_params : layer_params);
+    stats.n_active_params += own + (moe_block ? moe_layer_active : layer_params);
+  }
+  stats.n_mtp_layers = args.num_mtp_layers;
   stats.n_layers = args.n_layers;
   stats.n_heads = args.n_heads;
   // flops_per_token counts 12 * head_dim FLOPs per head and key position: scores and weighted
@@ -312,6 +327,12 @@ ModelStats compute_stats(const Llama3Args& args, int64_t batch, int64_t seq_len,
   stats.activation_bytes = n_dense * per_layer + n_moe * moe_per_layer + r * tokens * dim +
                            4 * tokens + c * tokens * dim + (reduced ? c * vocab * dim : 0) +
                            2 * 4 * tokens * vocab + 8 * tokens;
+  // Each multi-token prediction depth: its block, the [embedding, hidden state] input and its
+  // projection, and the head's float32 logits and their gradient again.
+  const int64_t n_mtp_dense = args.num_mtp_layers - n_mtp_moe;
+  stats.activation_bytes += n_mtp_dense * per_layer + n_mtp_moe * moe_per_layer +
+                            args.num_mtp_layers * (3 * r * tokens * dim + c * tokens * dim +
+                                                   2 * 4 * tokens * vocab + 8 * tokens);
   // The mean block (dense and MoE blocks differ; Llama 4 interleaves them, DeepSeek-V3 starts
   // with dense ones).
   stats.block_activation_bytes = (n_dense * per_layer + n_moe * moe_per_layer) / args.n_layers;
@@ -365,6 +386,10 @@ std::string describe(const Llama3Args& args) {
   if (args.tie_embeddings) {
     os << ", tied embeddings";
   }
+  if (args.num_mtp_layers > 0) {
+    os << ", " << args.num_mtp_layers << " multi-token prediction layer"
+       << (args.num_mtp_layers > 1 ? "s" : "");
+  }
   return os.str();
 }
 
@@ -404,6 +429,7 @@ void visit_scalars(A& a, V&& v) {
   v("qk_l2_norm", a.qk_l2_norm);
   v("attn_temperature_floor", a.attn_temperature_floor);
   v("attn_temperature_scale", a.attn_temperature_scale);
+  v("num_mtp_layers", a.num_mtp_layers);
 }
 // The objects within: "rope_scaling", "moe", "mla", "yarn" (null: none).
 const char* const kObjectKeys[] = {"rope_scaling", "moe", "mla", "yarn"};
@@ -677,6 +703,7 @@ nlohmann::json resolved_args(const Llama3Args& args) {
   }
   if (args.attention_chunk_size > 0) resolved["attention_chunk_size"] = args.attention_chunk_size;
   if (args.qk_l2_norm) resolved["qk_l2_norm"] = true;
+  if (args.num_mtp_layers > 0) resolved["num_mtp_layers"] = args.num_mtp_layers;
   if (args.yarn.enabled()) {
     resolved["yarn"] = yarn_json(args);
     resolved["rope_scaling"] = nullptr;  // YaRN replaces the Llama 3.1 scaling

@@ -73,6 +73,12 @@ struct Llama3Args {
   bool qk_l2_norm = false;
   int64_t attn_temperature_floor = 0;
   double attn_temperature_scale = 0.1;
+  // Multi-token prediction (DeepSeek-V3, models/deepseek_v3): num_mtp_layers modules after the
+  // head, depth k (1-based) predicting token t + k + 1 at position t from depth k - 1's hidden
+  // state and the embedding of token t + k, through one block of layer id n_layers + k - 1 (an
+  // MoE block where layer n_layers is one), sharing the embedding and the output head. Training
+  // only: generation and validation run the main model.
+  int64_t num_mtp_layers = 0;
 
   static MoEArgs dense_moe() {
     MoEArgs m;
@@ -97,6 +103,8 @@ struct Llama3Args {
   int64_t layer_attention_chunk(int64_t layer) const {
     return is_nope_layer(layer) ? 0 : attention_chunk_size;
   }
+  // The layer id of multi-token prediction depth `depth` (1-based)'s block.
+  int64_t mtp_layer_id(int64_t depth) const { return n_layers + depth - 1; }
   int64_t kv_heads() const { return n_kv_heads > 0 ? n_kv_heads : n_heads; }
   // Whether layer `layer` attends through a sliding window (sliding_window > 0).
   bool is_sliding_layer(int64_t layer) const {

@@ -2,7 +2,10 @@
 #include "titan/models/llama3/model.h"
 
 #include "titan/common/check.h"
+#include "titan/kernels/cross_entropy.h"
+#include "titan/models/common/fused_loss.h"
 #include "titan/models/common/init.h"
+#include "titan/models/llama3/hf_adapter.h"
 #include "titan/models/registry.h"
 
 #include <ATen/core/grad_mode.h>
@@ -61,6 +64,37 @@ ParamInit block_param_init(const std::string& name, double weight_init_std) {
 std::string layer_name(int64_t layer_id) { return "layers." + std::to_string(layer_id); }
 
 }  // namespace
+
+MtpModule::MtpModule(int64_t depth, const Llama3Args& args, at::ScalarType compute_dtype) {
+  enorm = register_module("enorm", std::make_shared<RMSNorm>(args.dim, args.norm_eps));
+  hnorm = register_module("hnorm", std::make_shared<RMSNorm>(args.dim, args.norm_eps));
+  eh_proj =
+      register_module("eh_proj", std::make_shared<Linear>(2 * args.dim, args.dim, compute_dtype));
+  block = register_module(
+      "block", std::make_shared<TransformerBlock>(args.mtp_layer_id(depth), args, compute_dtype));
+  norm = register_module("norm", std::make_shared<RMSNorm>(args.dim, args.norm_eps));
+}
+
+at::Tensor MtpModule::forward(const at::Tensor& x, const RotaryEmbedding& rope,
+                              const at::Tensor& positions, const at::Tensor& document_ids) {
+  const int64_t dim = x.size(-1) / 2;
+  const at::Tensor joined =
+      at::cat({enorm->forward(x.narrow(-1, 0, dim)), hnorm->forward(x.narrow(-1, dim, dim))}, -1);
+  at::Tensor h = eh_proj->forward(joined);
+  if (h.scalar_type() != x.scalar_type()) h = h.to(x.scalar_type());  // the residual dtype
+  return norm->forward(block->forward(h, rope, positions, /*cache=*/nullptr, document_ids));
+}
+
+at::Tensor mtp_targets(const at::Tensor& targets, const at::Tensor& document_ids, int64_t depth) {
+  TITAN_CHECK(targets.dim() == 2 && depth >= 1, "mtp_targets: targets (bs, seqlen), depth >= 1");
+  const int64_t seq = targets.size(1);
+  at::Tensor kept = at::arange(seq, targets.options()).lt(seq - depth).unsqueeze(0);
+  if (document_ids.defined()) {
+    kept = kept & document_ids.eq(at::roll(document_ids, -depth, 1));
+  }
+  return at::where(kept, at::roll(targets, -depth, 1),
+                   at::full({}, kernels::kIgnoreIndex, targets.options()));
+}
 
 TransformerBlock::TransformerBlock(int64_t layer_id, const Llama3Args& args,
                                    at::ScalarType compute_dtype) {
@@ -148,6 +182,13 @@ Transformer::Transformer(const Llama3Args& args, at::ScalarType compute_dtype)
     output = register_module("output",
                              std::make_shared<Linear>(args.dim, args.vocab_size, compute_dtype));
   }
+  if (args.num_mtp_layers > 0) {
+    auto list = register_module("mtp", std::make_shared<torch::nn::Module>());
+    for (int64_t depth = 1; depth <= args.num_mtp_layers; ++depth) {
+      mtp.push_back(list->register_module(std::to_string(depth - 1),
+                                          std::make_shared<MtpModule>(depth, args, compute_dtype)));
+    }
+  }
 }
 
 bool Transformer::is_whole() const {
@@ -163,7 +204,10 @@ at::Tensor Transformer::embed(const at::Tensor& tokens) {
 
 at::Tensor Transformer::head(const at::Tensor& h, const at::Tensor& labels) {
   TITAN_CHECK(norm, "llama3: head on a pipeline stage without norm and output");
-  const at::Tensor hn = norm->forward(h);
+  return project(norm->forward(h), labels);
+}
+
+at::Tensor Transformer::project(const at::Tensor& hn, const at::Tensor& labels) {
   if (labels.defined()) {  // the fused linear + cross-entropy (model.h)
     return output ? output->forward_loss(hn, labels)
                   : fused_linear_cross_entropy(hn, tok_embeddings->weight, labels, compute_dtype_);
@@ -173,7 +217,7 @@ at::Tensor Transformer::head(const at::Tensor& h, const at::Tensor& labels) {
   return is_reduced_float(logits.scalar_type()) ? logits.to(at::kFloat) : logits;
 }
 
-at::Tensor Transformer::forward(const at::Tensor& tokens, const ForwardInputs& inputs) {
+at::Tensor Transformer::run_forward(const at::Tensor& tokens, const ForwardInputs& inputs) {
   // Unit indices follow units(): the present modules in order.
   int64_t unit = 0;
   at::Tensor h;  // (bs, seqlen, dim) in the residual dtype
@@ -200,9 +244,80 @@ at::Tensor Transformer::forward(const at::Tensor& tokens, const ForwardInputs& i
     });
   }
   if (!norm) return h;
-  const int64_t head_unit = output ? unit : 0;   // tied: the embedding's unit runs again
-  const at::Tensor labels = inputs.loss_labels;  // defined: the fused loss (model.h)
-  return run_unit(head_unit, h, [this, labels](const at::Tensor& x) { return head(x, labels); });
+  const int64_t head_unit = output ? unit++ : 0;  // tied: the embedding's unit runs again
+  const at::Tensor labels = inputs.loss_labels;   // defined: the fused loss (model.h)
+  const at::Tensor out =
+      run_unit(head_unit, h, [this, labels](const at::Tensor& x) { return head(x, labels); });
+  if (mtp.empty() || !inputs.targets.defined() || inputs.auxiliary_losses == nullptr) return out;
+
+  // Multi-token prediction: depth k embeds the tokens k ahead (rolled: the last k positions read
+  // wrapped tokens, and predict nothing), joins them to depth k - 1's h and predicts the targets
+  // k ahead through the shared head. The embedding and the head run as their units again.
+  TITAN_CHECK(is_whole(), "llama3: multi-token prediction needs the whole model");
+  const bool fused = labels.defined();
+  // Depth 1 reads the main model's final hidden state after its norm (transformers' MtpModel
+  // takes hidden_states[-1], the normed one; vLLM's DeepSeek MTP the same).
+  at::Tensor hidden =
+      run_unit(head_unit, h, [this](const at::Tensor& x) { return norm->forward(x); });
+  for (size_t j = 0; j < mtp.size(); ++j) {
+    const auto depth = static_cast<int64_t>(j + 1);
+    const at::Tensor embedded =
+        run_unit(0, at::roll(tokens, -depth, 1), [this](const at::Tensor& x) { return embed(x); });
+    MtpModule* module = mtp[j].get();
+    const RotaryEmbedding* table = rope.get();
+    hidden = run_unit(unit + static_cast<int64_t>(j), at::cat({embedded, hidden}, -1),
+                      [module, table, positions, docs](const at::Tensor& x) {
+                        return module->forward(x, *table, positions, docs);
+                      });
+    const at::Tensor targets = mtp_targets(inputs.targets, docs, depth);
+    // The fused loss, or the logits.
+    at::Tensor loss = run_unit(head_unit, hidden, [this, fused, targets](const at::Tensor& x) {
+      return project(x, fused ? targets : at::Tensor());
+    });
+    if (!fused) {
+      const at::Tensor mean =
+          at::cross_entropy_loss(loss.flatten(0, 1), targets.flatten(),
+                                 /*weight=*/{}, at::Reduction::Mean, kernels::kIgnoreIndex);
+      // No predicted token: 0 (ATen's mean is 0 / 0 there; its gradient is zero).
+      loss = at::where(targets.ne(kernels::kIgnoreIndex).any(), mean, at::zeros_like(mean));
+    }
+    inputs.auxiliary_losses->push_back({"mtp_loss", loss, targets});
+  }
+  return out;
+}
+
+std::vector<at::Tensor> Transformer::mtp_logits(const at::Tensor& tokens) {
+  if (mtp.empty()) return {};
+  TITAN_CHECK(is_whole(), "llama3: multi-token prediction needs the whole model");
+  at::NoGradGuard no_grad;
+  at::Tensor h = embed(tokens);
+  for (const auto& layer : layers) h = layer->forward(h, *rope);
+  at::Tensor hidden = norm->forward(h);
+  std::vector<at::Tensor> out;
+  for (size_t j = 0; j < mtp.size(); ++j) {
+    const at::Tensor ahead = at::roll(tokens, -static_cast<int64_t>(j + 1), 1);
+    hidden = mtp[j]->forward(at::cat({embed(ahead), hidden}, -1), *rope, {}, {});
+    out.push_back(project(hidden, {}).to(at::kFloat));
+  }
+  return out;
+}
+
+std::string Transformer::refuses(const std::string& parallelism) const {
+  if (mtp.empty()) return {};
+  std::string why;
+  if (parallelism == "pipeline") {
+    why = "its depths run after the head and use the first stage's embedding";
+  } else if (parallelism == "tensor") {
+    why = "its depths' cross-entropy takes whole-vocabulary logits (no loss parallel yet)";
+  } else if (parallelism == "context") {
+    why = "depth k reads the tokens k positions ahead, which lie on the next rank's shard";
+  } else {
+    return {};
+  }
+  return "multi-token prediction (num_mtp_layers = " + std::to_string(mtp.size()) +
+         ") does not compose with " + parallelism + " parallelism yet: " + why +
+         ". HINT: train it with data parallelism (FSDP, HSDP, DDP) and expert parallelism, or "
+         "use a flavor without multi-token prediction";
 }
 
 std::vector<ModelUnit> Transformer::units() const {
@@ -221,6 +336,18 @@ std::vector<ModelUnit> Transformer::units() const {
     out[0].name = "tok_embeddings, norm (tied output)";
     out[0].params.push_back("norm.weight");
     out[0].reused_in_forward = true;
+  }
+  if (!mtp.empty()) {  // a whole model: the embedding and the head run once more per depth
+    out.front().reused_in_forward = true;
+    if (output) out.back().reused_in_forward = true;
+  }
+  for (size_t j = 0; j < mtp.size(); ++j) {
+    const std::string name = "mtp." + std::to_string(j);
+    ModelUnit unit{name, {}};
+    unit.block = args_.mtp_layer_id(static_cast<int64_t>(j + 1));
+    for (const auto& item : mtp[j]->named_parameters())
+      unit.params.push_back(name + "." + item.key());
+    out.push_back(std::move(unit));
   }
   return out;
 }
@@ -253,6 +380,19 @@ ParamInit Transformer::param_init(const std::string& name) const {
   }
   if (name == "output.weight") return head;
   if (name == "norm.weight") return ParamInit::ones();
+  int64_t index = 0;
+  std::string rest;
+  if (parse_layer_name(name, "mtp.", index, rest) && index < args_.num_mtp_layers) {
+    if (rest == "enorm.weight" || rest == "hnorm.weight" || rest == "norm.weight") {
+      return ParamInit::ones();
+    }
+    if (rest == "eh_proj.weight") return ParamInit::trunc_normal(/*mean=*/0.0, /*std=*/0.02);
+    const std::string block = "block.";
+    if (rest.compare(0, block.size(), block) == 0) {
+      const int64_t layer = args_.mtp_layer_id(index + 1);
+      return block_param_init(rest.substr(block.size()), block_init_std(args_, layer));
+    }
+  }
   const std::string prefix = "layers.";
   if (name.compare(0, prefix.size(), prefix) == 0) {
     const size_t dot = name.find('.', prefix.size());
@@ -284,6 +424,7 @@ std::vector<std::string> Transformer::stage_modules() const {
 }
 
 void Transformer::keep_modules(const std::set<std::string>& seen) {
+  if (const std::string why = refuses("pipeline"); !why.empty()) throw ConfigError(why);
   const bool keep_norm = seen.count("norm") != 0, keep_output = seen.count("output") != 0;
   if (keep_norm != keep_output) {
     throw ConfigError(message(

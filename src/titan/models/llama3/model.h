@@ -54,6 +54,33 @@ class TransformerBlock : public torch::nn::Module {
   double weight_init_std;  // 0.02 / sqrt(2 * (layer_id + 1)) with depth_init, else / sqrt(2 L)
 };
 
+// One multi-token prediction depth (DeepSeek-V3's MTP module; Llama3Args::num_mtp_layers):
+//   h_k = norm(block(eh_proj([enorm(e), hnorm(h_{k-1})])))
+// with e the embedding of the token `depth` positions ahead and h_{k-1} the previous depth's
+// h (for depth 1 the main model's last hidden state after its final norm, what transformers'
+// MtpModel and vLLM read). h_k goes through the model's output head (without its norm) to the
+// logits of the token depth + 1 positions ahead, and on to the next depth (as transformers'
+// MtpModel chains them).
+class MtpModule : public torch::nn::Module {
+ public:
+  MtpModule(int64_t depth, const Llama3Args& args, at::ScalarType compute_dtype);
+  // x = [e, h_{k-1}] (bs, seqlen, 2 dim) in the residual dtype -> h_k (bs, seqlen, dim) in x's
+  // dtype; `positions` and `document_ids` as in TransformerBlock::forward.
+  at::Tensor forward(const at::Tensor& x, const RotaryEmbedding& rope, const at::Tensor& positions,
+                     const at::Tensor& document_ids);
+
+  std::shared_ptr<RMSNorm> enorm;
+  std::shared_ptr<RMSNorm> hnorm;
+  std::shared_ptr<Linear> eh_proj;          // 2 dim -> dim
+  std::shared_ptr<TransformerBlock> block;  // layer id args.mtp_layer_id(depth)
+  std::shared_ptr<RMSNorm> norm;            // before the shared head
+};
+
+// The targets of multi-token prediction depth `depth` (>= 1): position t predicts
+// targets[t + depth] (the token depth + 1 ahead), -100 (not predicted) where t + depth is past
+// the sequence or, with document ids (bs, seqlen), in another document than t.
+at::Tensor mtp_targets(const at::Tensor& targets, const at::Tensor& document_ids, int64_t depth);
+
 // The whole decoder, or one pipeline stage of it (keep_only). With tie_embeddings there is no
 // `output` module: the head multiplies by tok_embeddings.weight, and the shared tensor is listed
 // once by parameters().
@@ -67,7 +94,10 @@ class Transformer : public Model {
   // parameters were cast to float64). A stage without tok_embeddings takes the hidden state
   // (bs, seqlen, dim) in the residual dtype (what embed and the blocks return); one without the
   // head returns it.
-  at::Tensor forward(const at::Tensor& tokens, const ForwardInputs& inputs) override;
+  // Multi-token prediction (num_mtp_layers > 0, whole models): given ForwardInputs::targets and
+  // auxiliary_losses, forward also runs the depths after the head and appends each depth's mean
+  // cross-entropy as an AuxiliaryLoss "mtp_loss" (the fused loss when the head computes one).
+  at::Tensor run_forward(const at::Tensor& tokens, const ForwardInputs& inputs) override;
   using Model::forward;
   // tokens (bs, n) -> logits (bs, n, vocab) for positions [start_pos, start_pos + n); see Model.
   // Whole models only.
@@ -78,8 +108,10 @@ class Transformer : public Model {
   // for the model, not for one stage).
   ModelStats stats(int64_t batch, int64_t seq_len) const override;
   // tok_embeddings, layers.0 .. layers.{L-1}, "norm, output" (TorchTitan's FSDP units), those
-  // present in this stage. With tied embeddings the head's weight is the embedding's, so the
-  // first unit also holds the final norm and runs twice per forward.
+  // present in this stage, then mtp.0 .. (multi-token prediction). With tied embeddings the
+  // head's weight is the embedding's, so the first unit also holds the final norm and runs
+  // twice per forward; with multi-token prediction the embedding and the head run once more per
+  // depth.
   std::vector<ModelUnit> units() const override;
   // TorchTitan's Llama plan (tp_plan.cpp): sequence-parallel norms, column-wise wq/wk/wv/w1/w3,
   // row-wise wo/w2, row-wise embedding, column-wise output with loss parallel; rules for present
@@ -96,6 +128,9 @@ class Transformer : public Model {
   bool is_first_stage() const override { return tok_embeddings != nullptr; }
   bool is_last_stage() const override { return norm != nullptr; }
   bool supports_fused_loss() const override { return true; }
+  std::vector<at::Tensor> mtp_logits(const at::Tensor& tokens) override;
+  // Multi-token prediction does not compose with pipeline, tensor or context parallelism yet.
+  std::string refuses(const std::string& parallelism) const override;
 
   // The stages of forward, for callers that run layers themselves (pipeline stages,
   // activation checkpointing). embed: (bs, seqlen) -> h (bs, seqlen, dim) in the residual dtype;
@@ -112,10 +147,14 @@ class Transformer : public Model {
   std::vector<std::shared_ptr<TransformerBlock>> layers;  // registered as layers.<layer_id>
   std::shared_ptr<RMSNorm> norm;                          // null in a stage without the head
   std::shared_ptr<Linear> output;  // null when tie_embeddings or in a stage without the head
+  std::vector<std::shared_ptr<MtpModule>> mtp;  // registered as mtp.<depth - 1>
 
  private:
   // Whether this instance holds every module (not a pipeline stage).
   bool is_whole() const;
+
+  // The head without the final norm: hn -> logits, or the fused loss against `labels`.
+  at::Tensor project(const at::Tensor& hn, const at::Tensor& labels);
 
   Llama3Args args_;
   at::ScalarType compute_dtype_;
