@@ -1,7 +1,10 @@
 """transformers' gated delta rule (Qwen3-Next's torch_chunk_gated_delta_rule and
 torch_recurrent_gated_delta_rule, the pure-torch paths) on random inputs, for
 test_gated_delta_reference.sh: writes the inputs and both functions' outputs and final states to
-a safetensors file that titan's GatedDelta.MatchesTransformers unit test reads.
+a safetensors file that titan's GatedDelta.MatchesTransformers unit test reads; and a random
+Qwen3NextGatedDeltaNet layer (2 key heads serving 4 value heads, a 4-tap convolution) with its
+input and output ("layer.*", "layer_x", "layer_out", its sizes as "layer_sizes"), for
+GatedDeltaNet.MatchesTransformers.
 
   gated_delta_reference.py OUT.safetensors [--seed N]
 """
@@ -38,6 +41,28 @@ def main(argv):
                "chunk_size": torch.tensor(chunk, dtype=torch.int64),
                "out_chunk": out_c, "state_chunk": state_c,
                "out_recurrent": out_r, "state_recurrent": state_r}
+    # The layer: its pure-torch path (no cache), every weight drawn at unit scale so that each
+    # moves the output; chunk 64 over 21 positions (one padded chunk).
+    config = qn.Qwen3NextConfig(
+        hidden_size=32, linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=8,
+        linear_value_head_dim=6, linear_conv_kernel_dim=4, rms_norm_eps=1e-6,
+        num_hidden_layers=1, layer_types=["linear_attention"])
+    layer = qn.Qwen3NextGatedDeltaNet(config, 0).to(torch.float32).eval()
+    with torch.no_grad():
+        for name, p in layer.named_parameters():
+            if name == "A_log":
+                p.copy_(torch.log(torch.empty(p.shape).uniform_(0.5, 4.0)))
+            elif p.dim() == 1:
+                p.copy_(1.0 + 0.3 * torch.randn(p.shape))
+            else:
+                p.copy_(torch.randn(p.shape) / p[0].numel() ** 0.5)
+        x = torch.randn(2, 21, 32)
+        out = layer(x)
+    for name, p in layer.named_parameters():
+        tensors[f"layer.{name}"] = p.detach()
+    tensors["layer_x"] = x
+    tensors["layer_out"] = out
+    tensors["layer_sizes"] = torch.tensor([32, 2, 4, 8, 6, 4], dtype=torch.int64)
     save_file({n: t.contiguous() for n, t in tensors.items()}, args.out)
     print(f"{args.out}: transformers' chunked and recurrent gated delta rule "
           f"(max |chunked - recurrent| {float((out_c - out_r).abs().max()):.3g})")
