@@ -4,7 +4,9 @@ test_gated_delta_reference.sh: writes the inputs and both functions' outputs and
 a safetensors file that titan's GatedDelta.MatchesTransformers unit test reads; and a random
 Qwen3NextGatedDeltaNet layer (2 key heads serving 4 value heads, a 4-tap convolution) with its
 input and output ("layer.*", "layer_x", "layer_out", its sizes as "layer_sizes"), for
-GatedDeltaNet.MatchesTransformers.
+GatedDeltaNet.MatchesTransformers; and a random Qwen3NextAttention (partial RoPE, zero-centred
+q/k norms, output gate: "attention.*", "attention_x", "attention_out") for
+Qwen3NextParts.AttentionMatchesTransformers.
 
   gated_delta_reference.py OUT.safetensors [--seed N]
 """
@@ -63,6 +65,31 @@ def main(argv):
     tensors["layer_x"] = x
     tensors["layer_out"] = out
     tensors["layer_sizes"] = torch.tensor([32, 2, 4, 8, 6, 4], dtype=torch.int64)
+    # Qwen3-Next's gated full attention: 4 heads of 8 over 2 kv heads, RoPE on the first half of
+    # each head (theta 1e4), zero-centred q/k norms, the sigmoid output gate; causal over 21
+    # positions.
+    aconfig = qn.Qwen3NextConfig(
+        hidden_size=32, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+        rms_norm_eps=1e-6, num_hidden_layers=1, layer_types=["full_attention"],
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                         "partial_rotary_factor": 0.5},
+        attn_implementation="eager")
+    attention = qn.Qwen3NextAttention(aconfig, 0).to(torch.float32).eval()
+    rotary = qn.Qwen3NextRotaryEmbedding(aconfig)
+    with torch.no_grad():
+        for name, p in attention.named_parameters():
+            if p.dim() == 1:
+                p.copy_(0.3 * torch.randn(p.shape))
+            else:
+                p.copy_(torch.randn(p.shape) / p.shape[1] ** 0.5)
+        ax = torch.randn(2, 21, 32)
+        positions = torch.arange(21)[None].expand(2, -1)
+        mask = torch.full((21, 21), float("-inf")).triu(1)[None, None].expand(2, 1, 21, 21)
+        aout, _ = attention(ax, rotary(ax, positions), mask)
+    for name, p in attention.named_parameters():
+        tensors[f"attention.{name}"] = p.detach()
+    tensors["attention_x"] = ax
+    tensors["attention_out"] = aout
     save_file({n: t.contiguous() for n, t in tensors.items()}, args.out)
     print(f"{args.out}: transformers' chunked and recurrent gated delta rule "
           f"(max |chunked - recurrent| {float((out_c - out_r).abs().max()):.3g})")

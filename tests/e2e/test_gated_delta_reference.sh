@@ -5,7 +5,9 @@
 # positions, an initial state), and the unit test GatedDelta.MatchesTransformers (in test_models,
 # beside the titan binary) checks ours against them within 1e-5; and a random
 # Qwen3NextGatedDeltaNet layer's output, which GatedDeltaNet.MatchesTransformers checks ours
-# (models/common/gated_delta_net.h, the same weights) against within 1e-5.
+# (models/common/gated_delta_net.h, the same weights) against within 1e-5; and a random
+# Qwen3NextAttention's (partial RoPE, zero-centred q/k norms, output gate), which
+# Qwen3NextParts.AttentionMatchesTransformers checks our Attention against within 1e-5.
 source "$(dirname "$0")/lib.sh"
 PY="${TITAN_PYTHON:-}"
 [ -n "$PY" ] || fail "TITAN_PYTHON is not set. HINT: run through ctest, or \
@@ -15,9 +17,10 @@ TESTS="$(dirname "$TITAN")/test_models"
 [ -x "$TESTS" ] || fail "no $TESTS beside $TITAN (build the unit tests)"
 expect_exit 0 "$PY" "$(dirname "$0")/gated_delta_reference.py" "$WORK/gated_delta.safetensors"
 TITAN_GATED_DELTA_FIXTURE="$WORK/gated_delta.safetensors" expect_exit 0 "$TESTS" \
-  --gtest_filter=GatedDelta.MatchesTransformers:GatedDeltaNet.MatchesTransformers
+  --gtest_filter=GatedDelta.MatchesTransformers:GatedDeltaNet.MatchesTransformers:Qwen3NextParts.AttentionMatchesTransformers
 expect_output "gated delta vs transformers"
 expect_output "Gated DeltaNet layer vs transformers"
+expect_output "Qwen3-Next gated attention vs transformers"
 ! grep -q "SKIPPED" "$WORK/out" || fail "a comparison was skipped"
 grep "vs transformers" "$WORK/out"
 echo "PASS test_gated_delta_reference"

@@ -540,13 +540,20 @@ Attention::Attention(int64_t dim, int64_t n_heads, int64_t n_kv_heads, int64_t h
                      at::ScalarType compute_dtype, bool qk_norm, double norm_eps,
                      const AttentionExtras& extras)
     : extras(extras), head_dim(head_dim), compute_dtype(compute_dtype) {
-  wq = register_module("wq", std::make_shared<Linear>(dim, n_heads * head_dim, compute_dtype));
+  TITAN_CHECK(!(extras.output_gate && extras.bias), "attention: output_gate with biases");
+  TITAN_CHECK(extras.rope_dim >= 0 && extras.rope_dim <= head_dim && extras.rope_dim % 2 == 0,
+              "attention: rope_dim ", extras.rope_dim, " must be even and at most head_dim ",
+              head_dim);
+  const int64_t q_rows = n_heads * head_dim * (extras.output_gate ? 2 : 1);
+  wq = register_module("wq", std::make_shared<Linear>(dim, q_rows, compute_dtype));
   wk = register_module("wk", std::make_shared<Linear>(dim, n_kv_heads * head_dim, compute_dtype));
   wv = register_module("wv", std::make_shared<Linear>(dim, n_kv_heads * head_dim, compute_dtype));
   wo = register_module("wo", std::make_shared<Linear>(n_heads * head_dim, dim, compute_dtype));
   if (qk_norm) {
-    q_norm = register_module("q_norm", std::make_shared<RMSNorm>(head_dim, norm_eps));
-    k_norm = register_module("k_norm", std::make_shared<RMSNorm>(head_dim, norm_eps));
+    q_norm = register_module(
+        "q_norm", std::make_shared<RMSNorm>(head_dim, norm_eps, extras.zero_centered_norm));
+    k_norm = register_module(
+        "k_norm", std::make_shared<RMSNorm>(head_dim, norm_eps, extras.zero_centered_norm));
   }
   if (extras.bias) {
     bq = register_module("bq", std::make_shared<Bias>(at::IntArrayRef{n_heads * head_dim}));
@@ -586,13 +593,21 @@ at::Tensor Attention::forward(const at::Tensor& x, const RotaryEmbedding& rope,
     at::Tensor q, k, v;
     if (packed_qkv.intact()) {  // inference (prepare_for_inference): one product for the three
       const std::vector<at::Tensor> qkv = packed_qkv.forward(xc);
-      q = qkv[0].view({bs, n, -1, head_dim});
+      q = qkv[0];
       k = qkv[1].view({bs, n, -1, head_dim});
       v = qkv[2].view({bs, n, -1, head_dim});
     } else {
-      q = wq->forward(xc).view({bs, n, -1, head_dim});
+      q = wq->forward(xc);
       k = wk->forward(xc).view({bs, n, -1, head_dim});
       v = wv->forward(xc).view({bs, n, -1, head_dim});  // (bs, n, n_kv, head_dim)
+    }
+    at::Tensor gate;  // (bs, n, n_heads * head_dim) with output_gate
+    if (extras.output_gate) {
+      const at::Tensor both = q.view({bs, n, -1, 2 * head_dim});
+      gate = both.narrow(-1, head_dim, head_dim).reshape({bs, n, -1});
+      q = both.narrow(-1, 0, head_dim);
+    } else {
+      q = q.view({bs, n, -1, head_dim});
     }
     if (bq) {
       q = q + to_compute(bq->weight, compute_dtype).view({-1, head_dim});
@@ -603,14 +618,19 @@ at::Tensor Attention::forward(const at::Tensor& x, const RotaryEmbedding& rope,
       q = q_norm->forward(q);
       k = k_norm->forward(k);
     }
-    if (!extras.rope) {
-      // A NoPE layer (Llama 4): no rotation.
-    } else if (cache != nullptr && !positions.defined()) {  // [start_pos, start_pos + n)
-      q = rope.forward_from(q, cache->start_pos);
-      k = rope.forward_from(k, cache->start_pos);
-    } else {
-      q = rope.forward(q, positions);
-      k = rope.forward(k, positions);
+    // Partial RoPE rotates the first rope_dim dimensions of each head and keeps the rest.
+    const int64_t rotated = extras.rope_dim > 0 ? extras.rope_dim : head_dim;
+    const auto rotate = [&](const at::Tensor& t) {
+      const at::Tensor part = rotated < head_dim ? t.narrow(-1, 0, rotated) : t;
+      const at::Tensor turned = cache != nullptr && !positions.defined()
+                                    ? rope.forward_from(part, cache->start_pos)
+                                    : rope.forward(part, positions);
+      return rotated < head_dim ? at::cat({turned, t.narrow(-1, rotated, head_dim - rotated)}, -1)
+                                : turned;
+    };
+    if (extras.rope) {  // else a NoPE layer (Llama 4): no rotation
+      q = rotate(q);
+      k = rotate(k);
     }
     if (extras.l2_qk_norm) {
       q = rms_normalize(q, extras.l2_norm_eps);
@@ -639,7 +659,9 @@ at::Tensor Attention::forward(const at::Tensor& x, const RotaryEmbedding& rope,
     } else {
       out = inner_attention->forward(q, k, v, document_ids);
     }
-    const at::Tensor projected = wo->forward(out.view({bs, n, -1}));
+    at::Tensor flat = out.view({bs, n, -1});
+    if (gate.defined()) flat = flat * at::sigmoid(gate);
+    const at::Tensor projected = wo->forward(flat);
     return bo ? projected + to_compute(bo->weight, compute_dtype) : projected;
   });
 }

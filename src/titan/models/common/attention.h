@@ -190,6 +190,13 @@ struct AttentionExtras {
   double l2_norm_eps = 1e-5;
   int64_t temperature_floor = 0;
   double temperature_scale = 0.1;
+  // Qwen3-Next's gated attention: wq also gives every head a gate (its rows per head: head_dim of
+  // q, then head_dim of gate, as transformers' q_proj), and the attention output is multiplied by
+  // sigmoid(gate) before wo; RoPE on the first rope_dim dimensions of each head only (0: all, the
+  // RotaryEmbedding then built for rope_dim); q_norm and k_norm zero-centred (RMSNorm).
+  bool output_gate = false;
+  int64_t rope_dim = 0;
+  bool zero_centered_norm = false;
   // Whether the layer attends with sink_window_attention rather than the inner kernel.
   bool own_kernel() const { return sinks || window > 0 || chunk > 0 || softmax_scale > 0; }
 };

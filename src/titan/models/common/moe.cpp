@@ -232,6 +232,10 @@ MoE::MoE(int64_t dim, const MoEArgs& args, at::ScalarType compute_dtype)
         "shared_experts", std::make_shared<FeedForward>(
                               dim, args.hidden_dim * args.num_shared_experts, compute_dtype));
   }
+  if (args.shared_expert_gate) {
+    shared_gate = register_module("shared_gate", std::make_shared<Linear>(dim, 1, compute_dtype));
+  }
+
   expert_bias = register_buffer("expert_bias", at::zeros({args.num_experts}, at::kFloat));
   tokens_per_expert =
       register_buffer("tokens_per_expert", at::zeros({args.num_experts}, at::kFloat));
@@ -307,7 +311,11 @@ at::Tensor MoE::forward(const at::Tensor& x) {
     at::Tensor out = runner->run(*experts, routed, counts);
     if (!args_.score_before_experts) out = (out.to(wide) * w).to(out.scalar_type());
     at::Tensor y = at::zeros({tokens.size(0), dim}, out.options()).index_add(0, token_of, out);
-    if (shared_experts) y = y + shared_experts->forward(tokens);
+    if (shared_experts) {
+      at::Tensor shared = shared_experts->forward(tokens);
+      if (shared_gate) shared = shared * at::sigmoid(shared_gate->forward(tokens));
+      y = y + shared;
+    }
     return y.view(in.sizes());
   });
 }

@@ -40,6 +40,9 @@ struct MoEArgs {
   int64_t top_k = 1;
   int64_t hidden_dim = 0;          // of each routed expert (moe_inter_dim)
   int64_t num_shared_experts = 0;  // one SwiGLU of hidden_dim * num_shared_experts, every token
+  // Qwen3-Next: the shared experts' output times sigmoid(shared_gate(x)), a Linear dim -> 1 per
+  // token (transformers' shared_expert_gate).
+  bool shared_expert_gate = false;
   enum class Score { kSoftmax, kSigmoid } score_func = Score::kSoftmax;
   bool route_norm = false;  // normalize the top-k weights to sum 1 (Qwen3's norm_topk_prob)
   double route_scale = 1.0;
@@ -183,6 +186,7 @@ class MoE : public HookedModule {
   std::shared_ptr<Bias> gate_bias;  // (num_experts) added to the router's logits; null without
   std::shared_ptr<GroupedExperts> experts;
   std::shared_ptr<FeedForward> shared_experts;  // null without shared experts
+  std::shared_ptr<Linear> shared_gate;          // (1, dim); null without shared_expert_gate
   std::shared_ptr<ExpertRunner> runner = std::make_shared<LocalExperts>();
   // debug.moe_force_load_balance: token t's j-th choice is expert (t * top_k + j) mod experts,
   // whatever the scores (for benchmarks and tests that need even loads).

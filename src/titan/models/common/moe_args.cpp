@@ -22,6 +22,9 @@ void MoEArgs::validate() const {
                               num(hidden_dim), " or num_shared_experts ", num(num_shared_experts),
                               " is out of range (at most 65536, 16777216 and 1024)"));
   }
+  if (shared_expert_gate && num_shared_experts < 1) {
+    throw ConfigError("MoE: shared_expert_gate gates the shared experts; num_shared_experts is 0");
+  }
   if (num_experts < 1)
     throw ConfigError(message("MoE: num_experts must be >= 1, got ", num(num_experts)));
   if (top_k < 1 || top_k > num_experts) {

@@ -53,8 +53,9 @@ struct RMSNormFunction : public torch::autograd::Function<RMSNormFunction> {
 
 }  // namespace
 
-RMSNorm::RMSNorm(int64_t dim, double eps) : eps(eps) {
-  // Ones, as the model's init sets them (nothing to fill on the meta device).
+RMSNorm::RMSNorm(int64_t dim, double eps, bool zero_centered)
+    : eps(eps), zero_centered(zero_centered) {
+  // Ones (zeros), as the model's init sets them (nothing to fill on the meta device).
   weight = register_parameter("weight", new_parameter({dim}));
   if (!weight.is_meta()) reset_parameters();
 }
@@ -62,11 +63,12 @@ RMSNorm::RMSNorm(int64_t dim, double eps) : eps(eps) {
 at::Tensor RMSNorm::forward(const at::Tensor& x) {
   return hooked(x, [this](const at::Tensor& in) {
     const TraceSpan span("rmsnorm");
-    if (fused && kernels::cpu_fusable({in, weight}) &&
+    const at::Tensor w = scale();
+    if (fused && kernels::cpu_fusable({in, w}) &&
         kernels::fused_is_faster(kernels::FusedOp::kRmsNorm, in.scalar_type())) {
-      return fused_rms_norm(in, weight, eps);
+      return fused_rms_norm(in, w, eps);
     }
-    return RMSNormFunction::apply(in, weight, eps);
+    return RMSNormFunction::apply(in, w, eps);
   });
 }
 
@@ -76,7 +78,7 @@ std::pair<at::Tensor, at::Tensor> RMSNorm::forward_add(const at::Tensor& x,
       x.scalar_type() == delta.scalar_type() && kernels::cpu_fusable({x, delta, weight}) &&
       kernels::fused_is_faster(kernels::FusedOp::kRmsNorm, x.scalar_type())) {
     const TraceSpan span("rmsnorm");
-    return fused_add_rms_norm(x, delta, weight, eps);
+    return fused_add_rms_norm(x, delta, scale(), eps);
   }
   const at::Tensor h = x + delta;
   return {h, forward(h)};
@@ -84,7 +86,7 @@ std::pair<at::Tensor, at::Tensor> RMSNorm::forward_add(const at::Tensor& x,
 
 void RMSNorm::reset_parameters() {
   at::NoGradGuard no_grad;
-  weight.fill_(1.0);
+  weight.fill_(zero_centered ? 0.0 : 1.0);
 }
 
 }  // namespace titan

@@ -243,9 +243,9 @@ ModelStats compute_stats(const Llama3Args& args, int64_t batch, int64_t seq_len,
   const MoEArgs& moe = args.moe;
   const int64_t expert_params =
       3 * dim * moe.hidden_dim + (moe.expert_biases ? 2 * moe.hidden_dim + dim : 0);
-  const int64_t moe_common = attention_params + 2 * dim + moe.num_experts * dim +
-                             (moe.router_bias ? moe.num_experts : 0) +
-                             moe.num_shared_experts * 3 * dim * moe.hidden_dim;
+  const int64_t moe_common =
+      attention_params + 2 * dim + moe.num_experts * dim + (moe.router_bias ? moe.num_experts : 0) +
+      moe.num_shared_experts * 3 * dim * moe.hidden_dim + (moe.shared_expert_gate ? dim : 0);
   const int64_t moe_layer_params = moe_common + moe.num_experts * expert_params;
   const int64_t moe_layer_active = moe_common + moe.top_k * expert_params;
   const int64_t n_moe = args.n_moe_layers();
@@ -449,6 +449,7 @@ void visit_moe(M& m, V&& v) {
   v("top_k", m.top_k);
   v("hidden_dim", m.hidden_dim);
   v("num_shared_experts", m.num_shared_experts);
+  v("shared_expert_gate", m.shared_expert_gate);
   v("score_func", m.score_func);
   v("route_norm", m.route_norm);
   v("route_scale", m.route_scale);

@@ -209,6 +209,47 @@ at::Tensor permute_from_hf(const at::Tensor& w, int64_t n_heads) {
   return permute_rows(w, n_heads, /*to_hf=*/false);
 }
 
+namespace {
+
+at::Tensor permute_rotary_rows(const at::Tensor& w, int64_t n_heads, int64_t head_rows,
+                               int64_t rope_dim, bool to_hf) {
+  if (w.dim() == 1) {  // a norm's weight: rows of one column
+    return permute_rotary_rows(w.reshape({w.numel(), 1}), n_heads, head_rows, rope_dim, to_hf)
+        .view(w.sizes());
+  }
+  TITAN_CHECK(w.size(0) == n_heads * head_rows && rope_dim > 0 && rope_dim <= head_rows &&
+                  rope_dim % 2 == 0,
+              "permute_rotary_rows: ", w.size(0), " rows for ", n_heads, " heads of ", head_rows,
+              " rows, rope_dim ", rope_dim);
+  std::vector<int64_t> sizes = w.sizes().vec();
+  sizes[0] = n_heads;
+  sizes.insert(sizes.begin() + 1, head_rows);
+  const at::Tensor heads = w.reshape(sizes);  // (n_heads, head_rows, ...)
+  const at::Tensor rotary = heads.narrow(1, 0, rope_dim).reshape([&] {
+    std::vector<int64_t> s = w.sizes().vec();
+    s[0] = n_heads * rope_dim;
+    return s;
+  }());
+  const at::Tensor turned = permute_rows(rotary, n_heads, to_hf).reshape([&] {
+    std::vector<int64_t> s = sizes;
+    s[1] = rope_dim;
+    return s;
+  }());
+  return at::cat({turned, heads.narrow(1, rope_dim, head_rows - rope_dim)}, 1).reshape(w.sizes());
+}
+
+}  // namespace
+
+at::Tensor permute_rotary_to_hf(const at::Tensor& w, int64_t n_heads, int64_t head_rows,
+                                int64_t rope_dim) {
+  return permute_rotary_rows(w, n_heads, head_rows, rope_dim, /*to_hf=*/true);
+}
+
+at::Tensor permute_rotary_from_hf(const at::Tensor& w, int64_t n_heads, int64_t head_rows,
+                                  int64_t rope_dim) {
+  return permute_rotary_rows(w, n_heads, head_rows, rope_dim, /*to_hf=*/false);
+}
+
 nlohmann::json hf_config(const Llama3Args& args) {
   // RoPE as "rope_theta" + "rope_scaling", the keys every transformers version reads (5.x turns
   // them into its "rope_parameters" on loading).

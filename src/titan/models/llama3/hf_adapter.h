@@ -30,6 +30,13 @@ namespace titan::llama3 {
 at::Tensor permute_to_hf(const at::Tensor& w, int64_t n_heads);
 // The inverse of permute_to_hf.
 at::Tensor permute_from_hf(const at::Tensor& w, int64_t n_heads);
+// Partial RoPE (Qwen3-Next): w (n_heads * head_rows, ...) whose every head's first rope_dim rows
+// are rotated (the rest, and any gate rows after them, pass through): those rows permuted as
+// permute_to_hf / permute_from_hf permute a head.
+at::Tensor permute_rotary_to_hf(const at::Tensor& w, int64_t n_heads, int64_t head_rows,
+                                int64_t rope_dim);
+at::Tensor permute_rotary_from_hf(const at::Tensor& w, int64_t n_heads, int64_t head_rows,
+                                  int64_t rope_dim);
 
 // config.json of `args` (LlamaForCausalLM; dims, norm eps, rope theta and llama3 rope scaling,
 // tie_word_embeddings, max_position_embeddings = max_seq_len).

@@ -48,7 +48,8 @@ ParamInit block_param_init(const std::string& name, double weight_init_std) {
       name == "attention.wv.weight" || name == "attention.wq_a.weight" ||
       name == "attention.wq_b.weight" || name == "attention.wkv_a.weight" ||
       name == "attention.wkv_b.weight" || name == "feed_forward.w1.weight" ||
-      name == "moe.experts.w1.weight" || name == "moe.shared_experts.w1.weight") {
+      name == "moe.experts.w1.weight" || name == "moe.shared_experts.w1.weight" ||
+      name == "moe.shared_gate.weight") {
     return ParamInit::trunc_normal(/*mean=*/0.0, /*std=*/0.02);
   }
   if (name == "attention.wo.weight" || name == "feed_forward.w2.weight" ||
