@@ -10,8 +10,8 @@
 // One entry per op, written by the issuing thread at issue and updated by the waiting thread at
 // completion: a mutex and a slot copy, nothing allocated for shapes of up to 4 dims, so recording
 // costs well under a microsecond against tens of microseconds for the smallest collective
-// (docs/observability.md, "Flight recorder"). The dump is JSON, one file per rank (format below), written
-// atomically; analyze_flight_records() compares the ranks' files (`titan fr analyze DIR`).
+// (docs/observability.md, "Flight recorder"). The dump is JSON, one file per rank (format below),
+// written atomically; analyze_flight_records() compares the ranks' files (`titan fr analyze DIR`).
 //
 // Dump format: {"version": 1, "rank": R, "world_size": W, "capacity": N, "dropped": D,
 //   "entries": [{"id", "group", "group_size", "group_rank", "group_ranks": [world ranks],

@@ -10,6 +10,7 @@
 #include "titan/models/llama3/spec.h"
 #include "titan/models/llama4/spec.h"
 #include "titan/models/qwen3/spec.h"
+#include "titan/models/qwen3_next/spec.h"
 
 #include <algorithm>
 #include <mutex>
@@ -46,6 +47,7 @@ Registry& registry() {
     add_spec(make_deepseek_v3_spec());
     add_spec(make_gpt_oss_spec());
     add_spec(make_llama4_spec());
+    add_spec(make_qwen3_next_spec());
   });
   return registry_storage();
 }

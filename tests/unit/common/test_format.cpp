@@ -1,6 +1,6 @@
 // Number formatting and dtype names shared by the log lines and `inspect`.
-#include "titan/common/format.h"
 #include "titan/common/check.h"
+#include "titan/common/format.h"
 
 #include <gtest/gtest.h>
 

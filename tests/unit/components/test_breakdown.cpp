@@ -2,8 +2,8 @@
 // tiny Llama 3 under a StepBreakdown: the phases add up to the step, every family the model has
 // gets time (through the model's spans and autograd's sequence numbers), and the matmul FLOPs
 // equal 3 x 2 x tokens x the linear layers' weights, counted from the model's parameters.
-#include "titan/components/breakdown.h"
 #include "titan/common/phase.h"
+#include "titan/components/breakdown.h"
 #include "titan/components/loss.h"
 #include "titan/models/llama3/model.h"
 

@@ -1,7 +1,7 @@
 // Metrics: the JSON lines carry every documented key with the MFU arithmetic, and the GEMM probe
 // reports a plausible positive FLOP/s.
-#include "titan/components/metrics.h"
 #include "titan/common/cpu.h"
+#include "titan/components/metrics.h"
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>

@@ -1,10 +1,10 @@
 // [profiling]: the window schedule (TorchTitan's wait/warmup/active cycle), the memory timeline's
 // bytes per phase against allocations of known sizes (exact on the CPU), its out-of-memory dump
 // under a CPU limit, and a Kineto trace written and read back with our spans in it.
-#include "titan/components/profiling.h"
 #include "titan/common/check.h"
 #include "titan/common/memory_probe.h"
 #include "titan/common/phase.h"
+#include "titan/components/profiling.h"
 
 #include "../test_util.h"
 

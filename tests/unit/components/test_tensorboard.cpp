@@ -2,9 +2,9 @@
 // framing and Event encoding byte for byte against records written by TensorBoard's own Python
 // writer (tensorboard 2.21.0, RecordWriter and event_pb2), TorchTitan's folder layout, and a
 // MetricsLogger run whose event file, decoded here, holds every metrics.jsonl value.
-#include "titan/components/tensorboard.h"
 #include "titan/common/check.h"
 #include "titan/components/metrics.h"
+#include "titan/components/tensorboard.h"
 
 #include "../test_util.h"
 

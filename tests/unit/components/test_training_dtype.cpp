@@ -1,9 +1,9 @@
 // training.dtype (full bf16 training) and metrics.save_for_all_ranks file naming: the parts
 // that live in components/ (the trainer's use of them is in tests/unit/trainer).
-#include "titan/components/training_dtype.h"
 #include "titan/common/check.h"
 #include "titan/components/metrics.h"
 #include "titan/components/optimizer.h"
+#include "titan/components/training_dtype.h"
 
 #include <gtest/gtest.h>
 

@@ -304,10 +304,11 @@ std::unique_ptr<RowFile> open_parquet_file(const std::string& path, const RowFil
 #else  // built with TITAN_PARQUET=OFF
 
 std::unique_ptr<RowFile> open_parquet_file(const std::string& path, const RowFileOptions&) {
-  throw ConfigError(message(path, ": this titan was built without parquet support (CMake "
-                                  "option TITAN_PARQUET=OFF, no pyarrow when it was configured). "
-                                  "HINT: rebuild with -DTITAN_PARQUET=ON and the project's Python "
-                                  "environment, or convert the data to JSON lines"));
+  throw ConfigError(message(path,
+                            ": this titan was built without parquet support (CMake "
+                            "option TITAN_PARQUET=OFF, no pyarrow when it was configured). "
+                            "HINT: rebuild with -DTITAN_PARQUET=ON and the project's Python "
+                            "environment, or convert the data to JSON lines"));
 }
 
 #endif

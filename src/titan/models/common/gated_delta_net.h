@@ -15,6 +15,7 @@
 // (LinearAttentionState), one position or many at a time.
 #pragma once
 
+#include "titan/models/common/kv_cache.h"
 #include "titan/models/common/linear.h"
 
 #include <ATen/ATen.h>
@@ -40,14 +41,6 @@ struct GatedDeltaNetArgs {
   int64_t params(int64_t dim) const;
   // ConfigError naming the first value out of range (heads that do not divide, sizes <= 0).
   void validate() const;
-};
-
-// What generation carries between calls of one layer: the last conv_kernel - 1 inputs of the
-// convolution (bs, conv_dim, conv_kernel - 1) and the recurrent state (bs, num_v_heads,
-// head_k_dim, head_v_dim) float32. Undefined tensors: a sequence's start (zeros).
-struct LinearAttentionState {
-  at::Tensor conv;
-  at::Tensor recurrent;
 };
 
 class GatedDeltaNet : public torch::nn::Module {

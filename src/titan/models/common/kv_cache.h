@@ -12,12 +12,23 @@
 
 namespace titan {
 
+// What generation carries between calls of one layer: the last conv_kernel - 1 inputs of the
+// convolution (bs, conv_dim, conv_kernel - 1) and the recurrent state (bs, num_v_heads,
+// head_k_dim, head_v_dim) float32. Undefined tensors: a sequence's start (zeros).
+struct LinearAttentionState {
+  at::Tensor conv;
+  at::Tensor recurrent;
+};
+
 // One attention layer's history. Stored head-major, (bs, n_kv_heads, max_len, head_dim), so
 // that positions [0, L) of a head are one strided (L, head_dim) block that the attention
 // matmuls read in place (a position-major layout would need a copy per step).
 struct LayerKVCache {
   at::Tensor k;  // (bs, n_kv_heads, max_len, head_dim) in the compute dtype; undefined until used
   at::Tensor v;  // same shape and dtype as k
+  // A linear-attention layer's (Qwen3-Next): the convolution history and the recurrent state
+  // after the cached positions (gated_delta_net.h), which cannot rewind.
+  LinearAttentionState linear;
 };
 
 // The whole model's cache: one LayerKVCache per layer, `max_len` positions each.

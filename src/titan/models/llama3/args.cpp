@@ -126,6 +126,25 @@ void Llama3Args::validate() const {
         attention_chunk_size, " (0: none) and attn_temperature_floor = ", attn_temperature_floor,
         " (0: none) must be in range (the steps at most n_layers = ", n_layers, ")"));
   }
+  if (full_attention_interval < 0 || full_attention_interval > std::max<int64_t>(1, n_layers)) {
+    throw ConfigError(message("llama3: full_attention_interval = ", full_attention_interval,
+                              " (0: no linear attention) must be at most n_layers = ", n_layers));
+  }
+  if (full_attention_interval > 0) linear.validate();
+  if (!(partial_rotary_factor > 0 && partial_rotary_factor <= 1) || rope_dim() % 2 != 0 ||
+      rope_dim() < 2) {
+    throw ConfigError(message("llama3: partial_rotary_factor = ", partial_rotary_factor,
+                              " must be in (0, 1] and give an even number of rotated dimensions "
+                              "(head_dim ",
+                              head_dim(), " x ", partial_rotary_factor, " = ",
+                              static_cast<double>(head_dim()) * partial_rotary_factor, ")"));
+  }
+  if ((attention_output_gate || partial_rotary_factor != 1.0) &&
+      (mla.enabled() || attention_bias || attention_sinks)) {
+    throw ConfigError(
+        "llama3: Qwen3-Next's gated attention and partial RoPE do not combine with MLA, attention "
+        "biases or sinks");
+  }
   if (num_mtp_layers < 0 || num_mtp_layers > 16) {
     throw ConfigError(message("llama3: num_mtp_layers = ", num_mtp_layers,
                               " is out of range (0: none, at most 16 prediction depths)"));
@@ -236,7 +255,8 @@ ModelStats compute_stats(const Llama3Args& args, int64_t batch, int64_t seq_len,
           : dim * args.n_heads * head_dim * 2 + dim * n_kv * head_dim * 2 +
                 (args.qk_norm ? 2 * head_dim : 0) +
                 (args.attention_bias ? (args.n_heads + 2 * n_kv) * head_dim + dim : 0) +
-                (args.attention_sinks ? args.n_heads : 0);
+                (args.attention_sinks ? args.n_heads : 0) +
+                (args.attention_output_gate ? dim * args.n_heads * head_dim : 0);
   const int64_t ffn_params = 3 * dim * ffn;
   const int64_t layer_params = attention_params + ffn_params + 2 * dim;
   // An MoE block: the router, every expert, the shared experts; a token uses top_k experts.
@@ -267,6 +287,13 @@ ModelStats compute_stats(const Llama3Args& args, int64_t batch, int64_t seq_len,
     stats.n_active_params += own + (moe_block ? moe_layer_active : layer_params);
   }
   stats.n_mtp_layers = args.num_mtp_layers;
+  // Qwen3-Next: the linear-attention layers hold Gated DeltaNet in place of attention.
+  if (args.full_attention_interval > 0) {
+    const int64_t swap =
+        args.n_linear_attention_layers() * (args.linear.params(dim) - attention_params);
+    stats.n_params += swap;
+    stats.n_active_params += swap;
+  }
   stats.n_layers = args.n_layers;
   stats.n_heads = args.n_heads;
   // flops_per_token counts 12 * head_dim FLOPs per head and key position: scores and weighted
@@ -280,6 +307,11 @@ ModelStats compute_stats(const Llama3Args& args, int64_t batch, int64_t seq_len,
   }
   stats.attention_window =
       args.sliding_window > 0 ? args.sliding_window : args.attention_chunk_size;
+  // Linear attention (Qwen3-Next) costs per token about what attention over one chunk does.
+  if (args.full_attention_interval > 0) {
+    stats.n_window_layers += args.n_linear_attention_layers();
+    stats.attention_window = args.linear.chunk;
+  }
 
   const bool reduced = is_reduced_float(compute_dtype);
   const int64_t c = reduced ? dtype_bytes(compute_dtype) : 4;
@@ -360,6 +392,15 @@ std::string describe(const Llama3Args& args) {
   }
   if (args.head_dim_override > 0 && !args.mla.enabled()) os << " of " << args.head_dim();
   if (args.qk_norm) os << ", qk norm";
+  if (args.attention_output_gate) os << ", gated attention";
+  if (args.partial_rotary_factor != 1.0) os << ", RoPE on " << args.rope_dim() << " dims";
+  if (args.full_attention_interval > 0) {
+    const GatedDeltaNetArgs& l = args.linear;
+    os << ", linear attention (Gated DeltaNet " << l.num_k_heads << " key x " << l.head_k_dim
+       << " / " << l.num_v_heads << " value x " << l.head_v_dim << " heads) but every "
+       << args.full_attention_interval << "th layer";
+  }
+  if (args.zero_centered_norms) os << ", zero-centred norms";
   if (args.attention_bias) os << ", attention biases";
   if (args.attention_sinks) os << ", sinks";
   if (args.sliding_window > 0) {
@@ -377,7 +418,10 @@ std::string describe(const Llama3Args& args) {
   if (args.has_moe()) {
     os << ", MoE " << args.moe.num_experts << " experts top-" << args.moe.top_k << " of ffn "
        << args.moe.hidden_dim;
-    if (args.moe.num_shared_experts > 0) os << " + " << args.moe.num_shared_experts << " shared";
+    if (args.moe.num_shared_experts > 0) {
+      os << " + " << args.moe.num_shared_experts << (args.moe.shared_expert_gate ? " gated" : "")
+         << " shared";
+    }
     if (args.n_dense_layers > 0) os << " after " << args.n_dense_layers << " dense layers";
     if (args.interleave_moe_layer_step > 1)
       os << " every " << args.interleave_moe_layer_step << " layers";
@@ -430,6 +474,16 @@ void visit_scalars(A& a, V&& v) {
   v("attn_temperature_floor", a.attn_temperature_floor);
   v("attn_temperature_scale", a.attn_temperature_scale);
   v("num_mtp_layers", a.num_mtp_layers);
+  v("full_attention_interval", a.full_attention_interval);
+  v("linear_num_k_heads", a.linear.num_k_heads);
+  v("linear_num_v_heads", a.linear.num_v_heads);
+  v("linear_head_k_dim", a.linear.head_k_dim);
+  v("linear_head_v_dim", a.linear.head_v_dim);
+  v("linear_conv_kernel", a.linear.conv_kernel);
+  v("linear_chunk", a.linear.chunk);
+  v("attention_output_gate", a.attention_output_gate);
+  v("partial_rotary_factor", a.partial_rotary_factor);
+  v("zero_centered_norms", a.zero_centered_norms);
 }
 // The objects within: "rope_scaling", "moe", "mla", "yarn" (null: none).
 const char* const kObjectKeys[] = {"rope_scaling", "moe", "mla", "yarn"};
@@ -705,6 +759,18 @@ nlohmann::json resolved_args(const Llama3Args& args) {
   if (args.attention_chunk_size > 0) resolved["attention_chunk_size"] = args.attention_chunk_size;
   if (args.qk_l2_norm) resolved["qk_l2_norm"] = true;
   if (args.num_mtp_layers > 0) resolved["num_mtp_layers"] = args.num_mtp_layers;
+  // Qwen3-Next's: only when used.
+  if (args.full_attention_interval > 0) {
+    resolved["full_attention_interval"] = args.full_attention_interval;
+    resolved["linear"] = {{"num_k_heads", args.linear.num_k_heads},
+                          {"num_v_heads", args.linear.num_v_heads},
+                          {"head_k_dim", args.linear.head_k_dim},
+                          {"head_v_dim", args.linear.head_v_dim},
+                          {"conv_kernel", args.linear.conv_kernel}};
+  }
+  if (args.attention_output_gate) resolved["attention_output_gate"] = true;
+  if (args.partial_rotary_factor != 1.0) resolved["rope_dim"] = args.rope_dim();
+  if (args.zero_centered_norms) resolved["zero_centered_norms"] = true;
   if (args.yarn.enabled()) {
     resolved["yarn"] = yarn_json(args);
     resolved["rope_scaling"] = nullptr;  // YaRN replaces the Llama 3.1 scaling

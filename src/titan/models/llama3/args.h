@@ -2,6 +2,7 @@
 // tests and benchmarks), and the analytic sizes of a configuration (no weights allocated).
 #pragma once
 
+#include "titan/models/common/gated_delta_net.h"
 #include "titan/models/common/mla.h"
 #include "titan/models/common/moe.h"
 #include "titan/models/common/rope.h"
@@ -79,6 +80,18 @@ struct Llama3Args {
   // MoE block where layer n_layers is one), sharing the embedding and the output head. Training
   // only: generation and validation run the main model.
   int64_t num_mtp_layers = 0;
+  // Qwen3-Next (models/qwen3_next) on this decoder:
+  // - full_attention_interval > 0: layer i attends with Gated DeltaNet linear attention
+  //   (`linear`, models/common/gated_delta_net.h) unless (i + 1) % full_attention_interval == 0
+  //   (transformers' layer_types: 3 linear layers, then a full one, for 4);
+  // - attention_output_gate: the full attention's gated output (AttentionExtras::output_gate);
+  // - partial_rotary_factor: RoPE on that share of each head's dimensions;
+  // - zero_centered_norms: every RMSNorm scales by 1 + weight (initialised at zero).
+  int64_t full_attention_interval = 0;
+  GatedDeltaNetArgs linear;
+  bool attention_output_gate = false;
+  double partial_rotary_factor = 1.0;
+  bool zero_centered_norms = false;
 
   static MoEArgs dense_moe() {
     MoEArgs m;
@@ -102,6 +115,18 @@ struct Llama3Args {
   // The chunk size of layer `layer`'s chunked attention (0: none).
   int64_t layer_attention_chunk(int64_t layer) const {
     return is_nope_layer(layer) ? 0 : attention_chunk_size;
+  }
+  bool is_linear_attention_layer(int64_t layer) const {
+    return full_attention_interval > 0 && (layer + 1) % full_attention_interval != 0;
+  }
+  int64_t n_linear_attention_layers() const {
+    int64_t n = 0;
+    for (int64_t i = 0; i < n_layers; ++i) n += is_linear_attention_layer(i);
+    return n;
+  }
+  // The dimensions of each head RoPE rotates.
+  int64_t rope_dim() const {
+    return static_cast<int64_t>(static_cast<double>(head_dim()) * partial_rotary_factor);
   }
   // The layer id of multi-token prediction depth `depth` (1-based)'s block.
   int64_t mtp_layer_id(int64_t depth) const { return n_layers + depth - 1; }

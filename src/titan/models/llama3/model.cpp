@@ -27,12 +27,31 @@ double block_init_std(const Llama3Args& args, int64_t layer_id) {
 // The init of a block parameter `name` (relative to the block), see TransformerBlock::param_init.
 // MoE blocks (TorchTitan's MoE init): the first expert projection and the shared experts' w1 at
 // 0.02, the router and the other expert projections at the block's output std.
-ParamInit block_param_init(const std::string& name, double weight_init_std) {
+ParamInit block_param_init(const std::string& name, double weight_init_std,
+                           const Llama3Args& args) {
   if (name == "attention_norm.weight" || name == "ffn_norm.weight" ||
-      name == "attention.q_norm.weight" || name == "attention.k_norm.weight" ||
-      name == "attention.kv_norm.weight") {
+      name == "attention.q_norm.weight" || name == "attention.k_norm.weight") {
+    return args.zero_centered_norms ? ParamInit::zeros() : ParamInit::ones();
+  }
+  if (name == "attention.kv_norm.weight") return ParamInit::ones();
+  // Qwen3-Next's linear attention: projections as attention's, the convolution as PyTorch's
+  // default (kaiming-uniform bound 1 / sqrt(kernel)), dt_bias ones and A = exp(A_log) uniform in
+  // log space over [1, 16] (Mamba-2's range), the gated norm's weight ones.
+  if (name == "linear_attention.in_proj_qkvz.weight" ||
+      name == "linear_attention.in_proj_ba.weight") {
+    return ParamInit::trunc_normal(/*mean=*/0.0, /*std=*/0.02);
+  }
+  if (name == "linear_attention.out_proj.weight") {
+    return ParamInit::trunc_normal(/*mean=*/0.0, /*std=*/weight_init_std);
+  }
+  if (name == "linear_attention.conv1d.weight") {
+    const double bound = 1.0 / std::sqrt(static_cast<double>(args.linear.conv_kernel));
+    return ParamInit::uniform(-bound, bound);
+  }
+  if (name == "linear_attention.dt_bias.weight" || name == "linear_attention.norm.weight") {
     return ParamInit::ones();
   }
+  if (name == "linear_attention.A_log.weight") return ParamInit::uniform(0.0, std::log(16.0));
   // gpt-oss: biases start at zero (Hugging Face's init), sinks and the router bias as the
   // projections.
   if (name == "attention.bq.weight" || name == "attention.bk.weight" ||
@@ -99,7 +118,12 @@ at::Tensor mtp_targets(const at::Tensor& targets, const at::Tensor& document_ids
 
 TransformerBlock::TransformerBlock(int64_t layer_id, const Llama3Args& args,
                                    at::ScalarType compute_dtype) {
-  if (args.mla.enabled()) {
+  if (args.is_linear_attention_layer(layer_id)) {
+    GatedDeltaNetArgs linear = args.linear;
+    linear.norm_eps = args.norm_eps;
+    linear_attention = register_module(
+        "linear_attention", std::make_shared<GatedDeltaNet>(args.dim, linear, compute_dtype));
+  } else if (args.mla.enabled()) {
     latent_attention =
         register_module("attention", std::make_shared<MultiHeadLatentAttention>(
                                          args.dim, args.n_heads, args.mla, compute_dtype));
@@ -117,6 +141,10 @@ TransformerBlock::TransformerBlock(int64_t layer_id, const Llama3Args& args,
     extras.l2_norm_eps = args.norm_eps;
     extras.temperature_floor = nope ? args.attn_temperature_floor : 0;
     extras.temperature_scale = args.attn_temperature_scale;
+    // Qwen3-Next: the gated output, partial RoPE, zero-centred q/k norms.
+    extras.output_gate = args.attention_output_gate;
+    extras.rope_dim = args.partial_rotary_factor != 1.0 ? args.rope_dim() : 0;
+    extras.zero_centered_norm = args.zero_centered_norms;
     if (args.yarn.enabled()) {
       const double m = yarn_mscale(args.yarn.factor, 1.0);
       extras.softmax_scale = m * m / std::sqrt(static_cast<double>(args.head_dim()));
@@ -134,9 +162,12 @@ TransformerBlock::TransformerBlock(int64_t layer_id, const Llama3Args& args,
         std::make_shared<FeedForward>(args.dim, args.ffn_hidden_dim(), compute_dtype));
   }
   attention_norm =
-      register_module("attention_norm", std::make_shared<RMSNorm>(args.dim, args.norm_eps));
-  ffn_norm = register_module("ffn_norm", std::make_shared<RMSNorm>(args.dim, args.norm_eps));
+      register_module("attention_norm",
+                      std::make_shared<RMSNorm>(args.dim, args.norm_eps, args.zero_centered_norms));
+  ffn_norm = register_module(
+      "ffn_norm", std::make_shared<RMSNorm>(args.dim, args.norm_eps, args.zero_centered_norms));
   this->layer_id = layer_id;
+  args_ = args;
   weight_init_std = block_init_std(args, layer_id);
 }
 
@@ -146,16 +177,27 @@ at::Tensor TransformerBlock::forward(const at::Tensor& x, const RotaryEmbedding&
   // x is in residual_dtype(compute_dtype); were it float32 under bf16 compute, the sums would
   // promote and keep it float32.
   const at::Tensor xn = attention_norm->forward(x);
-  const at::Tensor attended =
-      attention ? attention->forward(xn, rope, positions, cache, document_ids)
-                : latent_attention->forward(xn, rope, positions, cache, document_ids);
+  at::Tensor attended;
+  if (linear_attention) {
+    // Generation carries the layer's state in its cache entry (a new sequence at position 0).
+    LinearAttentionState* state = nullptr;
+    if (cache != nullptr) {
+      state = &cache->cache->linear;
+      if (cache->start_pos == 0) *state = LinearAttentionState{};
+    }
+    attended = linear_attention->forward(xn, document_ids, state).to(x.scalar_type());
+  } else if (attention) {
+    attended = attention->forward(xn, rope, positions, cache, document_ids);
+  } else {
+    attended = latent_attention->forward(xn, rope, positions, cache, document_ids);
+  }
   // h = x + attended and its norm, one fused kernel where the norm takes one (compile.enable).
   const auto [h, hn] = ffn_norm->forward_add(x, attended);
   return h + (moe ? moe->forward(hn) : feed_forward->forward(hn));
 }
 
 ParamInit TransformerBlock::param_init(const std::string& name) const {
-  return block_param_init(name, weight_init_std);
+  return block_param_init(name, weight_init_std, args_);
 }
 
 Transformer::Transformer(const Llama3Args& args, at::ScalarType compute_dtype)
@@ -171,14 +213,15 @@ Transformer::Transformer(const Llama3Args& args, at::ScalarType compute_dtype)
                   ? std::make_shared<RotaryEmbedding>(args.head_dim(), args.max_seq_len,
                                                       args.rope_theta, args.yarn)
                   : std::make_shared<RotaryEmbedding>(
-                        args.head_dim(), args.max_seq_len, args.rope_theta,
+                        args.rope_dim(), args.max_seq_len, args.rope_theta,
                         args.use_rope_scaling ? &args.rope_scaling : nullptr));
   layer_list_ = register_module("layers", std::make_shared<torch::nn::Module>());
   for (int64_t i = 0; i < args.n_layers; ++i) {
     layers.push_back(layer_list_->register_module(
         std::to_string(i), std::make_shared<TransformerBlock>(i, args, compute_dtype)));
   }
-  norm = register_module("norm", std::make_shared<RMSNorm>(args.dim, args.norm_eps));
+  norm = register_module(
+      "norm", std::make_shared<RMSNorm>(args.dim, args.norm_eps, args.zero_centered_norms));
   if (!args.tie_embeddings) {
     output = register_module("output",
                              std::make_shared<Linear>(args.dim, args.vocab_size, compute_dtype));
@@ -304,6 +347,15 @@ std::vector<at::Tensor> Transformer::mtp_logits(const at::Tensor& tokens) {
 }
 
 std::string Transformer::refuses(const std::string& parallelism) const {
+  if (args_.full_attention_interval > 0 && (parallelism == "tensor" || parallelism == "context")) {
+    return parallelism == "tensor"
+               ? "tensor parallelism does not split the linear-attention (Gated DeltaNet) layers "
+                 "yet: their recurrence runs over whole sequences, and their projections have no "
+                 "tensor-parallel plan. HINT: use FSDP, HSDP, DDP, PP and EP"
+               : "context parallelism would pass the linear-attention layers' recurrent state and "
+                 "convolution history from rank to rank along the sequence, which is not built "
+                 "yet. HINT: use FSDP, HSDP, DDP, PP and EP, or shorter sequences";
+  }
   if (mtp.empty()) return {};
   std::string why;
   if (parallelism == "pipeline") {
@@ -360,6 +412,10 @@ at::Tensor Transformer::forward_cached(const at::Tensor& tokens, KVCache& cache,
   at::NoGradGuard no_grad;
   TITAN_CHECK(start_pos >= 0 && start_pos <= cache.length, "start_pos ", start_pos,
               " would leave a gap after the ", cache.length, " cached positions");
+  TITAN_CHECK(args_.full_attention_interval == 0 || start_pos == 0 || start_pos == cache.length,
+              "start_pos ", start_pos, " rewinds a cache of ", cache.length,
+              " positions, which the linear-attention layers' recurrent state cannot. HINT: "
+              "start again at position 0");
   at::Tensor h = embed(tokens);  // (bs, n, dim)
   for (size_t i = 0; i < layers.size(); ++i) {
     // No positions: the cache step's [start_pos, start_pos + n), rows of the RoPE tables.
@@ -380,7 +436,9 @@ ParamInit Transformer::param_init(const std::string& name) const {
     return args_.tie_embeddings ? head : ParamInit::normal(/*mean=*/0.0, /*std=*/1.0);
   }
   if (name == "output.weight") return head;
-  if (name == "norm.weight") return ParamInit::ones();
+  if (name == "norm.weight") {
+    return args_.zero_centered_norms ? ParamInit::zeros() : ParamInit::ones();
+  }
   int64_t index = 0;
   std::string rest;
   if (parse_layer_name(name, "mtp.", index, rest) && index < args_.num_mtp_layers) {
@@ -391,7 +449,7 @@ ParamInit Transformer::param_init(const std::string& name) const {
     const std::string block = "block.";
     if (rest.compare(0, block.size(), block) == 0) {
       const int64_t layer = args_.mtp_layer_id(index + 1);
-      return block_param_init(rest.substr(block.size()), block_init_std(args_, layer));
+      return block_param_init(rest.substr(block.size()), block_init_std(args_, layer), args_);
     }
   }
   const std::string prefix = "layers.";
@@ -400,7 +458,7 @@ ParamInit Transformer::param_init(const std::string& name) const {
     if (dot != std::string::npos) {
       const int64_t layer = std::stoll(name.substr(prefix.size(), dot - prefix.size()));
       if (layer >= 0 && layer < args_.n_layers) {
-        return block_param_init(name.substr(dot + 1), block_init_std(args_, layer));
+        return block_param_init(name.substr(dot + 1), block_init_std(args_, layer), args_);
       }
     }
   }

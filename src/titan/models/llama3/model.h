@@ -7,6 +7,7 @@
 
 #include "titan/models/common/attention.h"
 #include "titan/models/common/feed_forward.h"
+#include "titan/models/common/gated_delta_net.h"
 #include "titan/models/common/linear.h"
 #include "titan/models/common/mla.h"
 #include "titan/models/common/moe.h"
@@ -43,7 +44,10 @@ class TransformerBlock : public torch::nn::Module {
   // trunc_normal(weight_init_std).
   ParamInit param_init(const std::string& name) const;
 
-  std::shared_ptr<Attention> attention;  // null with MLA (args.mla), which latent_attention is
+  std::shared_ptr<Attention> attention;  // null with MLA (args.mla) or linear attention
+  // Qwen3-Next's linear attention layers (args.is_linear_attention_layer), registered as
+  // "linear_attention"; null in the others.
+  std::shared_ptr<GatedDeltaNet> linear_attention;
   // Multi-head latent attention, registered as "attention" too (DeepSeek-V3); null without MLA.
   std::shared_ptr<MultiHeadLatentAttention> latent_attention;
   std::shared_ptr<FeedForward> feed_forward;  // null in an MoE block
@@ -52,6 +56,9 @@ class TransformerBlock : public torch::nn::Module {
   std::shared_ptr<RMSNorm> ffn_norm;
   int64_t layer_id;        // index in the whole model (the N of layers.N)
   double weight_init_std;  // 0.02 / sqrt(2 * (layer_id + 1)) with depth_init, else / sqrt(2 L)
+
+ private:
+  Llama3Args args_;  // the model's (for the inits that depend on it)
 };
 
 // One multi-token prediction depth (DeepSeek-V3's MTP module; Llama3Args::num_mtp_layers):
