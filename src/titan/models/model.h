@@ -89,6 +89,9 @@ enum class TpStyle {
   kSequenceParallel,  // weight replicated; runs on the sequence shard (norms)
   kOutput,            // input all-gathered on seq, weight rows (vocab) sharded: vocab-sharded
                       // logits for loss parallel (or all-gathered without it)
+  kReplicated,        // the whole module on every rank: input all-gathered on seq, output cut
+                      // back to the rank's sequence shard; weights replicated (Qwen3-Next's
+                      // linear attention, whose recurrence needs whole sequences)
 };
 struct TpRule {
   std::string module;  // FQN; "*" matches one component ("layers.*.attention.wq")

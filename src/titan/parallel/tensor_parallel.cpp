@@ -186,6 +186,21 @@ class GatherInputHook : public ForwardHook {
   dist::Group* g_;
 };
 
+// TpStyle::kReplicated: the module computes the whole sequences on every rank and keeps this
+// rank's share; the gather's backward sums the ranks' gradients of each share, and the weights'
+// partial gradients (each rank's share of the tokens) are summed with the other replicated ones.
+class ReplicatedHook : public ForwardHook {
+ public:
+  explicit ReplicatedHook(dist::Group* g) : g_(g) {}
+  at::Tensor run(HookedModule&, const at::Tensor& x, const ForwardBody& body) override {
+    const int64_t local = x.size(1);
+    return body(AllGatherSeq::apply(x, g_)).narrow(1, g_->rank() * local, local);
+  }
+
+ private:
+  dist::Group* g_;
+};
+
 class RowwiseHook : public ForwardHook {
  public:
   explicit RowwiseHook(dist::Group* g) : g_(g) {}
@@ -333,7 +348,8 @@ TensorParallel::TensorParallel(Model& model, std::shared_ptr<dist::Group> group,
       auto* hooked = dynamic_cast<HookedModule*>(module.get());
       auto* layer = dynamic_cast<WeightLayer*>(module.get());
       TITAN_CHECK(hooked != nullptr, "tensor-parallel plan: module ", name, " cannot be hooked");
-      const bool needs_weight = rule.style != TpStyle::kGatherInput;
+      const bool needs_weight =
+          rule.style != TpStyle::kGatherInput && rule.style != TpStyle::kReplicated;
       TITAN_CHECK(!needs_weight || layer != nullptr, "tensor-parallel plan: module ", name,
                   " has no weight to shard");
       switch (rule.style) {
@@ -368,6 +384,9 @@ TensorParallel::TensorParallel(Model& model, std::shared_ptr<dist::Group> group,
           break;
         case TpStyle::kSequenceParallel:
           break;  // replicated weight; reduce_replicated_grads sums its partial gradients
+        case TpStyle::kReplicated:
+          install_hook(*hooked, std::make_shared<ReplicatedHook>(group_.get()));
+          break;
         case TpStyle::kOutput:
           vocab_start_ = r * (layer->weight.size(0) / t);
           shard(name, *layer, 0, "vocabulary rows");

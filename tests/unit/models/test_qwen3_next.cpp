@@ -1,8 +1,9 @@
 // Qwen3-Next (model "qwen3_next"): the layer layout (three linear-attention layers, then a gated
 // full one), sizes against the built models, packed documents through both kinds of layers,
 // KV-cache decoding (with the linear layers' carried state) against the full forward, the
-// refused rewind, the refused parallelisms, and the Hugging Face config and tensor round trips
-// (tests/e2e/test_qwen3_next_hf.sh checks the model against transformers).
+// refused rewind, the refused context parallelism and the tensor-parallel plan, and the Hugging
+// Face config and tensor round trips (tests/e2e/test_qwen3_next_hf.sh checks the model against
+// transformers).
 #include "titan/common/check.h"
 #include "titan/models/llama3/model.h"
 #include "titan/models/qwen3_next/hf_adapter.h"
@@ -14,6 +15,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <string>
 
 namespace titan {
@@ -77,11 +79,16 @@ TEST(Qwen3Next, CachedDecodingEqualsTheFullForward) {
             std::string::npos);
 }
 
-TEST(Qwen3Next, RefusesTensorAndContextParallelism) {
+TEST(Qwen3Next, RefusesContextParallelism) {
   const auto model = tiny_model(4);
-  EXPECT_NE(model->refuses("tensor").find("linear-attention"), std::string::npos);
   EXPECT_NE(model->refuses("context").find("recurrent state"), std::string::npos);
   EXPECT_TRUE(model->refuses("pipeline").empty());
+  EXPECT_TRUE(model->refuses("tensor").empty());
+  // Tensor parallelism runs the linear-attention layers replicated over whole sequences.
+  const std::vector<TpRule> plan = model->tensor_parallel_plan();
+  EXPECT_TRUE(std::any_of(plan.begin(), plan.end(), [](const TpRule& r) {
+    return r.module == "layers.*.linear_attention" && r.style == TpStyle::kReplicated;
+  }));
 }
 
 TEST(Qwen3Next, HuggingFaceRoundTrips) {

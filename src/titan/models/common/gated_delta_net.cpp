@@ -70,6 +70,11 @@ at::Tensor causal_depthwise_conv(const at::Tensor& x, const at::Tensor& weight,
 
 at::Tensor GatedDeltaNet::forward(const at::Tensor& x, const at::Tensor& document_ids,
                                   LinearAttentionState* state) {
+  return hooked(x, [&](const at::Tensor& in) { return compute(in, document_ids, state); });
+}
+
+at::Tensor GatedDeltaNet::compute(const at::Tensor& x, const at::Tensor& document_ids,
+                                  LinearAttentionState* state) {
   const GatedDeltaNetArgs& a = args_;
   const int64_t bs = x.size(0), length = x.size(1);
   const int64_t nk = a.num_k_heads, nv = a.num_v_heads, dk = a.head_k_dim, dv = a.head_v_dim;

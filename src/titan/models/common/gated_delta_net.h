@@ -43,7 +43,7 @@ struct GatedDeltaNetArgs {
   void validate() const;
 };
 
-class GatedDeltaNet : public torch::nn::Module {
+class GatedDeltaNet : public HookedModule {
  public:
   GatedDeltaNet(int64_t dim, const GatedDeltaNetArgs& args, at::ScalarType compute_dtype);
 
@@ -64,6 +64,9 @@ class GatedDeltaNet : public torch::nn::Module {
   std::shared_ptr<Linear> out_proj;      // value_dim -> dim
 
  private:
+  at::Tensor compute(const at::Tensor& x, const at::Tensor& document_ids,
+                     LinearAttentionState* state);
+
   GatedDeltaNetArgs args_;
 };
 

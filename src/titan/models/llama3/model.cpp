@@ -347,14 +347,10 @@ std::vector<at::Tensor> Transformer::mtp_logits(const at::Tensor& tokens) {
 }
 
 std::string Transformer::refuses(const std::string& parallelism) const {
-  if (args_.full_attention_interval > 0 && (parallelism == "tensor" || parallelism == "context")) {
-    return parallelism == "tensor"
-               ? "tensor parallelism does not split the linear-attention (Gated DeltaNet) layers "
-                 "yet: their recurrence runs over whole sequences, and their projections have no "
-                 "tensor-parallel plan. HINT: use FSDP, HSDP, DDP, PP and EP"
-               : "context parallelism would pass the linear-attention layers' recurrent state and "
-                 "convolution history from rank to rank along the sequence, which is not built "
-                 "yet. HINT: use FSDP, HSDP, DDP, PP and EP, or shorter sequences";
+  if (args_.full_attention_interval > 0 && parallelism == "context") {
+    return "context parallelism would pass the linear-attention layers' recurrent state and "
+           "convolution history from rank to rank along the sequence, which is not built yet. "
+           "HINT: use FSDP, HSDP, DDP, TP, PP and EP, or shorter sequences";
   }
   if (mtp.empty()) return {};
   std::string why;

@@ -59,6 +59,11 @@ std::vector<TpRule> Transformer::tensor_parallel_plan() const {
   const bool dense_present = std::any_of(layers.begin(), layers.end(),
                                          [](const auto& layer) { return layer->feed_forward; });
   if (dense_present) plan.insert(plan.end(), dense_rules.begin(), dense_rules.end());
+  // Qwen3-Next's linear attention runs whole sequences, replicated (its weights' gradients summed).
+  if (std::any_of(layers.begin(), layers.end(),
+                  [](const auto& layer) { return layer->linear_attention; })) {
+    plan.push_back({"layers.*.linear_attention", TpStyle::kReplicated});
+  }
   if (norm) plan.push_back({"norm", TpStyle::kSequenceParallel});
   if (output) plan.push_back({"output", TpStyle::kOutput});
   return plan;
