@@ -1,7 +1,8 @@
-// Fuzzes Hugging Face config.json reading for Llama and Llama 4 (args_from_hf_config: dims,
-// optional keys, rope_parameters / rope_theta + rope_scaling, fixed keys; Llama 4's layer lists,
-// chunks and text_config) and what the adapters derive from it: the model description
-// (describe_args), which must read back to the same architecture.
+// Fuzzes Hugging Face config.json reading for Llama, Llama 4, Qwen3 and Qwen3-Next
+// (args_from_hf_config: dims, optional keys, rope_parameters / rope_theta + rope_scaling, fixed
+// keys; Llama 4's layer lists, chunks and text_config; Qwen3's MoE keys; Qwen3-Next's layer_types,
+// linear-attention sizes and partial RoPE) and what the adapters derive from it: the model
+// description (describe_args), which must read back to the same architecture.
 //
 // JSON syntax errors are a DataError in the app (hf_folder.cpp read_json); here they end the run.
 #include "fuzz_util.h"
@@ -9,6 +10,10 @@
 #include "titan/models/llama3/hf_adapter.h"
 #include "titan/models/llama4/hf_adapter.h"
 #include "titan/models/llama4/spec.h"
+#include "titan/models/qwen3/hf_adapter.h"
+#include "titan/models/qwen3/spec.h"
+#include "titan/models/qwen3_next/hf_adapter.h"
+#include "titan/models/qwen3_next/spec.h"
 
 #include <cstdio>
 
@@ -34,5 +39,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   };
   check(&llama3::args_from_hf_config, llama3::llama3_family());
   check(&llama4::args_from_hf_config, llama4::family());
+  check(&qwen3::args_from_hf_config, qwen3::family());
+  check(&qwen3_next::args_from_hf_config, qwen3_next::family());
   return 0;
 }
