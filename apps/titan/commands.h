@@ -25,6 +25,8 @@ int run_pipeline_schedule(const std::vector<std::string>& args);
 int run_plan(const std::vector<std::string>& args);
 // `titan plot`: an SVG of runs' metrics (loss, lr, tokens/s, memory, ...) against steps.
 int run_plot(const std::vector<std::string>& args);
+// `titan ft lighthouse`: the coordinator of fault-tolerant replica groups.
+int run_ft(const std::vector<std::string>& args);
 
 // True (and prints help for `command`) when args ask for --help / -h.
 bool maybe_print_help(const std::string& command, const std::vector<std::string>& args);

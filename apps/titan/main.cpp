@@ -61,6 +61,10 @@ const std::vector<Command>& commands() {
        false, titan::run_plan},
       {"plot", "draw runs' metrics (loss, lr, tokens/s, memory) into one SVG (`titan plot --help`)",
        false, titan::run_plot},
+      {"ft",
+       "fault-tolerant replica groups: `titan ft lighthouse` coordinates them (`titan ft "
+       "--help`)",
+       false, titan::run_ft},
       {"selftest", nullptr, false, titan::run_selftest},  // the multi-process launch check
   };
   return table;

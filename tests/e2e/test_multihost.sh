@@ -19,41 +19,10 @@
 #   - a degraded link, 1 ms more each way and 1% of the packets lost (netem where the kernel has
 #     it; else tests/tools/netdelay holding the packets in an NFQUEUE, and nftables dropping):
 #     training stays exact, only slower.
-# Needs root (network namespaces, CAP_NET_ADMIN), iproute2, nftables and, without netem,
-# iptables and the build's netdelay (scripts/setup.sh installs them).
-# Everything made here is removed on exit, also on failure.
+# The bed is bed_lib.sh's; without netem this test also needs iptables and the build's netdelay
+# (scripts/setup.sh installs them).
 source "$(dirname "${BASH_SOURCE[0]}")/parallel_lib.sh"
-
-command -v ip >/dev/null || fail "iproute2's ip is missing (scripts/setup.sh installs it)"
-command -v nft >/dev/null || fail "nftables' nft is missing (scripts/setup.sh installs it)"
-[ "$(id -u)" -eq 0 ] || fail "network namespaces need root"
-
-tag=$(($$ % 10000))
-bridge="tbr$tag"
-ns=("tns${tag}a" "tns${tag}b")
-addr=(10.231.0.1 10.231.0.2)
-cleanup() {
-  for n in "${ns[@]}"; do ip netns pids "$n" 2>/dev/null | xargs -r kill -9 2>/dev/null || true; done
-  for n in "${ns[@]}"; do ip netns del "$n" 2>/dev/null || true; done
-  ip link del "$bridge" 2>/dev/null || true
-  rm -rf "$WORK"
-}
-trap cleanup EXIT
-
-ip link add "$bridge" type bridge || fail "cannot create a bridge (network namespaces need CAP_NET_ADMIN)"
-ip link set "$bridge" up
-for i in 0 1; do
-  ip netns add "${ns[$i]}"
-  ip link add "tv${tag}h$i" type veth peer name "tv${tag}n$i"
-  ip link set "tv${tag}h$i" master "$bridge" up
-  ip link set "tv${tag}n$i" netns "${ns[$i]}"
-  ip -n "${ns[$i]}" link set "tv${tag}n$i" name eth0
-  ip -n "${ns[$i]}" addr add "${addr[$i]}/24" dev eth0
-  ip -n "${ns[$i]}" link set eth0 up
-  ip -n "${ns[$i]}" link set lo up
-done
-
-port() { echo $((20000 + RANDOM % 20000)); }
+source "$(dirname "${BASH_SOURCE[0]}")/bed_lib.sh"
 
 # start_on_hosts NAME NPROC [ENV=VALUE...] -- ARGS...: one `titan run` per namespace in the
 # background, outputs in $WORK/NAME.node{0,1}, process ids in node_pid[0..1].

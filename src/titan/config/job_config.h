@@ -503,7 +503,7 @@ struct CheckpointSection {
     v("load_only", load_only,
       "Load checkpoints (resume, initial_load_path) but never save one; needs enable");
     v("enable_ft_dataloader_checkpoints", enable_ft_dataloader_checkpoints,
-      "Checkpoint the data loader of fault-tolerant replicas", used_with("fault_tolerance.enable"));
+      "Checkpoint the data loader of fault-tolerant replicas (always, in titan)", kNotYet);
   }
 };
 
@@ -663,17 +663,17 @@ struct FaultToleranceSection {
 
   template <class V>
   void visit(V& v) {
-    constexpr const char* kFt = "fault_tolerance.enable";
-    v("enable", enable, "Fault-tolerant replicas (TorchFT)", kNotYet);
-    v("process_group", process_group, "Process group of the replicas: gloo or nccl",
-      used_with(kFt));
-    v("process_group_timeout_ms", process_group_timeout_ms, "Replica operation timeout, in ms",
-      used_with(kFt));
-    v("replica_id", replica_id, "This run's replica id", used_with(kFt));
-    v("group_size", group_size, "Number of replica groups", used_with(kFt));
-    v("min_replica_size", min_replica_size, "Replicas needed for a step", used_with(kFt));
+    v("enable", enable,
+      "Fault-tolerant replica groups: this job is one, coordinated by the lighthouse at "
+      "TITAN_FT_LIGHTHOUSE (`titan ft lighthouse`)");
+    v("process_group", process_group, "Process group between the replica groups: gloo");
+    v("process_group_timeout_ms", process_group_timeout_ms,
+      "Cross-replica operation timeout, in ms: a replica group that hangs longer is dropped");
+    v("replica_id", replica_id, "This replica group's id, 0 .. group_size - 1");
+    v("group_size", group_size, "Number of replica groups (each its slice of the data)");
+    v("min_replica_size", min_replica_size, "Replica groups needed for a step");
     v("semi_sync_method", semi_sync_method, "Semi-synchronous training: local_sgd or diloco",
-      used_with(kFt));
+      kNotYet);
   }
 };
 

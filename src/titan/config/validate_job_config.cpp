@@ -503,6 +503,33 @@ void validate_batch_sizes(const TrainingSection& t, const ParallelismSection& p)
   }
 }
 
+// [fault_tolerance]: this job is replica group replica_id of group_size.
+void validate_fault_tolerance(const FaultToleranceSection& f) {
+  if (!f.enable) return;
+  if (f.group_size < 1) {
+    fail(
+        "fault_tolerance.group_size must be >= 1 (the number of replica groups) with "
+        "fault_tolerance.enable, got " +
+        std::to_string(f.group_size));
+  }
+  if (f.replica_id < 0 || f.replica_id >= f.group_size) {
+    fail("fault_tolerance.replica_id must be in [0, group_size - 1] = [0, " +
+         std::to_string(f.group_size - 1) + "], got " + std::to_string(f.replica_id));
+  }
+  if (f.min_replica_size < 1 || f.min_replica_size > f.group_size) {
+    fail("fault_tolerance.min_replica_size must be in [1, group_size] = [1, " +
+         std::to_string(f.group_size) + "], got " + std::to_string(f.min_replica_size));
+  }
+  check_at_least("fault_tolerance.process_group_timeout_ms", f.process_group_timeout_ms, 1);
+  if (f.process_group == "nccl") {
+    fail(
+        "fault_tolerance.process_group = \"nccl\" is not supported yet: NCCL aborts the "
+        "process when a peer fails, which is what the replica groups must survive. HINT: use "
+        "\"gloo\" (GPU tensors go through host memory)");
+  }
+  check_one_of("fault_tolerance.process_group", f.process_group, {"gloo", "nccl"});
+}
+
 }  // namespace
 
 void validate_job_config(const JobConfig& config) {
@@ -513,6 +540,7 @@ void validate_job_config(const JobConfig& config) {
   validate_batch_sizes(config.training, config.parallelism);
   validate_model_converters(config);
   validate_compile(config.compile);
+  validate_fault_tolerance(config.fault_tolerance);
 }
 
 }  // namespace titan

@@ -24,6 +24,7 @@
 #include "titan/components/training_dtype.h"
 #include "titan/config/config_manager.h"
 #include "titan/distributed/flight_recorder.h"
+#include "titan/distributed/ft/manager.h"
 #include "titan/distributed/init.h"
 #include "titan/distributed/parallel_dims.h"
 #include "titan/kernels/cross_entropy.h"
@@ -98,6 +99,7 @@ Trainer::Trainer(JobConfig config, const DistributedContext* dist) : config_(std
   build_data();
   build_optimizer();
   build_checkpoint();
+  build_fault_tolerance();
   build_metrics();
 }
 
@@ -122,6 +124,9 @@ void Trainer::build_parallelism(const DistributedContext* dist) {
       std::make_unique<ParallelDims>(ParallelDims::from_config(config_.parallelism, world_size_));
   dp_size_ = dims_->dp_size();
   dp_rank_ = dims_->dp_rank(rank_);
+  const FaultToleranceSection& ft = config_.fault_tolerance;
+  data_dp_size_ = ft.enable ? dp_size_ * ft.group_size : dp_size_;
+  data_dp_rank_ = ft.enable ? ft.replica_id * dp_size_ + dp_rank_ : dp_rank_;
   if (world_size_ == 1) return;
   // Ranks must run the same job: a digest of the whole config is compared at the rendezvous.
   const std::string toml = render_config_toml(config_);
@@ -326,7 +331,7 @@ void Trainer::build_data() {
     train_docs_ = docs;
   }
   // The global stream: every rank reads it whole and keeps its slice (see trainer.h).
-  train_loader_ = make_loader("training", t.seq_len, t.local_batch_size * dp_size_,
+  train_loader_ = make_loader("training", t.seq_len, t.local_batch_size * data_dp_size_,
                               /*infinite=*/true, t.dataset_shuffle ? seed_ : -1);
   if (config_.validation.enable) {
     const auto& v = config_.validation;
@@ -420,15 +425,21 @@ void Trainer::build_metrics() {
 std::optional<Batch> Trainer::next_local_batch(BatchLoader& loader) {
   std::optional<Batch> batch = loader.next();
   if (!batch) return batch;
-  return local_batch(std::move(*batch));
+  // Training batches span the replica groups too; validation runs whole in every group.
+  return &loader == train_loader_.get() ? local_batch(std::move(*batch))
+                                        : slice_batch(std::move(*batch), dp_size_, dp_rank_);
 }
 
 Batch Trainer::local_batch(Batch batch) const {
+  return slice_batch(std::move(batch), data_dp_size_, data_dp_rank_);
+}
+
+Batch Trainer::slice_batch(Batch batch, int64_t parts, int64_t index) const {
   for (at::Tensor* t : {&batch.inputs, &batch.labels, &batch.positions, &batch.document_ids}) {
     if (!t->defined()) continue;
-    if (dp_size_ > 1) {
-      const int64_t b = t->size(0) / dp_size_;
-      *t = t->narrow(0, dp_rank_ * b, b).contiguous();
+    if (parts > 1) {
+      const int64_t b = t->size(0) / parts;
+      *t = t->narrow(0, index * b, b).contiguous();
     }
     *t = to_device_async(*t, device_);
   }
@@ -459,7 +470,7 @@ StepResult Trainer::train_step(int64_t step) {
                                  [](int64_t y) { return y != kernels::kIgnoreIndex; });
       batches.push_back(std::move(*batch));
     }
-    const int64_t ranks = dims_->dp_size() * dims_->cp();
+    const int64_t ranks = data_dp_size_ * dims_->cp();
     token_factor =
         static_cast<double>(ranks) / static_cast<double>(std::max<int64_t>(predicted, 1));
   }
@@ -486,6 +497,10 @@ StepResult Trainer::train_step(int64_t step) {
   StepResult result;
   result.loss = parallel_->batch_mean(total);
   for (const auto& [name, sum] : auxiliary) result.auxiliary[name] = parallel_->batch_mean(sum);
+  if (ft_ && !ft_average(result)) {
+    result.committed = false;
+    return result;
+  }
   const PhaseScope optimizer(Phase::kOptimizer);
   // The norm and the clipping coefficient stay on the device; AdamW applies the coefficient as
   // it reads each gradient. A non-finite loss or norm is found when the step is read
@@ -597,6 +612,11 @@ TrainResult Trainer::train() {
   // step since the previous row made.
   int64_t most_syncs_since_log = 0;
   for (int64_t step = train_state_.step + 1; step <= t.steps; ++step) {
+    if (ft_) {
+      begin_ft_step();  // may take a peer's state, and with it its step
+      step = train_state_.step + 1;
+      if (step > t.steps) break;
+    }
     const int64_t syncs_at_start = host_sync_count();
     interrupt.set_step(step);
     if (memory_profiler_) memory_profiler_->begin_step(step);
@@ -614,6 +634,12 @@ TrainResult Trainer::train() {
         }
       }
       throw;
+    }
+    if (!out.committed) {  // fault tolerance: the quorum changed under the step; run it again
+      if (trace_profiler_) trace_profiler_->end_step(step);
+      if (memory_profiler_) memory_profiler_->end_step(step);
+      --step;
+      continue;
     }
     // The auxiliary losses' columns, in auxiliary_names_ order (the same names every step).
     std::vector<at::Tensor> row = {out.loss, out.grad_norm};
@@ -668,7 +694,8 @@ TrainResult Trainer::train() {
       world_->set_timeout(std::chrono::milliseconds(config_.comm.train_timeout_seconds * 1000));
     }
     train_state_.step = step;
-    train_state_.tokens_seen += global_tokens_per_step;
+    // Every replica group in the quorum trained its slice.
+    train_state_.tokens_seen += global_tokens_per_step * (ft_ ? ft_->participants() : 1);
     result.steps = step;
     {
       const PhaseScope phase(Phase::kCheckpoint);

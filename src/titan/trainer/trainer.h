@@ -35,6 +35,9 @@ class MemoryProfiler;
 namespace ckpt {
 class CheckpointManager;
 }
+namespace ft {
+class Manager;
+}
 
 // Progress that checkpoints carry (TorchTitan's TrainState).
 struct TrainState {
@@ -51,6 +54,9 @@ struct StepResult {
   // 0-d float64 means over the global batch of the model's auxiliary losses (multi-token
   // prediction's mtp_loss), by name.
   std::map<std::string, at::Tensor> auxiliary;
+  // Fault-tolerant replica groups: false when averaging over the quorum failed (a replica group
+  // died or hung): the optimizer did not step and the step is run again with the next batch.
+  bool committed = true;
 };
 
 // What train() reports back (also used by tests).
@@ -129,6 +135,22 @@ class Trainer {
   std::unique_ptr<BatchLoader> make_loader(const std::string& section, int64_t seq_len,
                                            int64_t batch_size, bool infinite,
                                            int64_t shuffle_seed) const;
+  // [fault_tolerance] (trainer_ft.cpp): joins the lighthouse's quorums as replica group
+  // fault_tolerance.replica_id.
+  void build_fault_tolerance();
+  // The quorum of the next step; takes the state of a peer when this replica is behind (or
+  // new), and gives its own to those that are.
+  void begin_ft_step();
+  // Averages the gradients, the loss and the auxiliary losses over the quorum; false when that
+  // failed on any rank of this replica group (the step must not commit).
+  bool ft_average(StepResult& result);
+  // What a recovering replica takes from its source: every tensor of the training state, and
+  // the rest (step, tokens seen, optimizer step count, data loader position) as JSON.
+  std::vector<at::Tensor> ft_state_tensors() const;
+  std::string ft_state_blob() const;
+  void apply_ft_state_blob(const std::string& blob);
+  // This rank's rows of a global batch of `parts` x local rows, on the device.
+  Batch slice_batch(Batch batch, int64_t parts, int64_t index) const;
   // Reads the loss and gradient norm of every step not read yet in one host read, appends them to
   // `result`, and throws TrainingError naming the first step whose loss or norm is not finite.
   void settle_steps(TrainResult& result);
@@ -164,6 +186,14 @@ class Trainer {
   int64_t world_size_ = 1;
   int64_t dp_size_ = 1;
   int64_t dp_rank_ = 0;
+  // The training data's split: the data-parallel ranks of this job, times the replica groups
+  // under fault tolerance (each group reads its slice of one global stream).
+  int64_t data_dp_size_ = 1;
+  int64_t data_dp_rank_ = 0;
+  std::unique_ptr<ft::Manager> ft_;
+  bool ft_state_valid_ = true;  // false while a recovery from a peer is incomplete
+  int64_t ft_quorum_id_ = -1;   // the quorum of the last step (its changes are logged)
+  std::vector<int64_t> ft_members_;
   std::shared_ptr<dist::Group> world_;
   std::unique_ptr<ParallelDims> dims_;
   std::unique_ptr<ParallelizedModel> parallel_;
