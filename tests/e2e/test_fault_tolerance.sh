@@ -180,4 +180,43 @@ same_ft_params stop_g0 stop_g1 100
 grep -q "replica 1 beats again" "$WORK/stop.lighthouse" || fail "stop: the lighthouse did not see it again"
 echo "stop: host 1 stopped, dropped after $detect_ms ms; continued 1 s later, it recovered after" \
   "$rejoin_ms ms and both ended alike"
+# --- semi-synchronous: LocalSGD, and DiLoCo across a link 5 ms each way ---
+# train_seconds NAME: group 0's training time (its "training done" line).
+train_seconds() { sed -nE 's/.*training done: [0-9]+ steps in ([0-9.]+)s.*/\1/p' "$WORK/$1.g0"; }
+# steady_seconds NAME: group 0's time from step 1 to its last step (without the first sync, which
+# builds the cross-replica group and moves group 0's state to group 1 once).
+steady_seconds() {
+  grep -o '"elapsed_s":[0-9.]*' "$WORK/${1}_g0/metrics.jsonl" | cut -d: -f2 |
+    awk 'NR == 1 { first = $1 } { last = $1 } END { printf "%.2f", last - first }'
+}
+run_pair() {  # NAME ARGS...: both groups from the start (min_replicas 2), until they end
+  local name="$1"; shift
+  start_lighthouse "$name" 2
+  start_group "$name" 0 "$@"
+  start_group "$name" 1 "$@"
+  wait_group "$name" 0
+  wait_group "$name" 1
+}
+semi=(--validation.enable false --checkpoint.interval 60 --training.steps 60)
+run_pair local_sgd "${semi[@]}" --fault_tolerance.semi_sync_method local_sgd \
+  --fault_tolerance.sync_steps 20
+same_ft_params local_sgd_g0 local_sgd_g1 60
+diloco=("${semi[@]}" --fault_tolerance.semi_sync_method diloco --fault_tolerance.sync_steps 20)
+run_pair diloco "${diloco[@]}"
+same_ft_params diloco_g0 diloco_g1 60
+grep -q "diloco sync after step 40 over 2 replica groups" "$WORK/diloco.g1" || fail "diloco: no sync"
+sync=(--training.steps 10 --validation.enable false --checkpoint.enable false)
+run_pair sync_clean "${sync[@]}"
+delay_link 5
+run_pair diloco_5ms "${diloco[@]}"
+same_ft_params diloco_5ms_g0 diloco_5ms_g1 60
+run_pair sync_5ms "${sync[@]}"
+undelay_link
+clean=$(steady_seconds diloco) slow=$(steady_seconds diloco_5ms)
+sync_slow=$(train_seconds sync_5ms)
+sync_clean=$(train_seconds sync_clean)
+awk -v c="$clean" -v s="$slow" -v sc="$sync_clean" -v ss="$sync_slow" 'BEGIN {
+  printf "diloco (sync every 20 steps), steps 2-60: %.2f s on the clean link, %.2f s at 5 ms each way: %.2fx\n", c, s, s / c
+  printf "synchronous replica groups, 10 steps: %.1f s clean, %.1f s at 5 ms each way: %.2fx\n", sc, ss, ss / sc
+  exit !(s / c <= 1.3) }' || fail "diloco: more than 1.3x slower at 5 ms"
 echo "fault tolerance: all cases passed"

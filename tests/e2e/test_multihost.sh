@@ -16,9 +16,8 @@
 #     with the losses the run had before the fault;
 #   - a rank killed on host 1: host 0's ranks end within a second or two (its `titan run` writes
 #     why into the store, their heartbeats read it), not at their collectives' timeout;
-#   - a degraded link, 1 ms more each way and 1% of the packets lost (netem where the kernel has
-#     it; else tests/tools/netdelay holding the packets in an NFQUEUE, and nftables dropping):
-#     training stays exact, only slower.
+#   - a degraded link, 1 ms more each way (bed_lib.sh's delay_link) and 1% of the packets lost
+#     (nftables): training stays exact, only slower.
 # The bed is bed_lib.sh's; without netem this test also needs iptables and the build's netdelay
 # (scripts/setup.sh installs them).
 source "$(dirname "${BASH_SOURCE[0]}")/parallel_lib.sh"
@@ -222,28 +221,10 @@ grep -qE "ends: the job was stopped by node 1 \(host [^)]+\): rank 3 \(pid $vict
   "$WORK/crash.node0" || { tail -n 20 "$WORK/crash.node0" >&2; fail "crash: node 0 does not say why"; }
 
 # --- a degraded link: 1 ms added each way and 1% of the packets lost ---
-# With netem where the kernel has it; else (these VMs' kernels lack sch_netem) host 1's packets,
-# both ways, go through an NFQUEUE that tests/tools/netdelay holds for 1 ms each, and nftables
-# drops 1% of the packets arriving there. (1 ms: this run takes about 2x the clean link's time; 2 ms
-# each way made it 14x, 5 ms 29x: some 2,000 sequential round trips per FSDP step, unexplained.)
-if tc -n "${ns[1]}" qdisc add dev eth0 root netem delay 1ms loss 1% 2>/dev/null; then
-  tc -n "${ns[0]}" qdisc add dev eth0 root netem delay 1ms loss 1%
-  how="netem: 1 ms delay, 1% loss each way"
-else
-  netdelay="$(dirname "$TITAN")/netdelay"
-  [ -x "$netdelay" ] || fail "no netem in this kernel and no $netdelay (the build makes it when" \
-    "libnetfilter-queue-dev is installed: scripts/setup.sh)"
-  command -v iptables >/dev/null || fail "iptables is missing (scripts/setup.sh installs it)"
-  # Real-time priority, so that the ranks busy on the cores do not stretch the delay.
-  rt=()
-  chrt -f 20 true 2>/dev/null && rt=(chrt -f 20)
-  ip netns exec "${ns[1]}" "${rt[@]}" "$netdelay" 0 1 >"$WORK/netdelay.out" 2>"$WORK/netdelay.err" &
-  netdelay_pid=$!
-  for _ in $(seq 1 50); do grep -q ready "$WORK/netdelay.out" && break; sleep 0.1; done
-  grep -q ready "$WORK/netdelay.out" || { cat "$WORK/netdelay.err" >&2; fail "netdelay did not start"; }
-  ip netns exec "${ns[1]}" iptables -A OUTPUT -o eth0 -j NFQUEUE --queue-num 0 --queue-bypass
-  ip netns exec "${ns[1]}" iptables -A INPUT -i eth0 -j NFQUEUE --queue-num 0 --queue-bypass
-  ip netns exec "${ns[1]}" nft -f - <<'NFT'
+# The delay: bed_lib.sh's delay_link (netem on the bridge where the kernel has it; else netdelay on
+# each host's input); the loss: nftables drops 1% of the packets arriving at host 1.
+delay_link 1
+ip netns exec "${ns[1]}" nft -f - <<'NFT'
 table inet titan_lossy {
   chain input {
     type filter hook input priority 0; policy accept;
@@ -251,8 +232,7 @@ table inet titan_lossy {
   }
 }
 NFT
-  how="no netem here: netdelay holds host 1's packets 1 ms each way, nftables drops 1% arriving"
-fi
+how="$delay_how: 1 ms each way; nftables drops 1% of the packets arriving at host 1"
 # The delay is there: TCP round trips between the hosts take 2 ms more (0.05 ms without).
 python="${TITAN_PYTHON:-python3}"
 # The echo server takes a free port (a fixed or random one may still be held, e.g. in TIME_WAIT
@@ -297,10 +277,11 @@ same_losses single degraded loss
 same_losses single degraded validation_loss
 dropped=$(ip netns exec "${ns[1]}" nft list table inet titan_lossy 2>/dev/null |
   sed -nE 's/.*counter packets ([0-9]+).*/\1/p')
-if [ -n "${netdelay_pid:-}" ]; then
-  kill "$netdelay_pid"
-  wait "$netdelay_pid" || true
-  held=$(sed -nE 's/.*: ([0-9]+) packets held.*/\1/p' "$WORK/netdelay.err")
+was="$delay_how"
+undelay_link  # netdelay says how many packets it held as it ends
+if [ "${was#netdelay}" != "$was" ]; then
+  held=$(cat "$WORK"/netdelay*.err | sed -nE 's/.*: ([0-9]+) packets held.*/\1/p' |
+    awk '{ n += $1 } END { print n }')
 fi
 echo "degraded ($how): the one-process losses; round trip $rtt ms; training took $took s" \
   "(FSDP on the clean link: $fsdp_took s)${dropped:+, $dropped packets dropped}${held:+, $held delayed}"

@@ -660,6 +660,9 @@ struct FaultToleranceSection {
   int64_t group_size = 0;
   int64_t min_replica_size = 1;
   std::string semi_sync_method = "";  // "": unset
+  int64_t sync_steps = 5;
+  double outer_lr = 0.7;
+  double outer_momentum = 0.9;
 
   template <class V>
   void visit(V& v) {
@@ -672,8 +675,11 @@ struct FaultToleranceSection {
     v("replica_id", replica_id, "This replica group's id, 0 .. group_size - 1");
     v("group_size", group_size, "Number of replica groups (each its slice of the data)");
     v("min_replica_size", min_replica_size, "Replica groups needed for a step");
-    v("semi_sync_method", semi_sync_method, "Semi-synchronous training: local_sgd or diloco",
-      kNotYet);
+    v("semi_sync_method", semi_sync_method,
+      "Semi-synchronous training: local_sgd or diloco (unset: average gradients every step)");
+    v("sync_steps", sync_steps, "Semi-synchronous: optimizer steps between syncs (TorchTitan's)");
+    v("outer_lr", outer_lr, "DiLoCo: the outer Nesterov SGD's learning rate");
+    v("outer_momentum", outer_momentum, "DiLoCo: the outer Nesterov SGD's momentum");
   }
 };
 

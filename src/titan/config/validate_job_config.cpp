@@ -528,6 +528,25 @@ void validate_fault_tolerance(const FaultToleranceSection& f) {
         "\"gloo\" (GPU tensors go through host memory)");
   }
   check_one_of("fault_tolerance.process_group", f.process_group, {"gloo", "nccl"});
+  check_one_of("fault_tolerance.semi_sync_method", f.semi_sync_method, {"", "local_sgd", "diloco"});
+  check_at_least("fault_tolerance.sync_steps", f.sync_steps, 1);
+  check_positive("fault_tolerance.outer_lr", f.outer_lr);
+  check_unit_interval("fault_tolerance.outer_momentum", f.outer_momentum, /*include_one=*/false);
+}
+
+// Semi-synchronous replicas agree only every sync_steps steps; a checkpoint in between would hold
+// a state no other replica has (and DiLoCo's snapshot would be lost).
+void validate_semi_sync_checkpoints(const JobConfig& c) {
+  const FaultToleranceSection& f = c.fault_tolerance;
+  if (!f.enable || f.semi_sync_method.empty() || !c.checkpoint.enable) return;
+  if (c.checkpoint.interval % f.sync_steps != 0) {
+    fail("checkpoint.interval " + std::to_string(c.checkpoint.interval) +
+         " must be a multiple of fault_tolerance.sync_steps " + std::to_string(f.sync_steps) +
+         " with semi_sync_method = \"" + f.semi_sync_method +
+         "\": the replica groups agree only at syncs (" + std::to_string(c.checkpoint.interval) +
+         " % " + std::to_string(f.sync_steps) + " = " +
+         std::to_string(c.checkpoint.interval % f.sync_steps) + ")");
+  }
 }
 
 }  // namespace
@@ -541,6 +560,7 @@ void validate_job_config(const JobConfig& config) {
   validate_model_converters(config);
   validate_compile(config.compile);
   validate_fault_tolerance(config.fault_tolerance);
+  validate_semi_sync_checkpoints(config);
 }
 
 }  // namespace titan

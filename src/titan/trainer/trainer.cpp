@@ -25,6 +25,7 @@
 #include "titan/config/config_manager.h"
 #include "titan/distributed/flight_recorder.h"
 #include "titan/distributed/ft/manager.h"
+#include "titan/distributed/ft/semi_sync.h"
 #include "titan/distributed/init.h"
 #include "titan/distributed/parallel_dims.h"
 #include "titan/kernels/cross_entropy.h"
@@ -373,6 +374,13 @@ void Trainer::build_optimizer() {
   for (const TrainedParam& p : parallel_->params()) {
     if (!p.frozen) named.push_back({p.name, p.local});
   }
+  const FaultToleranceSection& f = config_.fault_tolerance;
+  if (f.enable && !f.semi_sync_method.empty()) {
+    std::vector<at::Tensor> trained;
+    for (const NamedParam& p : named) trained.push_back(p.param);
+    ft_outer_ = std::make_unique<ft::OuterStep>(ft::semi_sync_from_name(f.semi_sync_method),
+                                                trained, f.outer_lr, f.outer_momentum);
+  }
   optimizer_ = std::make_unique<Optimizer>(std::move(named), config_.optimizer);
   lr_scheduler_ = std::make_unique<LRScheduler>(config_.lr_scheduler, config_.optimizer.lr,
                                                 config_.training.steps);
@@ -497,7 +505,7 @@ StepResult Trainer::train_step(int64_t step) {
   StepResult result;
   result.loss = parallel_->batch_mean(total);
   for (const auto& [name, sum] : auxiliary) result.auxiliary[name] = parallel_->batch_mean(sum);
-  if (ft_ && !ft_average(result)) {
+  if (ft_ && !ft_outer_ && !ft_average(result)) {
     result.committed = false;
     return result;
   }
@@ -613,7 +621,12 @@ TrainResult Trainer::train() {
   int64_t most_syncs_since_log = 0;
   for (int64_t step = train_state_.step + 1; step <= t.steps; ++step) {
     if (ft_) {
-      begin_ft_step();  // may take a peer's state, and with it its step
+      // May take a peer's state, and with it its step.
+      if (!ft_outer_) {
+        begin_ft_step();
+      } else if (!ft_joined_) {
+        ft_sync_round();
+      }
       step = train_state_.step + 1;
       if (step > t.steps) break;
     }
@@ -640,6 +653,18 @@ TrainResult Trainer::train() {
       if (memory_profiler_) memory_profiler_->end_step(step);
       --step;
       continue;
+    }
+    // Semi-synchronous replicas agree every sync_steps steps and at the end, before a checkpoint
+    // (whose interval is a multiple) is written.
+    if (ft_outer_ && (step % config_.fault_tolerance.sync_steps == 0 || step == t.steps)) {
+      train_state_.step = step;
+      ft_sync_round();
+      if (train_state_.step != step) {  // behind: it took a peer's state (and step) instead
+        if (trace_profiler_) trace_profiler_->end_step(step);
+        if (memory_profiler_) memory_profiler_->end_step(step);
+        step = train_state_.step;
+        continue;
+      }
     }
     // The auxiliary losses' columns, in auxiliary_names_ order (the same names every step).
     std::vector<at::Tensor> row = {out.loss, out.grad_norm};

@@ -37,7 +37,8 @@ class CheckpointManager;
 }
 namespace ft {
 class Manager;
-}
+class OuterStep;
+}  // namespace ft
 
 // Progress that checkpoints carry (TorchTitan's TrainState).
 struct TrainState {
@@ -141,6 +142,14 @@ class Trainer {
   // The quorum of the next step; takes the state of a peer when this replica is behind (or
   // new), and gives its own to those that are.
   void begin_ft_step();
+  // Semi-synchronous training: a quorum, the average of the parameters or pseudo-gradients over
+  // the replicas that do not recover, then the state to those that do. Before the first step
+  // and every fault_tolerance.sync_steps steps (and after the last).
+  void ft_sync_round();
+  // Logs the quorum when its members changed: who joined and who left.
+  void log_ft_quorum();
+  // Takes a peer's state or gives this replica's, as the quorum says (both false: nothing).
+  void move_ft_state();
   // Averages the gradients, the loss and the auxiliary losses over the quorum; false when that
   // failed on any rank of this replica group (the step must not commit).
   bool ft_average(StepResult& result);
@@ -191,8 +200,10 @@ class Trainer {
   int64_t data_dp_size_ = 1;
   int64_t data_dp_rank_ = 0;
   std::unique_ptr<ft::Manager> ft_;
-  bool ft_state_valid_ = true;  // false while a recovery from a peer is incomplete
-  int64_t ft_quorum_id_ = -1;   // the quorum of the last step (its changes are logged)
+  std::unique_ptr<ft::OuterStep> ft_outer_;  // semi-synchronous training's outer step
+  bool ft_joined_ = false;                   // a semi-synchronous replica has had its first round
+  bool ft_state_valid_ = true;               // false while a recovery from a peer is incomplete
+  int64_t ft_quorum_id_ = -1;                // the quorum of the last step (its changes are logged)
   std::vector<int64_t> ft_members_;
   std::shared_ptr<dist::Group> world_;
   std::unique_ptr<ParallelDims> dims_;

@@ -11,6 +11,7 @@
 #include "titan/components/tokenizer/tokenizer.h"
 #include "titan/components/tokenizer/tokenizer_identity.h"
 #include "titan/config/config_manager.h"
+#include "titan/distributed/ft/semi_sync.h"
 #include "titan/distributed/parallel_dims.h"
 #include "titan/models/lora.h"
 #include "titan/models/registry.h"
@@ -189,6 +190,26 @@ StateEntry dataloader_entry(BatchLoader& loader, int64_t dp_rank, json tokenizer
   return e;
 }
 
+// DiLoCo's outer momentum, "ft_outer.<param>.momentum", laid out like the parameter. Checkpoints
+// are written right after a sync (checkpoint.interval is a multiple of sync_steps), where the
+// outer step's snapshot is the parameters themselves.
+StateEntry outer_momentum_entry(std::vector<std::pair<std::string, at::Tensor>> buffers,
+                                LayoutFn layout, OwnerFn owner) {
+  StateEntry e;
+  e.name = "ft_outer";
+  e.save = [buffers, layout, owner](std::vector<SavedTensor>& tensors, json&) {
+    for (const auto& [name, t] : buffers) {
+      if (owner(name)) tensors.push_back({"ft_outer." + name + ".momentum", t, layout(name)});
+    }
+  };
+  e.load = [buffers, layout](const CheckpointReader& reader, const json&) {
+    for (const auto& [name, t] : buffers) {
+      reader.read_box_into("ft_outer." + name + ".momentum", layout(name), t);
+    }
+  };
+  return e;
+}
+
 }  // namespace
 
 // A Hugging Face folder holds the base model; LoRA's adapters keep their initial values.
@@ -256,6 +277,14 @@ void Trainer::build_checkpoint() {
       // "rng.cpu" (rank 0's) and every rank's "rng.cuda.<rank>": rng_state.h has the rules.
       ckpt::rng_entry(ckpt::rank_generators(device_), rank_, world_size_),
   };
+  if (ft_outer_ && !ft_outer_->momentum_buffers().empty()) {
+    std::vector<std::pair<std::string, at::Tensor>> buffers;
+    size_t i = 0;
+    for (const TrainedParam& p : parallel_->params()) {
+      if (!p.frozen) buffers.emplace_back(p.name, ft_outer_->momentum_buffers().at(i++));
+    }
+    states.push_back(outer_momentum_entry(std::move(buffers), layout, owner));
+  }
   json describe = {{"model", trained_model_description(config_.model, config_.lora)},
                    {"tokenizer_path", config_.model.hf_assets_path},
                    {"job_config", render_config_toml(config_)}};

@@ -12,6 +12,7 @@
 #include "titan/common/logging.h"
 #include "titan/components/data/data_loader.h"
 #include "titan/distributed/ft/manager.h"
+#include "titan/distributed/ft/semi_sync.h"
 #include "titan/distributed/init.h"
 #include "titan/distributed/parallel_dims.h"
 
@@ -51,13 +52,21 @@ void Trainer::build_fault_tolerance() {
   o.gloo_hostname =
       address_towards(o.lighthouse.substr(0, colon), std::stoll(o.lighthouse.substr(colon + 1)));
   ft_ = std::make_unique<ft::Manager>(o, world_.get());
+  if (ft_outer_) ft_outer_->reset_snapshot();  // the parameters as resumed
   log_info("fault tolerance: ", ft_->describe(), " of ", f.group_size,
            " replica groups (lighthouse ", o.lighthouse, ", min_replica_size ", f.min_replica_size,
            ", process_group_timeout_ms ", f.process_group_timeout_ms, "); it trains rows [",
            f.replica_id * dp_size_ * config_.training.local_batch_size, ", ",
            (f.replica_id + 1) * dp_size_ * config_.training.local_batch_size,
            ") of each global batch of ", config_.training.local_batch_size * data_dp_size_,
-           " sequences");
+           " sequences",
+           f.semi_sync_method.empty()
+               ? "; gradients averaged every step"
+               : message("; ", f.semi_sync_method, ": a sync every ", f.sync_steps, " steps",
+                         f.semi_sync_method == "diloco"
+                             ? message(" (outer Nesterov SGD, lr ", f.outer_lr, ", momentum ",
+                                       f.outer_momentum, ")")
+                             : std::string()));
 }
 
 std::vector<at::Tensor> Trainer::ft_state_tensors() const {
@@ -65,6 +74,9 @@ std::vector<at::Tensor> Trainer::ft_state_tensors() const {
   for (const TrainedParam& p : parallel_->params()) out.push_back(p.local);
   for (const auto& [name, t] : optimizer_->state_tensors()) out.push_back(t);
   for (const auto& [name, t] : parallel_->state_buffers()) out.push_back(t);
+  if (ft_outer_) {
+    for (const at::Tensor& t : ft_outer_->momentum_buffers()) out.push_back(t);
+  }
   return out;
 }
 
@@ -87,68 +99,109 @@ void Trainer::apply_ft_state_blob(const std::string& blob) {
   train_loader_->load_state_json(j.at("dataloader"));
 }
 
+void Trainer::log_ft_quorum() {
+  const ft::Quorum& q = ft_->quorum();
+  if (q.quorum_id == ft_quorum_id_) return;
+  std::vector<int64_t> members, joined, left;
+  for (const ft::Participant& p : q.participants) members.push_back(p.replica_id);
+  for (int64_t id : members) {
+    if (std::find(ft_members_.begin(), ft_members_.end(), id) == ft_members_.end())
+      joined.push_back(id);
+  }
+  for (int64_t id : ft_members_) {
+    if (std::find(members.begin(), members.end(), id) == members.end()) left.push_back(id);
+  }
+  const auto list = [](const std::vector<int64_t>& ids) {
+    std::string out;
+    for (int64_t id : ids) out += (out.empty() ? "" : ", ") + std::to_string(id);
+    return out;
+  };
+  log_info("fault tolerance: quorum ", q.quorum_id, " before step ", train_state_.step + 1, ": ",
+           q.describe(), "; ", members.size(), " of ", config_.fault_tolerance.group_size,
+           " replica groups",
+           ft_quorum_id_ >= 0 && !joined.empty() ? "; joined: " + list(joined) : std::string(),
+           !left.empty() ? "; left: " + list(left) : std::string());
+  ft_quorum_id_ = q.quorum_id;
+  ft_members_ = members;
+}
+
+void Trainer::move_ft_state() {
+  if (!ft_->recovering() && !ft_->is_source()) return;
+  const ft::Quorum& q = ft_->quorum();
+  const int64_t source_id = q.participants[static_cast<size_t>(q.source_index())].replica_id;
+  const auto t0 = std::chrono::steady_clock::now();
+  std::string blob = ft_->is_source() ? ft_state_blob() : std::string();
+  const bool recovering = ft_->recovering();
+  if (recovering) ft_state_valid_ = false;  // until every tensor has arrived
+  const bool moved = ft_->agree(ft_->transfer_state(ft_state_tensors(), blob));
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (!moved) {
+    log_warning("fault tolerance: moving the state from replica ", source_id,
+                " failed: ", ft_->error());
+  } else if (recovering) {
+    apply_ft_state_blob(blob);
+    if (ft_outer_) ft_outer_->reset_snapshot();
+    ft_state_valid_ = true;
+    log_info("fault tolerance: took the state of replica ", source_id, " at step ",
+             train_state_.step, " in ", seconds, " s (not from disk)");
+  } else {
+    log_info("fault tolerance: gave this replica's state at step ", train_state_.step,
+             " to the replicas that recover, in ", seconds, " s");
+  }
+}
+
 void Trainer::begin_ft_step() {
   const int64_t committed = ft_state_valid_ ? train_state_.step : -1;
   const bool built = ft_->start_step(committed);
-  const ft::Quorum& q = ft_->quorum();
-  if (q.quorum_id != ft_quorum_id_) {
-    std::vector<int64_t> members, joined, left;
-    for (const ft::Participant& p : q.participants) members.push_back(p.replica_id);
-    for (int64_t id : members) {
-      if (std::find(ft_members_.begin(), ft_members_.end(), id) == ft_members_.end())
-        joined.push_back(id);
-    }
-    for (int64_t id : ft_members_) {
-      if (std::find(members.begin(), members.end(), id) == members.end()) left.push_back(id);
-    }
-    const auto list = [](const std::vector<int64_t>& ids) {
-      std::string out;
-      for (int64_t id : ids) out += (out.empty() ? "" : ", ") + std::to_string(id);
-      return out;
-    };
-    log_info("fault tolerance: quorum ", q.quorum_id, " before step ", train_state_.step + 1, ": ",
-             q.describe(), "; ", members.size(), " of ", config_.fault_tolerance.group_size,
-             " replica groups",
-             ft_quorum_id_ >= 0 && !joined.empty() ? "; joined: " + list(joined) : std::string(),
-             !left.empty() ? "; left: " + list(left) : std::string());
-    ft_quorum_id_ = q.quorum_id;
-    ft_members_ = members;
-  }
+  log_ft_quorum();
   if (!built) {
     log_warning("fault tolerance: ", ft_->error());
     return;  // the step will not commit; the next quorum rebuilds the group
   }
-  if (ft_->recovering() || ft_->is_source()) {
-    const int src = q.source_index();
-    const int64_t source_id = q.participants[static_cast<size_t>(src)].replica_id;
-    const auto t0 = std::chrono::steady_clock::now();
-    std::string blob = ft_->is_source() ? ft_state_blob() : std::string();
-    if (ft_->recovering()) ft_state_valid_ = false;  // until every tensor has arrived
-    const bool recovering = ft_->recovering();
-    const bool moved = ft_->agree(ft_->transfer_state(ft_state_tensors(), blob));
-    const double seconds =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    if (!moved) {
-      log_warning("fault tolerance: moving the state from replica ", source_id,
-                  " failed: ", ft_->error());
-    } else if (recovering) {
-      apply_ft_state_blob(blob);
-      ft_state_valid_ = true;
-      log_info("fault tolerance: took the state of replica ", source_id, " at step ",
-               train_state_.step, " in ", seconds, " s (not from disk)");
-    } else {
-      log_info("fault tolerance: gave this replica's state at step ", train_state_.step,
-               " to the replicas that recover, in ", seconds, " s");
-    }
-  }
+  move_ft_state();
   if (!ft_state_valid_ && !ft_->recovering()) {
     throw TrainingError(
         "fault tolerance: this replica's state was partly overwritten by a recovery that broke "
         "off, and no replica in the quorum (" +
-        q.describe() +
+        ft_->quorum().describe() +
         ") has a valid state to take. HINT: restart the replica groups from their last "
         "checkpoints");
   }
+}
+
+void Trainer::ft_sync_round() {
+  const int64_t committed = ft_state_valid_ ? train_state_.step : -1;
+  const auto t0 = std::chrono::steady_clock::now();
+  const bool built = ft_->start_step(committed);
+  ft_joined_ = true;
+  log_ft_quorum();
+  if (!built) {
+    log_warning("fault tolerance: ", ft_->error(), "; training on without a sync");
+    return;
+  }
+  // The replicas that do not recover agree first; the others then take the agreed state.
+  const bool contribute = !ft_->recovering();
+  std::vector<at::Tensor> averaged = ft_outer_->to_average();
+  const bool ok = ft_->agree(ft_->average(averaged, contribute, ft_->contributors()));
+  if (ok && contribute) ft_outer_->apply(averaged);
+  if (!ok) {
+    log_warning(
+        "fault tolerance: the sync after step ", train_state_.step,
+        " failed (this replica keeps its own progress; the next sync includes it): ", ft_->error());
+    return;
+  }
+  move_ft_state();
+  if (!ft_state_valid_ && !ft_->recovering()) {
+    throw TrainingError(
+        "fault tolerance: this replica's state was partly overwritten by a "
+        "recovery that broke off, and no replica in the quorum (" +
+        ft_->quorum().describe() + ") has a valid state to take");
+  }
+  log_info("fault tolerance: ", config_.fault_tolerance.semi_sync_method, " sync after step ",
+           train_state_.step, " over ", ft_->contributors(), " replica group",
+           ft_->contributors() > 1 ? "s" : "", " in ",
+           std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), " s");
 }
 
 bool Trainer::ft_average(StepResult& result) {

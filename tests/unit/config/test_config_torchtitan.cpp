@@ -200,6 +200,11 @@ const std::set<std::string> kOwnKeys = {
     "lora.target_modules",
     "lora.use_rslora",
     "lora.quantize_base",
+    // Semi-synchronous replica groups: sync_steps is TorchTitan's (its FT experiment, after
+    // v0.2.2); its DiLoCo outer optimizer is fixed in code, titan's has keys.
+    "fault_tolerance.sync_steps",
+    "fault_tolerance.outer_lr",
+    "fault_tolerance.outer_momentum",
 };
 
 // Defaults of ours that differ from TorchTitan's, and why: our datasets and tokenizer.
@@ -417,7 +422,7 @@ TEST(ConfigTorchTitan, HelpMarksKeysThatAreNotSupportedYet) {
                        "[not supported yet: must keep its default]"));
   EXPECT_TRUE(
       contains(by_key["quantize.linear.mx.recipe_name"], "[not supported yet: read only with"));
-  EXPECT_TRUE(contains(by_key["fault_tolerance.semi_sync_method"],
+  EXPECT_TRUE(contains(by_key["checkpoint.enable_ft_dataloader_checkpoints"],
                        "[not supported yet: must keep its default]"));
   EXPECT_FALSE(contains(by_key["fault_tolerance.enable"], "not supported").operator bool());
   EXPECT_FALSE(contains(by_key["compile.enable"], "not supported").operator bool());
@@ -562,8 +567,22 @@ TEST(ConfigTorchTitan, FaultToleranceKeysShowTheirRanges) {
                        "\"nccl\" is not supported yet: NCCL aborts the process"));
   EXPECT_TRUE(contains(with({"--fault_tolerance.process_group", "mpi"}),
                        "fault_tolerance.process_group must be one of gloo, nccl; got 'mpi'"));
-  EXPECT_TRUE(contains(with({"--fault_tolerance.semi_sync_method", "diloco"}),
-                       "'fault_tolerance.semi_sync_method' = \"diloco\" is not supported yet"));
+  EXPECT_TRUE(contains(with({"--fault_tolerance.semi_sync_method", "sync"}),
+                       "fault_tolerance.semi_sync_method must be one of \"\" (unset), local_sgd, "
+                       "diloco; got 'sync'"));
+  EXPECT_TRUE(contains(with({"--fault_tolerance.sync_steps", "0"}),
+                       "fault_tolerance.sync_steps must be >= 1, got 0"));
+  EXPECT_TRUE(contains(with({"--fault_tolerance.outer_momentum", "1"}),
+                       "fault_tolerance.outer_momentum must be in [0, 1)"));
+  EXPECT_TRUE(
+      contains(with({"--fault_tolerance.semi_sync_method", "diloco", "--fault_tolerance.sync_steps",
+                     "20", "--checkpoint.enable", "--checkpoint.interval", "30"}),
+               "checkpoint.interval 30 must be a multiple of fault_tolerance.sync_steps 20 "
+               "with semi_sync_method = \"diloco\": the replica groups agree only at "
+               "syncs (30 % 20 = 10)"));
+  EXPECT_NO_THROW(parse_job_config({"--fault_tolerance.enable", "--fault_tolerance.group_size", "2",
+                                    "--fault_tolerance.semi_sync_method", "local_sgd",
+                                    "--checkpoint.enable", "--checkpoint.interval", "10"}));
   // Off, the other keys are not read (TorchTitan's files set them freely).
   EXPECT_NO_THROW(parse_job_config({"--fault_tolerance.replica_id", "5"}));
 }

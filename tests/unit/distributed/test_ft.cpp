@@ -4,6 +4,7 @@
 #include "titan/distributed/ft/lighthouse.h"
 #include "titan/distributed/ft/manager.h"
 #include "titan/distributed/ft/quorum.h"
+#include "titan/distributed/ft/semi_sync.h"
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
@@ -243,6 +244,50 @@ TEST(FaultTolerance, AReplicaThatHangsFailsTheAverageAtTheTimeoutAndIsLeftBehind
   b.reset();
   ASSERT_TRUE(next.get());
   EXPECT_EQ(a->participants(), 1);
+}
+
+}  // namespace
+}  // namespace titan::ft
+
+namespace titan::ft {
+namespace {
+
+TEST(OuterStep, DiLoCoIsNesterovSgdOnThePseudoGradient) {
+  // Two syncs by hand: torch.optim.SGD(lr=0.5, momentum=0.9, nesterov=True) on g = p0 - p.
+  at::Tensor p = at::tensor({1.0, 2.0}, at::kDouble);
+  OuterStep outer(SemiSync::kDiLoCo, {p}, /*lr=*/0.5, /*momentum=*/0.9);
+  p.sub_(at::tensor({0.2, -0.4}, at::kDouble));  // inner steps
+  std::vector<at::Tensor> g = outer.to_average();
+  EXPECT_TRUE(at::allclose(g[0], at::tensor({0.2, -0.4}, at::kDouble)));
+  g[0].copy_(at::tensor({0.1, -0.2}, at::kDouble));  // the replicas' mean
+  outer.apply(g);
+  // buf = g; p = p0 - lr * (g + 0.9 * buf) = p0 - 0.5 * 1.9 * g
+  EXPECT_TRUE(at::allclose(p, at::tensor({1.0 - 0.095, 2.0 + 0.19}, at::kDouble)));
+  EXPECT_TRUE(at::allclose(outer.momentum_buffers()[0], at::tensor({0.1, -0.2}, at::kDouble)));
+  const at::Tensor p1 = p.clone();
+  p.sub_(at::tensor({0.3, 0.3}, at::kDouble));
+  g = outer.to_average();
+  outer.apply(g);
+  // buf = 0.9 * buf + g; p = p1 - 0.5 * (g + 0.9 * buf)
+  const at::Tensor buf = at::tensor({0.09 + 0.3, -0.18 + 0.3}, at::kDouble);
+  EXPECT_TRUE(at::allclose(outer.momentum_buffers()[0], buf));
+  EXPECT_TRUE(at::allclose(p, p1 - 0.5 * (at::full({2}, 0.3, at::kDouble) + 0.9 * buf)));
+  // No inner progress: no pseudo-gradient.
+  EXPECT_TRUE(at::allclose(outer.to_average()[0], at::zeros({2}, at::kDouble)));
+}
+
+TEST(OuterStep, LocalSgdAveragesTheParametersThemselves) {
+  at::Tensor p = at::ones({3});
+  OuterStep outer(SemiSync::kLocalSgd, {p}, 0.7, 0.9);
+  EXPECT_TRUE(outer.momentum_buffers().empty());
+  std::vector<at::Tensor> x = outer.to_average();
+  EXPECT_TRUE(x[0].is_same(p));  // averaged in place
+  x[0].fill_(2.0);
+  outer.apply(x);
+  EXPECT_TRUE(at::allclose(p, at::full({3}, 2.0)));
+  EXPECT_EQ(semi_sync_from_name(""), SemiSync::kNone);
+  EXPECT_EQ(semi_sync_from_name("diloco"), SemiSync::kDiLoCo);
+  EXPECT_THROW(semi_sync_from_name("sync"), std::invalid_argument);
 }
 
 }  // namespace

@@ -305,7 +305,15 @@ bool Manager::transfer_state(const std::vector<at::Tensor>& tensors, std::string
   }
 }
 
-bool Manager::average(const std::vector<at::Tensor>& tensors) {
+int64_t Manager::contributors() const {
+  int64_t n = 0;
+  for (int i = 0; i < static_cast<int>(quorum_.participants.size()); ++i) n += !quorum_.recovers(i);
+  return n;
+}
+
+bool Manager::average(const std::vector<at::Tensor>& tensors, bool contribute,
+                      int64_t contributors) {
+  const int64_t divisor = contributors < 0 ? participants() : contributors;
   if (participants() == 1) return true;
   if (!replicas_) {
     error_ = "no cross-replica group (building it failed)";
@@ -314,10 +322,14 @@ bool Manager::average(const std::vector<at::Tensor>& tensors) {
   try {
     std::vector<Flat> flats = flatten_by_dtype(tensors);
     std::vector<dist::Work> works;
-    for (Flat& f : flats) works.push_back(replicas_->all_reduce(f.buffer, dist::ReduceOp::kSum));
-    for (dist::Work& w : works) w.wait();
     for (Flat& f : flats) {
-      f.buffer.div_(static_cast<double>(participants()));
+      if (!contribute) f.buffer.zero_();
+      works.push_back(replicas_->all_reduce(f.buffer, dist::ReduceOp::kSum));
+    }
+    for (dist::Work& w : works) w.wait();
+    if (!contribute) return true;
+    for (Flat& f : flats) {
+      f.buffer.div_(static_cast<double>(divisor));
       unflatten(f);
     }
     return true;

@@ -79,8 +79,13 @@ class Manager {
   // receivers' tensors may be partly overwritten).
   bool transfer_state(const std::vector<at::Tensor>& tensors, std::string& blob);
   // Sum over the quorum divided by its size, in place; tensors of any floating dtype. False on
-  // failure.
-  bool average(const std::vector<at::Tensor>& tensors);
+  // failure. With `contribute` false this replica adds zeros and keeps its tensors (it recovers
+  // after the average, semi-synchronous training); `contributors` (-1: every participant) is then
+  // the divisor.
+  bool average(const std::vector<at::Tensor>& tensors, bool contribute = true,
+               int64_t contributors = -1);
+  // Participants that do not recover this round (semi-synchronous training averages over them).
+  int64_t contributors() const;
   // True when `ok` on every rank of the replica group (collective over it).
   bool agree(bool ok);
   // Why the last false was returned.
