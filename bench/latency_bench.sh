@@ -35,10 +35,13 @@ fsdp() {
 
 # diloco NAME: two replica groups, one per host, 60 steps, a sync every 20.
 diloco() {
-  local lp pids=()
-  lp=$(port)
-  on_host 0 "$TITAN" ft lighthouse --port "$lp" --min_replicas 2 >"$WORK/$1.lighthouse" 2>&1 &
+  local lp= pids=()
+  on_host 0 "$TITAN" ft lighthouse --port 0 --min_replicas 2 >"$WORK/$1.lighthouse" 2>&1 &
   local lh=$!
+  while [ -z "$lp" ]; do
+    sleep 0.1
+    lp=$(sed -nE 's/.*listening on port ([0-9]+).*/\1/p' "$WORK/$1.lighthouse")
+  done
   for i in 0 1; do
     on_host "$i" env TITAN_FT_LIGHTHOUSE="${addr[0]}:$lp" timeout 900 "$TITAN" run \
       --nproc_per_node 2 --master_port "$(port)" -- train "${common[@]}" \

@@ -25,11 +25,15 @@ heartbeat_ms=2000
 lighthouse_pid=
 start_lighthouse() {
   [ -z "$lighthouse_pid" ] || { kill "$lighthouse_pid"; wait "$lighthouse_pid" || true; }
-  lighthouse_port=$(port)
-  on_host 0 "$TITAN" ft lighthouse --port "$lighthouse_port" --min_replicas "$2" \
+  # Any free port (a random one may be taken): the lighthouse says which.
+  on_host 0 "$TITAN" ft lighthouse --port 0 --min_replicas "$2" \
     --heartbeat_timeout_ms $heartbeat_ms --join_timeout_ms 500 >"$WORK/$1.lighthouse" 2>&1 &
   lighthouse_pid=$!
-  for _ in $(seq 1 100); do grep -q "listening on port" "$WORK/$1.lighthouse" && return 0; sleep 0.1; done
+  for _ in $(seq 1 100); do
+    lighthouse_port=$(sed -nE 's/.*listening on port ([0-9]+).*/\1/p' "$WORK/$1.lighthouse")
+    [ -n "$lighthouse_port" ] && return 0
+    sleep 0.1
+  done
   cat "$WORK/$1.lighthouse" >&2
   fail "$1: the lighthouse did not start"
 }
@@ -75,14 +79,15 @@ wait_joint_steps() {
   fail "$1: group 1 did not train $2 steps with group 0"
 }
 
-# start_pair NAME: a lighthouse (min_replicas 1), group 0, then group 1 (so group 0's metrics show
-# every step), both training ${long[@]}, until they have trained 5 steps together.
+# start_pair NAME [ARGS...]: a lighthouse (min_replicas 1), group 0, then group 1 (so group 0's
+# metrics show every step), both training ${long[@]} ARGS, until they have trained 5 steps together.
 start_pair() {
-  start_lighthouse "$1" 1
-  start_group "$1" 0 "${long[@]}"
-  wait_line "$1" "$WORK/$1.g0" "step: +1 "
-  start_group "$1" 1 "${long[@]}"
-  wait_joint_steps "$1" 5
+  local name="$1"; shift
+  start_lighthouse "$name" 1
+  start_group "$name" 0 "${long[@]}" "$@"
+  wait_line "$name" "$WORK/$name.g0" "step: +1 "
+  start_group "$name" 1 "${long[@]}" "$@"
+  wait_joint_steps "$name" 5
 }
 
 now_ms() { echo $(($(date +%s%N) / 1000000)); }
@@ -181,6 +186,8 @@ grep -q "replica 1 beats again" "$WORK/stop.lighthouse" || fail "stop: the light
 echo "stop: host 1 stopped, dropped after $detect_ms ms; continued 1 s later, it recovered after" \
   "$rejoin_ms ms and both ended alike"
 # --- semi-synchronous: LocalSGD, and DiLoCo across a link 5 ms each way ---
+# (Measured 1.01-1.22x in steady state on 2 busy cores; failing above 1.5x catches a regression to
+# the old bed's 3x without flaking on a noisy machine.)
 # train_seconds NAME: group 0's training time (its "training done" line).
 train_seconds() { sed -nE 's/.*training done: [0-9]+ steps in ([0-9.]+)s.*/\1/p' "$WORK/$1.g0"; }
 # steady_seconds NAME: group 0's time from step 1 to its last step (without the first sync, which
@@ -207,6 +214,23 @@ same_ft_params diloco_g0 diloco_g1 60
 grep -q "diloco sync after step 40 over 2 replica groups" "$WORK/diloco.g1" || fail "diloco: no sync"
 sync=(--training.steps 10 --validation.enable false --checkpoint.enable false)
 run_pair sync_clean "${sync[@]}"
+# DiLoCo with host 1 killed: group 0 notices at its next sync; group 1 restarted joins at a sync
+# of group 0's and takes the agreed state.
+start_pair diloco_kill --fault_tolerance.semi_sync_method diloco --fault_tolerance.sync_steps 10 \
+  --validation.enable false
+signal_host KILL 1
+wait "${group_pid[1]}" || true
+wait_line diloco_kill "$WORK/diloco_kill.g0" "quorum [0-9]+ before step [0-9]+: replica 0 .*; left: 1" 30
+from=$(($(wc -l <"$WORK/diloco_kill.g1") + 1))
+start_group diloco_kill 1 "${long[@]}" --fault_tolerance.semi_sync_method diloco \
+  --fault_tolerance.sync_steps 10 --validation.enable false
+wait_line diloco_kill "$WORK/diloco_kill.g1" "took the state of replica 0 at step [0-9]+" 60 $from
+wait_group diloco_kill 0
+wait_group diloco_kill 1
+each_step_once diloco_kill_g0 100
+same_ft_params diloco_kill_g0 diloco_kill_g1 100
+echo "diloco: host 1 killed and restarted: $(grep -oE "took the state of replica 0 at step [0-9]+" \
+  "$WORK/diloco_kill.g1" | tail -n 1), both ended alike"
 delay_link 5
 run_pair diloco_5ms "${diloco[@]}"
 same_ft_params diloco_5ms_g0 diloco_5ms_g1 60
@@ -218,5 +242,5 @@ sync_clean=$(train_seconds sync_clean)
 awk -v c="$clean" -v s="$slow" -v sc="$sync_clean" -v ss="$sync_slow" 'BEGIN {
   printf "diloco (sync every 20 steps), steps 2-60: %.2f s on the clean link, %.2f s at 5 ms each way: %.2fx\n", c, s, s / c
   printf "synchronous replica groups, 10 steps: %.1f s clean, %.1f s at 5 ms each way: %.2fx\n", sc, ss, ss / sc
-  exit !(s / c <= 1.3) }' || fail "diloco: more than 1.3x slower at 5 ms"
+  exit !(s / c <= 1.5) }' || fail "diloco: more than 1.5x slower at 5 ms"
 echo "fault tolerance: all cases passed"
