@@ -10,7 +10,10 @@
 #     step group 0 is at, and both end with identical parameters; group 0's loss curve stays near
 #     the uninterrupted one;
 #   - host 1 stopped (SIGSTOP): group 0's average fails at process_group_timeout_ms and the group
-#     is dropped; continued (SIGCONT), it beats again, recovers from group 0 and both end alike.
+#     is dropped; continued (SIGCONT), it beats again, recovers from group 0 and both end alike;
+#   - LocalSGD and DiLoCo (a sync every 20 steps) end with identical groups; DiLoCo with host 1
+#     killed and restarted rejoins at a sync; DiLoCo across a link 5 ms each way (bed_lib.sh's
+#     delay_link) against the clean link, next to synchronous groups.
 # Prints the time to detect and to rejoin.
 source "$(dirname "${BASH_SOURCE[0]}")/parallel_lib.sh"
 source "$(dirname "${BASH_SOURCE[0]}")/bed_lib.sh"
