@@ -57,3 +57,11 @@ std::string message(const Args&... parts) {
   do {                                                                      \
     if (!(cond)) throw ::titan::ConfigError(::titan::message(__VA_ARGS__)); \
   } while (0)
+
+namespace titan {
+// An exception's message for a user: c10::Error's without the C++ backtrace its what() carries.
+inline std::string error_text(const std::exception& e) {
+  const auto* c10_error = dynamic_cast<const c10::Error*>(&e);
+  return c10_error != nullptr ? c10_error->what_without_backtrace() : e.what();
+}
+}  // namespace titan

@@ -53,11 +53,9 @@ std::string exited_key(int64_t rank) { return std::string(kExited) + "/" + std::
 std::vector<uint8_t> bytes(const std::string& s) { return {s.begin(), s.end()}; }
 std::string text(const std::vector<uint8_t>& b) { return {b.begin(), b.end()}; }
 
-// c10::Error's what() carries a C++ backtrace; the message alone is what a user needs.
-// Without a trailing period, since our messages go on after it.
-std::string error_text(const std::exception& e) {
-  const auto* c10_error = dynamic_cast<const c10::Error*>(&e);
-  std::string msg = c10_error != nullptr ? c10_error->what_without_backtrace() : e.what();
+// error_text (check.h) without a trailing period, since our messages go on after it.
+std::string error_clause(const std::exception& e) {
+  std::string msg = error_text(e);
   while (!msg.empty() &&
          (msg.back() == '.' || std::isspace(static_cast<unsigned char>(msg.back())))) {
     msg.pop_back();
@@ -109,12 +107,12 @@ c10::intrusive_ptr<c10d::Store> connect_store(const LaunchEnv& env,
     const std::string where = env.master_addr + ":" + std::to_string(env.master_port);
     if (opts.isServer) {
       throw RendezvousError("rank 0 could not host the store on port " +
-                            std::to_string(env.master_port) + ": " + error_text(e) +
+                            std::to_string(env.master_port) + ": " + error_clause(e) +
                             ". HINT: another job may hold the port; choose another MASTER_PORT");
     }
     throw RendezvousError(
         "rank " + std::to_string(env.rank) + " could not reach the store at " + where + " within " +
-        seconds(timeout) + " (comm.init_timeout_seconds): " + error_text(e) +
+        seconds(timeout) + " (comm.init_timeout_seconds): " + error_clause(e) +
         ". HINT: check that rank 0 started and that every rank has the same MASTER_ADDR and "
         "MASTER_PORT");
   }
@@ -366,7 +364,7 @@ c10::intrusive_ptr<c10d::Store> rendezvous(const LaunchEnv& env,
   } catch (const std::exception& e) {
     throw RendezvousError("rank " + std::to_string(env.rank) + " lost the store at " +
                           env.master_addr + ":" + std::to_string(env.master_port) +
-                          " during the rendezvous (" + error_text(e) +
+                          " during the rendezvous (" + error_clause(e) +
                           "). HINT: the rank hosting it (rank 0) probably failed; see its output");
   }
   return store;

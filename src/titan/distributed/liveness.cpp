@@ -23,11 +23,6 @@ std::string where_key(int rank) { return "titan/liveness/where/" + std::to_strin
 
 std::string text(const std::vector<uint8_t>& b) { return {b.begin(), b.end()}; }
 
-std::string error_text(const std::exception& e) {
-  const auto* c10_error = dynamic_cast<const c10::Error*>(&e);
-  return c10_error != nullptr ? c10_error->what_without_backtrace() : e.what();
-}
-
 std::string seconds_text(std::chrono::milliseconds t) {
   std::ostringstream os;
   os.precision(2);

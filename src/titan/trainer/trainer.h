@@ -148,7 +148,8 @@ class Trainer {
   void ft_sync_round();
   // Logs the quorum when its members changed: who joined and who left.
   void log_ft_quorum();
-  // Takes a peer's state or gives this replica's, as the quorum says (both false: nothing).
+  // Takes a peer's state or gives this replica's, as the quorum says (neither: nothing);
+  // TrainingError when this replica's state is invalid and no one gives it a valid one.
   void move_ft_state();
   // Averages the gradients, the loss and the auxiliary losses over the quorum; false when that
   // failed on any rank of this replica group (the step must not commit).

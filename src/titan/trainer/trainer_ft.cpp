@@ -48,9 +48,8 @@ void Trainer::build_fault_tolerance() {
   o.fingerprint = message(config_.model.name, " ", config_.model.flavor, ", ", dims_->describe(),
                           ", rank ", rank_, " holding ", local_numel, " parameters (",
                           config_.training.mixed_precision_param, ")");
-  const size_t colon = o.lighthouse.rfind(':');
-  o.gloo_hostname =
-      address_towards(o.lighthouse.substr(0, colon), std::stoll(o.lighthouse.substr(colon + 1)));
+  const auto [host, port] = ft::split_lighthouse_address(o.lighthouse);
+  o.gloo_hostname = address_towards(host, port);
   ft_ = std::make_unique<ft::Manager>(o, world_.get());
   if (ft_outer_) ft_outer_->reset_snapshot();  // the parameters as resumed
   log_info("fault tolerance: ", ft_->describe(), " of ", f.group_size,
@@ -126,6 +125,14 @@ void Trainer::log_ft_quorum() {
 }
 
 void Trainer::move_ft_state() {
+  if (!ft_state_valid_ && !ft_->recovering()) {  // a recovery broke off; no one offers it again
+    throw TrainingError(
+        "fault tolerance: this replica's state was partly overwritten by a recovery that broke "
+        "off, and no replica in the quorum (" +
+        ft_->quorum().describe() +
+        ") has a valid state to take. HINT: restart the replica groups from their last "
+        "checkpoints");
+  }
   if (!ft_->recovering() && !ft_->is_source()) return;
   const ft::Quorum& q = ft_->quorum();
   const int64_t source_id = q.participants[static_cast<size_t>(q.source_index())].replica_id;
@@ -160,14 +167,6 @@ void Trainer::begin_ft_step() {
     return;  // the step will not commit; the next quorum rebuilds the group
   }
   move_ft_state();
-  if (!ft_state_valid_ && !ft_->recovering()) {
-    throw TrainingError(
-        "fault tolerance: this replica's state was partly overwritten by a recovery that broke "
-        "off, and no replica in the quorum (" +
-        ft_->quorum().describe() +
-        ") has a valid state to take. HINT: restart the replica groups from their last "
-        "checkpoints");
-  }
 }
 
 void Trainer::ft_sync_round() {
@@ -192,12 +191,6 @@ void Trainer::ft_sync_round() {
     return;
   }
   move_ft_state();
-  if (!ft_state_valid_ && !ft_->recovering()) {
-    throw TrainingError(
-        "fault tolerance: this replica's state was partly overwritten by a "
-        "recovery that broke off, and no replica in the quorum (" +
-        ft_->quorum().describe() + ") has a valid state to take");
-  }
   log_info("fault tolerance: ", config_.fault_tolerance.semi_sync_method, " sync after step ",
            train_state_.step, " over ", ft_->contributors(), " replica group",
            ft_->contributors() > 1 ? "s" : "", " in ",

@@ -109,13 +109,7 @@ struct Lighthouse::State {
       say("replica " + std::to_string(t.self.replica_id) + " left (it ended)");
       return;
     }
-    if (store->check({ft_keys::beat(t.key)})) {
-      const int64_t beats = std::stoll(text_of(store->get(ft_keys::beat(t.key))));
-      if (beats != t.beats) {
-        t.beats = beats;
-        t.beat_moved = now;
-      }
-    }
+    read_beats(t, now);
     const auto silent = std::chrono::duration_cast<std::chrono::milliseconds>(now - t.beat_moved);
     if (silent > options.heartbeat_timeout) {
       t.dead = true;
@@ -137,12 +131,18 @@ struct Lighthouse::State {
     }
   }
 
-  void revive_if_beating(Tracked& t, Clock::time_point now) {
-    if (!store->check({ft_keys::beat(t.key)})) return;
+  // Whether the replica's beat counter moved since last read (then beat_moved is now).
+  bool read_beats(Tracked& t, Clock::time_point now) {
+    if (!store->check({ft_keys::beat(t.key)})) return false;
     const int64_t beats = std::stoll(text_of(store->get(ft_keys::beat(t.key))));
-    if (beats == t.beats) return;
+    if (beats == t.beats) return false;
     t.beats = beats;
     t.beat_moved = now;
+    return true;
+  }
+
+  void revive_if_beating(Tracked& t, Clock::time_point now) {
+    if (!read_beats(t, now)) return;
     t.dead = false;
     t.silent = false;
     say("replica " + std::to_string(t.self.replica_id) + " beats again: it may rejoin");

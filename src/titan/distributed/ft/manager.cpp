@@ -2,6 +2,7 @@
 // in lighthouse.h.
 #include "titan/distributed/ft/manager.h"
 
+#include "titan/common/check.h"
 #include "titan/common/logging.h"
 #include "titan/distributed/ft/lighthouse.h"
 
@@ -27,11 +28,6 @@ namespace titan::ft {
 namespace {
 
 std::vector<uint8_t> bytes_of(const std::string& text) { return {text.begin(), text.end()}; }
-
-std::string error_text(const std::exception& e) {
-  if (const auto* c10 = dynamic_cast<const c10::Error*>(&e)) return c10->what_without_backtrace();
-  return e.what();
-}
 
 // The tensors of one dtype, flattened into one buffer in order (one message or op per dtype).
 struct Flat {
@@ -69,7 +65,9 @@ void unflatten(const Flat& f) {
   }
 }
 
-std::pair<std::string, int> split_address(const std::string& address) {
+}  // namespace
+
+std::pair<std::string, int> split_lighthouse_address(const std::string& address) {
   const size_t colon = address.rfind(':');
   if (colon == std::string::npos || colon == 0 || colon + 1 == address.size()) {
     throw QuorumError("the lighthouse address '" + address +
@@ -83,8 +81,6 @@ std::pair<std::string, int> split_address(const std::string& address) {
   }
   return {address.substr(0, colon), static_cast<int>(value)};
 }
-
-}  // namespace
 
 // Rank 0's beat: a store key counted up from a thread of its own, on its own connection.
 struct Manager::Heartbeat {
@@ -142,7 +138,7 @@ Manager::Manager(ManagerOptions options, dist::Group* group)
   // dies mid-transfer must be an error here (the step does not commit), not end this one too.
   signal(SIGPIPE, SIG_IGN);
   rank_ = group_ != nullptr ? group_->rank() : 0;
-  const auto [host, port] = split_address(options_.lighthouse);
+  const auto [host, port] = split_lighthouse_address(options_.lighthouse);
   c10d::TCPStoreOptions opts;
   opts.port = static_cast<uint16_t>(port);
   opts.isServer = false;

@@ -29,6 +29,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace titan::ft {
@@ -117,5 +118,7 @@ class Manager {
 // "host:port" from TITAN_FT_LIGHTHOUSE, else TORCHFT_LIGHTHOUSE (TorchFT's, "http://host:port"
 // accepted); "" when neither is set.
 std::string lighthouse_from_env();
+// "host:port" -> (host, port); QuorumError naming the address when it is not that.
+std::pair<std::string, int> split_lighthouse_address(const std::string& address);
 
 }  // namespace titan::ft
