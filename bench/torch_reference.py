@@ -53,6 +53,7 @@ from reference_train import Block, RMSNorm
 FLAVORS = {
     "tiny": (64, 2, 4, 2, 300, 32, 0.0, False),
     "debugmodel": (256, 6, 16, 0, 2048, 256, 0.0, False),
+    "debugmodel_narrow": (128, 6, 16, 0, 2048, 128, 0.0, False),
     "bench_small": (256, 6, 8, 4, 8192, 256, 0.0, False),
     "bench_medium": (512, 8, 8, 8, 32000, 256, 0.0, False),
     "1B": (2048, 16, 32, 8, 128256, 256, 1.5, True),

@@ -226,6 +226,7 @@ std::optional<StepMetrics> MetricsLogger::on_step(int64_t step, int64_t tokens,
   m.lr = v.lr;
   m.host_syncs = v.host_syncs;
   m.host_syncs_between_logs = v.host_syncs_between_logs;
+  m.comm_ops = v.comm_ops;
   m.tps = window > 0 ? static_cast<double>(tokens_since_log_) / window : 0.0;
   m.tflops = flops_per_token_ * m.tps / 1e12;
   m.mfu = 100.0 * flops_per_token_ * m.tps / peak_flops_;
@@ -346,6 +347,7 @@ void MetricsLogger::write_json(const StepMetrics& m) {
     j["host_syncs"] = m.host_syncs;
     j["host_syncs_between_logs"] = m.host_syncs_between_logs;
   }
+  if (m.comm_ops >= 0) j["comm_ops"] = m.comm_ops;
   if (device_.is_cuda()) {
     j["memory/max_active(GiB)"] = m.max_active_gib;
     j["memory/max_active(%)"] = m.max_active_pct;

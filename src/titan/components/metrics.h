@@ -69,6 +69,9 @@ struct LoggedValues {
   // most any other step made since the previous row; -1 when not counted.
   int64_t host_syncs = -1;
   int64_t host_syncs_between_logs = -1;
+  // Communication ops this rank issued in the logged step (FlightRecorder::recorded); -1: not
+  // counted (one process, or comm.trace_buf_size = 0).
+  int64_t comm_ops = -1;
 };
 
 struct StepMetrics {
@@ -79,6 +82,7 @@ struct StepMetrics {
   double lr = 0.0;
   int64_t host_syncs = -1;  // see LoggedValues
   int64_t host_syncs_between_logs = -1;
+  int64_t comm_ops = -1;    // see LoggedValues
   double tps = 0.0;         // tokens/s per rank since the previous log
   double tflops = 0.0;      // achieved TFLOP/s per rank
   double mfu = 0.0;         // percent of peak

@@ -331,6 +331,7 @@ struct ParallelismSection {
   int64_t context_parallel_degree = 1;
   int64_t expert_parallel_degree = 1;
   std::string fsdp_reshard_after_forward = "default";
+  int64_t fsdp_prefetch_units = 1;
   bool disable_loss_parallel = false;
   bool enable_async_tensor_parallel = false;
   std::vector<std::vector<std::string>> module_fqns_per_model_part = {};
@@ -358,6 +359,9 @@ struct ParallelismSection {
     v("expert_parallel_degree", expert_parallel_degree, "Expert-parallel degree");
     v("fsdp_reshard_after_forward", fsdp_reshard_after_forward,
       "Free gathered FSDP parameters after forward: default (yes unless pipelining), always, never");
+    v("fsdp_prefetch_units", fsdp_prefetch_units,
+      "FSDP units whose all-gather starts ahead of their use (forward and backward), each one "
+      "unit's parameters of memory; more hide more of a slow link's latency; 0 none");
     v("disable_loss_parallel", disable_loss_parallel,
       "With tensor parallelism, all-gather the vocabulary-sharded logits before the loss instead "
       "of computing the cross-entropy on the shards");

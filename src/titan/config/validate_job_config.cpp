@@ -181,6 +181,7 @@ void validate_ranges(const JobConfig& c) {
   check_at_least("comm.train_timeout_seconds", c.comm.train_timeout_seconds, 1);
   check_one_of("parallelism.fsdp_reshard_after_forward", c.parallelism.fsdp_reshard_after_forward,
                {"default", "always", "never"});
+  check_at_least("parallelism.fsdp_prefetch_units", c.parallelism.fsdp_prefetch_units, 0);
   check_at_least("checkpoint.interval", c.checkpoint.interval, 1);
   check_at_least("checkpoint.keep_latest_k", c.checkpoint.keep_latest_k, 0);
   check_minus_one_or_positive("checkpoint.load_step", c.checkpoint.load_step, "the latest");

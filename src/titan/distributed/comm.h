@@ -19,6 +19,11 @@
 //   - all_reduce AVG (SUM, then a local divide) and bf16/fp16 all_reduce (reduce an fp32 copy,
 //     round once): native in the Gloo of libtorch 2.x, which sums 16-bit values in 16 bits at
 //     each hop (one rounding per rank instead of one in all).
+//   - small all_reduce (GlooOps::small_all_reduce_bytes): Gloo's all-reduce runs in two phases,
+//     two network round trips even for one value (the gradient norm, the loss); over a link
+//     with latency that is what such an op costs. Built: an all_to_all_single of `size` copies
+//     of the tensor (one round trip) and a local reduction in rank order, the same on every
+//     rank (16-bit values sum in fp32); `size` times the bytes, so only up to the threshold.
 //   - int16 (Gloo lacks it) moves as fp16 bits: no arithmetic, bit-exact.
 //     Built ops take their buffers from a per-group pool and reuse them (see ScratchPool):
 //     fresh large allocations cost page faults on every call.
@@ -87,15 +92,18 @@ class FlightRecorder;  // flight_recorder.h
 
 // Which Gloo ops go to Gloo's own implementation (true) and which are built on others here
 // (false); see the top of this file. The defaults are the faster of the two as measured by
-// bench/comm_bench on 2-core CPUs (docs/speed.md, "Collectives on Gloo"); TITAN_GLOO_OPS=native or
-// =built sets all four for a process (benchmarks, tests).
+// bench/comm_bench on 2-core CPUs (docs/speed.md, "Collectives on Gloo"), and for small
+// all-reduces the round trips across a link with latency (bench/fsdp_latency_bench.sh);
+// TITAN_GLOO_OPS=native or =built sets them all for a process (benchmarks, tests).
 struct GlooOps {
   bool all_reduce_avg = true;
   bool all_reduce_low_precision = true;
   bool reduce_scatter = false;
   bool all_gather = false;
-  static GlooOps all_native() { return {true, true, true, true}; }
-  static GlooOps all_built() { return {false, false, false, false}; }
+  // All-reduces of at most this many bytes are built on one all-to-all; 0: always Gloo's.
+  int64_t small_all_reduce_bytes = 16384;
+  static GlooOps all_native() { return {true, true, true, true, 0}; }
+  static GlooOps all_built() { return {false, false, false, false, 16384}; }
 };
 
 struct GroupOptions {

@@ -175,6 +175,23 @@ Work Group::all_reduce(const at::Tensor& tensor, ReduceOp op) {
   c10d::AllreduceOptions opts;
   opts.timeout = s.timeout();
   const GlooOps& native = s.options.gloo_ops;
+  if (is_gloo(s) && s.size > 1 &&
+      t.numel() * static_cast<int64_t>(t.element_size()) <= native.small_all_reduce_bytes) {
+    // Built on one all-to-all (comm.h): every rank receives every rank's tensor and reduces
+    // them in rank order, so all get the same bits.
+    const at::Tensor flat = gloo_wire(t).view({-1});
+    const int64_t n = flat.numel();
+    at::Tensor send = s.scratch.get(s.size * n, flat.scalar_type());
+    send.view({s.size, n}).copy_(flat.unsqueeze(0).expand({s.size, n}));
+    at::Tensor recv = s.scratch.get(s.size * n, flat.scalar_type());
+    auto work = equal_all_to_all(s, recv, send);
+    const int size = s.size;
+    const at::ScalarType dtype = t.scalar_type();
+    std::shared_ptr<State> state = state_;
+    return make_work(state_, label, work, stage.finish([state, send, recv, t, op, size, n, dtype] {
+      reduce_chunks(state->scratch, recv.view(dtype).view({size, n}), t, op, size);
+    }));
+  }
   const bool built_avg = is_gloo(s) && op == ReduceOp::kAvg && !native.all_reduce_avg;
   const bool fp32_copy = is_gloo(s) && low_precision(t) && !native.all_reduce_low_precision;
   if (!built_avg && !fp32_copy) {

@@ -82,6 +82,11 @@ const std::vector<int>* FlightRecorder::intern(const std::vector<int>& ranks) {
   return rank_lists_.back().get();
 }
 
+int64_t FlightRecorder::recorded() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return next_id_;
+}
+
 int64_t FlightRecorder::record(const Op& op) {
   if (capacity_ == 0) return -1;
   const double now = unix_now();

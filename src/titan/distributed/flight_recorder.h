@@ -78,6 +78,10 @@ class FlightRecorder {
   // The entries still held, oldest first.
   std::vector<FlightEntry> entries() const;
   int64_t capacity() const { return capacity_; }
+  // Ops recorded so far, including those that have left the ring. Every op is at least one
+  // network round trip among its ranks, so the count per training step (metrics.jsonl's
+  // `comm_ops`) bounds how a step's time grows with a link's latency.
+  int64_t recorded() const;
   const std::string& dump_path() const { return dump_path_; }
   // The entries as the JSON document above.
   std::string to_json() const;

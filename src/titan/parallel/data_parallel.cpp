@@ -278,9 +278,9 @@ at::Tensor DataParallel::run(int64_t index, const at::Tensor& input, const UnitF
   Impl::Unit& u = d.units[index];
   if (u.params.empty()) return next(input);  // none of this instance's parameters
   d.gather_finish(index);
-  if (d.options.prefetch && pos + 1 < static_cast<int64_t>(d.units.size()) &&
-      index + 1 < static_cast<int64_t>(d.units.size())) {
-    d.gather_start(index + 1);
+  const auto n_units = static_cast<int64_t>(d.units.size());
+  for (int64_t k = 1; k <= d.options.prefetch && pos + k < n_units && index + k < n_units; ++k) {
+    d.gather_start(index + k);
   }
   const bool grad = at::GradMode::is_enabled();
   if (u.uses == 0) {

@@ -59,7 +59,9 @@ struct DataParallelOptions {
   at::ScalarType param_dtype = at::kFloat;        // unsharded parameters, all-gather
   at::ScalarType reduce_dtype = at::kFloat;       // gradient reduce-scatter / all-reduce
   std::string reshard_after_forward = "default";  // default | always | never
-  bool prefetch = true;                           // overlap the next unit's all-gather
+  // Units whose all-gather starts ahead of use (forward: the next ones; backward: the previous
+  // ones), overlapping their latency with this unit's compute; 0: none.
+  int64_t prefetch = 1;
   // The model's parameters are these boxes of larger ones (2D: FSDP over tensor-parallel shards).
   std::map<std::string, ParamPlacement> placements;
   // Where shards live when the model's parameters are on the meta device (shapes only): the

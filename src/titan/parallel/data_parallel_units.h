@@ -337,7 +337,7 @@ struct DataParallel::Impl {
 
   void pre_backward(int64_t ui) {
     gather_finish(ui);
-    if (options.prefetch && ui >= 1) gather_start(ui - 1);
+    for (int64_t k = 1; k <= options.prefetch && ui - k >= 0; ++k) gather_start(ui - k);
   }
 
   // The unit's backward is complete: start reducing its gradients, or, while an I step collects

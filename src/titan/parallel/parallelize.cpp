@@ -270,6 +270,7 @@ void apply_dp(ParallelizedModel& pm, const ParallelizeOptions& options) {
     o.param_dtype = options.param_dtype;
     o.reduce_dtype = options.reduce_dtype;
     o.reshard_after_forward = options.fsdp_reshard_after_forward;
+    o.prefetch = options.fsdp_prefetch_units;
     // TorchTitan: under PP, "default" keeps parameters gathered between microbatches (a stage
     // runs many forwards and backwards per step).
     if (pm.pipelined() && o.reshard_after_forward == "default") o.reshard_after_forward = "never";

@@ -305,6 +305,20 @@ at::Tensor ParallelizedModel::batch_mean(const at::Tensor& value) const {
       .reshape(value.sizes());
 }
 
+std::function<at::Tensor()> ParallelizedModel::batch_mean_async(const at::Tensor& value) const {
+  if (dims_.dp_size() * dims_.cp() == 1) return [value] { return value; };
+  dist::Group& g = dims_.group(dims_.cp_enabled() ? "dp_cp" : "dp");
+  at::Tensor t = value.to(at::kDouble)
+                     .reshape({1})
+                     .to(g.device(), /*non_blocking=*/false,
+                         /*copy=*/true);
+  auto work = std::make_shared<dist::Work>(g.all_reduce(t, dist::ReduceOp::kAvg));
+  return [work, t, device = value.device(), sizes = value.sizes().vec()] {
+    work->wait();
+    return t.to(device, /*non_blocking=*/true).reshape(sizes);
+  };
+}
+
 void ParallelizedModel::zero_grad() {
   for (ParallelPiece* piece : all_pieces()) piece->zero_grad();
   for (TrainedParam& p : params_) {

@@ -80,7 +80,8 @@ struct ParallelizeOptions {
   at::ScalarType param_dtype = at::kFloat;   // training.mixed_precision_param
   at::ScalarType reduce_dtype = at::kFloat;  // training.mixed_precision_reduce
   std::string fsdp_reshard_after_forward = "default";
-  bool loss_parallel = true;  // !parallelism.disable_loss_parallel
+  int64_t fsdp_prefetch_units = 1;  // DataParallelOptions::prefetch
+  bool loss_parallel = true;        // !parallelism.disable_loss_parallel
   ActivationCheckpointSection activation_checkpoint;
   // Sequence lengths the model will run at, with the keys that set them (sequence parallelism
   // splits the sequence, so they must divide by the tensor-parallel degree).
@@ -217,6 +218,10 @@ class ParallelizedModel {
   // (dp_replicate x dp_shard, and cp, whose ranks hold equal shares of the sequences), on the
   // device: nothing is read back to the host.
   at::Tensor batch_mean(const at::Tensor& value) const;
+  // batch_mean, issued: the collective runs while the caller goes on (the training step's
+  // gradient norm and optimizer step, so that a link's latency is paid once for both); the
+  // returned function waits for it and returns the mean. Call it once.
+  std::function<at::Tensor()> batch_mean_async(const at::Tensor& value) const;
 
   void zero_grad();
   // Completes the gradients of the last backward (FSDP's reductions). Call after every backward.

@@ -140,15 +140,16 @@ MemoryEstimate estimate_training_memory(const ModelSpec& spec, const std::string
   e.parts.push_back({"optimizer (AdamW " + dtype + of + ")", 2 * bytes * trained});
   if (compute_dtype == at::kBFloat16 && !options.bf16_state) {
     // Tensor parallelism splits the copies over its ranks (activation_shards is its degree).
-    // FSDP (param_shards beyond that) gathers one unit at a time: about two blocks' worth are
-    // alive at once, the one running and the one prefetched (all of them when it keeps them).
+    // FSDP (param_shards beyond that) gathers one unit at a time: about 1 + prefetch blocks'
+    // worth are alive at once, the one running and those prefetched (all of them when it keeps
+    // them).
     const double tp = static_cast<double>(activation_shards);
     const double expert_shards =
         options.expert_shards > 0 ? static_cast<double>(options.expert_shards) : tp;
     double copies = 2 * ((n - experts - nf4) / tp + experts / expert_shards);
     if (shards > tp && !options.fsdp_keeps_gathered)
-      copies =
-          std::min(copies, 2.0 * copies / static_cast<double>(std::max<int64_t>(1, one.n_layers)));
+      copies = std::min(copies, static_cast<double>(1 + options.fsdp_prefetch_units) * copies /
+                                    static_cast<double>(std::max<int64_t>(1, one.n_layers)));
     e.parts.push_back({"bf16 weight copies", copies});
   }
   e.parts.push_back({"RoPE tables", rope_bytes(one, seq_len), /*scales_with_tokens=*/true});

@@ -52,6 +52,7 @@ struct MemoryOptions {
   // "never", the default under pipeline parallelism, so that microbatches do not gather again):
   // all the rank's bf16 weight copies are alive at once, not two blocks' worth.
   bool fsdp_keeps_gathered = false;
+  int64_t fsdp_prefetch_units = 1;  // parallelism.fsdp_prefetch_units: gathered ahead of use
   // The routed experts of MoE layers, when they are not split like the dense weights: a rank's
   // bf16 copies hold 1 / expert_shards of them (pp x ep x etp: expert parallelism gives each rank
   // its own experts, etp = tp splits each expert over tp), its weights, gradients and optimizer

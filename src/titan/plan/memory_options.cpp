@@ -54,6 +54,7 @@ MemoryOptions training_memory_options(const JobConfig& config, int64_t param_sha
   // data_parallel.cpp: "never" keeps the units gathered, and so does "default" under PP.
   o.fsdp_keeps_gathered = p.fsdp_reshard_after_forward == "never" ||
                           (pp > 1 && p.fsdp_reshard_after_forward == "default");
+  o.fsdp_prefetch_units = p.fsdp_prefetch_units;
   if (pp > 1) {
     // The stage keeps the microbatches its schedule has in flight (1F1B: pp at the first
     // stage; GPipe: all of them).

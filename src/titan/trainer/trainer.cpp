@@ -134,8 +134,9 @@ void Trainer::build_parallelism(const DistributedContext* dist) {
   char digest[32];
   std::snprintf(digest, sizeof(digest), "config-%016zx", std::hash<std::string>{}(toml));
   dist::GroupOptions options = world_group_options(*dist, config_.comm, digest, device_);
-  options.recorder =
+  flight_recorder_ =
       start_flight_recorder(config_.comm, config_.job.dump_folder, rank_, world_size_);
+  options.recorder = flight_recorder_;
   world_ = dist::Group::create(dist->store, static_cast<int>(rank_), static_cast<int>(world_size_),
                                options);
   dims_->build_groups(world_);
@@ -241,6 +242,7 @@ void Trainer::build_model() {
   o.param_dtype = compute_dtype_;
   o.reduce_dtype = dtype_from_name(config_.training.mixed_precision_reduce);
   o.fsdp_reshard_after_forward = config_.parallelism.fsdp_reshard_after_forward;
+  o.fsdp_prefetch_units = config_.parallelism.fsdp_prefetch_units;
   o.loss_parallel = !config_.parallelism.disable_loss_parallel;
   o.activation_checkpoint = config_.activation_checkpoint;
   o.seq_lens = {{"training.seq_len", config_.training.seq_len}};
@@ -503,11 +505,23 @@ StepResult Trainer::train_step(int64_t step) {
     }
   }
   StepResult result;
-  result.loss = parallel_->batch_mean(total);
-  for (const auto& [name, sum] : auxiliary) result.auxiliary[name] = parallel_->batch_mean(sum);
-  if (ft_ && !ft_outer_ && !ft_average(result)) {
-    result.committed = false;
-    return result;
+  // The losses' means over the batch's ranks travel while the gradient norm's reduction and the
+  // optimizer step run (over a link with latency, one wait instead of two in a row).
+  std::vector<std::pair<std::string, std::function<at::Tensor()>>> means;
+  means.emplace_back("", parallel_->batch_mean_async(total));
+  for (const auto& [name, sum] : auxiliary) {
+    means.emplace_back(name, parallel_->batch_mean_async(sum));
+  }
+  const auto settle_means = [&] {
+    for (auto& [name, mean] : means) (name.empty() ? result.loss : result.auxiliary[name]) = mean();
+    means.clear();
+  };
+  if (ft_ && !ft_outer_) {
+    settle_means();  // averaged over the replica groups next
+    if (!ft_average(result)) {
+      result.committed = false;
+      return result;
+    }
   }
   const PhaseScope optimizer(Phase::kOptimizer);
   // The norm and the clipping coefficient stay on the device; AdamW applies the coefficient as
@@ -517,6 +531,7 @@ StepResult Trainer::train_step(int64_t step) {
   result.grad_norm = norm.norm;
   optimizer_->step(lr_scheduler_->lr_at(step), norm.clip_coef);
   moe_loads_ = parallel_->update_moe_load_balance();  // MoE: expert biases toward even loads
+  settle_means();
   return result;
 }
 
@@ -620,6 +635,8 @@ TrainResult Trainer::train() {
   // step since the previous row made.
   int64_t most_syncs_since_log = 0;
   for (int64_t step = train_state_.step + 1; step <= t.steps; ++step) {
+    // Communication ops of the step (the flight recorder counts them), the quorum's included.
+    const int64_t comm_ops_at_start = flight_recorder_ ? flight_recorder_->recorded() : 0;
     if (ft_) {
       // May take a peer's state, and with it its step.
       if (!ft_outer_) {
@@ -693,6 +710,7 @@ TrainResult Trainer::train() {
       v.lr = lr_scheduler_->lr_at(step);
       v.host_syncs = host_sync_count() - syncs_at_start;
       v.host_syncs_between_logs = most_syncs_since_log;
+      if (flight_recorder_) v.comm_ops = flight_recorder_->recorded() - comm_ops_at_start;
       return v;
     });
     if (logged && !moe_loads_.layers.empty()) {

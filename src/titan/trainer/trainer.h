@@ -207,6 +207,7 @@ class Trainer {
   int64_t ft_quorum_id_ = -1;                // the quorum of the last step (its changes are logged)
   std::vector<int64_t> ft_members_;
   std::shared_ptr<dist::Group> world_;
+  std::shared_ptr<dist::FlightRecorder> flight_recorder_;  // null: one process, or turned off
   std::unique_ptr<ParallelDims> dims_;
   std::unique_ptr<ParallelizedModel> parallel_;
   TrainState train_state_;

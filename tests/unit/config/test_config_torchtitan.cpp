@@ -186,6 +186,7 @@ const std::set<std::string> kOwnKeys = {
     "training.mtp_loss_weight",
     "validation.dataset_text_field",
     "model.attn_mask_type",
+    "parallelism.fsdp_prefetch_units",
     // [sft]: chat fine-tuning (TorchTitan's came after v0.2.2, configured in Python).
     "sft.messages_field",
     "sft.prompt_field",

@@ -87,21 +87,23 @@ TEST_P(CommTest, AllReduceEveryOpAndDtype) {
       [&](int rank, std::shared_ptr<dist::Group> g) {
         EXPECT_EQ(g->rank(), rank);
         EXPECT_EQ(g->size(), size);
-        const std::vector<int64_t> shape{5, 7};
-        for (auto dtype : {at::kFloat, at::kBFloat16, at::kHalf, at::kLong, at::kInt}) {
-          for (auto op : {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMax, ReduceOp::kMin}) {
-            if (op == ReduceOp::kAvg && !at::isFloatingType(dtype)) continue;
-            at::Tensor t = input_for(rank, shape, dtype);
-            g->all_reduce(t, op).wait();
-            at::Tensor expected = reference_reduce(size, shape, dtype, op);
-            if (!at::isFloatingType(dtype)) expected = expected.to(dtype);
-            expect_close(
-                t, expected,
-                std::string("all_reduce ") + c10::toString(dtype) + " " + dist::to_string(op),
-                roundings());
-            EXPECT_EQ(t.scalar_type(), dtype);
+        // Built ops: {5, 7} takes the small all-reduce (one all-to-all); {70, 80} in 32 and 64
+        // bits is over GlooOps::small_all_reduce_bytes and takes Gloo's (in 16 bits it is not).
+        for (const std::vector<int64_t>& shape : {std::vector<int64_t>{5, 7}, {70, 80}})
+          for (auto dtype : {at::kFloat, at::kBFloat16, at::kHalf, at::kLong, at::kInt}) {
+            for (auto op : {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMax, ReduceOp::kMin}) {
+              if (op == ReduceOp::kAvg && !at::isFloatingType(dtype)) continue;
+              at::Tensor t = input_for(rank, shape, dtype);
+              g->all_reduce(t, op).wait();
+              at::Tensor expected = reference_reduce(size, shape, dtype, op);
+              if (!at::isFloatingType(dtype)) expected = expected.to(dtype);
+              expect_close(
+                  t, expected,
+                  std::string("all_reduce ") + c10::toString(dtype) + " " + dist::to_string(op),
+                  roundings());
+              EXPECT_EQ(t.scalar_type(), dtype);
+            }
           }
-        }
       },
       options());
 }

@@ -63,7 +63,7 @@ DataParallelOptions options_for(const Layout& layout, const std::shared_ptr<dist
 }
 
 // One forward/backward (micro_batches of them) on every rank, checked against the reference.
-void check_gradients(const Layout& layout, bool tied, const std::string& reshard, bool prefetch,
+void check_gradients(const Layout& layout, bool tied, const std::string& reshard, int64_t prefetch,
                      int64_t micro_batches = 1) {
   const int world_size = layout.replicate * layout.shard;
   const Reference ref = reference(world_size, tied, micro_batches);
@@ -115,6 +115,13 @@ TEST(DataParallel, ReshardPoliciesAndNoPrefetch) {
   check_gradients({1, 3}, false, "always", /*prefetch=*/false);
 }
 
+// parallelism.fsdp_prefetch_units > 1: several gathers in flight ahead, the same gradients.
+TEST(DataParallel, PrefetchSeveralUnitsAhead) {
+  check_gradients({1, 2}, false, "default", /*prefetch=*/3);
+  check_gradients({1, 3}, false, "always", /*prefetch=*/2);
+  check_gradients({1, 2}, /*tied=*/true, "always", /*prefetch=*/2);
+}
+
 TEST(DataParallel, TiedEmbeddingsUnitRunsTwice) {
   check_gradients({1, 2}, /*tied=*/true, "always", /*prefetch=*/true);
   check_gradients({2, 1}, /*tied=*/true, "default", /*prefetch=*/true);
@@ -139,7 +146,7 @@ std::shared_ptr<llama3::Transformer> make_model_on(bool tied, const at::Device& 
 
 // A forward without autograd (validation) on `ranks` ranks gives the reference logits and frees
 // every unit. On a CUDA `device` all ranks compute on it, over Gloo groups staging the tensors.
-void check_no_grad_forward(int ranks, const std::string& reshard, bool prefetch,
+void check_no_grad_forward(int ranks, const std::string& reshard, int64_t prefetch,
                            const at::Device& device = at::kCPU) {
   const at::Tensor tokens = at::randint(0, 61, {2, kSeq}, at::kLong);
   auto ref_model = make_model(false);
@@ -172,7 +179,10 @@ void check_no_grad_forward(int ranks, const std::string& reshard, bool prefetch,
       group_options);
 }
 
-TEST(DataParallel, NoGradForwardMatches) { check_no_grad_forward(2, "default", true); }
+TEST(DataParallel, NoGradForwardMatches) {
+  check_no_grad_forward(2, "default", true);
+  check_no_grad_forward(2, "default", /*prefetch=*/3);  // gathers ahead that validation ends
+}
 
 // Ranks sharing one GPU over Gloo (the shared-device test mode): the unit gathers run on the
 // gather stream, unit i + 1's while unit i computes, and compute waits for them by event. Only
@@ -185,6 +195,7 @@ TEST(SharedDevice, FsdpForwardOnOneGpuMatchesOneProcess) {
   check_no_grad_forward(2, "default", /*prefetch=*/true, cuda);
   check_no_grad_forward(3, "always", /*prefetch=*/true, cuda);
   check_no_grad_forward(2, "never", /*prefetch=*/false, cuda);
+  check_no_grad_forward(2, "always", /*prefetch=*/2, cuda);
 }
 
 // Every Linear of `model` computes in float8 (tensorwise, emulated; the tiny dims need not be

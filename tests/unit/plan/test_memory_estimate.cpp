@@ -58,6 +58,17 @@ TEST(MemoryEstimate, MatchesTheModelStatsAtOrdinarySizes) {
       estimate_training_memory(spec, "debugmodel", 8, 256, at::kBFloat16, layout);
   EXPECT_DOUBLE_EQ(part(cp, "activations (estimate)"), s.activation_bytes / 8.0);
   EXPECT_DOUBLE_EQ(part(cp, "bf16 weight copies"), part(sharded, "bf16 weight copies"));
+  // FSDP alone (param_shards beyond tp): the block running and those prefetched, of 6 blocks.
+  MemoryOptions fsdp;
+  fsdp.param_shards = 4;
+  const double copies = 2.0 * static_cast<double>(s.n_params);
+  EXPECT_DOUBLE_EQ(part(estimate_training_memory(spec, "debugmodel", 8, 256, at::kBFloat16, fsdp),
+                        "bf16 weight copies"),
+                   copies * 2 / 6);
+  fsdp.fsdp_prefetch_units = 2;
+  EXPECT_DOUBLE_EQ(part(estimate_training_memory(spec, "debugmodel", 8, 256, at::kBFloat16, fsdp),
+                        "bf16 weight copies"),
+                   copies * 3 / 6);
 }
 
 // The debug model with the default [lora] (rank 8 on wq and wv).

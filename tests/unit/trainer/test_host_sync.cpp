@@ -56,7 +56,7 @@ JobConfig config_for(const fs::path& dump, const Layout& layout) {
 }
 
 struct Row {
-  int64_t step, host_syncs, between;
+  int64_t step, host_syncs, between, comm_ops;
 };
 
 // metrics.jsonl's logged rows (rank 0 writes it).
@@ -69,15 +69,18 @@ std::vector<Row> logged_rows(const fs::path& dump) {
     if (!j.contains("loss")) continue;
     EXPECT_TRUE(j.contains("host_syncs") && j.contains("host_syncs_between_logs")) << line;
     rows.push_back({j.at("step").get<int64_t>(), j.value("host_syncs", int64_t{-1}),
-                    j.value("host_syncs_between_logs", int64_t{-1})});
+                    j.value("host_syncs_between_logs", int64_t{-1}),
+                    j.value("comm_ops", int64_t{-1})});
   }
   return rows;
 }
 
 // Trains `layout` and checks every logged row: `per_step` reads on steps that do not log, and
 // the same plus the one read of the step's values on logged steps (step 1 may read more: a
-// pipeline learns its activation shapes then).
-void expect_budget(const Layout& layout, int64_t per_step, const std::string& tag) {
+// pipeline learns its activation shapes then). `comm_ops` >= 0: the communication ops of every
+// logged step (metrics.jsonl's comm_ops, from the flight recorder).
+void expect_budget(const Layout& layout, int64_t per_step, const std::string& tag,
+                   int64_t comm_ops = -1) {
   const fs::path dump = test::fresh_test_dir("titan_host_sync_" + tag);
   const JobConfig config = config_for(dump, layout);
   if (layout.world() == 1) {
@@ -96,6 +99,7 @@ void expect_budget(const Layout& layout, int64_t per_step, const std::string& ta
     }
     EXPECT_EQ(r.host_syncs, 1 + per_step);
     EXPECT_EQ(r.between, per_step);
+    if (comm_ops >= 0) EXPECT_EQ(r.comm_ops, comm_ops);
   }
 }
 
@@ -122,7 +126,11 @@ TEST(HostSync, DenseStepsReadNothingBackUnderFsdpTpPp) {
   REQUIRE_CORPUS();
   Layout fsdp;
   fsdp.dp_shard = 2;
-  expect_budget(fsdp, 0, "fsdp");
+  // The tiny model's 4 FSDP units (embedding, 2 blocks, norm with output): an all-gather each in
+  // forward, again in backward but for the last unit (kept gathered), a reduce-scatter each,
+  // then the loss's mean and the gradient norm: 4 + 3 + 4 + 2 collectives, each at least one
+  // round trip over the network (bench/fsdp_latency_bench.sh).
+  expect_budget(fsdp, 0, "fsdp", 13);
   Layout tp;
   tp.tp = 2;
   expect_budget(tp, 0, "tp");
