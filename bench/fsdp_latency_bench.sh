@@ -2,13 +2,14 @@
 # titan's FSDP next to PyTorch's own FSDP2 (bench/fsdp2_reference.py under torchrun, Gloo) across
 # the two-host bed of tests/e2e/bed_lib.sh (root; network namespaces): FSDP over 2 hosts x 2 ranks,
 # debugmodel_narrow, float32, seq 64, 2 sequences per rank, with 0 / 1 / 2 / 5 ms added each way on
-# the link. Per run: the median step time (steps 4 on), its ratio to the clean link, and the
-# step's growth in units of the added one-way delay ("delays/step": how many one-way trips wait
-# on one another in a step; a Gloo op is at least a round trip, two). At 0 ms also the communication ops per step (titan: metrics.jsonl's
-# comm_ops; PyTorch: the Gloo ops its profiler sees in one step) and the packets per step on the
-# link (host 0's interface, the difference between a 20-step and a 10-step run). Extra titan
-# variants compare settings in the same run, and TITAN_BEFORE=path/to/an/older/titan adds a
-# "before" column run by that binary:
+# the link (and 0 ms through the delay program, "0q"). Per run: the median step time (steps 4 on),
+# its ratio to the clean link, and the step's growth in units of the added one-way delay
+# ("delays/step": how many one-way trips wait on one another in a step; a Gloo op is at least a
+# round trip, two). At 0 ms also the communication ops per step (titan: metrics.jsonl's comm_ops;
+# PyTorch: the Gloo ops its profiler sees in one step) and the packets per step on the link (host
+# 0's interface, the difference between a 20-step and a 10-step run); at each delay, single Gloo
+# ops timed. Extra titan variants compare settings in the same run, and
+# TITAN_BEFORE=path/to/an/older/titan adds a "before" column run by that binary:
 #
 #   bash bench/fsdp_latency_bench.sh build/titan
 #   TITAN_VARIANTS="prefetch2=--parallelism.fsdp_prefetch_units 2" bash bench/fsdp_latency_bench.sh build/titan
@@ -21,7 +22,9 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 PY="${TITAN_PYTHON:-$(cd "$ROOT" && scripts/python_env.sh --print)}"
 TORCHRUN="$(dirname "$PY")/torchrun"
 [ -x "$TORCHRUN" ] || fail "no torchrun next to $PY (scripts/python_env.sh installs torch)"
-DELAYS=(${DELAYS:-0 1 2 5})
+# "0q": no delay, but every packet through the delay program all the same (what it costs per
+# packet on a busy 2-core machine is then in the baseline, not in the latency's effect).
+DELAYS=(${DELAYS:-0 0q 1 2 5})
 
 # Variants: "name=titan args" separated by ";" (the base run is "titan").
 variants=("titan=")
@@ -98,7 +101,7 @@ packets_per_step() {
 
 declare -A secs
 for d in "${DELAYS[@]}"; do
-  [ "$d" = 0 ] || delay_link "$d"
+  [ "$d" = 0 ] || delay_link "${d%q}"
   for v in "${variants[@]}"; do
     name="${v%%=*}" args="${v#*=}"
     titan_fsdp "${name}_$d" 15 $args
@@ -117,7 +120,9 @@ for v in "${variants[@]}" "torch=PyTorch FSDP2"; do
 done
 echo
 for d in "${DELAYS[@]}"; do
-  printf "%-28s" "$d ms"
+  label="$d ms"
+  [ "$d" = 0q ] && label="0 ms, through the delay"
+  printf "%-28s" "$label"
   for v in "${variants[@]}" "torch="; do
     n="${v%%=*}"
     printf "%26s" "${secs[$n,$d]} ($(awk -v a="${secs[$n,$d]}" -v b="${secs[$n,0]}" \
@@ -125,15 +130,15 @@ for d in "${DELAYS[@]}"; do
   done
   echo
 done
-# The step's growth per ms of delay: 0 -> 5 ms, and 2 -> 5 ms (without what the delaying itself
-# costs per packet on a busy machine, which the first ms carries).
-for span in "0 5" "2 5"; do
+# The step's growth per ms of delay: 0 -> 5 ms, and from 0 ms through the delay program ("0q") or
+# from 2 ms to 5 ms (both without what the delaying itself costs per packet).
+for span in "0 5" "0q 5" "2 5"; do
   set -- $span
   [ -n "${secs[titan,$1]:-}" ] && [ -n "${secs[titan,$2]:-}" ] || continue
   printf "%-28s" "delays/step ($1 -> $2 ms)"
   for v in "${variants[@]}" "torch="; do
     n="${v%%=*}"
-    printf "%26s" "$(awk -v a="${secs[$n,$2]}" -v b="${secs[$n,$1]}" -v ms="$(($2 - $1))" \
+    printf "%26s" "$(awk -v a="${secs[$n,$2]}" -v b="${secs[$n,$1]}" -v ms="$(($2 - ${1%q}))" \
       'BEGIN { printf "%.0f", (a - b) / (ms / 1000) }')"
   done
   echo
@@ -149,7 +154,7 @@ printf "%26s\n" "$(packets_per_step torch)"
 echo
 echo "Single Gloo ops across the hosts (PyTorch's Gloo, rank 0's mean of 10; ms)"
 printf "%-40s" "op"
-for d in "${DELAYS[@]}"; do printf "%12s" "$d ms"; done
+for d in "${DELAYS[@]}"; do printf "%12s" "${d/q/q} ms"; done
 echo
 "$PY" - "$WORK" "${DELAYS[@]}" <<'PY'
 import json, sys
