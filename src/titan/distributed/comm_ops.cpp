@@ -157,6 +157,14 @@ c10::intrusive_ptr<c10d::Work> equal_all_to_all(Group::State& s, at::Tensor out,
   return s.pg->alltoall_base(out, in, equal_splits, equal_splits, opts);
 }
 
+// `size` copies of the flat `t` in one scratch buffer: an all-to-all of it sends t to every rank.
+at::Tensor copies_for_every_rank(Group::State& s, const at::Tensor& t) {
+  const int64_t n = t.numel();
+  at::Tensor send = s.scratch.get(s.size * n, t.scalar_type());
+  send.view({s.size, n}).copy_(t.unsqueeze(0).expand({s.size, n}));
+  return send;
+}
+
 }  // namespace
 
 Work Group::all_reduce(const at::Tensor& tensor, ReduceOp op) {
@@ -181,8 +189,7 @@ Work Group::all_reduce(const at::Tensor& tensor, ReduceOp op) {
     // them in rank order, so all get the same bits.
     const at::Tensor flat = gloo_wire(t).view({-1});
     const int64_t n = flat.numel();
-    at::Tensor send = s.scratch.get(s.size * n, flat.scalar_type());
-    send.view({s.size, n}).copy_(flat.unsqueeze(0).expand({s.size, n}));
+    at::Tensor send = copies_for_every_rank(s, flat);
     at::Tensor recv = s.scratch.get(s.size * n, flat.scalar_type());
     auto work = equal_all_to_all(s, recv, send);
     const int size = s.size;
@@ -246,10 +253,8 @@ Work Group::all_gather_into_tensor(const at::Tensor& output, const at::Tensor& i
   // scratch buffer). Gloo's own gathers into a list of fresh tensors and copies.
   at::Tensor flat_in = gloo_wire(in).view({-1});
   at::Tensor flat_out = gloo_wire(out).view({-1});
-  const int64_t n = flat_in.numel();
-  at::Tensor send = s.scratch.get(s.size * n, flat_in.scalar_type());
-  send.view({s.size, n}).copy_(flat_in.unsqueeze(0).expand({s.size, n}));
-  return make_work(state_, label, equal_all_to_all(s, flat_out, send), stage.finish());
+  return make_work(state_, label, equal_all_to_all(s, flat_out, copies_for_every_rank(s, flat_in)),
+                   stage.finish());
 }
 
 Work Group::reduce_scatter_tensor(const at::Tensor& output, const at::Tensor& input, ReduceOp op) {

@@ -297,15 +297,12 @@ bool ParallelizedModel::writes_state_buffers() const {
 }
 
 at::Tensor ParallelizedModel::batch_mean(const at::Tensor& value) const {
-  // Context-parallel ranks hold different tokens of the same sequences: their (equal-sized)
-  // shares average too.
-  if (dims_.dp_size() * dims_.cp() == 1) return value;
-  const at::Tensor t = value.to(at::kDouble).reshape({1});
-  return reduce_over(dims_.cp_enabled() ? "dp_cp" : "dp", t, dist::ReduceOp::kAvg)
-      .reshape(value.sizes());
+  return batch_mean_async(value)();
 }
 
 std::function<at::Tensor()> ParallelizedModel::batch_mean_async(const at::Tensor& value) const {
+  // Context-parallel ranks hold different tokens of the same sequences: their (equal-sized)
+  // shares average too.
   if (dims_.dp_size() * dims_.cp() == 1) return [value] { return value; };
   dist::Group& g = dims_.group(dims_.cp_enabled() ? "dp_cp" : "dp");
   at::Tensor t = value.to(at::kDouble)

@@ -507,14 +507,15 @@ StepResult Trainer::train_step(int64_t step) {
   StepResult result;
   // The losses' means over the batch's ranks travel while the gradient norm's reduction and the
   // optimizer step run (over a link with latency, one wait instead of two in a row).
-  std::vector<std::pair<std::string, std::function<at::Tensor()>>> means;
-  means.emplace_back("", parallel_->batch_mean_async(total));
-  for (const auto& [name, sum] : auxiliary) {
-    means.emplace_back(name, parallel_->batch_mean_async(sum));
-  }
+  std::function<at::Tensor()> loss_mean = parallel_->batch_mean_async(total);
+  std::map<std::string, std::function<at::Tensor()>> auxiliary_means;
+  for (const auto& [name, sum] : auxiliary)
+    auxiliary_means[name] = parallel_->batch_mean_async(sum);
   const auto settle_means = [&] {
-    for (auto& [name, mean] : means) (name.empty() ? result.loss : result.auxiliary[name]) = mean();
-    means.clear();
+    if (!loss_mean) return;  // settled already
+    result.loss = loss_mean();
+    for (auto& [name, mean] : auxiliary_means) result.auxiliary[name] = mean();
+    loss_mean = nullptr;
   };
   if (ft_ && !ft_outer_) {
     settle_means();  // averaged over the replica groups next

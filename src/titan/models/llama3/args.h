@@ -152,6 +152,7 @@ const std::vector<std::pair<std::string, Llama3Args>>& flavors();
 struct Family {
   std::string name;
   const std::vector<std::pair<std::string, Llama3Args>>* flavors;
+  std::vector<std::string> flavor_names() const;  // in registration order
 };
 const Family& llama3_family();
 
