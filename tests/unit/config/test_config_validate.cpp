@@ -32,6 +32,9 @@ TEST(ConfigValidate, IntegerRanges) {
                        "metrics.log_freq must be >= 1, got 0"));
   EXPECT_TRUE(contains(validation_error([](JobConfig& c) { c.lr_scheduler.warmup_steps = -1; }),
                        "lr_scheduler.warmup_steps must be >= 0, got -1"));
+  EXPECT_TRUE(
+      contains(validation_error([](JobConfig& c) { c.parallelism.fsdp_prefetch_units = -1; }),
+               "parallelism.fsdp_prefetch_units must be >= 0, got -1"));
   EXPECT_TRUE(contains(validation_error([](JobConfig& c) { c.validation.freq = 0; }),
                        "validation.freq must be >= 1, got 0"));
   EXPECT_TRUE(contains(validation_error([](JobConfig& c) { c.validation.steps = 0; }),
