@@ -55,9 +55,12 @@ void Optimizer::override_fused_kernel_for_testing(std::optional<FusedKernel> ker
 }
 
 Optimizer::Optimizer(std::vector<NamedParam> params, const OptimizerSection& config)
-    : params_(std::move(params)), config_(config), decoupled_(config.name == "AdamW") {
-  TITAN_CHECK(config.name == "AdamW" || config.name == "Adam", "unknown optimizer.name '",
-              config.name, "' (AdamW, Adam)");
+    : params_(std::move(params)),
+      muon_config_(config),
+      config_(config),
+      decoupled_(config.name == "AdamW" || config.name == "Muon") {
+  TITAN_CHECK(config.name == "AdamW" || config.name == "Adam" || config.name == "Muon",
+              "unknown optimizer.name '", config.name, "' (AdamW, Adam, Muon)");
   if (config.implementation == "fused") {
     implementation_ = Implementation::kFused;
   } else if (config.implementation == "foreach") {
@@ -68,22 +71,84 @@ Optimizer::Optimizer(std::vector<NamedParam> params, const OptimizerSection& con
     TITAN_CHECK(false, "unknown optimizer.implementation '", config.implementation,
                 "' (fused, foreach, for-loop)");
   }
-  exp_avg_.reserve(params_.size());
-  exp_avg_sq_.reserve(params_.size());
-  for (const auto& p : params_) {
+  const bool muon = config.name == "Muon";
+  if (muon) {
+    if (config.muon_adamw_lr >= 0) adamw_lr_ratio_ = config.muon_adamw_lr / config.lr;
+    if (config.muon_adamw_weight_decay >= 0) {
+      config_.weight_decay = config.muon_adamw_weight_decay;
+    }
+  }
+  exp_avg_.resize(params_.size());
+  exp_avg_sq_.resize(params_.size());
+  momentum_.resize(params_.size());
+  muon_.assign(params_.size(), false);
+  for (size_t i = 0; i < params_.size(); ++i) {
+    NamedParam& p = params_[i];
     // bfloat16: full bf16 training (training.dtype), whose states are bf16 as well.
     TITAN_CHECK(p.param.scalar_type() == at::kFloat || p.param.scalar_type() == at::kBFloat16,
                 "optimizer expects float32 or bfloat16 parameters; ", p.name, " is ",
                 p.param.scalar_type());
-    exp_avg_.push_back(at::zeros_like(p.param, at::MemoryFormat::Preserve));
-    exp_avg_sq_.push_back(at::zeros_like(p.param, at::MemoryFormat::Preserve));
+    if (p.box.global_shape.empty()) p.box = ShardBox::whole(p.param.sizes());
+    const size_t dims = p.box.global_shape.size();
+    muon_[i] = muon && p.matrix && (dims == 2 || dims == 3) &&
+               !muon_excluded(p.name, config.muon_adamw_fqns);
+    if (muon_[i]) {
+      muon_index_.push_back(i);
+      momentum_[i] = at::zeros_like(p.param, at::MemoryFormat::Preserve);
+    } else {
+      exp_avg_[i] = at::zeros_like(p.param, at::MemoryFormat::Preserve);
+      exp_avg_sq_[i] = at::zeros_like(p.param, at::MemoryFormat::Preserve);
+    }
   }
 }
 
-void Optimizer::step(double lr, const at::Tensor& grad_scale) {
+std::vector<MuonMatrix> Optimizer::muon_matrices() const {
+  std::vector<MuonMatrix> out;
+  for (size_t i : muon_index_) {
+    out.push_back({params_[i].name, params_[i].box, params_[i].param.sizes().vec()});
+  }
+  return out;
+}
+
+void Optimizer::set_muon_orthogonalizer(std::unique_ptr<MuonOrthogonalizer> orthogonalizer) {
+  TITAN_CHECK(orthogonalizer != nullptr, "set_muon_orthogonalizer: null");
+  orthogonalizer_ = std::move(orthogonalizer);
+}
+
+void Optimizer::step_muon(double lr) {
+  if (!orthogonalizer_) orthogonalizer_ = std::make_unique<LocalOrthogonalizer>(muon_matrices());
+  const OptimizerSection& c = muon_config_;
+  std::vector<at::Tensor> updates;
+  updates.reserve(muon_index_.size());
+  for (size_t i : muon_index_) {
+    const at::Tensor& p = params_[i].param;
+    if (!p.grad().defined()) {
+      // Skipped, as torch.optim skips it; a zero update keeps the exchange's shapes.
+      updates.push_back(at::zeros(p.sizes(), p.options().dtype(at::kBFloat16)));
+      continue;
+    }
+    const at::Tensor& g = p.grad();
+    momentum_[i].lerp_(g, 1.0 - c.muon_momentum);
+    const at::Tensor u = c.muon_nesterov ? g.lerp(momentum_[i], c.muon_momentum) : momentum_[i];
+    updates.push_back(u.to(at::kBFloat16));
+  }
+  orthogonalizer_->run(updates, NewtonSchulz::of(c), [&](size_t k, const at::Tensor& o) {
+    const NamedParam& np = params_[muon_index_[k]];
+    at::Tensor p = np.param;
+    if (!p.grad().defined()) return;
+    const std::vector<int64_t>& shape = np.box.global_shape;
+    const double adjusted =
+        muon_adjusted_lr(lr, c.muon_adjust_lr_fn, shape[shape.size() - 2], shape.back());
+    p.mul_(1.0 - lr * c.weight_decay);
+    p.add_(o, -adjusted);
+  });
+}
+
+void Optimizer::step(double muon_lr, const at::Tensor& grad_scale) {
   at::NoGradGuard no_grad;
   ++step_count_;
   if (params_.empty()) return;
+  const double lr = muon_lr * adamw_lr_ratio_;
   const bool cpu = params_.front().param.device().is_cpu();
   const FusedKernel kernel =
       fused_kernel_override.value_or(cpu ? FusedKernel::kTitan : FusedKernel::kAten);
@@ -99,6 +164,10 @@ void Optimizer::step(double lr, const at::Tensor& grad_scale) {
   for (size_t i = 0; i < params_.size(); ++i) {
     const at::Tensor& p = params_[i].param;
     if (!p.grad().defined()) continue;
+    if (muon_[i]) {
+      scaled.push_back(p.grad());
+      continue;
+    }
     const std::array<const at::Tensor*, 4> four = {&p, &p.grad(), &exp_avg_[i], &exp_avg_sq_[i]};
     fused[i] = implementation_ == Implementation::kFused &&
                (kernel == FusedKernel::kAten
@@ -112,6 +181,7 @@ void Optimizer::step(double lr, const at::Tensor& grad_scale) {
     if (!fused[i] || !kernel_scales) scaled.push_back(p.grad());
   }
   scale_in_place(scaled, grad_scale);
+  if (!muon_index_.empty()) step_muon(muon_lr);
   if (implementation_ == Implementation::kForeach) {
     step_foreach(lr);
     return;
@@ -130,7 +200,7 @@ void Optimizer::step(double lr, const at::Tensor& grad_scale) {
   if (kernel_scales) options.grad_scale = grad_scale;
   for (size_t i = 0; i < params_.size(); ++i) {
     const at::Tensor& p = params_[i].param;
-    if (!p.grad().defined()) continue;
+    if (!p.grad().defined() || muon_[i]) continue;
     if (!fused[i]) {
       step_param_aten(i, lr);
     } else if (kernel == FusedKernel::kTitan) {
@@ -143,7 +213,7 @@ Optimizer::Lists Optimizer::with_grads(const std::vector<bool>* only) const {
   Lists l;
   for (size_t i = 0; i < params_.size(); ++i) {
     const at::Tensor& p = params_[i].param;
-    if (!p.grad().defined() || (only != nullptr && !(*only)[i])) continue;
+    if (!p.grad().defined() || muon_[i] || (only != nullptr && !(*only)[i])) continue;
     l.params.push_back(p);
     l.grads.push_back(p.grad());
     l.exp_avgs.push_back(exp_avg_[i]);
@@ -229,6 +299,10 @@ void Optimizer::zero_grad() {
 std::vector<std::pair<std::string, at::Tensor>> Optimizer::state_tensors() const {
   std::vector<std::pair<std::string, at::Tensor>> out;
   for (size_t i = 0; i < params_.size(); ++i) {
+    if (muon_[i]) {
+      out.emplace_back(params_[i].name + ".momentum_buffer", momentum_[i]);
+      continue;
+    }
     out.emplace_back(params_[i].name + ".exp_avg", exp_avg_[i]);
     out.emplace_back(params_[i].name + ".exp_avg_sq", exp_avg_sq_[i]);
   }

@@ -135,10 +135,24 @@ struct OptimizerSection {
   double weight_decay = 0.1;
   std::string implementation = "fused";
   bool early_step_in_backward = false;
+  // Muon (ours; TorchTitan v0.2.2 has no Muon): lr and weight_decay above are Muon's, these the
+  // rest of its settings and those of the AdamW group it keeps for everything else.
+  double muon_momentum = 0.95;
+  bool muon_nesterov = true;
+  double muon_ns_a = 3.4445;
+  double muon_ns_b = -4.775;
+  double muon_ns_c = 2.0315;
+  int64_t muon_ns_steps = 5;
+  double muon_eps = 1e-7;
+  std::string muon_adjust_lr_fn = "original";
+  std::vector<std::string> muon_adamw_fqns = {"output", "moe.gate"};
+  double muon_adamw_lr = -1.0;            // < 0: optimizer.lr
+  double muon_adamw_weight_decay = -1.0;  // < 0: optimizer.weight_decay
 
   template <class V>
   void visit(V& v) {
-    v("name", name, "Optimizer: AdamW or Adam");
+    v("name", name,
+      "Optimizer: AdamW, Adam or Muon (Muon for hidden matrices, AdamW for the rest)");
     v("lr", lr, "Peak learning rate (> 0)");
     v("beta1", beta1, "Adam beta1 in [0, 1)");
     v("beta2", beta2, "Adam beta2 in [0, 1)");
@@ -147,6 +161,21 @@ struct OptimizerSection {
     v("implementation", implementation, "Update kernel: fused, foreach or for-loop (same math)");
     v("early_step_in_backward", early_step_in_backward,
       "Step each parameter as soon as its gradient is ready, during backward", kNotYet);
+    v("muon_momentum", muon_momentum, "Muon: momentum in [0, 1)");
+    v("muon_nesterov", muon_nesterov, "Muon: Nesterov momentum");
+    v("muon_ns_a", muon_ns_a, "Muon: Newton-Schulz coefficient a (of X)");
+    v("muon_ns_b", muon_ns_b, "Muon: Newton-Schulz coefficient b (of X X^T X)");
+    v("muon_ns_c", muon_ns_c, "Muon: Newton-Schulz coefficient c (of (X X^T)^2 X)");
+    v("muon_ns_steps", muon_ns_steps, "Muon: Newton-Schulz iterations, in [1, 100)");
+    v("muon_eps", muon_eps, "Muon: floor of the update's norm before Newton-Schulz (> 0)");
+    v("muon_adjust_lr_fn", muon_adjust_lr_fn,
+      "Muon: learning rate per matrix shape: original, match_rms_adamw or spectral_unclamped");
+    v("muon_adamw_fqns", muon_adamw_fqns,
+      "Muon: matrices (and modules of them) that take AdamW instead; embeddings, norms and "
+      "biases always do");
+    v("muon_adamw_lr", muon_adamw_lr, "Muon: the AdamW group's peak learning rate; < 0: lr");
+    v("muon_adamw_weight_decay", muon_adamw_weight_decay,
+      "Muon: the AdamW group's weight decay; < 0: weight_decay");
   }
 };
 

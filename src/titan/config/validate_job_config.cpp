@@ -216,7 +216,7 @@ void validate_ranges(const JobConfig& c) {
         "--debug.deterministic, or drop debug.deterministic_warn_only");
   }
 
-  check_one_of("optimizer.name", c.optimizer.name, {"AdamW", "Adam"});
+  check_one_of("optimizer.name", c.optimizer.name, {"AdamW", "Adam", "Muon"});
   check_positive("optimizer.lr", c.optimizer.lr);
   check_unit_interval("optimizer.beta1", c.optimizer.beta1, /*include_one=*/false);
   check_unit_interval("optimizer.beta2", c.optimizer.beta2, /*include_one=*/false);
@@ -224,6 +224,21 @@ void validate_ranges(const JobConfig& c) {
   check_non_negative("optimizer.weight_decay", c.optimizer.weight_decay);
   check_one_of("optimizer.implementation", c.optimizer.implementation,
                {"fused", "foreach", "for-loop"});
+  check_unit_interval("optimizer.muon_momentum", c.optimizer.muon_momentum, /*include_one=*/false);
+  check_at_least("optimizer.muon_ns_steps", c.optimizer.muon_ns_steps, 1);
+  if (c.optimizer.muon_ns_steps >= 100) {
+    fail("optimizer.muon_ns_steps must be below 100 (torch.optim.Muon's bound), got " +
+         std::to_string(c.optimizer.muon_ns_steps));
+  }
+  check_positive("optimizer.muon_eps", c.optimizer.muon_eps);
+  check_one_of("optimizer.muon_adjust_lr_fn", c.optimizer.muon_adjust_lr_fn,
+               {"original", "match_rms_adamw", "spectral_unclamped"});
+  if (c.optimizer.muon_adamw_lr != -1.0) {
+    check_positive("optimizer.muon_adamw_lr", c.optimizer.muon_adamw_lr);
+  }
+  if (c.optimizer.muon_adamw_weight_decay != -1.0) {
+    check_non_negative("optimizer.muon_adamw_weight_decay", c.optimizer.muon_adamw_weight_decay);
+  }
 
   check_at_least("lr_scheduler.warmup_steps", c.lr_scheduler.warmup_steps, 0);
   check_minus_one_or_positive("lr_scheduler.total_steps", c.lr_scheduler.total_steps,

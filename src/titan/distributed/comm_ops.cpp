@@ -314,7 +314,8 @@ Work Group::all_to_all_single(const at::Tensor& output, const at::Tensor& input,
   TITAN_CHECK(input.sizes().slice(1) == output.sizes().slice(1), name, " on ", s.describe(),
               ": input ", input.sizes(), " and output ", output.sizes(),
               " must have the same trailing dims (rows are exchanged along dim 0)");
-  const int64_t row = input.numel() / std::max<int64_t>(1, input.size(0));
+  // Values per row from the trailing dims: a rank with no rows to send still has rows of them.
+  const int64_t row = c10::multiply_integers(input.sizes().slice(1));
   OpDesc desc{OpKind::kAllToAll, input.scalar_type(), row, 0, &in_splits, &out_splits};
   desc.shape = input.sizes();
   // Never skipped, even with nothing to move here: the peers' exchange may still need this rank.

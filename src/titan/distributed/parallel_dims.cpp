@@ -190,6 +190,8 @@ const std::vector<GroupSpec>& group_table() {
       {"dp", {"dp_replicate", "dp_shard"}},
       {"dp_shard_cp", {"dp_shard", "cp"}},
       {"dp_cp", {"dp_replicate", "dp_shard", "cp"}},
+      // The ranks that hold distinct pieces of one stage's parameters (distributed Muon's).
+      {"dp_shard_cp_tp", {"dp_shard", "cp", "tp"}},
       // Expert parallelism's (built when ep > 1): dp_shard's inner and outer parts.
       {"ep", {"dp_shard_in_ep", "cp", "tp"}},
       {"dp_shard_mod_ep", {"dp_shard_mod_ep"}},

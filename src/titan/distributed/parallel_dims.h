@@ -7,6 +7,8 @@
 //   "dp"           dp_replicate x dp_shard   data loading: the batch is split over it
 //   "dp_shard_cp"  dp_shard x cp             FSDP shards parameters over it
 //   "dp_cp"        dp_replicate x dp_shard x cp   the loss is averaged over it
+//   "dp_shard_cp_tp"  dp_shard x cp x tp     distinct pieces of a stage's parameters (Muon's
+//                  exchange, parallel/muon_exchange.h)
 //   "cp_up", "cp_down"  the cp ranks again, each a communicator of its own (built when cp > 1):
 //                  ring attention's hops to a higher and to a lower cp rank
 //                  (context_parallel.h), one direction per communicator as the pipeline's

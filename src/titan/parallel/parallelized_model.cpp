@@ -3,6 +3,7 @@
 
 #include "titan/checkpoint/stage_gather.h"
 #include "titan/common/check.h"
+#include "titan/common/host_sync.h"
 #include "titan/common/phase.h"
 #include "titan/components/loss.h"
 #include "titan/models/common/attention.h"
@@ -143,6 +144,7 @@ void ParallelizedModel::refresh_params() {
         for (const ShardedParam& p : *shards) sharded[p.name] = &p;
       }
     }
+    const std::set<std::string> matrices = matrix_parameters(*part.model);
     for (const auto& item : part.model->named_parameters()) {
       const std::string& name = item.key();
       const auto where = placed.find(name);
@@ -156,6 +158,7 @@ void ParallelizedModel::refresh_params() {
         params_.push_back({name, item.value(), box, writer, tp_replicated});
       }
       params_.back().frozen = !item.value().requires_grad();
+      params_.back().matrix = matrices.count(name) > 0;
       param_part_.push_back(pi);
       param_owner_.push_back(where != placed.end() ? owners.at(name) : nullptr);
     }

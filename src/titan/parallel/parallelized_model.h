@@ -128,6 +128,8 @@ struct TrainedParam {
   // Not trained (a base weight under LoRA): no gradient, no optimizer state; checkpoints still
   // hold it.
   bool frozen = false;
+  // A weight matrix (models/common/linear.h matrix_parameters), what Muon orthogonalizes.
+  bool matrix = false;
 };
 
 // What a batch of packed samples (chat fine-tuning) carries besides tokens and labels.

@@ -137,7 +137,12 @@ MemoryEstimate estimate_training_memory(const ModelSpec& spec, const std::string
     e.parts.push_back({"frozen base (NF4, QLoRA)", nf4 * kernels::nf4_bytes_per_weight()});
   }
   e.parts.push_back({"gradients (" + dtype + of + ")", bytes * trained});
-  e.parts.push_back({"optimizer (AdamW " + dtype + of + ")", 2 * bytes * trained});
+  if (options.muon_share > 0) {
+    e.parts.push_back({"optimizer (Muon + AdamW " + dtype + of + ")",
+                       (2 - options.muon_share) * bytes * trained});
+  } else {
+    e.parts.push_back({"optimizer (AdamW " + dtype + of + ")", 2 * bytes * trained});
+  }
   if (compute_dtype == at::kBFloat16 && !options.bf16_state) {
     // Tensor parallelism splits the copies over its ranks (activation_shards is its degree).
     // FSDP (param_shards beyond that) gathers one unit at a time: about 1 + prefetch blocks'

@@ -63,6 +63,10 @@ struct MemoryOptions {
   // LoRA (models/lora.h): only this many parameters are trained, the adapters, sharded as the
   // dense weights; gradients and AdamW moments exist for them alone. -1: every parameter.
   int64_t trained_params = -1;
+  // Muon (optimizer.name): its matrices keep one momentum buffer instead of AdamW's two
+  // moments; this share of the trained parameters is its (the rest, embeddings and output head,
+  // take AdamW). 0: AdamW for every parameter.
+  double muon_share = 0;
   // QLoRA (lora.quantize_base): this many of the frozen weights are held in NF4 (whole on every
   // rank, nf4_bytes_per_weight each) instead of the weights' dtype, and have no bf16 copies (a
   // layer dequantizes its weight for each matmul). 0: none.

@@ -12,6 +12,19 @@
 
 namespace titan {
 
+double muon_share(const JobConfig& config) {
+  // The token embedding and the output head take AdamW (norms and biases too, a rounding
+  // error next to them); the rest are Muon's matrices.
+  const ModelStats s =
+      get_model_spec(config.model.name)
+          .describe(config.model.flavor, 1, 1, training_compute_dtype(config.training));
+  if (s.n_params <= 0) return 0;
+  const double adamw = std::min<double>(
+      static_cast<double>(s.n_params),
+      static_cast<double>(s.n_embedding_params) + static_cast<double>(s.vocab_size * s.dim));
+  return 1.0 - adamw / static_cast<double>(s.n_params);
+}
+
 MemoryOptions training_memory_options(const JobConfig& config, int64_t param_shards) {
   const ParallelismSection& p = config.parallelism;
   std::optional<pp::PipelineLayout> pipeline;
@@ -38,9 +51,12 @@ MemoryOptions training_memory_options(const JobConfig& config, int64_t param_sha
   o.ac_every = ac.every;
   o.ac_per_op = ac.per_op;
   o.bf16_state = config.training.dtype == "bfloat16";
+  if (config.optimizer.name == "Muon") o.muon_share = muon_share(config);
   if (lora_enabled(config.model)) {
     o.trained_params = lora_trained_params(config.model, config.lora);
     o.nf4_base_params = qlora_base_params(config.model, config.lora);
+    // The adapters are matrices: all of them Muon's.
+    if (config.optimizer.name == "Muon") o.muon_share = 1;
   }
   // Routed experts: each ep rank holds its own, each split over tp when etp = tp; FSDP then
   // shards them over the rest (dp_shard_mod_ep), so a rank holds 1 / param_shards of them, except

@@ -23,6 +23,10 @@ MemoryOptions training_memory_options(const JobConfig& config, int64_t param_sha
 MemoryOptions training_memory_options(const JobConfig& config, int64_t param_shards,
                                       const pp::PipelineLayout* pipeline);
 
+// Under optimizer.name = "Muon": the share of the model's parameters that are Muon's matrices
+// (all but the token embedding and the output head), MemoryOptions::muon_share.
+double muon_share(const JobConfig& config);
+
 // The most microbatches whose activations one pp rank holds at once in `table` (a forward
 // adds its microbatch, the backward that consumes it, B or I, removes it), over all ranks, in
 // whole-rank units: a stage holds 1 / stages_per_rank of its rank's layers.

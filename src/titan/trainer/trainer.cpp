@@ -32,6 +32,7 @@
 #include "titan/models/common/attention.h"
 #include "titan/models/common/linear.h"
 #include "titan/models/common/moe.h"
+#include "titan/parallel/muon_exchange.h"
 #include "titan/parallel/parallelize.h"
 #include "titan/parallel/parallelized_model.h"
 #include "titan/trainer/interrupt.h"
@@ -374,7 +375,7 @@ std::unique_ptr<BatchLoader> Trainer::make_loader(const std::string& section, in
 void Trainer::build_optimizer() {
   std::vector<NamedParam> named;
   for (const TrainedParam& p : parallel_->params()) {
-    if (!p.frozen) named.push_back({p.name, p.local});
+    if (!p.frozen) named.push_back({p.name, p.local, p.box, p.matrix});
   }
   const FaultToleranceSection& f = config_.fault_tolerance;
   if (f.enable && !f.semi_sync_method.empty()) {
@@ -384,6 +385,19 @@ void Trainer::build_optimizer() {
                                                 trained, f.outer_lr, f.outer_momentum);
   }
   optimizer_ = std::make_unique<Optimizer>(std::move(named), config_.optimizer);
+  const std::vector<MuonMatrix> matrices = optimizer_->muon_matrices();
+  if (config_.optimizer.name == "Muon") {
+    const std::shared_ptr<dist::Group> group =
+        world_size_ > 1 ? dims_->group_ptr("dp_shard_cp_tp") : nullptr;
+    if (group && group->size() > 1) {
+      optimizer_->set_muon_orthogonalizer(std::make_unique<MuonExchange>(matrices, group));
+    }
+    log_info("optimizer Muon: ", matrices.size(), " matrices",
+             group && group->size() > 1 ? " orthogonalized by owners over " + group->describe()
+                                        : std::string(" orthogonalized locally"),
+             "; the other ", optimizer_->params().size() - matrices.size(),
+             " parameters take AdamW");
+  }
   lr_scheduler_ = std::make_unique<LRScheduler>(config_.lr_scheduler, config_.optimizer.lr,
                                                 config_.training.steps);
 }

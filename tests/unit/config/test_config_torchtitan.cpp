@@ -187,6 +187,18 @@ const std::set<std::string> kOwnKeys = {
     "validation.dataset_text_field",
     "model.attn_mask_type",
     "parallelism.fsdp_prefetch_units",
+    // Muon's settings (TorchTitan v0.2.2 has no Muon).
+    "optimizer.muon_momentum",
+    "optimizer.muon_nesterov",
+    "optimizer.muon_ns_a",
+    "optimizer.muon_ns_b",
+    "optimizer.muon_ns_c",
+    "optimizer.muon_ns_steps",
+    "optimizer.muon_eps",
+    "optimizer.muon_adjust_lr_fn",
+    "optimizer.muon_adamw_fqns",
+    "optimizer.muon_adamw_lr",
+    "optimizer.muon_adamw_weight_decay",
     // [sft]: chat fine-tuning (TorchTitan's came after v0.2.2, configured in Python).
     "sft.messages_field",
     "sft.prompt_field",

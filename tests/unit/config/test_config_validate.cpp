@@ -78,7 +78,18 @@ TEST(ConfigValidate, FloatRanges) {
 
 TEST(ConfigValidate, Choices) {
   EXPECT_TRUE(contains(validation_error([](JobConfig& c) { c.optimizer.name = "SGD"; }),
-                       "optimizer.name must be one of AdamW, Adam; got 'SGD'"));
+                       "optimizer.name must be one of AdamW, Adam, Muon; got 'SGD'"));
+  EXPECT_TRUE(contains(validation_error([](JobConfig& c) { c.optimizer.muon_momentum = 1; }),
+                       "optimizer.muon_momentum must be in [0, 1), got 1"));
+  EXPECT_TRUE(contains(validation_error([](JobConfig& c) { c.optimizer.muon_ns_steps = 0; }),
+                       "optimizer.muon_ns_steps must be >= 1, got 0"));
+  EXPECT_TRUE(contains(validation_error([](JobConfig& c) { c.optimizer.muon_adamw_lr = 0; }),
+                       "optimizer.muon_adamw_lr must be > 0, got 0"));
+  EXPECT_TRUE(
+      contains(validation_error([](JobConfig& c) { c.optimizer.muon_adamw_weight_decay = -2; }),
+               "optimizer.muon_adamw_weight_decay must be >= 0, got -2"));
+  EXPECT_TRUE(contains(validation_error([](JobConfig& c) { c.optimizer.muon_eps = 0; }),
+                       "optimizer.muon_eps must be > 0, got 0"));
   EXPECT_TRUE(
       contains(validation_error([](JobConfig& c) { c.optimizer.implementation = "fast"; }),
                "optimizer.implementation must be one of fused, foreach, for-loop; got 'fast'"));

@@ -104,6 +104,23 @@ TEST(MemoryEstimate, LoraHoldsGradientsAndAdamStateForTheAdaptersOnly) {
   EXPECT_EQ(training_memory_options(c, 2).trained_params, -1);
 }
 
+TEST(MemoryEstimate, MuonKeepsOneMomentumPerMatrix) {
+  JobConfig c;
+  c.model.flavor = "debugmodel";
+  c.optimizer.name = "Muon";
+  const MemoryOptions o = training_memory_options(c, 2);
+  const ModelSpec& spec = get_model_spec("llama3");
+  const ModelStats s = spec.describe("debugmodel", 8, 256, at::kBFloat16);
+  // The embedding and the output head (2048 x 256 each) keep AdamW's two moments, the rest one
+  // momentum buffer: n + 2 * 2048 * 256 states, over 2 shards.
+  const double adamw = 2.0 * 2048 * 256;
+  EXPECT_NEAR(o.muon_share, 1.0 - adamw / static_cast<double>(s.n_params), 1e-12);
+  const MemoryEstimate e = estimate_training_memory(spec, "debugmodel", 8, 256, at::kBFloat16, o);
+  EXPECT_NEAR(part(e, "optimizer (Muon + AdamW fp32)"), 4.0 * (s.n_params + adamw) / 2, 1e-3);
+  c.optimizer.name = "AdamW";
+  EXPECT_EQ(training_memory_options(c, 2).muon_share, 0);
+}
+
 // QLoRA: the frozen linear weights of the blocks in NF4 (4.13 bits each, whole on the rank), no
 // bf16 copies of them; the embedding, norms and output head stay in the weights' dtype.
 TEST(MemoryEstimate, QloraHoldsTheFrozenBlockLinearsInNf4) {

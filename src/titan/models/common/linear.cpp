@@ -198,6 +198,16 @@ void materialize(torch::nn::Module& root, at::Device device) {
   }
 }
 
+std::set<std::string> matrix_parameters(torch::nn::Module& root) {
+  std::set<std::string> out;
+  for (const auto& item : root.named_modules()) {
+    const auto* layer = dynamic_cast<const WeightLayer*>(item.value().get());
+    if (layer == nullptr || !layer->weight_is_matrix()) continue;
+    out.insert((item.key().empty() ? "" : item.key() + ".") + "weight");
+  }
+  return out;
+}
+
 std::vector<ParamSlot> parameter_slots(torch::nn::Module& root) {
   std::map<std::string, at::Tensor*> by_name;
   for (const auto& item : root.named_modules()) {

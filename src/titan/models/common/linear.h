@@ -17,6 +17,7 @@
 #include <memory>
 #include <optional>
 #include <ostream>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -97,6 +98,9 @@ class WeightLayer : public HookedModule {
   at::Tensor& registered_weight() { return parameters_["weight"]; }
   // Removes the parameter "weight" (a Linear whose frozen weight is held in NF4 instead).
   void unregister_weight();
+  // Whether the weight is a matrix a layer multiplies by (a Linear's, a stack of experts'), the
+  // kind Muon orthogonalizes, rather than an embedding table, a norm's scale or a bias.
+  virtual bool weight_is_matrix() const { return false; }
 };
 
 // Where forward reads each parameter of a module tree: "<fqn>" -> the WeightLayer member.
@@ -107,6 +111,9 @@ struct ParamSlot {
 // The slots of every parameter of `root`, in named_parameters() order. Throws if a parameter is
 // not the `weight` of a WeightLayer (a layer a parallelism could not rebind).
 std::vector<ParamSlot> parameter_slots(torch::nn::Module& root);
+
+// The FQNs of the parameters of `root` that are weight matrices (WeightLayer::weight_is_matrix).
+std::set<std::string> matrix_parameters(torch::nn::Module& root);
 
 // Gives every WeightLayer weight of `root` still on the meta device uninitialized storage on
 // `device` (its current, possibly sliced shape), and moves the buffers (RoPE tables, built real
@@ -126,6 +133,7 @@ class Bias : public WeightLayer {
 class Linear : public WeightLayer {
  public:
   Linear(int64_t in_features, int64_t out_features, at::ScalarType compute_dtype = at::kFloat);
+  bool weight_is_matrix() const override { return true; }
 
   // x (..., in_features) -> (..., out_features) in the compute dtype.
   at::Tensor forward(const at::Tensor& x);

@@ -78,6 +78,7 @@ MoEArgs::Score parse_moe_score(const std::string& name);
 class ExpertWeight : public WeightLayer {
  public:
   ExpertWeight(int64_t experts, int64_t out_features, int64_t in_features);
+  bool weight_is_matrix() const override { return true; }
 
   // Set by the LoRA converter (models/lora.h) on the experts it adapts: expert e's weight acts as
   // W[e] + lora_scaling * lora_b[e] lora_a[e], with lora_a (experts, r, in) and lora_b (experts,
