@@ -92,12 +92,17 @@ Optimizer::Optimizer(std::vector<NamedParam> params, const OptimizerSection& con
     const size_t dims = p.box.global_shape.size();
     muon_[i] = muon && p.matrix && (dims == 2 || dims == 3) &&
                !muon_excluded(p.name, config.muon_adamw_fqns);
+    // optimizer.state_dtype bfloat16: bf16 states of float32 parameters (bf16 parameters, of
+    // training.dtype, have bf16 states already).
+    const at::TensorOptions state = p.param.options().dtype(
+        config.state_dtype == "bfloat16" ? at::kBFloat16 : p.param.scalar_type());
+    widened_states_ = widened_states_ || state.dtype() != p.param.dtype();
     if (muon_[i]) {
       muon_index_.push_back(i);
-      momentum_[i] = at::zeros_like(p.param, at::MemoryFormat::Preserve);
+      momentum_[i] = at::zeros_like(p.param, state, at::MemoryFormat::Preserve);
     } else {
-      exp_avg_[i] = at::zeros_like(p.param, at::MemoryFormat::Preserve);
-      exp_avg_sq_[i] = at::zeros_like(p.param, at::MemoryFormat::Preserve);
+      exp_avg_[i] = at::zeros_like(p.param, state, at::MemoryFormat::Preserve);
+      exp_avg_sq_[i] = at::zeros_like(p.param, state, at::MemoryFormat::Preserve);
     }
   }
 }
@@ -128,9 +133,13 @@ void Optimizer::step_muon(double lr) {
       continue;
     }
     const at::Tensor& g = p.grad();
-    momentum_[i].lerp_(g, 1.0 - c.muon_momentum);
-    const at::Tensor u = c.muon_nesterov ? g.lerp(momentum_[i], c.muon_momentum) : momentum_[i];
+    // A bf16 buffer of a float32 parameter: float32 math, rounded once as it is stored.
+    const bool widen = momentum_[i].scalar_type() != p.scalar_type();
+    at::Tensor buf = widen ? momentum_[i].to(p.scalar_type()) : momentum_[i];
+    buf.lerp_(g, 1.0 - c.muon_momentum);
+    const at::Tensor u = c.muon_nesterov ? g.lerp(buf, c.muon_momentum) : buf;
     updates.push_back(u.to(at::kBFloat16));
+    if (widen) momentum_[i].copy_(buf);
   }
   orthogonalizer_->run(updates, NewtonSchulz::of(c), [&](size_t k, const at::Tensor& o) {
     const NamedParam& np = params_[muon_index_[k]];
@@ -260,15 +269,31 @@ void Optimizer::step_param_aten(size_t i, double lr) {
       g = g.add(p, config_.weight_decay);
     }
   }
-  exp_avg_[i].lerp_(g, 1.0 - config_.beta1);
-  exp_avg_sq_[i].mul_(config_.beta2).addcmul_(g, g, 1.0 - config_.beta2);
-  at::Tensor denom = (exp_avg_sq_[i].sqrt() / bc.bias2_sqrt).add_(config_.eps);
-  p.addcdiv_(exp_avg_[i], denom, -bc.step_size);
+  // bf16 moments of float32 parameters (optimizer.state_dtype): float32 math, one rounding as
+  // each moment is stored.
+  const bool widen = exp_avg_[i].scalar_type() != p.scalar_type();
+  at::Tensor m = widen ? exp_avg_[i].to(p.scalar_type()) : exp_avg_[i];
+  at::Tensor v = widen ? exp_avg_sq_[i].to(p.scalar_type()) : exp_avg_sq_[i];
+  m.lerp_(g, 1.0 - config_.beta1);
+  v.mul_(config_.beta2).addcmul_(g, g, 1.0 - config_.beta2);
+  at::Tensor denom = (v.sqrt() / bc.bias2_sqrt).add_(config_.eps);
+  p.addcdiv_(m, denom, -bc.step_size);
+  if (widen) {
+    exp_avg_[i].copy_(m);
+    exp_avg_sq_[i].copy_(v);
+  }
 }
 
 // torch.optim's _multi_tensor_adam. It first groups tensors by device and dtype, which ATen's CUDA
 // fast path needs; here all parameters share one (and a mixed list still runs, per tensor).
 void Optimizer::step_foreach(double lr) {
+  if (widened_states_) {
+    // The multi-tensor ops take one dtype: bf16 moments of float32 parameters go one by one.
+    for (size_t i = 0; i < params_.size(); ++i) {
+      if (params_[i].param.grad().defined() && !muon_[i]) step_param_aten(i, lr);
+    }
+    return;
+  }
   auto [params, grads, exp_avgs, exp_avg_sqs] = with_grads();
   if (params.empty()) return;
   const BiasCorrection bc = bias_correction(config_, lr, step_count_);

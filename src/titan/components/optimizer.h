@@ -10,6 +10,10 @@
 // device: the step count and learning rate are host numbers, the clipping coefficient a device
 // tensor.
 //
+// optimizer.state_dtype = "bfloat16" keeps the states (moments, Muon's momentum) in bf16 with
+// float32 math, each state rounded once as it is stored: titan's fused CPU kernel takes that mix;
+// ATen's kernels do not, and the parameters then go one by one through ATen ops.
+//
 // The optimizer only ever sees the tensors it is given (this rank's shards under FSDP or tensor
 // parallelism), keeps its state (exp_avg, exp_avg_sq, step) per parameter, and exposes it by name
 // for checkpointing.
@@ -102,6 +106,8 @@ class Optimizer {
   // The AdamW group's settings (weight_decay: Muon's AdamW group's own).
   OptimizerSection config_;
   bool decoupled_;  // AdamW (decoupled weight decay) vs Adam (L2 added to the gradient)
+  // optimizer.state_dtype bfloat16 on float32 parameters: states narrower than the parameters.
+  bool widened_states_ = false;
   Implementation implementation_;
   int64_t step_count_ = 0;
   // ATen's fused kernels read the step count from a tensor on the parameters' device (one,

@@ -135,6 +135,7 @@ struct OptimizerSection {
   double weight_decay = 0.1;
   std::string implementation = "fused";
   bool early_step_in_backward = false;
+  std::string state_dtype = "float32";  // ours: the optimizer states' dtype
   // Muon (ours; TorchTitan v0.2.2 has no Muon): lr and weight_decay above are Muon's, these the
   // rest of its settings and those of the AdamW group it keeps for everything else.
   double muon_momentum = 0.95;
@@ -161,6 +162,9 @@ struct OptimizerSection {
     v("implementation", implementation, "Update kernel: fused, foreach or for-loop (same math)");
     v("early_step_in_backward", early_step_in_backward,
       "Step each parameter as soon as its gradient is ready, during backward", kNotYet);
+    v("state_dtype", state_dtype,
+      "Optimizer states (AdamW's moments, Muon's momentum): float32 or bfloat16 (half the "
+      "memory; float32 math)");
     v("muon_momentum", muon_momentum, "Muon: momentum in [0, 1)");
     v("muon_nesterov", muon_nesterov, "Muon: Nesterov momentum");
     v("muon_ns_a", muon_ns_a, "Muon: Newton-Schulz coefficient a (of X)");

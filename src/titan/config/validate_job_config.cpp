@@ -224,6 +224,7 @@ void validate_ranges(const JobConfig& c) {
   check_non_negative("optimizer.weight_decay", c.optimizer.weight_decay);
   check_one_of("optimizer.implementation", c.optimizer.implementation,
                {"fused", "foreach", "for-loop"});
+  check_one_of("optimizer.state_dtype", c.optimizer.state_dtype, {"float32", "bfloat16"});
   check_unit_interval("optimizer.muon_momentum", c.optimizer.muon_momentum, /*include_one=*/false);
   check_at_least("optimizer.muon_ns_steps", c.optimizer.muon_ns_steps, 1);
   if (c.optimizer.muon_ns_steps >= 100) {

@@ -32,9 +32,9 @@ struct Coefficients {
 
 // Moments stay in float between their update and the parameter's: a bf16 moment is rounded once,
 // on its store, and the parameter update uses the unrounded value.
-template <class T, bool kDecoupled>
+template <class T, class S, bool kDecoupled>
 __attribute__((always_inline)) inline void adam_loop(T* __restrict p, const T* __restrict g,
-                                                     T* __restrict m, T* __restrict v,
+                                                     S* __restrict m, S* __restrict v,
                                                      int64_t begin, int64_t end,
                                                      const Coefficients& c) {
   for (int64_t i = begin; i < end; ++i) {
@@ -56,14 +56,14 @@ __attribute__((always_inline)) inline void adam_loop(T* __restrict p, const T* _
   }
 }
 
-template <class T>
-__attribute__((always_inline)) inline void adam_range(T* p, const T* g, T* m, T* v, int64_t begin,
+template <class T, class S>
+__attribute__((always_inline)) inline void adam_range(T* p, const T* g, S* m, S* v, int64_t begin,
                                                       int64_t end, const Coefficients& c,
                                                       bool decoupled) {
   if (decoupled) {
-    adam_loop<T, true>(p, g, m, v, begin, end, c);
+    adam_loop<T, S, true>(p, g, m, v, begin, end, c);
   } else {
-    adam_loop<T, false>(p, g, m, v, begin, end, c);
+    adam_loop<T, S, false>(p, g, m, v, begin, end, c);
   }
 }
 
@@ -78,14 +78,23 @@ TITAN_CPU_CLONES void adam_range_bf16(c10::BFloat16* p, const c10::BFloat16* g, 
   adam_range(p, g, m, v, begin, end, c, decoupled);
 }
 
+TITAN_CPU_CLONES void adam_range_float_bf16_states(float* p, const float* g, c10::BFloat16* m,
+                                                   c10::BFloat16* v, int64_t begin, int64_t end,
+                                                   const Coefficients& c, bool decoupled) {
+  adam_range(p, g, m, v, begin, end, c, decoupled);
+}
+
 }  // namespace
 
 bool adam_step_supported(const at::Tensor& param, const at::Tensor& grad, const at::Tensor& exp_avg,
                          const at::Tensor& exp_avg_sq) {
   const at::ScalarType dtype = param.scalar_type();
   if (dtype != at::kFloat && dtype != at::kBFloat16) return false;
+  const at::ScalarType state = exp_avg.scalar_type();
+  if (state != dtype && !(dtype == at::kFloat && state == at::kBFloat16)) return false;
   for (const at::Tensor* t : {&param, &grad, &exp_avg, &exp_avg_sq}) {
-    if (!t->device().is_cpu() || t->scalar_type() != dtype || t->sizes() != param.sizes() ||
+    const at::ScalarType want = t == &exp_avg || t == &exp_avg_sq ? state : dtype;
+    if (!t->device().is_cpu() || t->scalar_type() != want || t->sizes() != param.sizes() ||
         t->strides() != param.strides()) {
       return false;
     }
@@ -124,7 +133,15 @@ void adam_step(const at::Tensor& param, const at::Tensor& grad, const at::Tensor
   }
 
   const int64_t n = param.numel();
-  if (param.scalar_type() == at::kFloat) {
+  if (param.scalar_type() == at::kFloat && exp_avg.scalar_type() == at::kBFloat16) {
+    float* p = param.data_ptr<float>();
+    const float* g = grad.data_ptr<float>();
+    auto* m = exp_avg.data_ptr<c10::BFloat16>();
+    auto* v = exp_avg_sq.data_ptr<c10::BFloat16>();
+    at::parallel_for(0, n, kGrain, [&](int64_t begin, int64_t end) {
+      adam_range_float_bf16_states(p, g, m, v, begin, end, c, decoupled);
+    });
+  } else if (param.scalar_type() == at::kFloat) {
     float* p = param.data_ptr<float>();
     const float* g = grad.data_ptr<float>();
     float* m = exp_avg.data_ptr<float>();

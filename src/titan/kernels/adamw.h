@@ -28,9 +28,10 @@ struct AdamStepOptions {
   at::Tensor grad_scale;
 };
 
-// Whether adam_step can update these tensors: all on CPU, all float32 or all bfloat16, the same
-// sizes and strides, dense and non-overlapping (a transposed layout is fine, a slice is not).
-// Anything else (CUDA, float64, mixed dtypes or layouts) is the caller's to do with ATen.
+// Whether adam_step can update these tensors: all on CPU, all float32 or all bfloat16 (or float32
+// parameter and gradient with bfloat16 moments: optimizer.state_dtype), the same sizes and
+// strides, dense and non-overlapping (a transposed layout is fine, a slice is not). Anything else
+// (CUDA, float64, other mixes or layouts) is the caller's to do with ATen.
 bool adam_step_supported(const at::Tensor& param, const at::Tensor& grad, const at::Tensor& exp_avg,
                          const at::Tensor& exp_avg_sq);
 

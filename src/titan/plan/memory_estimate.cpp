@@ -137,11 +137,14 @@ MemoryEstimate estimate_training_memory(const ModelSpec& spec, const std::string
     e.parts.push_back({"frozen base (NF4, QLoRA)", nf4 * kernels::nf4_bytes_per_weight()});
   }
   e.parts.push_back({"gradients (" + dtype + of + ")", bytes * trained});
+  const bool bf16_states = options.bf16_state || options.bf16_optimizer_state;
+  const double state_bytes = bf16_states ? 2 : 4;
+  const std::string state_dtype = bf16_states ? "bf16" : "fp32";
   if (options.muon_share > 0) {
-    e.parts.push_back({"optimizer (Muon + AdamW " + dtype + of + ")",
-                       (2 - options.muon_share) * bytes * trained});
+    e.parts.push_back({"optimizer (Muon + AdamW " + state_dtype + of + ")",
+                       (2 - options.muon_share) * state_bytes * trained});
   } else {
-    e.parts.push_back({"optimizer (AdamW " + dtype + of + ")", 2 * bytes * trained});
+    e.parts.push_back({"optimizer (AdamW " + state_dtype + of + ")", 2 * state_bytes * trained});
   }
   if (compute_dtype == at::kBFloat16 && !options.bf16_state) {
     // Tensor parallelism splits the copies over its ranks (activation_shards is its degree).

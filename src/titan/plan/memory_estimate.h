@@ -63,6 +63,8 @@ struct MemoryOptions {
   // LoRA (models/lora.h): only this many parameters are trained, the adapters, sharded as the
   // dense weights; gradients and AdamW moments exist for them alone. -1: every parameter.
   int64_t trained_params = -1;
+  // optimizer.state_dtype = "bfloat16": the optimizer states in bf16 over float32 weights.
+  bool bf16_optimizer_state = false;
   // Muon (optimizer.name): its matrices keep one momentum buffer instead of AdamW's two
   // moments; this share of the trained parameters is its (the rest, embeddings and output head,
   // take AdamW). 0: AdamW for every parameter.

@@ -51,6 +51,7 @@ MemoryOptions training_memory_options(const JobConfig& config, int64_t param_sha
   o.ac_every = ac.every;
   o.ac_per_op = ac.per_op;
   o.bf16_state = config.training.dtype == "bfloat16";
+  o.bf16_optimizer_state = config.optimizer.state_dtype == "bfloat16";
   if (config.optimizer.name == "Muon") o.muon_share = muon_share(config);
   if (lora_enabled(config.model)) {
     o.trained_params = lora_trained_params(config.model, config.lora);

@@ -183,6 +183,33 @@ TEST(Muon, GradScaleAndParametersWithoutGradient) {
   EXPECT_EQ(scaled.state_tensors()[1].second.abs().sum().item<double>(), 0.0);
 }
 
+TEST(Muon, Bf16MomentumFollowsFloat32Math) {
+  // optimizer.state_dtype = "bfloat16": the buffer is bf16; each step equals a float32-buffer
+  // step from the same (widened) buffer, and the stored buffer is that step's rounded once.
+  at::manual_seed(9);
+  OptimizerSection cfg = muon_config();
+  cfg.state_dtype = "bfloat16";
+  NamedParam p{"layers.0.attention.wq.weight", at::randn({16, 24}).set_requires_grad(true)};
+  p.matrix = true;
+  Optimizer opt({p}, cfg);
+  ASSERT_EQ(opt.state_tensors()[0].second.scalar_type(), at::kBFloat16);
+  for (int t = 0; t < 3; ++t) {
+    NamedParam q{p.name, p.param.detach().clone().set_requires_grad(true)};
+    q.matrix = true;
+    Optimizer reference({q}, muon_config());
+    reference.state_tensors()[0].second.copy_(opt.state_tensors()[0].second);
+    const at::Tensor g = at::randn({16, 24});
+    p.param.mutable_grad() = g.clone();
+    q.param.mutable_grad() = g.clone();
+    opt.step(0.02);
+    reference.step(0.02);
+    EXPECT_TRUE(at::equal(p.param, q.param)) << "step " << t;
+    EXPECT_TRUE(at::equal(opt.state_tensors()[0].second,
+                          reference.state_tensors()[0].second.to(at::kBFloat16)))
+        << "step " << t;
+  }
+}
+
 TEST(Muon, LocalOrthogonalizerRefusesPieces) {
   NamedParam p{"layers.3.feed_forward.w2.weight", at::randn({4, 8}).set_requires_grad(true)};
   p.matrix = true;

@@ -187,6 +187,7 @@ const std::set<std::string> kOwnKeys = {
     "validation.dataset_text_field",
     "model.attn_mask_type",
     "parallelism.fsdp_prefetch_units",
+    "optimizer.state_dtype",
     // Muon's settings (TorchTitan v0.2.2 has no Muon).
     "optimizer.muon_momentum",
     "optimizer.muon_nesterov",

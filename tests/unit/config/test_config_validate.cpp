@@ -79,6 +79,8 @@ TEST(ConfigValidate, FloatRanges) {
 TEST(ConfigValidate, Choices) {
   EXPECT_TRUE(contains(validation_error([](JobConfig& c) { c.optimizer.name = "SGD"; }),
                        "optimizer.name must be one of AdamW, Adam, Muon; got 'SGD'"));
+  EXPECT_TRUE(contains(validation_error([](JobConfig& c) { c.optimizer.state_dtype = "fp8"; }),
+                       "optimizer.state_dtype must be one of float32, bfloat16; got 'fp8'"));
   EXPECT_TRUE(contains(validation_error([](JobConfig& c) { c.optimizer.muon_momentum = 1; }),
                        "optimizer.muon_momentum must be in [0, 1), got 1"));
   EXPECT_TRUE(contains(validation_error([](JobConfig& c) { c.optimizer.muon_ns_steps = 0; }),

@@ -121,6 +121,24 @@ TEST(MemoryEstimate, MuonKeepsOneMomentumPerMatrix) {
   EXPECT_EQ(training_memory_options(c, 2).muon_share, 0);
 }
 
+TEST(MemoryEstimate, Bf16OptimizerStatesHalveTheOptimizer) {
+  JobConfig c;
+  c.model.flavor = "debugmodel";
+  c.optimizer.state_dtype = "bfloat16";
+  const MemoryOptions o = training_memory_options(c, 1);
+  EXPECT_TRUE(o.bf16_optimizer_state);
+  const ModelSpec& spec = get_model_spec("llama3");
+  const ModelStats s = spec.describe("debugmodel", 8, 256, at::kBFloat16);
+  const MemoryEstimate e = estimate_training_memory(spec, "debugmodel", 8, 256, at::kBFloat16, o);
+  EXPECT_DOUBLE_EQ(part(e, "weights (fp32)"), 4.0 * s.n_params);
+  EXPECT_DOUBLE_EQ(part(e, "optimizer (AdamW bf16)"), 4.0 * s.n_params);
+  c.optimizer.name = "Muon";
+  const MemoryEstimate m = estimate_training_memory(spec, "debugmodel", 8, 256, at::kBFloat16,
+                                                    training_memory_options(c, 1));
+  EXPECT_NEAR(part(m, "optimizer (Muon + AdamW bf16)"), 2.0 * (s.n_params + 2.0 * 2048 * 256),
+              1e-3);
+}
+
 // QLoRA: the frozen linear weights of the blocks in NF4 (4.13 bits each, whole on the rank), no
 // bf16 copies of them; the embedding, norms and output head stay in the weights' dtype.
 TEST(MemoryEstimate, QloraHoldsTheFrozenBlockLinearsInNf4) {
