@@ -1,0 +1,68 @@
+#include "titan/models/common/mx.h"
+
+#include "titan/common/check.h"
+
+#include <limits>
+
+namespace titan {
+
+namespace {
+
+constexpr int64_t kFloat32MantissaBits = 23;
+constexpr int64_t kE8M0Bias = 127;
+constexpr int64_t kE4M3MaxPow2 = 8;  // 448 = 1.75 x 2^8
+constexpr double kE4M3Max = 448.0;
+
+// x split into blocks along its last dim: (..., K / 32, 32).
+at::Tensor blocks_of(const at::Tensor& x) {
+  std::vector<int64_t> shape = x.sizes().vec();
+  shape.back() /= kMxBlock;
+  shape.push_back(kMxBlock);
+  return x.reshape(shape);
+}
+
+}  // namespace
+
+at::Tensor e8m0_to_float(const at::Tensor& scale) {
+  TITAN_CHECK(scale.scalar_type() == at::kByte, "E8M0 scales are uint8, got ", scale.scalar_type());
+  const at::Tensor biased = scale.to(at::kInt);
+  // A float32 with exponent field `biased` and no mantissa is 2^(biased - 127); byte 0 is the
+  // subnormal 2^-127 (mantissa bit 22), byte 255 NaN.
+  at::Tensor bits = biased.bitwise_left_shift(kFloat32MantissaBits);
+  bits = at::where(biased == 0, at::scalar_tensor(0x00400000, bits.options()), bits);
+  at::Tensor out = bits.view(at::kFloat);
+  return at::where(biased == 255,
+                   at::scalar_tensor(std::numeric_limits<float>::quiet_NaN(), out.options()), out);
+}
+
+MxTensor to_mx(const at::Tensor& x) {
+  TITAN_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16, "MX cast of a ",
+              x.scalar_type(), " tensor (float32 or bfloat16)");
+  TITAN_CHECK(x.dim() >= 1 && x.size(-1) % kMxBlock == 0, "MX cast of ", x.sizes(),
+              ": the last dimension must be a multiple of the block size ", kMxBlock);
+  const at::Tensor blocks = blocks_of(x.contiguous());
+  const at::Tensor amax = blocks.abs().amax({-1}, /*keepdim=*/true).to(at::kFloat).contiguous();
+  // floor(log2(amax)) from the float32 exponent field (a subnormal or zero amax reads -127).
+  const at::Tensor pow2 =
+      amax.view(at::kInt).bitwise_right_shift(kFloat32MantissaBits).bitwise_and(0xFF) - kE8M0Bias;
+  const at::Tensor exponent = (pow2 - kE4M3MaxPow2).clamp(-kE8M0Bias, kE8M0Bias + 1);
+  at::Tensor biased = (exponent + kE8M0Bias).to(at::kByte);
+  biased = at::where(amax.isnan(), at::scalar_tensor(255, biased.options()), biased);
+  // Dividing by 2^(biased - 127), at least float32's smallest normal 2^-126.
+  const at::Tensor divisor = biased.to(at::kInt)
+                                 .bitwise_left_shift(kFloat32MantissaBits)
+                                 .view(at::kFloat)
+                                 .clamp_min(std::numeric_limits<float>::min());
+  const at::Tensor data = (blocks.to(at::kFloat) / divisor)
+                              .clamp(-kE4M3Max, kE4M3Max)
+                              .to(at::kFloat8_e4m3fn)
+                              .reshape(x.sizes());
+  return {data, biased.squeeze(-1)};
+}
+
+at::Tensor from_mx(const MxTensor& t, at::ScalarType dtype) {
+  const at::Tensor values = blocks_of(t.data.to(at::kFloat)) * e8m0_to_float(t.scale).unsqueeze(-1);
+  return values.reshape(t.data.sizes()).to(dtype);
+}
+
+}  // namespace titan

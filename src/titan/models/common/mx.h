@@ -1,0 +1,39 @@
+// The OCP microscaling (MX) format for MXFP8, as torchao's reference casts (to_mx, the FLOOR scale
+// rule of the "mxfp8_cublas" recipe): along the last dimension, blocks of 32 values share one
+// power-of-two scale stored as E8M0 (a biased exponent byte: 2^(byte - 127), 255 = NaN), and the
+// values are float8 e4m3fn.
+//
+//   scale exponent = floor(log2(amax of the block)) - 8   (e4m3's largest power of two, 2^8),
+//                    clamped to [-127, 128]; a NaN in the block gives the NaN scale
+//   element        = value / 2^exponent (2^-126 for the smallest exponent), clamped to +-448 and
+//                    rounded to e4m3fn
+//
+// so a block's largest value lands in [256, 512) before the clamp: up to 1.75 x 2^8 it is kept,
+// above it saturates to 448. The functions are ATen ops: the same numbers on every device (the
+// emulated MX GEMM dequantizes and multiplies in float32).
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <cstdint>
+
+namespace titan {
+
+constexpr int64_t kMxBlock = 32;
+
+struct MxTensor {
+  at::Tensor data;   // float8 e4m3fn, the input's shape
+  at::Tensor scale;  // uint8 biased E8M0 exponents: the input's shape with the last dim / 32
+};
+
+// `x` (float32 or bfloat16; the last dimension a multiple of 32) in MXFP8. Throws naming the
+// shape otherwise.
+MxTensor to_mx(const at::Tensor& x);
+
+// The values an MX tensor stands for, in `dtype` (NaN where the scale is NaN).
+at::Tensor from_mx(const MxTensor& t, at::ScalarType dtype = at::kFloat);
+
+// The float32 powers of two of E8M0 bytes (byte 0: 2^-127, a subnormal; 255: NaN).
+at::Tensor e8m0_to_float(const at::Tensor& scale);
+
+}  // namespace titan

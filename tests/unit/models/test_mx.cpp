@@ -1,0 +1,73 @@
+// MXFP8 casts (models/common/mx.h): against torchao's to_mx / to_dtype (a fixture written by
+// tests/e2e/mx_reference.py, run by test_mx.sh), bit for bit on the element and scale bytes; and
+// the format's properties on their own.
+#include "titan/checkpoint/safetensors.h"
+#include "titan/models/common/mx.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+
+namespace titan {
+namespace mx_test {
+
+TEST(Mx, MatchesTorchao) {
+  const char* path = std::getenv("TITAN_MX_FIXTURE");
+  if (path == nullptr) GTEST_SKIP() << "run by tests/e2e/test_mx.sh";
+  const ckpt::SafetensorsReader file(path);
+  int64_t values = 0, blocks = 0;
+  for (const std::string name : {"spread", "bf16", "edges"}) {
+    SCOPED_TRACE(name);
+    const at::Tensor x = file.read(name);
+    const MxTensor mx = to_mx(x);
+    EXPECT_TRUE(at::equal(mx.data.view(at::kByte), file.read(name + ".data")));
+    EXPECT_TRUE(at::equal(mx.scale, file.read(name + ".scale")));
+    const at::Tensor back = from_mx(mx);
+    const at::Tensor want = file.read(name + ".dequantized");
+    // Bit for bit, NaNs included.
+    EXPECT_TRUE(at::equal(back.view(at::kInt), want.view(at::kInt)));
+    values += x.numel();
+    blocks += mx.scale.numel();
+  }
+  std::printf("MX cast vs torchao: %lld values in %lld blocks, element and scale bytes equal\n",
+              static_cast<long long>(values), static_cast<long long>(blocks));
+}
+
+TEST(Mx, BlocksShareAPowerOfTwoAndKeepTheirLargestValue) {
+  at::manual_seed(2);
+  const at::Tensor x =
+      at::randn({6, 96}) *
+      at::pow(10.0, at::randint(-8, 8, {6, 3, 1})).repeat_interleave(32, 2).reshape({6, 96});
+  const MxTensor mx = to_mx(x);
+  EXPECT_EQ(mx.data.scalar_type(), at::kFloat8_e4m3fn);
+  EXPECT_EQ(mx.scale.sizes(), (std::vector<int64_t>{6, 3}));
+  // Scaled, each block's largest magnitude is in [256, 448] (2^8 up to e4m3's saturation).
+  const at::Tensor amax = mx.data.to(at::kFloat).abs().reshape({6, 3, 32}).amax(-1);
+  EXPECT_GE(amax.min().item<double>(), 256.0);
+  EXPECT_LE(amax.max().item<double>(), 448.0);
+  // Back: within e4m3's rounding (2^-4 of a value) or the saturation of the block maximum.
+  const at::Tensor back = from_mx(mx);
+  const at::Tensor block_max = x.abs().reshape({6, 3, 32}).amax(-1, true);
+  const at::Tensor err = ((back - x).abs().reshape({6, 3, 32}) / block_max).max();
+  EXPECT_LE(err.item<double>(), 0.125);
+  EXPECT_EQ(e8m0_to_float(at::tensor({0, 127, 128, 255}, at::kByte))[1].item<float>(), 1.0f);
+  EXPECT_TRUE(std::isnan(e8m0_to_float(at::tensor({255}, at::kByte))[0].item<float>()));
+  EXPECT_EQ(e8m0_to_float(at::tensor({0}, at::kByte))[0].item<float>(), std::ldexp(1.0f, -127));
+}
+
+TEST(Mx, RefusesShapesAndDtypesItCannotBlock) {
+  try {
+    to_mx(at::randn({4, 40}));
+    FAIL() << "40 columns were blocked by 32";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("multiple of the block size 32"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_THROW(to_mx(at::randn({4, 32}, at::kDouble)), std::exception);
+}
+
+}  // namespace mx_test
+}  // namespace titan
