@@ -66,3 +66,14 @@ json_field() {
   grep "\"$key\":" "$file" | { if [ "$n" = "-1" ]; then tail -n 1; else sed -n "${n}p"; fi; } |
     sed -E "s/.*\"$key\":(-?[0-9.eE+-]+).*/\1/"
 }
+
+# python_and_tests BINARY: sets PY (the project's Python, $TITAN_PYTHON) and TESTS (the unit-test
+# BINARY beside $TITAN) for tests that check a unit test against a Python reference's fixture.
+python_and_tests() {
+  PY="${TITAN_PYTHON:-}"
+  [ -n "$PY" ] || fail "TITAN_PYTHON is not set. HINT: run through ctest, or \
+TITAN_PYTHON=\"\$(scripts/python_env.sh --print)\" bash $0 $TITAN"
+  TESTS="$(dirname "$TITAN")/$1"
+  [ -x "$TESTS" ] || fail "no $TESTS beside $TITAN (build the unit tests)"
+  export OMP_NUM_THREADS=2
+}

@@ -16,12 +16,7 @@
 # - bf16 optimizer states: the loss over 50 steps within 1% of float32 states', AdamW and Muon;
 # - settings out of range are refused naming the key.
 source "$(dirname "$0")/parallel_lib.sh"
-PY="${TITAN_PYTHON:-}"
-[ -n "$PY" ] || fail "TITAN_PYTHON is not set. HINT: run through ctest, or \
-TITAN_PYTHON=\"\$(scripts/python_env.sh --print)\" bash $0 $TITAN"
-export OMP_NUM_THREADS=2
-TESTS="$(dirname "$TITAN")/test_components"
-[ -x "$TESTS" ] || fail "no $TESTS beside $TITAN (build the unit tests)"
+python_and_tests test_components
 
 expect_exit 0 "$PY" "$(dirname "$0")/muon_reference.py" "$WORK/muon.safetensors"
 TITAN_MUON_FIXTURE="$WORK/muon.safetensors" expect_exit 0 "$TESTS" --gtest_filter=Muon.MatchesTorch
