@@ -57,6 +57,19 @@ def main(argv):
         tensors[name + ".scale"] = scale.view(torch.uint8)
         tensors[name + ".dequantized"] = to_dtype(data, scale, torch.float8_e4m3fn, 32,
                                                   torch.float32)
+    # torchao's MX linear arithmetic with its casts: y = x W^T, grad_x = g W, grad_W = g^T x,
+    # each GEMM of operands cast along the reduced dim and dequantized, multiplied in float32.
+    def mm_nt(a, b):
+        deq = [to_dtype(d, s, torch.float8_e4m3fn, 32, torch.float32)
+               for s, d in (to_mx(a.contiguous(), torch.float8_e4m3fn, 32),
+                            to_mx(b.contiguous(), torch.float8_e4m3fn, 32))]
+        return deq[0] @ deq[1].t()
+    x = torch.randn(64, 96)
+    w = torch.randn(32, 96) * 0.1
+    g = torch.randn(64, 32)
+    tensors.update({"linear.x": x, "linear.w": w, "linear.g": g,
+                    "linear.y": mm_nt(x, w), "linear.grad_x": mm_nt(g, w.t()),
+                    "linear.grad_w": mm_nt(g.t(), x.t())})
     save_file({k: v.contiguous() for k, v in tensors.items()}, args.out)
     import torchao
     print(f"torchao {torchao.__version__}: {len(inputs)} MX inputs written to {args.out}")

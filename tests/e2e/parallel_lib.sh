@@ -20,15 +20,16 @@ train() {
   cp "$WORK/out" "$WORK/$name.log"
 }
 
-# same_losses REF NAME KEY: every KEY value of NAME's metrics equals REF's within 1e-5 relative.
+# same_losses REF NAME KEY [TOL]: every KEY value of NAME's metrics equals REF's within TOL
+# relative (default 1e-5).
 same_losses() {
-  local ref="$WORK/$1/metrics.jsonl" got="$WORK/$2/metrics.jsonl" key="$3"
+  local ref="$WORK/$1/metrics.jsonl" got="$WORK/$2/metrics.jsonl" key="$3" tol="${4:-1e-5}"
   paste -d' ' <(grep "\"$key\":" "$ref" | sed -E "s/.*\"$key\":(-?[0-9.eE+-]+).*/\1/") \
     <(grep "\"$key\":" "$got" | sed -E "s/.*\"$key\":(-?[0-9.eE+-]+).*/\1/") |
-    awk -v name="$2" -v key="$key" '
+    awk -v name="$2" -v key="$key" -v tol="$tol" '
       NF != 2 { print name ": " key " count differs"; bad = 1; next }
       { d = $1 - $2; if (d < 0) d = -d; r = d / ($1 < 0 ? -$1 : $1); if (r > worst) worst = r
-        if (r > 1e-5) { print name ": " key " line " NR ": " $1 " vs " $2; bad = 1 } n++ }
+        if (r > tol) { print name ": " key " line " NR ": " $1 " vs " $2; bad = 1 } n++ }
       END { if (n == 0) { print name ": no " key; bad = 1 }
             printf "%s: %d %s values within %.1e relative\n", name, n, key, worst; exit bad }' ||
     fail "$2 does not reproduce the single-process $key curve"

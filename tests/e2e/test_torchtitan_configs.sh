@@ -66,9 +66,9 @@ expect_exit 2 "$TITAN" "${big[@]}" --compile.enable --compile.components model,l
 expect_output "compile.components entry 'los' is not a component \(model, loss\).*loss"
 expect_exit 2 "$TITAN" "${big[@]}" --parallelism.enable_async_tensor_parallel true
 expect_output "'parallelism.enable_async_tensor_parallel' = true is not supported yet"
-printf '[model]\nconverters = ["quantize.linear.mx"]\n' >"$WORK/tt.toml"
+printf '[model]\nconverters = ["quantize.grouped_mm.mx"]\n' >"$WORK/tt.toml"
 expect_exit 2 "$TITAN" inspect --job.config_file "$WORK/tt.toml"
-expect_output "model.converters entry 'quantize.linear.mx' is not supported yet"
+expect_output "model.converters entry 'quantize.grouped_mm.mx' is not supported yet"
 expect_exit 2 "$TITAN" inspect --metrics.enable_wandb
 expect_output "'metrics.enable_wandb' = true is not supported yet"
 # --help lists the new sections and marks what is not supported yet.

@@ -632,11 +632,11 @@ struct MXLinearSection {
 
   template <class V>
   void visit(V& v) {
-    constexpr const char* kConverters = "model.converters = [\"quantize.linear.mx\"]";
     v("mxfp8_dim1_cast_kernel_choice", mxfp8_dim1_cast_kernel_choice,
-      "MXFP8 cast kernel: triton, cuda or torch", used_with(kConverters));
-    v("recipe_name", recipe_name, "MX recipe", used_with(kConverters));
-    v("filter_fqns", filter_fqns, "Linear modules left in high precision", used_with(kConverters));
+      "MXFP8 cast kernel on GPUs: triton, cuda or torch (titan's casts are ATen ops)");
+    v("recipe_name", recipe_name,
+      "MX recipe: mxfp8_cublas (also mxfp8_emulated): e4m3 blocks of 32, FLOOR scales");
+    v("filter_fqns", filter_fqns, "Linear modules left in high precision");
   }
 };
 

@@ -428,9 +428,9 @@ void validate_qlora(const JobConfig& c, bool lora, bool float8) {
 // is not built, so its two switches are refused while the converter is on.
 void validate_model_converters(const JobConfig& c) {
   const std::vector<std::string> built = {"quantize.linear.float8", "float8"};
-  const std::vector<std::string> not_built = {"quantize.grouped_mm.float8", "quantize.linear.mx",
+  const std::vector<std::string> not_built = {"quantize.grouped_mm.float8",
                                               "quantize.grouped_mm.mx", "mx"};
-  bool float8 = false, lora = false;
+  bool float8 = false, lora = false, mx = false;
   for (const std::string& name : c.model.converters) {
     const auto in = [&](const std::vector<std::string>& names) {
       return std::find(names.begin(), names.end(), name) != names.end();
@@ -440,10 +440,16 @@ void validate_model_converters(const JobConfig& c) {
       lora = true;
       continue;
     }
+    if (name == "quantize.linear.mx") {
+      if (mx) fail("model.converters lists \"quantize.linear.mx\" twice. HINT: keep one entry");
+      mx = true;
+      continue;
+    }
     if (in(not_built)) {
       fail("model.converters entry '" + name +
-           "' is not supported yet; titan.cpp builds the float8 linear converter only. HINT: "
-           "use model.converters = [\"quantize.linear.float8\"], or remove '" +
+           "' is not supported yet; titan.cpp builds the float8 and MX linear converters. HINT: "
+           "use model.converters = [\"quantize.linear.float8\"] or [\"quantize.linear.mx\"], "
+           "or remove '" +
            name + "'");
     }
     if (!in(built)) {
@@ -452,8 +458,8 @@ void validate_model_converters(const JobConfig& c) {
       all.insert(all.end(), not_built.begin(), not_built.end());
       fail("model.converters entry '" + name + "' is not a model converter" +
            did_you_mean(nearest_name(name, all)) +
-           " (built: quantize.linear.float8, also spelled float8, and lora; not built yet: "
-           "quantize.grouped_mm.float8, quantize.linear.mx, quantize.grouped_mm.mx)");
+           " (built: quantize.linear.float8, also spelled float8, quantize.linear.mx and lora; "
+           "not built yet: quantize.grouped_mm.float8, quantize.grouped_mm.mx)");
     }
     if (float8) {
       fail(
@@ -461,6 +467,20 @@ void validate_model_converters(const JobConfig& c) {
           "name of 'quantize.linear.float8'). HINT: keep one entry");
     }
     float8 = true;
+  }
+  if (mx) {
+    if (float8) {
+      fail(
+          "model.converters lists both the float8 and the MX linear converters; a layer computes "
+          "in one of them. HINT: keep quantize.linear.float8 or quantize.linear.mx");
+    }
+    const std::string& recipe = c.quantize.linear.mx.recipe_name;
+    if (recipe != "mxfp8_cublas" && recipe != "mxfp8_emulated") {
+      fail("quantize.linear.mx.recipe_name '" + recipe +
+           "' is not built; titan.cpp computes MXFP8 with torchao's FLOOR scale rule "
+           "(mxfp8_cublas, also spelled mxfp8_emulated; mxfp8_cublas_rceil and MXFP4 are not "
+           "built)");
+    }
   }
   if (lora) validate_lora(c.lora);
   validate_qlora(c, lora, float8);

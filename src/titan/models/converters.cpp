@@ -89,6 +89,30 @@ Float8Conversion convert_to_float8(torch::nn::Module& model, const Float8LinearS
   return out;
 }
 
+MxConversion convert_to_mx(torch::nn::Module& model, const MXLinearSection& config) {
+  MxConversion out;
+  for (const auto& item : model.named_modules()) {
+    auto* linear = dynamic_cast<Linear*>(item.value().get());
+    if (linear == nullptr || linear->is_adapter) continue;  // LoRA adapters stay high precision
+    const std::string& name = item.key();
+    TITAN_CONFIG_CHECK(linear->nf4_weight == nullptr, "MX: ", name, " holds its frozen weight ",
+                       "in NF4 (QLoRA); a layer's frozen base is either MXFP8 or NF4, not both");
+    const int64_t n = linear->weight.size(0), k = linear->weight.size(1);
+    const bool filtered =
+        std::any_of(config.filter_fqns.begin(), config.filter_fqns.end(),
+                    [&](const std::string& f) { return name.find(f) != std::string::npos; });
+    if (filtered) {
+      out.filtered.push_back(name);
+    } else if (n % kMxBlock != 0 || k % kMxBlock != 0) {
+      out.unaligned.push_back(name + " (" + std::to_string(n) + "x" + std::to_string(k) + ")");
+    } else {
+      linear->mx = true;
+      out.converted.push_back(name);
+    }
+  }
+  return out;
+}
+
 FusedLayers enable_fused_layers(torch::nn::Module& model) {
   FusedLayers out;
   for (const auto& m : model.modules(/*include_self=*/true)) {
@@ -159,7 +183,7 @@ int64_t apply_compile(torch::nn::Module& model, const CompileSection& config,
 
 void apply_model_converters(Model& model, const ModelSection& config,
                             const Float8LinearSection& float8, const at::Device& device,
-                            const LoraSection& lora) {
+                            const LoraSection& lora, const MXLinearSection& mx) {
   if (config.converters.empty()) return;
   for (const std::string& name : config.converters) {
     if (name == "lora") {
@@ -176,6 +200,24 @@ void apply_model_converters(Model& model, const ModelSection& config,
                100.0 * static_cast<double>(a.adapter_params) /
                    static_cast<double>(std::max<int64_t>(1, a.adapter_params + a.frozen_params)),
                "% trained)");
+      continue;
+    }
+    if (name == "quantize.linear.mx") {
+      const MxConversion c = convert_to_mx(model, mx);
+      log_info("MXFP8 linear layers (", mx.recipe_name, " recipe, blocks of ", kMxBlock,
+               ", emulated: dequantized operands multiplied in float32",
+               device.is_cuda() ? "; the block-scaled GEMMs of compute capability 10.x GPUs are "
+                                  "not wired yet"
+                                : "",
+               "): ", c.converted.size(), " converted, ", c.filtered.size() + c.unaligned.size(),
+               " kept in high precision");
+      if (!c.filtered.empty()) log_info("MX: filter_fqns keeps ", joined(c.filtered));
+      if (!c.unaligned.empty()) {
+        log_info("MX: dims not multiples of ", kMxBlock, " keep ", joined(c.unaligned));
+      }
+      if (c.converted.empty()) {
+        log_warning("MX: no linear layer was converted; the model trains in high precision");
+      }
       continue;
     }
     // validate_job_config admits only the float8 linear converter's two names.

@@ -38,13 +38,23 @@ void check_float8_device(const Float8LinearSection& config, const DeviceInfo& de
 Float8Conversion convert_to_float8(torch::nn::Module& model, const Float8LinearSection& config,
                                    const DeviceInfo& device);
 
+// What the MX converter (quantize.linear.mx) did, by fully qualified module name.
+struct MxConversion {
+  std::vector<std::string> converted;
+  std::vector<std::string> filtered;   // a filter_fqns entry is a substring of the name
+  std::vector<std::string> unaligned;  // a weight dim not a multiple of the block size, 32
+};
+
+// Marks the Linear layers of `model` to compute in MXFP8 (models/common/mx.h, emulated).
+MxConversion convert_to_mx(torch::nn::Module& model, const MXLinearSection& config);
+
 // Applies model.converters to `model` on `device` in order (the float8 converter with
 // `float8`, quantize.linear.float8; "lora" with `lora`, models/lora.h), logging what each
 // converted and skipped (and the model after conversion when model.print_after_conversion is set).
 // Float8 never converts LoRA's adapters, whichever comes first.
 void apply_model_converters(Model& model, const ModelSection& config,
                             const Float8LinearSection& float8, const at::Device& device,
-                            const LoraSection& lora = {});
+                            const LoraSection& lora = {}, const MXLinearSection& mx = {});
 
 // How many layers of each kind enable_fused_layers switched.
 struct FusedLayers {

@@ -71,6 +71,7 @@ struct ModelPreparation {
   CompileSection compile;
   at::ScalarType compute_dtype = at::kFloat;
   int64_t seq_len = 0;  // the kernels' log names the paths for it
+  MXLinearSection mx;   // with "quantize.linear.mx" in model.converters
 };
 
 // What parallelize needs besides the model and the mesh (narrow settings, not the job config).

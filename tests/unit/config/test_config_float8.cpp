@@ -50,7 +50,7 @@ TEST(ConfigFloat8, UnknownConverterNamesTheNearest) {
 }
 
 TEST(ConfigFloat8, UnbuiltConvertersAndDuplicatesAreRefused) {
-  for (const char* name : {"quantize.linear.mx", "quantize.grouped_mm.float8", "mx"}) {
+  for (const char* name : {"quantize.grouped_mm.mx", "quantize.grouped_mm.float8", "mx"}) {
     const std::string m = config_error([&] { validate_job_config(with_converters({name})); });
     EXPECT_TRUE(contains(m, std::string("'") + name + "' is not supported yet"));
     EXPECT_TRUE(contains(m, "HINT"));
@@ -59,6 +59,18 @@ TEST(ConfigFloat8, UnbuiltConvertersAndDuplicatesAreRefused) {
     validate_job_config(with_converters({"float8", "quantize.linear.float8"}));
   });
   EXPECT_TRUE(contains(twice, "twice"));
+}
+
+TEST(ConfigFloat8, MxConverterTakesItsRecipeAndNotFloat8Too) {
+  EXPECT_NO_THROW(validate_job_config(with_converters({"quantize.linear.mx"})));
+  JobConfig c = with_converters({"quantize.linear.mx"});
+  c.quantize.linear.mx.recipe_name = "mxfp8_cublas_rceil";
+  EXPECT_TRUE(contains(config_error([&] { validate_job_config(c); }),
+                       "quantize.linear.mx.recipe_name 'mxfp8_cublas_rceil' is not built"));
+  EXPECT_TRUE(contains(config_error([] {
+                         validate_job_config(with_converters({"quantize.linear.mx", "float8"}));
+                       }),
+                       "lists both the float8 and the MX linear converters"));
 }
 
 TEST(ConfigFloat8, Float8AllGatherNeedsTensorwiseAndPrecomputeNeedsTheGather) {

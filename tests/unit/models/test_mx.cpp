@@ -36,6 +36,47 @@ TEST(Mx, MatchesTorchao) {
               static_cast<long long>(values), static_cast<long long>(blocks));
 }
 
+TEST(Mx, LinearMatchesTorchaoCasts) {
+  const char* path = std::getenv("TITAN_MX_FIXTURE");
+  if (path == nullptr) GTEST_SKIP() << "run by tests/e2e/test_mx.sh";
+  const ckpt::SafetensorsReader file(path);
+  const at::Tensor x = file.read("linear.x").requires_grad_(true);
+  const at::Tensor w = file.read("linear.w").requires_grad_(true);
+  const at::Tensor y = mx_linear(x, w);
+  y.backward(file.read("linear.g"));
+  // The same casts and float32 GEMMs: equal to the last bit.
+  EXPECT_TRUE(at::equal(y, file.read("linear.y")));
+  EXPECT_TRUE(at::equal(x.grad(), file.read("linear.grad_x")));
+  EXPECT_TRUE(at::equal(w.grad(), file.read("linear.grad_w")));
+  std::printf("MX linear vs torchao's casts: output and both gradients equal\n");
+}
+
+TEST(Mx, LinearIsCloseToTheHighPrecisionOne) {
+  at::manual_seed(4);
+  const at::Tensor x = at::randn({2, 32, 64}).requires_grad_(true);
+  const at::Tensor w = (at::randn({96, 64}) * 0.1).requires_grad_(true);
+  const at::Tensor g = at::randn({2, 32, 96});
+  const at::Tensor y = mx_linear(x, w);
+  y.backward(g);
+  const at::Tensor x2 = x.detach().clone().requires_grad_(true);
+  const at::Tensor w2 = w.detach().clone().requires_grad_(true);
+  at::linear(x2, w2).backward(g);
+  const auto rel = [](const at::Tensor& a, const at::Tensor& b) {
+    return ((a - b).norm() / b.norm()).item<double>();
+  };
+  // e4m3 keeps 3 mantissa bits: a few percent of the product's norm.
+  EXPECT_LT(rel(y, at::linear(x2, w2)), 0.05);
+  EXPECT_LT(rel(x.grad(), x2.grad()), 0.05);
+  EXPECT_LT(rel(w.grad(), w2.grad()), 0.05);
+  // 48 tokens do not block by 32 for the weight's gradient.
+  try {
+    mx_linear(at::randn({48, 64}), w);
+    FAIL() << "48 tokens were accepted";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("48 tokens"), std::string::npos) << e.what();
+  }
+}
+
 TEST(Mx, BlocksShareAPowerOfTwoAndKeepTheirLargestValue) {
   at::manual_seed(2);
   const at::Tensor x =

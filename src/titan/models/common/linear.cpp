@@ -1,6 +1,8 @@
 // Mixed-precision dense layers (see linear.h).
 #include "titan/models/common/linear.h"
 
+#include "titan/models/common/mx.h"
+
 #include "titan/common/check.h"
 #include "titan/common/cpu.h"
 #include "titan/models/common/init.h"
@@ -259,7 +261,7 @@ bool PackedLinear::pack(const std::vector<Linear*>& layers) {
     const at::Tensor& w = layer->weight;
     if (!w.defined() || w.is_meta() || w.dim() != 2 || !w.is_contiguous() ||
         w.scalar_type() != first.scalar_type() || w.device() != first.device() ||
-        w.size(1) != first.size(1) || layer->has_forward_hooks() || layer->float8 ||
+        w.size(1) != first.size(1) || layer->has_forward_hooks() || layer->float8 || layer->mx ||
         layer->lora_a != nullptr || layer->deferral != nullptr ||
         layer->compute_dtype != layers.front()->compute_dtype) {
       return false;
@@ -286,7 +288,7 @@ bool PackedLinear::intact() const {
   int64_t row = 0;
   for (const Linear* layer : layers_) {
     const at::Tensor& w = layer->weight;
-    if (!w.defined() || layer->has_forward_hooks() || layer->float8 || layer->lora_a ||
+    if (!w.defined() || layer->has_forward_hooks() || layer->float8 || layer->mx || layer->lora_a ||
         w.dim() != 2 || w.size(1) != weight_.size(1) || row + w.size(0) > weight_.size(0) ||
         w.scalar_type() != weight_.scalar_type() ||
         w.const_data_ptr() != static_cast<const char*>(weight_.const_data_ptr()) +
@@ -354,6 +356,7 @@ at::Tensor Linear::forward(const at::Tensor& x) {
 
 at::Tensor Linear::base_forward(const at::Tensor& in) {
   if (nf4_weight) return nf4_linear(in, nf4_weight, compute_dtype);
+  if (mx) return mx_linear(to_compute(in, compute_dtype), to_compute(weight, compute_dtype));
   if (float8) {
     return float8_linear(to_compute(in, compute_dtype), to_compute(weight, compute_dtype), *float8,
                          float8_weight ? &*float8_weight : nullptr,
@@ -374,6 +377,8 @@ at::Tensor Linear::base_forward(const at::Tensor& in) {
 }
 
 at::Tensor Linear::forward_loss(const at::Tensor& x, const at::Tensor& labels) {
+  TITAN_CHECK(!mx, "the fused linear + cross-entropy runs its GEMMs in ", compute_dtype,
+              ", not MXFP8: keep the head out of the MX conversion (filter_fqns \"output\")");
   TITAN_CHECK(!float8, "the fused linear + cross-entropy runs its GEMMs in ", compute_dtype,
               ", not float8: keep the head out of the float8 conversion (filter_fqns \"output\")");
   TITAN_CHECK(lora_a == nullptr,
@@ -405,6 +410,7 @@ void Linear::pretty_print(std::ostream& stream) const {
       nf4_weight ? nf4_weight->sizes : params["weight"].sizes().vec();
   stream << "titan::Linear(in_features=" << sizes[1] << ", out_features=" << sizes[0];
   if (nf4_weight) stream << ", nf4";
+  if (mx) stream << ", mx=mxfp8 emulated";
   if (float8) {
     stream << ", float8=" << float8_recipe_name(float8->recipe)
            << (float8->emulate ? " emulated" : "");

@@ -2,6 +2,8 @@
 
 #include "titan/common/check.h"
 
+#include <torch/autograd.h>
+
 #include <limits>
 
 namespace titan {
@@ -63,6 +65,58 @@ MxTensor to_mx(const at::Tensor& x) {
 at::Tensor from_mx(const MxTensor& t, at::ScalarType dtype) {
   const at::Tensor values = blocks_of(t.data.to(at::kFloat)) * e8m0_to_float(t.scale).unsqueeze(-1);
   return values.reshape(t.data.sizes()).to(dtype);
+}
+
+at::Tensor mx_mm_nt(const at::Tensor& a, const at::Tensor& b, at::ScalarType dtype) {
+  return at::mm(from_mx(to_mx(a)), from_mx(to_mx(b)).t()).to(dtype);
+}
+
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+struct MxLinearFunction : public torch::autograd::Function<MxLinearFunction> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight) {
+    ctx->save_for_backward({x, weight});
+    return mx_mm_nt(x, weight, x.scalar_type());  // (tokens, in) x (out, in)^T
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor& x = saved[0];              // (tokens, in)
+    const at::Tensor& weight = saved[1];         // (out, in)
+    const at::Tensor g = grads[0].contiguous();  // (tokens, out)
+    at::Tensor grad_x, grad_w;
+    if (ctx->needs_input_grad(0)) {
+      // (tokens, out) x (in, out)^T: blocks along out.
+      grad_x = mx_mm_nt(g, weight.t().contiguous(), x.scalar_type());
+    }
+    if (ctx->needs_input_grad(1)) {
+      // (out, tokens) x (in, tokens)^T: blocks along the tokens.
+      grad_w = mx_mm_nt(g.t().contiguous(), x.t().contiguous(), weight.scalar_type());
+    }
+    return {grad_x, grad_w};
+  }
+};
+
+}  // namespace
+
+at::Tensor mx_linear(const at::Tensor& x, const at::Tensor& weight) {
+  TITAN_CHECK(weight.dim() == 2 && x.size(-1) == weight.size(1), "mx_linear: input ", x.sizes(),
+              " and weight ", weight.sizes());
+  const at::Tensor rows = x.reshape({-1, x.size(-1)});
+  const auto multiple = [](int64_t n) { return n % kMxBlock == 0; };
+  TITAN_CHECK(multiple(weight.size(0)) && multiple(weight.size(1)), "MXFP8 linear: the weight ",
+              weight.sizes(), " needs both dims multiples of the block size ", kMxBlock);
+  TITAN_CHECK(multiple(rows.size(0)) || !at::GradMode::is_enabled() || !weight.requires_grad(),
+              "MXFP8 linear: ", rows.size(0), " tokens; the weight's gradient blocks them by ",
+              kMxBlock,
+              ", so a micro-batch's tokens (local_batch_size x seq_len, per rank) must "
+              "be a multiple of it");
+  std::vector<int64_t> out_sizes = x.sizes().vec();
+  out_sizes.back() = weight.size(0);
+  return MxLinearFunction::apply(rows.contiguous(), weight).view(out_sizes);
 }
 
 }  // namespace titan

@@ -36,4 +36,15 @@ at::Tensor from_mx(const MxTensor& t, at::ScalarType dtype = at::kFloat);
 // The float32 powers of two of E8M0 bytes (byte 0: 2^-127, a subnormal; 255: NaN).
 at::Tensor e8m0_to_float(const at::Tensor& scale);
 
+// a (m, k) @ b (n, k)^T with both operands cast to MXFP8 along k (their last dim), emulated: the
+// dequantized operands multiplied in float32, the product in `dtype`.
+at::Tensor mx_mm_nt(const at::Tensor& a, const at::Tensor& b, at::ScalarType dtype);
+
+// x (..., in) @ weight (out, in)^T -> (..., out) in x's dtype, with all three GEMMs in MXFP8
+// (torchao's MXLinear with the mxfp8_cublas recipe, emulated): forward blocks x and the weight
+// along in; grad_input blocks grad_output and the weight along out; grad_weight blocks
+// grad_output and x along the tokens. in, out and the token count must be multiples of 32
+// (a refusal names the operand otherwise).
+at::Tensor mx_linear(const at::Tensor& x, const at::Tensor& weight);
+
 }  // namespace titan
