@@ -3,8 +3,8 @@
 # - one step on given matrices and gradients equals the pinned torch.optim.Muon
 #   (tests/e2e/muon_reference.py writes the cases; the unit test Muon.MatchesTorch, in
 #   test_components beside the titan binary, checks ours against them);
-# - distributed Muon (parallel/muon_exchange.h): FSDP 2, TP 2, FSDP 2 x TP 2, PP 2 x FSDP 2 and
-#   HSDP 2 x 2 reproduce the one-process loss curve within 1e-5 relative, the first three its
+# - distributed Muon (parallel/muon_exchange.h): FSDP 2, TP 2, FSDP 2 x TP 2, PP 2 x FSDP 2, CP 2
+#   and HSDP 2 x 2 reproduce the one-process loss curve within 1e-5 relative, the first three its
 #   final parameters within 5e-3 (a gradient
 #   that differs in its last float32 bit, as reductions in another order make it, can round one
 #   of Newton–Schulz's bf16 values the other way, which moves an update element by a bf16 ulp
@@ -50,14 +50,19 @@ grep -q "orthogonalized by owners over 'world'" "$WORK/fsdp2_tp2.log" ||
 same_losses one fsdp2_tp2 loss
 muon_params fsdp2_tp2
 
-# Pipeline stages exchange their own matrices (pp 2 x FSDP 2: over each stage's 2 ranks); HSDP's
-# replica groups orthogonalize their own equal copies (FSDP 2 within, replicated 2x).
+# Pipeline stages exchange their own matrices (pp 2 x FSDP 2: over each stage's 2 ranks); context
+# parallelism's ranks hold FSDP shards (over dp_shard x cp); HSDP's replica groups orthogonalize
+# their own equal copies (FSDP 2 within, replicated 2x).
 train pp2_fsdp2 4 "${muon[@]}" --parallelism.pipeline_parallel_degree 2 \
   --parallelism.pipeline_parallel_schedule 1F1B --training.local_batch_size 4 \
   --validation.local_batch_size 2
 grep -q "orthogonalized by owners over .*rank 0 of 2" "$WORK/pp2_fsdp2.log" ||
   fail "pp 2 x FSDP 2 did not exchange within a stage"
 same_losses one pp2_fsdp2 loss
+train cp2 2 "${muon[@]}" --parallelism.context_parallel_degree 2 \
+  --parallelism.data_parallel_shard_degree 1 --training.local_batch_size 8 \
+  --validation.local_batch_size 4
+same_losses one cp2 loss
 train hsdp2x2 4 "${muon[@]}" --parallelism.data_parallel_replicate_degree 2 \
   --training.local_batch_size 2 --validation.local_batch_size 1
 same_losses one hsdp2x2 loss
