@@ -7,8 +7,9 @@
 #   build        titan and the CUDA tests' binaries (target titan_cuda_tests) against that
 #                torch's libtorch (CUDA), -j cores                                  ~210   330
 #   unit         the unit tests about CUDA (ctest -L cuda: device selection, pinned staging,
-#                device state in checkpoints, float8, Gloo over CUDA tensors, side streams,
-#                FSDP with ranks sharing the GPU); every filter must select tests    ~25    90
+#                device state in checkpoints, float8, MoE experts in float8 / MXFP8, Gloo over
+#                CUDA tensors, side streams, FSDP with ranks sharing the GPU); every filter
+#                must select tests                                                  ~25    90
 #   parity       the debug model, float32, 10 steps on the GPU and on the CPU: every step's loss
 #                within 1e-4 relative; and debug.deterministic: a second GPU run repeats the
 #                first one's losses bit for bit                                     ~30    90

@@ -13,6 +13,7 @@
 #pragma once
 
 #include "titan/config/key_support.h"
+#include "titan/config/quantize_sections.h"
 
 #include <cstdint>
 #include <string>
@@ -593,86 +594,6 @@ struct CompileSection {
       "What to fuse: model (RMSNorm, SwiGLU, RoPE, attention) and loss (linear + cross-entropy)");
     v("backend", backend, "Compiler backend: inductor (titan's fused kernels; the only one)");
   }
-};
-
-// [quantize.linear.float8], [quantize.linear.mx], [quantize.grouped_mm.float8] and
-// [quantize.grouped_mm.mx]: read by the model converters (model.converters).
-struct Float8LinearSection {
-  static constexpr const char* kName = "quantize.linear.float8";
-  bool enable_fsdp_float8_all_gather = false;
-  bool precompute_float8_dynamic_scale_for_fsdp = false;
-  std::string recipe_name = "";  // "": unset
-  std::vector<std::string> filter_fqns = {};
-  bool emulate = false;
-
-  template <class V>
-  void visit(V& v) {
-    v("enable_fsdp_float8_all_gather", enable_fsdp_float8_all_gather,
-      "FSDP all-gathers the weights of float8 layers in float8, cast on each shard with one "
-      "scale per weight (tensorwise recipe only; no effect without FSDP sharding)");
-    v("precompute_float8_dynamic_scale_for_fsdp", precompute_float8_dynamic_scale_for_fsdp,
-      "Compute the float8 all-gather's scales for all weights with one all-reduce at the start "
-      "of each forward (needs enable_fsdp_float8_all_gather)");
-    v("recipe_name", recipe_name,
-      "Float8 recipe: tensorwise (unset), rowwise (power-of-2 scales), rowwise_with_gw_hp");
-    v("filter_fqns", filter_fqns,
-      "Linear modules left in high precision: any whose name contains an entry; "
-      "\"auto_filter_small_kn\" also keeps layers too small to gain (torchao's thresholds)");
-    v("emulate", emulate,
-      "Run the float8 numerics as float32 matmuls of the dequantized operands (any device, e.g. "
-      "CPU tests) instead of at::_scaled_mm (CUDA compute capability >= 8.9)");
-  }
-};
-
-struct MXLinearSection {
-  static constexpr const char* kName = "quantize.linear.mx";
-  std::string mxfp8_dim1_cast_kernel_choice = "triton";
-  std::string recipe_name = "mxfp8_cublas";
-  std::vector<std::string> filter_fqns = {"output"};
-
-  template <class V>
-  void visit(V& v) {
-    v("mxfp8_dim1_cast_kernel_choice", mxfp8_dim1_cast_kernel_choice,
-      "MXFP8 cast kernel on GPUs: triton, cuda or torch (titan's casts are ATen ops)");
-    v("recipe_name", recipe_name,
-      "MX recipe: mxfp8_cublas (also mxfp8_emulated): e4m3 blocks of 32, FLOOR scales");
-    v("filter_fqns", filter_fqns, "Linear modules left in high precision");
-  }
-};
-
-struct Float8GroupedMMSection {
-  static constexpr const char* kName = "quantize.grouped_mm.float8";
-  std::vector<std::string> fqns = {};
-
-  template <class V>
-  void visit(V& v) {
-    v("fqns", fqns, "MoE modules whose grouped GEMMs run in float8",
-      used_with("model.converters = [\"quantize.grouped_mm.float8\"]"));
-  }
-};
-
-struct MXGroupedMMSection {
-  static constexpr const char* kName = "quantize.grouped_mm.mx";
-  std::string recipe_name = "mxfp8";
-  std::vector<std::string> fqns = {};
-
-  template <class V>
-  void visit(V& v) {
-    constexpr const char* kConverters = "model.converters = [\"quantize.grouped_mm.mx\"]";
-    v("recipe_name", recipe_name, "MX recipe for grouped GEMMs: mxfp8", used_with(kConverters));
-    v("fqns", fqns, "MoE modules whose grouped GEMMs run in MXFP8", used_with(kConverters));
-  }
-};
-
-struct QuantizeSection {
-  struct Linear {
-    Float8LinearSection float8;
-    MXLinearSection mx;
-  } linear;
-  struct GroupedMM {
-    Float8GroupedMMSection float8;
-    MXGroupedMMSection mx;
-  } grouped_mm;
 };
 
 struct MemoryEstimationSection {

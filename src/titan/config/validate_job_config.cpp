@@ -428,9 +428,10 @@ void validate_qlora(const JobConfig& c, bool lora, bool float8) {
 // is not built, so its two switches are refused while the converter is on.
 void validate_model_converters(const JobConfig& c) {
   const std::vector<std::string> built = {"quantize.linear.float8", "float8"};
-  const std::vector<std::string> not_built = {"quantize.grouped_mm.float8",
-                                              "quantize.grouped_mm.mx", "mx"};
+  const std::vector<std::string> grouped = {"quantize.grouped_mm.float8", "quantize.grouped_mm.mx"};
+  const std::vector<std::string> not_built = {"mx"};
   bool float8 = false, lora = false, mx = false;
+  std::vector<std::string> grouped_listed;
   for (const std::string& name : c.model.converters) {
     const auto in = [&](const std::vector<std::string>& names) {
       return std::find(names.begin(), names.end(), name) != names.end();
@@ -445,21 +446,27 @@ void validate_model_converters(const JobConfig& c) {
       mx = true;
       continue;
     }
+    if (in(grouped)) {
+      if (std::find(grouped_listed.begin(), grouped_listed.end(), name) != grouped_listed.end()) {
+        fail("model.converters lists \"" + name + "\" twice. HINT: keep one entry");
+      }
+      grouped_listed.push_back(name);
+      continue;
+    }
     if (in(not_built)) {
       fail("model.converters entry '" + name +
-           "' is not supported yet; titan.cpp builds the float8 and MX linear converters. HINT: "
-           "use model.converters = [\"quantize.linear.float8\"] or [\"quantize.linear.mx\"], "
-           "or remove '" +
-           name + "'");
+           "' (TorchTitan's older name of the MX linear converter) is not a converter here. HINT: "
+           "use model.converters = [\"quantize.linear.mx\"]");
     }
     if (!in(built)) {
       std::vector<std::string> all = built;
       all.push_back("lora");
-      all.insert(all.end(), not_built.begin(), not_built.end());
+      all.push_back("quantize.linear.mx");
+      all.insert(all.end(), grouped.begin(), grouped.end());
       fail("model.converters entry '" + name + "' is not a model converter" +
            did_you_mean(nearest_name(name, all)) +
-           " (built: quantize.linear.float8, also spelled float8, quantize.linear.mx and lora; "
-           "not built yet: quantize.grouped_mm.float8, quantize.grouped_mm.mx)");
+           " (quantize.linear.float8, also spelled float8, quantize.linear.mx, "
+           "quantize.grouped_mm.float8, quantize.grouped_mm.mx and lora)");
     }
     if (float8) {
       fail(
@@ -475,11 +482,35 @@ void validate_model_converters(const JobConfig& c) {
           "in one of them. HINT: keep quantize.linear.float8 or quantize.linear.mx");
     }
     const std::string& recipe = c.quantize.linear.mx.recipe_name;
-    if (recipe != "mxfp8_cublas" && recipe != "mxfp8_emulated") {
+    if (recipe != "mxfp8_cublas" && recipe != "mxfp8_emulated" && recipe != "mxfp8_cublas_rceil") {
       fail("quantize.linear.mx.recipe_name '" + recipe +
            "' is not built; titan.cpp computes MXFP8 with torchao's FLOOR scale rule "
-           "(mxfp8_cublas, also spelled mxfp8_emulated; mxfp8_cublas_rceil and MXFP4 are not "
-           "built)");
+           "(mxfp8_cublas, also spelled mxfp8_emulated) or its RCEIL rule (mxfp8_cublas_rceil); "
+           "MXFP4 recipes are not built");
+    }
+  }
+  if (grouped_listed.size() == 2) {
+    fail(
+        "model.converters lists both quantize.grouped_mm.float8 and quantize.grouped_mm.mx; the "
+        "MoE experts' GEMMs compute in one of them. HINT: keep one entry");
+  }
+  for (const std::string& name : grouped_listed) {
+    const bool mx_experts = name == "quantize.grouped_mm.mx";
+    const std::vector<std::string>& fqns =
+        mx_experts ? c.quantize.grouped_mm.mx.fqns : c.quantize.grouped_mm.float8.fqns;
+    if (fqns.empty()) {
+      fail("model.converters lists \"" + name + "\", which converts the MoE modules named in " +
+           name + ".fqns, and that list is empty. HINT: " + name +
+           ".fqns = [\"experts\"] selects every MoE layer's routed experts");
+    }
+    if (c.parallelism.expert_tensor_parallel_degree > 1) {
+      fail("model.converters lists \"" + name +
+           "\" with parallelism.expert_tensor_parallel_degree = " +
+           std::to_string(c.parallelism.expert_tensor_parallel_degree) +
+           ": quantized expert GEMMs under expert tensor parallelism are not built (their "
+           "scales would span the experts' split hidden features). HINT: "
+           "expert_tensor_parallel_degree = 1 (experts whole on each rank, or split by "
+           "expert_parallel_degree)");
     }
   }
   if (lora) validate_lora(c.lora);

@@ -12,6 +12,8 @@
 #include "titan/models/common/attention.h"
 #include "titan/models/common/feed_forward.h"
 #include "titan/models/common/linear.h"
+#include "titan/models/common/moe.h"
+#include "titan/models/common/mx.h"
 #include "titan/models/common/norms.h"
 #include "titan/models/common/rope.h"
 #include "titan/models/lora.h"
@@ -106,10 +108,60 @@ MxConversion convert_to_mx(torch::nn::Module& model, const MXLinearSection& conf
     } else if (n % kMxBlock != 0 || k % kMxBlock != 0) {
       out.unaligned.push_back(name + " (" + std::to_string(n) + "x" + std::to_string(k) + ")");
     } else {
-      linear->mx = true;
+      linear->mx =
+          config.recipe_name == "mxfp8_cublas_rceil" ? MxScaleRule::kRceil : MxScaleRule::kFloor;
       out.converted.push_back(name);
     }
   }
+  return out;
+}
+
+ExpertConversion convert_grouped_experts(torch::nn::Module& model, ExpertGemm gemm,
+                                         const std::vector<std::string>& fqns,
+                                         const DeviceInfo& device, const std::string& section) {
+  ExpertConversion out;
+  out.quantization.gemm = gemm;
+  if (gemm == ExpertGemm::kFloat8Rowwise) {
+    if (device.device.is_cuda()) {
+      TITAN_CONFIG_CHECK(supports_float8(device), section, " runs the MoE experts' GEMMs in ",
+                         "float8, but ", device.describe(), " (compute capability ",
+                         device.compute_major, ".", device.compute_minor,
+                         ") has no float8 matmuls (at::_scaled_mm needs compute capability >= "
+                         "8.9). HINT: remove \"",
+                         section, "\" from model.converters, or train on such a GPU");
+      out.quantization.emulate = false;
+    } else {
+      out.quantization.emulate = true;  // the CPU: float32 products of the float8 operands
+    }
+  }
+  const int64_t align = gemm == ExpertGemm::kMxfp8 ? kMxBlock : 16;
+  std::vector<std::string> all_experts;
+  for (const auto& item : model.named_modules()) {
+    auto* experts = dynamic_cast<GroupedExperts*>(item.value().get());
+    if (experts == nullptr) continue;
+    const std::string& name = item.key();
+    all_experts.push_back(name);
+    const bool selected = std::any_of(fqns.begin(), fqns.end(), [&](const std::string& f) {
+      return name.find(f) != std::string::npos;
+    });
+    if (!selected) continue;
+    const at::Tensor& w1 = experts->w1->weight;  // (experts, hidden, dim)
+    const int64_t hidden = w1.size(1), dim = w1.size(2);
+    if (hidden % align != 0 || dim % align != 0) {
+      out.unaligned.push_back(name + " (hidden " + std::to_string(hidden) + ", dim " +
+                              std::to_string(dim) + ")");
+      continue;
+    }
+    experts->quantization = out.quantization;
+    out.converted.push_back(name);
+  }
+  std::string listed;
+  for (const std::string& f : fqns) listed += (listed.empty() ? "\"" : ", \"") + f + "\"";
+  TITAN_CONFIG_CHECK(!all_experts.empty(), "model.converters lists \"", section,
+                     "\", but the model has no MoE experts. HINT: use an MoE flavor or remove it");
+  TITAN_CONFIG_CHECK(!out.converted.empty() || !out.unaligned.empty(), section, ".fqns [", listed,
+                     "] selects none of the model's MoE experts (", joined(all_experts),
+                     "). HINT: fqns = [\"experts\"] selects them all");
   return out;
 }
 
@@ -183,7 +235,8 @@ int64_t apply_compile(torch::nn::Module& model, const CompileSection& config,
 
 void apply_model_converters(Model& model, const ModelSection& config,
                             const Float8LinearSection& float8, const at::Device& device,
-                            const LoraSection& lora, const MXLinearSection& mx) {
+                            const LoraSection& lora, const MXLinearSection& mx,
+                            const QuantizeSection::GroupedMM& grouped_mm) {
   if (config.converters.empty()) return;
   for (const std::string& name : config.converters) {
     if (name == "lora") {
@@ -217,6 +270,31 @@ void apply_model_converters(Model& model, const ModelSection& config,
       }
       if (c.converted.empty()) {
         log_warning("MX: no linear layer was converted; the model trains in high precision");
+      }
+      continue;
+    }
+    if (name == "quantize.grouped_mm.float8" || name == "quantize.grouped_mm.mx") {
+      const bool mx_experts = name == "quantize.grouped_mm.mx";
+      const ExpertConversion c = convert_grouped_experts(
+          model, mx_experts ? ExpertGemm::kMxfp8 : ExpertGemm::kFloat8Rowwise,
+          mx_experts ? grouped_mm.mx.fqns : grouped_mm.float8.fqns, device_info(device), name);
+      const char* how = mx_experts ? "MXFP8 (RCEIL scales, blocks of 32, each expert's tokens "
+                                     "padded to 32), emulated: dequantized operands multiplied in "
+                                     "float32"
+                        : c.quantization.emulate
+                            ? "float8 rowwise (power-of-2 scales per expert), emulated in float32"
+                            : "float8 rowwise (power-of-2 scales per expert), at::_scaled_mm per "
+                              "expert";
+      log_info("MoE grouped GEMMs in ", how, ": ", c.converted.size(), " MoE layers converted (",
+               joined(c.converted), ")", c.unaligned.empty() ? "" : ", ",
+               c.unaligned.empty()
+                   ? ""
+                   : message(c.unaligned.size(),
+                             " kept in high precision (dims "
+                             "not multiples of ",
+                             mx_experts ? kMxBlock : 16, ": ", joined(c.unaligned), ")"));
+      if (c.converted.empty()) {
+        log_warning(name, ": no MoE experts were converted; they train in high precision");
       }
       continue;
     }

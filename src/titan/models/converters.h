@@ -1,13 +1,15 @@
 // Model converters (TorchTitan's model.converters): in-place changes to a built model, applied
-// once after it is built (on the meta device or not) and before any parallelism. The one built
-// here is float8 ("quantize.linear.float8", or its older name "float8"): the Linear layers it
-// selects compute their matmuls in float8 (models/common/float8.h). The names are checked when
-// the config is validated (validate_job_config), the device when the converter is applied.
+// once after it is built (on the meta device or not) and before any parallelism: float8
+// ("quantize.linear.float8", or its older name "float8") and MXFP8 ("quantize.linear.mx") linear
+// layers (models/common/float8.h, mx.h), float8 and MXFP8 grouped GEMMs of MoE experts
+// ("quantize.grouped_mm.float8", "quantize.grouped_mm.mx") and LoRA ("lora"). The names are checked
+// when the config is validated (validate_job_config), the device when the converter is applied.
 #pragma once
 
 #include "titan/common/device.h"
 #include "titan/config/job_config.h"
 #include "titan/models/common/float8.h"
+#include "titan/models/common/moe.h"
 #include "titan/models/model.h"
 
 #include <torch/nn/module.h>
@@ -48,13 +50,31 @@ struct MxConversion {
 // Marks the Linear layers of `model` to compute in MXFP8 (models/common/mx.h, emulated).
 MxConversion convert_to_mx(torch::nn::Module& model, const MXLinearSection& config);
 
+// What a grouped-GEMM converter (quantize.grouped_mm.float8 or quantize.grouped_mm.mx) did, by
+// the routed experts' module names.
+struct ExpertConversion {
+  ExpertQuantization quantization;
+  std::vector<std::string> converted;
+  std::vector<std::string> unaligned;  // a weight dim not a multiple of 16 (float8) or 32 (MX)
+};
+
+// Quantizes the routed experts (GroupedExperts, moe.h) of `model` whose module name contains an
+// entry of `fqns` (TorchTitan's MoE module filter: "experts", "moe" or "layers.3" select by
+// substring). Float8 runs at::_scaled_mm on CUDA GPUs that have it and is emulated on the CPU;
+// MXFP8 is emulated everywhere. Throws ConfigError when no experts match (naming the model's),
+// or for float8 on a GPU without float8 matmuls. `section` names the converter in messages.
+ExpertConversion convert_grouped_experts(torch::nn::Module& model, ExpertGemm gemm,
+                                         const std::vector<std::string>& fqns,
+                                         const DeviceInfo& device, const std::string& section);
+
 // Applies model.converters to `model` on `device` in order (the float8 converter with
 // `float8`, quantize.linear.float8; "lora" with `lora`, models/lora.h), logging what each
 // converted and skipped (and the model after conversion when model.print_after_conversion is set).
 // Float8 never converts LoRA's adapters, whichever comes first.
 void apply_model_converters(Model& model, const ModelSection& config,
                             const Float8LinearSection& float8, const at::Device& device,
-                            const LoraSection& lora = {}, const MXLinearSection& mx = {});
+                            const LoraSection& lora = {}, const MXLinearSection& mx = {},
+                            const QuantizeSection::GroupedMM& grouped_mm = {});
 
 // How many layers of each kind enable_fused_layers switched.
 struct FusedLayers {

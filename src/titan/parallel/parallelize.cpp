@@ -108,7 +108,7 @@ std::unique_ptr<ParallelizedModel> parallelize_decoder(std::shared_ptr<Model> mo
 
 void prepare_model(Model& model, const ModelPreparation& p, at::Device device) {
   apply_training_dtype(model, p.training, p.world_size, p.layout);
-  apply_model_converters(model, p.model, p.float8, device, p.lora, p.mx);
+  apply_model_converters(model, p.model, p.float8, device, p.lora, p.mx, p.grouped_mm);
   apply_compile(model, p.compile, device, p.compute_dtype, p.seq_len);
 }
 

@@ -70,8 +70,9 @@ struct ModelPreparation {
   LoraSection lora;  // with "lora" in model.converters
   CompileSection compile;
   at::ScalarType compute_dtype = at::kFloat;
-  int64_t seq_len = 0;  // the kernels' log names the paths for it
-  MXLinearSection mx;   // with "quantize.linear.mx" in model.converters
+  int64_t seq_len = 0;                    // the kernels' log names the paths for it
+  MXLinearSection mx;                     // with "quantize.linear.mx" in model.converters
+  QuantizeSection::GroupedMM grouped_mm;  // with "quantize.grouped_mm.*" in model.converters
 };
 
 // What parallelize needs besides the model and the mesh (narrow settings, not the job config).

@@ -241,6 +241,7 @@ void Trainer::build_model() {
                                compute_dtype_,
                                config_.training.seq_len};
   o.prepare->mx = config_.quantize.linear.mx;
+  o.prepare->grouped_mm = config_.quantize.grouped_mm;
   o.param_dtype = compute_dtype_;
   o.reduce_dtype = dtype_from_name(config_.training.mixed_precision_reduce);
   o.fsdp_reshard_after_forward = config_.parallelism.fsdp_reshard_after_forward;

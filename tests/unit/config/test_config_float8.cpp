@@ -49,24 +49,58 @@ TEST(ConfigFloat8, UnknownConverterNamesTheNearest) {
   EXPECT_TRUE(contains(n, "did you mean 'quantize.linear.float8'?"));
 }
 
-TEST(ConfigFloat8, UnbuiltConvertersAndDuplicatesAreRefused) {
-  for (const char* name : {"quantize.grouped_mm.mx", "quantize.grouped_mm.float8", "mx"}) {
-    const std::string m = config_error([&] { validate_job_config(with_converters({name})); });
-    EXPECT_TRUE(contains(m, std::string("'") + name + "' is not supported yet"));
-    EXPECT_TRUE(contains(m, "HINT"));
-  }
+TEST(ConfigFloat8, OldMxNameAndDuplicatesAreRefused) {
+  const std::string m = config_error([&] { validate_job_config(with_converters({"mx"})); });
+  EXPECT_TRUE(contains(m, "'mx' (TorchTitan's older name of the MX linear converter)"));
+  EXPECT_TRUE(contains(m, "HINT: use model.converters = [\"quantize.linear.mx\"]"));
   const std::string twice = config_error([] {
     validate_job_config(with_converters({"float8", "quantize.linear.float8"}));
   });
   EXPECT_TRUE(contains(twice, "twice"));
 }
 
+TEST(ConfigFloat8, GroupedGemmConvertersNeedFqnsAndOneFormat) {
+  for (const char* name : {"quantize.grouped_mm.mx", "quantize.grouped_mm.float8"}) {
+    JobConfig c = with_converters({name});
+    EXPECT_TRUE(contains(config_error([&] { validate_job_config(c); }),
+                         std::string(name) + ".fqns, and that list is empty. HINT: " + name +
+                             ".fqns = [\"experts\"]"))
+        << name;
+    c.quantize.grouped_mm.mx.fqns = {"experts"};
+    c.quantize.grouped_mm.float8.fqns = {"experts"};
+    EXPECT_NO_THROW(validate_job_config(c)) << name;
+    c.parallelism.expert_tensor_parallel_degree = 2;
+    c.parallelism.tensor_parallel_degree = 2;
+    EXPECT_TRUE(contains(config_error([&] { validate_job_config(c); }),
+                         "expert_tensor_parallel_degree = 2: quantized expert GEMMs under expert "
+                         "tensor parallelism are not built"))
+        << name;
+    // With the linear converters: different layers.
+    JobConfig both = with_converters({name, "quantize.linear.float8"});
+    both.quantize.grouped_mm.mx.fqns = {"experts"};
+    both.quantize.grouped_mm.float8.fqns = {"experts"};
+    both.quantize.linear.float8.emulate = true;
+    EXPECT_NO_THROW(validate_job_config(both)) << name;
+    JobConfig twice = with_converters({name, name});
+    twice.quantize.grouped_mm.mx.fqns = {"experts"};
+    twice.quantize.grouped_mm.float8.fqns = {"experts"};
+    EXPECT_TRUE(contains(config_error([&] { validate_job_config(twice); }), "twice")) << name;
+  }
+  JobConfig c = with_converters({"quantize.grouped_mm.mx", "quantize.grouped_mm.float8"});
+  c.quantize.grouped_mm.mx.fqns = {"experts"};
+  c.quantize.grouped_mm.float8.fqns = {"experts"};
+  EXPECT_TRUE(contains(config_error([&] { validate_job_config(c); }),
+                       "lists both quantize.grouped_mm.float8 and quantize.grouped_mm.mx"));
+}
+
 TEST(ConfigFloat8, MxConverterTakesItsRecipeAndNotFloat8Too) {
   EXPECT_NO_THROW(validate_job_config(with_converters({"quantize.linear.mx"})));
   JobConfig c = with_converters({"quantize.linear.mx"});
   c.quantize.linear.mx.recipe_name = "mxfp8_cublas_rceil";
+  EXPECT_NO_THROW(validate_job_config(c));
+  c.quantize.linear.mx.recipe_name = "mxfp4_cutlass";
   EXPECT_TRUE(contains(config_error([&] { validate_job_config(c); }),
-                       "quantize.linear.mx.recipe_name 'mxfp8_cublas_rceil' is not built"));
+                       "quantize.linear.mx.recipe_name 'mxfp4_cutlass' is not built"));
   EXPECT_TRUE(contains(config_error([] {
                          validate_job_config(with_converters({"quantize.linear.mx", "float8"}));
                        }),

@@ -384,7 +384,7 @@ TEST(ConfigTorchTitan, NotYetSupportedKeysRefuseOtherValuesNamingTheKey) {
   EXPECT_TRUE(contains(config_error([&] {
                          parse_job_config({"--job.config_file", file});
                        }),
-                       "model.converters entry 'quantize.grouped_mm.mx' is not supported yet"));
+                       "quantize.grouped_mm.mx.fqns, and that list is empty"));
 }
 
 TEST(ConfigTorchTitan, SettingsOfUnbuiltFeaturesNameASwitchThatIsRefused) {
@@ -418,7 +418,7 @@ TEST(ConfigTorchTitan, SettingsOfUnbuiltFeaturesNameASwitchThatIsRefused) {
     }
     EXPECT_NO_THROW(validate_job_config(edited)) << field.name();
   }
-  EXPECT_GE(used_with, 4);  // the grouped GEMMs' (the MX linear converter is built)
+  EXPECT_GE(used_with, 1);  // memory_estimation's (every quantize converter is built)
 }
 
 TEST(ConfigTorchTitan, HelpMarksKeysThatAreNotSupportedYet) {
@@ -435,8 +435,10 @@ TEST(ConfigTorchTitan, HelpMarksKeysThatAreNotSupportedYet) {
   }
   EXPECT_TRUE(contains(by_key["parallelism.enable_async_tensor_parallel"],
                        "[not supported yet: must keep its default]"));
-  EXPECT_TRUE(
-      contains(by_key["quantize.grouped_mm.mx.recipe_name"], "[not supported yet: read only with"));
+  EXPECT_TRUE(contains(by_key["memory_estimation.disable_fake_mode"],
+                       "[not supported yet: read only with"));
+  EXPECT_FALSE(
+      contains(by_key["quantize.grouped_mm.mx.recipe_name"], "not supported").operator bool());
   EXPECT_TRUE(contains(by_key["checkpoint.enable_ft_dataloader_checkpoints"],
                        "[not supported yet: must keep its default]"));
   EXPECT_FALSE(contains(by_key["fault_tolerance.enable"], "not supported").operator bool());

@@ -2,7 +2,11 @@
 // tests/e2e/mx_reference.py, run by test_mx.sh), bit for bit on the element and scale bytes; and
 // the format's properties on their own.
 #include "titan/checkpoint/safetensors.h"
+#include "titan/common/device.h"
+#include "titan/models/common/linear.h"
 #include "titan/models/common/mx.h"
+#include "titan/models/converters.h"
+#include "titan/models/registry.h"
 
 #include <gtest/gtest.h>
 
@@ -10,6 +14,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <utility>
 
 namespace titan {
 namespace mx_test {
@@ -20,20 +25,26 @@ TEST(Mx, MatchesTorchao) {
   const ckpt::SafetensorsReader file(path);
   int64_t values = 0, blocks = 0;
   for (const std::string name : {"spread", "bf16", "edges"}) {
-    SCOPED_TRACE(name);
-    const at::Tensor x = file.read(name);
-    const MxTensor mx = to_mx(x);
-    EXPECT_TRUE(at::equal(mx.data.view(at::kByte), file.read(name + ".data")));
-    EXPECT_TRUE(at::equal(mx.scale, file.read(name + ".scale")));
-    const at::Tensor back = from_mx(mx);
-    const at::Tensor want = file.read(name + ".dequantized");
-    // Bit for bit, NaNs included.
-    EXPECT_TRUE(at::equal(back.view(at::kInt), want.view(at::kInt)));
-    values += x.numel();
-    blocks += mx.scale.numel();
+    for (const auto& [rule, suffix] :
+         {std::pair{MxScaleRule::kFloor, ""}, std::pair{MxScaleRule::kRceil, ".rceil"}}) {
+      const std::string key = name + suffix;
+      SCOPED_TRACE(key);
+      const at::Tensor x = file.read(name);
+      const MxTensor mx = to_mx(x, rule);
+      EXPECT_TRUE(at::equal(mx.data.view(at::kByte), file.read(key + ".data")));
+      EXPECT_TRUE(at::equal(mx.scale, file.read(key + ".scale")));
+      const at::Tensor back = from_mx(mx);
+      const at::Tensor want = file.read(key + ".dequantized");
+      // Bit for bit, NaNs included.
+      EXPECT_TRUE(at::equal(back.view(at::kInt), want.view(at::kInt)));
+      values += x.numel();
+      blocks += mx.scale.numel();
+    }
   }
-  std::printf("MX cast vs torchao: %lld values in %lld blocks, element and scale bytes equal\n",
-              static_cast<long long>(values), static_cast<long long>(blocks));
+  std::printf(
+      "MX cast vs torchao (FLOOR and RCEIL scales): %lld values in %lld blocks, element and "
+      "scale bytes equal\n",
+      static_cast<long long>(values), static_cast<long long>(blocks));
 }
 
 TEST(Mx, LinearMatchesTorchaoCasts) {
@@ -108,6 +119,38 @@ TEST(Mx, RefusesShapesAndDtypesItCannotBlock) {
         << e.what();
   }
   EXPECT_THROW(to_mx(at::randn({4, 32}, at::kDouble)), std::exception);
+}
+
+// The converter takes the recipe's scale rule (mxfp8_cublas: FLOOR, mxfp8_cublas_rceil: RCEIL),
+// and a converted layer computes mx_linear with it.
+TEST(Mx, ConverterTakesTheRecipesScaleRule) {
+  ModelBuildOptions options;
+  options.meta = true;
+  for (const auto& [recipe, rule] : {std::pair{"mxfp8_cublas", MxScaleRule::kFloor},
+                                     std::pair{"mxfp8_cublas_rceil", MxScaleRule::kRceil}}) {
+    auto model = get_model_spec("llama3").build("tiny", options);
+    MXLinearSection config;
+    config.recipe_name = recipe;
+    const MxConversion c = convert_to_mx(*model, config);
+    ASSERT_FALSE(c.converted.empty());
+    for (const auto& item : model->named_modules()) {
+      auto* linear = dynamic_cast<Linear*>(item.value().get());
+      if (linear == nullptr || !linear->mx) continue;
+      EXPECT_EQ(*linear->mx, rule) << recipe << " " << item.key();
+    }
+  }
+  at::manual_seed(9);
+  Linear layer(64, 32);
+  {
+    at::NoGradGuard no_grad;
+    layer.weight.copy_(at::randn({32, 64}) * 0.1);
+  }
+  const at::Tensor x = at::randn({2, 16, 64});
+  layer.mx = MxScaleRule::kRceil;
+  const at::Tensor rceil = layer.forward(x);
+  EXPECT_TRUE(at::equal(rceil, mx_linear(x, layer.weight, MxScaleRule::kRceil)));
+  layer.mx = MxScaleRule::kFloor;
+  EXPECT_TRUE(at::equal(layer.forward(x), mx_linear(x, layer.weight, MxScaleRule::kFloor)));
 }
 
 }  // namespace mx_test

@@ -356,7 +356,7 @@ at::Tensor Linear::forward(const at::Tensor& x) {
 
 at::Tensor Linear::base_forward(const at::Tensor& in) {
   if (nf4_weight) return nf4_linear(in, nf4_weight, compute_dtype);
-  if (mx) return mx_linear(to_compute(in, compute_dtype), to_compute(weight, compute_dtype));
+  if (mx) return mx_linear(to_compute(in, compute_dtype), to_compute(weight, compute_dtype), *mx);
   if (float8) {
     return float8_linear(to_compute(in, compute_dtype), to_compute(weight, compute_dtype), *float8,
                          float8_weight ? &*float8_weight : nullptr,
@@ -410,7 +410,7 @@ void Linear::pretty_print(std::ostream& stream) const {
       nf4_weight ? nf4_weight->sizes : params["weight"].sizes().vec();
   stream << "titan::Linear(in_features=" << sizes[1] << ", out_features=" << sizes[0];
   if (nf4_weight) stream << ", nf4";
-  if (mx) stream << ", mx=mxfp8 emulated";
+  if (mx) stream << ", mx=mxfp8" << (*mx == MxScaleRule::kRceil ? " rceil" : "") << " emulated";
   if (float8) {
     stream << ", float8=" << float8_recipe_name(float8->recipe)
            << (float8->emulate ? " emulated" : "");

@@ -8,6 +8,7 @@
 #include "titan/models/common/deferred_grad.h"
 #include "titan/models/common/float8.h"
 #include "titan/models/common/fused_loss.h"
+#include "titan/models/common/mx.h"
 
 #include <ATen/ATen.h>
 #include <torch/nn/module.h>
@@ -150,8 +151,9 @@ class Linear : public WeightLayer {
   // Set by the float8 converter (models/converters.h): the matmuls run in float8 (float8.h) on
   // the operands in the compute dtype.
   std::optional<Float8LinearOptions> float8;
-  // Set by the MX converter (models/converters.h): the matmuls run in MXFP8 (mx.h), emulated.
-  bool mx = false;
+  // Set by the MX converter (models/converters.h): the matmuls run in MXFP8 (mx.h) with this scale
+  // rule, emulated.
+  std::optional<MxScaleRule> mx;
   // Set by FSDP's float8 all-gather (data_parallel.h) while the layer's weight is installed: the
   // weight as gathered in float8 with its tensorwise scale; the matmuls use it instead of casting
   // `weight`, which then carries only the gradient.

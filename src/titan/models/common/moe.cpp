@@ -4,7 +4,9 @@
 #include "titan/common/check.h"
 #include "titan/common/cpu.h"
 #include "titan/common/host_sync.h"
+#include "titan/models/common/float8.h"
 #include "titan/models/common/init.h"
+#include "titan/models/common/mx.h"
 #include "titan/models/common/savable_ops.h"
 
 #include <ATen/core/grad_mode.h>
@@ -37,7 +39,61 @@ at::Tensor expert_linear(const at::Tensor& x, const at::Tensor& w) {
   return at::linear(x.to(dtype), w.to(dtype)).to(x.scalar_type());
 }
 
+// Expert e's tokens zero-padded to a multiple of the MX block.
+at::Tensor mx_expert_linear(const at::Tensor& x, const at::Tensor& w) {
+  const int64_t n = x.size(0);
+  const int64_t pad = (kMxBlock - n % kMxBlock) % kMxBlock;
+  if (pad == 0) return mx_linear(x, w, MxScaleRule::kRceil);
+  const at::Tensor out = mx_linear(at::constant_pad_nd(x, {0, 0, 0, pad}), w, MxScaleRule::kRceil);
+  return out.narrow(0, 0, n);
+}
+
 }  // namespace
+
+const char* expert_gemm_name(ExpertGemm gemm) {
+  switch (gemm) {
+    case ExpertGemm::kHighPrecision: return "high precision";
+    case ExpertGemm::kFloat8Rowwise: return "float8 rowwise";
+    case ExpertGemm::kMxfp8: return "MXFP8";
+  }
+  return "?";
+}
+
+at::Tensor quantized_expert_linear(const at::Tensor& x, const at::Tensor& w,
+                                   const ExpertQuantization& q) {
+  switch (q.gemm) {
+    case ExpertGemm::kHighPrecision: return expert_linear(x, w);
+    case ExpertGemm::kFloat8Rowwise: {
+      Float8LinearOptions options;
+      options.recipe = Float8Recipe::kRowwise;
+      options.emulate = q.emulate;
+      return float8_linear(x, w, options);
+    }
+    case ExpertGemm::kMxfp8: return mx_expert_linear(x, w);
+  }
+  TITAN_CHECK(false, "unknown expert GEMM");
+}
+
+at::Tensor quantized_grouped_linear(const at::Tensor& x, const at::Tensor& w,
+                                    const std::vector<int64_t>& counts,
+                                    const ExpertQuantization& q) {
+  TITAN_CHECK(w.dim() == 3 && static_cast<int64_t>(counts.size()) == w.size(0) && x.dim() == 2 &&
+                  x.size(1) == w.size(2),
+              "quantized_grouped_linear: x ", x.sizes(), ", w ", w.sizes(), ", ", counts.size(),
+              " counts");
+  const std::vector<at::Tensor> per_expert = w.unbind(0);
+  std::vector<at::Tensor> outs;
+  int64_t offset = 0;
+  for (size_t e = 0; e < counts.size(); ++e) {
+    if (counts[e] == 0) continue;
+    outs.push_back(quantized_expert_linear(x.narrow(0, offset, counts[e]), per_expert[e], q));
+    offset += counts[e];
+  }
+  TITAN_CHECK(offset == x.size(0), "quantized_grouped_linear: the counts add up to ", offset,
+              " rows, x has ", x.size(0));
+  if (outs.empty()) return at::zeros({0, w.size(1)}, x.options());
+  return outs.size() == 1 ? outs[0] : at::cat(outs, 0);
+}
 
 ExpertWeight::ExpertWeight(int64_t experts, int64_t out_features, int64_t in_features) {
   weight = register_parameter("weight", new_parameter({experts, out_features, in_features}));
@@ -76,7 +132,8 @@ at::Tensor GroupedExperts::forward(const at::Tensor& x, const std::vector<int64_
 bool GroupedExperts::groups_on_device() const {
   // The grouped kernel for 16-bit compute, on CUDA and on the CPU (bench/moe_bench compares it
   // with the loop in both dtypes).
-  return use_grouped_mm && is_reduced_float(compute_dtype);
+  return use_grouped_mm && is_reduced_float(compute_dtype) &&
+         quantization.gemm == ExpertGemm::kHighPrecision;
 }
 
 at::Tensor GroupedExperts::forward_loop(const at::Tensor& x, const std::vector<int64_t>& counts) {
@@ -96,13 +153,17 @@ at::Tensor GroupedExperts::forward_loop(const at::Tensor& x, const std::vector<i
     return bias ? to_compute(bias->weight, compute_dtype).unbind(0) : std::vector<at::Tensor>();
   };
   const std::vector<at::Tensor> c1 = biases(this->b1), c2 = biases(this->b2), c3 = biases(this->b3);
+  // The base weights' GEMMs (quantized when converted); the adapters' stay in the compute dtype.
+  const auto base = [&](const at::Tensor& in, const at::Tensor& w) {
+    return quantized_expert_linear(in, w, quantization);
+  };
   std::vector<at::Tensor> outs;
   int64_t offset = 0;
   for (size_t e = 0; e < counts.size(); ++e) {
     if (counts[e] == 0) continue;
     const at::Tensor xe = xc.narrow(0, offset, counts[e]);
-    at::Tensor h1 = expert_linear(xe, a[e]);
-    at::Tensor h3 = expert_linear(xe, c[e]);
+    at::Tensor h1 = base(xe, a[e]);
+    at::Tensor h3 = base(xe, c[e]);
     if (gate_up_adapted()) {
       const at::Tensor xa = expert_linear(xe, a13[e]);
       h1 = h1 + expert_linear(xa, b1[e]) * lora_scaling;
@@ -113,7 +174,7 @@ at::Tensor GroupedExperts::forward_loop(const at::Tensor& x, const std::vector<i
       h3 = h3 + c3[e];
     }
     const at::Tensor h = activate(h1, h3);
-    at::Tensor out = expert_linear(h, b[e]);
+    at::Tensor out = base(h, b[e]);
     if (down_adapted()) out = out + expert_linear(expert_linear(h, a2[e]), b2[e]) * lora_scaling;
     if (!c2.empty()) out = out + (down_bias_here ? c2[e] : c2[e] * 0);
     outs.push_back(out);

@@ -90,6 +90,39 @@ class ExpertWeight : public WeightLayer {
   bool is_adapter = false;
 };
 
+// How the routed experts' GEMMs compute (model.converters "quantize.grouped_mm.float8" and
+// "quantize.grouped_mm.mx", models/converters.h), each expert quantized on its own, as torchao's
+// scaled grouped GEMMs for MoE training do:
+//   kFloat8Rowwise  every GEMM operand cast to e4m3 with power-of-2 scales, one per row along the
+//                   reduced dim: forward per token and per (expert, output feature); grad_input
+//                   per token and per (expert, input feature); grad_weight per (expert, feature)
+//                   over that expert's tokens (torchao's jagged per-group scales). The float8
+//                   linear's rowwise recipe applied to each expert (float8.h).
+//   kMxfp8          MXFP8 blocks of 32 along the reduced dim with the RCEIL scale rule (torchao's
+//                   MXFP8 grouped recipe); each expert's tokens are zero-padded to a multiple of
+//                   32, so that grad_weight's blocks along the tokens stay within one expert
+//                   (torchao pads the groups the same way). mx.h's MX linear applied to each
+//                   expert.
+// The base weights only: LoRA adapters and biases stay in the compute dtype.
+enum class ExpertGemm { kHighPrecision, kFloat8Rowwise, kMxfp8 };
+struct ExpertQuantization {
+  ExpertGemm gemm = ExpertGemm::kHighPrecision;
+  // Float8: float32 products of the dequantized operands instead of at::_scaled_mm. MXFP8 is
+  // emulated everywhere.
+  bool emulate = true;
+};
+const char* expert_gemm_name(ExpertGemm gemm);
+
+// One expert: x (tokens, in) @ w (out, in)^T in `q`'s GEMMs (forward and both gradients), the
+// result in x's dtype.
+at::Tensor quantized_expert_linear(const at::Tensor& x, const at::Tensor& w,
+                                   const ExpertQuantization& q);
+// The grouped form: x (tokens, in) grouped by expert, counts[e] rows for expert e, w (experts,
+// out, in) -> (tokens, out); expert e's rows through quantized_expert_linear with w[e].
+at::Tensor quantized_grouped_linear(const at::Tensor& x, const at::Tensor& w,
+                                    const std::vector<int64_t>& counts,
+                                    const ExpertQuantization& q);
+
 // The routed experts: w1 and w3 (experts, hidden, dim), w2 (experts, dim, hidden); expert e is
 // w2[e](silu(w1[e] x) * w3[e] x), each weight plus its LoRA adapter's product where it has one. A
 // rank may hold a contiguous range of the experts (expert parallelism slices dim 0); nothing here
@@ -107,7 +140,8 @@ class GroupedExperts : public torch::nn::Module {
 
   // The two implementations forward picks between: one GEMM per expert with tokens, or one
   // grouped GEMM per weight (at::_grouped_mm; groups padded to 16 rows). forward uses the grouped
-  // one when use_grouped_mm is set and the compute dtype is 16-bit (CUDA or CPU).
+  // one when use_grouped_mm is set and the compute dtype is 16-bit (CUDA or CPU), and the loop
+  // whenever the experts are quantized (`quantization`).
   at::Tensor forward_loop(const at::Tensor& x, const std::vector<int64_t>& counts);
   at::Tensor forward_grouped(const at::Tensor& x, const std::vector<int64_t>& counts);
   // The grouped GEMMs with the counts as a (experts) int64 tensor on x's device: the padding and
@@ -137,6 +171,8 @@ class GroupedExperts : public torch::nn::Module {
   at::ScalarType compute_dtype;
   bool use_grouped_mm;
   double lora_scaling = 0.0;  // of the adapters (see ExpertWeight)
+  // Set by the grouped-GEMM converters: w1, w2 and w3's GEMMs in float8 or MXFP8.
+  ExpertQuantization quantization;
 };
 
 // How the routed tokens reach their experts. `x` (routed tokens, dim) holds every token once per

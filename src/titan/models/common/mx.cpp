@@ -4,6 +4,7 @@
 
 #include <torch/autograd.h>
 
+#include <cmath>
 #include <limits>
 
 namespace titan {
@@ -37,13 +38,42 @@ at::Tensor e8m0_to_float(const at::Tensor& scale) {
                    at::scalar_tensor(std::numeric_limits<float>::quiet_NaN(), out.options()), out);
 }
 
-MxTensor to_mx(const at::Tensor& x) {
+namespace {
+
+// torchao's _to_mx_rceil on the blocks (..., 32) and their float32 maxima (..., 1).
+MxTensor to_mx_rceil(const at::Tensor& blocks, const at::Tensor& amax, at::IntArrayRef shape) {
+  const at::Tensor descale = amax / kE4M3Max;
+  const at::Tensor byte =
+      (at::ceil(at::log2(descale)).clamp(-kE8M0Bias, kE8M0Bias) + kE8M0Bias).to(at::kByte);
+  at::Tensor biased = at::where(descale.isinf(), at::scalar_tensor(254, byte.options()), byte);
+  biased = at::where(descale.isnan(), at::scalar_tensor(255, byte.options()), biased);
+  // The multiplier: 2^(127 - byte); 1 for byte 0 and 2^-127 for byte 254 (torchao's choices),
+  // NaN for a NaN block.
+  const at::Tensor exponent = biased.to(at::kFloat);
+  at::Tensor multiplier = at::exp2(kE8M0Bias - exponent);
+  multiplier = at::where(biased == 0, at::scalar_tensor(1.0f, multiplier.options()), multiplier);
+  multiplier = at::where(
+      biased == 254,
+      at::scalar_tensor(std::ldexp(1.0f, -static_cast<int>(kE8M0Bias)), multiplier.options()),
+      multiplier);
+  multiplier = at::where(biased == 255, descale, multiplier);
+  const at::Tensor data = (blocks.to(at::kFloat) * multiplier)
+                              .clamp(-kE4M3Max, kE4M3Max)
+                              .to(at::kFloat8_e4m3fn)
+                              .reshape(shape);
+  return {data, biased.squeeze(-1)};
+}
+
+}  // namespace
+
+MxTensor to_mx(const at::Tensor& x, MxScaleRule rule) {
   TITAN_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16, "MX cast of a ",
               x.scalar_type(), " tensor (float32 or bfloat16)");
   TITAN_CHECK(x.dim() >= 1 && x.size(-1) % kMxBlock == 0, "MX cast of ", x.sizes(),
               ": the last dimension must be a multiple of the block size ", kMxBlock);
   const at::Tensor blocks = blocks_of(x.contiguous());
   const at::Tensor amax = blocks.abs().amax({-1}, /*keepdim=*/true).to(at::kFloat).contiguous();
+  if (rule == MxScaleRule::kRceil) return to_mx_rceil(blocks, amax, x.sizes());
   // floor(log2(amax)) from the float32 exponent field (a subnormal or zero amax reads -127).
   const at::Tensor pow2 =
       amax.view(at::kInt).bitwise_right_shift(kFloat32MantissaBits).bitwise_and(0xFF) - kE8M0Bias;
@@ -67,8 +97,9 @@ at::Tensor from_mx(const MxTensor& t, at::ScalarType dtype) {
   return values.reshape(t.data.sizes()).to(dtype);
 }
 
-at::Tensor mx_mm_nt(const at::Tensor& a, const at::Tensor& b, at::ScalarType dtype) {
-  return at::mm(from_mx(to_mx(a)), from_mx(to_mx(b)).t()).to(dtype);
+at::Tensor mx_mm_nt(const at::Tensor& a, const at::Tensor& b, at::ScalarType dtype,
+                    MxScaleRule rule) {
+  return at::mm(from_mx(to_mx(a, rule)), from_mx(to_mx(b, rule)).t()).to(dtype);
 }
 
 namespace {
@@ -77,9 +108,11 @@ using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
 struct MxLinearFunction : public torch::autograd::Function<MxLinearFunction> {
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight) {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
+                            MxScaleRule rule) {
     ctx->save_for_backward({x, weight});
-    return mx_mm_nt(x, weight, x.scalar_type());  // (tokens, in) x (out, in)^T
+    ctx->saved_data["rule"] = static_cast<int64_t>(rule);
+    return mx_mm_nt(x, weight, x.scalar_type(), rule);  // (tokens, in) x (out, in)^T
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
@@ -87,22 +120,23 @@ struct MxLinearFunction : public torch::autograd::Function<MxLinearFunction> {
     const at::Tensor& x = saved[0];              // (tokens, in)
     const at::Tensor& weight = saved[1];         // (out, in)
     const at::Tensor g = grads[0].contiguous();  // (tokens, out)
+    const auto rule = static_cast<MxScaleRule>(ctx->saved_data["rule"].toInt());
     at::Tensor grad_x, grad_w;
     if (ctx->needs_input_grad(0)) {
       // (tokens, out) x (in, out)^T: blocks along out.
-      grad_x = mx_mm_nt(g, weight.t().contiguous(), x.scalar_type());
+      grad_x = mx_mm_nt(g, weight.t().contiguous(), x.scalar_type(), rule);
     }
     if (ctx->needs_input_grad(1)) {
       // (out, tokens) x (in, tokens)^T: blocks along the tokens.
-      grad_w = mx_mm_nt(g.t().contiguous(), x.t().contiguous(), weight.scalar_type());
+      grad_w = mx_mm_nt(g.t().contiguous(), x.t().contiguous(), weight.scalar_type(), rule);
     }
-    return {grad_x, grad_w};
+    return {grad_x, grad_w, at::Tensor()};
   }
 };
 
 }  // namespace
 
-at::Tensor mx_linear(const at::Tensor& x, const at::Tensor& weight) {
+at::Tensor mx_linear(const at::Tensor& x, const at::Tensor& weight, MxScaleRule rule) {
   TITAN_CHECK(weight.dim() == 2 && x.size(-1) == weight.size(1), "mx_linear: input ", x.sizes(),
               " and weight ", weight.sizes());
   const at::Tensor rows = x.reshape({-1, x.size(-1)});
@@ -116,7 +150,7 @@ at::Tensor mx_linear(const at::Tensor& x, const at::Tensor& weight) {
               "be a multiple of it");
   std::vector<int64_t> out_sizes = x.sizes().vec();
   out_sizes.back() = weight.size(0);
-  return MxLinearFunction::apply(rows.contiguous(), weight).view(out_sizes);
+  return MxLinearFunction::apply(rows.contiguous(), weight, rule).view(out_sizes);
 }
 
 }  // namespace titan
