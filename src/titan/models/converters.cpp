@@ -130,6 +130,8 @@ ExpertConversion convert_grouped_experts(torch::nn::Module& model, ExpertGemm ge
                          "8.9). HINT: remove \"",
                          section, "\" from model.converters, or train on such a GPU");
       out.quantization.emulate = false;
+      // ATen's float8 rowwise grouped kernel (at::_scaled_grouped_mm) is built for 9.x.
+      out.quantization.grouped = device.compute_major == 9;
     } else {
       out.quantization.emulate = true;  // the CPU: float32 products of the float8 operands
     }
@@ -283,6 +285,9 @@ void apply_model_converters(Model& model, const ModelSection& config,
                                      "float32"
                         : c.quantization.emulate
                             ? "float8 rowwise (power-of-2 scales per expert), emulated in float32"
+                        : c.quantization.grouped
+                            ? "float8 rowwise (power-of-2 scales per expert), "
+                              "at::_scaled_grouped_mm"
                             : "float8 rowwise (power-of-2 scales per expert), at::_scaled_mm per "
                               "expert";
       log_info("MoE grouped GEMMs in ", how, ": ", c.converted.size(), " MoE layers converted (",

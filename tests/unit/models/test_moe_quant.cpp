@@ -1,11 +1,14 @@
 // The MoE experts' grouped GEMMs in float8 rowwise and MXFP8 (moe.h's ExpertQuantization, the
 // quantize.grouped_mm.* converters): against torchao (a fixture written by
 // tests/e2e/mx_reference.py, run by test_mx.sh): its emulated MXFP8 grouped GEMM and its float8
-// rowwise casts per expert group, forward and both gradients; on their own, close to the high
-// precision experts, the converter's selection and refusals, and the layer taking its loop.
+// rowwise casts per expert group, forward and both gradients, for the per-expert loop and for
+// float8's one-launch form (float8_grouped.h); on their own, close to the high precision experts,
+// the converter's selection and refusals, the layer's paths; on a GPU, the kernels against their
+// emulation.
 #include "titan/checkpoint/safetensors.h"
 #include "titan/common/check.h"
 #include "titan/common/device.h"
+#include "titan/models/common/float8_grouped.h"
 #include "titan/models/common/moe.h"
 #include "titan/models/common/mx.h"
 #include "titan/models/converters.h"
@@ -105,6 +108,81 @@ TEST(MoeQuant, Float8GroupedMatchesTorchaoCasts) {
       "float8 rowwise grouped GEMM vs torchao's casts per expert group: relative error output "
       "%.1e, grad_input %.1e, grad_weight %.1e\n",
       out, gx, gw);
+}
+
+// x's groups (counts) each zero-padded to a multiple of 16 rows: the padded rows, the group ends
+// (int32) and where each row of x went.
+struct Padded {
+  at::Tensor x, offs, rows;
+};
+Padded pad_groups(const at::Tensor& x, const std::vector<int64_t>& counts) {
+  std::vector<int64_t> rows, ends;
+  int64_t start = 0, padded_start = 0;
+  for (int64_t c : counts) {
+    for (int64_t i = 0; i < c; ++i) rows.push_back(padded_start + i);
+    padded_start += (c + 15) / 16 * 16;
+    ends.push_back(padded_start);
+    start += c;
+  }
+  const at::Tensor index = at::tensor(rows, at::kLong);
+  at::Tensor xp = at::zeros({padded_start, x.size(1)}, x.options());
+  xp = xp.index_copy(0, index, x);
+  return {xp, at::tensor(ends, at::kLong).to(at::kInt), index};
+}
+
+// The one-launch form (float8_grouped.h, here with its emulated kernel): the same products as
+// torchao's float8 grouped GEMM on groups padded to 16 rows.
+TEST(MoeQuant, Float8GroupedKernelFormMatchesTorchaoCasts) {
+  const char* path = std::getenv("TITAN_MX_FIXTURE");
+  if (path == nullptr) GTEST_SKIP() << "run by tests/e2e/test_mx.sh";
+  const ckpt::SafetensorsReader file(path);
+  const std::vector<int64_t> counts = counts_of(file.read("grouped.counts"));
+  const Padded p = pad_groups(file.read("grouped_f8.x"), counts);
+  const at::Tensor xp = p.x.clone().requires_grad_(true);
+  const at::Tensor w = file.read("grouped_f8.w").requires_grad_(true);
+  const at::Tensor out = float8_grouped_mm(xp, w, p.offs, /*emulate=*/true);
+  const at::Tensor g = file.read("grouped_f8.g");
+  out.backward(at::zeros_like(out).index_copy(0, p.rows, g));
+  const double o = rel_error(out.index_select(0, p.rows), file.read("grouped_f8.out"));
+  const double gx = rel_error(xp.grad().index_select(0, p.rows), file.read("grouped_f8.grad_x"));
+  const double gw = rel_error(w.grad(), file.read("grouped_f8.grad_w"));
+  EXPECT_LT(o, 1e-6);
+  EXPECT_LT(gx, 1e-6);
+  EXPECT_LT(gw, 1e-6);
+  std::printf(
+      "float8 grouped GEMM, one-launch form (emulated kernel) vs torchao's casts: relative error "
+      "output %.1e, grad_input %.1e, grad_weight %.1e\n",
+      o, gx, gw);
+}
+
+// The layer with float8 experts through the one-launch form equals its per-expert loop: the same
+// casts and products (float32: up to summation order; bf16: the same plus one rounding).
+TEST(MoeQuant, Float8GroupedFormMatchesTheLoop) {
+  for (at::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
+    SCOPED_TRACE(c10::toString(dtype));
+    at::manual_seed(16);
+    GroupedExperts experts(4, 64, 32, dtype, /*use_grouped_mm=*/true);
+    for (auto& p : experts.parameters()) {
+      at::NoGradGuard no_grad;
+      p.set_data(at::randn(p.sizes()) * 0.1);
+    }
+    experts.quantization.gemm = ExpertGemm::kFloat8Rowwise;
+    const std::vector<int64_t> counts = {21, 0, 40, 3};
+    const at::Tensor x0 = at::randn({64, 64}).to(dtype);
+    std::vector<at::Tensor> results;
+    for (bool grouped : {false, true}) {
+      experts.quantization.grouped = grouped;
+      EXPECT_EQ(experts.groups_on_device(), grouped);
+      experts.zero_grad();
+      const at::Tensor x = x0.clone().requires_grad_(true);
+      const at::Tensor y = experts.forward(x, counts);
+      y.to(at::kFloat).square().sum().backward();
+      results.insert(results.end(), {y.detach(), x.grad(), experts.w1->weight.grad().clone(),
+                                     experts.w2->weight.grad().clone()});
+    }
+    const double tol = dtype == at::kFloat ? 1e-5 : 2e-2;
+    for (int i = 0; i < 4; ++i) EXPECT_LT(rel_error(results[4 + i], results[i]), tol) << i;
+  }
 }
 
 // Quantized, the grouped GEMM stays close to the float32 one (float8: 3 bits of mantissa, a few
@@ -263,7 +341,14 @@ TEST(MoeQuantConverter, RefusesWhatItCannotConvert) {
   hopper.compute_major = 9;
   const ExpertConversion c = convert_grouped_experts(
       *model, ExpertGemm::kFloat8Rowwise, {"experts"}, hopper, "quantize.grouped_mm.float8");
-  EXPECT_FALSE(c.quantization.emulate);  // at::_scaled_mm per expert
+  EXPECT_FALSE(c.quantization.emulate);
+  EXPECT_TRUE(c.quantization.grouped);  // at::_scaled_grouped_mm
+  DeviceInfo ada = ampere;
+  ada.compute_minor = 9;
+  const ExpertConversion per_expert = convert_grouped_experts(
+      *model, ExpertGemm::kFloat8Rowwise, {"experts"}, ada, "quantize.grouped_mm.float8");
+  EXPECT_FALSE(per_expert.quantization.emulate);
+  EXPECT_FALSE(per_expert.quantization.grouped);  // at::_scaled_mm per expert
 }
 
 // On a GPU (skipped elsewhere): float8 experts through at::_scaled_mm per expert (compute
@@ -298,7 +383,20 @@ TEST(MoeQuantCuda, ExpertGemmsOnTheGpuMatchTheirEmulation) {
   scaled.emulate = false;
   const Result kernel = on_gpu(scaled);
   EXPECT_EQ(kernel.out.scalar_type(), at::kBFloat16);
-  expect_close(kernel, on_gpu(emulated), 1e-2, "float8 _scaled_mm vs emulation");
+  const Result reference = on_gpu(emulated);
+  expect_close(kernel, reference, 1e-2, "float8 _scaled_mm vs emulation");
+  if (device_info(gpu).compute_major != 9) {
+    GTEST_SKIP() << "ATen's float8 grouped kernel is built for compute capability 9.x only";
+  }
+  // The one-launch form through at::_scaled_grouped_mm, groups padded to 16.
+  const Padded p = pad_groups(x, counts);
+  const at::Tensor xp = p.x.to(gpu).requires_grad_(true);
+  const at::Tensor w_gpu = w.to(gpu).requires_grad_(true);
+  const at::Tensor out = float8_grouped_mm(xp, w_gpu, p.offs.to(gpu), /*emulate=*/false);
+  out.backward(at::zeros_like(out).index_copy(0, p.rows.to(gpu), g.to(gpu)));
+  const Result grouped{out.detach().cpu().index_select(0, p.rows),
+                       xp.grad().cpu().index_select(0, p.rows), w_gpu.grad().cpu()};
+  expect_close(grouped, reference, 1e-2, "float8 _scaled_grouped_mm vs emulation");
 }
 
 }  // namespace test_moe_quant

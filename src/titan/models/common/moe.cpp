@@ -5,6 +5,7 @@
 #include "titan/common/cpu.h"
 #include "titan/common/host_sync.h"
 #include "titan/models/common/float8.h"
+#include "titan/models/common/float8_grouped.h"
 #include "titan/models/common/init.h"
 #include "titan/models/common/mx.h"
 #include "titan/models/common/savable_ops.h"
@@ -132,8 +133,12 @@ at::Tensor GroupedExperts::forward(const at::Tensor& x, const std::vector<int64_
 bool GroupedExperts::groups_on_device() const {
   // The grouped kernel for 16-bit compute, on CUDA and on the CPU (bench/moe_bench compares it
   // with the loop in both dtypes).
-  return use_grouped_mm && is_reduced_float(compute_dtype) &&
-         quantization.gemm == ExpertGemm::kHighPrecision;
+  switch (quantization.gemm) {
+    case ExpertGemm::kHighPrecision: return use_grouped_mm && is_reduced_float(compute_dtype);
+    case ExpertGemm::kFloat8Rowwise: return use_grouped_mm && quantization.grouped;
+    case ExpertGemm::kMxfp8: return false;
+  }
+  return false;
 }
 
 at::Tensor GroupedExperts::forward_loop(const at::Tensor& x, const std::vector<int64_t>& counts) {
@@ -233,8 +238,14 @@ at::Tensor GroupedExperts::forward_grouped(const at::Tensor& x, const at::Tensor
     const int64_t pad = (kRankAlign - b.size(2) % kRankAlign) % kRankAlign;
     return pad == 0 ? b : at::constant_pad_nd(b, {0, pad});
   };
-  at::Tensor h1 = gmm(xp, w1->weight);
-  at::Tensor h3 = gmm(xp, w3->weight);
+  // The base weights' GEMMs: float8 grouped ones when converted (groups_on_device), the adapters'
+  // in the compute dtype.
+  const auto base = [&](const at::Tensor& in, const at::Tensor& w) {
+    if (quantization.gemm == ExpertGemm::kHighPrecision) return gmm(in, w);
+    return float8_grouped_mm(in, to_compute(w, compute_dtype), offs, quantization.emulate);
+  };
+  at::Tensor h1 = base(xp, w1->weight);
+  at::Tensor h3 = base(xp, w3->weight);
   if (gate_up_adapted()) {
     const at::Tensor xa = gmm(xp, pad_a(w1->lora_a->weight));  // (rows, r), shared by w1 and w3
     h1 = h1 + gmm(xa, pad_b(w1->lora_b->weight)) * lora_scaling;
@@ -252,7 +263,7 @@ at::Tensor GroupedExperts::forward_grouped(const at::Tensor& x, const at::Tensor
         h3 + to_compute(b3->weight, compute_dtype).index_select(0, row_expert).to(h3.scalar_type());
   }
   const at::Tensor h = activate(h1, h3);
-  at::Tensor out = gmm(h, w2->weight);
+  at::Tensor out = base(h, w2->weight);
   if (down_adapted()) {
     out = out + gmm(gmm(h, pad_a(w2->lora_a->weight)), pad_b(w2->lora_b->weight)) * lora_scaling;
   }

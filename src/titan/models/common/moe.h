@@ -110,6 +110,9 @@ struct ExpertQuantization {
   // Float8: float32 products of the dequantized operands instead of at::_scaled_mm. MXFP8 is
   // emulated everywhere.
   bool emulate = true;
+  // Float8: one scaled grouped GEMM per weight for all experts (float8_grouped.h; the same
+  // numbers) instead of one GEMM per expert. Set on GPUs with ATen's float8 grouped kernel.
+  bool grouped = false;
 };
 const char* expert_gemm_name(ExpertGemm gemm);
 
@@ -140,8 +143,8 @@ class GroupedExperts : public torch::nn::Module {
 
   // The two implementations forward picks between: one GEMM per expert with tokens, or one
   // grouped GEMM per weight (at::_grouped_mm; groups padded to 16 rows). forward uses the grouped
-  // one when use_grouped_mm is set and the compute dtype is 16-bit (CUDA or CPU), and the loop
-  // whenever the experts are quantized (`quantization`).
+  // one when use_grouped_mm is set and the compute dtype is 16-bit (CUDA or CPU); quantized
+  // experts (`quantization`) take the loop, or float8's grouped kernels where they are set.
   at::Tensor forward_loop(const at::Tensor& x, const std::vector<int64_t>& counts);
   at::Tensor forward_grouped(const at::Tensor& x, const std::vector<int64_t>& counts);
   // The grouped GEMMs with the counts as a (experts) int64 tensor on x's device: the padding and
