@@ -23,7 +23,7 @@ build_dir="${TITAN_BUILD_DIR:-$root/build}"
 # nftables' nft drops a share of its packets there, and where the kernel lacks netem, iptables
 # sends them through an NFQUEUE that the build's netdelay (libnetfilter-queue) holds a while.
 # zlib and zstd read compressed JSON-lines datasets (.jsonl.gz, .jsonl.zst); the zstd command
-# writes the tests' fixtures.
+# writes the tests' fixtures. libpng and libjpeg-turbo decode the image datasets' PNG and JPEG.
 packages=(
   build-essential cmake ninja-build pkg-config
   libgloo-dev
@@ -32,6 +32,7 @@ packages=(
   clang libclang-rt-14-dev clang-format
   iproute2 nftables iptables libnetfilter-queue-dev
   zlib1g-dev libzstd-dev zstd
+  libpng-dev libjpeg62-turbo-dev
 )
 
 missing=()

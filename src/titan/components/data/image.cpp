@@ -1,0 +1,234 @@
+// PNG and JPEG decoding (see image.h). libpng and libjpeg report errors through longjmp: each
+// decoder's setjmp frame holds only plain data (no object with a destructor is created after
+// it), and the C++ error is thrown once back in ordinary code.
+#include "titan/components/data/image.h"
+
+#include "titan/common/check.h"
+#include "titan/common/format.h"
+
+#include <cstring>
+#include <vector>
+
+#ifndef TITAN_HAS_IMAGE_CODECS
+#define TITAN_HAS_IMAGE_CODECS 0
+#endif
+
+#if TITAN_HAS_IMAGE_CODECS
+#include <csetjmp>
+#include <cstdio>
+
+#include <jpeglib.h>
+#include <png.h>
+#endif
+
+namespace titan {
+
+bool image_codecs_built() { return TITAN_HAS_IMAGE_CODECS != 0; }
+
+ImageFormat sniff_image_format(std::string_view bytes) {
+  static const unsigned char kPng[8] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1a, '\n'};
+  if (bytes.size() >= 8 && std::memcmp(bytes.data(), kPng, 8) == 0) return ImageFormat::kPng;
+  if (bytes.size() >= 3 && static_cast<unsigned char>(bytes[0]) == 0xFF &&
+      static_cast<unsigned char>(bytes[1]) == 0xD8 &&
+      static_cast<unsigned char>(bytes[2]) == 0xFF) {
+    return ImageFormat::kJpeg;
+  }
+  return ImageFormat::kUnknown;
+}
+
+#if TITAN_HAS_IMAGE_CODECS
+namespace {
+
+// The largest image read: 2^27 pixels (384 MiB of RGB), so that a header cannot ask for more
+// memory than a training image needs.
+constexpr int64_t kMaxPixels = int64_t{1} << 27;
+
+bool too_large(int64_t width, int64_t height, char* error, size_t size) {
+  if (width * height <= kMaxPixels) return false;
+  std::snprintf(error, size, "%lld x %lld pixels, more than the %lld this reader takes",
+                static_cast<long long>(width), static_cast<long long>(height),
+                static_cast<long long>(kMaxPixels));
+  return true;
+}
+
+// What a decoder hands back: the RGB rows, or an error text with the offset reached (-1: unknown).
+struct Decoded {
+  std::vector<uint8_t> rgb;
+  int64_t width = 0, height = 0;
+  char error[JMSG_LENGTH_MAX + 64] = {0};
+  int64_t offset = -1;  // the byte offset reached, -1 if unknown
+  int64_t left = -1;    // JPEG: the bytes the source had not handed over yet
+};
+
+// ---- PNG ----
+
+struct PngReader {
+  const unsigned char* data;
+  size_t size;
+  size_t pos;
+  Decoded* out;
+  jmp_buf jump;
+};
+
+void png_read_from_memory(png_structp png, png_bytep dest, png_size_t length) {
+  auto* r = static_cast<PngReader*>(png_get_io_ptr(png));
+  if (length > r->size - r->pos) png_error(png, "the file ends early (truncated)");
+  std::memcpy(dest, r->data + r->pos, length);
+  r->pos += length;
+}
+
+void png_on_error(png_structp png, png_const_charp text) {
+  auto* r = static_cast<PngReader*>(png_get_error_ptr(png));
+  std::snprintf(r->out->error, sizeof(r->out->error), "%s", text);
+  r->out->offset = static_cast<int64_t>(r->pos);
+  std::longjmp(r->jump, 1);
+}
+
+void png_on_warning(png_structp, png_const_charp) {}  // as Pillow: warnings do not stop it
+
+void decode_png(const unsigned char* data, size_t size, Decoded* out) {
+  PngReader reader{data, size, 0, out, {}};
+  png_structp png =
+      png_create_read_struct(PNG_LIBPNG_VER_STRING, &reader, png_on_error, png_on_warning);
+  png_infop info = png == nullptr ? nullptr : png_create_info_struct(png);
+  if (png == nullptr || info == nullptr) {
+    std::snprintf(out->error, sizeof(out->error), "libpng could not start (out of memory)");
+    png_destroy_read_struct(&png, &info, nullptr);
+    return;
+  }
+  std::vector<png_bytep> rows;  // created before the jump point: always destroyed
+  if (setjmp(reader.jump)) {
+    png_destroy_read_struct(&png, &info, nullptr);
+    return;
+  }
+  png_set_read_fn(png, &reader, png_read_from_memory);
+  png_read_info(png, info);
+  const png_uint_32 width = png_get_image_width(png, info);
+  const png_uint_32 height = png_get_image_height(png, info);
+  const int depth = png_get_bit_depth(png, info);
+  const int color = png_get_color_type(png, info);
+  if (too_large(width, height, out->error, sizeof(out->error))) {
+    png_destroy_read_struct(&png, &info, nullptr);
+    return;
+  }
+  if (color == PNG_COLOR_TYPE_PALETTE) png_set_palette_to_rgb(png);
+  if (color == PNG_COLOR_TYPE_GRAY && depth < 8) png_set_expand_gray_1_2_4_to_8(png);
+  if (depth == 16) png_set_strip_16(png);  // the high byte, as Pillow keeps
+  // An alpha channel, or a palette's transparency (which the expansion above turns into one).
+  if ((color & PNG_COLOR_MASK_ALPHA) || png_get_valid(png, info, PNG_INFO_tRNS)) {
+    png_set_strip_alpha(png);
+  }
+  if (color == PNG_COLOR_TYPE_GRAY || color == PNG_COLOR_TYPE_GRAY_ALPHA) png_set_gray_to_rgb(png);
+  png_set_interlace_handling(png);
+  png_read_update_info(png, info);
+  if (png_get_rowbytes(png, info) != static_cast<size_t>(width) * 3) {
+    png_error(png, "unexpected row layout after the RGB transforms");
+  }
+  out->width = width;
+  out->height = height;
+  out->rgb.resize(static_cast<size_t>(width) * height * 3);
+  rows.resize(height);
+  for (png_uint_32 y = 0; y < height; ++y)
+    rows[y] = out->rgb.data() + static_cast<size_t>(y) * width * 3;
+  png_read_image(png, rows.data());
+  png_read_end(png, nullptr);
+  png_destroy_read_struct(&png, &info, nullptr);
+}
+
+// ---- JPEG ----
+
+struct JpegError {
+  jpeg_error_mgr mgr;
+  jmp_buf jump;
+  Decoded* out;
+};
+
+void jpeg_on_error(j_common_ptr cinfo) {
+  auto* e = reinterpret_cast<JpegError*>(cinfo->err);
+  char text[JMSG_LENGTH_MAX];
+  (*cinfo->err->format_message)(cinfo, text);
+  std::snprintf(e->out->error, sizeof(e->out->error), "%s", text);
+  auto* d = reinterpret_cast<j_decompress_ptr>(cinfo);
+  if (d->src != nullptr) e->out->left = static_cast<int64_t>(d->src->bytes_in_buffer);
+  std::longjmp(e->jump, 1);
+}
+
+// Warnings (level -1: corrupt data libjpeg would paper over, e.g. a premature end) are errors.
+void jpeg_on_message(j_common_ptr cinfo, int level) {
+  if (level < 0) jpeg_on_error(cinfo);
+}
+
+void decode_jpeg(const unsigned char* data, size_t size, Decoded* out) {
+  jpeg_decompress_struct cinfo;
+  JpegError err;
+  err.out = out;
+  cinfo.err = jpeg_std_error(&err.mgr);
+  err.mgr.error_exit = jpeg_on_error;
+  err.mgr.emit_message = jpeg_on_message;
+  if (setjmp(err.jump)) {
+    if (out->left >= 0) out->offset = static_cast<int64_t>(size) - out->left;
+    jpeg_destroy_decompress(&cinfo);
+    return;
+  }
+  jpeg_create_decompress(&cinfo);
+  jpeg_mem_src(&cinfo, data, static_cast<unsigned long>(size));
+  jpeg_read_header(&cinfo, TRUE);
+  if (cinfo.jpeg_color_space == JCS_CMYK || cinfo.jpeg_color_space == JCS_YCCK) {
+    std::snprintf(out->error, sizeof(out->error),
+                  "a CMYK JPEG (only RGB, YCbCr and grayscale JPEGs are read)");
+    jpeg_destroy_decompress(&cinfo);
+    return;
+  }
+  if (too_large(cinfo.image_width, cinfo.image_height, out->error, sizeof(out->error))) {
+    jpeg_destroy_decompress(&cinfo);
+    return;
+  }
+  cinfo.out_color_space = JCS_RGB;
+  jpeg_start_decompress(&cinfo);
+  out->width = cinfo.output_width;
+  out->height = cinfo.output_height;
+  out->rgb.resize(static_cast<size_t>(out->width) * out->height * 3);
+  while (cinfo.output_scanline < cinfo.output_height) {
+    JSAMPROW row = out->rgb.data() + static_cast<size_t>(cinfo.output_scanline) * out->width * 3;
+    jpeg_read_scanlines(&cinfo, &row, 1);
+  }
+  jpeg_finish_decompress(&cinfo);
+  jpeg_destroy_decompress(&cinfo);
+}
+
+}  // namespace
+#endif
+
+at::Tensor decode_image(std::string_view bytes, const std::string& origin) {
+  const ImageFormat format = sniff_image_format(bytes);
+  if (format == ImageFormat::kUnknown) {
+    throw DataError(message(origin, ": not a PNG or JPEG image (", bytes.size(),
+                            " bytes; neither signature at offset 0)"));
+  }
+  const char* name = format == ImageFormat::kPng ? "PNG" : "JPEG";
+#if TITAN_HAS_IMAGE_CODECS
+  Decoded out;
+  const auto* data = reinterpret_cast<const unsigned char*>(bytes.data());
+  if (format == ImageFormat::kPng) {
+    decode_png(data, bytes.size(), &out);
+  } else {
+    decode_jpeg(data, bytes.size(), &out);
+  }
+  if (out.error[0] != '\0') {
+    throw DataError(message(
+        origin, ": corrupt ", name, " image: ", out.error,
+        out.offset >= 0 ? message(" (at byte offset ", out.offset, " of ", bytes.size(), ")")
+                        : std::string()));
+  }
+  at::Tensor hwc = at::empty({out.height, out.width, 3}, at::kByte);
+  std::memcpy(hwc.data_ptr<uint8_t>(), out.rgb.data(), out.rgb.size());
+  return hwc.permute({2, 0, 1}).contiguous();
+#else
+  throw DataError(message(origin, ": a ", name,
+                          " image, and this build decodes no images (libpng and libjpeg-turbo "
+                          "were not found when it was configured). HINT: run scripts/setup.sh "
+                          "(apt-get install libpng-dev libjpeg62-turbo-dev) and rebuild"));
+#endif
+}
+
+}  // namespace titan

@@ -1,0 +1,71 @@
+"""PNG and JPEG files written by the pinned Pillow, with the RGB pixels Pillow decodes from each
+(Image.open(f).convert("RGB")), for test_images.sh: titan's decoder (components/data/image.h,
+unit test Image.MatchesPillow) must give the same bytes. Also corrupt files (truncated, garbage)
+and a CMYK JPEG, which titan refuses.
+
+  image_reference.py OUT_DIR       writes OUT_DIR/<case>.<png|jpg>, OUT_DIR/<case>.rgb (Pillow's
+                                   pixels, height x width x 3 bytes) and OUT_DIR/manifest.txt
+                                   (a line per case: file, width, height)
+"""
+import io
+import os
+import sys
+
+import numpy as np
+from PIL import Image
+
+
+def picture(width, height, seed):
+    """Smooth gradients with edges and noise: the kinds of content JPEG's stages treat apart."""
+    rng = np.random.default_rng(seed)
+    y, x = np.mgrid[0:height, 0:width].astype(np.float64)
+    r = 127 + 120 * np.sin(x / 7.0 + seed)
+    g = 127 + 120 * np.cos(y / 5.0 - seed)
+    b = np.where((x // 8 + y // 8) % 2 == 0, 230.0, 25.0)
+    rgb = np.stack([r, g, b], -1) + rng.normal(0, 12, (height, width, 3))
+    return Image.fromarray(np.clip(rgb, 0, 255).astype(np.uint8), "RGB")
+
+
+def main(out):
+    os.makedirs(out, exist_ok=True)
+    base = picture(37, 23, 1)
+    cases = {}
+    cases["png_rgb.png"] = (base, {})
+    rgba = base.copy()
+    rgba.putalpha(Image.linear_gradient("L").resize(base.size))
+    cases["png_rgba.png"] = (rgba, {})
+    cases["png_gray.png"] = (base.convert("L"), {})
+    cases["png_gray_alpha.png"] = (rgba.convert("LA"), {})
+    cases["png_bilevel.png"] = (base.convert("1"), {})
+    palette = base.convert("P", palette=Image.Palette.ADAPTIVE, colors=16)
+    cases["png_palette.png"] = (palette, {"transparency": 3})
+    big = picture(64, 48, 2)
+    cases["jpeg_420.jpg"] = (big, {"quality": 90})
+    cases["jpeg_444.jpg"] = (big, {"quality": 95, "subsampling": 0})
+    cases["jpeg_422_odd.jpg"] = (picture(33, 21, 3), {"quality": 75, "subsampling": 1})
+    cases["jpeg_gray.jpg"] = (big.convert("L"), {"quality": 85})
+    cases["jpeg_progressive.jpg"] = (big, {"quality": 80, "progressive": True})
+    manifest = []
+    for name, (image, options) in cases.items():
+        path = os.path.join(out, name)
+        image.save(path, **options)
+        with Image.open(path) as back:
+            rgb = np.ascontiguousarray(np.asarray(back.convert("RGB")))
+        open(path + ".rgb", "wb").write(rgb.tobytes())
+        manifest.append(f"{name} {rgb.shape[1]} {rgb.shape[0]}\n")
+    big.convert("CMYK").save(os.path.join(out, "cmyk.jpg"), quality=90)
+    # Corrupt files: the first half of a PNG and of a JPEG, and bytes that are neither.
+    for name in ("png_rgb.png", "jpeg_420.jpg"):
+        data = open(os.path.join(out, name), "rb").read()
+        open(os.path.join(out, "truncated_" + name), "wb").write(data[: len(data) // 2])
+    png = bytearray(open(os.path.join(out, "png_rgb.png"), "rb").read())
+    png[60] ^= 0xFF  # inside the image data: its CRC no longer matches
+    open(os.path.join(out, "crc_png_rgb.png"), "wb").write(bytes(png))
+    open(os.path.join(out, "garbage.png"), "wb").write(b"GIF89a not an image we read")
+    open(os.path.join(out, "manifest.txt"), "w").write("".join(manifest))
+    import PIL
+    print(f"Pillow {PIL.__version__}: {len(cases)} images written to {out}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
