@@ -1,10 +1,12 @@
 // Image decoding (components/data/image.h): PNG and JPEG files written by Pillow decode to the
 // bytes Pillow decodes from them (a fixture folder written by tests/e2e/image_reference.py, run
 // by test_images.sh); corrupt, truncated and CMYK files are refused naming the file (and the byte
-// offset reached); formats are told by their signatures.
+// offset reached); formats are told by their signatures. The transforms (image_transforms.h):
+// Pillow's bicubic resize and TorchTitan's FLUX preprocessing, bit for bit.
 #include "titan/common/check.h"
 #include "titan/common/file_io.h"
 #include "titan/components/data/image.h"
+#include "titan/components/data/image_transforms.h"
 
 #include "../test_util.h"
 
@@ -12,6 +14,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <string>
 
@@ -89,6 +92,71 @@ TEST(Image, SniffsFormatsBySignature) {
   } catch (const DataError& e) {
     EXPECT_TRUE(test::contains(e.what(), "x.bmp: not a PNG or JPEG image (23 bytes")) << e.what();
   }
+}
+
+at::Tensor decode_fixture(const std::string& name) {
+  const std::string path = std::string(fixture()) + "/" + name;
+  return decode_image(read_regular_file(path, "image"), path);
+}
+
+// Pillow's bicubic resize, shrinking (with its antialiasing), enlarging, one axis at a time and
+// down to one pixel: the same bytes.
+TEST(ImageTransforms, ResizeMatchesPillow) {
+  if (fixture() == nullptr) GTEST_SKIP() << "run by tests/e2e/test_images.sh";
+  if (!image_codecs_built()) GTEST_SKIP() << "built without libpng / libjpeg-turbo";
+  std::ifstream list(std::string(fixture()) + "/resize.txt");
+  std::string source, target;
+  int64_t width = 0, height = 0, cases = 0;
+  while (list >> source >> width >> height >> target) {
+    SCOPED_TRACE(target);
+    const at::Tensor got =
+        resize_bicubic(decode_fixture(source), width, height).permute({1, 2, 0}).contiguous();
+    const std::string want = read_regular_file(std::string(fixture()) + "/" + target, "pixels");
+    ASSERT_EQ(static_cast<size_t>(got.numel()), want.size());
+    EXPECT_EQ(std::memcmp(got.data_ptr<uint8_t>(), want.data(), want.size()), 0);
+    ++cases;
+  }
+  EXPECT_EQ(cases, 11);
+  std::printf("bicubic resize vs Pillow: %lld sizes, every byte equal\n",
+              static_cast<long long>(cases));
+}
+
+// TorchTitan's FLUX preprocessing (resize the shorter side, crop a square at an offset along the
+// longer, scale to [-1, 1]): the same float32 values.
+TEST(ImageTransforms, FluxPreprocessMatchesTorchTitan) {
+  if (fixture() == nullptr) GTEST_SKIP() << "run by tests/e2e/test_images.sh";
+  if (!image_codecs_built()) GTEST_SKIP() << "built without libpng / libjpeg-turbo";
+  std::ifstream list(std::string(fixture()) + "/flux.txt");
+  std::string source, target;
+  int64_t size = 0, offset = 0, cases = 0;
+  while (list >> source >> size >> offset >> target) {
+    SCOPED_TRACE(target);
+    const std::optional<at::Tensor> got = flux_preprocess(decode_fixture(source), size, offset);
+    ASSERT_TRUE(got.has_value());
+    ASSERT_EQ(got->sizes(), (at::IntArrayRef{3, size, size}));
+    const std::string want = read_regular_file(std::string(fixture()) + "/" + target, "values");
+    ASSERT_EQ(static_cast<size_t>(got->numel()) * sizeof(float), want.size());
+    EXPECT_EQ(std::memcmp(got->data_ptr<float>(), want.data(), want.size()), 0);
+    ++cases;
+  }
+  EXPECT_EQ(cases, 4);
+  std::printf("FLUX preprocessing vs TorchTitan's: %lld crops, every value equal\n",
+              static_cast<long long>(cases));
+}
+
+TEST(ImageTransforms, FluxSkipsSmallImagesAndBoundsTheOffset) {
+  const at::Tensor image = at::randint(0, 256, {3, 40, 70}, at::kByte);
+  EXPECT_FALSE(flux_preprocess(image, 48, 0).has_value());  // 40 < 48: skipped
+  EXPECT_EQ(flux_crop_choices(70, 40, 48), 0);
+  EXPECT_EQ(flux_crop_choices(70, 40, 32), 56 - 32 + 1);  // ceil(32 / 40 * 70) = 56
+  EXPECT_EQ(flux_crop_choices(40, 40, 40), 1);
+  const std::optional<at::Tensor> out = flux_preprocess(image, 32, 24);
+  ASSERT_TRUE(out.has_value());
+  EXPECT_GE(out->min().item<float>(), -1.0f);
+  EXPECT_LE(out->max().item<float>(), 1.0f);
+  EXPECT_THROW(flux_preprocess(image, 32, 25), c10::Error);
+  // The same size: no resampling at all.
+  EXPECT_TRUE(at::equal(resize_bicubic(image, 70, 40), image));
 }
 
 }  // namespace test_image
