@@ -8,6 +8,7 @@ preprocessing (flux.txt) of PNG sources, for image_transforms.h.
                                    pixels, height x width x 3 bytes) and OUT_DIR/manifest.txt
                                    (a line per case: file, width, height)
 """
+import json
 import math
 import os
 import sys
@@ -86,6 +87,36 @@ def flux(out):
     open(os.path.join(out, "flux.txt"), "w").write("".join(lines))
 
 
+def datasets(out):
+    """Image-caption datasets: dataset/captions.jsonl (paths into the folder; row 3's file is
+    missing, row 4's truncated), hf.parquet (Hugging Face's Image feature: a struct of bytes and
+    path) and raw.parquet (a binary column), each row's image one of the PNG or JPEG files above."""
+    import shutil
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    folder = os.path.join(out, "dataset")
+    os.makedirs(os.path.join(folder, "sub"), exist_ok=True)
+    shutil.copy(os.path.join(out, "png_rgb.png"), os.path.join(folder, "a.png"))
+    shutil.copy(os.path.join(out, "jpeg_420.jpg"), os.path.join(folder, "sub", "b.jpg"))
+    shutil.copy(os.path.join(out, "truncated_png_rgb.png"), os.path.join(folder, "bad.png"))
+    rows = [{"image": "a.png", "caption": "first"}, {"image": "sub/b.jpg", "caption": "second"},
+            {"image": "missing.png", "caption": "third"}, {"image": "bad.png", "caption": "fourth"},
+            {"image": "a.png", "caption": "fifth"}]
+    with open(os.path.join(folder, "captions.jsonl"), "w") as f:
+        for row in rows:
+            f.write(json.dumps(row) + "\n")
+    images = [open(os.path.join(out, name), "rb").read() for name in ("jpeg_444.jpg", "png_palette.png")]
+    captions = ["a jpeg", "a palette png"]
+    image_type = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
+    hf = pa.table({"image": pa.array([{"bytes": b, "path": None} for b in images], image_type),
+                   "caption": captions})
+    pq.write_table(hf, os.path.join(out, "hf.parquet"))
+    raw = pa.table({"image": pa.array(images, pa.binary()), "caption": captions})
+    pq.write_table(raw, os.path.join(out, "raw.parquet"))
+
+
 def main(out):
     os.makedirs(out, exist_ok=True)
     base = picture(37, 23, 1)
@@ -125,6 +156,7 @@ def main(out):
     open(os.path.join(out, "manifest.txt"), "w").write("".join(manifest))
     resizes(out)
     flux(out)
+    datasets(out)
     import PIL
     print(f"Pillow {PIL.__version__}: {len(cases)} images written to {out}")
 

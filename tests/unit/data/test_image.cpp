@@ -6,6 +6,7 @@
 #include "titan/common/check.h"
 #include "titan/common/file_io.h"
 #include "titan/components/data/image.h"
+#include "titan/components/data/image_dataset.h"
 #include "titan/components/data/image_transforms.h"
 
 #include "../test_util.h"
@@ -157,6 +158,75 @@ TEST(ImageTransforms, FluxSkipsSmallImagesAndBoundsTheOffset) {
   EXPECT_THROW(flux_preprocess(image, 32, 25), c10::Error);
   // The same size: no resampling at all.
   EXPECT_TRUE(at::equal(resize_bicubic(image, 70, 40), image));
+}
+
+// A folder of images with a captions sidecar: rows decode with their captions; a missing and a
+// truncated image stop a read naming the row and the file, or are skipped (and counted) when
+// allowed.
+TEST(ImageDataset, ReadsAFolderWithACaptionsSidecar) {
+  if (fixture() == nullptr) GTEST_SKIP() << "run by tests/e2e/test_images.sh";
+  if (!image_codecs_built()) GTEST_SKIP() << "built without libpng / libjpeg-turbo";
+  const std::string dir = std::string(fixture()) + "/dataset";
+  const ImageCaptionSource source(dir);
+  ASSERT_EQ(source.size(), 5);
+  const ImageCaption first = source.get(0);
+  EXPECT_EQ(first.caption, "first");
+  EXPECT_TRUE(at::equal(first.image, decode_fixture("png_rgb.png")));
+  EXPECT_TRUE(at::equal(source.get(1).image, decode_fixture("jpeg_420.jpg")));  // sub/b.jpg
+  const auto refusal = [&](int64_t row) -> std::string {
+    try {
+      source.get(row);
+    } catch (const DataError& e) {
+      return e.what();
+    }
+    return "(no error)";
+  };
+  EXPECT_TRUE(test::contains(refusal(2), "captions.jsonl:3: image file ")) << refusal(2);
+  EXPECT_TRUE(test::contains(refusal(2), "missing.png does not exist")) << refusal(2);
+  EXPECT_TRUE(test::contains(refusal(3), "captions.jsonl:4 (")) << refusal(3);
+  EXPECT_TRUE(test::contains(refusal(3), "bad.png): corrupt PNG image")) << refusal(3);
+  EXPECT_THROW(source.next_readable(2, /*skip_unreadable=*/false), DataError);
+  int64_t skipped = 0;
+  const auto [row, sample] = source.next_readable(2, /*skip_unreadable=*/true, &skipped);
+  EXPECT_EQ(row, 4);
+  EXPECT_EQ(sample.caption, "fifth");
+  EXPECT_EQ(skipped, 2);
+}
+
+// Parquet rows with the image's bytes: Hugging Face's Image feature (a struct of bytes and path)
+// and a plain binary column.
+TEST(ImageDataset, ReadsImageBytesFromParquet) {
+  if (fixture() == nullptr) GTEST_SKIP() << "run by tests/e2e/test_images.sh";
+  if (!image_codecs_built()) GTEST_SKIP() << "built without libpng / libjpeg-turbo";
+  for (const char* file : {"hf.parquet", "raw.parquet"}) {
+    SCOPED_TRACE(file);
+    const ImageCaptionSource source(std::string(fixture()) + "/" + file);
+    ASSERT_EQ(source.size(), 2);
+    EXPECT_TRUE(at::equal(source.get(0).image, decode_fixture("jpeg_444.jpg")));
+    EXPECT_EQ(source.get(1).caption, "a palette png");
+    EXPECT_TRUE(at::equal(source.get(1).image, decode_fixture("png_palette.png")));
+  }
+  ImageDatasetOptions other;
+  other.caption_field = "text";
+  const ImageCaptionSource wrong(std::string(fixture()) + "/raw.parquet", other);
+  try {
+    wrong.get(0);
+    FAIL() << "expected DataError";
+  } catch (const DataError& e) {
+    EXPECT_TRUE(test::contains(e.what(), "raw.parquet row 0: no \"text\" field")) << e.what();
+  }
+}
+
+TEST(ImageDataset, ShapesAreTheBuiltInSet) {
+  ImageDatasetOptions options;
+  options.shapes_size = 24;
+  options.shapes_count = 50;
+  const ImageCaptionSource source("shapes", options);
+  EXPECT_EQ(source.size(), 50);
+  const ImageCaption s = source.get(7);
+  EXPECT_EQ(s.image.sizes(), (at::IntArrayRef{3, 24, 24}));
+  EXPECT_EQ(s.caption, ShapesDataset(24, 0).get(7).caption);
+  EXPECT_EQ(s.origin, "shapes sample 7");
 }
 
 }  // namespace test_image
