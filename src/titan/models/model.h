@@ -159,6 +159,10 @@ struct ForwardInputs {
   // validation).
   at::Tensor targets;
   std::vector<AuxiliaryLoss>* auxiliary_losses = nullptr;
+  // What conditions a model that is not a token decoder, by name: a diffusion transformer's
+  // text features, positions and timesteps (models/flux/model.h lists FLUX's). A token decoder
+  // ignores it; a model that needs an entry refuses a forward without it, naming the entry.
+  std::map<std::string, at::Tensor> conditioning;
 };
 
 // A trainable decoder: forward(tokens (bs, seqlen) int64) -> logits (bs, seqlen, vocab) float32.
