@@ -13,6 +13,7 @@ import os
 import torch
 from diffusers import AutoencoderKL, FluxTransformer2DModel
 from safetensors.torch import save_file
+from transformers import CLIPTextConfig, CLIPTextModel, T5Config, T5EncoderModel
 
 
 def image_ids(rows, cols):
@@ -100,6 +101,52 @@ def write_vae(out_dir, seed):
     save_file({k: v.contiguous() for k, v in io.items()}, os.path.join(out_dir, "io.safetensors"))
 
 
+def randomize(model, std):
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0.0, std)
+
+
+def write_t5(out_dir, seed):
+    """A tiny T5 v1.1 encoder (gated GELU, relative position buckets reaching past the
+    sequence) and its last hidden state for two sequences of 20 tokens."""
+    torch.manual_seed(seed)
+    config = T5Config(vocab_size=50, d_model=16, d_kv=4, d_ff=24, num_layers=2, num_heads=4,
+                      relative_attention_num_buckets=8, relative_attention_max_distance=12,
+                      feed_forward_proj="gated-gelu", dropout_rate=0.0)
+    model = T5EncoderModel(config).eval()
+    randomize(model, 0.3)
+    model.save_pretrained(out_dir)
+    ids = torch.randint(0, 50, (2, 20))
+    with torch.no_grad():
+        hidden = model(input_ids=ids).last_hidden_state
+    save_file({"ids": ids, "last_hidden_state": hidden}, os.path.join(out_dir, "io.safetensors"))
+
+
+def write_clip(out_dir, seed, eos_token_id):
+    """A tiny CLIPTextModel (quick GELU, causal) and its hidden states and pooled output; with
+    eos_token_id 2 (transformers' legacy value) the pooled position is the largest id's,
+    otherwise the first end-of-text token's."""
+    torch.manual_seed(seed)
+    config = CLIPTextConfig(vocab_size=60, hidden_size=16, intermediate_size=32,
+                            num_hidden_layers=2, num_attention_heads=2,
+                            max_position_embeddings=16, hidden_act="quick_gelu",
+                            eos_token_id=eos_token_id)
+    model = CLIPTextModel(config).eval()
+    randomize(model, 0.3)
+    model.save_pretrained(out_dir)
+    # Ids below the end-of-text token but for one id above it (59, the vocabulary's last),
+    # which the legacy rule's argmax picks and the eos rule passes over.
+    ids = torch.randint(3, 40, (2, 10))
+    ids[:, 8] = 59
+    ids[0, 6] = eos_token_id
+    ids[1, 3] = eos_token_id
+    with torch.no_grad():
+        out = model(input_ids=ids)
+    save_file({"ids": ids, "last_hidden_state": out.last_hidden_state,
+               "pooled": out.pooler_output}, os.path.join(out_dir, "io.safetensors"))
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("out_dir")
@@ -108,6 +155,9 @@ def main():
     for name, guidance in (("schnell", False), ("dev", True)):
         write(os.path.join(args.out_dir, name), guidance, args.seed)
     write_vae(os.path.join(args.out_dir, "vae"), args.seed)
+    write_t5(os.path.join(args.out_dir, "t5"), args.seed)
+    write_clip(os.path.join(args.out_dir, "clip_legacy"), args.seed, eos_token_id=2)
+    write_clip(os.path.join(args.out_dir, "clip"), args.seed, eos_token_id=45)
 
 
 if __name__ == "__main__":
