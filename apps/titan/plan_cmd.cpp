@@ -311,6 +311,14 @@ int run_plan(const std::vector<std::string>& args) {
   request.config = parse_job_config(f.config_args);
   const ModelSpec& spec = get_model_spec(request.config.model.name);
   check_flavor(spec, request.config.model.flavor);
+  if (spec.objective != ModelObjective::kNextToken) {
+    throw ConfigError(
+        message("titan plan's cost and memory models are a token decoder's; the "
+                "flow-matching model '",
+                spec.name,
+                "' has none yet. HINT: train it "
+                "with FSDP or HSDP over the devices (its only parallelisms)"));
+  }
   request.nodes = f.nodes;
   request.gpus_per_node =
       f.gpus_per_node > 0

@@ -76,6 +76,14 @@ int run_inspect(const std::vector<std::string>& args) {
   if (config.job.print_config) std::fputs(render_config_toml(config).c_str(), stdout);
   const ModelSpec& spec = get_model_spec(config.model.name);
   check_flavor(spec, config.model.flavor);
+  if (spec.objective != ModelObjective::kNextToken) {
+    throw ConfigError(message(
+        "titan inspect's memory model is a token decoder's; the "
+        "flow-matching model '",
+        spec.name, "' (", config.model.flavor, ": ", spec.describe_flavor(config.model.flavor),
+        ", ", with_commas(spec.describe(config.model.flavor, 1, 1, at::kFloat).n_params),
+        " parameters) has none yet"));
+  }
   const auto& t = config.training;
   const at::ScalarType dtype = training_compute_dtype(t);
   const ModelStats s = spec.describe(config.model.flavor, t.local_batch_size, t.seq_len, dtype);

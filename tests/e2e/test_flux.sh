@@ -20,4 +20,69 @@ grep "vs diffusers FluxTransformer2DModel" "$WORK/out"
 grep -q "t5 encoder vs transformers T5EncoderModel" "$WORK/out" || fail "no T5 comparison"
 [ "$(grep -c "vs transformers CLIPTextModel" "$WORK/out")" = 4 ] ||
   fail "expected CLIP's hidden states and pooled outputs under both end-of-text rules"
-echo "PASS test_flux"
+echo "PASS test_flux (diffusers and transformers references)"
+
+# Training (flow matching on the procedural shapes, training.test_mode: random encoders): the
+# debug model's loss falls; FSDP 2 and DDP 2 reproduce the one-process run (losses, validation
+# losses, final parameters); a resumed run reproduces the steps after its checkpoint; refusals.
+cfg=(--job.config_file configs/flux/debug_model.toml --training.mixed_precision_param float32
+  --metrics.log_freq 1 --metrics.peak_flops 1e12)
+short=("${cfg[@]}" --training.steps 10 --validation.freq 5 --validation.steps 1 --debug.seed 7
+  --training.global_batch_size 8 --checkpoint.enable true --checkpoint.interval 5
+  --checkpoint.last_save_model_only false)
+flux_train() {  # flux_train NAME NPROC ARGS...
+  local name="$1" n="$2"; shift 2
+  local cmd=("$TITAN" train)
+  [ "$n" = 1 ] || cmd=("$TITAN" run --nproc_per_node "$n" -- train)
+  expect_exit 0 timeout 300 "${cmd[@]}" --job.dump_folder "$WORK/$name" "$@"
+  cp "$WORK/out" "$WORK/$name.log"
+}
+values() { grep "\"$2\":" "$WORK/$1/metrics.jsonl" | sed -E "s/.*\"$2\":(-?[0-9.eE+-]+).*/\1/"; }
+same_values() {  # same_values REF NAME KEY TOL
+  paste -d' ' <(values "$1" "$3") <(values "$2" "$3") | awk -v n="$2" -v k="$3" -v tol="$4" '
+    NF != 2 { bad = 1; next }
+    { d = $1 - $2; if (d < 0) d = -d; r = d / ($1 < 0 ? -$1 : $1); if (r > w) w = r; c++
+      if (r > tol) bad = 1 }
+    END { printf "%s: %d %s values within %.1e relative\n", n, c, k, w; exit bad || c == 0 }' ||
+    fail "$2 does not reproduce the one-process $3 values"
+}
+
+flux_train long 1 "${cfg[@]}" --training.steps 300 --validation.freq 100 --debug.seed 3
+grep -q "flow matching: autoencoder ch 32" "$WORK/long.log" || fail "no flow-matching line"
+values long loss | awk '
+  NR <= 5 { first += $1 } { v[NR] = $1 }
+  END { for (i = NR - 49; i <= NR; i++) last += v[i]; first /= 5; last /= 50
+        printf "flux debugmodel, 300 steps: loss %.4f (first 5 steps) -> %.4f (last 50)\n", first, last
+        exit !(last < 0.7 * first) }' || fail "the flux debug model's loss did not fall by 30%"
+[ "$(values long validation_loss | wc -l)" = 3 ] || fail "expected 3 validation runs"
+! grep -q validation_perplexity "$WORK/long/metrics.jsonl" || fail "perplexity of an MSE loss"
+grep "validate step: 300" "$WORK/long.log"
+
+flux_train one 1 "${short[@]}" --training.local_batch_size 8
+flux_train fsdp2 2 "${short[@]}" --training.local_batch_size 4 --validation.local_batch_size 4
+grep -q "FSDP: sharded over 2 ranks (7 units" "$WORK/fsdp2.log" || fail "no FSDP line"
+flux_train ddp2 2 "${short[@]}" --training.local_batch_size 4 --validation.local_batch_size 4 \
+  --parallelism.data_parallel_replicate_degree 2 --parallelism.data_parallel_shard_degree 1
+for run in fsdp2 ddp2; do
+  same_values one "$run" loss 1e-5
+  same_values one "$run" validation_loss 1e-5
+  "$TITAN" convert diff "$WORK/one/checkpoint/step-10" "$WORK/$run/checkpoint/step-10" \
+    --atol 3e-4 --rtol 1e-4 >"$WORK/out" 2>&1 || { cat "$WORK/out" >&2; fail "$run parameters"; }
+  echo "$run: final parameters $(tail -n 1 "$WORK/out")"
+done
+
+mkdir -p "$WORK/resumed/checkpoint"
+cp -r "$WORK/one/checkpoint/step-5" "$WORK/resumed/checkpoint/"
+flux_train resumed 1 "${short[@]}" --training.local_batch_size 8
+grep -q "resuming training after step 5" "$WORK/resumed.log" || fail "no resume"
+grep '"loss":' "$WORK/one/metrics.jsonl" | tail -n 5 >"$WORK/tail5"
+mkdir -p "$WORK/one_tail" && mv "$WORK/tail5" "$WORK/one_tail/metrics.jsonl"
+same_values one_tail resumed loss 1e-6
+
+expect_exit 2 "$TITAN" train "${cfg[@]}" --job.dump_folder "$WORK/x" --training.test_mode false
+grep -q "needs their tokenizers" "$WORK/out" || fail "test_mode false not refused"
+expect_exit 2 "$TITAN" train "${cfg[@]}" --job.dump_folder "$WORK/x" --training.dataset c4
+grep -q 'training.dataset = "shapes"' "$WORK/out" || fail "a text dataset not refused"
+expect_exit 2 "$TITAN" train "${cfg[@]}" --job.dump_folder "$WORK/x" --training.img_size 40
+grep -q "multiple of 16" "$WORK/out" || fail "img_size 40 not refused"
+echo "PASS test_flux (training)"

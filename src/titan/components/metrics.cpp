@@ -287,24 +287,26 @@ std::optional<StepMetrics> MetricsLogger::on_step(int64_t step, int64_t tokens,
   return m;
 }
 
-void MetricsLogger::log_validation(int64_t step, double loss, int64_t tokens, double seconds) {
+void MetricsLogger::log_validation(int64_t step, double loss, int64_t tokens, double seconds,
+                                   bool perplexity) {
+  char ppl[64] = "";
+  if (perplexity) std::snprintf(ppl, sizeof(ppl), "perplexity: %.3f  ", std::exp(loss));
   char line[256];
   std::snprintf(line, sizeof(line),
-                "%svalidate step: %lld  %svalidation_loss: %7.4f  "
-                "perplexity: %.3f  tokens: %s  (%.1fs)%s",
-                color("\033[33m").c_str(), (long long)step, color("\033[32m").c_str(), loss,
-                std::exp(loss), with_commas(tokens).c_str(), seconds, color("\033[0m").c_str());
+                "%svalidate step: %lld  %svalidation_loss: %7.4f  %stokens: %s  (%.1fs)%s",
+                color("\033[33m").c_str(), (long long)step, color("\033[32m").c_str(), loss, ppl,
+                with_commas(tokens).c_str(), seconds, color("\033[0m").c_str());
   log_info(line);
-  append_row(nlohmann::json{
-      {"step", step},
-      {"validation_loss", loss},
-      {"validation_perplexity", std::exp(loss)},
-      {"validation_tokens", tokens},
-      {"validation_s",
-       seconds}}.dump());
+  nlohmann::json row{{"step", step},
+                     {"validation_loss", loss},
+                     {"validation_tokens", tokens},
+                     {"validation_s", seconds}};
+  if (perplexity) row["validation_perplexity"] = std::exp(loss);
+  append_row(row.dump());
   if (tb_) {
-    tb_->add_scalars(step, {{"validation_metrics/loss", loss},
-                            {"validation_metrics/perplexity", std::exp(loss)}});
+    std::vector<Scalar> scalars = {{"validation_metrics/loss", loss}};
+    if (perplexity) scalars.push_back({"validation_metrics/perplexity", std::exp(loss)});
+    tb_->add_scalars(step, scalars);
   }
 }
 

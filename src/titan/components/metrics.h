@@ -133,7 +133,10 @@ class MetricsLogger {
   // `values`, logs a line and a metrics.jsonl row, and returns the metrics.
   std::optional<StepMetrics> on_step(int64_t step, int64_t tokens,
                                      const std::function<LoggedValues()>& values);
-  void log_validation(int64_t step, double loss, int64_t tokens, double seconds);
+  // `perplexity`: the loss is a cross-entropy, whose exponential is logged beside it (not for
+  // a regression loss such as a diffusion model's).
+  void log_validation(int64_t step, double loss, int64_t tokens, double seconds,
+                      bool perplexity = true);
 
   const std::string& jsonl_path() const { return jsonl_path_; }
   // The TensorBoard event file; "" when this rank writes none.

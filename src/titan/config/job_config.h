@@ -242,6 +242,14 @@ struct TrainingSection {
   int64_t num_threads = 0;
   std::string device = "auto";
   double mtp_loss_weight = 0.1;
+  // FLUX (TorchTitan's flux job config adds these to [training]):
+  double classifier_free_guidance_prob = 0.0;
+  double guidance = 3.5;
+  int64_t img_size = 256;
+  bool test_mode = false;
+  std::string image_caption_field = "caption";
+  std::string image_field = "image";
+  bool skip_unreadable_images = false;
   DataLoaderSection dataloader;  // [training.dataloader]
 
   template <class V>
@@ -292,6 +300,53 @@ struct TrainingSection {
       "Multi-token prediction (models with num_mtp_layers, e.g. deepseek_v3 debugmodel_mtp): "
       "backward runs on loss + mtp_loss_weight x the mean of the depths' cross-entropies "
       "(DeepSeek-V3's lambda: 0.3, then 0.1), which the metrics log as mtp_loss; >= 0");
+    v("classifier_free_guidance_prob", classifier_free_guidance_prob,
+      "FLUX: the probability of dropping each text encoding of a sample (its caption encoded "
+      "as the empty text), T5's and CLIP's independently, so that the model also learns the "
+      "unconditional velocity classifier-free guidance needs; in [0, 1]");
+    v("guidance", guidance,
+      "FLUX models with a guidance embedding (flux-dev): the guidance strength it is given while "
+      "training (3.5, diffusers' FLUX training scripts' default); unused by other flavors");
+    v("img_size", img_size,
+      "FLUX: training images are resized (shorter side) and cropped to img_size x img_size; a "
+      "multiple of 16 (the autoencoder's 8 x the 2 x 2 patches)");
+    v("test_mode", test_mode,
+      "FLUX: random text encoders and autoencoder instead of loading [encoder]'s weights (their "
+      "configs from those folders when they exist, else small debug ones sized to the flavor), "
+      "captions tokenized by model.hf_assets_path's tokenizer (TorchTitan's integration-test "
+      "mode)");
+    v("image_field", image_field,
+      "Image datasets (FLUX): the JSON key or parquet column holding the image (a path, bytes, "
+      "or Hugging Face's Image struct)");
+    v("image_caption_field", image_caption_field,
+      "Image datasets (FLUX): the JSON key or parquet column holding the caption");
+    v("skip_unreadable_images", skip_unreadable_images,
+      "Image datasets (FLUX): skip rows whose image cannot be read (a warning each, counted) "
+      "instead of stopping with the row's name");
+  }
+};
+
+// [encoder]: FLUX's frozen encoders (TorchTitan's flux job config).
+struct EncoderSection {
+  static constexpr const char* kName = "encoder";
+  std::string t5_encoder = "google/t5-v1_1-small";
+  std::string clip_encoder = "openai/clip-vit-large-patch14";
+  std::string autoencoder_path = "torchtitan/experiments/flux/assets/autoencoder/ae.safetensors";
+  int64_t max_t5_encoding_len = 256;
+
+  template <class V>
+  void visit(V& v) {
+    v("t5_encoder", t5_encoder,
+      "FLUX: the T5 text encoder, a local Hugging Face folder (config.json, *.safetensors, "
+      "tokenizer); under training.test_mode only its config.json is read, if it exists");
+    v("clip_encoder", clip_encoder,
+      "FLUX: the CLIP text encoder, a local Hugging Face folder (a CLIPTextModel or CLIPModel); "
+      "under training.test_mode only its config.json is read, if it exists");
+    v("autoencoder_path", autoencoder_path,
+      "FLUX: the autoencoder's weights, black-forest-labs' ae.safetensors or a diffusers "
+      "AutoencoderKL folder; unused under training.test_mode");
+    v("max_t5_encoding_len", max_t5_encoding_len,
+      "FLUX: text tokens per caption given to T5 (padded or cut to it); >= 1");
   }
 };
 
@@ -682,6 +737,7 @@ struct JobConfig {
   OptimizerSection optimizer;
   LRSchedulerSection lr_scheduler;
   TrainingSection training;
+  EncoderSection encoder;
   SftSection sft;
   LoraSection lora;
   ParallelismSection parallelism;
@@ -708,6 +764,7 @@ struct JobConfig {
     v.section(LRSchedulerSection::kName, lr_scheduler);
     v.section(TrainingSection::kName, training);
     v.section("training.dataloader", training.dataloader);
+    v.section(EncoderSection::kName, encoder);
     v.section(SftSection::kName, sft);
     v.section(LoraSection::kName, lora);
     v.section(ParallelismSection::kName, parallelism);

@@ -269,6 +269,15 @@ void validate_ranges(const JobConfig& c) {
     fail("training.mtp_loss_weight must be >= 0 (the multi-token prediction loss's weight), got " +
          format_number(c.training.mtp_loss_weight));
   }
+  check_unit_interval("training.classifier_free_guidance_prob",
+                      c.training.classifier_free_guidance_prob, /*include_one=*/true);
+  if (c.training.img_size < 16 || c.training.img_size % 16 != 0) {
+    fail(
+        "training.img_size must be a positive multiple of 16 (the autoencoder halves the size 3 "
+        "times, then 2 x 2 latent patches make one image token), got " +
+        std::to_string(c.training.img_size));
+  }
+  check_at_least("encoder.max_t5_encoding_len", c.encoder.max_t5_encoding_len, 1);
   if (c.training.num_threads > kMaxNumThreads) {
     fail("training.num_threads " + std::to_string(c.training.num_threads) +
          " is above the cap of " + std::to_string(kMaxNumThreads) +

@@ -6,6 +6,7 @@
 #include "titan/common/check.h"
 #include "titan/config/job_config.h"
 #include "titan/models/deepseek_v3/spec.h"
+#include "titan/models/flux/spec.h"
 #include "titan/models/gpt_oss/spec.h"
 #include "titan/models/llama3/spec.h"
 #include "titan/models/llama4/spec.h"
@@ -48,6 +49,7 @@ Registry& registry() {
     add_spec(make_gpt_oss_spec());
     add_spec(make_llama4_spec());
     add_spec(make_qwen3_next_spec());
+    add_spec(make_flux_spec());
   });
   return registry_storage();
 }

@@ -52,8 +52,15 @@ struct HfAdapter {
 
 struct ModelSection;
 
+// What a model learns, which decides its data and loss (the trainer asks, never the model's name).
+enum class ModelObjective {
+  kNextToken,     // a decoder: token sequences, cross-entropy of the next token
+  kFlowMatching,  // a diffusion transformer (FLUX): image-caption data, rectified-flow velocity
+};
+
 struct ModelSpec {
   std::string name;
+  ModelObjective objective = ModelObjective::kNextToken;
   std::vector<std::string> flavors;  // in registration order (small to large)
   // Analytic stats of `flavor` at (batch, seq_len); never allocates weights.
   std::function<ModelStats(const std::string& flavor, int64_t batch, int64_t seq_len,

@@ -167,6 +167,11 @@ void ParallelizedModel::refresh_params() {
 
 at::Tensor ParallelizedModel::loss(const at::Tensor& logits, const at::Tensor& labels) const {
   const TraceSpan span("loss");
+  // A regression target (a diffusion model's velocity): the mean squared error over every
+  // element, in float32 (TorchTitan's FLUX loss: the summed squares over the batch's elements).
+  if (labels.is_floating_point()) {
+    return (logits.to(at::kFloat) - labels.to(at::kFloat)).pow(2).mean();
+  }
   for (const auto& piece : parts_.back()->pieces) {
     if (piece->splits_logits()) return piece->cross_entropy(logits, labels);
   }
@@ -183,6 +188,7 @@ ForwardBatch ParallelizedModel::prepare(const at::Tensor& inputs, const at::Tens
     batch.forward.document_ids = document_ids(inputs, *document_end_token_);
   }
   batch.forward.positions = packing.positions;
+  batch.forward.conditioning = packing.conditioning;
   for (const auto& piece : parts_[0]->pieces) piece->shard_batch(batch);
   if (fused_loss_) batch.forward.loss_labels = batch.labels;  // (the pipeline splits its own)
   return batch;

@@ -144,6 +144,9 @@ struct PackedBatch {
   // > 0: the loss is the batch's sum over its predicted tokens times this (token_weighted_loss in
   // components/loss.h; the trainer's global-batch token mean); 0: the mean over them.
   double token_factor = 0;
+  // What conditions a model that is not a token decoder (ForwardInputs::conditioning: FLUX's
+  // text features, timesteps, positions), this rank's rows.
+  std::map<std::string, at::Tensor> conditioning;
 };
 
 class ParallelizedModel {
@@ -216,7 +219,8 @@ class ParallelizedModel {
   at::Tensor evaluate(const at::Tensor& inputs, const at::Tensor& labels,
                       const PackedBatch& packing = {});
 
-  // Mean next-token loss of forward's logits (loss parallel under tensor parallelism).
+  // Mean next-token loss of forward's logits (loss parallel under tensor parallelism); with
+  // floating-point labels (a regression target) the mean squared error.
   at::Tensor loss(const at::Tensor& logits, const at::Tensor& labels) const;
   // Mean of a per-rank value (a 0-d tensor on the device) over the ranks that split the batch
   // (dp_replicate x dp_shard, and cp, whose ranks hold equal shares of the sequences), on the

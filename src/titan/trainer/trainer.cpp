@@ -286,6 +286,10 @@ std::vector<std::pair<std::string, at::Tensor>> Trainer::trained_params() const 
 }
 
 void Trainer::build_data() {
+  if (spec_->objective == ModelObjective::kFlowMatching) {
+    build_image_data();
+    return;
+  }
   const ModelStats stats = model_->stats(1, config_.training.seq_len);
   check_tokenizer_fits_model(*tokenizer_, stats.vocab_size, "flavor '" + config_.model.flavor + "'",
                              "pick a flavor with a larger vocab");
@@ -360,6 +364,7 @@ std::unique_ptr<BatchLoader> Trainer::make_loader(const std::string& section, in
                                                   int64_t batch_size, bool infinite,
                                                   int64_t shuffle_seed) const {
   const bool training = section == "training";
+  if (flow_) return make_image_loader(section, batch_size, infinite);
   const std::shared_ptr<const RecordSource>& chats = training ? train_chats_ : validation_chats_;
   if (chats) {
     const SftSection& sft = config_.sft;
@@ -442,7 +447,8 @@ void Trainer::build_metrics() {
     tb_started = world_->broadcast_int(tb_started, 0);
   }
   metrics_ = std::make_unique<MetricsLogger>(
-      config_.metrics, config_.job.dump_folder, stats.flops_per_token(config_.training.seq_len),
+      config_.metrics, config_.job.dump_folder,
+      flow_ ? flow_->flops_per_image_token() : stats.flops_per_token(config_.training.seq_len),
       peak, config_.training.steps,
       /*write_file=*/!metrics_file_name(config_.metrics, rank_).empty(),
       /*start_step=*/train_state_.step, /*rank=*/rank_, device_, tb_started);
@@ -452,8 +458,11 @@ std::optional<Batch> Trainer::next_local_batch(BatchLoader& loader) {
   std::optional<Batch> batch = loader.next();
   if (!batch) return batch;
   // Training batches span the replica groups too; validation runs whole in every group.
-  return &loader == train_loader_.get() ? local_batch(std::move(*batch))
-                                        : slice_batch(std::move(*batch), dp_size_, dp_rank_);
+  const bool training = &loader == train_loader_.get();
+  Batch local = training ? local_batch(std::move(*batch))
+                         : slice_batch(std::move(*batch), dp_size_, dp_rank_);
+  if (flow_) return flow_->prepare(local, /*validation=*/!training);
+  return local;
 }
 
 Batch Trainer::local_batch(Batch batch) const {
@@ -461,7 +470,10 @@ Batch Trainer::local_batch(Batch batch) const {
 }
 
 Batch Trainer::slice_batch(Batch batch, int64_t parts, int64_t index) const {
-  for (at::Tensor* t : {&batch.inputs, &batch.labels, &batch.positions, &batch.document_ids}) {
+  std::vector<at::Tensor*> tensors = {&batch.inputs, &batch.labels, &batch.positions,
+                                      &batch.document_ids};
+  for (auto& [name, t] : batch.conditioning) tensors.push_back(&t);  // a row per sample
+  for (at::Tensor* t : tensors) {
     if (!t->defined()) continue;
     if (parts > 1) {
       const int64_t b = t->size(0) / parts;
@@ -510,7 +522,8 @@ StepResult Trainer::train_step(int64_t step) {
                               : local_batch(std::move(batches[micro]));
     }
     TITAN_CHECK(batch.has_value(), "training data loader ran dry at step ", step);
-    const PackedBatch packing{batch->positions, batch->document_ids, token_factor};
+    PackedBatch packing{batch->positions, batch->document_ids, token_factor};
+    packing.conditioning = batch->conditioning;
     total +=
         parallel_->forward_backward(batch->inputs, batch->labels, scale, packing).to(at::kDouble) *
         scale;
@@ -588,8 +601,9 @@ void Trainer::settle_steps(TrainResult& result) {
 }
 
 double Trainer::validate(int64_t* tokens) {
-  TITAN_CHECK(validation_docs_ != nullptr || validation_chats_ != nullptr,
-              "validation is not enabled");
+  TITAN_CHECK(
+      validation_docs_ != nullptr || validation_chats_ != nullptr || validation_images_ != nullptr,
+      "validation is not enabled");
   const PhaseScope phase(Phase::kValidation);
   at::NoGradGuard no_grad;
   // Like training, every rank reads the whole stream and keeps its slice, so all ranks run the
@@ -602,12 +616,11 @@ double Trainer::validate(int64_t* tokens) {
   while (config_.validation.steps < 0 || n < config_.validation.steps) {
     auto batch = next_local_batch(*loader);
     if (!batch) break;
-    sum += parallel_
-               ->evaluate(batch->inputs, batch->labels,
-                          PackedBatch{batch->positions, batch->document_ids})
-               .to(at::kDouble);
+    PackedBatch packing{batch->positions, batch->document_ids};
+    packing.conditioning = batch->conditioning;
+    sum += parallel_->evaluate(batch->inputs, batch->labels, packing).to(at::kDouble);
     ++n;
-    count += batch->inputs.numel();
+    count += flow_ ? batch->inputs.size(0) * batch->inputs.size(1) : batch->inputs.numel();
   }
   if (n == 0) throw_validation_too_small(config_.validation, dp_size_);
   if (tokens != nullptr) *tokens = count * dp_size_;
@@ -630,13 +643,15 @@ TrainResult Trainer::train() {
   }
   log_info("training ", t.steps, " steps: local_batch_size ", t.local_batch_size, " x ", dp_size_,
            " data-parallel ranks x ", accumulation_steps_, " accumulation = global batch ",
-           t.local_batch_size * accumulation_steps_ * dp_size_, " sequences of ", t.seq_len,
-           " tokens; compute dtype ", t.mixed_precision_param, "; seed ", seed_);
+           t.local_batch_size * accumulation_steps_ * dp_size_,
+           flow_ ? " images of " : " sequences of ", sample_tokens(),
+           flow_ ? " image tokens; compute dtype " : " tokens; compute dtype ",
+           t.mixed_precision_param, "; seed ", seed_);
   auto start = std::chrono::steady_clock::now();
   const double comm_wait_at_start = parallel_->comm_wait_seconds();
   // Per rank (throughput and MFU are per device, as in TorchTitan: ranks that share a batch, as
   // tensor-parallel ranks do, split its tokens) and for the whole job.
-  const int64_t batch_tokens = t.local_batch_size * accumulation_steps_ * t.seq_len;
+  const int64_t batch_tokens = t.local_batch_size * accumulation_steps_ * sample_tokens();
   const int64_t tokens_per_step = batch_tokens / dims_->non_data_parallel_size();
   const int64_t global_tokens_per_step = batch_tokens * dp_size_;
   result.start_step = train_state_.step + 1;
@@ -746,7 +761,8 @@ TrainResult Trainer::train() {
       result.validation_losses.push_back(vloss);
       metrics_->log_validation(
           step, vloss, tokens,
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - v0).count());
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - v0).count(),
+          /*perplexity=*/!flow_);
     }
     if (step == result.start_step && world_) {
       // Every group is a sub-group of world_ (dims, pipeline directions, CP's ring, ...): this

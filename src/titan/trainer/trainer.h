@@ -24,6 +24,8 @@ namespace titan {
 
 class Tokenizer;
 class BatchLoader;
+class FlowMatching;
+class ImageCaptionSource;
 class ChatEncoder;
 class DocumentSource;
 class RecordSource;
@@ -110,6 +112,15 @@ class Trainer {
  private:
   void build_model();
   void build_data();
+  // Image-caption data and the frozen encoders of a flow-matching model (FLUX;
+  // trainer_images.cpp), in place of build_data's token streams.
+  void build_image_data();
+  // A loader of `section`'s image dataset ("training" or "validation"), global rows.
+  std::unique_ptr<BatchLoader> make_image_loader(const std::string& section, int64_t batch_size,
+                                                 bool infinite) const;
+  // Tokens per sample for throughput and MFU: training.seq_len, or a flow-matching model's
+  // image tokens.
+  int64_t sample_tokens() const;
   void build_optimizer();
   // The checkpoint manager with the state entries; resumes (or loads initial_load_path).
   void build_checkpoint();
@@ -186,6 +197,10 @@ class Trainer {
   std::shared_ptr<const DocumentSource> train_docs_, validation_docs_;
   std::shared_ptr<const RecordSource> train_chats_, validation_chats_;
   std::unique_ptr<ChatEncoder> chat_encoder_;  // chat datasets: the model's chat template
+  // Flow-matching models (FLUX): the frozen encoders and noising that turn a rank's image rows
+  // into the model's batch (null for decoders), and the image datasets.
+  std::unique_ptr<FlowMatching> flow_;
+  std::shared_ptr<const ImageCaptionSource> train_images_, validation_images_;
   std::unique_ptr<Optimizer> optimizer_;
   std::unique_ptr<LRScheduler> lr_scheduler_;
   std::unique_ptr<ckpt::CheckpointManager> checkpointer_;

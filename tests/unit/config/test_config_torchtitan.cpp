@@ -219,6 +219,19 @@ const std::set<std::string> kOwnKeys = {
     "fault_tolerance.sync_steps",
     "fault_tolerance.outer_lr",
     "fault_tolerance.outer_momentum",
+    // FLUX: the keys TorchTitan's flux experiment adds (its own job config module, not v0.2.2's
+    // core), with its defaults, and titan's image-dataset and guidance settings.
+    "training.classifier_free_guidance_prob",
+    "training.img_size",
+    "training.test_mode",
+    "training.guidance",
+    "training.image_field",
+    "training.image_caption_field",
+    "training.skip_unreadable_images",
+    "encoder.t5_encoder",
+    "encoder.clip_encoder",
+    "encoder.autoencoder_path",
+    "encoder.max_t5_encoding_len",
 };
 
 // Defaults of ours that differ from TorchTitan's, and why: our datasets and tokenizer.

@@ -31,8 +31,10 @@
 #include <nlohmann/json.hpp>
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <optional>
+#include <string>
 #include <vector>
 
 namespace titan {
@@ -44,6 +46,10 @@ struct Batch {
   // each sample, and the sample of each token; undefined for the document stream below.
   at::Tensor positions;
   at::Tensor document_ids;
+  // What conditions a model that is not a token decoder (image batches: the captions' token ids
+  // for each text encoder, the samples' serial numbers), by name; each entry has a row per
+  // sample, which the trainer splits over the data ranks like inputs.
+  std::map<std::string, at::Tensor> conditioning;
 };
 
 // What the trainer pulls batches from: the packed document stream (DataLoader) or packed

@@ -1,6 +1,7 @@
 #include "titan/components/data/shapes.h"
 
 #include "titan/common/check.h"
+#include "titan/common/splitmix.h"
 
 #include <array>
 #include <cmath>
@@ -22,24 +23,7 @@ const std::vector<Color>& palette() {
   return kPalette;
 }
 
-// splitmix64: a small generator whose stream depends only on its seed (the same on every
-// machine and library version).
-class Stream {
- public:
-  explicit Stream(uint64_t seed) : state_(seed) {}
-  uint64_t next() {
-    uint64_t z = (state_ += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-  }
-  // Uniform in [0, 1).
-  double uniform() { return static_cast<double>(next() >> 11) * 0x1.0p-53; }
-  int64_t below(int64_t n) { return static_cast<int64_t>(next() % static_cast<uint64_t>(n)); }
-
- private:
-  uint64_t state_;
-};
+using Stream = SplitMix64;
 
 bool inside(const std::string& shape, double x, double y, double cx, double cy, double r) {
   const double dx = x - cx, dy = y - cy;

@@ -162,6 +162,16 @@ double flops_per_image_token(const FluxArgs& a, int64_t txt_len, int64_t img_len
   return 6 * (token_weights + embed + per_sample) + attention;
 }
 
+ModelStats model_stats(const FluxArgs& a) {
+  ModelStats s;
+  s.n_params = count_params(a);
+  s.n_layers = a.depth + a.depth_single_blocks;
+  s.n_heads = a.num_heads;
+  s.head_dim = a.head_dim();
+  s.dim = a.hidden_size;
+  return s;
+}
+
 std::string describe(const FluxArgs& a) {
   std::ostringstream out;
   out << "hidden " << a.hidden_size << ", " << a.depth << " double + " << a.depth_single_blocks

@@ -58,6 +58,9 @@ int64_t count_params(const FluxArgs& args);
 // amortized likewise) plus attention's 12 * hidden * joint length per block.
 double flops_per_image_token(const FluxArgs& args, int64_t txt_len, int64_t img_len);
 
+// The sizes the trainer and the registry report (parameters, blocks, heads, hidden).
+ModelStats model_stats(const FluxArgs& args);
+
 // "hidden 3072, 19 double + 38 single blocks, 24 heads, guidance"
 std::string describe(const FluxArgs& args);
 

@@ -196,6 +196,16 @@ at::Tensor AutoEncoder::decode(const at::Tensor& latents) {
   return decoder->forward(latents / args_.scale_factor + args_.shift_factor);
 }
 
+AutoEncoderArgs autoencoder_args_for_flavor(const std::string& flavor) {
+  AutoEncoderArgs a;
+  if (flavor == "debugmodel") {
+    a.ch = 32;
+    a.ch_mult = {1, 1, 2, 2};
+    a.num_res_blocks = 1;
+  }
+  return a;
+}
+
 AutoEncoderArgs ae_args_from_diffusers(const nlohmann::json& config) {
   const auto need = [&](const char* key) -> const nlohmann::json& {
     if (!config.contains(key)) {

@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <string>
 #include <vector>
 
 namespace titan::flux {
@@ -116,6 +117,11 @@ class AutoEncoder : public torch::nn::Module {
  private:
   AutoEncoderArgs args_;
 };
+
+// The autoencoder of a FLUX flavor: the released one (128 channels x 4 levels, 16 latent
+// channels, FLUX.1's scale and shift) for every flavor but debugmodel, whose small one (32
+// channels) keeps CPU runs quick; both halve the image size 3 times.
+AutoEncoderArgs autoencoder_args_for_flavor(const std::string& flavor);
 
 // The args of a diffusers AutoencoderKL config.json (block_out_channels = ch * ch_mult,
 // layers_per_block, latent_channels, norm_num_groups, scaling_factor, shift_factor); ConfigError

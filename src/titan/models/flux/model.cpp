@@ -208,16 +208,8 @@ std::vector<ModelUnit> FluxTransformer::units() const {
   return out;
 }
 
-ModelStats FluxTransformer::stats(int64_t batch, int64_t seq_len) const {
-  ModelStats s;
-  s.n_params = count_params(args_);
-  s.n_layers = args_.depth + args_.depth_single_blocks;
-  s.n_heads = args_.num_heads;
-  s.head_dim = args_.head_dim();
-  s.dim = args_.hidden_size;
-  (void)batch;
-  (void)seq_len;
-  return s;
+ModelStats FluxTransformer::stats(int64_t /*batch*/, int64_t /*seq_len*/) const {
+  return model_stats(args_);
 }
 
 std::string FluxTransformer::refuses(const std::string& parallelism) const {

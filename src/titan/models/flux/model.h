@@ -39,7 +39,7 @@ class FluxTransformer : public Model {
   // xavier-uniform; the time, guidance and pooled-text embedders normal(0.02); the modulations
   // and the final layer zero (each block starts as the identity); biases zero; q/k norms one.
   ParamInit param_init(const std::string& name) const override;
-  // n_params, dims; flops per image token at the debug shape (see flops_per_image_token).
+  // n_params and dims (model_stats); FLOPs per image token are flops_per_image_token's.
   ModelStats stats(int64_t batch, int64_t seq_len) const override;
   std::vector<ModelUnit> units() const override;
   std::string refuses(const std::string& parallelism) const override;

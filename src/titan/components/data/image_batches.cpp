@@ -1,0 +1,117 @@
+// Batches of an image-caption dataset for text-to-image training (see image_batches.h).
+#include "titan/components/data/image_batches.h"
+
+#include "titan/common/check.h"
+#include "titan/common/logging.h"
+#include "titan/common/splitmix.h"
+#include "titan/components/data/image_transforms.h"
+
+namespace titan {
+namespace {
+
+// The generator of everything random about sample `serial` of the stream seeded `seed` (its
+// crop offset, then its caption drops): depends on nothing else.
+SplitMix64 sample_stream(uint64_t seed, int64_t serial) {
+  SplitMix64 mix(seed ^ 0x5EED0F1A6E5ull);
+  return SplitMix64(mix.next() + static_cast<uint64_t>(serial) * 0x9E3779B97F4A7C15ull);
+}
+
+}  // namespace
+
+ImageBatchLoader::ImageBatchLoader(std::shared_ptr<const ImageCaptionSource> source,
+                                   const Tokenizer& tokenizer, ImageBatchOptions options)
+    : source_(std::move(source)), tokenizer_(tokenizer), options_(options) {
+  TITAN_CHECK(options_.batch_size >= 1 && options_.img_size >= 1 && options_.t5_tokens >= 1 &&
+                  options_.clip_tokens >= 1,
+              "image batches: batch size, image size and token counts must be >= 1");
+  std::vector<int64_t> empty = {tokenizer_.bos_id(), tokenizer_.eos_id()};
+  empty_t5_ = fit(empty, options_.t5_tokens);
+  empty_clip_ = fit(empty, options_.clip_tokens);
+}
+
+std::vector<int64_t> ImageBatchLoader::fit(std::vector<int64_t> ids, int64_t len) {
+  ids.resize(static_cast<size_t>(len), 0);
+  return ids;
+}
+
+std::optional<Batch> ImageBatchLoader::next() {
+  const int64_t bs = options_.batch_size, size = options_.img_size;
+  at::Tensor images = at::empty({bs, 3, size, size}, at::kFloat);
+  at::Tensor t5 = at::empty({bs, options_.t5_tokens}, at::kLong);
+  at::Tensor clip = at::empty({bs, options_.clip_tokens}, at::kLong);
+  at::Tensor ids = at::empty({bs}, at::kLong);
+  const int64_t rows = source_->size();
+  for (int64_t b = 0; b < bs;) {
+    if (row_ >= rows) {
+      if (!options_.infinite) return std::nullopt;  // a partial last batch is dropped
+      row_ = 0;
+      ++epoch_;
+    }
+    int64_t skipped = 0;
+    // Within this pass only: next_readable wraps around, which the epoch count must see.
+    auto [index, sample] = source_->next_readable(row_, options_.skip_unreadable, &skipped);
+    unreadable_ += skipped;
+    if (index < row_) {  // wrapped past the end: the rest of the pass was unreadable
+      row_ = rows;
+      continue;
+    }
+    row_ = index + 1;
+    SplitMix64 rng = sample_stream(options_.seed, serial_);
+    const int64_t choices = flux_crop_choices(sample.image.size(2), sample.image.size(1), size);
+    if (choices == 0) {  // smaller than img_size: TorchTitan passes over such images
+      if (too_small_++ == 0) {
+        log_warning("image dataset: ", sample.origin, " is ", sample.image.size(2), "x",
+                    sample.image.size(1), ", smaller than training.img_size ", size,
+                    " on a side; such images are passed over (counted in the loader's state)");
+      }
+      continue;
+    }
+    const std::optional<at::Tensor> image = flux_preprocess(sample.image, size, rng.below(choices));
+    images[b].copy_(*image);
+    std::vector<int64_t> tokens = tokenizer_.encode(sample.caption);
+    tokens.insert(tokens.begin(), tokenizer_.bos_id());
+    tokens.push_back(tokenizer_.eos_id());
+    const bool drop_t5 = rng.uniform() < options_.cfg_drop_prob;
+    const bool drop_clip = rng.uniform() < options_.cfg_drop_prob;
+    const std::vector<int64_t> t5_ids = drop_t5 ? empty_t5_ : fit(tokens, options_.t5_tokens);
+    const std::vector<int64_t> clip_ids =
+        drop_clip ? empty_clip_ : fit(tokens, options_.clip_tokens);
+    t5[b].copy_(at::tensor(t5_ids, at::kLong));
+    clip[b].copy_(at::tensor(clip_ids, at::kLong));
+    ids[b] = serial_++;
+    ++b;
+  }
+  Batch batch;
+  batch.inputs = images;
+  batch.conditioning["t5_tokens"] = t5;
+  batch.conditioning["clip_tokens"] = clip;
+  batch.conditioning["sample_ids"] = ids;
+  return batch;
+}
+
+nlohmann::json ImageBatchLoader::state_json() const {
+  return {{"kind", "image_batches"},   {"row", row_},
+          {"epoch", epoch_},           {"serial", serial_},
+          {"unreadable", unreadable_}, {"too_small", too_small_},
+          {"rows", source_->size()},   {"batch_size", options_.batch_size}};
+}
+
+void ImageBatchLoader::load_state_json(const nlohmann::json& state) {
+  if (state.value("kind", std::string()) != "image_batches") {
+    throw DataError(
+        "image batches: the checkpoint's data loader state is not an image "
+        "dataset's (was it written by a text model's run?)");
+  }
+  if (state.value("rows", int64_t{-1}) != source_->size()) {
+    throw DataError(message("image batches: the checkpoint's dataset had ",
+                            state.value("rows", int64_t{-1}), " rows, this one has ",
+                            source_->size(), "; resume with the same dataset"));
+  }
+  row_ = state.at("row").get<int64_t>();
+  epoch_ = state.at("epoch").get<int64_t>();
+  serial_ = state.at("serial").get<int64_t>();
+  unreadable_ = state.value("unreadable", int64_t{0});
+  too_small_ = state.value("too_small", int64_t{0});
+}
+
+}  // namespace titan

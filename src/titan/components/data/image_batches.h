@@ -1,0 +1,62 @@
+// Batches of an image-caption dataset for text-to-image training (FLUX): each sample's image
+// resized on its shorter side and cropped to a square (TorchTitan's FLUX preprocessing,
+// image_transforms.h), its caption tokenized for both text encoders, and, with probability
+// cfg_drop_prob for each encoder independently, replaced by the empty caption's tokens
+// (classifier-free guidance's unconditional samples).
+//
+// Every rank reads the same global stream (the trainer keeps its rows), so everything random
+// about a sample (its crop, its caption drops, later its noise and timestep) is drawn from
+// (seed, its serial number in the stream): any layout of ranks trains on the same samples.
+#pragma once
+
+#include "titan/components/data/data_loader.h"
+#include "titan/components/data/image_dataset.h"
+#include "titan/components/tokenizer/tokenizer.h"
+
+#include <cstdint>
+#include <memory>
+
+namespace titan {
+
+struct ImageBatchOptions {
+  int64_t batch_size = 1;  // rows per batch (the global batch: every data rank's rows)
+  int64_t img_size = 256;
+  int64_t t5_tokens = 256;   // tokens per caption for T5 (padded with 0 or cut)
+  int64_t clip_tokens = 77;  // and for CLIP
+  double cfg_drop_prob = 0.0;
+  uint64_t seed = 0;
+  bool infinite = true;  // training: wraps around epochs; validation: one pass, then nullopt
+  bool skip_unreadable = false;
+};
+
+// Batch::inputs (bs, 3, img_size, img_size) float32 in [-1, 1]; Batch::labels undefined;
+// Batch::conditioning: "t5_tokens" (bs, t5_tokens) and "clip_tokens" (bs, clip_tokens) int64
+// (BOS, the caption, EOS, then 0), "sample_ids" (bs) int64, the samples' serial numbers.
+class ImageBatchLoader : public BatchLoader {
+ public:
+  ImageBatchLoader(std::shared_ptr<const ImageCaptionSource> source, const Tokenizer& tokenizer,
+                   ImageBatchOptions options);
+  std::optional<Batch> next() override;
+  nlohmann::json state_json() const override;
+  void load_state_json(const nlohmann::json& state) override;
+
+  // Rows passed over so far: unreadable (skip_unreadable) and smaller than img_size.
+  int64_t unreadable() const { return unreadable_; }
+  int64_t too_small() const { return too_small_; }
+
+ private:
+  // `ids` padded with 0 or cut to `len`.
+  static std::vector<int64_t> fit(std::vector<int64_t> ids, int64_t len);
+
+  std::shared_ptr<const ImageCaptionSource> source_;
+  const Tokenizer& tokenizer_;
+  ImageBatchOptions options_;
+  std::vector<int64_t> empty_t5_, empty_clip_;  // the empty caption's tokens
+  int64_t row_ = 0;                             // the next row to read
+  int64_t epoch_ = 0;                           // completed passes
+  int64_t serial_ = 0;                          // samples emitted so far
+  int64_t unreadable_ = 0;
+  int64_t too_small_ = 0;
+};
+
+}  // namespace titan

@@ -1,0 +1,63 @@
+// FLUX.1's registry entry (see spec.h).
+#include "titan/models/flux/spec.h"
+
+#include "titan/common/check.h"
+#include "titan/models/common/init.h"
+#include "titan/models/flux/args.h"
+#include "titan/models/flux/model.h"
+
+namespace titan {
+namespace {
+
+// The args of a model description: the flavor's, with "args" overriding them.
+flux::FluxArgs description_args(const nlohmann::json& model) {
+  const std::string flavor = model.value("flavor", std::string());
+  flux::FluxArgs base;
+  bool known = false;
+  for (const auto& [name, args] : flux::flavors()) {
+    if (name == flavor) {
+      base = args;
+      known = true;
+    }
+  }
+  if (!model.contains("args")) {
+    if (!known) base = flux::args_for_flavor(flavor);  // throws, naming the nearest
+    return base;
+  }
+  return flux::args_from_json(model.at("args"), base);
+}
+
+}  // namespace
+
+ModelSpec make_flux_spec() {
+  ModelSpec spec;
+  spec.name = "flux";
+  spec.objective = ModelObjective::kFlowMatching;
+  spec.flavors = flux::flavor_names();
+  spec.describe = [](const std::string& flavor, int64_t /*batch*/, int64_t /*seq_len*/,
+                     at::ScalarType /*compute_dtype*/) {
+    return flux::model_stats(flux::args_for_flavor(flavor));
+  };
+  spec.build = [](const std::string& flavor,
+                  const ModelBuildOptions& options) -> std::shared_ptr<Model> {
+    const flux::FluxArgs args = flux::args_for_flavor(flavor);
+    ParamDeviceGuard device(options.meta ? at::Device(at::kMeta) : at::Device(at::kCPU));
+    auto model = std::make_shared<flux::FluxTransformer>(args, options.compute_dtype);
+    if (!options.meta) model->init_weights(options.seed);
+    return model;
+  };
+  spec.describe_flavor = [](const std::string& flavor) {
+    return flux::describe(flux::args_for_flavor(flavor));
+  };
+  spec.resolve_args = [](const nlohmann::json& model) {
+    return flux::args_to_json(description_args(model));
+  };
+  spec.build_uninitialized = [](const nlohmann::json& model,
+                                const ModelBuildOptions& options) -> std::shared_ptr<Model> {
+    ParamDeviceGuard device(options.meta ? at::Device(at::kMeta) : at::Device(at::kCPU));
+    return std::make_shared<flux::FluxTransformer>(description_args(model), options.compute_dtype);
+  };
+  return spec;
+}
+
+}  // namespace titan

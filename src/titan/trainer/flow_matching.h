@@ -1,0 +1,73 @@
+// Rectified-flow training inputs for FLUX (TorchTitan's FluxTrainer.forward_backward_step and
+// its validator): a rank's rows of an image batch (image_batches.h) become the transformer's
+// inputs. The frozen autoencoder encodes each image to latents x (a sample of its Gaussian),
+// T5 and CLIP encode the captions; with noise e and a timestep t per sample the model sees
+// (1 - t) x + t e packed into 2x2 patches and learns the velocity e - x (ParallelizedModel's
+// loss: the mean squared error against floating-point labels).
+//
+// Training draws t uniformly in [0, 1); validation uses the stratified timesteps (i + 0.5) / 8
+// in turn by the sample's serial number (TorchTitan's round robin). The noise, t and the latent
+// sample come from generators seeded by (seed, the sample's serial number), so every layout of
+// ranks trains on the same values.
+#pragma once
+
+#include "titan/components/data/data_loader.h"
+#include "titan/config/job_config.h"
+#include "titan/models/encoders/clip.h"
+#include "titan/models/encoders/t5.h"
+#include "titan/models/flux/args.h"
+#include "titan/models/flux/autoencoder.h"
+
+#include <ATen/ATen.h>
+
+#include <memory>
+#include <string>
+
+namespace titan {
+
+// Latents (bs, c, h, w) as the transformer's image tokens (bs, h/2 * w/2, c * 4): each 2x2
+// patch's channels c-major ("b c (h ph) (w pw) -> b (h w) (c ph pw)"), and back.
+at::Tensor pack_latents(const at::Tensor& latents);
+at::Tensor unpack_latents(const at::Tensor& packed, int64_t height, int64_t width);
+// The packed patches' positions (h/2 * w/2, 3): (0, row, column), row-major.
+at::Tensor latent_position_ids(int64_t height, int64_t width);
+
+class FlowMatching {
+ public:
+  // The frozen encoders for a FLUX model of `args` (flavor `flavor`) on `device`: under
+  // training.test_mode random ones (configs from [encoder]'s folders when they exist, else
+  // debug sizes matching the flavor and `vocab_size`, the tokenizer's), else loaded from
+  // [encoder] (ConfigError until the T5 and CLIP tokenizers exist; see the message).
+  // `eos_id`: the tokenizer's end-of-text id, where the debug CLIP pools.
+  FlowMatching(const JobConfig& config, const std::string& flavor, const flux::FluxArgs& args,
+               int64_t vocab_size, int64_t eos_id, at::Device device, uint64_t seed);
+
+  // A rank's rows of an image batch (on the device) -> the transformer's batch: inputs the
+  // packed noisy latents, labels the packed velocity target, conditioning txt, y, timesteps,
+  // img_ids, txt_ids (and guidance).
+  Batch prepare(const Batch& images, bool validation) const;
+
+  // "autoencoder (...), T5 (...), CLIP (...)" for the log.
+  std::string describe() const;
+  // Image tokens per sample (the transformer's sequence length).
+  int64_t image_tokens() const;
+  // The transformer's training FLOPs per image token with these text and image lengths
+  // (flux::flops_per_image_token), for MFU.
+  double flops_per_image_token() const;
+
+  const flux::AutoEncoder& autoencoder() const { return *ae_; }
+
+ private:
+  flux::FluxArgs args_;
+  std::shared_ptr<flux::AutoEncoder> ae_;
+  std::shared_ptr<encoders::T5Encoder> t5_;
+  std::shared_ptr<encoders::ClipTextEncoder> clip_;
+  at::Device device_;
+  uint64_t seed_;
+  int64_t img_size_;
+  int64_t txt_len_;
+  double guidance_;
+  std::string origin_;  // where the encoders came from, for describe()
+};
+
+}  // namespace titan
