@@ -1,5 +1,6 @@
 // `titan generate`: continue a prompt with a trained model (a titan checkpoint or a Hugging Face
-// folder), streaming the text to stdout as it is produced. stdout carries only the text (or,
+// folder), streaming the text to stdout as it is produced; or, for an image model (FLUX), draw an
+// image for the prompt and write it as a PNG (--output). stdout carries only the text (or,
 // with --print_ids, one line of ids) so that scripts can compare runs; the model description,
 // notes and tokens/s go to stderr. Bad usage throws ConfigError (exit 2).
 #include "commands.h"
@@ -9,20 +10,29 @@
 #include "titan/common/check.h"
 #include "titan/common/cpu.h"
 #include "titan/common/device.h"
+#include "titan/common/file_io.h"
 #include "titan/common/format.h"
+#include "titan/components/data/image.h"
+#include "titan/components/data/image_batches.h"
 #include "titan/components/tokenizer/tokenizer.h"
 #include "titan/components/tokenizer/tokenizer_identity.h"
+#include "titan/config/config_manager.h"
 #include "titan/inference/generator.h"
 #include "titan/inference/text_stream.h"
+#include "titan/models/flux/model.h"
+#include "titan/models/flux/sampling.h"
 #include "titan/models/registry.h"
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <optional>
 #include <sstream>
+
+#include <unistd.h>
 
 namespace titan {
 namespace {
@@ -39,7 +49,14 @@ struct GenerateOptions {
   int64_t threads = 0;
   bool print_ids = false;
   bool no_kv_cache = false;
+  std::string model_name = "llama3";  // the model --flavor builds
   GenerationOptions generation;
+  // Image models:
+  std::string output;
+  int64_t steps = 50;
+  double guidance_scale = 1.0;
+  double guidance = 3.5;
+  int64_t img_size = 0;  // 0: the training run's training.img_size (256 without a checkpoint)
 };
 
 int64_t parse_int(const std::string& name, const std::string& text) {
@@ -130,10 +147,32 @@ FlagTable generate_flags(GenerateOptions& opts) {
               "cache (slow; for checking the cache: greedy output is the same)",
               &opts.no_kv_cache)
       .value("--flavor", "NAME",
-             "instead of --checkpoint: a randomly initialized llama3 of this\n"
+             "instead of --checkpoint: a randomly initialized model of this\n"
              "flavor, seeded by --seed (timing and smoke tests)",
              text(opts.flavor))
-      .epilogue("Text (or the ids) goes to stdout; the model, notes and tokens/s go to stderr.");
+      .value("--model.name", "NAME", "the model --flavor builds (default llama3)",
+             text(opts.model_name))
+      .value("--output", "PATH", "image models (flux): where the PNG goes (written atomically)",
+             text(opts.output))
+      .value("--steps", "N", "image models: Euler denoising steps (default 50)",
+             [&opts](const std::string& v) { opts.steps = parse_int("--steps", v); })
+      .value("--guidance_scale", "S",
+             "image models: classifier-free guidance scale; > 1 adds an\n"
+             "unconditional prediction per step (default 1: off)",
+             [&opts](const std::string& v) {
+               opts.guidance_scale = parse_double("--guidance_scale", v);
+             })
+      .value("--guidance", "G",
+             "image models with a guidance embedding (flux-dev): its strength\n"
+             "(default 3.5)",
+             [&opts](const std::string& v) { opts.guidance = parse_double("--guidance", v); })
+      .value("--img_size", "N",
+             "image models: the image side, a multiple of 16 (default: the\n"
+             "training run's training.img_size)",
+             [&opts](const std::string& v) { opts.img_size = parse_int("--img_size", v); })
+      .epilogue(
+          "Text (or the ids) goes to stdout; the model, notes and tokens/s go to stderr.\n"
+          "Image models write the PNG to --output and report to stderr.");
   return flags;
 }
 
@@ -204,6 +243,68 @@ void write_out(const std::string& text) {
   }
 }
 
+// The job config a checkpoint recorded (its encoders, image size, tokens per caption), or, for a
+// randomly initialized model, the defaults with training.test_mode (random encoders).
+JobConfig recorded_job_config(const std::string& toml) {
+  if (toml.empty()) {
+    JobConfig config;
+    config.training.test_mode = true;
+    return config;
+  }
+  const std::string path = (std::filesystem::temp_directory_path() /
+                            ("titan-generate-" + std::to_string(::getpid()) + ".toml"))
+                               .string();
+  replace_file(path, toml);
+  try {
+    JobConfig config = parse_job_config({"--job.config_file", path});
+    std::filesystem::remove(path);
+    return config;
+  } catch (...) {
+    std::filesystem::remove(path);
+    throw;
+  }
+}
+
+// An image for --prompt from a FLUX transformer, written to --output as a PNG.
+int generate_image(const GenerateOptions& opts, Model& model, const std::string& description,
+                   const std::string& tokenizer_path, const JobConfig& config,
+                   const std::string& flavor, const at::Device& device) {
+  TITAN_CONFIG_CHECK(!opts.output.empty(), "an image model writes a PNG: give --output PATH");
+  TITAN_CONFIG_CHECK(opts.prompt.has_value(),
+                     "an image model takes --prompt TEXT (a caption), "
+                     "not --prompt_ids");
+  auto* flux_model = dynamic_cast<flux::FluxTransformer*>(&model);
+  TITAN_CHECK(flux_model != nullptr, "generate: ", description, " is not a FLUX transformer");
+  const std::unique_ptr<Tokenizer> tokenizer =
+      build_tokenizer(opts.tokenizer ? *opts.tokenizer : tokenizer_path);
+  const flux::FluxEncoders encoders = flux::build_flux_encoders(
+      config, flavor, flux_model->args(), tokenizer->vocab_size(), tokenizer->eos_id(), device);
+  const int64_t t5_len = config.encoder.max_t5_encoding_len, clip_len = 77;
+  const auto ids = [&](const std::string& text, int64_t len) {
+    return at::tensor(caption_ids(*tokenizer, text, len), at::kLong).view({1, len});
+  };
+  flux::FluxSamplingOptions o;
+  o.img_size = opts.img_size > 0 ? opts.img_size : config.training.img_size;
+  o.steps = opts.steps;
+  o.cfg_scale = opts.guidance_scale;
+  o.guidance = opts.guidance;
+  o.shift = flavor != "flux-schnell";
+  o.seed = opts.generation.sampler.seed;
+  std::fprintf(stderr, "generate: %s on %s; %s; %lld steps, guidance scale %g, %lldpx\n",
+               description.c_str(), device.str().c_str(), encoders.describe().c_str(),
+               static_cast<long long>(o.steps), o.cfg_scale, static_cast<long long>(o.img_size));
+  const auto start = std::chrono::steady_clock::now();
+  const at::Tensor images =
+      flux::sample_images(model, flux_model->args(), encoders, ids(*opts.prompt, t5_len),
+                          ids(*opts.prompt, clip_len), ids("", t5_len), ids("", clip_len), o);
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  replace_file(opts.output, encode_png(flux::to_rgb8(images[0]).to(at::kCPU)));
+  std::fprintf(stderr, "wrote %s (%lldx%lld) in %.2f s\n", opts.output.c_str(),
+               static_cast<long long>(o.img_size), static_cast<long long>(o.img_size), seconds);
+  return 0;
+}
+
 }  // namespace
 
 int run_generate(const std::vector<std::string>& args) {
@@ -220,25 +321,35 @@ int run_generate(const std::vector<std::string>& args) {
   std::shared_ptr<Model> model;
   std::string description;
   std::string tokenizer_path;
+  std::string model_name = opts.model_name;
+  std::string job_config_toml;
   if (!opts.checkpoint.empty()) {
     ckpt::LoadedModel loaded = ckpt::load_model(opts.checkpoint, dtype, opts.max_seq_len);
     model = loaded.model;
     description = loaded.model_name + " " + loaded.flavor + " from " + loaded.source;
     tokenizer_path = loaded.tokenizer_path;
+    model_name = loaded.model_name;
+    job_config_toml = loaded.job_config_toml;
   } else {
-    const ModelSpec& spec = get_model_spec("llama3");
+    const ModelSpec& spec = get_model_spec(opts.model_name);
     check_flavor(spec, opts.flavor);
     ModelBuildOptions build;
     build.max_seq_len = opts.max_seq_len;
     build.compute_dtype = dtype;
+    build.seed = opts.generation.sampler.seed;
     at::manual_seed(opts.generation.sampler.seed);
     model = spec.build(opts.flavor, build);
-    description = "llama3 " + opts.flavor + " (random init)";
+    description = opts.model_name + " " + opts.flavor + " (random init)";
   }
   cast_parameters_for_inference(*model, dtype);
   const at::Device device =
       select_device(opts.device, /*local_rank=*/0, /*local_world_size=*/1, "--device");
   if (!device.is_cpu()) model->to(device);  // parameters and buffers (RoPE tables)
+  if (get_model_spec(model_name).objective == ModelObjective::kFlowMatching) {
+    const JobConfig config = recorded_job_config(job_config_toml);
+    const std::string flavor = opts.checkpoint.empty() ? opts.flavor : config.model.flavor;
+    return generate_image(opts, *model, description, tokenizer_path, config, flavor, device);
+  }
   // After the cast and the move: packing makes the projections views of one matrix each.
   const InferencePreparation prepared = prepare_for_inference(*model);
   const std::string model_tokenizer_path = tokenizer_path;

@@ -54,6 +54,10 @@ LoadedModel load_from_checkpoint(const CheckpointReader& reader, at::ScalarType 
   loaded.tokenizer_path =
       tokenizer != state.end() && tokenizer->is_string() ? tokenizer->get<std::string>() : "";
   loaded.source = reader.dir();
+  const auto job_config = state.find("job_config");
+  if (job_config != state.end() && job_config->is_string()) {
+    loaded.job_config_toml = job_config->get<std::string>();
+  }
   return loaded;
 }
 

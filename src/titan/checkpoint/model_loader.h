@@ -19,6 +19,9 @@ struct LoadedModel {
   std::string flavor;            // registered flavor, or a description for HF-derived dims
   std::string tokenizer_path;    // tokenizer files for this model ("" = built-in byte tokenizer)
   std::string source;            // the directory the weights came from
+  // The training run's job config as TOML, when the checkpoint records it ("" otherwise: Hugging
+  // Face folders, older checkpoints).
+  std::string job_config_toml;
 };
 
 // Builds and loads the model found at `path`. `max_seq_len` sizes the RoPE table.

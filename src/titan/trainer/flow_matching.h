@@ -13,10 +13,8 @@
 
 #include "titan/components/data/data_loader.h"
 #include "titan/config/job_config.h"
-#include "titan/models/encoders/clip.h"
-#include "titan/models/encoders/t5.h"
 #include "titan/models/flux/args.h"
-#include "titan/models/flux/autoencoder.h"
+#include "titan/models/flux/conditioner.h"
 
 #include <ATen/ATen.h>
 
@@ -25,20 +23,10 @@
 
 namespace titan {
 
-// Latents (bs, c, h, w) as the transformer's image tokens (bs, h/2 * w/2, c * 4): each 2x2
-// patch's channels c-major ("b c (h ph) (w pw) -> b (h w) (c ph pw)"), and back.
-at::Tensor pack_latents(const at::Tensor& latents);
-at::Tensor unpack_latents(const at::Tensor& packed, int64_t height, int64_t width);
-// The packed patches' positions (h/2 * w/2, 3): (0, row, column), row-major.
-at::Tensor latent_position_ids(int64_t height, int64_t width);
-
 class FlowMatching {
  public:
-  // The frozen encoders for a FLUX model of `args` (flavor `flavor`) on `device`: under
-  // training.test_mode random ones (configs from [encoder]'s folders when they exist, else
-  // debug sizes matching the flavor and `vocab_size`, the tokenizer's), else loaded from
-  // [encoder] (ConfigError until the T5 and CLIP tokenizers exist; see the message).
-  // `eos_id`: the tokenizer's end-of-text id, where the debug CLIP pools.
+  // With the frozen encoders of flux::build_flux_encoders (same arguments); `seed` draws the
+  // samples' latents, noise and timesteps.
   FlowMatching(const JobConfig& config, const std::string& flavor, const flux::FluxArgs& args,
                int64_t vocab_size, int64_t eos_id, at::Device device, uint64_t seed);
 
@@ -55,19 +43,16 @@ class FlowMatching {
   // (flux::flops_per_image_token), for MFU.
   double flops_per_image_token() const;
 
-  const flux::AutoEncoder& autoencoder() const { return *ae_; }
+  const flux::FluxEncoders& encoders() const { return encoders_; }
 
  private:
   flux::FluxArgs args_;
-  std::shared_ptr<flux::AutoEncoder> ae_;
-  std::shared_ptr<encoders::T5Encoder> t5_;
-  std::shared_ptr<encoders::ClipTextEncoder> clip_;
+  flux::FluxEncoders encoders_;
   at::Device device_;
   uint64_t seed_;
   int64_t img_size_;
   int64_t txt_len_;
   double guidance_;
-  std::string origin_;  // where the encoders came from, for describe()
 };
 
 }  // namespace titan

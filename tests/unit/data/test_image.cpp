@@ -229,5 +229,15 @@ TEST(ImageDataset, ShapesAreTheBuiltInSet) {
   EXPECT_EQ(s.origin, "shapes sample 7");
 }
 
+TEST(Image, PngEncodingRoundTrips) {
+  if (!image_codecs_built()) GTEST_SKIP() << "built without the image codecs";
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(3);
+  const at::Tensor rgb = at::randint(0, 256, {3, 7, 11}, gen, at::kByte);
+  const std::string png = encode_png(rgb);
+  EXPECT_EQ(sniff_image_format(png), ImageFormat::kPng);
+  EXPECT_TRUE(at::equal(decode_image(png, "memory"), rgb));
+  EXPECT_THROW(encode_png(at::zeros({4, 2, 2}, at::kByte)), c10::Error);
+}
+
 }  // namespace test_image
 }  // namespace titan

@@ -5,6 +5,7 @@
 #include "titan/common/check.h"
 #include "titan/models/flux/autoencoder.h"
 #include "titan/models/flux/hf_adapter.h"
+#include "titan/models/flux/latents.h"
 #include "titan/models/flux/model.h"
 
 #include "finite_difference.h"
@@ -316,6 +317,37 @@ TEST(FluxDiffusers, ConfigRoundTripsAndRefusesWhatItCannotHold) {
   hf["transformer_blocks.7.attn.to_k.weight"] = at::zeros({16, 16});
   expect_throw_with<DataError>([&] { flux::from_diffusers(hf, tiny); },
                                "unknown diffusers tensor 'transformer_blocks.7.attn.to_k");
+}
+
+TEST(FluxSampling, ScheduleIsBlackForestLabs) {
+  // Unshifted: 1, 0.75, 0.5, 0.25, 0.
+  const std::vector<double> linear = flux::flow_schedule(4, 256, /*shift=*/false);
+  ASSERT_EQ(linear.size(), 5u);
+  EXPECT_DOUBLE_EQ(linear[1], 0.75);
+  // Shifted at 256 image tokens: mu = 0.5, t' = e^mu / (e^mu + 1 / t - 1).
+  const std::vector<double> shifted = flux::flow_schedule(4, 256, /*shift=*/true);
+  EXPECT_DOUBLE_EQ(shifted[0], 1.0);
+  EXPECT_NEAR(shifted[1], std::exp(0.5) / (std::exp(0.5) + 1.0 / 0.75 - 1.0), 1e-15);
+  EXPECT_NEAR(shifted[1], 0.83183, 1e-5);
+  EXPECT_EQ(shifted[4], 0.0);
+  // At 4096 tokens mu = 1.15: later times move further toward the noise.
+  EXPECT_NEAR(flux::flow_schedule(4, 4096, true)[2], std::exp(1.15) / (std::exp(1.15) + 1.0),
+              1e-12);
+}
+
+TEST(FluxSampling, EulerFollowsStraightPathsToTheirEnd) {
+  // On the path x_t = (1 - t) x* + t e the velocity is e - x* = (x - x*) / t; Euler steps
+  // along any schedule land on x* at t = 0 (exactly, up to rounding).
+  const at::Tensor target = at::randn({2, 5}, at::kDouble);
+  const at::Tensor noise = at::randn({2, 5}, at::kDouble);
+  int calls = 0;
+  const at::Tensor end = flux::euler_sample(noise, flux::flow_schedule(7, 1000, true),
+                                            [&](const at::Tensor& x, double t) {
+                                              ++calls;
+                                              return (x - target) / t;
+                                            });
+  EXPECT_EQ(calls, 7);
+  EXPECT_TRUE(at::allclose(end, target, 1e-12, 1e-12));
 }
 
 }  // namespace flux_test

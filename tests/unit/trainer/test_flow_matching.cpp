@@ -3,6 +3,8 @@
 // does not depend on the batch, and the stratified validation timesteps.
 #include "titan/trainer/flow_matching.h"
 
+#include "titan/models/flux/latents.h"
+
 #include "titan/common/check.h"
 #include "titan/components/data/image_batches.h"
 #include "titan/components/tokenizer/tokenizer.h"
@@ -14,13 +16,13 @@ namespace flow_matching_test {
 
 TEST(FlowMatching, PackingFollowsTheEinopsPatternAndRoundTrips) {
   const at::Tensor x = at::arange(2 * 3 * 4 * 6, at::kFloat).view({2, 3, 4, 6});
-  const at::Tensor packed = pack_latents(x);
+  const at::Tensor packed = flux::pack_latents(x);
   ASSERT_EQ(packed.sizes(), (std::vector<int64_t>{2, 6, 12}));
   // "b c (h ph) (w pw) -> b (h w) (c ph pw)": token (h, w) = (1, 2), feature (c, ph, pw) =
   // (2, 1, 0) is x[b, 2, 2 * 1 + 1, 2 * 2 + 0].
   EXPECT_EQ(packed[1][1 * 3 + 2][2 * 4 + 1 * 2 + 0].item<float>(), x[1][2][3][4].item<float>());
-  EXPECT_TRUE(at::equal(unpack_latents(packed, 4, 6), x));
-  const at::Tensor ids = latent_position_ids(4, 6);
+  EXPECT_TRUE(at::equal(flux::unpack_latents(packed, 4, 6), x));
+  const at::Tensor ids = flux::latent_position_ids(4, 6);
   ASSERT_EQ(ids.sizes(), (std::vector<int64_t>{6, 3}));
   EXPECT_TRUE(at::equal(ids[5], at::tensor({0.0f, 1.0f, 2.0f})));
 }

@@ -196,8 +196,78 @@ void decode_jpeg(const unsigned char* data, size_t size, Decoded* out) {
   jpeg_destroy_decompress(&cinfo);
 }
 
+// ---- PNG writing ----
+
+struct PngWriter {
+  std::string* out;
+  char error[256];
+  jmp_buf jump;
+};
+
+void png_write_to_string(png_structp png, png_bytep data, png_size_t length) {
+  auto* w = static_cast<PngWriter*>(png_get_io_ptr(png));
+  w->out->append(reinterpret_cast<const char*>(data), length);
+}
+
+void png_flush_nothing(png_structp) {}
+
+void png_on_write_error(png_structp png, png_const_charp text) {
+  auto* w = static_cast<PngWriter*>(png_get_error_ptr(png));
+  std::snprintf(w->error, sizeof(w->error), "%s", text);
+  std::longjmp(w->jump, 1);
+}
+
+// Writes `rows` (height pointers to width * 3 bytes) into *out; false with w->error set on
+// failure.
+bool write_png(PngWriter* w, png_bytep* rows, int64_t width, int64_t height) {
+  png_structp png =
+      png_create_write_struct(PNG_LIBPNG_VER_STRING, w, png_on_write_error, png_on_warning);
+  png_infop info = png == nullptr ? nullptr : png_create_info_struct(png);
+  if (png == nullptr || info == nullptr) {
+    std::snprintf(w->error, sizeof(w->error), "libpng could not start (out of memory)");
+    png_destroy_write_struct(&png, &info);
+    return false;
+  }
+  if (setjmp(w->jump)) {
+    png_destroy_write_struct(&png, &info);
+    return false;
+  }
+  png_set_write_fn(png, w, png_write_to_string, png_flush_nothing);
+  png_set_IHDR(png, info, static_cast<png_uint_32>(width), static_cast<png_uint_32>(height), 8,
+               PNG_COLOR_TYPE_RGB, PNG_INTERLACE_NONE, PNG_COMPRESSION_TYPE_DEFAULT,
+               PNG_FILTER_TYPE_DEFAULT);
+  png_write_info(png, info);
+  png_write_image(png, rows);
+  png_write_end(png, nullptr);
+  png_destroy_write_struct(&png, &info);
+  return true;
+}
+
 }  // namespace
 #endif
+
+std::string encode_png(const at::Tensor& rgb) {
+  TITAN_CHECK(rgb.dim() == 3 && rgb.size(0) == 3 && rgb.scalar_type() == at::kByte &&
+                  rgb.size(1) > 0 && rgb.size(2) > 0,
+              "encode_png takes (3, height, width) uint8 RGB, got ", rgb.sizes(), " ",
+              rgb.scalar_type());
+#if TITAN_HAS_IMAGE_CODECS
+  const at::Tensor hwc = rgb.permute({1, 2, 0}).contiguous().to(at::kCPU);
+  const int64_t height = hwc.size(0), width = hwc.size(1);
+  std::vector<png_bytep> rows(static_cast<size_t>(height));
+  for (int64_t y = 0; y < height; ++y) rows[y] = hwc.data_ptr<uint8_t>() + y * width * 3;
+  std::string out;
+  PngWriter writer{&out, {0}, {}};
+  if (!write_png(&writer, rows.data(), width, height)) {
+    throw DataError(message("encode_png: libpng failed: ", writer.error));
+  }
+  return out;
+#else
+  throw DataError(
+      "this build writes no images (libpng was not found when it was configured). "
+      "HINT: run scripts/setup.sh (apt-get install libpng-dev) and rebuild");
+#endif
+}
 
 at::Tensor decode_image(std::string_view bytes, const std::string& origin) {
   const ImageFormat format = sniff_image_format(bytes);

@@ -29,4 +29,9 @@ ImageFormat sniff_image_format(std::string_view bytes);
 // (3, height, width) uint8 RGB. `origin` names the bytes in errors (a file, or file:row).
 at::Tensor decode_image(std::string_view bytes, const std::string& origin);
 
+// A PNG file's bytes (8-bit RGB, no interlacing, zlib's default compression) of `rgb`
+// (3, height, width) uint8, for images a model generates. DataError in a build without the
+// codecs (saying so).
+std::string encode_png(const at::Tensor& rgb);
+
 }  // namespace titan

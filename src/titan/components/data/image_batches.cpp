@@ -18,20 +18,24 @@ SplitMix64 sample_stream(uint64_t seed, int64_t serial) {
 
 }  // namespace
 
+std::vector<int64_t> caption_ids(const Tokenizer& tokenizer, const std::string& caption,
+                                 int64_t len) {
+  std::vector<int64_t> ids = {tokenizer.bos_id()};
+  const std::vector<int64_t> text = tokenizer.encode(caption);
+  ids.insert(ids.end(), text.begin(), text.end());
+  ids.push_back(tokenizer.eos_id());
+  ids.resize(static_cast<size_t>(len), 0);
+  return ids;
+}
+
 ImageBatchLoader::ImageBatchLoader(std::shared_ptr<const ImageCaptionSource> source,
                                    const Tokenizer& tokenizer, ImageBatchOptions options)
     : source_(std::move(source)), tokenizer_(tokenizer), options_(options) {
   TITAN_CHECK(options_.batch_size >= 1 && options_.img_size >= 1 && options_.t5_tokens >= 1 &&
                   options_.clip_tokens >= 1,
               "image batches: batch size, image size and token counts must be >= 1");
-  std::vector<int64_t> empty = {tokenizer_.bos_id(), tokenizer_.eos_id()};
-  empty_t5_ = fit(empty, options_.t5_tokens);
-  empty_clip_ = fit(empty, options_.clip_tokens);
-}
-
-std::vector<int64_t> ImageBatchLoader::fit(std::vector<int64_t> ids, int64_t len) {
-  ids.resize(static_cast<size_t>(len), 0);
-  return ids;
+  empty_t5_ = caption_ids(tokenizer_, "", options_.t5_tokens);
+  empty_clip_ = caption_ids(tokenizer_, "", options_.clip_tokens);
 }
 
 std::optional<Batch> ImageBatchLoader::next() {
@@ -68,14 +72,12 @@ std::optional<Batch> ImageBatchLoader::next() {
     }
     const std::optional<at::Tensor> image = flux_preprocess(sample.image, size, rng.below(choices));
     images[b].copy_(*image);
-    std::vector<int64_t> tokens = tokenizer_.encode(sample.caption);
-    tokens.insert(tokens.begin(), tokenizer_.bos_id());
-    tokens.push_back(tokenizer_.eos_id());
     const bool drop_t5 = rng.uniform() < options_.cfg_drop_prob;
     const bool drop_clip = rng.uniform() < options_.cfg_drop_prob;
-    const std::vector<int64_t> t5_ids = drop_t5 ? empty_t5_ : fit(tokens, options_.t5_tokens);
+    const std::vector<int64_t> t5_ids =
+        drop_t5 ? empty_t5_ : caption_ids(tokenizer_, sample.caption, options_.t5_tokens);
     const std::vector<int64_t> clip_ids =
-        drop_clip ? empty_clip_ : fit(tokens, options_.clip_tokens);
+        drop_clip ? empty_clip_ : caption_ids(tokenizer_, sample.caption, options_.clip_tokens);
     t5[b].copy_(at::tensor(t5_ids, at::kLong));
     clip[b].copy_(at::tensor(clip_ids, at::kLong));
     ids[b] = serial_++;

@@ -15,8 +15,15 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
+#include <vector>
 
 namespace titan {
+
+// A caption as a text encoder's ids: BOS, the caption's tokens, EOS, then 0 up to `len`, cut
+// to `len` (TorchTitan's FLUX test tokenizer; the empty caption is BOS, EOS, zeros).
+std::vector<int64_t> caption_ids(const Tokenizer& tokenizer, const std::string& caption,
+                                 int64_t len);
 
 struct ImageBatchOptions {
   int64_t batch_size = 1;  // rows per batch (the global batch: every data rank's rows)
@@ -45,9 +52,6 @@ class ImageBatchLoader : public BatchLoader {
   int64_t too_small() const { return too_small_; }
 
  private:
-  // `ids` padded with 0 or cut to `len`.
-  static std::vector<int64_t> fit(std::vector<int64_t> ids, int64_t len);
-
   std::shared_ptr<const ImageCaptionSource> source_;
   const Tokenizer& tokenizer_;
   ImageBatchOptions options_;
