@@ -20,6 +20,28 @@ grep "vs diffusers FluxTransformer2DModel" "$WORK/out"
 grep -q "t5 encoder vs transformers T5EncoderModel" "$WORK/out" || fail "no T5 comparison"
 [ "$(grep -c "vs transformers CLIPTextModel" "$WORK/out")" = 4 ] ||
   fail "expected CLIP's hidden states and pooled outputs under both end-of-text rules"
+
+# titan convert: a diffusers FluxTransformer2DModel folder to a titan checkpoint and back; diffusers
+# loads the result, whose tensors are the original's bit for bit, and reproduces the output.
+expect_exit 0 "$TITAN" convert from-hf "$WORK/flux/dev" "$WORK/flux_ckpt"
+expect_exit 0 "$TITAN" convert to-hf "$WORK/flux_ckpt" "$WORK/flux_back"
+expect_exit 0 "$PY" -c "
+import sys, torch
+from diffusers import FluxTransformer2DModel
+from safetensors.torch import load_file
+src, back = sys.argv[1], sys.argv[2]
+a = load_file(src + '/diffusion_pytorch_model.safetensors')
+b = load_file(back + '/diffusion_pytorch_model.safetensors')
+assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), 'tensors differ'
+m = FluxTransformer2DModel.from_pretrained(back).eval()
+io = load_file(src + '/io.safetensors')
+want = io.pop('sample')
+with torch.no_grad():
+    err = (m(**io, return_dict=False)[0] - want).abs().max().item()
+assert err < 1e-4, err
+print(f'diffusers -> titan -> diffusers: {len(a)} tensors bit for bit, output within {err:.1e}')
+" "$WORK/flux/dev" "$WORK/flux_back"
+cat "$WORK/out" | grep "bit for bit"
 echo "PASS test_flux (diffusers and transformers references)"
 
 # Training (flow matching on the procedural shapes, training.test_mode: random encoders): the

@@ -203,11 +203,13 @@ TensorMap read_model_tensors(const CheckpointReader& reader) {
 
 nlohmann::json hf_model_description(const nlohmann::json& config, const std::string& config_path,
                                     const std::vector<std::string>& tensor_names) {
-  if (!config.contains("model_type") || !config["model_type"].is_string()) {
-    throw DataError(config_path + ": no \"model_type\" string");
+  // transformers' configs name the architecture in "model_type", diffusers' in "_class_name".
+  const char* key = config.contains("model_type") ? "model_type" : "_class_name";
+  if (!config.contains(key) || !config[key].is_string()) {
+    throw DataError(config_path + ": no \"model_type\" string (nor a diffusers \"_class_name\")");
   }
   try {
-    const ModelSpec& spec = spec_for_hf_model_type(config["model_type"].get<std::string>());
+    const ModelSpec& spec = spec_for_hf_model_type(config[key].get<std::string>());
     const HfAdapter& adapter = adapter_of(spec);
     const nlohmann::json description = adapter.from_hf_config(config);
     return adapter.fit_to_tensors ? adapter.fit_to_tensors(description, tensor_names) : description;
@@ -241,7 +243,10 @@ void checkpoint_to_hf(const std::string& checkpoint_dir, const std::string& out_
   for (const auto& [name, buffer] : expert_biases(*empty_model(base))) {
     if (reader.has(name)) ours.emplace(name, reader.read(name));
   }
-  write_hf_folder(out_dir, adapter.to_hf_config(base), adapter.to_hf(ours, base), options);
+  HfWriteOptions write = options;
+  write.weights_name = adapter.weights_name;
+  if (write.weights_name != "model") write.tokenizer_path.clear();  // a diffusers model folder
+  write_hf_folder(out_dir, adapter.to_hf_config(base), adapter.to_hf(ours, base), write);
 }
 
 void checkpoint_to_peft(const std::string& checkpoint_dir, const std::string& out_dir) {

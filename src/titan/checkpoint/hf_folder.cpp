@@ -21,8 +21,10 @@ namespace fs = std::filesystem;
 namespace {
 
 constexpr const char* kConfigFile = "config.json";
-constexpr const char* kSingleFile = "model.safetensors";
-constexpr const char* kIndexFile = "model.safetensors.index.json";
+// transformers' weight file names; diffusers' models use "diffusion_pytorch_model" instead of
+// "model" (HfWriteOptions::weights_name).
+std::string single_file(const std::string& stem) { return stem + ".safetensors"; }
+std::string index_file(const std::string& stem) { return stem + ".safetensors.index.json"; }
 
 // Tokenizer files a model folder may carry; copied from a tokenizer folder when present.
 constexpr const char* kTokenizerFiles[] = {
@@ -152,9 +154,14 @@ void write_hf_folder(const std::string& dir, nlohmann::json config, const Tensor
     throw ConfigError(message("output folder ", dir, " already exists; remove it or pick another"));
   }
   TITAN_CHECK(!tensors.empty(), "write_hf_folder: no tensors to write to ", dir);
-  config["torch_dtype"] = torch_dtype_name(options.dtype);
-  if (options.bos_id >= 0) config["bos_token_id"] = options.bos_id;
-  if (options.eos_id >= 0) config["eos_token_id"] = options.eos_id;
+  const std::string dtype_name = torch_dtype_name(options.dtype);  // checks the dtype
+  // transformers' configs record the dtype and the token ids; diffusers' model configs neither
+  // (diffusers warns about keys its model does not take).
+  if (options.weights_name == "model") {
+    config["torch_dtype"] = dtype_name;
+    if (options.bos_id >= 0) config["bos_token_id"] = options.bos_id;
+    if (options.eos_id >= 0) config["eos_token_id"] = options.eos_id;
+  }
 
   const fs::path final_dir = fs::path(dir);
   const fs::path tmp = fs::path(dir + ".tmp-" + std::to_string(::getpid()));
@@ -183,18 +190,19 @@ void write_hf_folder(const std::string& dir, nlohmann::json config, const Tensor
 
   const std::map<std::string, std::string> metadata = {{"format", "pt"}};
   if (shards.size() == 1) {
-    write_safetensors((tmp / kSingleFile).string(), shards[0], metadata);
+    write_safetensors((tmp / single_file(options.weights_name)).string(), shards[0], metadata);
   } else {
     nlohmann::json weight_map = nlohmann::json::object();
     for (size_t i = 0; i < shards.size(); ++i) {
       char file[64];
-      std::snprintf(file, sizeof(file), "model-%05zu-of-%05zu.safetensors", i + 1, shards.size());
+      std::snprintf(file, sizeof(file), "%s-%05zu-of-%05zu.safetensors",
+                    options.weights_name.c_str(), i + 1, shards.size());
       write_safetensors((tmp / file).string(), shards[i], metadata);
       for (const auto& item : shards[i]) weight_map[item.first] = file;
     }
     const nlohmann::json index = {{"metadata", {{"total_size", total_bytes}}},
                                   {"weight_map", weight_map}};
-    write_text((tmp / kIndexFile).string(), index.dump(2) + "\n");
+    write_text((tmp / index_file(options.weights_name)).string(), index.dump(2) + "\n");
   }
   write_text((tmp / kConfigFile).string(), config.dump(2) + "\n");
   if (!options.tokenizer_path.empty()) copy_tokenizer(options.tokenizer_path, tmp);
@@ -242,8 +250,16 @@ HfFolderReader::HfFolderReader(const std::string& dir)
   config_ = read_json(d / kConfigFile);
   if (!config_.is_object()) throw DataError((d / kConfigFile).string() + ": not a JSON object");
 
-  if (fs::is_regular_file(d / kIndexFile, ec)) {
-    const fs::path index_path = d / kIndexFile;
+  // transformers' names, or diffusers' (a model folder of a diffusers pipeline).
+  std::string stem = "model";
+  if (!fs::exists(d / single_file(stem), ec) && !fs::exists(d / index_file(stem), ec) &&
+      (fs::exists(d / single_file("diffusion_pytorch_model"), ec) ||
+       fs::exists(d / index_file("diffusion_pytorch_model"), ec))) {
+    stem = "diffusion_pytorch_model";
+  }
+  const std::string single = single_file(stem), index_name = index_file(stem);
+  if (fs::is_regular_file(d / index_name, ec)) {
+    const fs::path index_path = d / index_name;
     const nlohmann::json index = read_json(index_path);
     if (!index.is_object() || !index.contains("weight_map") || !index["weight_map"].is_object()) {
       throw DataError(index_path.string() + ": no \"weight_map\" object");
@@ -270,14 +286,13 @@ HfFolderReader::HfFolderReader(const std::string& dir)
       }
       impl_->where[item.key()] = it->second;
     }
-  } else if (fs::is_regular_file(d / kSingleFile, ec)) {
-    impl_->files.push_back(std::make_unique<SafetensorsReader>((d / kSingleFile).string()));
+  } else if (fs::is_regular_file(d / single, ec)) {
+    impl_->files.push_back(std::make_unique<SafetensorsReader>((d / single).string()));
     for (const TensorEntry& entry : impl_->files.back()->entries()) {
       impl_->where[entry.name] = impl_->files.back().get();
     }
   } else {
-    throw DataError("Hugging Face folder " + dir + " has neither " + kSingleFile + " nor " +
-                    kIndexFile +
+    throw DataError("Hugging Face folder " + dir + " has neither " + single + " nor " + index_name +
                     " (PyTorch .bin weights are not supported; re-save them with "
                     "save_pretrained(..., safe_serialization=True))");
   }

@@ -28,6 +28,8 @@ struct HfWriteOptions {
   std::string tokenizer_path;             // tokenizer file or folder to copy; "" copies nothing
   int64_t bos_id = -1;                    // config.json bos_token_id / eos_token_id; -1: omitted
   int64_t eos_id = -1;
+  // The weight files' stem: "model" (transformers), "diffusion_pytorch_model" (diffusers).
+  std::string weights_name = "model";
 };
 
 // Writes `config` (plus torch_dtype and the token ids) and `tensors` (HF names) as an HF folder
@@ -44,7 +46,8 @@ std::string hf_tokenizer_path(const std::string& dir);
 // True if `dir` holds a config.json.
 bool is_hf_folder(const std::string& dir);
 
-// Reads an HF folder: config.json and the weights (single file or sharded). Files are mapped,
+// Reads an HF folder: config.json and the weights (single file or sharded; transformers' or
+// diffusers' file names). Files are mapped,
 // tensors copied out on read. DataError naming the file for anything missing or corrupt.
 class HfFolderReader {
  public:

@@ -29,7 +29,12 @@ using TensorMap = std::map<std::string, at::Tensor>;
 // Conversion between our parameters and a Hugging Face transformers model folder (what
 // TorchTitan calls a state-dict adapter). Every function is pure: no files, no model instance.
 struct HfAdapter {
-  std::string model_type;  // config.json "model_type" this adapter reads, e.g. "llama"
+  // config.json "model_type" this adapter reads, e.g. "llama" (a diffusers model folder:
+  // "_class_name", e.g. "FluxTransformer2DModel").
+  std::string model_type;
+  // The stem of the folder's weight files: "model" (transformers), "diffusion_pytorch_model"
+  // (diffusers).
+  std::string weights_name = "model";
   // Further model_type values from_hf_config reads (Qwen3's MoE configs: "qwen3_moe").
   std::vector<std::string> other_model_types;
   // The config.json for a model description (architectures, model_type, dims; no dtype or

@@ -4,6 +4,7 @@
 #include "titan/common/check.h"
 #include "titan/models/common/init.h"
 #include "titan/models/flux/args.h"
+#include "titan/models/flux/hf_adapter.h"
 #include "titan/models/flux/model.h"
 
 namespace titan {
@@ -56,6 +57,23 @@ ModelSpec make_flux_spec() {
                                 const ModelBuildOptions& options) -> std::shared_ptr<Model> {
     ParamDeviceGuard device(options.meta ? at::Device(at::kMeta) : at::Device(at::kCPU));
     return std::make_shared<flux::FluxTransformer>(description_args(model), options.compute_dtype);
+  };
+  // diffusers' FluxTransformer2DModel folders (the "transformer" folder of a FLUX pipeline).
+  spec.hf.model_type = "FluxTransformer2DModel";
+  spec.hf.weights_name = "diffusion_pytorch_model";
+  spec.hf.to_hf_config = [](const nlohmann::json& model) {
+    return flux::to_diffusers_config(description_args(model));
+  };
+  spec.hf.from_hf_config = [](const nlohmann::json& config) {
+    return nlohmann::json{{"name", "flux"},
+                          {"flavor", "custom"},
+                          {"args", flux::args_to_json(flux::from_diffusers_config(config))}};
+  };
+  spec.hf.to_hf = [](const TensorMap& ours, const nlohmann::json& model) {
+    return flux::to_diffusers(ours, description_args(model));
+  };
+  spec.hf.from_hf = [](const TensorMap& hf, const nlohmann::json& model) {
+    return flux::from_diffusers(hf, description_args(model));
   };
   return spec;
 }
