@@ -20,16 +20,6 @@ std::vector<at::Tensor> split_qkv(const at::Tensor& qkv, int64_t num_heads) {
 
 }  // namespace
 
-BiasedLinear::BiasedLinear(int64_t in_features, int64_t out_features, at::ScalarType compute_dtype)
-    : Linear(in_features, out_features, compute_dtype) {
-  bias = register_module("bias", std::make_shared<Bias>(at::IntArrayRef{out_features}));
-}
-
-at::Tensor BiasedLinear::forward(const at::Tensor& x) {
-  const at::Tensor y = Linear::forward(x);
-  return y + to_compute(bias->weight, compute_dtype).to(y.scalar_type());
-}
-
 MLPEmbedder::MLPEmbedder(int64_t in_dim, int64_t hidden, at::ScalarType compute_dtype) {
   in_layer =
       register_module("in_layer", std::make_shared<BiasedLinear>(in_dim, hidden, compute_dtype));

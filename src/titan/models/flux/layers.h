@@ -5,11 +5,10 @@
 // timestep embedding.
 //
 // Module names follow TorchTitan's flux model (img_attn.qkv, img_mlp.0, modulation.lin,
-// final_layer.adaLN_modulation.1, ...). Our Linear holds no bias: a biased layer's bias is its
-// child "bias" (parameter "<layer>.bias.weight"), added after the layer's hooks so that a
-// row-wise split reduces before the bias is added once.
+// final_layer.adaLN_modulation.1, ...); biased layers are common/affine.h's BiasedLinear.
 #pragma once
 
+#include "titan/models/common/affine.h"
 #include "titan/models/common/linear.h"
 #include "titan/models/common/norms.h"
 
@@ -21,15 +20,6 @@
 #include <vector>
 
 namespace titan::flux {
-
-// x @ weight^T + bias. Parameters: weight (out, in), bias.weight (out).
-class BiasedLinear : public Linear {
- public:
-  BiasedLinear(int64_t in_features, int64_t out_features, at::ScalarType compute_dtype);
-  // x (..., in) -> (..., out) in the compute dtype.
-  at::Tensor forward(const at::Tensor& x);
-  std::shared_ptr<Bias> bias;
-};
 
 // in_layer -> SiLU -> out_layer (the timestep, guidance and pooled-text embedders).
 class MLPEmbedder : public torch::nn::Module {
