@@ -25,6 +25,8 @@ int run_pipeline_schedule(const std::vector<std::string>& args);
 int run_plan(const std::vector<std::string>& args);
 // `titan plot`: an SVG of runs' metrics (loss, lr, tokens/s, memory, ...) against steps.
 int run_plot(const std::vector<std::string>& args);
+// `titan flux encode`: FLUX's frozen encoders run once over a dataset, for training from them.
+int run_flux(const std::vector<std::string>& args);
 // `titan ft lighthouse`: the coordinator of fault-tolerant replica groups.
 int run_ft(const std::vector<std::string>& args);
 

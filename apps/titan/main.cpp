@@ -61,6 +61,8 @@ const std::vector<Command>& commands() {
        false, titan::run_plan},
       {"plot", "draw runs' metrics (loss, lr, tokens/s, memory) into one SVG (`titan plot --help`)",
        false, titan::run_plot},
+      {"flux", "FLUX: `titan flux encode` precomputes a dataset's latents and caption encodings",
+       false, titan::run_flux},
       {"ft",
        "fault-tolerant replica groups: `titan ft lighthouse` coordinates them (`titan ft "
        "--help`)",

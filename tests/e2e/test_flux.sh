@@ -126,6 +126,19 @@ grep '"loss":' "$WORK/one/metrics.jsonl" | tail -n 5 >"$WORK/tail5"
 mkdir -p "$WORK/one_tail" && mv "$WORK/tail5" "$WORK/one_tail/metrics.jsonl"
 same_values one_tail resumed loss 1e-6
 
+# Precomputed encodings (titan flux encode): training from them repeats the run that encodes on
+# the fly (the same losses: moments, caption encodings and the drops of the same samples).
+expect_exit 0 "$TITAN" flux encode --output "$WORK/latents" --rows 80 "${short[@]}"
+grep "wrote 80 samples' encodings" "$WORK/out"
+flux_train cached 1 "${short[@]}" --training.local_batch_size 8 --training.dataset flux_latents \
+  --training.dataset_path "$WORK/latents" --validation.enable false
+grep '"loss":' "$WORK/one/metrics.jsonl" >"$WORK/one_losses"
+mkdir -p "$WORK/one_only" && mv "$WORK/one_losses" "$WORK/one_only/metrics.jsonl"
+same_values one_only cached loss 1e-6
+expect_exit 1 "$TITAN" train "${short[@]}" --job.dump_folder "$WORK/x" --training.img_size 32 \
+  --training.dataset flux_latents --training.dataset_path "$WORK/latents"
+grep -q "was encoded with img_size = 64, this run has 32" "$WORK/out" || fail "a mismatch not named"
+
 expect_exit 2 "$TITAN" train "${cfg[@]}" --job.dump_folder "$WORK/x" --training.test_mode false
 grep -q "needs their tokenizers" "$WORK/out" || fail "test_mode false not refused"
 expect_exit 2 "$TITAN" train "${cfg[@]}" --job.dump_folder "$WORK/x" --training.dataset c4

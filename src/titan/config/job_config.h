@@ -261,7 +261,9 @@ struct TrainingSection {
       "(.jsonl/.json, plain or .gz/.zst, one per line), parquet (.parquet, one per row; a "
       "hub folder's data/train-NNNNN-of-NNNNN.parquet), tokens (.bin from `titan data "
       "prepare`), auto (by extension); chat (conversations to fine-tune on, rows with "
-      "messages in any of those row formats; see [sft])");
+      "messages in any of those row formats; see [sft]). FLUX: shapes (built-in procedural "
+      "images with captions), flux_latents (the folder `titan flux encode` wrote, at "
+      "dataset_path), or image-caption rows at dataset_path");
     v("dataset_path", dataset_path,
       "Where the dataset lives (file or folder); empty uses the cache ($TITAN_CACHE/datasets/"
       "<name>, filled by scripts/setup.sh for sotu)");

@@ -51,13 +51,16 @@ std::string FlowMatching::describe() const {
 
 Batch FlowMatching::prepare(const Batch& images, bool validation) const {
   at::NoGradGuard no_grad;
-  const at::Tensor& pixels = images.inputs;  // (bs, 3, S, S) in [-1, 1]
+  const bool cached = images.conditioning.count("txt") != 0;
   const at::Tensor serials = images.conditioning.at("sample_ids").to(at::kCPU);
-  const int64_t bs = pixels.size(0);
+  const int64_t bs = images.inputs.size(0);
   const flux::AutoEncoderArgs& a = encoders_.autoencoder->args();
-  // The Gaussian's moments, then a sample of it per image from that image's generator.
+  // The Gaussian's moments (precomputed, or from the images in [-1, 1]), then a sample of it
+  // per image from that image's generator.
   const std::vector<at::Tensor> moments =
-      encoders_.autoencoder->encoder->forward(pixels.to(at::kFloat)).chunk(2, 1);
+      (cached ? images.inputs.to(at::kFloat)
+              : encoders_.autoencoder->encoder->forward(images.inputs.to(at::kFloat)))
+          .chunk(2, 1);
   const int64_t c = moments[0].size(1), h = moments[0].size(2), w = moments[0].size(3);
   std::vector<at::Tensor> latent_noise, noise, timesteps;
   for (int64_t i = 0; i < bs; ++i) {
@@ -81,12 +84,14 @@ Batch FlowMatching::prepare(const Batch& images, bool validation) const {
   Batch out;
   out.inputs = flux::pack_latents((1 - sigma) * x + sigma * e);
   out.labels = flux::pack_latents(e - x);
-  const at::Tensor t5_tokens = images.conditioning.at("t5_tokens");
-  out.conditioning["txt"] = encoders_.encode_t5(t5_tokens);
-  out.conditioning["y"] = encoders_.encode_clip(images.conditioning.at("clip_tokens"));
+  out.conditioning["txt"] = cached ? images.conditioning.at("txt")
+                                   : encoders_.encode_t5(images.conditioning.at("t5_tokens"));
+  out.conditioning["y"] = cached ? images.conditioning.at("y")
+                                 : encoders_.encode_clip(images.conditioning.at("clip_tokens"));
+  const int64_t txt_len = out.conditioning["txt"].size(1);
   out.conditioning["timesteps"] = t;
   out.conditioning["img_ids"] = flux::latent_position_ids(h, w).to(device_);
-  out.conditioning["txt_ids"] = at::zeros({t5_tokens.size(1), 3}, at::kFloat).to(device_);
+  out.conditioning["txt_ids"] = at::zeros({txt_len, 3}, at::kFloat).to(device_);
   if (args_.guidance_embed) {
     out.conditioning["guidance"] = at::full({bs}, guidance_, at::kFloat).to(device_);
   }

@@ -23,6 +23,20 @@
 
 namespace titan {
 
+class ImageCaptionSource;
+
+// The image-caption dataset of a config section: "shapes" (the built-in procedural set, at
+// training.img_size; `seed` picks its images), or the rows at `path`. ConfigError for another
+// dataset name without a path (the message lists the choices).
+std::shared_ptr<const ImageCaptionSource> open_image_dataset(const std::string& section,
+                                                             const std::string& dataset,
+                                                             const std::string& path,
+                                                             const TrainingSection& t,
+                                                             uint64_t seed);
+
+// The dataset name of a folder of precomputed FLUX encodings (flux_latents.h).
+inline constexpr const char* kFluxLatents = "flux_latents";
+
 class FlowMatching {
  public:
   // With the frozen encoders of flux::build_flux_encoders (same arguments); `seed` draws the
@@ -32,7 +46,8 @@ class FlowMatching {
 
   // A rank's rows of an image batch (on the device) -> the transformer's batch: inputs the
   // packed noisy latents, labels the packed velocity target, conditioning txt, y, timesteps,
-  // img_ids, txt_ids (and guidance).
+  // img_ids, txt_ids (and guidance). A batch of precomputed encodings (FluxLatentLoader's:
+  // inputs the autoencoder's moments, conditioning txt and y) skips the encoders.
   Batch prepare(const Batch& images, bool validation) const;
 
   // "autoencoder (...), T5 (...), CLIP (...)" for the log.

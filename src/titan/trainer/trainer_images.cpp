@@ -7,17 +7,16 @@
 #include "titan/components/tokenizer/tokenizer.h"
 #include "titan/models/flux/args.h"
 #include "titan/trainer/flow_matching.h"
+#include "titan/trainer/flux_latents.h"
 #include "titan/trainer/trainer.h"
 
 namespace titan {
-namespace {
 
-// The image-caption dataset of a section: "shapes" (the built-in procedural set, at the training
-// image size), or the rows at dataset_path.
-std::shared_ptr<const ImageCaptionSource> open_images(const std::string& section,
-                                                      const std::string& dataset,
-                                                      const std::string& path,
-                                                      const TrainingSection& t, uint64_t seed) {
+std::shared_ptr<const ImageCaptionSource> open_image_dataset(const std::string& section,
+                                                             const std::string& dataset,
+                                                             const std::string& path,
+                                                             const TrainingSection& t,
+                                                             uint64_t seed) {
   ImageDatasetOptions options;
   options.image_field = t.image_field;
   options.caption_field = t.image_caption_field;
@@ -29,14 +28,14 @@ std::shared_ptr<const ImageCaptionSource> open_images(const std::string& section
     throw ConfigError(message(
         "a flow-matching model (FLUX) trains on image-caption data, but ", section, ".dataset is '",
         dataset, "' and ", section, ".dataset_path is empty. HINT: ", section,
-        ".dataset = \"shapes\" (the built-in procedural shapes with captions), or ", section,
+        ".dataset = \"shapes\" (the built-in procedural shapes with captions), \"flux_latents\" "
+        "(the folder `titan flux encode` wrote, at ",
+        section, ".dataset_path), or ", section,
         ".dataset_path = a JSON lines / JSON / parquet file or folder of rows with an image and "
         "a caption (training.image_field, training.image_caption_field)"));
   }
   return std::make_shared<ImageCaptionSource>(path, options);
 }
-
-}  // namespace
 
 int64_t Trainer::sample_tokens() const {
   return flow_ ? flow_->image_tokens() : config_.training.seq_len;
@@ -48,19 +47,30 @@ void Trainer::build_image_data() {
       config_, config_.model.flavor, flux::args_for_flavor(config_.model.flavor),
       tokenizer_->vocab_size(), tokenizer_->eos_id(), device_, static_cast<uint64_t>(seed_));
   log_info("flow matching: ", flow_->describe());
-  train_images_ = open_images("training", t.dataset, t.dataset_path, t, /*seed=*/0);
-  log_info("image dataset ", t.dataset_path.empty() ? t.dataset : t.dataset_path, ": ",
-           train_images_->size(), " rows, in order; captions tokenized by a vocab of ",
-           tokenizer_->vocab_size(), "; classifier-free guidance drop ",
-           t.classifier_free_guidance_prob);
+  if (t.dataset == kFluxLatents) {
+    const FluxLatentLoader probe(t.dataset_path, config_, 1, 0.0, 0, false);
+    log_info("FLUX encodings ", t.dataset_path, ": ", probe.rows(),
+             " samples (the encoders are skipped); classifier-free guidance drop ",
+             t.classifier_free_guidance_prob);
+  } else {
+    train_images_ = open_image_dataset("training", t.dataset, t.dataset_path, t, /*seed=*/0);
+    log_info("image dataset ", t.dataset_path.empty() ? t.dataset : t.dataset_path, ": ",
+             train_images_->size(), " rows, in order; captions tokenized by a vocab of ",
+             tokenizer_->vocab_size(), "; classifier-free guidance drop ",
+             t.classifier_free_guidance_prob);
+  }
   train_loader_ = make_image_loader("training", t.local_batch_size * data_dp_size_,
                                     /*infinite=*/true);
   if (config_.validation.enable) {
     const ValidationSection& v = config_.validation;
     // The procedural set's validation images come from another seed than its training ones.
-    validation_images_ = open_images("validation", v.dataset, v.dataset_path, t, /*seed=*/1);
-    log_info("validation image dataset ", v.dataset_path.empty() ? v.dataset : v.dataset_path, ": ",
-             validation_images_->size(), " rows; stratified timesteps (i + 0.5) / 8");
+    if (v.dataset != kFluxLatents) {
+      validation_images_ =
+          open_image_dataset("validation", v.dataset, v.dataset_path, t, /*seed=*/1);
+    }
+    validates_images_ = true;
+    log_info("validation image dataset ", v.dataset_path.empty() ? v.dataset : v.dataset_path,
+             "; stratified timesteps (i + 0.5) / 8");
     if (!make_image_loader("validation", v.local_batch_size * dp_size_, false)->next()) {
       throw ConfigError(message("the validation image dataset has fewer than ",
                                 v.local_batch_size * dp_size_,
@@ -74,6 +84,13 @@ std::unique_ptr<BatchLoader> Trainer::make_image_loader(const std::string& secti
                                                         int64_t batch_size, bool infinite) const {
   const TrainingSection& t = config_.training;
   const bool training = section == "training";
+  const std::string& dataset = training ? t.dataset : config_.validation.dataset;
+  if (dataset == kFluxLatents) {
+    return std::make_unique<FluxLatentLoader>(
+        training ? t.dataset_path : config_.validation.dataset_path, config_, batch_size,
+        training ? t.classifier_free_guidance_prob : 0.0,
+        static_cast<uint64_t>(seed_) + (training ? 0 : 1), infinite);
+  }
   ImageBatchOptions options;
   options.batch_size = batch_size;
   options.img_size = t.img_size;

@@ -78,7 +78,7 @@ TEST(Image, CorruptFilesNameTheFileAndOffset) {
   m = refusal("garbage.png");
   EXPECT_TRUE(test::contains(m, "garbage.png: not a PNG or JPEG image")) << m;
   m = refusal("cmyk.jpg");
-  EXPECT_TRUE(test::contains(m, "cmyk.jpg: corrupt JPEG image: a CMYK JPEG")) << m;
+  EXPECT_TRUE(test::contains(m, "cmyk.jpg: unsupported JPEG image: a CMYK JPEG")) << m;
   std::printf("refused: %s\n", refusal("truncated_jpeg_420.jpg").c_str());
 }
 

@@ -56,8 +56,9 @@ struct Decoded {
   std::vector<uint8_t> rgb;
   int64_t width = 0, height = 0;
   char error[JMSG_LENGTH_MAX + 64] = {0};
-  int64_t offset = -1;  // the byte offset reached, -1 if unknown
-  int64_t left = -1;    // JPEG: the bytes the source had not handed over yet
+  int64_t offset = -1;       // the byte offset reached, -1 if unknown
+  int64_t left = -1;         // JPEG: the bytes the source had not handed over yet
+  bool unsupported = false;  // a well-formed image this reader does not take (CMYK, too large)
 };
 
 // ---- PNG ----
@@ -108,6 +109,7 @@ void decode_png(const unsigned char* data, size_t size, Decoded* out) {
   const int depth = png_get_bit_depth(png, info);
   const int color = png_get_color_type(png, info);
   if (too_large(width, height, out->error, sizeof(out->error))) {
+    out->unsupported = true;
     png_destroy_read_struct(&png, &info, nullptr);
     return;
   }
@@ -176,10 +178,12 @@ void decode_jpeg(const unsigned char* data, size_t size, Decoded* out) {
   if (cinfo.jpeg_color_space == JCS_CMYK || cinfo.jpeg_color_space == JCS_YCCK) {
     std::snprintf(out->error, sizeof(out->error),
                   "a CMYK JPEG (only RGB, YCbCr and grayscale JPEGs are read)");
+    out->unsupported = true;
     jpeg_destroy_decompress(&cinfo);
     return;
   }
   if (too_large(cinfo.image_width, cinfo.image_height, out->error, sizeof(out->error))) {
+    out->unsupported = true;
     jpeg_destroy_decompress(&cinfo);
     return;
   }
@@ -286,7 +290,7 @@ at::Tensor decode_image(std::string_view bytes, const std::string& origin) {
   }
   if (out.error[0] != '\0') {
     throw DataError(message(
-        origin, ": corrupt ", name, " image: ", out.error,
+        origin, out.unsupported ? ": unsupported " : ": corrupt ", name, " image: ", out.error,
         out.offset >= 0 ? message(" (at byte offset ", out.offset, " of ", bytes.size(), ")")
                         : std::string()));
   }

@@ -18,6 +18,15 @@ SplitMix64 sample_stream(uint64_t seed, int64_t serial) {
 
 }  // namespace
 
+CaptionDrops caption_drops(uint64_t seed, int64_t serial, double prob) {
+  SplitMix64 rng = sample_stream(seed, serial);
+  rng.next();  // the crop offset's draw
+  CaptionDrops drops;
+  drops.t5 = rng.uniform() < prob;
+  drops.clip = rng.uniform() < prob;
+  return drops;
+}
+
 std::vector<int64_t> caption_ids(const Tokenizer& tokenizer, const std::string& caption,
                                  int64_t len) {
   std::vector<int64_t> ids = {tokenizer.bos_id()};

@@ -25,6 +25,15 @@ namespace titan {
 std::vector<int64_t> caption_ids(const Tokenizer& tokenizer, const std::string& caption,
                                  int64_t len);
 
+// Classifier-free guidance's drops of sample `serial`'s caption (each with probability `prob`,
+// T5's and CLIP's independently), drawn as ImageBatchLoader draws them (after the crop), so that
+// precomputed encodings (trainer/flux_latents.h) drop the same captions.
+struct CaptionDrops {
+  bool t5 = false;
+  bool clip = false;
+};
+CaptionDrops caption_drops(uint64_t seed, int64_t serial, double prob);
+
 struct ImageBatchOptions {
   int64_t batch_size = 1;  // rows per batch (the global batch: every data rank's rows)
   int64_t img_size = 256;
