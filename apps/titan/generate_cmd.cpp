@@ -32,8 +32,6 @@
 #include <optional>
 #include <sstream>
 
-#include <unistd.h>
-
 namespace titan {
 namespace {
 
@@ -245,24 +243,13 @@ void write_out(const std::string& text) {
 
 // The job config a checkpoint recorded (its encoders, image size, tokens per caption), or, for a
 // randomly initialized model, the defaults with training.test_mode (random encoders).
-JobConfig recorded_job_config(const std::string& toml) {
+JobConfig recorded_job_config(const std::string& toml, const std::string& source) {
   if (toml.empty()) {
     JobConfig config;
     config.training.test_mode = true;
     return config;
   }
-  const std::string path = (std::filesystem::temp_directory_path() /
-                            ("titan-generate-" + std::to_string(::getpid()) + ".toml"))
-                               .string();
-  replace_file(path, toml);
-  try {
-    JobConfig config = parse_job_config({"--job.config_file", path});
-    std::filesystem::remove(path);
-    return config;
-  } catch (...) {
-    std::filesystem::remove(path);
-    throw;
-  }
+  return parse_job_config_toml(toml, source + " (the run's recorded job config)");
 }
 
 // An image for --prompt from a FLUX transformer, written to --output as a PNG.
@@ -346,7 +333,7 @@ int run_generate(const std::vector<std::string>& args) {
       select_device(opts.device, /*local_rank=*/0, /*local_world_size=*/1, "--device");
   if (!device.is_cpu()) model->to(device);  // parameters and buffers (RoPE tables)
   if (get_model_spec(model_name).objective == ModelObjective::kFlowMatching) {
-    const JobConfig config = recorded_job_config(job_config_toml);
+    const JobConfig config = recorded_job_config(job_config_toml, opts.checkpoint);
     const std::string flavor = opts.checkpoint.empty() ? opts.flavor : config.model.flavor;
     return generate_image(opts, *model, description, tokenizer_path, config, flavor, device);
   }

@@ -25,4 +25,11 @@ class SplitMix64 {
   uint64_t state_;
 };
 
+// The generator of item `serial` of the stream keyed `key` (a run's seed mixed with what the
+// draws are for): neighbouring serials and keys give unrelated streams, and nothing else enters.
+inline SplitMix64 keyed_stream(uint64_t key, int64_t serial) {
+  SplitMix64 mix(key);
+  return SplitMix64(mix.next() + static_cast<uint64_t>(serial) * 0x9E3779B97F4A7C15ull);
+}
+
 }  // namespace titan

@@ -18,6 +18,23 @@ constexpr const char* kConfigFileKey = "job.config_file";
 
 }  // namespace
 
+namespace {
+
+// What every parsed config goes through last: TorchTitan's deprecated model.tokenizer_path still
+// wins over hf_assets_path, as there; then the cross-field checks.
+void finish_job_config(JobConfig& config) {
+  if (!config.model.tokenizer_path.empty()) {
+    log_warning(
+        "model.tokenizer_path is deprecated, use model.hf_assets_path; setting "
+        "hf_assets_path to '",
+        config.model.tokenizer_path, "'");
+    config.model.hf_assets_path = config.model.tokenizer_path;
+  }
+  validate_job_config(config);
+}
+
+}  // namespace
+
 JobConfig parse_job_config(const std::vector<std::string>& args) {
   JobConfig config;
   detail::FieldTable table = detail::FieldTable::of(config);
@@ -33,15 +50,14 @@ JobConfig parse_job_config(const std::vector<std::string>& args) {
     detail::apply_toml_file(table, config_file);
   }
   detail::apply_overrides(overrides);
-  // TorchTitan's deprecated spelling still wins over hf_assets_path, as there.
-  if (!config.model.tokenizer_path.empty()) {
-    log_warning(
-        "model.tokenizer_path is deprecated, use model.hf_assets_path; setting "
-        "hf_assets_path to '",
-        config.model.tokenizer_path, "'");
-    config.model.hf_assets_path = config.model.tokenizer_path;
-  }
-  validate_job_config(config);
+  finish_job_config(config);
+  return config;
+}
+
+JobConfig parse_job_config_toml(const std::string& toml, const std::string& origin) {
+  JobConfig config;
+  detail::apply_toml_text(detail::FieldTable::of(config), toml, origin);
+  finish_job_config(config);
   return config;
 }
 

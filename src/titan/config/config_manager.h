@@ -19,6 +19,10 @@ namespace titan {
 // runs validate_job_config(). Throws ConfigError.
 JobConfig parse_job_config(const std::vector<std::string>& args);
 
+// A config from TOML text (a checkpoint's recorded job config); `origin` names it in messages.
+// Throws ConfigError as parse_job_config does.
+JobConfig parse_job_config_toml(const std::string& toml, const std::string& origin);
+
 // Range and cross-field checks that need no model or data (e.g. log_freq >= 1,
 // global_batch_size divisible by local_batch_size * dp, decay_type known). Throws ConfigError
 // showing the arithmetic.

@@ -258,7 +258,10 @@ void apply_overrides(const std::vector<Override>& overrides) {
 }
 
 void apply_toml_file(const FieldTable& table, const std::string& path) {
-  std::string content = read_file(path);
+  apply_toml_text(table, read_file(path), path);
+}
+
+void apply_toml_text(const FieldTable& table, const std::string& content, const std::string& path) {
   toml::table document;
   try {
     document = toml::parse(content, path);

@@ -32,5 +32,7 @@ void apply_overrides(const std::vector<Override>& overrides);
 // or unreadable file, a TOML syntax error (with file:line:col), unknown sections and keys, and
 // values of the wrong type (with where they are in the file).
 void apply_toml_file(const FieldTable& table, const std::string& path);
+// The same for TOML text already in memory; `path` names it in messages.
+void apply_toml_text(const FieldTable& table, const std::string& content, const std::string& path);
 
 }  // namespace titan::detail

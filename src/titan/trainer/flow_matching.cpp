@@ -15,9 +15,8 @@ namespace {
 enum class Draw : uint64_t { kLatent = 1, kNoise = 2, kTimestep = 3 };
 
 at::Generator sample_generator(uint64_t seed, int64_t serial, Draw draw) {
-  SplitMix64 mix(seed ^ (0xF10Bull << 20) ^ static_cast<uint64_t>(draw));
-  const uint64_t key = mix.next() + static_cast<uint64_t>(serial) * 0x9E3779B97F4A7C15ull;
-  return at::make_generator<at::CPUGeneratorImpl>(SplitMix64(key).next());
+  SplitMix64 stream = keyed_stream(seed ^ (0xF10Bull << 20) ^ static_cast<uint64_t>(draw), serial);
+  return at::make_generator<at::CPUGeneratorImpl>(stream.next());
 }
 
 }  // namespace

@@ -201,7 +201,6 @@ class Trainer {
   // into the model's batch (null for decoders), and the image datasets.
   std::unique_ptr<FlowMatching> flow_;
   std::shared_ptr<const ImageCaptionSource> train_images_, validation_images_;
-  bool validates_images_ = false;  // validation on an image dataset or precomputed encodings
   std::unique_ptr<Optimizer> optimizer_;
   std::unique_ptr<LRScheduler> lr_scheduler_;
   std::unique_ptr<ckpt::CheckpointManager> checkpointer_;

@@ -68,7 +68,6 @@ void Trainer::build_image_data() {
       validation_images_ =
           open_image_dataset("validation", v.dataset, v.dataset_path, t, /*seed=*/1);
     }
-    validates_images_ = true;
     log_info("validation image dataset ", v.dataset_path.empty() ? v.dataset : v.dataset_path,
              "; stratified timesteps (i + 0.5) / 8");
     if (!make_image_loader("validation", v.local_batch_size * dp_size_, false)->next()) {

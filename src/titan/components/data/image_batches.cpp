@@ -6,14 +6,15 @@
 #include "titan/common/splitmix.h"
 #include "titan/components/data/image_transforms.h"
 
+#include <algorithm>
+
 namespace titan {
 namespace {
 
 // The generator of everything random about sample `serial` of the stream seeded `seed` (its
 // crop offset, then its caption drops): depends on nothing else.
 SplitMix64 sample_stream(uint64_t seed, int64_t serial) {
-  SplitMix64 mix(seed ^ 0x5EED0F1A6E5ull);
-  return SplitMix64(mix.next() + static_cast<uint64_t>(serial) * 0x9E3779B97F4A7C15ull);
+  return keyed_stream(seed ^ 0x5EED0F1A6E5ull, serial);
 }
 
 }  // namespace
@@ -43,8 +44,8 @@ ImageBatchLoader::ImageBatchLoader(std::shared_ptr<const ImageCaptionSource> sou
   TITAN_CHECK(options_.batch_size >= 1 && options_.img_size >= 1 && options_.t5_tokens >= 1 &&
                   options_.clip_tokens >= 1,
               "image batches: batch size, image size and token counts must be >= 1");
-  empty_t5_ = caption_ids(tokenizer_, "", options_.t5_tokens);
-  empty_clip_ = caption_ids(tokenizer_, "", options_.clip_tokens);
+  empty_t5_ = at::tensor(caption_ids(tokenizer_, "", options_.t5_tokens), at::kLong);
+  empty_clip_ = at::tensor(caption_ids(tokenizer_, "", options_.clip_tokens), at::kLong);
 }
 
 std::optional<Batch> ImageBatchLoader::next() {
@@ -83,12 +84,15 @@ std::optional<Batch> ImageBatchLoader::next() {
     images[b].copy_(*image);
     const bool drop_t5 = rng.uniform() < options_.cfg_drop_prob;
     const bool drop_clip = rng.uniform() < options_.cfg_drop_prob;
-    const std::vector<int64_t> t5_ids =
-        drop_t5 ? empty_t5_ : caption_ids(tokenizer_, sample.caption, options_.t5_tokens);
-    const std::vector<int64_t> clip_ids =
-        drop_clip ? empty_clip_ : caption_ids(tokenizer_, sample.caption, options_.clip_tokens);
-    t5[b].copy_(at::tensor(t5_ids, at::kLong));
-    clip[b].copy_(at::tensor(clip_ids, at::kLong));
+    // Tokenized once, framed for the longer encoder; the other's ids are a prefix of those.
+    const at::Tensor caption =
+        drop_t5 && drop_clip
+            ? at::Tensor()
+            : at::tensor(caption_ids(tokenizer_, sample.caption,
+                                     std::max(options_.t5_tokens, options_.clip_tokens)),
+                         at::kLong);
+    t5[b].copy_(drop_t5 ? empty_t5_ : caption.narrow(0, 0, options_.t5_tokens));
+    clip[b].copy_(drop_clip ? empty_clip_ : caption.narrow(0, 0, options_.clip_tokens));
     ids[b] = serial_++;
     ++b;
   }

@@ -64,10 +64,10 @@ class ImageBatchLoader : public BatchLoader {
   std::shared_ptr<const ImageCaptionSource> source_;
   const Tokenizer& tokenizer_;
   ImageBatchOptions options_;
-  std::vector<int64_t> empty_t5_, empty_clip_;  // the empty caption's tokens
-  int64_t row_ = 0;                             // the next row to read
-  int64_t epoch_ = 0;                           // completed passes
-  int64_t serial_ = 0;                          // samples emitted so far
+  at::Tensor empty_t5_, empty_clip_;  // the empty caption's ids (int64)
+  int64_t row_ = 0;                   // the next row to read
+  int64_t epoch_ = 0;                 // completed passes
+  int64_t serial_ = 0;                // samples emitted so far
   int64_t unreadable_ = 0;
   int64_t too_small_ = 0;
 };

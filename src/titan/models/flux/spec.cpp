@@ -7,25 +7,20 @@
 #include "titan/models/flux/hf_adapter.h"
 #include "titan/models/flux/model.h"
 
+#include <algorithm>
+
 namespace titan {
 namespace {
 
 // The args of a model description: the flavor's, with "args" overriding them.
 flux::FluxArgs description_args(const nlohmann::json& model) {
   const std::string flavor = model.value("flavor", std::string());
-  flux::FluxArgs base;
-  bool known = false;
-  for (const auto& [name, args] : flux::flavors()) {
-    if (name == flavor) {
-      base = args;
-      known = true;
-    }
-  }
-  if (!model.contains("args")) {
-    if (!known) base = flux::args_for_flavor(flavor);  // throws, naming the nearest
-    return base;
-  }
-  return flux::args_from_json(model.at("args"), base);
+  const std::vector<std::string> names = flux::flavor_names();
+  const bool known = std::find(names.begin(), names.end(), flavor) != names.end();
+  // Without "args" the flavor must be known (args_for_flavor names the nearest).
+  if (!model.contains("args")) return flux::args_for_flavor(flavor);
+  return flux::args_from_json(model.at("args"),
+                              known ? flux::args_for_flavor(flavor) : flux::FluxArgs{});
 }
 
 }  // namespace
