@@ -1,6 +1,7 @@
 // `titan generate`: continue a prompt with a trained model (a titan checkpoint or a Hugging Face
 // folder), streaming the text to stdout as it is produced; or, for an image model (FLUX), draw an
-// image for the prompt and write it as a PNG (--output). stdout carries only the text (or,
+// image for the prompt and write it as a PNG (--output); a vision-language model continues a
+// prompt that follows an image (--image). stdout carries only the text (or,
 // with --print_ids, one line of ids) so that scripts can compare runs; the model description,
 // notes and tokens/s go to stderr. Bad usage throws ConfigError (exit 2).
 #include "commands.h"
@@ -14,6 +15,7 @@
 #include "titan/common/format.h"
 #include "titan/components/data/image.h"
 #include "titan/components/data/image_batches.h"
+#include "titan/components/data/image_text_batches.h"
 #include "titan/components/tokenizer/tokenizer.h"
 #include "titan/components/tokenizer/tokenizer_identity.h"
 #include "titan/config/config_manager.h"
@@ -22,6 +24,7 @@
 #include "titan/models/flux/model.h"
 #include "titan/models/flux/sampling.h"
 #include "titan/models/registry.h"
+#include "titan/models/vlm/model.h"
 
 #include <algorithm>
 #include <cerrno>
@@ -29,6 +32,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <limits>
 #include <optional>
 #include <sstream>
 
@@ -40,6 +44,7 @@ struct GenerateOptions {
   std::string flavor;
   std::optional<std::string> prompt;
   std::optional<std::string> prompt_ids;
+  std::optional<std::string> image;  // a vision-language model's image before the prompt
   std::optional<std::string> tokenizer;
   std::string dtype = "float32";
   std::string device = "auto";
@@ -95,6 +100,10 @@ FlagTable generate_flags(GenerateOptions& opts) {
              text(opts.checkpoint))
       .value("--prompt", "TEXT", "text to continue; encoded with the tokenizer after a BOS token",
              optional_text(opts.prompt))
+      .value("--image", "PATH",
+             "a vision-language model (vlm): a PNG or JPEG image the prompt\n"
+             "follows, as in training (BOS, the image's patches, then --prompt)",
+             optional_text(opts.image))
       .value("--prompt_ids", "\"ID ...\"", "token ids to continue, used as given (no BOS added)",
              optional_text(opts.prompt_ids))
       .value("--max_new_tokens", "N",
@@ -353,7 +362,37 @@ int run_generate(const std::vector<std::string>& args) {
                 " (recorded with the model)");
 
   std::vector<int64_t> prompt;
-  if (opts.prompt_ids) {
+  if (opts.image) {
+    const auto* vlm_model = dynamic_cast<const vlm::VlmTransformer*>(model.get());
+    TITAN_CONFIG_CHECK(vlm_model != nullptr, "--image needs a vision-language model (vlm); ",
+                       description, " reads text only");
+    TITAN_CONFIG_CHECK(opts.prompt.has_value(),
+                       "--image goes with --prompt TEXT (\"\" to caption the image), not "
+                       "--prompt_ids");
+    // As training cut the images: its training.max_patches_per_image (256 without a run).
+    const int64_t max_patches =
+        job_config_toml.empty()
+            ? TrainingSection{}.max_patches_per_image
+            : recorded_job_config(job_config_toml, opts.checkpoint).training.max_patches_per_image;
+    const VlmImage image =
+        vlm_preprocess(decode_image(read_regular_file(*opts.image, "image (--image)"), *opts.image),
+                       vlm_model->vlm_args().encoder.patch_size, max_patches);
+    const int64_t n = image.rows * image.columns;
+    prompt = vlm_sample_tokens(*tokenizer, ImageTokens::after_vocab(*tokenizer), *opts.prompt, n,
+                               /*max_len=*/std::numeric_limits<int32_t>::max());
+    prompt.pop_back();  // the EOS that ends a training sample
+    auto& c = opts.generation.conditioning;
+    c["pixel_values"] = image.patches.unsqueeze(0).to(device);
+    c["patch_mask"] = at::ones({1, n}, at::kLong).to(device);
+    c["spatial_shapes"] =
+        at::tensor({image.rows, image.columns}, at::kLong).view({1, 2}).to(device);
+    c["image_mask"] = (at::tensor(prompt, at::kLong) == ImageTokens::after_vocab(*tokenizer).image)
+                          .to(at::kLong)
+                          .view({1, -1})
+                          .to(device);
+    std::fprintf(stderr, "generate: image %s as %lld x %lld patches\n", opts.image->c_str(),
+                 static_cast<long long>(image.rows), static_cast<long long>(image.columns));
+  } else if (opts.prompt_ids) {
     prompt = parse_prompt_ids(*opts.prompt_ids, tokenizer->vocab_size());
   } else {
     // Training documents start with BOS (the data loader adds it), so prompts do too.

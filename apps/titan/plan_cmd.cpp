@@ -312,12 +312,12 @@ int run_plan(const std::vector<std::string>& args) {
   const ModelSpec& spec = get_model_spec(request.config.model.name);
   check_flavor(spec, request.config.model.flavor);
   if (spec.objective != ModelObjective::kNextToken) {
-    throw ConfigError(
-        message("titan plan's cost and memory models are a token decoder's; the "
-                "flow-matching model '",
-                spec.name,
-                "' has none yet. HINT: train it "
-                "with FSDP or HSDP over the devices (its only parallelisms)"));
+    throw ConfigError(message(
+        "titan plan's cost and memory models are a text decoder's; the ",
+        spec.objective == ModelObjective::kFlowMatching ? "flow-matching" : "vision-language",
+        " model '", spec.name,
+        "' has none yet. HINT: train it "
+        "with FSDP, HSDP or DDP over the devices (its only parallelisms)"));
   }
   request.nodes = f.nodes;
   request.gpus_per_node =

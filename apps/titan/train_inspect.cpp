@@ -78,10 +78,11 @@ int run_inspect(const std::vector<std::string>& args) {
   check_flavor(spec, config.model.flavor);
   if (spec.objective != ModelObjective::kNextToken) {
     throw ConfigError(message(
-        "titan inspect's memory model is a token decoder's; the "
-        "flow-matching model '",
-        spec.name, "' (", config.model.flavor, ": ", spec.describe_flavor(config.model.flavor),
-        ", ", with_commas(spec.describe(config.model.flavor, 1, 1, at::kFloat).n_params),
+        "titan inspect's memory model is a text decoder's; the ",
+        spec.objective == ModelObjective::kFlowMatching ? "flow-matching" : "vision-language",
+        " model '", spec.name, "' (", config.model.flavor, ": ",
+        spec.describe_flavor(config.model.flavor), ", ",
+        with_commas(spec.describe(config.model.flavor, 1, 1, at::kFloat).n_params),
         " parameters) has none yet"));
   }
   const auto& t = config.training;

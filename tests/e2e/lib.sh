@@ -77,3 +77,28 @@ TITAN_PYTHON=\"\$(scripts/python_env.sh --print)\" bash $0 $TITAN"
   [ -x "$TESTS" ] || fail "no $TESTS beside $TITAN (build the unit tests)"
   export OMP_NUM_THREADS=2
 }
+
+# train_run NAME NPROC ARGS...: `titan train ARGS` (under `titan run --nproc_per_node NPROC` when
+# NPROC > 1) dumping into $WORK/NAME, its output kept in $WORK/NAME.log; fails on a non-zero exit.
+train_run() {
+  local name="$1" n="$2"; shift 2
+  local cmd=("$TITAN" train)
+  [ "$n" = 1 ] || cmd=("$TITAN" run --nproc_per_node "$n" -- train)
+  expect_exit 0 timeout 300 "${cmd[@]}" --job.dump_folder "$WORK/$name" "$@"
+  cp "$WORK/out" "$WORK/$name.log"
+}
+
+# metric_values RUN KEY: the KEY values of $WORK/RUN/metrics.jsonl, one per line.
+metric_values() { grep "\"$2\":" "$WORK/$1/metrics.jsonl" | sed -E "s/.*\"$2\":(-?[0-9.eE+-]+).*/\1/"; }
+
+# same_values REF RUN KEY TOL: RUN's KEY values equal REF's within TOL relative (as many, more
+# than none), printing the largest difference; fails otherwise.
+same_values() {
+  paste -d' ' <(metric_values "$1" "$3") <(metric_values "$2" "$3") |
+    awk -v n="$2" -v k="$3" -v tol="$4" '
+    NF != 2 { bad = 1; next }
+    { d = $1 - $2; if (d < 0) d = -d; r = d / ($1 < 0 ? -$1 : $1); if (r > w) w = r; c++
+      if (r > tol) bad = 1 }
+    END { printf "%s: %d %s values within %.1e relative\n", n, c, k, w; exit bad || c == 0 }' ||
+    fail "$2 does not reproduce the one-process $3 values"
+}

@@ -52,32 +52,16 @@ cfg=(--job.config_file configs/flux/debug_model.toml --training.mixed_precision_
 short=("${cfg[@]}" --training.steps 10 --validation.freq 5 --validation.steps 1 --debug.seed 7
   --training.global_batch_size 8 --checkpoint.enable true --checkpoint.interval 5
   --checkpoint.last_save_model_only false)
-flux_train() {  # flux_train NAME NPROC ARGS...
-  local name="$1" n="$2"; shift 2
-  local cmd=("$TITAN" train)
-  [ "$n" = 1 ] || cmd=("$TITAN" run --nproc_per_node "$n" -- train)
-  expect_exit 0 timeout 300 "${cmd[@]}" --job.dump_folder "$WORK/$name" "$@"
-  cp "$WORK/out" "$WORK/$name.log"
-}
-values() { grep "\"$2\":" "$WORK/$1/metrics.jsonl" | sed -E "s/.*\"$2\":(-?[0-9.eE+-]+).*/\1/"; }
-same_values() {  # same_values REF NAME KEY TOL
-  paste -d' ' <(values "$1" "$3") <(values "$2" "$3") | awk -v n="$2" -v k="$3" -v tol="$4" '
-    NF != 2 { bad = 1; next }
-    { d = $1 - $2; if (d < 0) d = -d; r = d / ($1 < 0 ? -$1 : $1); if (r > w) w = r; c++
-      if (r > tol) bad = 1 }
-    END { printf "%s: %d %s values within %.1e relative\n", n, c, k, w; exit bad || c == 0 }' ||
-    fail "$2 does not reproduce the one-process $3 values"
-}
 
-flux_train long 1 "${cfg[@]}" --training.steps 300 --validation.freq 100 --debug.seed 3 \
+train_run long 1 "${cfg[@]}" --training.steps 300 --validation.freq 100 --debug.seed 3 \
   --checkpoint.enable true --checkpoint.interval 300
 grep -q "flow matching: autoencoder ch 32" "$WORK/long.log" || fail "no flow-matching line"
-values long loss | awk '
+metric_values long loss | awk '
   NR <= 5 { first += $1 } { v[NR] = $1 }
   END { for (i = NR - 49; i <= NR; i++) last += v[i]; first /= 5; last /= 50
         printf "flux debugmodel, 300 steps: loss %.4f (first 5 steps) -> %.4f (last 50)\n", first, last
         exit !(last < 0.7 * first) }' || fail "the flux debug model's loss did not fall by 30%"
-[ "$(values long validation_loss | wc -l)" = 3 ] || fail "expected 3 validation runs"
+[ "$(metric_values long validation_loss | wc -l)" = 3 ] || fail "expected 3 validation runs"
 ! grep -q validation_perplexity "$WORK/long/metrics.jsonl" || fail "perplexity of an MSE loss"
 grep "validate step: 300" "$WORK/long.log"
 
@@ -105,10 +89,10 @@ cat "$WORK/out"
 expect_exit 2 "${gen[@]}" --seed 1
 grep -q "give --output PATH" "$WORK/out" || fail "a missing --output not refused"
 
-flux_train one 1 "${short[@]}" --training.local_batch_size 8
-flux_train fsdp2 2 "${short[@]}" --training.local_batch_size 4 --validation.local_batch_size 4
+train_run one 1 "${short[@]}" --training.local_batch_size 8
+train_run fsdp2 2 "${short[@]}" --training.local_batch_size 4 --validation.local_batch_size 4
 grep -q "FSDP: sharded over 2 ranks (7 units" "$WORK/fsdp2.log" || fail "no FSDP line"
-flux_train ddp2 2 "${short[@]}" --training.local_batch_size 4 --validation.local_batch_size 4 \
+train_run ddp2 2 "${short[@]}" --training.local_batch_size 4 --validation.local_batch_size 4 \
   --parallelism.data_parallel_replicate_degree 2 --parallelism.data_parallel_shard_degree 1
 for run in fsdp2 ddp2; do
   same_values one "$run" loss 1e-5
@@ -120,7 +104,7 @@ done
 
 mkdir -p "$WORK/resumed/checkpoint"
 cp -r "$WORK/one/checkpoint/step-5" "$WORK/resumed/checkpoint/"
-flux_train resumed 1 "${short[@]}" --training.local_batch_size 8
+train_run resumed 1 "${short[@]}" --training.local_batch_size 8
 grep -q "resuming training after step 5" "$WORK/resumed.log" || fail "no resume"
 grep '"loss":' "$WORK/one/metrics.jsonl" | tail -n 5 >"$WORK/tail5"
 mkdir -p "$WORK/one_tail" && mv "$WORK/tail5" "$WORK/one_tail/metrics.jsonl"
@@ -130,7 +114,7 @@ same_values one_tail resumed loss 1e-6
 # the fly (the same losses: moments, caption encodings and the drops of the same samples).
 expect_exit 0 "$TITAN" flux encode --output "$WORK/latents" --rows 80 "${short[@]}"
 grep "wrote 80 samples' encodings" "$WORK/out"
-flux_train cached 1 "${short[@]}" --training.local_batch_size 8 --training.dataset flux_latents \
+train_run cached 1 "${short[@]}" --training.local_batch_size 8 --training.dataset flux_latents \
   --training.dataset_path "$WORK/latents" --validation.enable false
 grep '"loss":' "$WORK/one/metrics.jsonl" >"$WORK/one_losses"
 mkdir -p "$WORK/one_only" && mv "$WORK/one_losses" "$WORK/one_only/metrics.jsonl"

@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
-# The vision-language model's pieces against transformers: tests/e2e/siglip2_reference.py saves a
-# tiny random Siglip2VisionModel folder and one forward (two images of different patch grids,
-# padded); the unit test Siglip2.MatchesTransformers (in test_models beside the titan binary)
-# loads the folder and reproduces the last hidden state and the attention-pooled output.
+# The vision-language model. Its encoder against transformers: tests/e2e/siglip2_reference.py
+# saves a tiny random Siglip2VisionModel folder and one forward (two images of different patch
+# grids, padded); the unit test Siglip2.MatchesTransformers (in test_models beside the titan
+# binary) loads the folder and reproduces the last hidden state and the attention-pooled output.
+# Then training on the procedural shapes (the loss on captions falls; the trained model captions
+# images it never saw with their shape and colours), FSDP 2 and DDP 2 against one process, a
+# resume, and the refusals.
 source "$(dirname "$0")/lib.sh"
 python_and_tests test_models
 expect_exit 0 "$PY" "$(dirname "$0")/siglip2_reference.py" "$WORK/siglip2"
@@ -11,4 +14,82 @@ TITAN_SIGLIP2_FIXTURE="$WORK/siglip2" expect_exit 0 "$TESTS" --gtest_filter='Sig
 [ "$(grep -c "vs transformers Siglip2VisionModel" "$WORK/out")" = 2 ] ||
   fail "expected the hidden state and pooled output comparisons"
 grep "vs transformers Siglip2VisionModel" "$WORK/out"
-echo "PASS test_vlm"
+echo "PASS test_vlm (transformers reference)"
+
+cfg=(--job.config_file configs/vlm/debug_model.toml --metrics.log_freq 1 --metrics.peak_flops 1e12)
+short=("${cfg[@]}" --training.mixed_precision_param float32 --training.steps 10
+  --validation.freq 5 --validation.steps 1 --debug.seed 7 --checkpoint.enable true
+  --checkpoint.interval 5 --checkpoint.last_save_model_only false)
+
+# The debug run (the config as shipped: bf16 matmuls, 200 steps).
+train_run long 1 "${cfg[@]}" --debug.seed 3 --checkpoint.enable true --checkpoint.interval 200
+grep -q "loss on text tokens only" "$WORK/long.log" || fail "no image-text data line"
+metric_values long loss | awk '
+  NR <= 5 { first += $1 } { v[NR] = $1 }
+  END { for (i = NR - 19; i <= NR; i++) last += v[i]; first /= 5; last /= 20
+        printf "vlm debugmodel, 200 steps: caption loss %.4f (first 5 steps) -> %.4f (last 20)\n", first, last
+        exit !(last < 0.1 * first) }' || fail "the vlm debug model's loss did not fall tenfold"
+grep "validate step: 200" "$WORK/long.log"
+grep "step: 200" "$WORK/long.log"
+
+# Captions of two images drawn here (not from the dataset): the shape and both colours must be
+# read from the pixels; the cached and uncached paths give the same greedy tokens.
+expect_exit 0 "$PY" -c "
+import sys
+from PIL import Image, ImageDraw
+red, green, blue = (220, 40, 40), (40, 170, 60), (40, 80, 220)
+im = Image.new('RGB', (64, 64), blue); ImageDraw.Draw(im).rectangle([20, 20, 44, 44], fill=red)
+im.save(sys.argv[1] + '/red_square.png')
+im = Image.new('RGB', (64, 64), red); ImageDraw.Draw(im).ellipse([18, 18, 46, 46], fill=green)
+im.save(sys.argv[1] + '/green_circle.png')" "$WORK"
+caption() {  # caption IMAGE [FLAGS...]: the greedy caption on stdout
+  "$TITAN" generate --checkpoint "$WORK/long/checkpoint" --image "$WORK/$1.png" --prompt "" \
+    --temperature 0 --max_new_tokens 24 "${@:2}" 2>"$WORK/gen.err" || { cat "$WORK/gen.err" >&2; fail "generate $1"; }
+}
+a="$(caption red_square)"; b="$(caption green_circle)"
+echo "caption of a red square on blue: $a"
+echo "caption of a green circle on red: $b"
+[[ "$a" == *"red square on a blue background"* ]] || fail "wrong caption for the red square: $a"
+[[ "$b" == *"green circle on a red background"* ]] || fail "wrong caption for the green circle: $b"
+grep -q "image .*green_circle.png as 4 x 4 patches" "$WORK/gen.err" || fail "no image line"
+[ "$(caption red_square --no_kv_cache)" = "$a" ] || fail "the uncached path captions otherwise"
+
+train_run one 1 "${short[@]}" --training.local_batch_size 8
+train_run fsdp2 2 "${short[@]}" --training.local_batch_size 4 --validation.local_batch_size 4
+grep -q "FSDP: sharded over 2 ranks (14 units" "$WORK/fsdp2.log" || fail "no FSDP line"
+train_run ddp2 2 "${short[@]}" --training.local_batch_size 4 --validation.local_batch_size 4 \
+  --parallelism.data_parallel_replicate_degree 2 --parallelism.data_parallel_shard_degree 1
+for run in fsdp2 ddp2; do
+  same_values one "$run" loss 1e-5
+  same_values one "$run" validation_loss 1e-5
+  "$TITAN" convert diff "$WORK/one/checkpoint/step-10" "$WORK/$run/checkpoint/step-10" \
+    --atol 3e-4 --rtol 1e-4 >"$WORK/out" 2>&1 || { cat "$WORK/out" >&2; fail "$run parameters"; }
+  echo "$run: final parameters $(tail -n 1 "$WORK/out")"
+done
+
+mkdir -p "$WORK/resumed/checkpoint"
+cp -r "$WORK/one/checkpoint/step-5" "$WORK/resumed/checkpoint/"
+train_run resumed 1 "${short[@]}" --training.local_batch_size 8
+grep -q "resuming training after step 5" "$WORK/resumed.log" || fail "no resume"
+grep '"loss":' "$WORK/one/metrics.jsonl" | tail -n 5 >"$WORK/tail5"
+mkdir -p "$WORK/one_tail" && mv "$WORK/tail5" "$WORK/one_tail/metrics.jsonl"
+same_values one_tail resumed loss 1e-6
+
+# Refusals: settings that are not built are said, not ignored.
+refused() {  # refused TEXT ARGS...
+  local text="$1"; shift
+  expect_exit 2 "$TITAN" train "${cfg[@]}" --training.steps 1 --job.dump_folder "$WORK/refused" "$@"
+  grep -q -- "$text" "$WORK/out" || { cat "$WORK/out" >&2; fail "expected '$text'"; }
+}
+refused "only 0 (one sample per sequence)" --training.packing_buffer_size 100
+refused "training.patch_size = 14 but the model's encoder cuts patches of 16" --training.patch_size 14
+refused "only 1 is" --training.spatial_merge_size 2
+refused "needs 40 positions" --training.seq_len 32 --validation.seq_len 32 \
+  --training.max_patches_per_image 64 --training.img_size 96
+expect_exit 2 "$TITAN" run --nproc_per_node 2 -- train "${cfg[@]}" --training.steps 1 \
+  --parallelism.tensor_parallel_degree 2 --job.dump_folder "$WORK/tp"
+grep -q "tensor parallelism of the vision-language model is not built yet" "$WORK/out" ||
+  { cat "$WORK/out" >&2; fail "TP not refused with the reason"; }
+expect_exit 2 "$TITAN" generate --model.name llama3 --flavor tiny --image "$WORK/red_square.png" --prompt ""
+grep -q -- "--image needs a vision-language model" "$WORK/out" || fail "--image on a text model"
+echo "PASS test_vlm (training, captions, FSDP/DDP parity, resume, refusals)"

@@ -250,6 +250,12 @@ struct TrainingSection {
   std::string image_caption_field = "caption";
   std::string image_field = "image";
   bool skip_unreadable_images = false;
+  // The vision-language model (TorchTitan's VLM job config adds these to [training]):
+  int64_t max_images_per_batch = 10;
+  int64_t max_patches_per_image = 256;
+  int64_t patch_size = 16;
+  int64_t spatial_merge_size = 1;
+  int64_t packing_buffer_size = 0;
   DataLoaderSection dataloader;  // [training.dataloader]
 
   template <class V>
@@ -318,13 +324,26 @@ struct TrainingSection {
       "captions tokenized by model.hf_assets_path's tokenizer (TorchTitan's integration-test "
       "mode)");
     v("image_field", image_field,
-      "Image datasets (FLUX): the JSON key or parquet column holding the image (a path, bytes, "
+      "Image datasets (FLUX, VLM): the JSON key or parquet column holding the image (a path, bytes, "
       "or Hugging Face's Image struct)");
     v("image_caption_field", image_caption_field,
-      "Image datasets (FLUX): the JSON key or parquet column holding the caption");
+      "Image datasets (FLUX, VLM): the JSON key or parquet column holding the caption");
     v("skip_unreadable_images", skip_unreadable_images,
-      "Image datasets (FLUX): skip rows whose image cannot be read (a warning each, counted) "
-      "instead of stopping with the row's name");
+      "Image datasets (FLUX, VLM): skip rows whose image cannot be read (a warning each, "
+      "counted) instead of stopping with the row's name");
+    v("max_images_per_batch", max_images_per_batch,
+      "VLM: images the encoder takes per local batch at most (one per sample here, so at least "
+      "training.local_batch_size)");
+    v("max_patches_per_image", max_patches_per_image,
+      "VLM: each image is resized, keeping its aspect ratio, to a grid of at most this many "
+      "patches (the encoder's sequence length)");
+    v("patch_size", patch_size,
+      "VLM: pixels per patch side; must equal the model's encoder patch size");
+    v("spatial_merge_size", spatial_merge_size,
+      "VLM: patches merged per side before the decoder; only 1 (no merging) is built");
+    v("packing_buffer_size", packing_buffer_size,
+      "VLM: samples buffered for packing several into one sequence; only 0 (one sample per "
+      "sequence) is built");
   }
 };
 

@@ -278,6 +278,11 @@ void validate_ranges(const JobConfig& c) {
         std::to_string(c.training.img_size));
   }
   check_at_least("encoder.max_t5_encoding_len", c.encoder.max_t5_encoding_len, 1);
+  check_at_least("training.max_images_per_batch", c.training.max_images_per_batch, 1);
+  check_at_least("training.max_patches_per_image", c.training.max_patches_per_image, 1);
+  check_at_least("training.patch_size", c.training.patch_size, 1);
+  check_at_least("training.spatial_merge_size", c.training.spatial_merge_size, 1);
+  check_at_least("training.packing_buffer_size", c.training.packing_buffer_size, 0);
   if (c.training.num_threads > kMaxNumThreads) {
     fail("training.num_threads " + std::to_string(c.training.num_threads) +
          " is above the cap of " + std::to_string(kMaxNumThreads) +

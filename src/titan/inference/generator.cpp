@@ -97,11 +97,19 @@ GenerationResult generate(Model& model, const std::vector<int64_t>& prompt,
     if (options.use_kv_cache) {
       // The first step feeds the whole prompt (prefill); later ones the newest token only.
       const int64_t start_pos = cache.length;
-      logits = model.forward_cached(
-          token_tensor(result.tokens, static_cast<size_t>(start_pos), result.tokens.size(), device),
-          cache, start_pos);
+      const at::Tensor tokens =
+          token_tensor(result.tokens, static_cast<size_t>(start_pos), result.tokens.size(), device);
+      logits = start_pos == 0 && !options.conditioning.empty()
+                   ? model.prefill_cached(tokens, options.conditioning, cache)
+                   : model.forward_cached(tokens, cache, start_pos);
     } else {
-      logits = model.forward(token_tensor(result.tokens, 0, result.tokens.size(), device));
+      ForwardInputs inputs;
+      for (const auto& [key, value] : options.conditioning) {
+        const bool per_token = value.dim() == 2 && value.size(0) == 1 && value.size(1) == n_prompt;
+        inputs.conditioning[key] =
+            per_token ? at::constant_pad_nd(value, {0, length - n_prompt}, 0) : value;
+      }
+      logits = model.forward(token_tensor(result.tokens, 0, result.tokens.size(), device), inputs);
     }
     at::Tensor last = logits[0][-1];  // (vocab)
     if (options.vocab_limit > 0 && options.vocab_limit < last.size(0)) {

@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -23,6 +24,10 @@ struct GenerationOptions {
   int64_t vocab_limit = 0;       // > 0: only ids [0, vocab_limit) may be produced (a tokenizer
                                  // smaller than the model's embedding cannot decode the rest)
   SamplerOptions sampler;
+  // What the prompt comes with (ForwardInputs::conditioning: a vision-language model's images).
+  // The cached path hands it to Model::prefill_cached; the uncached one to every forward, with
+  // per-token entries (shape (1, prompt length)) extended by zeros over the generated tokens.
+  std::map<std::string, at::Tensor> conditioning;
 };
 
 enum class StopReason { kMaxNewTokens, kEos, kMaxSeqLen };

@@ -44,6 +44,18 @@ void Model::init_weights(uint64_t seed) {
   }
 }
 
+at::Tensor Model::prefill_cached(const at::Tensor& tokens,
+                                 const std::map<std::string, at::Tensor>& conditioning,
+                                 KVCache& cache) {
+  if (!conditioning.empty()) {
+    throw ConfigError(message("this model takes no conditioning with its prompt, but '",
+                              conditioning.begin()->first,
+                              "' was given. HINT: images go with a vision-language model "
+                              "(model.name = \"vlm\")"));
+  }
+  return forward_cached(tokens, cache, /*start_pos=*/0);
+}
+
 ParamInit Model::initial_value(const std::string& name) const {
   const auto it = added_inits_.find(name);
   return it != added_inits_.end() ? it->second : param_init(name);

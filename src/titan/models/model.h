@@ -246,6 +246,14 @@ class Model : public torch::nn::Module {
                 "cache (--no_kv_cache)");
     return {};
   }
+  // The first step of incremental inference for a prompt that comes with conditioning (the
+  // vision-language model's images, ForwardInputs::conditioning's entries for the prompt): the
+  // prompt's logits at positions [0, n), the cache filled; later steps are forward_cached. A model
+  // that takes no conditioning refuses entries; without entries this is forward_cached(tokens,
+  // cache, 0).
+  virtual at::Tensor prefill_cached(const at::Tensor& tokens,
+                                    const std::map<std::string, at::Tensor>& conditioning,
+                                    KVCache& cache);
 
  protected:
   // Pipeline stages: the top-level modules this instance holds, in model order (empty: the model

@@ -12,6 +12,7 @@
 #include "titan/models/llama4/spec.h"
 #include "titan/models/qwen3/spec.h"
 #include "titan/models/qwen3_next/spec.h"
+#include "titan/models/vlm/model.h"
 
 #include <algorithm>
 #include <mutex>
@@ -50,6 +51,7 @@ Registry& registry() {
     add_spec(make_llama4_spec());
     add_spec(make_qwen3_next_spec());
     add_spec(make_flux_spec());
+    add_spec(make_vlm_spec());
   });
   return registry_storage();
 }

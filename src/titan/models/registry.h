@@ -59,8 +59,10 @@ struct ModelSection;
 
 // What a model learns, which decides its data and loss (the trainer asks, never the model's name).
 enum class ModelObjective {
-  kNextToken,     // a decoder: token sequences, cross-entropy of the next token
-  kFlowMatching,  // a diffusion transformer (FLUX): image-caption data, rectified-flow velocity
+  kNextToken,       // a decoder: token sequences, cross-entropy of the next token
+  kFlowMatching,    // a diffusion transformer (FLUX): image-caption data, rectified-flow velocity
+  kVisionLanguage,  // a decoder reading images (the VLM): image-caption data as token sequences
+                    // with image placeholders, cross-entropy of the next text token
 };
 
 struct ModelSpec {

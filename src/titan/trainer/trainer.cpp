@@ -357,9 +357,10 @@ StepResult Trainer::train_step(int64_t step) {
   // from the global rows every rank reads. Each rank's share is its sum over predicted tokens
   // times ranks / count, so that averaging over the batch-splitting ranks (dp x cp) gives the
   // mean. The document stream predicts every token: the mean of equal micro-batches.
+  // The vision-language model's batches predict only their caption tokens, like conversations.
   std::vector<Batch> batches;
   double token_factor = 0;
-  if (train_chats_) {
+  if (train_chats_ || spec_->objective == ModelObjective::kVisionLanguage) {
     const PhaseScope data(Phase::kData);
     int64_t predicted = 0;
     for (int64_t micro = 0; micro < accumulation_steps_; ++micro) {

@@ -112,9 +112,11 @@ class Trainer {
  private:
   void build_model();
   void build_data();
-  // Image-caption data and the frozen encoders of a flow-matching model (FLUX;
-  // trainer_images.cpp), in place of build_data's token streams.
+  // Image-caption data (trainer_images.cpp), in place of build_data's token streams: with the
+  // frozen encoders of a flow-matching model (FLUX), or as a vision-language model's sequences.
   void build_image_data();
+  // The vision-language model's image-text data (trainer_images.cpp).
+  void build_image_text_data();
   // A loader of `section`'s image dataset ("training" or "validation"), global rows.
   std::unique_ptr<BatchLoader> make_image_loader(const std::string& section, int64_t batch_size,
                                                  bool infinite) const;

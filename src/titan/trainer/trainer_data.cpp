@@ -18,6 +18,7 @@
 #include "titan/components/tokenizer/tokenizer.h"
 #include "titan/components/tokenizer/tokenizer_identity.h"
 #include "titan/distributed/parallel_dims.h"
+#include "titan/kernels/cross_entropy.h"
 #include "titan/parallel/parallelized_model.h"
 #include "titan/trainer/flow_matching.h"
 
@@ -43,7 +44,7 @@ namespace {
 }  // namespace
 
 void Trainer::build_data() {
-  if (spec_->objective == ModelObjective::kFlowMatching) {
+  if (spec_->objective != ModelObjective::kNextToken) {
     build_image_data();
     return;
   }
@@ -121,7 +122,9 @@ std::unique_ptr<BatchLoader> Trainer::make_loader(const std::string& section, in
                                                   int64_t batch_size, bool infinite,
                                                   int64_t shuffle_seed) const {
   const bool training = section == "training";
-  if (flow_) return make_image_loader(section, batch_size, infinite);
+  if (spec_->objective != ModelObjective::kNextToken) {
+    return make_image_loader(section, batch_size, infinite);
+  }
   const std::shared_ptr<const RecordSource>& chats = training ? train_chats_ : validation_chats_;
   if (chats) {
     const SftSection& sft = config_.sft;
@@ -177,19 +180,37 @@ double Trainer::validate(int64_t* tokens) {
   const std::unique_ptr<BatchLoader> loader =
       make_loader("validation", config_.validation.seq_len,
                   config_.validation.local_batch_size * dp_size_, /*infinite=*/false, -1);
-  at::Tensor sum = at::zeros({}, at::TensorOptions(at::kDouble).device(device_));
+  // Where labels skip tokens (conversations, the vision-language model's image tokens) the loss
+  // is the mean over the predicted tokens of the whole validation set, the same on any number of
+  // ranks; elsewhere every batch predicts as many tokens, and the mean of the batch means is it.
+  const bool masked =
+      validation_chats_ != nullptr || spec_->objective == ModelObjective::kVisionLanguage;
+  const auto options = at::TensorOptions(at::kDouble).device(device_);
+  at::Tensor sum = at::zeros({}, options), predicted = at::zeros({}, options);
   int64_t n = 0, count = 0;
   while (config_.validation.steps < 0 || n < config_.validation.steps) {
     auto batch = next_local_batch(*loader);
     if (!batch) break;
     PackedBatch packing{batch->positions, batch->document_ids};
     packing.conditioning = batch->conditioning;
-    sum += parallel_->evaluate(batch->inputs, batch->labels, packing).to(at::kDouble);
+    const at::Tensor mean =
+        parallel_->evaluate(batch->inputs, batch->labels, packing).to(at::kDouble);
+    if (masked) {
+      const at::Tensor k = batch->labels.ne(kernels::kIgnoreIndex).sum().to(options);
+      sum += at::where(k > 0, mean * k, at::zeros_like(mean));
+      predicted += k;
+    } else {
+      sum += mean;
+    }
     ++n;
     count += flow_ ? batch->inputs.size(0) * batch->inputs.size(1) : batch->inputs.numel();
   }
   if (n == 0) throw_validation_too_small(config_.validation, dp_size_);
   if (tokens != nullptr) *tokens = count * dp_size_;
+  if (masked) {
+    return host_item<double>(parallel_->batch_mean(sum)) /
+           std::max(host_item<double>(parallel_->batch_mean(predicted)), 1e-300);
+  }
   return host_item<double>(parallel_->batch_mean(sum / static_cast<double>(n)));
 }
 

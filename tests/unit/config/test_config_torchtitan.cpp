@@ -232,6 +232,12 @@ const std::set<std::string> kOwnKeys = {
     "encoder.clip_encoder",
     "encoder.autoencoder_path",
     "encoder.max_t5_encoding_len",
+    // The VLM: the keys TorchTitan's vlm experiment adds to [training] (its job config module).
+    "training.max_images_per_batch",
+    "training.max_patches_per_image",
+    "training.patch_size",
+    "training.spatial_merge_size",
+    "training.packing_buffer_size",
 };
 
 // Defaults of ours that differ from TorchTitan's, and why: our datasets and tokenizer.

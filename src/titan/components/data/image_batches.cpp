@@ -54,22 +54,11 @@ std::optional<Batch> ImageBatchLoader::next() {
   at::Tensor t5 = at::empty({bs, options_.t5_tokens}, at::kLong);
   at::Tensor clip = at::empty({bs, options_.clip_tokens}, at::kLong);
   at::Tensor ids = at::empty({bs}, at::kLong);
-  const int64_t rows = source_->size();
   for (int64_t b = 0; b < bs;) {
-    if (row_ >= rows) {
-      if (!options_.infinite) return std::nullopt;  // a partial last batch is dropped
-      row_ = 0;
-      ++epoch_;
-    }
-    int64_t skipped = 0;
-    // Within this pass only: next_readable wraps around, which the epoch count must see.
-    auto [index, sample] = source_->next_readable(row_, options_.skip_unreadable, &skipped);
-    unreadable_ += skipped;
-    if (index < row_) {  // wrapped past the end: the rest of the pass was unreadable
-      row_ = rows;
-      continue;
-    }
-    row_ = index + 1;
+    std::optional<ImageCaption> next =
+        cursor_.next(*source_, options_.infinite, options_.skip_unreadable);
+    if (!next) return std::nullopt;  // a partial last batch is dropped
+    const ImageCaption& sample = *next;
     SplitMix64 rng = sample_stream(options_.seed, serial_);
     const int64_t choices = flux_crop_choices(sample.image.size(2), sample.image.size(1), size);
     if (choices == 0) {  // smaller than img_size: TorchTitan passes over such images
@@ -105,10 +94,10 @@ std::optional<Batch> ImageBatchLoader::next() {
 }
 
 nlohmann::json ImageBatchLoader::state_json() const {
-  return {{"kind", "image_batches"},   {"row", row_},
-          {"epoch", epoch_},           {"serial", serial_},
-          {"unreadable", unreadable_}, {"too_small", too_small_},
-          {"rows", source_->size()},   {"batch_size", options_.batch_size}};
+  return {{"kind", "image_batches"},          {"row", cursor_.row},
+          {"epoch", cursor_.epoch},           {"serial", serial_},
+          {"unreadable", cursor_.unreadable}, {"too_small", too_small_},
+          {"rows", source_->size()},          {"batch_size", options_.batch_size}};
 }
 
 void ImageBatchLoader::load_state_json(const nlohmann::json& state) {
@@ -122,10 +111,10 @@ void ImageBatchLoader::load_state_json(const nlohmann::json& state) {
                             state.value("rows", int64_t{-1}), " rows, this one has ",
                             source_->size(), "; resume with the same dataset"));
   }
-  row_ = state.at("row").get<int64_t>();
-  epoch_ = state.at("epoch").get<int64_t>();
+  cursor_.row = state.at("row").get<int64_t>();
+  cursor_.epoch = state.at("epoch").get<int64_t>();
   serial_ = state.at("serial").get<int64_t>();
-  unreadable_ = state.value("unreadable", int64_t{0});
+  cursor_.unreadable = state.value("unreadable", int64_t{0});
   too_small_ = state.value("too_small", int64_t{0});
 }
 

@@ -57,7 +57,7 @@ class ImageBatchLoader : public BatchLoader {
   void load_state_json(const nlohmann::json& state) override;
 
   // Rows passed over so far: unreadable (skip_unreadable) and smaller than img_size.
-  int64_t unreadable() const { return unreadable_; }
+  int64_t unreadable() const { return cursor_.unreadable; }
   int64_t too_small() const { return too_small_; }
 
  private:
@@ -65,10 +65,8 @@ class ImageBatchLoader : public BatchLoader {
   const Tokenizer& tokenizer_;
   ImageBatchOptions options_;
   at::Tensor empty_t5_, empty_clip_;  // the empty caption's ids (int64)
-  int64_t row_ = 0;                   // the next row to read
-  int64_t epoch_ = 0;                 // completed passes
-  int64_t serial_ = 0;                // samples emitted so far
-  int64_t unreadable_ = 0;
+  ImageRowCursor cursor_;
+  int64_t serial_ = 0;  // samples emitted so far
   int64_t too_small_ = 0;
 };
 

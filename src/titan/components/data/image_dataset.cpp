@@ -102,4 +102,25 @@ std::pair<int64_t, ImageCaption> ImageCaptionSource::next_readable(int64_t i, bo
   throw DataError(message("image dataset: none of its ", n, " rows reads"));
 }
 
+std::optional<ImageCaption> ImageRowCursor::next(const ImageCaptionSource& source, bool infinite,
+                                                 bool skip_unreadable) {
+  const int64_t rows = source.size();
+  while (true) {
+    if (row >= rows) {
+      if (!infinite) return std::nullopt;
+      row = 0;
+      ++epoch;
+    }
+    int64_t skipped = 0;
+    auto [index, sample] = source.next_readable(row, skip_unreadable, &skipped);
+    unreadable += skipped;
+    if (index < row) {  // wrapped past the end: the rest of the pass was unreadable
+      row = rows;
+      continue;
+    }
+    row = index + 1;
+    return std::move(sample);
+  }
+}
+
 }  // namespace titan

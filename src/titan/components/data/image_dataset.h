@@ -60,4 +60,15 @@ class ImageCaptionSource {
   std::string root_;  // where relative image paths start
 };
 
+// Where a loader stands in an image-caption source: rows in order, a pass after another (or one
+// pass), unreadable rows skipped and counted when allowed (next_readable's rule).
+struct ImageRowCursor {
+  int64_t row = 0;         // the next row to read
+  int64_t epoch = 0;       // completed passes
+  int64_t unreadable = 0;  // rows passed over
+  // The next readable row's sample, or nullopt at the end of a pass when not `infinite`.
+  std::optional<ImageCaption> next(const ImageCaptionSource& source, bool infinite,
+                                   bool skip_unreadable);
+};
+
 }  // namespace titan

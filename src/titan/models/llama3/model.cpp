@@ -246,6 +246,12 @@ at::Tensor Transformer::embed(const at::Tensor& tokens) {
   return is_reduced_float(residual) ? h.to(residual) : h;
 }
 
+at::Tensor Transformer::embed_units(const at::Tensor& tokens, const ForwardInputs& /*inputs*/,
+                                    int64_t& unit) {
+  // Unit functions capture by value: a runner may call them again during backward.
+  return run_unit(unit++, tokens, [this](const at::Tensor& x) { return embed(x); });
+}
+
 at::Tensor Transformer::head(const at::Tensor& h, const at::Tensor& labels) {
   TITAN_CHECK(norm, "llama3: head on a pipeline stage without norm and output");
   return project(norm->forward(h), labels);
@@ -266,8 +272,7 @@ at::Tensor Transformer::run_forward(const at::Tensor& tokens, const ForwardInput
   int64_t unit = 0;
   at::Tensor h;  // (bs, seqlen, dim) in the residual dtype
   if (tok_embeddings) {
-    // Unit functions capture by value: a runner may call them again during backward.
-    h = run_unit(unit++, tokens, [this](const at::Tensor& x) { return embed(x); });
+    h = embed_units(tokens, inputs, unit);
   } else {
     const at::ScalarType residual = residual_dtype(compute_dtype_);
     TITAN_CHECK(tokens.dim() == 3 && tokens.size(2) == args_.dim && tokens.is_floating_point() &&
@@ -288,8 +293,9 @@ at::Tensor Transformer::run_forward(const at::Tensor& tokens, const ForwardInput
     });
   }
   if (!norm) return h;
-  const int64_t head_unit = output ? unit++ : 0;  // tied: the embedding's unit runs again
-  const at::Tensor labels = inputs.loss_labels;   // defined: the fused loss (model.h)
+  // Tied: the embedding's unit runs again.
+  const int64_t head_unit = output ? unit++ : embedding_unit();
+  const at::Tensor labels = inputs.loss_labels;  // defined: the fused loss (model.h)
   const at::Tensor out =
       run_unit(head_unit, h, [this, labels](const at::Tensor& x) { return head(x, labels); });
   if (mtp.empty() || !inputs.targets.defined() || inputs.auxiliary_losses == nullptr) return out;
@@ -305,8 +311,8 @@ at::Tensor Transformer::run_forward(const at::Tensor& tokens, const ForwardInput
       run_unit(head_unit, h, [this](const at::Tensor& x) { return norm->forward(x); });
   for (size_t j = 0; j < mtp.size(); ++j) {
     const auto depth = static_cast<int64_t>(j + 1);
-    const at::Tensor embedded =
-        run_unit(0, at::roll(tokens, -depth, 1), [this](const at::Tensor& x) { return embed(x); });
+    const at::Tensor embedded = run_unit(embedding_unit(), at::roll(tokens, -depth, 1),
+                                         [this](const at::Tensor& x) { return embed(x); });
     MtpModule* module = mtp[j].get();
     const RotaryEmbedding* table = rope.get();
     hidden = run_unit(unit + static_cast<int64_t>(j), at::cat({embedded, hidden}, -1),
@@ -403,8 +409,16 @@ std::vector<ModelUnit> Transformer::units() const {
 
 at::Tensor Transformer::forward_cached(const at::Tensor& tokens, KVCache& cache,
                                        int64_t start_pos) {
-  TITAN_CHECK(is_whole(), "llama3: KV-cache inference needs the whole model, not a pipeline stage");
+  TITAN_CHECK(tok_embeddings,
+              "llama3: KV-cache inference needs the whole model, not a pipeline stage");
   // The cache is written in place; autograd must not record (or keep alive) any of it.
+  at::NoGradGuard no_grad;
+  return forward_cached_embedded(embed(tokens), cache, start_pos);
+}
+
+at::Tensor Transformer::forward_cached_embedded(const at::Tensor& embedded, KVCache& cache,
+                                                int64_t start_pos) {
+  TITAN_CHECK(is_whole(), "llama3: KV-cache inference needs the whole model, not a pipeline stage");
   at::NoGradGuard no_grad;
   TITAN_CHECK(start_pos >= 0 && start_pos <= cache.length, "start_pos ", start_pos,
               " would leave a gap after the ", cache.length, " cached positions");
@@ -412,13 +426,13 @@ at::Tensor Transformer::forward_cached(const at::Tensor& tokens, KVCache& cache,
               "start_pos ", start_pos, " rewinds a cache of ", cache.length,
               " positions, which the linear-attention layers' recurrent state cannot. HINT: "
               "start again at position 0");
-  at::Tensor h = embed(tokens);  // (bs, n, dim)
+  at::Tensor h = embedded;  // (bs, n, dim)
   for (size_t i = 0; i < layers.size(); ++i) {
     // No positions: the cache step's [start_pos, start_pos + n), rows of the RoPE tables.
     const KVCacheStep step{&cache.layer(i), start_pos, cache.max_len};
     h = layers[i]->forward(h, *rope, /*positions=*/{}, &step);
   }
-  cache.length = start_pos + tokens.size(1);
+  cache.length = start_pos + embedded.size(1);
   return head(h, /*labels=*/{});
 }
 

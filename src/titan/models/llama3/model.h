@@ -156,6 +156,19 @@ class Transformer : public Model {
   std::shared_ptr<Linear> output;  // null when tie_embeddings or in a stage without the head
   std::vector<std::shared_ptr<MtpModule>> mtp;  // registered as mtp.<depth - 1>
 
+ protected:
+  // The first units of forward up to the embedded tokens, in the residual dtype: unit `unit`
+  // embeds them (advancing `unit` past what ran). A model that embeds more than tokens (the
+  // vision-language model: images in place of placeholder tokens) runs its own units here first
+  // and reports where the embedding's unit is (embedding_unit) for the head's and the
+  // multi-token prediction's reuse of it.
+  virtual at::Tensor embed_units(const at::Tensor& tokens, const ForwardInputs& inputs,
+                                 int64_t& unit);
+  virtual int64_t embedding_unit() const { return 0; }
+  // forward_cached from the embedded tokens h (bs, n, dim) in the residual dtype, without
+  // autograd.
+  at::Tensor forward_cached_embedded(const at::Tensor& h, KVCache& cache, int64_t start_pos);
+
  private:
   // Whether this instance holds every module (not a pipeline stage).
   bool is_whole() const;

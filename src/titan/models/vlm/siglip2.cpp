@@ -159,9 +159,8 @@ at::Tensor Siglip2VisionEncoder::position_embeddings(const at::Tensor& spatial_s
   return at::stack(rows);
 }
 
-Siglip2Output Siglip2VisionEncoder::forward(const at::Tensor& pixel_values,
-                                            const at::Tensor& patch_mask,
-                                            const at::Tensor& spatial_shapes) {
+at::Tensor Siglip2VisionEncoder::embed(const at::Tensor& pixel_values, const at::Tensor& patch_mask,
+                                       const at::Tensor& spatial_shapes) {
   const int64_t patch_dim = args_.num_channels * args_.patch_size * args_.patch_size;
   TITAN_CHECK(pixel_values.dim() == 3 && pixel_values.size(2) == patch_dim,
               "siglip2: pixel_values must be (bs, len, ", patch_dim, "), got ",
@@ -171,14 +170,24 @@ Siglip2Output Siglip2VisionEncoder::forward(const at::Tensor& pixel_values,
                   spatial_shapes.sizes() == at::IntArrayRef({bs, 2}),
               "siglip2: patch_mask must be (", bs, ", ", len, ") and spatial_shapes (", bs,
               ", 2), got ", patch_mask.sizes(), " and ", spatial_shapes.sizes());
-  at::Tensor x = patch_embedding->forward(pixel_values);
-  x = x + position_embeddings(spatial_shapes, len).to(x.scalar_type());
+  const at::Tensor x = patch_embedding->forward(pixel_values);
+  return x + position_embeddings(spatial_shapes, len).to(x.scalar_type());
+}
+
+at::Tensor Siglip2VisionEncoder::key_mask(const at::Tensor& patch_mask) {
   // Keys of padding patches are masked out for every query.
-  const at::Tensor key_mask = (patch_mask != 0).view({bs, 1, 1, len});
-  for (const auto& layer : layers) x = layer->forward(x, key_mask);
+  return (patch_mask != 0).view({patch_mask.size(0), 1, 1, patch_mask.size(1)});
+}
+
+Siglip2Output Siglip2VisionEncoder::forward(const at::Tensor& pixel_values,
+                                            const at::Tensor& patch_mask,
+                                            const at::Tensor& spatial_shapes) {
+  at::Tensor x = embed(pixel_values, patch_mask, spatial_shapes);
+  const at::Tensor mask = key_mask(patch_mask);
+  for (const auto& layer : layers) x = layer->forward(x, mask);
   x = post_layernorm->forward(x);
   Siglip2Output out{x, {}};
-  if (head) out.pooled = head->forward(x, key_mask);
+  if (head) out.pooled = head->forward(x, mask);
   return out;
 }
 

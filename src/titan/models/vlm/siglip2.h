@@ -89,6 +89,12 @@ class Siglip2VisionEncoder : public torch::nn::Module {
   // int64 (rows, columns of patches; rows * columns <= len).
   Siglip2Output forward(const at::Tensor& pixel_values, const at::Tensor& patch_mask,
                         const at::Tensor& spatial_shapes);
+  // The pieces of forward, for a model that runs them as its own units (the vision-language
+  // model): the patch embedding plus positions (bs, len, hidden) after forward's shape checks,
+  // and the attention mask of patch_mask, (bs, 1, 1, len) bool, for the layers.
+  at::Tensor embed(const at::Tensor& pixel_values, const at::Tensor& patch_mask,
+                   const at::Tensor& spatial_shapes);
+  static at::Tensor key_mask(const at::Tensor& patch_mask);
   // The position embeddings resized to each image's grid, (bs, len, hidden): position i < h * w
   // of image b is grid cell i of its (h, w) resize, the padding repeats cell 0 (transformers').
   at::Tensor position_embeddings(const at::Tensor& spatial_shapes, int64_t len) const;
