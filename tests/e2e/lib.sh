@@ -102,3 +102,33 @@ same_values() {
     END { printf "%s: %d %s values within %.1e relative\n", n, c, k, w; exit bad || c == 0 }' ||
     fail "$2 does not reproduce the one-process $3 values"
 }
+
+# data_parallel_parity UNITS ARGS...: with ARGS (10 steps, validation, checkpoints at steps 5 and
+# 10), one process (local batch 8), FSDP over 2 ranks (UNITS units) and DDP over 2 (local batch
+# 4): the 2-rank runs' losses and validation losses equal the one process's within 1e-5 relative
+# and their step-10 parameters within 3e-4 + 1e-4 relative; a run resumed from the one process's
+# step-5 checkpoint repeats its last 5 losses within 1e-6. Leaves the runs in $WORK/one, fsdp2,
+# ddp2, resumed.
+data_parallel_parity() {
+  local units="$1"; shift
+  train_run one 1 "$@" --training.local_batch_size 8
+  train_run fsdp2 2 "$@" --training.local_batch_size 4 --validation.local_batch_size 4
+  grep -q "FSDP: sharded over 2 ranks ($units units" "$WORK/fsdp2.log" || fail "no FSDP line"
+  train_run ddp2 2 "$@" --training.local_batch_size 4 --validation.local_batch_size 4 \
+    --parallelism.data_parallel_replicate_degree 2 --parallelism.data_parallel_shard_degree 1
+  local run
+  for run in fsdp2 ddp2; do
+    same_values one "$run" loss 1e-5
+    same_values one "$run" validation_loss 1e-5
+    "$TITAN" convert diff "$WORK/one/checkpoint/step-10" "$WORK/$run/checkpoint/step-10" \
+      --atol 3e-4 --rtol 1e-4 >"$WORK/out" 2>&1 || { cat "$WORK/out" >&2; fail "$run parameters"; }
+    echo "$run: final parameters $(tail -n 1 "$WORK/out")"
+  done
+  mkdir -p "$WORK/resumed/checkpoint"
+  cp -r "$WORK/one/checkpoint/step-5" "$WORK/resumed/checkpoint/"
+  train_run resumed 1 "$@" --training.local_batch_size 8
+  grep -q "resuming training after step 5" "$WORK/resumed.log" || fail "no resume"
+  grep '"loss":' "$WORK/one/metrics.jsonl" | tail -n 5 >"$WORK/tail5"
+  mkdir -p "$WORK/one_tail" && mv "$WORK/tail5" "$WORK/one_tail/metrics.jsonl"
+  same_values one_tail resumed loss 1e-6
+}

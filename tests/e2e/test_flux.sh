@@ -89,26 +89,7 @@ cat "$WORK/out"
 expect_exit 2 "${gen[@]}" --seed 1
 grep -q "give --output PATH" "$WORK/out" || fail "a missing --output not refused"
 
-train_run one 1 "${short[@]}" --training.local_batch_size 8
-train_run fsdp2 2 "${short[@]}" --training.local_batch_size 4 --validation.local_batch_size 4
-grep -q "FSDP: sharded over 2 ranks (7 units" "$WORK/fsdp2.log" || fail "no FSDP line"
-train_run ddp2 2 "${short[@]}" --training.local_batch_size 4 --validation.local_batch_size 4 \
-  --parallelism.data_parallel_replicate_degree 2 --parallelism.data_parallel_shard_degree 1
-for run in fsdp2 ddp2; do
-  same_values one "$run" loss 1e-5
-  same_values one "$run" validation_loss 1e-5
-  "$TITAN" convert diff "$WORK/one/checkpoint/step-10" "$WORK/$run/checkpoint/step-10" \
-    --atol 3e-4 --rtol 1e-4 >"$WORK/out" 2>&1 || { cat "$WORK/out" >&2; fail "$run parameters"; }
-  echo "$run: final parameters $(tail -n 1 "$WORK/out")"
-done
-
-mkdir -p "$WORK/resumed/checkpoint"
-cp -r "$WORK/one/checkpoint/step-5" "$WORK/resumed/checkpoint/"
-train_run resumed 1 "${short[@]}" --training.local_batch_size 8
-grep -q "resuming training after step 5" "$WORK/resumed.log" || fail "no resume"
-grep '"loss":' "$WORK/one/metrics.jsonl" | tail -n 5 >"$WORK/tail5"
-mkdir -p "$WORK/one_tail" && mv "$WORK/tail5" "$WORK/one_tail/metrics.jsonl"
-same_values one_tail resumed loss 1e-6
+data_parallel_parity 7 "${short[@]}"
 
 # Precomputed encodings (titan flux encode): training from them repeats the run that encodes on
 # the fly (the same losses: moments, caption encodings and the drops of the same samples).

@@ -54,26 +54,7 @@ echo "caption of a green circle on red: $b"
 grep -q "image .*green_circle.png as 4 x 4 patches" "$WORK/gen.err" || fail "no image line"
 [ "$(caption red_square --no_kv_cache)" = "$a" ] || fail "the uncached path captions otherwise"
 
-train_run one 1 "${short[@]}" --training.local_batch_size 8
-train_run fsdp2 2 "${short[@]}" --training.local_batch_size 4 --validation.local_batch_size 4
-grep -q "FSDP: sharded over 2 ranks (14 units" "$WORK/fsdp2.log" || fail "no FSDP line"
-train_run ddp2 2 "${short[@]}" --training.local_batch_size 4 --validation.local_batch_size 4 \
-  --parallelism.data_parallel_replicate_degree 2 --parallelism.data_parallel_shard_degree 1
-for run in fsdp2 ddp2; do
-  same_values one "$run" loss 1e-5
-  same_values one "$run" validation_loss 1e-5
-  "$TITAN" convert diff "$WORK/one/checkpoint/step-10" "$WORK/$run/checkpoint/step-10" \
-    --atol 3e-4 --rtol 1e-4 >"$WORK/out" 2>&1 || { cat "$WORK/out" >&2; fail "$run parameters"; }
-  echo "$run: final parameters $(tail -n 1 "$WORK/out")"
-done
-
-mkdir -p "$WORK/resumed/checkpoint"
-cp -r "$WORK/one/checkpoint/step-5" "$WORK/resumed/checkpoint/"
-train_run resumed 1 "${short[@]}" --training.local_batch_size 8
-grep -q "resuming training after step 5" "$WORK/resumed.log" || fail "no resume"
-grep '"loss":' "$WORK/one/metrics.jsonl" | tail -n 5 >"$WORK/tail5"
-mkdir -p "$WORK/one_tail" && mv "$WORK/tail5" "$WORK/one_tail/metrics.jsonl"
-same_values one_tail resumed loss 1e-6
+data_parallel_parity 14 "${short[@]}"
 
 # Refusals: settings that are not built are said, not ignored.
 refused() {  # refused TEXT ARGS...
