@@ -14,6 +14,12 @@ TITAN_SIGLIP2_FIXTURE="$WORK/siglip2" expect_exit 0 "$TESTS" --gtest_filter='Sig
 [ "$(grep -c "vs transformers Siglip2VisionModel" "$WORK/out")" = 2 ] ||
   fail "expected the hidden state and pooled output comparisons"
 grep "vs transformers Siglip2VisionModel" "$WORK/out"
+# The image preprocessing against TorchTitan's (its resize by patch count, Pillow, numpy).
+expect_exit 0 "$PY" "$(dirname "$0")/vlm_image_reference.py" "$WORK/vlm_images"
+TITAN_VLM_IMAGE_FIXTURE="$WORK/vlm_images" expect_exit 0 "$(dirname "$TITAN")/test_data" \
+  --gtest_filter='ImageTextBatches.PreprocessingMatchesTorchTitan'
+! grep -q "SKIPPED" "$WORK/out" || fail "the preprocessing comparison was skipped"
+grep "vs TorchTitan's" "$WORK/out"
 echo "PASS test_vlm (transformers reference)"
 
 cfg=(--job.config_file configs/vlm/debug_model.toml --metrics.log_freq 1 --metrics.peak_flops 1e12)

@@ -4,11 +4,15 @@
 #include "titan/components/data/image_text_batches.h"
 
 #include "titan/common/check.h"
+#include "titan/common/file_io.h"
+#include "titan/components/data/image.h"
 #include "titan/components/tokenizer/tokenizer.h"
 
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <memory>
+#include <nlohmann/json.hpp>
 
 namespace titan {
 namespace image_text_batches_test {
@@ -62,6 +66,36 @@ TEST(ImageTextBatches, PatchesAreRowMajorWithChannelsLast) {
   EXPECT_NEAR(image.patches[1][0].item<double>(), red_r, 1e-6);
   EXPECT_NEAR(image.patches[1][1].item<double>(), (0 - 0.4578275) / 0.26130258, 1e-6);
   EXPECT_NEAR(image.patches[1][3].item<double>(), red_r, 1e-6);  // pixel (0, 1)'s red
+}
+
+// Against TorchTitan's preprocessing written out by tests/e2e/vlm_image_reference.py (Pillow and
+// numpy) on random images of sizes through every branch of the resize; run by test_vlm.sh.
+TEST(ImageTextBatches, PreprocessingMatchesTorchTitan) {
+  const char* dir = std::getenv("TITAN_VLM_IMAGE_FIXTURE");
+  if (dir == nullptr) GTEST_SKIP() << "run by tests/e2e/test_vlm.sh";
+  if (!image_codecs_built()) GTEST_SKIP() << "built without the image codecs";
+  const std::string folder = dir;
+  const nlohmann::json index =
+      nlohmann::json::parse(read_regular_file(folder + "/index.json", "fixture index"));
+  const int64_t patch = index.at("patch"), max_patches = index.at("max_patches");
+  double worst = 0;
+  for (const auto& entry : index.at("images")) {
+    const std::string png = folder + "/" + entry.at("png").get<std::string>();
+    const VlmImage ours = vlm_preprocess(decode_image(read_regular_file(png, "fixture image"), png),
+                                         patch, max_patches);
+    ASSERT_EQ(ours.rows, entry.at("rows").get<int64_t>()) << png;
+    ASSERT_EQ(ours.columns, entry.at("columns").get<int64_t>()) << png;
+    const std::string bytes =
+        read_regular_file(folder + "/" + entry.at("patches").get<std::string>(), "fixture patches");
+    const at::Tensor theirs =
+        at::from_blob(const_cast<char*>(bytes.data()),
+                      {ours.rows * ours.columns, patch * patch * 3}, at::kFloat)
+            .clone();
+    worst = std::max(worst, (ours.patches - theirs).abs().max().item<double>());
+  }
+  std::printf("vlm preprocessing vs TorchTitan's (Pillow, numpy): %zu images, max abs diff %g\n",
+              index.at("images").size(), worst);
+  EXPECT_LE(worst, 1e-6);
 }
 
 TEST(ImageTextBatches, SamplesAreFramedAndOnlyTextIsTrained) {
