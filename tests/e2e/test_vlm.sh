@@ -4,8 +4,8 @@
 # grids, padded); the unit test Siglip2.MatchesTransformers (in test_models beside the titan
 # binary) loads the folder and reproduces the last hidden state and the attention-pooled output.
 # Then training on the procedural shapes (the loss on captions falls; the trained model captions
-# images it never saw with their shape and colours), FSDP 2 and DDP 2 against one process, a
-# resume, and the refusals.
+# images it never saw with their shape and colours), FSDP 2, DDP 2 and TP 2 against one process,
+# a resume, and the refusals.
 source "$(dirname "$0")/lib.sh"
 python_and_tests test_models
 expect_exit 0 "$PY" "$(dirname "$0")/siglip2_reference.py" "$WORK/siglip2"
@@ -61,6 +61,16 @@ grep -q "image .*green_circle.png as 4 x 4 patches" "$WORK/gen.err" || fail "no 
 [ "$(caption red_square --no_kv_cache)" = "$a" ] || fail "the uncached path captions otherwise"
 
 data_parallel_parity 14 "${short[@]}"
+# Tensor parallelism: the decoder split as llama3's, the image merge on whole sequences, the
+# encoder whole on both ranks.
+train_run tp2 2 "${short[@]}" --training.local_batch_size 8 \
+  --parallelism.tensor_parallel_degree 2 --parallelism.data_parallel_shard_degree 1
+grep -q "tensor parallel over 2 ranks" "$WORK/tp2.log" || fail "no TP line"
+same_values one tp2 loss 1e-5
+same_values one tp2 validation_loss 1e-5
+"$TITAN" convert diff "$WORK/one/checkpoint/step-10" "$WORK/tp2/checkpoint/step-10" \
+  --atol 3e-4 --rtol 1e-4 >"$WORK/out" 2>&1 || { cat "$WORK/out" >&2; fail "tp2 parameters"; }
+echo "tp2: final parameters $(tail -n 1 "$WORK/out")"
 
 # Refusals: settings that are not built are said, not ignored.
 refused() {  # refused TEXT ARGS...
@@ -74,9 +84,9 @@ refused "only 1 is" --training.spatial_merge_size 2
 refused "needs 40 positions" --training.seq_len 32 --validation.seq_len 32 \
   --training.max_patches_per_image 64 --training.img_size 96
 expect_exit 2 "$TITAN" run --nproc_per_node 2 -- train "${cfg[@]}" --training.steps 1 \
-  --parallelism.tensor_parallel_degree 2 --job.dump_folder "$WORK/tp"
-grep -q "tensor parallelism of the vision-language model is not built yet" "$WORK/out" ||
-  { cat "$WORK/out" >&2; fail "TP not refused with the reason"; }
+  --parallelism.context_parallel_degree 2 --job.dump_folder "$WORK/cp"
+grep -q "context parallelism of the vision-language model is not built yet" "$WORK/out" ||
+  { cat "$WORK/out" >&2; fail "CP not refused with the reason"; }
 expect_exit 2 "$TITAN" generate --model.name llama3 --flavor tiny --image "$WORK/red_square.png" --prompt ""
 grep -q -- "--image needs a vision-language model" "$WORK/out" || fail "--image on a text model"
-echo "PASS test_vlm (training, captions, FSDP/DDP parity, resume, refusals)"
+echo "PASS test_vlm (training, captions, FSDP/DDP/TP parity, resume, refusals)"

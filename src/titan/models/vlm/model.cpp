@@ -181,6 +181,13 @@ at::Tensor scatter_image_features(const at::Tensor& h, const at::Tensor& image_m
   return h.masked_scatter(slots.unsqueeze(-1), real.to(h.scalar_type()));
 }
 
+at::Tensor ImageMerge::forward(const at::Tensor& h, const at::Tensor& image_mask,
+                               const at::Tensor& features, const at::Tensor& patch_mask) {
+  return hooked(h, [&](const at::Tensor& x) {
+    return scatter_image_features(x, image_mask, features, patch_mask);
+  });
+}
+
 VlmTransformer::VlmTransformer(const VlmArgs& args, at::ScalarType compute_dtype)
     : llama3::Transformer(args.decoder, compute_dtype), args_(args) {
   args_.encoder.vision_use_head = false;
@@ -192,6 +199,7 @@ VlmTransformer::VlmTransformer(const VlmArgs& args, at::ScalarType compute_dtype
   projector = register_module(
       "projector",
       std::make_shared<Projector>(args_.encoder.hidden_size, args_.decoder.dim, compute_dtype));
+  image_merge = register_module("image_merge", std::make_shared<ImageMerge>());
 }
 
 ParamInit VlmTransformer::param_init(const std::string& name) const {
@@ -240,19 +248,19 @@ std::string VlmTransformer::refuses(const std::string& parallelism) const {
   if (parallelism == "pipeline") {
     return "the vision-language model cannot be split into pipeline stages yet: its images "
            "enter at the first stage's embedding (TorchTitan's VLM has no pipeline split "
-           "either). HINT: use FSDP, HSDP or DDP";
-  }
-  if (parallelism == "tensor") {
-    return "tensor parallelism of the vision-language model is not built yet: the image "
-           "features would have to be scattered into each rank's sequence shard (TorchTitan "
-           "refuses it as well: \"TP support for VLM training is still in progress\"). HINT: "
-           "use FSDP, HSDP or DDP";
+           "either). HINT: use FSDP, HSDP, DDP or TP";
   }
   if (parallelism == "context") {
     return "context parallelism of the vision-language model is not built yet: an image's "
-           "placeholder tokens may cross sequence shards. HINT: use FSDP, HSDP or DDP";
+           "placeholder tokens may cross sequence shards. HINT: use FSDP, HSDP, DDP or TP";
   }
   return llama3::Transformer::refuses(parallelism);
+}
+
+std::vector<TpRule> VlmTransformer::tensor_parallel_plan() const {
+  std::vector<TpRule> plan = llama3::Transformer::tensor_parallel_plan();
+  plan.push_back({"image_merge", TpStyle::kReplicated});
+  return plan;
 }
 
 int64_t VlmTransformer::embedding_unit() const { return encoder_units(); }
@@ -287,8 +295,11 @@ at::Tensor VlmTransformer::embed_units(const at::Tensor& tokens, const ForwardIn
   const at::Tensor features = run_unit(unit++, x, [enc, proj](const at::Tensor& in) {
     return proj->forward(enc->post_layernorm->forward(in));
   });
-  const at::Tensor h = llama3::Transformer::embed_units(tokens, inputs, unit);
-  return scatter_image_features(h, image_mask, features, patch_mask);
+  ImageMerge* merge = image_merge.get();
+  return run_unit(unit++, tokens,
+                  [this, merge, image_mask, features, patch_mask](const at::Tensor& ids) {
+                    return merge->forward(embed(ids), image_mask, features, patch_mask);
+                  });
 }
 
 at::Tensor VlmTransformer::prefill_cached(const at::Tensor& tokens,

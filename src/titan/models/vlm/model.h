@@ -75,6 +75,16 @@ class Projector : public torch::nn::Module {
 at::Tensor scatter_image_features(const at::Tensor& h, const at::Tensor& image_mask,
                                   const at::Tensor& features, const at::Tensor& patch_mask);
 
+// Where the image features replace the placeholders' embeddings (scatter_image_features), as a
+// module of its own so that tensor parallelism can run it on whole sequences
+// (TpStyle::kReplicated: the decoder's sequence-sharded embeddings gathered, this rank's share of
+// the result kept) without the model knowing.
+class ImageMerge : public HookedModule {
+ public:
+  at::Tensor forward(const at::Tensor& h, const at::Tensor& image_mask, const at::Tensor& features,
+                     const at::Tensor& patch_mask);
+};
+
 class VlmTransformer : public llama3::Transformer {
  public:
   // Parameters allocated, not initialized (init_weights).
@@ -89,8 +99,12 @@ class VlmTransformer : public llama3::Transformer {
   // encoder.embeddings, encoder.encoder.layers.N (blocks for activation checkpointing),
   // "encoder.post_layernorm, projector", then the decoder's units (FSDP units as TorchTitan's).
   std::vector<ModelUnit> units() const override;
-  // Pipeline, tensor and context parallelism are refused with the reason (TorchTitan's VLM has
-  // none of them either); data parallelism (FSDP, HSDP, DDP) and activation checkpointing apply.
+  // The decoder's plan (llama3's) and image_merge on whole sequences; the encoder and the
+  // projector stay whole on every tp rank (their gradients, partial by sequence share, are summed
+  // like the norms').
+  std::vector<TpRule> tensor_parallel_plan() const override;
+  // Pipeline and context parallelism are refused with the reason (TorchTitan's VLM has neither);
+  // data parallelism (FSDP, HSDP, DDP), tensor parallelism and activation checkpointing apply.
   std::string refuses(const std::string& parallelism) const override;
   std::vector<std::string> stage_modules() const override { return {}; }
   // Generation with images: the prompt embedded with its images (conditioning as forward's),
@@ -103,6 +117,7 @@ class VlmTransformer : public llama3::Transformer {
 
   std::shared_ptr<Siglip2VisionEncoder> encoder;
   std::shared_ptr<Projector> projector;
+  std::shared_ptr<ImageMerge> image_merge;
 
  protected:
   at::Tensor embed_units(const at::Tensor& tokens, const ForwardInputs& inputs,
