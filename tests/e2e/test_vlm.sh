@@ -72,6 +72,30 @@ same_values one tp2 validation_loss 1e-5
   --atol 3e-4 --rtol 1e-4 >"$WORK/out" 2>&1 || { cat "$WORK/out" >&2; fail "tp2 parameters"; }
 echo "tp2: final parameters $(tail -n 1 "$WORK/out")"
 
+# A folder of images with a captions sidecar (the datasets users have): images of several sizes
+# and aspects, one corrupt file, which stops the run naming it unless skipping is allowed.
+expect_exit 0 "$PY" -c "
+import json, os, sys
+from PIL import Image
+out = sys.argv[1]; os.makedirs(out)
+rows = []
+for i, (w, h) in enumerate([(80, 48), (64, 64), (30, 100), (200, 150), (17, 23)]):
+    Image.new('RGB', (w, h), (40 * i, 200 - 30 * i, 90)).save(f'{out}/{i}.png')
+    rows.append({'image': f'{i}.png', 'caption': f'a flat picture number {i}'})
+open(f'{out}/broken.png', 'wb').write(b'\x89PNG\r\n\x1a\n' + b'\0' * 20)
+rows.insert(2, {'image': 'broken.png', 'caption': 'never read'})
+with open(f'{out}/captions.jsonl', 'w') as f:
+    f.writelines(json.dumps(r) + '\n' for r in rows)" "$WORK/folder"
+folder=("${cfg[@]}" --training.dataset folder --training.dataset_path "$WORK/folder"
+  --training.local_batch_size 2 --training.max_images_per_batch 2 --training.steps 4
+  --validation.enable false --job.dump_folder "$WORK/folder_run")
+expect_exit 1 "$TITAN" train "${folder[@]}"
+grep -q "broken.png" "$WORK/out" || { cat "$WORK/out" >&2; fail "the corrupt image is not named"; }
+expect_exit 0 "$TITAN" train "${folder[@]}" --training.skip_unreadable_images true
+grep -q "skipping a row that does not read" "$WORK/out" || fail "no skip warning"
+grep -q "step: 4" "$WORK/out" || fail "the folder run did not train 4 steps"
+echo "folder dataset: 5 images of 5 sizes trained, the corrupt one named, then skipped when allowed"
+
 # Refusals: settings that are not built are said, not ignored.
 refused() {  # refused TEXT ARGS...
   local text="$1"; shift
