@@ -47,6 +47,9 @@ echo "PASS test_flux (diffusers and transformers references)"
 # Training (flow matching on the procedural shapes, training.test_mode: random encoders): the
 # debug model's loss falls; FSDP 2 and DDP 2 reproduce the one-process run (losses, validation
 # losses, final parameters); a resumed run reproduces the steps after its checkpoint; refusals.
+# The training runs choose their own threads (cores / local ranks): the references' two threads
+# per process would oversubscribe the cores under `titan run`.
+unset OMP_NUM_THREADS
 cfg=(--job.config_file configs/flux/debug_model.toml --training.mixed_precision_param float32
   --metrics.log_freq 1 --metrics.peak_flops 1e12)
 short=("${cfg[@]}" --training.steps 10 --validation.freq 5 --validation.steps 1 --debug.seed 7

@@ -90,7 +90,9 @@ merged_ids="$("$TITAN" "${gen[@]}" --checkpoint "$WORK/merged" 2>"$WORK/gen.err"
 [ "$(wc -w <<<"$lora_ids")" = 16 ] && [ "$lora_ids" = "$merged_ids" ] ||
   fail "generation with the adapters ($lora_ids) differs from the merged model's ($merged_ids)"
 
-# The same steps split over ranks, and resumed.
+# The same steps split over ranks, and resumed. From here the runs choose their own threads
+# (cores / local ranks): two threads per process would oversubscribe the cores under `titan run`.
+unset OMP_NUM_THREADS
 train fsdp2 2 "${lora[@]}" --parallelism.data_parallel_shard_degree 2 \
   --training.local_batch_size 2
 same_losses one fsdp2 loss

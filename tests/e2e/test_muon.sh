@@ -24,6 +24,9 @@ expect_output "Muon vs torch.optim.Muon"
 ! grep -q "SKIPPED" "$WORK/out" || fail "the comparison with torch was skipped"
 grep "vs torch" "$WORK/out"
 
+# The training runs choose their own threads (cores / local ranks): the reference's two threads
+# per process would oversubscribe the cores under `titan run`.
+unset OMP_NUM_THREADS
 muon=(--optimizer.name Muon --optimizer.lr 0.02 --optimizer.muon_adamw_lr 2e-3)
 train one 1 "${muon[@]}" --training.local_batch_size 8 --validation.local_batch_size 4
 grep -q "optimizer Muon: 42 matrices orthogonalized locally; the other 15 parameters take AdamW" \

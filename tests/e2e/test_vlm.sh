@@ -4,8 +4,8 @@
 # grids, padded); the unit test Siglip2.MatchesTransformers (in test_models beside the titan
 # binary) loads the folder and reproduces the last hidden state and the attention-pooled output.
 # Then training on the procedural shapes (the loss on captions falls; the trained model captions
-# images it never saw with their shape and colours), FSDP 2, DDP 2 and TP 2 against one process,
-# a resume, and the refusals.
+# images it never saw with their shape and colours), FSDP 2, DDP 2, TP 2, HSDP 2x2 and FSDP 2 x
+# TP 2 against one process, a resume, a folder dataset, and the refusals.
 source "$(dirname "$0")/lib.sh"
 python_and_tests test_models
 expect_exit 0 "$PY" "$(dirname "$0")/siglip2_reference.py" "$WORK/siglip2"
@@ -22,6 +22,9 @@ TITAN_VLM_IMAGE_FIXTURE="$WORK/vlm_images" expect_exit 0 "$(dirname "$TITAN")/te
 grep "vs TorchTitan's" "$WORK/out"
 echo "PASS test_vlm (transformers reference)"
 
+# The training runs choose their own threads (cores / local ranks): the references' two threads
+# per process would oversubscribe the cores under `titan run`.
+unset OMP_NUM_THREADS
 cfg=(--job.config_file configs/vlm/debug_model.toml --metrics.log_freq 1 --metrics.peak_flops 1e12)
 short=("${cfg[@]}" --training.mixed_precision_param float32 --training.steps 10
   --validation.freq 5 --validation.steps 1 --debug.seed 7 --checkpoint.enable true
@@ -71,6 +74,19 @@ same_values one tp2 validation_loss 1e-5
 "$TITAN" convert diff "$WORK/one/checkpoint/step-10" "$WORK/tp2/checkpoint/step-10" \
   --atol 3e-4 --rtol 1e-4 >"$WORK/out" 2>&1 || { cat "$WORK/out" >&2; fail "tp2 parameters"; }
 echo "tp2: final parameters $(tail -n 1 "$WORK/out")"
+# Four ranks on two cores: HSDP (2 replicas of 2 shards) and FSDP 2 x TP 2.
+train_run hsdp4 4 "${short[@]}" --training.local_batch_size 2 --validation.local_batch_size 2 \
+  --parallelism.data_parallel_replicate_degree 2 --parallelism.data_parallel_shard_degree 2
+grep -q "HSDP: sharded over 2 ranks, replicated 2x" "$WORK/hsdp4.log" || fail "no HSDP line"
+train_run fsdp2_tp2 4 "${short[@]}" --training.local_batch_size 4 --validation.local_batch_size 4 \
+  --parallelism.tensor_parallel_degree 2 --parallelism.data_parallel_shard_degree 2
+for run in hsdp4 fsdp2_tp2; do
+  same_values one "$run" loss 1e-5
+  same_values one "$run" validation_loss 1e-5
+  "$TITAN" convert diff "$WORK/one/checkpoint/step-10" "$WORK/$run/checkpoint/step-10" \
+    --atol 3e-4 --rtol 1e-4 >"$WORK/out" 2>&1 || { cat "$WORK/out" >&2; fail "$run parameters"; }
+  echo "$run: final parameters $(tail -n 1 "$WORK/out")"
+done
 
 # A folder of images with a captions sidecar (the datasets users have): images of several sizes
 # and aspects, one corrupt file, which stops the run naming it unless skipping is allowed.
@@ -113,4 +129,4 @@ grep -q "context parallelism of the vision-language model is not built yet" "$WO
   { cat "$WORK/out" >&2; fail "CP not refused with the reason"; }
 expect_exit 2 "$TITAN" generate --model.name llama3 --flavor tiny --image "$WORK/red_square.png" --prompt ""
 grep -q -- "--image needs a vision-language model" "$WORK/out" || fail "--image on a text model"
-echo "PASS test_vlm (training, captions, FSDP/DDP/TP parity, resume, refusals)"
+echo "PASS test_vlm (training, captions, FSDP/DDP/TP/HSDP/2D parity, resume, folder data, refusals)"
