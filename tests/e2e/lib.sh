@@ -103,6 +103,16 @@ same_values() {
     fail "$2 does not reproduce the one-process $3 values"
 }
 
+# same_as_one RUN: RUN's losses and validation losses equal $WORK/one's within 1e-5 relative,
+# its step-10 parameters within 3e-4 + 1e-4 relative.
+same_as_one() {
+  same_values one "$1" loss 1e-5
+  same_values one "$1" validation_loss 1e-5
+  "$TITAN" convert diff "$WORK/one/checkpoint/step-10" "$WORK/$1/checkpoint/step-10" \
+    --atol 3e-4 --rtol 1e-4 >"$WORK/out" 2>&1 || { cat "$WORK/out" >&2; fail "$1 parameters"; }
+  echo "$1: final parameters $(tail -n 1 "$WORK/out")"
+}
+
 # data_parallel_parity UNITS ARGS...: with ARGS (10 steps, validation, checkpoints at steps 5 and
 # 10), one process (local batch 8), FSDP over 2 ranks (UNITS units) and DDP over 2 (local batch
 # 4): the 2-rank runs' losses and validation losses equal the one process's within 1e-5 relative
@@ -116,14 +126,8 @@ data_parallel_parity() {
   grep -q "FSDP: sharded over 2 ranks ($units units" "$WORK/fsdp2.log" || fail "no FSDP line"
   train_run ddp2 2 "$@" --training.local_batch_size 4 --validation.local_batch_size 4 \
     --parallelism.data_parallel_replicate_degree 2 --parallelism.data_parallel_shard_degree 1
-  local run
-  for run in fsdp2 ddp2; do
-    same_values one "$run" loss 1e-5
-    same_values one "$run" validation_loss 1e-5
-    "$TITAN" convert diff "$WORK/one/checkpoint/step-10" "$WORK/$run/checkpoint/step-10" \
-      --atol 3e-4 --rtol 1e-4 >"$WORK/out" 2>&1 || { cat "$WORK/out" >&2; fail "$run parameters"; }
-    echo "$run: final parameters $(tail -n 1 "$WORK/out")"
-  done
+  same_as_one fsdp2
+  same_as_one ddp2
   mkdir -p "$WORK/resumed/checkpoint"
   cp -r "$WORK/one/checkpoint/step-5" "$WORK/resumed/checkpoint/"
   train_run resumed 1 "$@" --training.local_batch_size 8

@@ -117,6 +117,8 @@ class Trainer {
   void build_image_data();
   // The vision-language model's image-text data (trainer_images.cpp).
   void build_image_text_data();
+  // ConfigError when the validation image dataset cannot fill one batch.
+  void check_validation_images_fill_a_batch() const;
   // A loader of `section`'s image dataset ("training" or "validation"), global rows.
   std::unique_ptr<BatchLoader> make_image_loader(const std::string& section, int64_t batch_size,
                                                  bool infinite) const;

@@ -44,6 +44,17 @@ int64_t Trainer::sample_tokens() const {
   return flow_ ? flow_->image_tokens() : config_.training.seq_len;
 }
 
+void Trainer::check_validation_images_fill_a_batch() const {
+  const ValidationSection& v = config_.validation;
+  // Found now, not at the first validation after validation.freq training steps.
+  if (!make_image_loader("validation", v.local_batch_size * dp_size_, false)->next()) {
+    throw ConfigError(message("the validation image dataset has fewer than ",
+                              v.local_batch_size * dp_size_,
+                              " usable rows, one batch of validation.local_batch_size x the "
+                              "data-parallel degree"));
+  }
+}
+
 void Trainer::build_image_text_data() {
   const TrainingSection& t = config_.training;
   const auto* vlm = dynamic_cast<const vlm::VlmTransformer*>(model_.get());
@@ -84,12 +95,7 @@ void Trainer::build_image_text_data() {
     const ValidationSection& v = config_.validation;
     validation_images_ = open_image_dataset("validation", v.dataset, v.dataset_path, t, /*seed=*/1);
     log_info("validation image-text dataset ", v.dataset_path.empty() ? v.dataset : v.dataset_path);
-    if (!make_image_loader("validation", v.local_batch_size * dp_size_, false)->next()) {
-      throw ConfigError(message("the validation image dataset has fewer than ",
-                                v.local_batch_size * dp_size_,
-                                " usable rows, one batch of validation.local_batch_size x the "
-                                "data-parallel degree"));
-    }
+    check_validation_images_fill_a_batch();
   }
 }
 
@@ -126,12 +132,7 @@ void Trainer::build_image_data() {
     }
     log_info("validation image dataset ", v.dataset_path.empty() ? v.dataset : v.dataset_path,
              "; stratified timesteps (i + 0.5) / 8");
-    if (!make_image_loader("validation", v.local_batch_size * dp_size_, false)->next()) {
-      throw ConfigError(message("the validation image dataset has fewer than ",
-                                v.local_batch_size * dp_size_,
-                                " usable rows, one batch of validation.local_batch_size x the "
-                                "data-parallel degree"));
-    }
+    check_validation_images_fill_a_batch();
   }
 }
 

@@ -154,6 +154,14 @@ int64_t vision_param_count(const VlmArgs& args) {
   return embeddings + e.num_hidden_layers * layer + 2 * h + projector;
 }
 
+ModelStats compute_stats(const VlmArgs& args, int64_t batch, int64_t seq_len,
+                         at::ScalarType compute_dtype) {
+  ModelStats s = llama3::compute_stats(args.decoder, batch, seq_len, compute_dtype);
+  s.n_active_params = s.active_params();  // FLOPs per token: the decoder's
+  s.n_params += vision_param_count(args);
+  return s;
+}
+
 Projector::Projector(int64_t in_dim, int64_t out_dim, at::ScalarType compute_dtype) {
   w1 = register_module("w1", std::make_shared<BiasedLinear>(in_dim, in_dim, compute_dtype));
   w2 = register_module("w2", std::make_shared<BiasedLinear>(in_dim, out_dim, compute_dtype));
@@ -216,10 +224,7 @@ ParamInit VlmTransformer::param_init(const std::string& name) const {
 }
 
 ModelStats VlmTransformer::stats(int64_t batch, int64_t seq_len) const {
-  ModelStats s = llama3::Transformer::stats(batch, seq_len);
-  s.n_active_params = s.active_params();  // FLOPs per token: the decoder's
-  s.n_params += vision_param_count(args_);
-  return s;
+  return compute_stats(args_, batch, seq_len, compute_dtype());
 }
 
 std::vector<ModelUnit> VlmTransformer::units() const {
@@ -325,11 +330,7 @@ ModelSpec make_vlm_spec() {
   spec.flavors = vlm::flavor_names();
   spec.describe = [](const std::string& flavor, int64_t batch, int64_t seq_len,
                      at::ScalarType compute_dtype) {
-    const vlm::VlmArgs args = vlm::args_for_flavor(flavor);
-    ModelStats s = llama3::compute_stats(args.decoder, batch, seq_len, compute_dtype);
-    s.n_active_params = s.active_params();
-    s.n_params += vlm::vision_param_count(args);
-    return s;
+    return vlm::compute_stats(vlm::args_for_flavor(flavor), batch, seq_len, compute_dtype);
   };
   spec.build = [](const std::string& flavor,
                   const ModelBuildOptions& options) -> std::shared_ptr<Model> {

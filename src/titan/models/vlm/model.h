@@ -59,6 +59,10 @@ nlohmann::json resolved_args(const VlmArgs& args);
 std::string describe(const VlmArgs& args);
 // Trainable parameters of the encoder (without the pooling head) and the projector.
 int64_t vision_param_count(const VlmArgs& args);
+// The decoder's numbers (llama3::compute_stats) with the vision parameters added to n_params;
+// FLOPs per token count the decoder only (the encoder's work is per image patch).
+ModelStats compute_stats(const VlmArgs& args, int64_t batch, int64_t seq_len,
+                         at::ScalarType compute_dtype);
 
 // The encoder's features to the decoder's width: w2(silu(w1(x))), both with biases.
 class Projector : public torch::nn::Module {
@@ -93,8 +97,7 @@ class VlmTransformer : public llama3::Transformer {
   // Encoder and projector: linear weights trunc_normal(0.02), biases zeros, LayerNorm weights
   // ones, position embeddings normal(0.02); the decoder's as llama3's.
   ParamInit param_init(const std::string& name) const override;
-  // The decoder's numbers with the vision parameters added to n_params; FLOPs per token count
-  // the decoder only (the encoder's work is per image patch).
+  // compute_stats of its args.
   ModelStats stats(int64_t batch, int64_t seq_len) const override;
   // encoder.embeddings, encoder.encoder.layers.N (blocks for activation checkpointing),
   // "encoder.post_layernorm, projector", then the decoder's units (FSDP units as TorchTitan's).
