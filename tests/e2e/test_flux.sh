@@ -108,7 +108,7 @@ expect_exit 1 "$TITAN" train "${short[@]}" --job.dump_folder "$WORK/x" --trainin
 grep -q "was encoded with img_size = 64, this run has 32" "$WORK/out" || fail "a mismatch not named"
 
 expect_exit 2 "$TITAN" train "${cfg[@]}" --job.dump_folder "$WORK/x" --training.test_mode false
-grep -q "needs their tokenizers" "$WORK/out" || fail "test_mode false not refused"
+grep -q "pretrained T5 and CLIP encoders is not wired yet" "$WORK/out" || fail "test_mode false not refused"
 expect_exit 2 "$TITAN" train "${cfg[@]}" --job.dump_folder "$WORK/x" --training.dataset c4
 grep -q 'training.dataset = "shapes"' "$WORK/out" || fail "a text dataset not refused"
 expect_exit 2 "$TITAN" train "${cfg[@]}" --job.dump_folder "$WORK/x" --training.img_size 40

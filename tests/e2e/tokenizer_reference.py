@@ -1,6 +1,6 @@
 """Reference token ids from the pinned Python libraries: Hugging Face `tokenizers` (Rust, the
-library behind every tokenizer.json) and OpenAI's `tiktoken` (what Llama 3's tokenizer.model
-is read with). Used by tests/e2e/test_tokenizer_reference.sh, run with the project's Python
+library behind every tokenizer.json, and so behind transformers' T5 and CLIP tokenizers) and
+OpenAI's `tiktoken` (what Llama 3's tokenizer.model is read with). Used by tests/e2e/test_tokenizer_reference.sh, run with the project's Python
 ($TITAN_PYTHON, scripts/python_env.sh). Nothing is downloaded: tiktoken's GPT-2 encoding is
 built from local copies of its files, checked against the hashes tiktoken pins.
 
@@ -10,6 +10,12 @@ built from local copies of its files, checked against the hashes tiktoken pins.
         OUT_DIR/gpt2_llama3/tokenizer.json  the same vocabulary with Llama 3's pre-tokenizer
                                             (Split regex, ByteLevel without regex, ignore_merges)
         OUT_DIR/gpt2.tiktoken               tiktoken's GPT-2 ranks as a rank file (base64 rank)
+  tokenizer_reference.py prepare-t5-clip CORPUS_DIR OUT_DIR
+      T5's and CLIP's tokenizer files, trained on the corpus and written by transformers:
+        OUT_DIR/t5_spm/spiece.model         SentencePiece unigram, nmt_nfkc rules, 5 sentinels
+        OUT_DIR/t5/tokenizer.json           transformers' T5Tokenizer of it
+        OUT_DIR/clip_files/vocab.json + merges.txt   byte-level BPE with "</w>", CLIP's layout
+        OUT_DIR/clip/tokenizer.json         transformers' CLIPTokenizer of them
   tokenizer_reference.py with-prefix-space IN_JSON OUT_JSON
       a copy of a tokenizer.json whose ByteLevel pre-tokenizer has add_prefix_space: true
   tokenizer_reference.py compare --titan BIN --tokenizer PATH --reference KIND:PATH --work DIR
@@ -29,6 +35,10 @@ built from local copies of its files, checked against the hashes tiktoken pins.
       libraries' regex engines see them (they must agree); --check: exit 1 unless FILE holds
       exactly tiktoken's ranges (tokenizers' engine takes seconds to ask, and agreed when the
       file was generated).
+  tokenizer_reference.py normalizer-tables [--check FILE]
+      prints src/titan/components/tokenizer/unicode_norm_tables.cpp (lowercase, NFD, NFC
+      compositions, grapheme classes; see normalizer_data); --check: exit 1 unless FILE holds
+      exactly those tables.
   tokenizer_reference.py pre-tokenizer-cases
       prints tests/unit/tokenizer/pre_tokenizer_cases.json: adversarial strings and their pieces
       under the GPT-2 and Llama 3 regexes, split by tokenizers' regex engine.
@@ -388,6 +398,71 @@ def prepare(args):
     return 0
 
 
+def bytes_to_unicode_chars():
+    """GPT-2's (and CLIP's) printable character for each byte, in byte order."""
+    printable = (list(range(ord("!"), ord("~") + 1)) + list(range(ord("\u00a1"), ord("\u00ac") + 1))
+                 + list(range(ord("\u00ae"), ord("\u00ff") + 1)))
+    chars = {b: b for b in printable}
+    n = 0
+    for b in range(256):
+        if b not in chars:
+            chars[b] = 256 + n
+            n += 1
+    return [chr(chars[b]) for b in range(256)]
+
+
+def prepare_t5_clip(args):
+    """T5's and CLIP's tokenizer files as transformers writes them, trained on the corpus:
+    OUT/t5_spm/spiece.model (+ tokenizer_config.json): a SentencePiece unigram model with the
+    nmt_nfkc rules (T5's), OUT/t5/tokenizer.json: transformers' T5Tokenizer of it;
+    OUT/clip_files/vocab.json + merges.txt: a byte-level BPE with "</w>" word ends in CLIP's
+    layout, OUT/clip/tokenizer.json: transformers' CLIPTokenizer of them."""
+    import sentencepiece
+    from tokenizers import normalizers, trainers
+    from transformers import CLIPTokenizer, T5Tokenizer
+    files = sorted(os.path.join(args.corpus, f) for f in os.listdir(args.corpus)
+                   if f.endswith(".txt"))[:40]
+    text = "".join(open(f, encoding="utf-8").read() for f in files)
+    sentences = [s.strip() + "." for s in text.split(". ") if s.strip()]
+    spm_dir = os.path.join(args.out_dir, "t5_spm")
+    os.makedirs(spm_dir, exist_ok=True)
+    sentencepiece.SentencePieceTrainer.train(
+        sentence_iterator=iter(sentences), model_prefix=os.path.join(spm_dir, "spiece"),
+        vocab_size=1000, model_type="unigram", normalization_rule_name="nmt_nfkc", pad_id=0,
+        eos_id=1, unk_id=2, bos_id=-1, character_coverage=1.0, minloglevel=2,
+        num_threads=THREADS)
+    os.remove(os.path.join(spm_dir, "spiece.vocab"))
+    with open(os.path.join(spm_dir, "tokenizer_config.json"), "w") as f:
+        json.dump({"tokenizer_class": "T5Tokenizer", "extra_ids": 5}, f)
+    T5Tokenizer.from_pretrained(spm_dir, extra_ids=5).save_pretrained(
+        os.path.join(args.out_dir, "t5"))
+
+    pattern = (r"""<\|startoftext\|>|<\|endoftext\|>|'s|'t|'re|'ve|'m|'ll|'d|[\p{L}]+|"""
+               r"""[\p{N}]|[^\s\p{L}\p{N}]+""")
+    bpe = Tokenizer(models.BPE(end_of_word_suffix="</w>"))
+    bpe.normalizer = normalizers.Sequence([normalizers.NFC(),
+                                           normalizers.Replace(Regex(r"\s+"), " "),
+                                           normalizers.Lowercase()])
+    bpe.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(pattern), behavior="removed", invert=True),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    bpe.train(files, trainers.BpeTrainer(vocab_size=1500, end_of_word_suffix="</w>",
+                                         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                         show_progress=False))
+    merges = json.loads(bpe.to_str())["model"]["merges"]
+    chars = bytes_to_unicode_chars()
+    vocab = (chars + [c + "</w>" for c in chars] + ["".join(m) for m in merges]
+             + ["<|startoftext|>", "<|endoftext|>"])
+    clip_dir = os.path.join(args.out_dir, "clip_files")
+    os.makedirs(clip_dir, exist_ok=True)
+    with open(os.path.join(clip_dir, "vocab.json"), "w", encoding="utf-8") as f:
+        json.dump({t: i for i, t in enumerate(vocab)}, f, ensure_ascii=False)
+    with open(os.path.join(clip_dir, "merges.txt"), "w", encoding="utf-8") as f:
+        f.write("#version: 0.2\n" + "".join(f"{a} {b}\n" for a, b in merges))
+    CLIPTokenizer.from_pretrained(clip_dir).save_pretrained(os.path.join(args.out_dir, "clip"))
+    return 0
+
+
 def with_prefix_space(args):
     with open(args.input, encoding="utf-8") as f:
         root = json.load(f)
@@ -479,6 +554,126 @@ def unicode_tables(args):
     return 0
 
 
+# Grapheme cluster break classes (UAX #29) packed with Extended_Pictographic and Indic_Conjunct_Break
+# into one byte per code point, as src/titan/components/tokenizer/unicode_norm.h reads them.
+GCB_VALUES = ["Other", "CR", "LF", "Control", "Extend", "ZWJ", "Regional_Indicator", "Prepend",
+              "SpacingMark", "L", "V", "T", "LV", "LVT"]
+INCB_VALUES = {"Linker": 1, "Consonant": 2, "Extend": 3}
+
+
+def normalizer_data():
+    """The Unicode data behind titan's normalizers, asked of the libraries that define the
+    reference behaviour: Lowercase and NFD of every code point from tokenizers' normalizers,
+    canonical combining classes and composition pairs from unicodedata2 (checked against
+    tokenizers' NFC), grapheme classes from the regex module (UAX #29 properties)."""
+    import regex
+    import unicodedata2
+    from tokenizers import normalizers
+    chars = [chr(c) for c in range(1, 0x110000) if not 0xD800 <= c <= 0xDFFF]
+    joined = "\x00".join(chars)
+    lower = normalizers.Lowercase().normalize_str(joined).split("\x00")
+    nfd = normalizers.NFD().normalize_str(joined).split("\x00")
+    assert len(lower) == len(chars) and len(nfd) == len(chars)
+    data = {"lower": {}, "nfd": {}, "ccc": {}, "compose": [], "grapheme": {}}
+    for c, lo, d in zip(chars, lower, nfd):
+        cp = ord(c)
+        if lo != c:
+            data["lower"][cp] = [ord(x) for x in lo]
+        if d != c and not 0xAC00 <= cp <= 0xD7A3:  # Hangul syllables: computed, not tabled
+            data["nfd"][cp] = [ord(x) for x in d]
+        ccc = unicodedata2.combining(c)
+        if ccc:
+            data["ccc"][cp] = ccc
+    nfc = normalizers.NFC()
+    for c in chars:
+        dec = unicodedata2.decomposition(c)
+        if not dec or dec.startswith("<") or 0xAC00 <= ord(c) <= 0xD7A3:
+            continue
+        parts = [int(x, 16) for x in dec.split()]
+        if len(parts) == 2 and nfc.normalize_str(chr(parts[0]) + chr(parts[1])) == c:
+            data["compose"].append((parts[0], parts[1], ord(c)))
+    text = "".join(chars)
+    values = {}
+    for i, name in enumerate(GCB_VALUES[1:], start=1):
+        for ch in regex.findall(r"\p{Grapheme_Cluster_Break=%s}" % name, text):
+            values[ord(ch)] = i
+    for ch in regex.findall(r"\p{Extended_Pictographic}", text):
+        values[ord(ch)] = values.get(ord(ch), 0) | 16
+    for name, v in INCB_VALUES.items():
+        for ch in regex.findall(r"\p{InCB=%s}" % name, text):
+            values[ord(ch)] = values.get(ord(ch), 0) | (v << 5)
+    data["grapheme"] = values
+    return data
+
+
+def value_ranges(values):
+    out = []
+    for c in sorted(values):
+        if out and out[-1][1] == c - 1 and out[-1][2] == values[c]:
+            out[-1][1] = c
+        else:
+            out.append([c, c, values[c]])
+    return out
+
+
+def normalizer_tables(args):
+    import regex
+    import unicodedata2
+    data = normalizer_data()
+    out = [
+        f"// GENERATED by tests/e2e/tokenizer_reference.py normalizer-tables (tokenizers "
+        f"{tokenizers.__version__},\n// unicodedata2 (Unicode {unicodedata2.unidata_version}), regex "
+        f"{regex.__version__}); do not edit. Lowercase and NFD as tokenizers'\n// normalizers "
+        f"map each code point, canonical combining classes, the canonical compositions NFC\n"
+        f"// applies, and grapheme cluster classes (see unicode_norm.h).\n",
+        '#include "titan/components/tokenizer/unicode_norm.h"\n\nnamespace titan {\n'
+        "namespace unicode_norm_tables {\n\n",
+    ]
+
+    def emit(decl, rows, size_name, count, per_row=4):
+        lines = [", ".join(rows[i:i + per_row]) for i in range(0, len(rows), per_row)]
+        out.append(decl + " = {\n" + "\n".join(f"    {r}," for r in lines) + "\n};\n")
+        out.append(f"const size_t {size_name} = {count};\n\n")
+
+    lower = sorted(data["lower"].items())
+    assert max(len(v) for _, v in lower) <= 2
+    emit("const LowercaseMapping kLowercase[]",
+         [f"{{0x{c:X}, {{0x{v[0]:X}, 0x{(v + [0])[1]:X}}}}}" for c, v in lower],
+         "kLowercase_size", len(lower), 3)
+    nfd = sorted(data["nfd"].items())
+    flat, rows = [], []
+    for c, v in nfd:
+        rows.append(f"{{0x{c:X}, {len(flat)}, {len(v)}}}")
+        flat.extend(v)
+    emit("const Decomposition kDecompositions[]", rows, "kDecompositions_size", len(rows))
+    emit("const uint32_t kDecompositionChars[]", [f"0x{c:X}" for c in flat],
+         "kDecompositionChars_size", len(flat), 8)
+    ccc = value_ranges(data["ccc"])
+    emit("const CodePointValueRange kCombiningClasses[]",
+         [f"{{0x{a:X}, 0x{b:X}, {v}}}" for a, b, v in ccc], "kCombiningClasses_size", len(ccc))
+    comp = sorted(data["compose"])
+    emit("const Composition kCompositions[]", [f"{{0x{a:X}, 0x{b:X}, 0x{c:X}}}" for a, b, c in comp],
+         "kCompositions_size", len(comp), 3)
+    gr = value_ranges(data["grapheme"])
+    emit("const CodePointValueRange kGraphemeClasses[]",
+         [f"{{0x{a:X}, 0x{b:X}, {v}}}" for a, b, v in gr], "kGraphemeClasses_size", len(gr))
+    out.append("}  // namespace unicode_norm_tables\n}  // namespace titan\n")
+    text = "".join(out)
+    if args.check:
+        with open(args.check, encoding="utf-8") as f:
+            body = f.read()
+        strip = lambda t: t.split("namespace unicode_norm_tables {", 1)[1]
+        if strip(body) != strip(text):
+            print(f"FAIL: {args.check} differs from the libraries' data; regenerate it with "
+                  f"tests/e2e/tokenizer_reference.py normalizer-tables", file=sys.stderr)
+            return 1
+        print(f"{args.check}: Lowercase, NFD, NFC compositions and grapheme classes agree with "
+              f"the libraries")
+        return 0
+    sys.stdout.write(text)
+    return 0
+
+
 def pre_tokenizer_cases(args):
     splitters = {
         name: pre_tokenizers.Split(Regex(pattern), behavior="isolated", invert=False)
@@ -518,6 +713,9 @@ def main():
     p = sub.add_parser("prepare")
     p.add_argument("gpt2_dir")
     p.add_argument("out_dir")
+    p = sub.add_parser("prepare-t5-clip")
+    p.add_argument("corpus")
+    p.add_argument("out_dir")
     p = sub.add_parser("with-prefix-space")
     p.add_argument("input")
     p.add_argument("output")
@@ -534,9 +732,12 @@ def main():
     p = sub.add_parser("unicode-tables")
     p.add_argument("--check")
     sub.add_parser("pre-tokenizer-cases")
+    p = sub.add_parser("normalizer-tables")
+    p.add_argument("--check")
     args = parser.parse_args()
-    handlers = {"prepare": prepare, "with-prefix-space": with_prefix_space, "compare": compare,
-                "unicode-tables": unicode_tables, "pre-tokenizer-cases": pre_tokenizer_cases}
+    handlers = {"prepare": prepare, "prepare-t5-clip": prepare_t5_clip, "with-prefix-space": with_prefix_space, "compare": compare,
+                "unicode-tables": unicode_tables, "pre-tokenizer-cases": pre_tokenizer_cases,
+                "normalizer-tables": normalizer_tables}
     return handlers[args.command](args)
 
 

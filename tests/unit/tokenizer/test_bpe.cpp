@@ -255,7 +255,12 @@ TEST(BpeTokenizer, FileErrorsNameTheFile) {
   json unigram = hf_json(false, kByteLevel);
   unigram["model"]["type"] = "Unigram";
   const std::string uni = dir.write("c/tokenizer.json", unigram.dump());
-  EXPECT_NE(message_of(uni, true).find("Unigram"), std::string::npos);
+  // A BPE vocabulary under model.type "Unigram": read as unigram, refused as corrupt.
+  EXPECT_NE(message_of(uni, false).find("unigram vocabulary entry 0"), std::string::npos);
+  unigram["model"]["type"] = "WordPiece";
+  const std::string wordpiece = dir.write("c2/tokenizer.json", unigram.dump());
+  EXPECT_NE(message_of(wordpiece, true).find("supported: BPE (byte-level) and Unigram"),
+            std::string::npos);
   json no_byte = hf_json(false, kByteLevel);
   no_byte["model"]["vocab"].erase("A");
   const std::string missing = dir.write("d/tokenizer.json", no_byte.dump());

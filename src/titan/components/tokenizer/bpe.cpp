@@ -94,6 +94,15 @@ BpeTokenizer::BpeTokenizer(BpeModel model)
                       "; a byte-level BPE vocabulary must cover all 256 bytes");
     }
     byte_ids_[b] = it->second;
+    suffixed_byte_ids_[b] = it->second;
+    if (model_.end_of_word_suffix.empty()) continue;
+    it = token_to_id_.find(std::string(1, static_cast<char>(b)) + model_.end_of_word_suffix);
+    if (it == token_to_id_.end()) {
+      throw DataError(src + ": the vocabulary has no token for byte " + std::to_string(b) +
+                      " ending a word ('" + model_.end_of_word_suffix +
+                      "' appended); the end_of_word_suffix needs all 256");
+    }
+    suffixed_byte_ids_[b] = it->second;
   }
   build_merges();
 }
@@ -176,6 +185,11 @@ std::vector<int64_t> BpeTokenizer::encode(std::string_view text) const {
 
 void BpeTokenizer::encode_ordinary(std::string_view text, std::vector<int64_t>* ids) const {
   if (text.empty()) return;
+  std::string normalized;
+  if (model_.normalizer) {
+    normalized = model_.normalizer->normalize(text);
+    text = normalized;
+  }
   std::string prefixed;
   if (model_.add_prefix_space && text[0] != ' ') {
     prefixed = " ";
@@ -189,7 +203,7 @@ void BpeTokenizer::encode_ordinary(std::string_view text, std::vector<int64_t>* 
 
 void BpeTokenizer::encode_piece(std::string_view piece, std::vector<int64_t>* ids) const {
   if (piece.size() == 1) {
-    ids->push_back(byte_ids_[static_cast<unsigned char>(piece[0])]);
+    ids->push_back(suffixed_byte_ids_[static_cast<unsigned char>(piece[0])]);
     return;
   }
   const std::string key(piece);
@@ -200,7 +214,8 @@ void BpeTokenizer::encode_piece(std::string_view piece, std::vector<int64_t>* id
     return;
   }
   std::vector<int32_t> parts;
-  auto whole = model_.ignore_merges ? token_to_id_.find(key) : token_to_id_.end();
+  auto whole = model_.ignore_merges ? token_to_id_.find(key + model_.end_of_word_suffix)
+                                    : token_to_id_.end();
   if (whole != token_to_id_.end()) {
     parts.push_back(whole->second);
   } else {
@@ -216,6 +231,7 @@ void BpeTokenizer::merge_piece(std::string_view piece, std::vector<int32_t>* par
   for (size_t i = 0; i < piece.size(); ++i) {
     (*parts)[i] = byte_ids_[static_cast<unsigned char>(piece[i])];
   }
+  parts->back() = suffixed_byte_ids_[static_cast<unsigned char>(piece.back())];
   // merges[i] is the merge of parts i and i+1, if any.
   const auto lookup = [&](size_t i) {
     auto it = merges_.find(pair_key((*parts)[i], (*parts)[i + 1]));
@@ -245,7 +261,13 @@ std::string BpeTokenizer::decode(const std::vector<int64_t>& ids) const {
     }
     text += token_bytes(id);
   }
-  return text;
+  const std::string& suffix = model_.end_of_word_suffix;
+  if (suffix.empty()) return text;
+  // Words end where the suffix stands (CLIP): a space there, none after the last word.
+  std::string out;
+  append_replaced(text, suffix, " ", &out);
+  if (!out.empty() && out.back() == ' ') out.pop_back();
+  return out;
 }
 
 }  // namespace titan

@@ -3,11 +3,13 @@
 // vocabulary (see tokenizer_files.h for the file formats); `BpeTokenizer` encodes and decodes.
 #pragma once
 
+#include "titan/components/tokenizer/normalizer.h"
 #include "titan/components/tokenizer/pre_tokenizer.h"
 #include "titan/components/tokenizer/tokenizer.h"
 
 #include <array>
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <unordered_map>
@@ -34,6 +36,12 @@ struct BpeModel {
   PreTokenizer pre_tokenizer = PreTokenizer::kGpt2;
   // Hugging Face ByteLevel(add_prefix_space): text not starting with ' ' gets one prepended.
   bool add_prefix_space = false;
+  // Applied to the text between special tokens before pre-tokenizing (CLIP: NFC, white-space
+  // runs to one space, lowercase); null for none.
+  std::shared_ptr<const TextNormalizer> normalizer;
+  // Appended to the last byte of each piece before merging (CLIP's "</w>"): the vocabulary
+  // holds every byte also with the suffix, and words end in suffixed tokens.
+  std::string end_of_word_suffix;
   // Special / added tokens: content and id (ids may lie past `tokens`).
   std::vector<std::pair<std::string, int64_t>> special_tokens;
   // Whether special-token text inside the input encodes to the special id (Hugging Face) or as
@@ -41,6 +49,7 @@ struct BpeModel {
   bool match_special_tokens = false;
   std::optional<int64_t> bos_id;
   std::optional<int64_t> eos_id;
+  std::optional<int64_t> pad_id;
   // The file the model came from, for error messages.
   std::string source;
 };
@@ -58,6 +67,7 @@ class BpeTokenizer final : public Tokenizer {
   // Throw ConfigError when the files define no BOS/EOS token.
   int64_t bos_id() const override;
   int64_t eos_id() const override;
+  std::optional<int64_t> pad_id() const override { return model_.pad_id; }
 
   // The raw bytes of token `id` (special tokens: their text). Throws c10::Error when unknown.
   const std::string& token_bytes(int64_t id) const;
@@ -83,6 +93,7 @@ class BpeTokenizer final : public Tokenizer {
   std::vector<bool> id_known_;
   std::unordered_map<std::string, int32_t> token_to_id_;
   std::array<int32_t, 256> byte_ids_{};
+  std::array<int32_t, 256> suffixed_byte_ids_{};  // byte + end_of_word_suffix
   std::unordered_map<uint64_t, Merge> merges_;
   // Special tokens grouped by first byte, longest first, for matching inside text.
   std::array<std::vector<std::pair<std::string, int64_t>>, 256> specials_by_byte_;

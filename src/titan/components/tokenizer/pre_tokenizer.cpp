@@ -13,6 +13,10 @@ constexpr std::string_view kLlama3Pattern =
     R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}|)"
     R"( ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
 
+constexpr std::string_view kClipPattern =
+    R"(<\|startoftext\|>|<\|endoftext\|>|'s|'t|'re|'ve|'m|'ll|'d|[\p{L}]+|[\p{N}]|)"
+    R"([^\s\p{L}\p{N}]+)";
+
 constexpr uint8_t kAnyClass = kLetter | kNumber | kSpace;
 
 struct Unit {
@@ -93,6 +97,21 @@ class Scanner {
     return match_space_run(pos);
   }
 
+  // CLIP's alternatives at a unit that is not white space.
+  size_t match_clip(size_t pos) const {
+    for (std::string_view special :
+         {std::string_view("<|startoftext|>"), std::string_view("<|endoftext|>")}) {
+      if (text_.compare(pos, special.size(), special) == 0) return pos + special.size();
+    }
+    const Unit u = at(pos);
+    if (u.cp == '\'') {
+      if (size_t n = match_contraction(pos, /*ignore_case=*/false)) return pos + n;
+    }
+    if (u.cls & kLetter) return skip_class(pos, kLetter);
+    if (u.cls & kNumber) return pos + u.len;
+    return skip_other(pos);
+  }
+
   size_t match_llama3(size_t pos) const {
     const Unit u = at(pos);
     if (u.cp == '\'') {
@@ -143,18 +162,42 @@ class Scanner {
 }  // namespace
 
 std::string_view pre_tokenizer_pattern(PreTokenizer kind) {
-  return kind == PreTokenizer::kGpt2 ? kGpt2Pattern : kLlama3Pattern;
+  switch (kind) {
+    case PreTokenizer::kGpt2: return kGpt2Pattern;
+    case PreTokenizer::kLlama3: return kLlama3Pattern;
+    case PreTokenizer::kClip:
+    case PreTokenizer::kClipThenGpt2: return kClipPattern;
+  }
+  return kGpt2Pattern;
 }
 
 std::optional<PreTokenizer> pre_tokenizer_from_pattern(std::string_view pattern) {
   if (pattern == kGpt2Pattern) return PreTokenizer::kGpt2;
   if (pattern == kLlama3Pattern) return PreTokenizer::kLlama3;
+  if (pattern == kClipPattern) return PreTokenizer::kClip;
   return std::nullopt;
 }
 
 void pre_tokenize(PreTokenizer kind, std::string_view text, std::vector<std::string_view>* pieces) {
   const Scanner scanner(text);
   size_t pos = 0;
+  if (kind == PreTokenizer::kClip || kind == PreTokenizer::kClipThenGpt2) {
+    while (pos < text.size()) {
+      const Unit u = scanner.at(pos);
+      if (u.cls & kSpace) {
+        pos += u.len;
+        continue;
+      }
+      const size_t end = scanner.match_clip(pos);
+      if (kind == PreTokenizer::kClipThenGpt2) {
+        pre_tokenize(PreTokenizer::kGpt2, text.substr(pos, end - pos), pieces);
+      } else {
+        pieces->push_back(text.substr(pos, end - pos));
+      }
+      pos = end;
+    }
+    return;
+  }
   while (pos < text.size()) {
     const size_t end =
         kind == PreTokenizer::kGpt2 ? scanner.match_gpt2(pos) : scanner.match_llama3(pos);

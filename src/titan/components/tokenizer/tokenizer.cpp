@@ -31,7 +31,7 @@ std::string ByteTokenizer::decode(const std::vector<int64_t>& ids) const {
 
 std::unique_ptr<Tokenizer> build_tokenizer(const std::string& hf_assets_path) {
   if (hf_assets_path.empty()) return std::make_unique<ByteTokenizer>();
-  return load_bpe_tokenizer(hf_assets_path);
+  return load_tokenizer(hf_assets_path);
 }
 
 }  // namespace titan

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -24,6 +25,8 @@ class Tokenizer {
   virtual int64_t vocab_size() const = 0;
   virtual int64_t bos_id() const = 0;
   virtual int64_t eos_id() const = 0;
+  // The padding id the files name (T5's <pad>, CLIP's <|endoftext|>), if any.
+  virtual std::optional<int64_t> pad_id() const { return std::nullopt; }
 };
 
 // Ids 0..255 are the raw bytes of the (UTF-8) text, 256 is BOS, 257 is EOS: vocab_size() == 258.

@@ -6,10 +6,12 @@
 #include "titan/common/check.h"
 #include "titan/common/file_io.h"
 #include "titan/components/tokenizer/unicode.h"
+#include "titan/components/tokenizer/unigram.h"
 
 #include <nlohmann/json.hpp>
 
 #include <array>
+#include <cstring>
 #include <filesystem>
 #include <sstream>
 #include <tuple>
@@ -118,6 +120,7 @@ void pick_bos_eos(const std::unordered_map<std::string, int64_t>& named, BpeMode
   };
   model->bos_id = find("<|begin_of_text|>");
   model->eos_id = find("<|end_of_text|>");
+  if (!model->bos_id) model->bos_id = find("<|startoftext|>");  // CLIP
   if (!model->bos_id) model->bos_id = find("<|endoftext|>");
   if (!model->eos_id) model->eos_id = find("<|endoftext|>");
 }
@@ -134,6 +137,10 @@ void read_pre_tokenizer(const json& pt, const std::string& path, bool* byte_leve
     *byte_level = true;
     model->add_prefix_space = pt.value("add_prefix_space", false);
     if (pt.value("use_regex", true)) {
+      if (*split == PreTokenizer::kClip) {
+        *split = PreTokenizer::kClipThenGpt2;
+        return;
+      }
       if (*split) throw ConfigError(message(path, ": two pre-tokenizer regexes are not supported"));
       *split = PreTokenizer::kGpt2;
     }
@@ -142,10 +149,13 @@ void read_pre_tokenizer(const json& pt, const std::string& path, bool* byte_leve
     const std::string regex =
         pattern.contains("Regex") ? pattern.at("Regex").get<std::string>() : std::string();
     std::optional<PreTokenizer> kind = pre_tokenizer_from_pattern(regex);
-    if (!kind || pt.value("behavior", "") != "Isolated" || pt.value("invert", false)) {
+    // GPT-2's and Llama 3's regexes isolate their matches; CLIP's keeps them and removes the rest.
+    const bool clip = kind == PreTokenizer::kClip;
+    if (!kind || pt.value("behavior", "") != (clip ? "Removed" : "Isolated") ||
+        pt.value("invert", false) != clip) {
       throw ConfigError(message(path, ": unsupported Split pre-tokenizer ", pt.dump(),
-                                "; only the GPT-2 and Llama-3 regexes with behavior Isolated are "
-                                "implemented"));
+                                "; only the GPT-2 and Llama-3 regexes with behavior Isolated and "
+                                "CLIP's with behavior Removed, inverted, are implemented"));
     }
     if (*split) throw ConfigError(message(path, ": two pre-tokenizer regexes are not supported"));
     *split = kind;
@@ -155,7 +165,313 @@ void read_pre_tokenizer(const json& pt, const std::string& path, bool* byte_leve
   }
 }
 
-// Decodes standard base64 (with optional '=' padding); nullopt on any other character.
+// Llama 3's special tokens, in id order after its 128000 ranks (as in TorchTitan / Meta's
+// tokenizer.py): 10 named ones, then reserved tokens up to 256 in all.
+std::vector<std::string> llama3_special_tokens() {
+  std::vector<std::string> names = {"<|begin_of_text|>",
+                                    "<|end_of_text|>",
+                                    "<|reserved_special_token_0|>",
+                                    "<|reserved_special_token_1|>",
+                                    "<|reserved_special_token_2|>",
+                                    "<|reserved_special_token_3|>",
+                                    "<|start_header_id|>",
+                                    "<|end_header_id|>",
+                                    "<|reserved_special_token_4|>",
+                                    "<|eot_id|>"};
+  for (int i = 5; names.size() < 256; ++i) {
+    names.push_back("<|reserved_special_token_" + std::to_string(i) + "|>");
+  }
+  return names;
+}
+
+constexpr int64_t kLlama3NumRanks = 128000;
+
+// ---- Unigram (T5) ---------------------------------------------------------------------------
+
+// The pre_tokenizer of a unigram tokenizer.json: Metaspace, optionally after WhitespaceSplit,
+// possibly in a Sequence.
+void read_unigram_pre_tokenizer(const json& pt, const std::string& path, bool* metaspace,
+                                UnigramModel* model) {
+  if (pt.is_null()) return;
+  const std::string type = pt.value("type", "");
+  if (type == "Sequence") {
+    for (const json& inner : pt.at("pretokenizers")) {
+      read_unigram_pre_tokenizer(inner, path, metaspace, model);
+    }
+  } else if (type == "WhitespaceSplit") {
+    if (*metaspace) {
+      throw ConfigError(message(path, ": WhitespaceSplit after Metaspace is not supported"));
+    }
+    model->whitespace_split = true;
+  } else if (type == "Metaspace") {
+    if (pt.value("replacement", std::string("\xE2\x96\x81")) != "\xE2\x96\x81") {
+      throw ConfigError(message(path, ": Metaspace replacement ", pt["replacement"].dump(),
+                                " is not supported (only U+2581)"));
+    }
+    const std::string scheme =
+        pt.contains("prepend_scheme")
+            ? pt.at("prepend_scheme").get<std::string>()
+            : (pt.value("add_prefix_space", true) ? std::string("always") : std::string("never"));
+    if (scheme == "always") {
+      model->prepend = UnigramModel::Prepend::kAlways;
+    } else if (scheme == "first") {
+      model->prepend = UnigramModel::Prepend::kFirst;
+    } else if (scheme == "never") {
+      model->prepend = UnigramModel::Prepend::kNever;
+    } else {
+      throw ConfigError(message(path, ": Metaspace prepend_scheme '", scheme, "' is unknown"));
+    }
+    model->split_on_replacement = pt.value("split", true);
+    *metaspace = true;
+  } else {
+    throw ConfigError(message(path, ": unsupported pre-tokenizer type '", type,
+                              "' for a unigram model; supported: Metaspace, WhitespaceSplit, "
+                              "Sequence"));
+  }
+}
+
+// BOS / EOS / padding of a unigram vocabulary, by SentencePiece's names.
+void pick_unigram_specials(UnigramModel* model) {
+  std::unordered_map<std::string, int64_t> named;
+  for (size_t id = 0; id < model->pieces.size(); ++id) {
+    named.emplace(model->pieces[id].first, static_cast<int64_t>(id));
+  }
+  for (const AddedToken& t : model->added_tokens) named[t.content] = t.id;
+  const auto find = [&](const char* name) -> std::optional<int64_t> {
+    auto it = named.find(name);
+    return it == named.end() ? std::nullopt : std::optional<int64_t>(it->second);
+  };
+  model->bos_id = find("<s>");
+  model->eos_id = find("</s>");
+  model->pad_id = find("<pad>");
+}
+
+UnigramModel read_unigram_json(const json& root, const std::string& path) {
+  UnigramModel model;
+  model.source = path;
+  const json& m = root.at("model");
+  for (const json& entry : m.at("vocab")) {
+    if (!entry.is_array() || entry.size() != 2 || !entry[0].is_string() || !entry[1].is_number()) {
+      throw DataError(message(path, ": unigram vocabulary entry ", model.pieces.size(), " is ",
+                              entry.dump(), " (want [piece, score])"));
+    }
+    model.pieces.emplace_back(entry[0].get<std::string>(), entry[1].get<double>());
+  }
+  const json unk = m.value("unk_id", json());
+  if (!unk.is_null()) model.unk_id = unk.get<int64_t>();
+  model.byte_fallback = m.value("byte_fallback", false);
+  model.normalizer = TextNormalizer::from_json(root.value("normalizer", json()), path);
+  bool metaspace = false;
+  read_unigram_pre_tokenizer(root.value("pre_tokenizer", json()), path, &metaspace, &model);
+  if (!metaspace) {
+    throw ConfigError(message(path, ": a unigram tokenizer needs a Metaspace pre-tokenizer; got ",
+                              root.value("pre_tokenizer", json()).dump()));
+  }
+  for (const json& added : root.value("added_tokens", json::array())) {
+    const json& id_json = added.at("id");
+    if (!id_json.is_number_integer()) {
+      throw DataError(path + ": added token " + added.at("content").dump() +
+                      " has a non-integer id " + id_json.dump());
+    }
+    AddedToken t;
+    t.content = added.at("content").get<std::string>();
+    t.id = id_json.get<int64_t>();
+    t.special = added.value("special", false);
+    t.normalized = added.value("normalized", !t.special);
+    model.added_tokens.push_back(std::move(t));
+  }
+  pick_unigram_specials(&model);
+  return model;
+}
+
+// A minimal protocol-buffer reader for SentencePiece's ModelProto: varints, 32/64-bit fixed
+// fields and length-delimited fields; every read is bounds-checked and errors name the offset.
+class ProtoReader {
+ public:
+  ProtoReader(std::string_view data, size_t base, const std::string& path)
+      : data_(data), base_(base), path_(path) {}
+
+  bool done() const { return pos_ >= data_.size(); }
+  size_t offset() const { return base_ + pos_; }
+
+  uint64_t varint() {
+    uint64_t value = 0;
+    for (int shift = 0; shift < 64; shift += 7) {
+      if (pos_ >= data_.size()) fail("a varint runs past the end");
+      const unsigned char b = static_cast<unsigned char>(data_[pos_++]);
+      value |= static_cast<uint64_t>(b & 0x7F) << shift;
+      if (!(b & 0x80)) return value;
+    }
+    fail("a varint is longer than 10 bytes");
+  }
+
+  // The next field's (number, wire type).
+  std::pair<uint32_t, uint32_t> tag() {
+    const uint64_t key = varint();
+    return {static_cast<uint32_t>(key >> 3), static_cast<uint32_t>(key & 7)};
+  }
+
+  std::string_view bytes(size_t* at) {
+    const uint64_t n = varint();
+    if (n > data_.size() - pos_)
+      fail("a field of " + std::to_string(n) + " bytes runs past the end");
+    *at = base_ + pos_;
+    const std::string_view out = data_.substr(pos_, n);
+    pos_ += n;
+    return out;
+  }
+
+  float fixed32_float() {
+    if (data_.size() - pos_ < 4) fail("a 32-bit field runs past the end");
+    float value;
+    std::memcpy(&value, data_.data() + pos_, 4);
+    pos_ += 4;
+    return value;
+  }
+
+  void skip(uint32_t wire) {
+    size_t at;
+    switch (wire) {
+      case 0: varint(); return;
+      case 1:
+        if (data_.size() - pos_ < 8) fail("a 64-bit field runs past the end");
+        pos_ += 8;
+        return;
+      case 2: bytes(&at); return;
+      case 5:
+        if (data_.size() - pos_ < 4) fail("a 32-bit field runs past the end");
+        pos_ += 4;
+        return;
+      default: fail("wire type " + std::to_string(wire) + " is not a SentencePiece field");
+    }
+  }
+
+  [[noreturn]] void fail(const std::string& what) const {
+    throw DataError(
+        message(path_, ": not a SentencePiece model at byte offset ", base_ + pos_, ": ", what));
+  }
+
+ private:
+  std::string_view data_;
+  size_t base_;
+  size_t pos_ = 0;
+  const std::string& path_;
+};
+
+// SentencePiece piece types (sentencepiece_model.proto).
+enum SentencePieceType : uint64_t {
+  kNormal = 1,
+  kUnknown = 2,
+  kControl = 3,
+  kUserDefined = 4,
+  kUnused = 5,
+  kByte = 6
+};
+
+}  // namespace
+
+UnigramModel read_sentencepiece_model(const std::string& path, int64_t extra_ids) {
+  const std::string data = read_regular_file(path, "tokenizer file");
+  UnigramModel model;
+  model.source = path;
+  std::string charsmap;
+  bool has_charsmap = false;
+  uint64_t model_type = 1;  // UNIGRAM unless the trainer spec says otherwise
+  std::vector<uint64_t> types;
+  ProtoReader top(data, 0, path);
+  while (!top.done()) {
+    const auto [field, wire] = top.tag();
+    size_t at;
+    if (field == 1 && wire == 2) {  // SentencePiece
+      ProtoReader piece(top.bytes(&at), at, path);
+      std::string text;
+      float score = 0.0f;
+      uint64_t type = kNormal;
+      while (!piece.done()) {
+        const auto [f, w] = piece.tag();
+        size_t inner;
+        if (f == 1 && w == 2) {
+          text = std::string(piece.bytes(&inner));
+        } else if (f == 2 && w == 5) {
+          score = piece.fixed32_float();
+        } else if (f == 3 && w == 0) {
+          type = piece.varint();
+        } else {
+          piece.skip(w);
+        }
+      }
+      model.pieces.emplace_back(std::move(text), static_cast<double>(score));
+      types.push_back(type);
+    } else if (field == 2 && wire == 2) {  // TrainerSpec
+      ProtoReader spec(top.bytes(&at), at, path);
+      while (!spec.done()) {
+        const auto [f, w] = spec.tag();
+        if (f == 3 && w == 0) {
+          model_type = spec.varint();
+        } else if (f == 35 && w == 0) {
+          model.byte_fallback = spec.varint() != 0;
+        } else {
+          spec.skip(w);
+        }
+      }
+    } else if (field == 3 && wire == 2) {  // NormalizerSpec
+      ProtoReader spec(top.bytes(&at), at, path);
+      while (!spec.done()) {
+        const auto [f, w] = spec.tag();
+        size_t inner;
+        if (f == 2 && w == 2) {
+          charsmap = std::string(spec.bytes(&inner));
+          has_charsmap = !charsmap.empty();
+        } else {
+          spec.skip(w);
+        }
+      }
+    } else {
+      top.skip(wire);
+    }
+  }
+  if (model.pieces.empty()) throw DataError(path + ": not a SentencePiece model (no pieces)");
+  if (model_type != 1) {
+    throw ConfigError(message(path, ": SentencePiece model type ", model_type,
+                              " is not supported (only unigram, type 1: T5's)"));
+  }
+  // As transformers' T5Tokenizer builds it: the charsmap, white-space split, '▁' prepended,
+  // the sentinel tokens <extra_id_N> appended in reverse order, control pieces as specials.
+  if (has_charsmap) model.normalizer = TextNormalizer::precompiled(std::move(charsmap), path);
+  model.whitespace_split = true;
+  for (size_t id = 0; id < types.size(); ++id) {
+    if (types[id] == kUnknown && !model.unk_id) model.unk_id = static_cast<int64_t>(id);
+    if (types[id] == kControl || types[id] == kUnknown) {
+      model.added_tokens.push_back({model.pieces[id].first, static_cast<int64_t>(id), true, false});
+    }
+  }
+  for (int64_t i = extra_ids - 1; i >= 0; --i) {
+    const std::string name = "<extra_id_" + std::to_string(i) + ">";
+    model.added_tokens.push_back({name, static_cast<int64_t>(model.pieces.size()), true, false});
+    model.pieces.emplace_back(name, 0.0);
+  }
+  pick_unigram_specials(&model);
+  return model;
+}
+
+namespace {
+
+// ---- CLIP -----------------------------------------------------------------------------------
+
+// CLIP's text pipeline as transformers' CLIPTokenizer builds it: NFC, runs of white space to one
+// space, lowercase; CLIP's regex with white space removed; "</w>" ends each word; <|endoftext|>
+// also pads.
+void make_clip(BpeModel* model, const std::string& path) {
+  const json normalizer = json::parse(R"({"type": "Sequence", "normalizers": [
+      {"type": "NFC"}, {"type": "Replace", "pattern": {"Regex": "\\s+"}, "content": " "},
+      {"type": "Lowercase"}]})");
+  model->normalizer = TextNormalizer::from_json(normalizer, path);
+  model->pre_tokenizer = PreTokenizer::kClipThenGpt2;
+  model->end_of_word_suffix = "</w>";
+}
+
+}  // namespace
+
 std::optional<std::string> decode_base64(std::string_view text) {
   const auto value = [](char c) -> int {
     if (c >= 'A' && c <= 'Z') return c - 'A';
@@ -182,51 +498,25 @@ std::optional<std::string> decode_base64(std::string_view text) {
   return out;
 }
 
-// Llama 3's special tokens, in id order after its 128000 ranks (as in TorchTitan / Meta's
-// tokenizer.py): 10 named ones, then reserved tokens up to 256 in all.
-std::vector<std::string> llama3_special_tokens() {
-  std::vector<std::string> names = {"<|begin_of_text|>",
-                                    "<|end_of_text|>",
-                                    "<|reserved_special_token_0|>",
-                                    "<|reserved_special_token_1|>",
-                                    "<|reserved_special_token_2|>",
-                                    "<|reserved_special_token_3|>",
-                                    "<|start_header_id|>",
-                                    "<|end_header_id|>",
-                                    "<|reserved_special_token_4|>",
-                                    "<|eot_id|>"};
-  for (int i = 5; names.size() < 256; ++i) {
-    names.push_back("<|reserved_special_token_" + std::to_string(i) + "|>");
-  }
-  return names;
-}
+namespace {
 
-constexpr int64_t kLlama3NumRanks = 128000;
-
-}  // namespace
-
-BpeModel read_hf_tokenizer_json(const std::string& path) {
-  const json root = parse_json(path);
+BpeModel read_bpe_json(const json& root, const std::string& path) {
   BpeModel model;
   model.source = path;
   try {
     const json& m = root.at("model");
     if (m.value("type", "BPE") != "BPE") {
       throw ConfigError(message(path, ": model.type is '", m.value("type", ""),
-                                "'; only byte-level BPE tokenizers are supported"));
+                                "'; supported: BPE (byte-level) and Unigram"));
     }
     if (!m.value("continuing_subword_prefix", json()).is_null() &&
         !m["continuing_subword_prefix"].get<std::string>().empty()) {
       throw ConfigError(message(path, ": continuing_subword_prefix is not supported"));
     }
-    if (!m.value("end_of_word_suffix", json()).is_null() &&
-        !m["end_of_word_suffix"].get<std::string>().empty()) {
-      throw ConfigError(message(path, ": end_of_word_suffix is not supported"));
+    if (!m.value("end_of_word_suffix", json()).is_null()) {
+      model.end_of_word_suffix = m["end_of_word_suffix"].get<std::string>();
     }
-    if (!root.value("normalizer", json()).is_null()) {
-      throw ConfigError(
-          message(path, ": normalizer ", root["normalizer"].dump(), " is not supported"));
-    }
+    model.normalizer = TextNormalizer::from_json(root.value("normalizer", json()), path);
     model.ignore_merges = m.value("ignore_merges", false);
     const json& vocab = m.at("vocab");
     read_byte_level_vocab(vocab, path, &model);
@@ -271,10 +561,49 @@ BpeModel read_hf_tokenizer_json(const std::string& path) {
     model.match_special_tokens = true;
     if (ids.count("<|endoftext|>")) named.emplace("<|endoftext|>", ids.at("<|endoftext|>"));
     pick_bos_eos(named, &model);
+    if (!model.end_of_word_suffix.empty()) model.pad_id = model.eos_id;  // CLIP's padding
   } catch (const json::exception& e) {
     throw DataError(path + ": unexpected tokenizer.json layout (" + e.what() + ")");
   }
   return model;
+}
+
+// A SentencePiece model starts with its first piece (field 1, length-delimited: byte 0x0A);
+// a tiktoken file with base64 text.
+bool is_sentencepiece_model(const std::string& path) {
+  const std::string head = read_regular_file(path, "tokenizer file").substr(0, 1);
+  return head == "\x0A";
+}
+
+// transformers' T5Tokenizer: "extra_ids" sentinel tokens (default 100) from tokenizer_config.json.
+int64_t t5_extra_ids(const fs::path& config) {
+  std::error_code ec;
+  if (!fs::is_regular_file(config, ec)) return 100;
+  const json root = parse_json(config.string());
+  const json n = root.value("extra_ids", json(100));
+  if (!n.is_number_integer() || n.get<int64_t>() < 0 || n.get<int64_t>() > 100000) {
+    throw DataError(message(config.string(), ": extra_ids is ", n.dump(),
+                            " (want a count of sentinel tokens, 0 to 100000)"));
+  }
+  return n.get<int64_t>();
+}
+
+}  // namespace
+
+BpeModel read_hf_tokenizer_json(const std::string& path) {
+  return read_bpe_json(parse_json(path), path);
+}
+
+std::unique_ptr<Tokenizer> read_tokenizer_json(const std::string& path) {
+  const json root = parse_json(path);
+  try {
+    if (root.at("model").value("type", "BPE") == "Unigram") {
+      return std::make_unique<UnigramTokenizer>(read_unigram_json(root, path));
+    }
+  } catch (const json::exception& e) {
+    throw DataError(path + ": unexpected tokenizer.json layout (" + e.what() + ")");
+  }
+  return std::make_unique<BpeTokenizer>(read_bpe_json(root, path));
 }
 
 BpeModel read_gpt2_vocab(const std::string& vocab_path, const std::string& merges_path) {
@@ -302,8 +631,18 @@ BpeModel read_gpt2_vocab(const std::string& vocab_path, const std::string& merge
   }
   if (model.merges.empty()) throw DataError(merges_path + ": no merge rules");
   std::unordered_map<std::string, int64_t> named;
-  if (ids.count("<|endoftext|>")) named.emplace("<|endoftext|>", ids.at("<|endoftext|>"));
+  for (const char* name : {"<|endoftext|>", "<|startoftext|>"}) {
+    if (ids.count(name)) named.emplace(name, ids.at(name));
+  }
   pick_bos_eos(named, &model);
+  // CLIP's files (its start token and "</w>"-suffixed tokens): CLIP's text pipeline, its two
+  // special tokens matched in text.
+  if (ids.count("<|startoftext|>") && ids.count("a</w>")) {
+    make_clip(&model, vocab_path);
+    for (const auto& [name, id] : named) model.special_tokens.emplace_back(name, id);
+    model.match_special_tokens = true;
+    model.pad_id = model.eos_id;
+  }
   return model;
 }
 
@@ -367,7 +706,7 @@ BpeModel read_tiktoken(const std::string& path) {
   return model;
 }
 
-std::unique_ptr<BpeTokenizer> load_bpe_tokenizer(const std::string& path) {
+std::unique_ptr<Tokenizer> load_tokenizer(const std::string& path) {
   std::error_code ec;
   if (!fs::exists(path, ec)) {
     std::string where;
@@ -387,16 +726,18 @@ std::unique_ptr<BpeTokenizer> load_bpe_tokenizer(const std::string& path) {
                 hint));
   }
   if (!fs::is_directory(path, ec)) {
-    if (fs::path(path).extension() == ".json") {
-      return std::make_unique<BpeTokenizer>(read_hf_tokenizer_json(path));
+    if (fs::path(path).extension() == ".json") return read_tokenizer_json(path);
+    if (fs::path(path).extension() == ".model" && is_sentencepiece_model(path)) {
+      return std::make_unique<UnigramTokenizer>(read_sentencepiece_model(path, 100));
     }
     return std::make_unique<BpeTokenizer>(read_tiktoken(path));
   }
   const fs::path dir(path);
   const auto has = [&](const char* name) { return fs::is_regular_file(dir / name, ec); };
-  if (has("tokenizer.json")) {
-    return std::make_unique<BpeTokenizer>(
-        read_hf_tokenizer_json((dir / "tokenizer.json").string()));
+  if (has("tokenizer.json")) return read_tokenizer_json((dir / "tokenizer.json").string());
+  if (has("spiece.model")) {
+    return std::make_unique<UnigramTokenizer>(read_sentencepiece_model(
+        (dir / "spiece.model").string(), t5_extra_ids(dir / "tokenizer_config.json")));
   }
   if (has("vocab.json") && has("merges.txt")) {
     return std::make_unique<BpeTokenizer>(
@@ -411,8 +752,8 @@ std::unique_ptr<BpeTokenizer> load_bpe_tokenizer(const std::string& path) {
   }
   throw ConfigError(
       message("model.hf_assets_path: '", path,
-              "' holds no tokenizer files (looked for tokenizer.json, vocab.json + "
-              "merges.txt, encoder.json + vocab.bpe, tokenizer.model); leave it empty for "
+              "' holds no tokenizer files (looked for tokenizer.json, spiece.model, vocab.json "
+              "+ merges.txt, encoder.json + vocab.bpe, tokenizer.model); leave it empty for "
               "the byte-level tokenizer"));
 }
 

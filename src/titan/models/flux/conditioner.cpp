@@ -101,8 +101,9 @@ FluxEncoders build_flux_encoders(const JobConfig& config, const std::string& fla
   const EncoderSection& e = config.encoder;
   if (!config.training.test_mode) {
     throw ConfigError(
-        "FLUX with pretrained T5 and CLIP encoders needs their tokenizers (T5's SentencePiece "
-        "unigram model, CLIP's byte-pair encoding), which titan does not read yet. HINT: set "
+        "FLUX with pretrained T5 and CLIP encoders is not wired yet: titan reads their "
+        "tokenizers, but does not yet tokenize captions per encoder nor load the encoders' "
+        "and autoencoder's weights into a run. HINT: set "
         "training.test_mode = true to train with random encoders and captions tokenized by "
         "model.hf_assets_path's tokenizer (TorchTitan's test mode)");
   }
