@@ -25,6 +25,7 @@
 #include "titan/models/flux/sampling.h"
 #include "titan/models/registry.h"
 #include "titan/models/vlm/model.h"
+#include "titan/trainer/flux_setup.h"
 
 #include <algorithm>
 #include <cerrno>
@@ -273,11 +274,16 @@ int generate_image(const GenerateOptions& opts, Model& model, const std::string&
   TITAN_CHECK(flux_model != nullptr, "generate: ", description, " is not a FLUX transformer");
   const std::unique_ptr<Tokenizer> tokenizer =
       build_tokenizer(opts.tokenizer ? *opts.tokenizer : tokenizer_path);
-  const flux::FluxEncoders encoders = flux::build_flux_encoders(
-      config, flavor, flux_model->args(), tokenizer->vocab_size(), tokenizer->eos_id(), device);
+  const std::unique_ptr<FluxTokenizers> tokenizers = build_flux_tokenizers(config, *tokenizer);
+  const flux::FluxEncoders encoders =
+      load_flux_encoders(config, flavor, flux_model->args(), *tokenizers, device);
   const int64_t t5_len = config.encoder.max_t5_encoding_len, clip_len = 77;
-  const auto ids = [&](const std::string& text, int64_t len) {
-    return at::tensor(caption_ids(*tokenizer, text, len), at::kLong).view({1, len});
+  const CaptionTokenizers& captions = tokenizers->captions;
+  const auto t5_ids = [&](const std::string& text) {
+    return at::tensor(captions.t5_ids(text, t5_len), at::kLong).view({1, t5_len});
+  };
+  const auto clip_ids = [&](const std::string& text) {
+    return at::tensor(captions.clip_ids(text, clip_len), at::kLong).view({1, clip_len});
   };
   flux::FluxSamplingOptions o;
   o.img_size = opts.img_size > 0 ? opts.img_size : config.training.img_size;
@@ -291,8 +297,8 @@ int generate_image(const GenerateOptions& opts, Model& model, const std::string&
                static_cast<long long>(o.steps), o.cfg_scale, static_cast<long long>(o.img_size));
   const auto start = std::chrono::steady_clock::now();
   const at::Tensor images =
-      flux::sample_images(model, flux_model->args(), encoders, ids(*opts.prompt, t5_len),
-                          ids(*opts.prompt, clip_len), ids("", t5_len), ids("", clip_len), o);
+      flux::sample_images(model, flux_model->args(), encoders, t5_ids(*opts.prompt),
+                          clip_ids(*opts.prompt), t5_ids(""), clip_ids(""), o);
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   replace_file(opts.output, encode_png(flux::to_rgb8(images[0]).to(at::kCPU)));

@@ -108,9 +108,43 @@ expect_exit 1 "$TITAN" train "${short[@]}" --job.dump_folder "$WORK/x" --trainin
 grep -q "was encoded with img_size = 64, this run has 32" "$WORK/out" || fail "a mismatch not named"
 
 expect_exit 2 "$TITAN" train "${cfg[@]}" --job.dump_folder "$WORK/x" --training.test_mode false
-grep -q "pretrained T5 and CLIP encoders is not wired yet" "$WORK/out" || fail "test_mode false not refused"
+grep -q "encoder.t5_encoder: 'google/t5-v1_1-xxl' is not a folder" "$WORK/out" ||
+  fail "test_mode false with no encoder folders not refused"
 expect_exit 2 "$TITAN" train "${cfg[@]}" --job.dump_folder "$WORK/x" --training.dataset c4
 grep -q 'training.dataset = "shapes"' "$WORK/out" || fail "a text dataset not refused"
 expect_exit 2 "$TITAN" train "${cfg[@]}" --job.dump_folder "$WORK/x" --training.img_size 40
 grep -q "multiple of 16" "$WORK/out" || fail "img_size 40 not refused"
+
+# Pretrained encoders (training.test_mode = false), loaded as TorchTitan loads them: T5 from a
+# diffusers FLUX folder (a whole T5 whose decoder is left out, its tokenizer the tokenizer_2
+# sibling's spiece.model), CLIP from a whole CLIPModel (vision tower left out) with its
+# vocab.json + merges.txt, the autoencoder from a diffusers AutoencoderKL folder. `titan flux
+# encode` gives transformers' and diffusers' encodings of the same captions (truncated, empty,
+# accented, capitalised) and images; training and sampling run on the loaded encoders.
+sotu="${TITAN_CACHE:-$HOME/.cache/titan}/datasets/sotu"
+expect_exit 0 "$PY" "$(dirname "$0")/flux_pretrained_reference.py" write "$sotu" "$WORK/pre"
+pre=("${cfg[@]}" --training.test_mode false --encoder.t5_encoder "$WORK/pre/FLUX/text_encoder_2"
+  --encoder.clip_encoder "$WORK/pre/clip" --encoder.autoencoder_path "$WORK/pre/FLUX/vae"
+  --training.dataset folder --training.dataset_path "$WORK/pre/images"
+  --encoder.max_t5_encoding_len 32 --training.local_batch_size 2 --validation.enable false)
+expect_exit 0 "$TITAN" flux encode --output "$WORK/pre_latents" "${pre[@]}"
+expect_exit 0 "$PY" "$(dirname "$0")/flux_pretrained_reference.py" check "$WORK/pre" \
+  "$WORK/pre_latents" 32
+cat "$WORK/out"
+train_run pretrained 1 "${pre[@]}" --training.steps 6 --checkpoint.enable true \
+  --checkpoint.interval 6
+grep -q "autoencoder from $WORK/pre/FLUX/vae" "$WORK/pretrained.log" ||
+  fail "the run did not say where its encoders came from"
+grep -q "captions tokenized by T5's tokenizer (vocab 1005) and CLIP's (vocab 1711)" \
+  "$WORK/pretrained.log" || fail "the run did not use the encoders' tokenizers"
+[ "$(metric_values pretrained loss | wc -l)" = 6 ] || fail "expected 6 losses"
+expect_exit 0 "$TITAN" generate --checkpoint "$WORK/pretrained/checkpoint" --steps 2 \
+  --prompt "A Red Square" --output "$WORK/pre.png" --seed 1
+grep -q "T5 from $WORK/pre/FLUX/text_encoder_2" "$WORK/out" ||
+  fail "sampling did not load the run's encoders"
+# An encoder folder without a tokenizer (nor a sibling with one) is named.
+expect_exit 2 "$TITAN" train "${pre[@]}" --job.dump_folder "$WORK/x" \
+  --encoder.clip_encoder "$WORK/pre/FLUX/vae"
+grep -q "encoder.clip_encoder: '$WORK/pre/FLUX/vae' holds no tokenizer" "$WORK/out" ||
+  fail "an encoder folder without a tokenizer not refused"
 echo "PASS test_flux (training)"

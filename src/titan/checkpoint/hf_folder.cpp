@@ -217,7 +217,8 @@ void write_hf_folder(const std::string& dir, nlohmann::json config, const Tensor
 std::string hf_tokenizer_path(const std::string& dir) {
   std::error_code ec;
   const fs::path d(dir);
-  for (const char* name : {"tokenizer.json", "vocab.json", "encoder.json", "tokenizer.model"}) {
+  for (const char* name :
+       {"tokenizer.json", "spiece.model", "vocab.json", "encoder.json", "tokenizer.model"}) {
     if (fs::is_regular_file(d / name, ec)) return dir;
   }
   if (fs::is_regular_file(d / "original" / "tokenizer.model", ec)) return dir;

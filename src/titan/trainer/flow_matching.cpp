@@ -22,10 +22,10 @@ at::Generator sample_generator(uint64_t seed, int64_t serial, Draw draw) {
 }  // namespace
 
 FlowMatching::FlowMatching(const JobConfig& config, const std::string& flavor,
-                           const flux::FluxArgs& args, int64_t vocab_size, int64_t eos_id,
+                           const flux::FluxArgs& args, const FluxTokenizers& tokenizers,
                            at::Device device, uint64_t seed)
     : args_(args),
-      encoders_(flux::build_flux_encoders(config, flavor, args, vocab_size, eos_id, device)),
+      encoders_(load_flux_encoders(config, flavor, args, tokenizers, device)),
       device_(device),
       seed_(seed),
       img_size_(config.training.img_size),

@@ -15,6 +15,7 @@
 #include "titan/config/job_config.h"
 #include "titan/models/flux/args.h"
 #include "titan/models/flux/conditioner.h"
+#include "titan/trainer/flux_setup.h"
 
 #include <ATen/ATen.h>
 
@@ -39,10 +40,10 @@ inline constexpr const char* kFluxLatents = "flux_latents";
 
 class FlowMatching {
  public:
-  // With the frozen encoders of flux::build_flux_encoders (same arguments); `seed` draws the
-  // samples' latents, noise and timesteps.
+  // With the frozen encoders of load_flux_encoders (flux_setup.h; same arguments); `seed` draws
+  // the samples' latents, noise and timesteps.
   FlowMatching(const JobConfig& config, const std::string& flavor, const flux::FluxArgs& args,
-               int64_t vocab_size, int64_t eos_id, at::Device device, uint64_t seed);
+               const FluxTokenizers& tokenizers, at::Device device, uint64_t seed);
 
   // A rank's rows of an image batch (on the device) -> the transformer's batch: inputs the
   // packed noisy latents, labels the packed velocity target, conditioning txt, y, timesteps,

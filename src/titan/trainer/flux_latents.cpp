@@ -33,7 +33,7 @@ nlohmann::json fingerprint(const JobConfig& config) {
   return {{"flavor", config.model.flavor},
           {"img_size", config.training.img_size},
           {"max_t5_encoding_len", config.encoder.max_t5_encoding_len},
-          {"tokenizer", config.model.hf_assets_path}};
+          {"text", flux_text_identity(config)}};
 }
 
 }  // namespace
@@ -48,10 +48,10 @@ int64_t encode_flux_latents(const JobConfig& config, const std::string& output, 
   }
   const TrainingSection& t = config.training;
   const std::unique_ptr<Tokenizer> tokenizer = build_tokenizer(config.model.hf_assets_path);
+  const std::unique_ptr<FluxTokenizers> tokenizers = build_flux_tokenizers(config, *tokenizer);
   const at::Device device = select_device(t.device, 0, 1);
-  const flux::FluxEncoders encoders = flux::build_flux_encoders(
-      config, config.model.flavor, flux::args_for_flavor(config.model.flavor),
-      tokenizer->vocab_size(), tokenizer->eos_id(), device);
+  const flux::FluxEncoders encoders = load_flux_encoders(
+      config, config.model.flavor, flux::args_for_flavor(config.model.flavor), *tokenizers, device);
   const auto source = open_image_dataset("training", t.dataset, t.dataset_path, t, /*seed=*/0);
   ImageBatchOptions o;
   o.batch_size = 1;
@@ -61,7 +61,7 @@ int64_t encode_flux_latents(const JobConfig& config, const std::string& output, 
   o.seed = static_cast<uint64_t>(config.debug.seed >= 0 ? config.debug.seed : 0);
   o.infinite = false;
   o.skip_unreadable = t.skip_unreadable_images;
-  ImageBatchLoader loader(source, *tokenizer, o);
+  ImageBatchLoader loader(source, tokenizers->captions, o);
   const int64_t wanted = rows > 0 ? std::min<int64_t>(rows, source->size()) : source->size();
 
   const fs::path tmp = output + ".tmp-" + std::to_string(::getpid());
@@ -72,10 +72,11 @@ int64_t encode_flux_latents(const JobConfig& config, const std::string& output, 
   const auto ids = [](const std::vector<int64_t>& v) {
     return at::tensor(v, at::kLong).view({1, -1});
   };
+  const CaptionTokenizers& captions = tokenizers->captions;
   const at::Tensor empty_t5 =
-      encoders.encode_t5(ids(caption_ids(*tokenizer, "", o.t5_tokens)).to(device)).to(at::kCPU);
+      encoders.encode_t5(ids(captions.t5_ids("", o.t5_tokens)).to(device)).to(at::kCPU);
   const at::Tensor empty_clip =
-      encoders.encode_clip(ids(caption_ids(*tokenizer, "", o.clip_tokens)).to(device)).to(at::kCPU);
+      encoders.encode_clip(ids(captions.clip_ids("", o.clip_tokens)).to(device)).to(at::kCPU);
   int64_t written = 0, shard = 0;
   std::vector<at::Tensor> moments, t5, clip;
   const auto flush = [&] {

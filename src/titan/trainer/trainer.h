@@ -25,6 +25,7 @@ namespace titan {
 class Tokenizer;
 class BatchLoader;
 class FlowMatching;
+struct FluxTokenizers;
 class ImageCaptionSource;
 class ChatEncoder;
 class DocumentSource;
@@ -196,6 +197,8 @@ class Trainer {
   const ModelSpec* spec_ = nullptr;
   std::shared_ptr<Model> model_;
   std::unique_ptr<Tokenizer> tokenizer_;
+  // FLUX: the captions' tokenizers (tokenizer_ under training.test_mode, else T5's and CLIP's).
+  std::unique_ptr<FluxTokenizers> flux_tokenizers_;
   std::unique_ptr<BatchLoader> train_loader_;
   // Opened once (the index of a corpus on disk); a validation run reads them from the start.
   std::shared_ptr<const DocumentSource> train_docs_, validation_docs_;

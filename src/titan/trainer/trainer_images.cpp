@@ -105,10 +105,11 @@ void Trainer::build_image_data() {
     return;
   }
   const TrainingSection& t = config_.training;
-  flow_ = std::make_unique<FlowMatching>(
-      config_, config_.model.flavor, flux::args_for_flavor(config_.model.flavor),
-      tokenizer_->vocab_size(), tokenizer_->eos_id(), device_, static_cast<uint64_t>(seed_));
-  log_info("flow matching: ", flow_->describe());
+  flux_tokenizers_ = build_flux_tokenizers(config_, *tokenizer_);
+  flow_ = std::make_unique<FlowMatching>(config_, config_.model.flavor,
+                                         flux::args_for_flavor(config_.model.flavor),
+                                         *flux_tokenizers_, device_, static_cast<uint64_t>(seed_));
+  log_info("flow matching: ", flow_->describe(), "; ", flux_tokenizers_->origin);
   if (t.dataset == kFluxLatents) {
     const FluxLatentLoader probe(t.dataset_path, config_, 1, 0.0, 0, false);
     log_info("FLUX encodings ", t.dataset_path, ": ", probe.rows(),
@@ -117,8 +118,7 @@ void Trainer::build_image_data() {
   } else {
     train_images_ = open_image_dataset("training", t.dataset, t.dataset_path, t, /*seed=*/0);
     log_info("image dataset ", t.dataset_path.empty() ? t.dataset : t.dataset_path, ": ",
-             train_images_->size(), " rows, in order; captions tokenized by a vocab of ",
-             tokenizer_->vocab_size(), "; classifier-free guidance drop ",
+             train_images_->size(), " rows, in order; classifier-free guidance drop ",
              t.classifier_free_guidance_prob);
   }
   train_loader_ = make_image_loader("training", t.local_batch_size * data_dp_size_,
@@ -169,7 +169,7 @@ std::unique_ptr<BatchLoader> Trainer::make_image_loader(const std::string& secti
   options.infinite = infinite;
   options.skip_unreadable = t.skip_unreadable_images;
   return std::make_unique<ImageBatchLoader>(training ? train_images_ : validation_images_,
-                                            *tokenizer_, options);
+                                            flux_tokenizers_->captions, options);
 }
 
 }  // namespace titan

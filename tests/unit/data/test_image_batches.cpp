@@ -69,6 +69,28 @@ TEST(ImageBatches, CaptionsAreFramedPaddedAndCut) {
   EXPECT_EQ(clip[11].item<int64_t>(), static_cast<unsigned char>(caption[10]));
 }
 
+// The pretrained encoders' framings (transformers' padding "max_length", truncation): T5 cuts
+// the caption to make room for EOS and pads with the tokenizer's padding id (0 when it names
+// none); CLIP keeps BOS and EOS around the cut caption and pads with EOS when it names none.
+TEST(ImageBatches, PretrainedFramingsKeepEosAndPad) {
+  ByteTokenizer tok;  // BOS 256, EOS 257, no padding id
+  using Ids = std::vector<int64_t>;
+  EXPECT_EQ(caption_ids(tok, "abc", 5, CaptionFraming::kT5), (Ids{97, 98, 99, 257, 0}));
+  EXPECT_EQ(caption_ids(tok, "abc", 3, CaptionFraming::kT5), (Ids{97, 98, 257}));
+  EXPECT_EQ(caption_ids(tok, "", 2, CaptionFraming::kT5), (Ids{257, 0}));
+  EXPECT_EQ(caption_ids(tok, "abc", 4, CaptionFraming::kClip), (Ids{256, 97, 98, 257}));
+  EXPECT_EQ(caption_ids(tok, "ab", 6, CaptionFraming::kClip), (Ids{256, 97, 98, 257, 257, 257}));
+  EXPECT_EQ(caption_ids(tok, "abc", 4, CaptionFraming::kTest), (Ids{256, 97, 98, 99}));
+  // A loader with separate tokenizers frames each encoder's ids its own way.
+  const CaptionTokenizers pretrained{&tok, &tok, /*pretrained=*/true};
+  ImageBatchLoader loader(shapes(32), pretrained, options(1));
+  const Batch b = *loader.next();
+  const at::Tensor clip = b.conditioning.at("clip_tokens")[0];
+  EXPECT_EQ(clip[0].item<int64_t>(), 256);
+  EXPECT_EQ(clip[11].item<int64_t>(), 257);  // cut to 10 bytes, EOS kept
+  EXPECT_NE(b.conditioning.at("t5_tokens")[0][0].item<int64_t>(), 256);  // T5: no BOS
+}
+
 TEST(ImageBatches, GuidanceDropsEachEncodersCaptionIndependently) {
   ByteTokenizer tok;
   ImageBatchOptions o = options(200);

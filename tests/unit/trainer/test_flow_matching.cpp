@@ -55,7 +55,7 @@ class FlowMatchingBatches : public ::testing::Test {
 
 TEST_F(FlowMatchingBatches, InputsTargetsAndNoiseDoNotDependOnTheBatch) {
   const flux::FluxArgs args = flux::args_for_flavor("debugmodel");
-  const FlowMatching flow(config, "debugmodel", args, tok.vocab_size(), tok.eos_id(), at::kCPU,
+  const FlowMatching flow(config, "debugmodel", args, *build_flux_tokenizers(config, tok), at::kCPU,
                           /*seed=*/9);
   EXPECT_EQ(flow.image_tokens(), 4);  // 32px -> 4x4 latents -> 2x2 patches
   const Batch three = images(3);
@@ -85,7 +85,8 @@ TEST_F(FlowMatchingBatches, InputsTargetsAndNoiseDoNotDependOnTheBatch) {
 
 TEST_F(FlowMatchingBatches, ValidationUsesTheStratifiedTimesteps) {
   const flux::FluxArgs args = flux::args_for_flavor("debugmodel");
-  const FlowMatching flow(config, "debugmodel", args, tok.vocab_size(), tok.eos_id(), at::kCPU, 9);
+  const FlowMatching flow(config, "debugmodel", args, *build_flux_tokenizers(config, tok), at::kCPU,
+                          9);
   const Batch out = flow.prepare(images(3), /*validation=*/true);
   EXPECT_TRUE(
       at::allclose(out.conditioning.at("timesteps"), at::tensor({0.0625f, 0.1875f, 0.3125f})));
@@ -95,13 +96,14 @@ TEST_F(FlowMatchingBatches, GuidanceModelsGetTheGuidanceAndMismatchesAreRefused)
   flux::FluxArgs args = flux::args_for_flavor("debugmodel");
   args.guidance_embed = true;
   config.training.guidance = 2.5;
-  const FlowMatching flow(config, "debugmodel", args, tok.vocab_size(), tok.eos_id(), at::kCPU, 9);
+  const FlowMatching flow(config, "debugmodel", args, *build_flux_tokenizers(config, tok), at::kCPU,
+                          9);
   const Batch out = flow.prepare(images(2), false);
   EXPECT_TRUE(at::equal(out.conditioning.at("guidance"), at::full({2}, 2.5f)));
 
   args.in_channels = 32;  // the autoencoder's 16 latent channels make 64 per patch
   try {
-    FlowMatching bad(config, "debugmodel", args, tok.vocab_size(), tok.eos_id(), at::kCPU, 9);
+    FlowMatching bad(config, "debugmodel", args, *build_flux_tokenizers(config, tok), at::kCPU, 9);
     ADD_FAILURE() << "not refused";
   } catch (const ConfigError& e) {
     EXPECT_NE(std::string(e.what()).find("make 64 features per 2x2 patch"), std::string::npos)
@@ -109,7 +111,7 @@ TEST_F(FlowMatchingBatches, GuidanceModelsGetTheGuidanceAndMismatchesAreRefused)
   }
   config.training.test_mode = false;
   EXPECT_THROW(FlowMatching(config, "debugmodel", flux::args_for_flavor("debugmodel"),
-                            tok.vocab_size(), tok.eos_id(), at::kCPU, 9),
+                            *build_flux_tokenizers(config, tok), at::kCPU, 9),
                ConfigError);
 }
 

@@ -29,23 +29,55 @@ CaptionDrops caption_drops(uint64_t seed, int64_t serial, double prob) {
 }
 
 std::vector<int64_t> caption_ids(const Tokenizer& tokenizer, const std::string& caption,
-                                 int64_t len) {
-  std::vector<int64_t> ids = {tokenizer.bos_id()};
-  const std::vector<int64_t> text = tokenizer.encode(caption);
-  ids.insert(ids.end(), text.begin(), text.end());
-  ids.push_back(tokenizer.eos_id());
-  ids.resize(static_cast<size_t>(len), 0);
+                                 int64_t len, CaptionFraming framing) {
+  const size_t n = static_cast<size_t>(len);
+  std::vector<int64_t> text = tokenizer.encode(caption);
+  std::vector<int64_t> ids;
+  ids.reserve(std::max(n, text.size() + 2));
+  switch (framing) {
+    case CaptionFraming::kTest:
+      ids.push_back(tokenizer.bos_id());
+      ids.insert(ids.end(), text.begin(), text.end());
+      ids.push_back(tokenizer.eos_id());
+      ids.resize(n, 0);
+      return ids;
+    case CaptionFraming::kT5:
+      TITAN_CHECK(len >= 1, "a T5 caption needs at least 1 id (EOS)");
+      text.resize(std::min(text.size(), n - 1));
+      ids = std::move(text);
+      ids.push_back(tokenizer.eos_id());
+      ids.resize(n, tokenizer.pad_id().value_or(0));
+      return ids;
+    case CaptionFraming::kClip:
+      TITAN_CHECK(len >= 2, "a CLIP caption needs at least 2 ids (BOS, EOS)");
+      ids.push_back(tokenizer.bos_id());
+      ids.insert(ids.end(), text.begin(), text.begin() + std::min(text.size(), n - 2));
+      ids.push_back(tokenizer.eos_id());
+      ids.resize(n, tokenizer.pad_id().value_or(tokenizer.eos_id()));
+      return ids;
+  }
   return ids;
 }
 
+std::vector<int64_t> CaptionTokenizers::t5_ids(const std::string& caption, int64_t len) const {
+  return caption_ids(*t5, caption, len, pretrained ? CaptionFraming::kT5 : CaptionFraming::kTest);
+}
+
+std::vector<int64_t> CaptionTokenizers::clip_ids(const std::string& caption, int64_t len) const {
+  return caption_ids(*clip, caption, len,
+                     pretrained ? CaptionFraming::kClip : CaptionFraming::kTest);
+}
+
 ImageBatchLoader::ImageBatchLoader(std::shared_ptr<const ImageCaptionSource> source,
-                                   const Tokenizer& tokenizer, ImageBatchOptions options)
-    : source_(std::move(source)), tokenizer_(tokenizer), options_(options) {
+                                   CaptionTokenizers tokenizers, ImageBatchOptions options)
+    : source_(std::move(source)), tokenizers_(tokenizers), options_(options) {
   TITAN_CHECK(options_.batch_size >= 1 && options_.img_size >= 1 && options_.t5_tokens >= 1 &&
                   options_.clip_tokens >= 1,
               "image batches: batch size, image size and token counts must be >= 1");
-  empty_t5_ = at::tensor(caption_ids(tokenizer_, "", options_.t5_tokens), at::kLong);
-  empty_clip_ = at::tensor(caption_ids(tokenizer_, "", options_.clip_tokens), at::kLong);
+  TITAN_CHECK(tokenizers_.t5 != nullptr && tokenizers_.clip != nullptr,
+              "image batches: no caption tokenizers");
+  empty_t5_ = at::tensor(tokenizers_.t5_ids("", options_.t5_tokens), at::kLong);
+  empty_clip_ = at::tensor(tokenizers_.clip_ids("", options_.clip_tokens), at::kLong);
 }
 
 std::optional<Batch> ImageBatchLoader::next() {
@@ -73,15 +105,12 @@ std::optional<Batch> ImageBatchLoader::next() {
     images[b].copy_(*image);
     const bool drop_t5 = rng.uniform() < options_.cfg_drop_prob;
     const bool drop_clip = rng.uniform() < options_.cfg_drop_prob;
-    // Tokenized once, framed for the longer encoder; the other's ids are a prefix of those.
-    const at::Tensor caption =
-        drop_t5 && drop_clip
-            ? at::Tensor()
-            : at::tensor(caption_ids(tokenizer_, sample.caption,
-                                     std::max(options_.t5_tokens, options_.clip_tokens)),
-                         at::kLong);
-    t5[b].copy_(drop_t5 ? empty_t5_ : caption.narrow(0, 0, options_.t5_tokens));
-    clip[b].copy_(drop_clip ? empty_clip_ : caption.narrow(0, 0, options_.clip_tokens));
+    t5[b].copy_(
+        drop_t5 ? empty_t5_
+                : at::tensor(tokenizers_.t5_ids(sample.caption, options_.t5_tokens), at::kLong));
+    clip[b].copy_(drop_clip ? empty_clip_
+                            : at::tensor(tokenizers_.clip_ids(sample.caption, options_.clip_tokens),
+                                         at::kLong));
     ids[b] = serial_++;
     ++b;
   }

@@ -20,10 +20,34 @@
 
 namespace titan {
 
-// A caption as a text encoder's ids: BOS, the caption's tokens, EOS, then 0 up to `len`, cut
-// to `len` (TorchTitan's FLUX test tokenizer; the empty caption is BOS, EOS, zeros).
+// How a caption becomes a text encoder's `len` ids.
+enum class CaptionFraming {
+  // TorchTitan's FLUX test tokenizer: BOS, the caption's tokens, EOS, then 0 up to `len`, cut
+  // to `len` (the empty caption is BOS, EOS, zeros).
+  kTest,
+  // transformers' T5 tokenizer (padding "max_length", truncation): the caption's tokens cut to
+  // len - 1, EOS (</s>), then the padding id (<pad>).
+  kT5,
+  // transformers' CLIP tokenizer: BOS, the tokens cut to len - 2, EOS, then the padding id
+  // (<|endoftext|>).
+  kClip,
+};
 std::vector<int64_t> caption_ids(const Tokenizer& tokenizer, const std::string& caption,
-                                 int64_t len);
+                                 int64_t len, CaptionFraming framing = CaptionFraming::kTest);
+
+// The tokenizers of a caption's two text encoders (not owned: they outlive the loader) and how
+// they frame it: one shared tokenizer framed as TorchTitan's test tokenizer (training.test_mode),
+// or T5's and CLIP's own tokenizers framed as transformers does.
+struct CaptionTokenizers {
+  const Tokenizer* t5 = nullptr;
+  const Tokenizer* clip = nullptr;
+  bool pretrained = false;  // kT5 / kClip framing; else kTest for both
+  static CaptionTokenizers shared_test(const Tokenizer& tokenizer) {
+    return {&tokenizer, &tokenizer, false};
+  }
+  std::vector<int64_t> t5_ids(const std::string& caption, int64_t len) const;
+  std::vector<int64_t> clip_ids(const std::string& caption, int64_t len) const;
+};
 
 // Classifier-free guidance's drops of sample `serial`'s caption (each with probability `prob`,
 // T5's and CLIP's independently), drawn as ImageBatchLoader draws them (after the crop), so that
@@ -47,11 +71,15 @@ struct ImageBatchOptions {
 
 // Batch::inputs (bs, 3, img_size, img_size) float32 in [-1, 1]; Batch::labels undefined;
 // Batch::conditioning: "t5_tokens" (bs, t5_tokens) and "clip_tokens" (bs, clip_tokens) int64
-// (BOS, the caption, EOS, then 0), "sample_ids" (bs) int64, the samples' serial numbers.
+// (framed by CaptionTokenizers), "sample_ids" (bs) int64, the samples' serial numbers.
 class ImageBatchLoader : public BatchLoader {
  public:
-  ImageBatchLoader(std::shared_ptr<const ImageCaptionSource> source, const Tokenizer& tokenizer,
+  ImageBatchLoader(std::shared_ptr<const ImageCaptionSource> source, CaptionTokenizers tokenizers,
                    ImageBatchOptions options);
+  // One tokenizer for both encoders, framed as TorchTitan's test tokenizer.
+  ImageBatchLoader(std::shared_ptr<const ImageCaptionSource> source, const Tokenizer& tokenizer,
+                   ImageBatchOptions options)
+      : ImageBatchLoader(std::move(source), CaptionTokenizers::shared_test(tokenizer), options) {}
   std::optional<Batch> next() override;
   nlohmann::json state_json() const override;
   void load_state_json(const nlohmann::json& state) override;
@@ -62,7 +90,7 @@ class ImageBatchLoader : public BatchLoader {
 
  private:
   std::shared_ptr<const ImageCaptionSource> source_;
-  const Tokenizer& tokenizer_;
+  CaptionTokenizers tokenizers_;
   ImageBatchOptions options_;
   at::Tensor empty_t5_, empty_clip_;  // the empty caption's ids (int64)
   ImageRowCursor cursor_;

@@ -82,27 +82,27 @@ void append_unit(uint32_t cp, const Units& units, size_t* invalid_index, std::st
 }
 
 enum GraphemeClass : uint8_t {
-  kOther = 0,
-  kCR,
-  kLF,
-  kControl,
-  kExtend,
-  kZwj,
-  kRegionalIndicator,
-  kPrepend,
-  kSpacingMark,
-  kL,
-  kV,
-  kT,
-  kLV,
-  kLVT
+  kGcbOther = 0,
+  kGcbCR,
+  kGcbLF,
+  kGcbControl,
+  kGcbExtend,
+  kGcbZwj,
+  kGcbRegionalIndicator,
+  kGcbPrepend,
+  kGcbSpacingMark,
+  kGcbL,
+  kGcbV,
+  kGcbT,
+  kGcbLV,
+  kGcbLVT
 };
 constexpr uint8_t kExtPictBit = 16;
 enum : uint8_t { kIncbNone = 0, kIncbLinker = 1, kIncbConsonant = 2, kIncbExtend = 3 };
 
 uint8_t grapheme_bits(uint32_t cp) {
-  if (cp == kInvalidCodePoint) return kOther;
-  if (cp >= 0x20 && cp < 0x7F) return kOther;
+  if (cp == kInvalidCodePoint) return kGcbOther;
+  if (cp >= 0x20 && cp < 0x7F) return kGcbOther;
   return range_value(kGraphemeClasses, kGraphemeClasses_size, cp);
 }
 
@@ -224,7 +224,7 @@ size_t grapheme_end(std::string_view text, size_t pos) {
   // pairs) and GB9c (consonant [extend linker]* linker [extend linker]* x consonant).
   bool pict_seq = (bits & kExtPictBit) != 0;  // an Extended_Pictographic then Extend*
   bool pict_zwj = false;                      // ... then a ZWJ just before
-  int regional = prev == kRegionalIndicator ? 1 : 0;
+  int regional = prev == kGcbRegionalIndicator ? 1 : 0;
   uint8_t incb = (bits >> 5) & 3;
   bool conjunct = incb == kIncbConsonant;  // consonant then [extend linker]*
   bool conjunct_linked = false;            // ... with a linker among them
@@ -234,37 +234,38 @@ size_t grapheme_end(std::string_view text, size_t pos) {
     const uint8_t cls = bits & 15;
     const uint8_t cur_incb = (bits >> 5) & 3;
     bool join;
-    if (prev == kCR && cls == kLF) {
+    if (prev == kGcbCR && cls == kGcbLF) {
       join = true;  // GB3
-    } else if (prev == kCR || prev == kLF || prev == kControl || cls == kCR || cls == kLF ||
-               cls == kControl) {
+    } else if (prev == kGcbCR || prev == kGcbLF || prev == kGcbControl || cls == kGcbCR ||
+               cls == kGcbLF || cls == kGcbControl) {
       join = false;  // GB4, GB5
-    } else if (prev == kL && (cls == kL || cls == kV || cls == kLV || cls == kLVT)) {
+    } else if (prev == kGcbL && (cls == kGcbL || cls == kGcbV || cls == kGcbLV || cls == kGcbLVT)) {
       join = true;  // GB6
-    } else if ((prev == kLV || prev == kV) && (cls == kV || cls == kT)) {
+    } else if ((prev == kGcbLV || prev == kGcbV) && (cls == kGcbV || cls == kGcbT)) {
       join = true;  // GB7
-    } else if ((prev == kLVT || prev == kT) && cls == kT) {
+    } else if ((prev == kGcbLVT || prev == kGcbT) && cls == kGcbT) {
       join = true;  // GB8
-    } else if (cls == kExtend || cls == kZwj || cls == kSpacingMark || prev == kPrepend) {
+    } else if (cls == kGcbExtend || cls == kGcbZwj || cls == kGcbSpacingMark ||
+               prev == kGcbPrepend) {
       join = true;  // GB9, GB9a, GB9b
     } else if (conjunct && conjunct_linked && cur_incb == kIncbConsonant) {
       join = true;  // GB9c
     } else if (pict_zwj && (bits & kExtPictBit)) {
       join = true;  // GB11
-    } else if (prev == kRegionalIndicator && cls == kRegionalIndicator) {
+    } else if (prev == kGcbRegionalIndicator && cls == kGcbRegionalIndicator) {
       join = regional % 2 == 1;  // GB12, GB13
     } else {
       join = false;  // GB999
     }
     if (!join) break;
     // Update the sequence states with the joined character.
-    pict_zwj = pict_seq && cls == kZwj;
+    pict_zwj = pict_seq && cls == kGcbZwj;
     if (bits & kExtPictBit) {
       pict_seq = true;
-    } else if (cls != kExtend) {
+    } else if (cls != kGcbExtend) {
       pict_seq = false;
     }
-    regional = cls == kRegionalIndicator ? regional + 1 : 0;
+    regional = cls == kGcbRegionalIndicator ? regional + 1 : 0;
     if (cur_incb == kIncbConsonant) {
       conjunct = true;
       conjunct_linked = false;

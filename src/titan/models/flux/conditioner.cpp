@@ -95,64 +95,65 @@ std::string FluxEncoders::describe() const {
   return out.str();
 }
 
+void finish_flux_encoders(FluxEncoders& encoders, const FluxArgs& args, const CaptionVocab& vocab,
+                          at::Device device) {
+  const AutoEncoderArgs& ae = encoders.autoencoder->args();
+  if (ae.z_channels * 4 != args.in_channels) {
+    throw ConfigError(message(
+        "flux: the autoencoder's ", ae.z_channels, " latent channels make ", ae.z_channels * 4,
+        " features per 2x2 patch, the transformer takes in_channels ", args.in_channels));
+  }
+  const encoders::T5Args& t5 = encoders.t5->args();
+  const encoders::ClipTextArgs& clip = encoders.clip->args();
+  if (t5.d_model != args.context_in_dim || clip.hidden_size != args.vec_in_dim) {
+    throw ConfigError(message("flux: the text encoders give ", t5.d_model,
+                              " features per token (T5 d_model) and ", clip.hidden_size,
+                              " pooled (CLIP hidden_size); the transformer takes context_in_dim ",
+                              args.context_in_dim, " and vec_in_dim ", args.vec_in_dim));
+  }
+  if (t5.vocab_size < vocab.t5 || clip.vocab_size < vocab.clip) {
+    throw ConfigError(message("flux: the captions' tokenizers have ", vocab.t5, " (T5) and ",
+                              vocab.clip, " (CLIP) ids; the text encoders' vocabularies hold ",
+                              t5.vocab_size, " and ", clip.vocab_size));
+  }
+  for (torch::nn::Module* m : {static_cast<torch::nn::Module*>(encoders.autoencoder.get()),
+                               static_cast<torch::nn::Module*>(encoders.t5.get()),
+                               static_cast<torch::nn::Module*>(encoders.clip.get())}) {
+    m->to(device);
+    m->eval();
+    for (auto& p : m->parameters()) p.requires_grad_(false);
+  }
+}
+
 FluxEncoders build_flux_encoders(const JobConfig& config, const std::string& flavor,
-                                 const FluxArgs& args, int64_t vocab_size, int64_t eos_id,
+                                 const FluxArgs& args, const CaptionVocab& vocab,
                                  at::Device device) {
   const EncoderSection& e = config.encoder;
-  if (!config.training.test_mode) {
-    throw ConfigError(
-        "FLUX with pretrained T5 and CLIP encoders is not wired yet: titan reads their "
-        "tokenizers, but does not yet tokenize captions per encoder nor load the encoders' "
-        "and autoencoder's weights into a run. HINT: set "
-        "training.test_mode = true to train with random encoders and captions tokenized by "
-        "model.hf_assets_path's tokenizer (TorchTitan's test mode)");
-  }
-  const AutoEncoderArgs ae_args = autoencoder_args_for_flavor(flavor);
-  if (ae_args.z_channels * 4 != args.in_channels) {
-    throw ConfigError(message("flux: the autoencoder's ", ae_args.z_channels,
-                              " latent channels make ", ae_args.z_channels * 4,
-                              " features per 2x2 patch, the transformer takes in_channels ",
-                              args.in_channels));
-  }
+  TITAN_CHECK(config.training.test_mode,
+              "build_flux_encoders builds the random encoders of training.test_mode");
   std::ostringstream origin;
-  encoders::T5Args t5_args = debug_t5(args.context_in_dim, vocab_size);
+  encoders::T5Args t5_args = debug_t5(args.context_in_dim, vocab.t5);
   if (auto json = folder_config(e.t5_encoder)) {
     t5_args = encoders::t5_args_from_hf(*json);
     origin << "T5 config from " << e.t5_encoder;
   } else {
     origin << "debug T5";
   }
-  encoders::ClipTextArgs clip_args = debug_clip(args.vec_in_dim, vocab_size, eos_id);
+  encoders::ClipTextArgs clip_args = debug_clip(args.vec_in_dim, vocab.clip, vocab.clip_eos);
   if (auto json = folder_config(e.clip_encoder)) {
     clip_args = encoders::clip_text_args_from_hf(*json);
     origin << ", CLIP config from " << e.clip_encoder;
   } else {
     origin << ", debug CLIP";
   }
-  if (t5_args.d_model != args.context_in_dim || clip_args.hidden_size != args.vec_in_dim) {
-    throw ConfigError(message("flux: the text encoders give ", t5_args.d_model,
-                              " features per token (T5 d_model) and ", clip_args.hidden_size,
-                              " pooled (CLIP hidden_size); the transformer takes context_in_dim ",
-                              args.context_in_dim, " and vec_in_dim ", args.vec_in_dim));
-  }
-  if (t5_args.vocab_size < vocab_size || clip_args.vocab_size < vocab_size) {
-    throw ConfigError(message("flux: the tokenizer's ", vocab_size,
-                              " ids do not fit the text encoders' vocabularies (T5 ",
-                              t5_args.vocab_size, ", CLIP ", clip_args.vocab_size, ")"));
-  }
   FluxEncoders out;
-  out.autoencoder = std::make_shared<AutoEncoder>(ae_args);
+  out.autoencoder = std::make_shared<AutoEncoder>(autoencoder_args_for_flavor(flavor));
   out.t5 = std::make_shared<encoders::T5Encoder>(t5_args);
   out.clip = std::make_shared<encoders::ClipTextEncoder>(clip_args);
   random_init(*out.autoencoder, kTestModeEncoderSeed, "autoencoder.");
   random_init(*out.t5, kTestModeEncoderSeed, "t5.");
   random_init(*out.clip, kTestModeEncoderSeed, "clip.");
-  for (torch::nn::Module* m : {static_cast<torch::nn::Module*>(out.autoencoder.get()),
-                               static_cast<torch::nn::Module*>(out.t5.get()),
-                               static_cast<torch::nn::Module*>(out.clip.get())}) {
-    m->to(device);
-    for (auto& p : m->parameters()) p.requires_grad_(false);
-  }
+  finish_flux_encoders(out, args, vocab, device);
   origin << " (random weights, fixed seed: training.test_mode)";
   out.origin = origin.str();
   return out;

@@ -29,15 +29,27 @@ struct FluxEncoders {
   std::string describe() const;
 };
 
-// The encoders of a FLUX model of `args` (flavor `flavor`) on `device`, frozen (no gradients,
-// eval). Under training.test_mode they are random but the same in every run, rank and command
-// (a fixed seed; a model trained with them samples with them): configs from [encoder]'s folders
-// where a config.json exists, else debug sizes matching the flavor's text widths, `vocab_size`
-// (the captions' tokenizer's) and its end-of-text id `eos_id` (where the debug CLIP pools).
-// Without test mode: ConfigError until the pretrained encoders' tokenizers exist (the message
-// says so). ConfigError when the encoders' widths do not fit the transformer.
+// What the captions' tokenizers give each text encoder: vocabulary sizes (ids must fit the
+// encoders' embeddings) and CLIP's end-of-text id (where a debug CLIP pools).
+struct CaptionVocab {
+  int64_t t5 = 0;
+  int64_t clip = 0;
+  int64_t clip_eos = 0;
+};
+
+// The random encoders of training.test_mode for a FLUX model of `args` (flavor `flavor`) on
+// `device`, frozen: the same in every run, rank and command (a fixed seed; a model trained with
+// them samples with them); configs from [encoder]'s folders where a config.json exists, else
+// debug sizes matching the flavor's text widths and `vocab`. Pretrained encoders are loaded by
+// trainer/flux_setup.h (the weight files are read there). ConfigError outside test mode.
 FluxEncoders build_flux_encoders(const JobConfig& config, const std::string& flavor,
-                                 const FluxArgs& args, int64_t vocab_size, int64_t eos_id,
+                                 const FluxArgs& args, const CaptionVocab& vocab,
                                  at::Device device);
+
+// Checks that `encoders` fit the transformer of `args` (widths, latent channels) and the
+// captions' `vocab` (ConfigError naming both sides), then moves them to `device`, frozen (no
+// gradients, eval).
+void finish_flux_encoders(FluxEncoders& encoders, const FluxArgs& args, const CaptionVocab& vocab,
+                          at::Device device);
 
 }  // namespace titan::flux
