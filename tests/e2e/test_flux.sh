@@ -131,6 +131,16 @@ expect_exit 0 "$TITAN" flux encode --output "$WORK/pre_latents" "${pre[@]}"
 expect_exit 0 "$PY" "$(dirname "$0")/flux_pretrained_reference.py" check "$WORK/pre" \
   "$WORK/pre_latents" 32
 cat "$WORK/out"
+# The autoencoder as black-forest-labs' ae.safetensors (their names, one file) encodes the same.
+TITAN_FLUX_AE_FOLDER="$WORK/pre/FLUX/vae" TITAN_FLUX_AE_FILE="$WORK/pre/ae.safetensors" \
+  expect_exit 0 "$TESTS" --gtest_filter='FluxFixture.WritesTheAutoencoderInBlackForestLabsNames'
+grep -q "wrote .* autoencoder tensors in black-forest-labs' names" "$WORK/out" ||
+  fail "the ae.safetensors fixture was not written"
+expect_exit 0 "$TITAN" flux encode --output "$WORK/pre_latents_bfl" "${pre[@]}" \
+  --encoder.autoencoder_path "$WORK/pre/ae.safetensors"
+expect_exit 0 "$PY" "$(dirname "$0")/flux_pretrained_reference.py" check "$WORK/pre" \
+  "$WORK/pre_latents_bfl" 32
+grep "autoencoder moments" "$WORK/out"
 train_run pretrained 1 "${pre[@]}" --training.steps 6 --checkpoint.enable true \
   --checkpoint.interval 6
 grep -q "autoencoder from $WORK/pre/FLUX/vae" "$WORK/pretrained.log" ||

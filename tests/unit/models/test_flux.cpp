@@ -181,6 +181,26 @@ TEST(FluxDiffusers, AutoencoderMatchesDiffusers) {
   EXPECT_FALSE(at::allclose(sampled, io.read("latents")));
 }
 
+// Writes a diffusers AutoencoderKL folder's weights in black-forest-labs' names (ours), as their
+// ae.safetensors holds them, for tests/e2e/test_flux.sh to load through
+// encoder.autoencoder_path = FILE (the released file itself cannot be downloaded here).
+TEST(FluxFixture, WritesTheAutoencoderInBlackForestLabsNames) {
+  const char* dir = std::getenv("TITAN_FLUX_AE_FOLDER");
+  const char* out = std::getenv("TITAN_FLUX_AE_FILE");
+  if (dir == nullptr || out == nullptr) GTEST_SKIP() << "run by tests/e2e/test_flux.sh";
+  const std::string folder(dir);
+  const flux::AutoEncoderArgs args =
+      flux::ae_args_from_diffusers(read_json(folder + "/config.json"));
+  const ckpt::SafetensorsReader weights(folder + "/diffusion_pytorch_model.safetensors");
+  TensorMap hf;
+  for (const auto& entry : weights.entries()) hf[entry.name] = weights.read(entry.name);
+  const TensorMap ours = flux::ae_from_diffusers(hf, args);
+  std::vector<std::pair<std::string, at::Tensor>> tensors(ours.begin(), ours.end());
+  ckpt::write_safetensors(out, tensors);
+  std::printf("wrote %zu autoencoder tensors in black-forest-labs' names to %s\n", tensors.size(),
+              out);
+}
+
 TEST(Flux, GradientsMatchCentralDifferences) {
   const FluxArgs args = tiny_args();
   FluxTransformer model(args);
