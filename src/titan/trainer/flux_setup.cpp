@@ -39,11 +39,8 @@ std::unique_ptr<Tokenizer> encoder_tokenizer(const std::string& key, const std::
     sibling = (dir.parent_path() / ("tokenizer" + name.substr(12))).string();
   }
   for (const std::string& candidate : {folder, sibling}) {
-    if (candidate.empty()) continue;
-    std::error_code ec;
-    const fs::path d(candidate);
-    for (const char* file : {"tokenizer.json", "spiece.model", "vocab.json"}) {
-      if (fs::is_regular_file(d / file, ec)) return load_tokenizer(candidate);
+    if (!candidate.empty() && !ckpt::hf_tokenizer_path(candidate).empty()) {
+      return load_tokenizer(candidate);
     }
   }
   throw ConfigError(message(key, ": '", folder, "' holds no tokenizer (tokenizer.json, ",

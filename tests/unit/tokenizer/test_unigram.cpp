@@ -188,6 +188,28 @@ TEST(Precompiled, ShortestRuleByGraphemeCluster) {
   EXPECT_THROW(PrecompiledCharsmap(std::string("\x08\0\0\0", 4), "test"), DataError);
 }
 
+TEST(Normalizer, UnsupportedStepsAreRefusedNamingThem) {
+  const auto message_of = [](const char* spec) -> std::string {
+    try {
+      TextNormalizer::from_json(nlohmann::json::parse(spec), "tok.json");
+    } catch (const ConfigError& e) {
+      return e.what();
+    }
+    return "";
+  };
+  EXPECT_NE(message_of(R"({"type": "NFKC"})").find("unsupported normalizer type 'NFKC'"),
+            std::string::npos);
+  EXPECT_NE(message_of(R"({"type": "Replace", "pattern": {"Regex": "a+"}, "content": ""})")
+                .find("unsupported Replace normalizer pattern"),
+            std::string::npos);
+  const auto ok = TextNormalizer::from_json(
+      nlohmann::json::parse(R"({"type": "Sequence", "normalizers": [{"type": "NFC"},
+          {"type": "Replace", "pattern": {"Regex": "\\s+"}, "content": " "},
+          {"type": "Lowercase"}, {"type": "Strip", "strip_left": true, "strip_right": true}]})"),
+      "tok.json");
+  EXPECT_EQ(ok->normalize("  Cafe\xCC\x81 \t\n OK  "), "caf\xC3\xA9 ok");
+}
+
 TEST(SentencePieceFile, CorruptFilesNameTheOffset) {
   const std::filesystem::path dir =
       std::filesystem::temp_directory_path() / ("titan_spm_" + std::to_string(::getpid()));

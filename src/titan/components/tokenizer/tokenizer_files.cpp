@@ -13,6 +13,7 @@
 #include <array>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <sstream>
 #include <tuple>
 
@@ -571,8 +572,8 @@ BpeModel read_bpe_json(const json& root, const std::string& path) {
 // A SentencePiece model starts with its first piece (field 1, length-delimited: byte 0x0A);
 // a tiktoken file with base64 text.
 bool is_sentencepiece_model(const std::string& path) {
-  const std::string head = read_regular_file(path, "tokenizer file").substr(0, 1);
-  return head == "\x0A";
+  std::ifstream in(path, std::ios::binary);
+  return in.get() == 0x0A;  // only the first byte: the reader reads the file once after
 }
 
 // transformers' T5Tokenizer: "extra_ids" sentinel tokens (default 100) from tokenizer_config.json.

@@ -50,6 +50,9 @@ class UnigramTokenizer final : public Tokenizer {
   // Throws DataError (naming model.source) for an empty vocabulary, a non-finite score, an id
   // out of range or an added token whose id names another vocabulary piece.
   explicit UnigramTokenizer(UnigramModel model);
+  // raw_added_ / normalized_added_ point into model_: not copyable.
+  UnigramTokenizer(const UnigramTokenizer&) = delete;
+  UnigramTokenizer& operator=(const UnigramTokenizer&) = delete;
 
   std::vector<int64_t> encode(std::string_view text) const override;
   // Pieces joined, '▁' as spaces, the prepended space dropped; special tokens are skipped.
