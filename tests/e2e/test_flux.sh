@@ -45,8 +45,9 @@ cat "$WORK/out" | grep "bit for bit"
 echo "PASS test_flux (diffusers and transformers references)"
 
 # Training (flow matching on the procedural shapes, training.test_mode: random encoders): the
-# debug model's loss falls; FSDP 2 and DDP 2 reproduce the one-process run (losses, validation
-# losses, final parameters); a resumed run reproduces the steps after its checkpoint; refusals.
+# debug model's loss falls; FSDP 2, DDP 2, TP 2 and FSDP 2 x TP 2 reproduce the one-process run
+# (losses, validation losses, final parameters); resumed runs reproduce the steps after their
+# checkpoint, across layouts; refusals.
 # The training runs choose their own threads (cores / local ranks): the references' two threads
 # per process would oversubscribe the cores under `titan run`.
 unset OMP_NUM_THREADS
@@ -93,6 +94,40 @@ expect_exit 2 "${gen[@]}" --seed 1
 grep -q "give --output PATH" "$WORK/out" || fail "a missing --output not refused"
 
 data_parallel_parity 7 "${short[@]}"
+
+# Tensor parallelism (whole activations between layers; the fused q/k/v and the single blocks'
+# [q, k, v, MLP] / [attention, MLP] weights split part by part): TP 2, and FSDP 2 x TP 2 with
+# full activation checkpointing, reproduce the one-process run; checkpoints cross layouts both
+# ways (the packed weights are saved as their plain pieces).
+tp=(--parallelism.tensor_parallel_degree 2)
+train_run tp2 2 "${short[@]}" --training.local_batch_size 8 "${tp[@]}" \
+  --parallelism.data_parallel_shard_degree 1
+grep -q "tensor parallel over 2 ranks (whole activations" "$WORK/tp2.log" || fail "no TP line"
+same_as_one tp2
+train_run fsdp2_tp2 4 "${short[@]}" --training.local_batch_size 4 --validation.local_batch_size 4 \
+  "${tp[@]}" --parallelism.data_parallel_shard_degree 2 --activation_checkpoint.mode full
+same_as_one fsdp2_tp2
+for resume in "one tp2_resumed 2" "fsdp2_tp2 one_resumed 1"; do
+  read -r from name ranks <<<"$resume"
+  mkdir -p "$WORK/$name/checkpoint"
+  cp -r "$WORK/$from/checkpoint/step-5" "$WORK/$name/checkpoint/"
+  if [ "$ranks" = 2 ]; then
+    train_run "$name" 2 "${short[@]}" --training.local_batch_size 8 "${tp[@]}" \
+      --parallelism.data_parallel_shard_degree 1
+  else
+    train_run "$name" 1 "${short[@]}" --training.local_batch_size 8
+  fi
+  grep -q "resuming training after step 5" "$WORK/$name.log" || fail "$name did not resume"
+  same_values one_tail "$name" loss 1e-6
+done
+expect_exit 2 "$TITAN" run --nproc_per_node 3 -- train "${short[@]}" --job.dump_folder "$WORK/x" \
+  --parallelism.tensor_parallel_degree 3
+grep -q "flux num_heads 4 is not divisible by tensor_parallel_degree 3 (4 % 3 = 1)" "$WORK/out" ||
+  fail "tp 3 over 4 heads not refused"
+expect_exit 2 "$TITAN" run --nproc_per_node 2 -- train "${short[@]}" --job.dump_folder "$WORK/x" \
+  "${tp[@]}" --parallelism.data_parallel_shard_degree 1 --optimizer.name Muon
+grep -q "Muon cannot yet orthogonalize double_blocks.0.img_attn.qkv.weight, a packed weight" \
+  "$WORK/out" || fail "Muon over packed tensor-parallel weights not refused"
 
 # Precomputed encodings (titan flux encode): training from them repeats the run that encodes on
 # the fly (the same losses: moments, caption encodings and the drops of the same samples).

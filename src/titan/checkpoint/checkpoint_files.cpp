@@ -91,6 +91,8 @@ nlohmann::ordered_json write_tensor_files(const std::string& tmp, const std::str
   };
   for (const SavedTensor& t : tensors) {
     TITAN_CHECK(t.local.defined(), "checkpoint tensor '", t.name, "' is undefined");
+    TITAN_CHECK(!t.box.packed(), "checkpoint tensor '", t.name,
+                "': a packed box is written as its plain pieces (ShardBox::pieces)");
     const std::vector<int64_t> local = t.local.sizes().vec();
     const std::vector<int64_t> global = t.box.global_shape.empty() ? local : t.box.global_shape;
     std::vector<int64_t> offsets = t.box.offsets;
@@ -645,7 +647,10 @@ void CheckpointReader::read_box_into(const std::string& name, const ShardBox& bo
   }
   if (dst.numel() == 0) return;
   at::NoGradGuard no_grad;
-  dst.copy_(read_slice(name, box.offsets, dst.sizes().vec()));
+  for (const ShardPiece& piece : box.pieces()) {
+    at::Tensor part = piece.of(dst);
+    part.copy_(read_slice(name, piece.box.offsets, part.sizes().vec()));
+  }
 }
 
 }  // namespace titan::ckpt

@@ -80,7 +80,8 @@ struct ModelUnit {
 };
 
 // Tensor parallelism plan (data, applied by src/titan/parallel/tensor_parallel.h), TorchTitan's
-// vocabulary. Activations between layers are sequence-sharded (bs, seqlen / tp, dim).
+// vocabulary. Activations between layers are sequence-sharded (bs, seqlen / tp, dim), or whole
+// (TpActivations::kWhole).
 enum class TpStyle {
   kEmbedding,         // weight rows (vocab) sharded; masked lookup, output reduce-scattered on seq
   kGatherInput,       // the module's input is all-gathered on seq (attention, feed-forward)
@@ -92,10 +93,27 @@ enum class TpStyle {
   kReplicated,        // the whole module on every rank: input all-gathered on seq, output cut
                       // back to the rank's sequence shard; weights replicated (Qwen3-Next's
                       // linear attention, whose recurrence needs whole sequences)
+  kHeadLocal,         // weight replicated; runs on this rank's heads (the q/k norms of an
+                      // attention whose projections are split): its gradient is partial over tp
 };
 struct TpRule {
   std::string module;  // FQN; "*" matches one component ("layers.*.attention.wq")
   TpStyle style;
+  // A packed layer (kColwise, kRowwise): the sizes of the parts its weight concatenates along
+  // the split dimension (FLUX's fused q, k, v rows), each split over tp on its own, so every
+  // rank holds the same slice of every part. Empty: one part.
+  std::vector<int64_t> parts = {};
+};
+// How activations lie between the layers of a tensor-parallel model.
+enum class TpActivations {
+  // (bs, seqlen / tp, dim): sequence parallelism (TorchTitan's plans). Replicated weights run on
+  // the rank's share of the tokens, so all their gradients are partial over tp.
+  kSequenceSharded,
+  // Whole on every rank (Megatron-LM without sequence parallelism): a column-wise layer takes
+  // the whole input (its input gradient all-reduced), a row-wise layer's output is all-reduced;
+  // replicated weights compute whole gradients, except kHeadLocal ones. Only kColwise, kRowwise
+  // and kHeadLocal rules apply.
+  kWhole,
 };
 
 // One unit of forward as a function of its input (token ids for the first unit, the hidden
@@ -197,6 +215,9 @@ class Model : public torch::nn::Module {
   virtual std::vector<ModelUnit> units() const = 0;
   // How tensor parallelism shards this model (empty: not supported).
   virtual std::vector<TpRule> tensor_parallel_plan() const { return {}; }
+  virtual TpActivations tensor_parallel_activations() const {
+    return TpActivations::kSequenceSharded;
+  }
   // Counts that tensor parallelism splits whole beyond what the plan's own layers check (e.g.
   // the heads of multi-head latent attention), by name: each must divide by the tp degree.
   virtual std::vector<std::pair<std::string, int64_t>> tp_split_counts() const { return {}; }

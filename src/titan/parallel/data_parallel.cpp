@@ -252,7 +252,7 @@ DataParallel::DataParallel(Model& model, DataParallelOptions options)
       sp.row_offset = std::min(d.rank * p.chunk, p.rows);
       auto placed = o.placements.find(p.name);
       sp.box = placed != o.placements.end() ? placed->second.box : ShardBox::whole(p.global_shape);
-      if (!sp.box.offsets.empty()) sp.box.offsets[0] += sp.row_offset;
+      sp.box = sp.box.rows(sp.row_offset, p.local_rows);
       sp.local = u.shard.narrow(0, p.offset, p.local_rows * p.rest).view(local_shape);
       if (sp.box.global_shape.empty()) sp.local = sp.local.view({});
     }

@@ -90,6 +90,11 @@ MuonExchange::MuonExchange(std::vector<MuonMatrix> matrices, std::shared_ptr<dis
     TITAN_CHECK(dims == 2 || dims == 3, "Muon: ", m.name, " is ", dims, "-d, not a matrix");
     TITAN_CHECK(m.local_sizes.size() == dims, "Muon: ", m.name, " is held as ",
                 at::IntArrayRef(m.local_sizes), " of ", at::IntArrayRef(m.box.global_shape));
+    // Every rank finds the same packed boxes (tensor parallelism splits the same layers).
+    TITAN_CONFIG_CHECK(!m.box.packed(), "Muon cannot yet orthogonalize ", m.name,
+                       ", a packed weight that tensor parallelism holds as several pieces per "
+                       "rank. HINT: name it in optimizer.muon_adamw_fqns, or train without "
+                       "tensor parallelism");
     names = fnv1a(m.name + "|", names);
     Box box{as_3d(m.box.offsets, 0), as_3d(m.local_sizes, 1)};
     mine_.push_back(box);

@@ -156,7 +156,10 @@ void apply_tp(ParallelizedModel& pm, bool loss_parallel, const SeqLens& seq_lens
                        "divides ",
                        what);
   }
+  const bool sequence_sharded =
+      pm.part_model(0).tensor_parallel_activations() == TpActivations::kSequenceSharded;
   for (const auto& [key, len] : seq_lens) {
+    if (!sequence_sharded) break;
     TITAN_CONFIG_CHECK(len % t == 0, key, " ", len,
                        " must be divisible by parallelism.tensor_parallel_degree ", t,
                        " (sequence parallelism splits the sequence)");

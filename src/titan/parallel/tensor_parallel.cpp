@@ -4,6 +4,7 @@
 #include "titan/common/check.h"
 #include "titan/components/loss.h"
 #include "titan/kernels/cross_entropy.h"
+#include "titan/models/common/affine.h"
 #include "titan/models/common/attention.h"
 #include "titan/models/common/linear.h"
 #include "titan/models/common/moe.h"
@@ -110,6 +111,33 @@ struct ReduceScatterSeq : public torch::autograd::Function<ReduceScatterSeq> {
   }
 };
 
+// Megatron-LM's pair for whole activations (TpActivations::kWhole): a column-wise layer's input
+// passes unchanged and its gradient, partial over the ranks' output features, is all-reduced ...
+struct CopyToGroup : public torch::autograd::Function<CopyToGroup> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, dist::Group* g) {
+    ctx->saved_data["group"] = reinterpret_cast<int64_t>(g);
+    return x.alias();
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    at::Tensor grad = grads[0].contiguous().clone();
+    timed_wait(grad, group_of(ctx)->all_reduce(grad, dist::ReduceOp::kSum));
+    return {grad, at::Tensor()};
+  }
+};
+
+// ... and a row-wise layer's partial outputs are all-reduced, their gradient (whole on every
+// rank) passing unchanged.
+struct AllReduceSum : public torch::autograd::Function<AllReduceSum> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, dist::Group* g) {
+    at::Tensor out = x.contiguous().clone();
+    timed_wait(out, g->all_reduce(out, dist::ReduceOp::kSum));
+    return out;
+  }
+  static variable_list backward(AutogradContext*, variable_list grads) {
+    return {grads[0], at::Tensor()};
+  }
+};
+
 // Vocab-sharded logits (..., V / t) -> whole logits (..., V); backward keeps this rank's slice
 // (every rank computes the same loss from the same whole logits).
 struct AllGatherLastDim : public torch::autograd::Function<AllGatherLastDim> {
@@ -212,6 +240,29 @@ class RowwiseHook : public ForwardHook {
   dist::Group* g_;
 };
 
+// The column-wise and row-wise layers of whole activations (see CopyToGroup, AllReduceSum).
+class WholeColwiseHook : public ForwardHook {
+ public:
+  explicit WholeColwiseHook(dist::Group* g) : g_(g) {}
+  at::Tensor run(HookedModule&, const at::Tensor& x, const ForwardBody& body) override {
+    return body(CopyToGroup::apply(x, g_));
+  }
+
+ private:
+  dist::Group* g_;
+};
+
+class WholeRowwiseHook : public ForwardHook {
+ public:
+  explicit WholeRowwiseHook(dist::Group* g) : g_(g) {}
+  at::Tensor run(HookedModule&, const at::Tensor& x, const ForwardBody& body) override {
+    return AllReduceSum::apply(body(x), g_);
+  }
+
+ private:
+  dist::Group* g_;
+};
+
 // A mixture-of-experts layer whose experts are split over tp: whole sequences in, the partial
 // outputs summed and scattered back to sequence shards.
 class SplitExpertsHook : public ForwardHook {
@@ -279,7 +330,10 @@ bool matches(const std::string& pattern, const std::string& name) {
 
 TensorParallel::TensorParallel(Model& model, std::shared_ptr<dist::Group> group, bool loss_parallel,
                                bool split_experts)
-    : model_(model), group_(std::move(group)), loss_parallel_(loss_parallel) {
+    : model_(model),
+      group_(std::move(group)),
+      loss_parallel_(loss_parallel),
+      activations_(model.tensor_parallel_activations()) {
   TITAN_CHECK(group_ != nullptr, "tensor parallelism needs a tp group");
   const int64_t t = group_->size(), r = group_->rank();
   const std::vector<TpRule> plan = model.tensor_parallel_plan();
@@ -294,30 +348,46 @@ TensorParallel::TensorParallel(Model& model, std::shared_ptr<dist::Group> group,
   for (const auto& item : model.named_parameters()) {
     placements_[item.key()] = {ShardBox::whole(item.value().sizes()), /*replicated=*/true};
   }
+  const bool whole = activations_ == TpActivations::kWhole;
   at::NoGradGuard no_grad;
-  // Splits `layer`'s weight along `dim` into t equal parts and keeps part r.
-  auto shard = [&](const std::string& name, WeightLayer& layer, int64_t dim, const char* what) {
+  // Splits `layer`'s weight along `dim` into t equal slices and keeps slice r; a packed weight
+  // (`parts`: the sizes of the parts it concatenates along dim) keeps slice r of every part.
+  auto shard = [&](const std::string& name, WeightLayer& layer, int64_t dim, const char* what,
+                   const std::vector<int64_t>& parts = {}) {
     at::Tensor& w = layer.weight;
     const int64_t n = w.size(dim);
-    if (n % t != 0) {
-      throw ConfigError(message("tensor parallelism: ", name, ".weight has ", n, " ", what,
-                                ", not divisible by tensor_parallel_degree ", t));
+    const std::vector<int64_t> sizes = parts.empty() ? std::vector<int64_t>{n} : parts;
+    int64_t total = 0;
+    for (size_t i = 0; i < sizes.size(); ++i) {
+      if (sizes[i] % t != 0) {
+        throw ConfigError(message("tensor parallelism: ", name, ".weight has ", sizes[i], " ", what,
+                                  sizes.size() > 1 ? message(" in part ", i) : "",
+                                  ", not divisible by tensor_parallel_degree ", t, " (", sizes[i],
+                                  " % ", t, " = ", sizes[i] % t, ")"));
+      }
+      total += sizes[i];
     }
+    TITAN_CHECK(total == n, "tensor-parallel plan: the parts of ", name, " cover ", total, " of ",
+                n, " ", what);
     ParamPlacement& place = placements_.at(name + ".weight");
-    place.box.offsets[dim] = r * (n / t);
+    place.box = ShardBox::packed_slice(w.sizes(), dim, sizes, r, t);
     place.replicated = false;
-    w.set_data(w.narrow(dim, r * (n / t), n / t).clone());
+    if (place.box.packed()) packed_[name + ".weight"] = {dim, sizes};
+    std::vector<int64_t> local = w.sizes().vec();
+    local[dim] = n / t;
+    w.set_data(place.box.narrow(w, local).clone());
   };
   // A LoRA adapter (linear.h) splits with its layer: a column-wise layer's B by output rows (A
   // stays whole: its gradient is partial over tp, summed like the norms'), a row-wise layer's A
   // by input columns (B whole: it receives the partial sums before the layer's reduction).
-  const auto shard_adapter = [&](const std::string& name, WeightLayer* layer, bool colwise) {
+  const auto shard_adapter = [&](const std::string& name, WeightLayer* layer, bool colwise,
+                                 const std::vector<int64_t>& parts = {}) {
     auto* linear = dynamic_cast<Linear*>(layer);
     if (linear == nullptr || linear->lora_a == nullptr) return;
     if (colwise) {
-      shard(name + ".lora_b", *linear->lora_b, 0, "output features");
+      shard(name + ".lora_b", *linear->lora_b, 0, "output features", parts);
     } else {
-      shard(name + ".lora_a", *linear->lora_a, 1, "input features");
+      shard(name + ".lora_a", *linear->lora_a, 1, "input features", parts);
     }
   };
   // A float8 layer takes its scales over whole operands, as torchao does on DTensors: the split
@@ -339,7 +409,16 @@ TensorParallel::TensorParallel(Model& model, std::shared_ptr<dist::Group> group,
   };
   std::vector<std::pair<std::string, std::shared_ptr<torch::nn::Module>>> modules;
   for (const auto& item : model.named_modules()) modules.emplace_back(item.key(), item.value());
+  std::set<std::string> head_local;  // parameters of kHeadLocal modules
   for (const TpRule& rule : plan) {
+    TITAN_CHECK(!whole || rule.style == TpStyle::kColwise || rule.style == TpStyle::kRowwise ||
+                    rule.style == TpStyle::kHeadLocal,
+                "tensor-parallel plan: with whole activations only column-wise, row-wise and "
+                "head-local rules apply (",
+                rule.module, ")");
+    TITAN_CHECK(
+        rule.parts.empty() || rule.style == TpStyle::kColwise || rule.style == TpStyle::kRowwise,
+        "tensor-parallel plan: parts are for column-wise and row-wise layers (", rule.module, ")");
     bool found = false;
     for (size_t i = 0; i < modules.size(); ++i) {
       const auto& [name, module] = modules[i];
@@ -348,8 +427,9 @@ TensorParallel::TensorParallel(Model& model, std::shared_ptr<dist::Group> group,
       auto* hooked = dynamic_cast<HookedModule*>(module.get());
       auto* layer = dynamic_cast<WeightLayer*>(module.get());
       TITAN_CHECK(hooked != nullptr, "tensor-parallel plan: module ", name, " cannot be hooked");
-      const bool needs_weight =
-          rule.style != TpStyle::kGatherInput && rule.style != TpStyle::kReplicated;
+      const bool needs_weight = rule.style != TpStyle::kGatherInput &&
+                                rule.style != TpStyle::kReplicated &&
+                                rule.style != TpStyle::kHeadLocal;
       TITAN_CHECK(!needs_weight || layer != nullptr, "tensor-parallel plan: module ", name,
                   " has no weight to shard");
       switch (rule.style) {
@@ -372,15 +452,30 @@ TensorParallel::TensorParallel(Model& model, std::shared_ptr<dist::Group> group,
           install_hook(*hooked, std::make_shared<GatherInputHook>(group_.get()));
           break;
         case TpStyle::kColwise:
-          shard(name, *layer, 0, "output features");
-          shard_adapter(name, layer, /*colwise=*/true);
+          shard(name, *layer, 0, "output features", rule.parts);
+          shard_adapter(name, layer, /*colwise=*/true, rule.parts);
+          // A bias follows the output features; a row-wise layer's is added once after the
+          // reduction (affine.h), whole.
+          if (auto* biased = dynamic_cast<BiasedLinear*>(layer)) {
+            shard(name + ".bias", *biased->bias, 0, "output features", rule.parts);
+          }
           float8_over_group(layer, std::nullopt, 0, 1);
+          if (whole) install_hook(*hooked, std::make_shared<WholeColwiseHook>(group_.get()));
           break;
         case TpStyle::kRowwise:
-          shard(name, *layer, 1, "input features");
-          shard_adapter(name, layer, /*colwise=*/false);
+          shard(name, *layer, 1, "input features", rule.parts);
+          shard_adapter(name, layer, /*colwise=*/false, rule.parts);
           float8_over_group(layer, 1, 1, std::nullopt);
-          install_hook(*hooked, std::make_shared<RowwiseHook>(group_.get()));
+          if (whole) {
+            install_hook(*hooked, std::make_shared<WholeRowwiseHook>(group_.get()));
+          } else {
+            install_hook(*hooked, std::make_shared<RowwiseHook>(group_.get()));
+          }
+          break;
+        case TpStyle::kHeadLocal:
+          for (const auto& item : module->named_parameters()) {
+            head_local.insert(name + "." + item.key());
+          }
           break;
         case TpStyle::kSequenceParallel:
           break;  // replicated weight; reduce_replicated_grads sums its partial gradients
@@ -409,6 +504,11 @@ TensorParallel::TensorParallel(Model& model, std::shared_ptr<dist::Group> group,
       }
     }
     TITAN_CHECK(found, "tensor-parallel plan: no module matches '", rule.module, "'");
+  }
+  // With whole activations a replicated weight sees every token and the whole gradient reaching
+  // it; only the head-local ones' are partial.
+  for (const auto& [name, place] : placements_) {
+    if (whole && place.replicated && head_local.count(name) == 0) whole_grads_.insert(name);
   }
   if (!split_experts) return;
   for (const auto& [name, module] : modules) {
@@ -489,7 +589,9 @@ void TensorParallel::reduce_replicated_grads(
     const std::vector<std::pair<std::string, at::Tensor>>& grads) const {
   std::vector<at::Tensor> parts;
   for (const auto& [name, g] : grads) {
-    if (replicated(name) && g.defined() && g.numel() > 0) parts.push_back(g);
+    if (replicated(name) && whole_grads_.count(name) == 0 && g.defined() && g.numel() > 0) {
+      parts.push_back(g);
+    }
   }
   if (parts.empty()) return;
   at::NoGradGuard no_grad;
@@ -507,9 +609,26 @@ void TensorParallel::reduce_replicated_grads(
 at::Tensor TensorParallel::gather_whole(const std::string& param, const at::Tensor& local) const {
   const ParamPlacement& p = placements_.at(param);
   if (p.replicated) return local;
+  const int64_t t = size();
+  if (const auto it = packed_.find(param); it != packed_.end()) {
+    const auto& [dim, parts] = it->second;
+    const at::Tensor here = local.to(group_->device()).contiguous();
+    std::vector<int64_t> gathered_shape = here.sizes().vec();
+    gathered_shape.insert(gathered_shape.begin(), t);
+    at::Tensor out = at::empty(gathered_shape, here.options());
+    group_->all_gather_into_tensor(out, here).wait();
+    at::Tensor whole = at::empty(p.box.global_shape, here.options());
+    for (int64_t k = 0; k < t; ++k) {
+      const ShardBox box = ShardBox::packed_slice(p.box.global_shape, dim, parts, k, t);
+      for (const ShardPiece& piece : box.pieces()) {
+        const at::Tensor src = piece.of(out[k]);
+        piece.box.narrow(whole, src.sizes()).copy_(src);
+      }
+    }
+    return whole.to(local.device());
+  }
   int64_t dim = 0;
   while (local.size(dim) == p.box.global_shape[dim]) ++dim;  // the one split dimension
-  const int64_t t = size();
   std::vector<int64_t> gathered_shape = local.sizes().vec();
   gathered_shape.insert(gathered_shape.begin(), t);
   const at::Tensor here = local.to(group_->device()).contiguous();
@@ -521,9 +640,15 @@ at::Tensor TensorParallel::gather_whole(const std::string& param, const at::Tens
 std::string TensorParallel::describe() const {
   int64_t sharded = 0;
   for (const auto& [name, p] : placements_) sharded += p.replicated ? 0 : 1;
-  return "tensor parallel over " + std::to_string(size()) + " ranks (sequence parallel, " +
+  const std::string layout = activations_ == TpActivations::kWhole
+                                 ? "whole activations, no sequence parallelism, "
+                                 : "sequence parallel, ";
+  return "tensor parallel over " + std::to_string(size()) + " ranks (" + layout +
          std::to_string(sharded) + " of " + std::to_string(placements_.size()) +
-         " parameters sharded, loss parallel " + (loss_parallel_ ? "on" : "off") +
+         " parameters sharded" +
+         (activations_ == TpActivations::kWhole
+              ? std::string()
+              : std::string(", loss parallel ") + (loss_parallel_ ? "on" : "off")) +
          (split_moe_layers_ > 0 ? ", experts of " + std::to_string(split_moe_layers_) +
                                       " MoE layers split over tp (whole sequences routed)"
                                 : std::string()) +

@@ -23,6 +23,15 @@
 // w2 by columns; the shared experts likewise); the partial outputs are reduce-scattered back to
 // sequence shards.
 //
+// A model may keep activations whole between layers instead (Model::tensor_parallel_activations,
+// Megatron-LM without sequence parallelism: FLUX, whose double blocks cut the joint sequence into
+// its text and image streams): column-wise layers take the whole input and all-reduce its
+// gradient, row-wise layers all-reduce their output, and everything else runs whole on every rank
+// with whole gradients, except the head-local q/k norms. Biased layers split their bias with the
+// output features (column-wise) or add it once after the reduction (row-wise). A packed layer
+// (TpRule::parts: FLUX's fused q, k, v rows, its single block's [q, k, v, MLP] and [attention,
+// MLP]) keeps the same slice of every part, a packed ShardBox.
+//
 // Parameters keep their names; each rank holds a box of every sharded parameter (placements()),
 // so checkpoints load into any layout. FSDP composes on top (2D): it shards the TP-local tensors.
 #pragma once
@@ -36,6 +45,7 @@
 
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -53,12 +63,14 @@ class TensorParallel : public ParallelPiece {
   // Mean next-token cross-entropy of the model's output (vocab-sharded logits with loss parallel,
   // whole logits without), equal to lm_cross_entropy_loss on the whole logits.
   at::Tensor cross_entropy(const at::Tensor& logits, const at::Tensor& labels) const override;
-  bool splits_logits() const override { return true; }
+  // Sequence-sharded models end in a vocabulary-sharded head; whole activations end whole.
+  bool splits_logits() const override { return activations_ == TpActivations::kSequenceSharded; }
 
   const std::map<std::string, ParamPlacement>& placements() const { return placements_; }
   bool replicated(const std::string& param) const { return placements_.at(param).replicated; }
-  // Sums the gradients of replicated parameters over the group (in place; undefined ones are
-  // skipped, consistently on every rank). `grads`: (parameter name, gradient tensor).
+  // Sums the partial gradients of replicated parameters over the group (in place; undefined ones
+  // are skipped, consistently on every rank; whole ones, see TpActivations::kWhole, are left).
+  // `grads`: (parameter name, gradient tensor).
   void reduce_replicated_grads(const std::vector<std::pair<std::string, at::Tensor>>& grads) const;
 
   dist::Group& group() const { return *group_; }
@@ -86,9 +98,14 @@ class TensorParallel : public ParallelPiece {
   Model& model_;
   std::shared_ptr<dist::Group> group_;
   bool loss_parallel_;
+  TpActivations activations_;
   int64_t split_moe_layers_ = 0;
   int64_t vocab_start_ = 0;  // first vocabulary id of this rank's output slice
   std::map<std::string, ParamPlacement> placements_;
+  // Packed parameters: the split dimension and the sizes of the parts along it.
+  std::map<std::string, std::pair<int64_t, std::vector<int64_t>>> packed_;
+  // Replicated parameters whose gradients are whole on every rank (not summed).
+  std::set<std::string> whole_grads_;
   // The hooks this object added, removed again by the destructor.
   std::vector<std::pair<HookedModule*, const ForwardHook*>> installed_;
   std::vector<Linear*> vocab_sharded_;  // heads whose vocab_shard this instance set

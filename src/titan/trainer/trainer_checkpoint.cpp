@@ -65,6 +65,14 @@ int64_t state_int(const CheckpointReader& reader, const json& state, const std::
 // Steps and token counts: non-negative, and exact as doubles (the optimizer's step is one).
 constexpr int64_t kMaxCount = int64_t{1} << 53;
 
+// Appends `local` of tensor `name` at `box` to what a save writes: a packed box (tensor
+// parallelism of a packed layer) as its plain pieces, which the reader assembles again.
+void push_boxes(std::vector<SavedTensor>& tensors, const std::string& name, const at::Tensor& local,
+                const ShardBox& box) {
+  for (const ShardPiece& piece : box.pieces())
+    tensors.push_back({name, piece.of(local), piece.box});
+}
+
 // Parameters (and their optimizer state) as (name, tensor) with their boxes.
 StateEntry model_entry(std::vector<std::pair<std::string, at::Tensor>> params, LayoutFn layout,
                        OwnerFn owner) {
@@ -74,8 +82,7 @@ StateEntry model_entry(std::vector<std::pair<std::string, at::Tensor>> params, L
   e.save = [params, layout, owner](std::vector<SavedTensor>& tensors, json&) {
     for (const auto& [name, t] : params) {
       if ((t.numel() == 0 && t.dim() > 0) || !owner(name)) continue;
-      const ShardBox box = layout(name);
-      tensors.push_back({name, t.detach(), box});
+      push_boxes(tensors, name, t.detach(), layout(name));
     }
   };
   e.load = [params, layout](const CheckpointReader& reader, const json&) {
@@ -109,8 +116,7 @@ StateEntry optimizer_entry(Optimizer& optimizer, LayoutFn layout, OwnerFn owner)
   e.save = [&optimizer, layout, owner, param_of](std::vector<SavedTensor>& tensors, json& state) {
     for (const auto& [name, t] : optimizer.state_tensors()) {
       if ((t.numel() == 0 && t.dim() > 0) || !owner(param_of(name))) continue;
-      const ShardBox box = layout(param_of(name));
-      tensors.push_back({"optimizer." + name, t, box});
+      push_boxes(tensors, "optimizer." + name, t, layout(param_of(name)));
     }
     state["step_count"] = optimizer.step_count();
   };
@@ -199,7 +205,7 @@ StateEntry outer_momentum_entry(std::vector<std::pair<std::string, at::Tensor>> 
   e.name = "ft_outer";
   e.save = [buffers, layout, owner](std::vector<SavedTensor>& tensors, json&) {
     for (const auto& [name, t] : buffers) {
-      if (owner(name)) tensors.push_back({"ft_outer." + name + ".momentum", t, layout(name)});
+      if (owner(name)) push_boxes(tensors, "ft_outer." + name + ".momentum", t, layout(name));
     }
   };
   e.load = [buffers, layout](const CheckpointReader& reader, const json&) {

@@ -109,6 +109,13 @@ class Sampler {
 
 void init_box(at::Tensor& dst, const ParamInit& init, uint64_t seed, const std::string& name,
               const ShardBox& box) {
+  if (box.packed()) {
+    for (const ShardPiece& piece : box.pieces()) {
+      at::Tensor part = piece.of(dst);
+      init_box(part, init, seed, name, piece.box);
+    }
+    return;
+  }
   const int64_t n = dst.dim();
   TITAN_CHECK(static_cast<int64_t>(box.global_shape.size()) == n &&
                   static_cast<int64_t>(box.offsets.size()) == n,

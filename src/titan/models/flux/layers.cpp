@@ -10,11 +10,14 @@ namespace {
 
 constexpr double kNormEps = 1e-6;
 
-// Splits x (bs, len, 3 * heads * head_dim) into q, k, v, each (bs, heads, len, head_dim).
-std::vector<at::Tensor> split_qkv(const at::Tensor& qkv, int64_t num_heads) {
+// Splits x (bs, len, 3 * heads * head_dim) into q, k, v, each (bs, heads, len, head_dim). The
+// heads are counted from the width: tensor parallelism hands a rank the q, k and v of its heads.
+std::vector<at::Tensor> split_qkv(const at::Tensor& qkv, int64_t head_dim) {
   const int64_t bs = qkv.size(0), len = qkv.size(1);
+  TITAN_CHECK(qkv.size(2) % (3 * head_dim) == 0, "flux: q, k, v of width ", qkv.size(2),
+              " are not whole heads of ", head_dim);
   // (bs, len, 3, heads, head_dim) -> (3, bs, heads, len, head_dim)
-  const at::Tensor parts = qkv.reshape({bs, len, 3, num_heads, -1}).permute({2, 0, 3, 1, 4});
+  const at::Tensor parts = qkv.reshape({bs, len, 3, -1, head_dim}).permute({2, 0, 3, 1, 4});
   return {parts[0], parts[1], parts[2]};
 }
 
@@ -122,8 +125,7 @@ at::Tensor joint_attention(const at::Tensor& q, const at::Tensor& k, const at::T
 
 DoubleStreamBlock::DoubleStreamBlock(int64_t hidden, int64_t num_heads, int64_t mlp_hidden,
                                      at::ScalarType compute_dtype)
-    : num_heads(num_heads) {
-  const int64_t head_dim = hidden / num_heads;
+    : num_heads(num_heads), head_dim(hidden / num_heads) {
   img_mod = register_module("img_mod", std::make_shared<Modulation>(hidden, true, compute_dtype));
   img_attn = register_module("img_attn",
                              std::make_shared<StreamAttention>(hidden, head_dim, compute_dtype));
@@ -147,7 +149,7 @@ at::Tensor DoubleStreamBlock::forward(const at::Tensor& x, int64_t txt_len, cons
   const auto project = [&](StreamAttention& attn, const at::Tensor& stream,
                            const ModulationOut& mod) {
     std::vector<at::Tensor> qkv =
-        split_qkv(attn.qkv->forward(modulate(plain_layer_norm(stream), mod)), num_heads);
+        split_qkv(attn.qkv->forward(modulate(plain_layer_norm(stream), mod)), head_dim);
     const at::ScalarType dtype = qkv[2].scalar_type();
     qkv[0] = attn.norm->query_norm->forward(qkv[0]).to(dtype);
     qkv[1] = attn.norm->key_norm->forward(qkv[1]).to(dtype);
@@ -172,7 +174,7 @@ at::Tensor DoubleStreamBlock::forward(const at::Tensor& x, int64_t txt_len, cons
 
 SingleStreamBlock::SingleStreamBlock(int64_t hidden, int64_t num_heads, int64_t mlp_hidden,
                                      at::ScalarType compute_dtype)
-    : num_heads(num_heads), mlp_hidden(mlp_hidden) {
+    : num_heads(num_heads), hidden(hidden), mlp_hidden(mlp_hidden) {
   linear1 = register_module(
       "linear1", std::make_shared<BiasedLinear>(hidden, 3 * hidden + mlp_hidden, compute_dtype));
   linear2 = register_module(
@@ -186,13 +188,19 @@ at::Tensor SingleStreamBlock::forward(const at::Tensor& x, const at::Tensor& vec
                                       const FluxRope& rope) {
   const ModulationOut mod = modulation->forward(vec)[0];
   const at::Tensor joint = linear1->forward(modulate(plain_layer_norm(x), mod));
-  const int64_t qkv_width = joint.size(-1) - mlp_hidden;
-  std::vector<at::Tensor> qkv = split_qkv(joint.narrow(-1, 0, qkv_width), num_heads);
+  // Tensor parallelism gives a rank the same share (1 / split) of each of linear1's parts.
+  const int64_t width = 3 * hidden + mlp_hidden;
+  TITAN_CHECK(width % joint.size(-1) == 0, "flux: linear1 gives ", joint.size(-1),
+              " features, not a share of ", width);
+  const int64_t split = width / joint.size(-1);
+  const int64_t mlp_width = mlp_hidden / split;
+  const int64_t qkv_width = joint.size(-1) - mlp_width;
+  std::vector<at::Tensor> qkv = split_qkv(joint.narrow(-1, 0, qkv_width), hidden / num_heads);
   const at::ScalarType dtype = qkv[2].scalar_type();
   const at::Tensor q = apply_flux_rope(norm->query_norm->forward(qkv[0]).to(dtype), rope);
   const at::Tensor k = apply_flux_rope(norm->key_norm->forward(qkv[1]).to(dtype), rope);
   const at::Tensor attn = joint_attention(q, k, qkv[2]);
-  const at::Tensor mlp = at::gelu(joint.narrow(-1, qkv_width, mlp_hidden), "tanh");
+  const at::Tensor mlp = at::gelu(joint.narrow(-1, qkv_width, mlp_width), "tanh");
   return x + mod.gate * linear2->forward(at::cat({attn, mlp}, -1));
 }
 

@@ -101,7 +101,7 @@ class DoubleStreamBlock : public torch::nn::Module {
   std::shared_ptr<Modulation> img_mod, txt_mod;
   std::shared_ptr<StreamAttention> img_attn, txt_attn;
   std::shared_ptr<StreamMlp> img_mlp, txt_mlp;
-  int64_t num_heads;
+  int64_t num_heads, head_dim;
 };
 
 // One joint sequence: linear1 gives q, k, v and the MLP's input at once; linear2 maps
@@ -116,7 +116,7 @@ class SingleStreamBlock : public torch::nn::Module {
   std::shared_ptr<QKNorm> norm;
   std::shared_ptr<Modulation> modulation;
   int64_t num_heads;
-  int64_t mlp_hidden;
+  int64_t hidden, mlp_hidden;
 };
 
 // Adaptive LayerNorm (shift, scale from SiLU(vec)) and the projection to the output channels.

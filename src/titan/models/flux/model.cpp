@@ -213,12 +213,41 @@ ModelStats FluxTransformer::stats(int64_t /*batch*/, int64_t /*seq_len*/) const 
 }
 
 std::string FluxTransformer::refuses(const std::string& parallelism) const {
-  if (parallelism == "pipeline" || parallelism == "tensor" || parallelism == "context") {
+  if (parallelism == "pipeline" || parallelism == "context") {
     return "the flux model does not take " + parallelism +
-           " parallelism yet. HINT: train it with data parallelism (FSDP, HSDP, DDP) and "
-           "activation checkpointing";
+           " parallelism yet. HINT: train it with data parallelism (FSDP, HSDP, DDP), tensor "
+           "parallelism and activation checkpointing";
   }
   return {};
+}
+
+std::vector<TpRule> FluxTransformer::tensor_parallel_plan() const {
+  const int64_t h = args_.hidden_size, m = args_.mlp_hidden_dim();
+  std::vector<TpRule> plan;
+  const auto head_local = [&plan](const std::string& attention) {
+    plan.push_back({attention + ".norm.query_norm", TpStyle::kHeadLocal});
+    plan.push_back({attention + ".norm.key_norm", TpStyle::kHeadLocal});
+  };
+  if (!double_blocks.empty()) {
+    for (const std::string stream : {"img", "txt"}) {
+      const std::string block = "double_blocks.*." + stream;
+      plan.push_back({block + "_attn.qkv", TpStyle::kColwise, {h, h, h}});
+      plan.push_back({block + "_attn.proj", TpStyle::kRowwise});
+      head_local(block + "_attn");
+      plan.push_back({block + "_mlp.0", TpStyle::kColwise});
+      plan.push_back({block + "_mlp.2", TpStyle::kRowwise});
+    }
+  }
+  if (!single_blocks.empty()) {
+    plan.push_back({"single_blocks.*.linear1", TpStyle::kColwise, {h, h, h, m}});
+    plan.push_back({"single_blocks.*.linear2", TpStyle::kRowwise, {h, m}});
+    head_local("single_blocks.*");
+  }
+  return plan;
+}
+
+std::vector<std::pair<std::string, int64_t>> FluxTransformer::tp_split_counts() const {
+  return {{"flux num_heads", args_.num_heads}};
 }
 
 }  // namespace titan::flux

@@ -43,6 +43,15 @@ class FluxTransformer : public Model {
   ModelStats stats(int64_t batch, int64_t seq_len) const override;
   std::vector<ModelUnit> units() const override;
   std::string refuses(const std::string& parallelism) const override;
+  // Tensor parallelism, Megatron-LM's split with whole activations between layers (the double
+  // block cuts the joint sequence into its streams): each stream's fused qkv column-wise by q, k
+  // and v parts (whole heads per rank), its proj row-wise, its MLP column- then row-wise; the
+  // single block's linear1 column-wise by [q, k, v, MLP input] and linear2 row-wise by
+  // [attention, MLP]; the q/k norms head-local; embedders, modulations and the final layer
+  // replicated (computed whole on every rank).
+  std::vector<TpRule> tensor_parallel_plan() const override;
+  TpActivations tensor_parallel_activations() const override { return TpActivations::kWhole; }
+  std::vector<std::pair<std::string, int64_t>> tp_split_counts() const override;
 
   const FluxArgs& args() const { return args_; }
 

@@ -1,0 +1,151 @@
+// FLUX's tensor parallelism on 2 ranks (threads) against the unsplit model: whole activations
+// between layers, the packed q/k/v and [q, k, v, MLP] / [attention, MLP] weights split part by
+// part, biases with their rows: the same velocity, the gradient of every box (head-local norms
+// summed over tp, whole ones not), and the whole parameters gathered back.
+#include "../distributed/multirank.h"
+
+#include "titan/models/flux/model.h"
+#include "titan/parallel/tensor_parallel.h"
+
+#include <gtest/gtest.h>
+
+namespace titan {
+namespace flux_tp_test {
+
+using flux::FluxArgs;
+using test::run_ranks;
+using test::run_ranks_collect;
+using flux::FluxTransformer;
+
+// Double and single blocks, guidance, heads of 8: q, k, v parts of 16 rows, an MLP part of 64.
+FluxArgs tiny_args() {
+  FluxArgs a;
+  a.in_channels = 8;
+  a.out_channels = 8;
+  a.vec_in_dim = 6;
+  a.context_in_dim = 10;
+  a.hidden_size = 16;
+  a.num_heads = 2;
+  a.depth = 1;
+  a.depth_single_blocks = 2;
+  a.axes_dim = {2, 2, 4};
+  a.guidance_embed = true;
+  return a;
+}
+
+// Every parameter random (the init's zero modulations would make each block the identity).
+std::shared_ptr<FluxTransformer> make_model() {
+  auto model = std::make_shared<FluxTransformer>(tiny_args());
+  at::NoGradGuard no_grad;
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(11);
+  for (auto& p : model->parameters()) p.normal_(0.0, 0.3, gen);
+  return model;
+}
+
+struct Batch {
+  at::Tensor img, target;
+  ForwardInputs inputs;
+};
+
+Batch make_batch() {
+  const FluxArgs a = tiny_args();
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(5);
+  const int64_t bs = 2, rows = 2, cols = 3, txt_len = 3;
+  Batch b;
+  b.img = at::randn({bs, rows * cols, a.in_channels}, gen);
+  b.target = at::randn({bs, rows * cols, a.out_channels}, gen);
+  const at::Tensor r = at::arange(rows, at::kFloat).view({rows, 1}).expand({rows, cols});
+  const at::Tensor c = at::arange(cols, at::kFloat).view({1, cols}).expand({rows, cols});
+  b.inputs.conditioning["img_ids"] = at::stack({at::zeros_like(r), r, c}, -1).view({-1, 3});
+  b.inputs.conditioning["txt_ids"] = at::zeros({txt_len, 3});
+  b.inputs.conditioning["txt"] = at::randn({bs, txt_len, a.context_in_dim}, gen);
+  b.inputs.conditioning["y"] = at::randn({bs, a.vec_in_dim}, gen);
+  b.inputs.conditioning["timesteps"] = at::rand({bs}, gen);
+  b.inputs.conditioning["guidance"] = at::full({bs}, 3.5);
+  return b;
+}
+
+at::Tensor mse(const at::Tensor& out, const at::Tensor& target) {
+  return (out - target).pow(2).mean();
+}
+
+void expect_close(const at::Tensor& got, const at::Tensor& want, const std::string& what) {
+  ASSERT_EQ(got.sizes(), want.sizes()) << what;
+  EXPECT_TRUE(at::allclose(got, want, 1e-4, 1e-6))
+      << what << ": max diff " << (got - want).abs().max().item<double>();
+}
+
+TEST(FluxTensorParallel, TwoRanksMatchOneProcess) {
+  const Batch batch = make_batch();
+  auto reference = make_model();
+  const at::Tensor want = reference->forward(batch.img, batch.inputs);
+  mse(want, batch.target).backward();
+  std::map<std::string, at::Tensor> params, grads;
+  for (const auto& item : reference->named_parameters()) {
+    params[item.key()] = item.value().detach();
+    grads[item.key()] = item.value().grad();
+  }
+
+  std::vector<std::shared_ptr<FluxTransformer>> models = {make_model(), make_model()};
+  run_ranks(2, [&](int rank, std::shared_ptr<dist::Group> world) {
+    FluxTransformer& model = *models[rank];
+    TensorParallel tp(model, world, /*loss_parallel=*/false);
+    EXPECT_FALSE(tp.splits_logits());
+    EXPECT_NE(tp.describe().find("whole activations"), std::string::npos) << tp.describe();
+
+    // The packed layers hold slice `rank` of every part.
+    const auto& qkv = tp.placements().at("double_blocks.0.img_attn.qkv.weight").box;
+    ASSERT_TRUE(qkv.packed());
+    EXPECT_EQ(qkv.runs.size(), 3u);
+    EXPECT_EQ(qkv.runs[1].start, 16 + rank * 8);
+    const auto& linear1 = tp.placements().at("single_blocks.0.linear1.weight").box;
+    ASSERT_TRUE(linear1.packed());
+    EXPECT_EQ(linear1.runs.back().start, 48 + rank * 32);
+    EXPECT_EQ(linear1.runs.back().length, 32);
+    const auto& linear2 = tp.placements().at("single_blocks.1.linear2.weight").box;
+    ASSERT_TRUE(linear2.packed());
+    EXPECT_EQ(linear2.packed_dim, 1);
+    EXPECT_FALSE(tp.replicated("single_blocks.0.linear1.bias.weight"));
+    EXPECT_TRUE(tp.replicated("single_blocks.0.linear2.bias.weight"));
+    EXPECT_TRUE(tp.replicated("double_blocks.0.img_mod.lin.weight"));
+    EXPECT_TRUE(tp.replicated("single_blocks.0.norm.key_norm.weight"));
+
+    const at::Tensor out = model.forward(batch.img, batch.inputs);
+    expect_close(out, want, "velocity on rank " + std::to_string(rank));
+    mse(out, batch.target).backward();
+    NamedTensors local_grads;
+    for (const auto& item : model.named_parameters()) {
+      local_grads.emplace_back(item.key(), item.value().grad());
+    }
+    tp.reduce_replicated_grads(local_grads);
+    for (const auto& [name, g] : local_grads) {
+      const ParamPlacement& p = tp.placements().at(name);
+      expect_close(g, p.box.narrow(grads.at(name), g.sizes()),
+                   name + " gradient on rank " + std::to_string(rank));
+    }
+    for (const auto& item : model.named_parameters()) {
+      expect_close(tp.gather_whole(item.key(), item.value().detach()), params.at(item.key()),
+                   item.key() + " gathered on rank " + std::to_string(rank));
+    }
+  });
+}
+
+// A part that does not divide is refused naming the layer and the arithmetic.
+TEST(FluxTensorParallel, RefusesPartsThatDoNotDivide) {
+  // q, k and v parts of 16 rows over 3 ranks.
+  std::vector<std::shared_ptr<FluxTransformer>> models;
+  for (int r = 0; r < 3; ++r) models.push_back(std::make_shared<FluxTransformer>(tiny_args()));
+  const std::vector<std::string> errors =
+      run_ranks_collect(3, [&](int rank, std::shared_ptr<dist::Group> world) {
+        TensorParallel tp(*models[rank], world, false);
+      });
+  for (const std::string& e : errors) {
+    EXPECT_NE(e.find("double_blocks.0.img_attn.qkv.weight has 16 output features in part 0, not "
+                     "divisible by tensor_parallel_degree 3 (16 % 3 = 1)"),
+              std::string::npos)
+        << e;
+  }
+}
+
+}  // namespace flux_tp_test
+}  // namespace titan
