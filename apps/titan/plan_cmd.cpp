@@ -316,8 +316,8 @@ int run_plan(const std::vector<std::string>& args) {
         "titan plan's cost and memory models are a text decoder's; the ",
         spec.objective == ModelObjective::kFlowMatching ? "flow-matching" : "vision-language",
         " model '", spec.name,
-        "' has none yet. HINT: train it "
-        "with FSDP, HSDP or DDP over the devices (its only parallelisms)"));
+        "' has none yet. HINT: lay it out by hand: data parallelism (FSDP, HSDP, DDP) and "
+        "tensor parallelism, with activation checkpointing"));
   }
   request.nodes = f.nodes;
   request.gpus_per_node =

@@ -45,9 +45,9 @@ cat "$WORK/out" | grep "bit for bit"
 echo "PASS test_flux (diffusers and transformers references)"
 
 # Training (flow matching on the procedural shapes, training.test_mode: random encoders): the
-# debug model's loss falls; FSDP 2, DDP 2, TP 2 and FSDP 2 x TP 2 reproduce the one-process run
-# (losses, validation losses, final parameters); resumed runs reproduce the steps after their
-# checkpoint, across layouts; refusals.
+# debug model's loss falls; FSDP 2, DDP 2, TP 2, FSDP 2 x TP 2 and HSDP 2 x 2 reproduce the
+# one-process run (losses, validation losses, final parameters); resumed runs reproduce the steps
+# after their checkpoint, across layouts; refusals.
 # The training runs choose their own threads (cores / local ranks): the references' two threads
 # per process would oversubscribe the cores under `titan run`.
 unset OMP_NUM_THREADS
@@ -107,6 +107,10 @@ same_as_one tp2
 train_run fsdp2_tp2 4 "${short[@]}" --training.local_batch_size 4 --validation.local_batch_size 4 \
   "${tp[@]}" --parallelism.data_parallel_shard_degree 2 --activation_checkpoint.mode full
 same_as_one fsdp2_tp2
+train_run hsdp4 4 "${short[@]}" --training.local_batch_size 2 --validation.local_batch_size 2 \
+  --parallelism.data_parallel_replicate_degree 2 --parallelism.data_parallel_shard_degree 2
+grep -q "HSDP: sharded over 2 ranks, replicated 2x" "$WORK/hsdp4.log" || fail "no HSDP line"
+same_as_one hsdp4
 for resume in "one tp2_resumed 2" "fsdp2_tp2 one_resumed 1"; do
   read -r from name ranks <<<"$resume"
   mkdir -p "$WORK/$name/checkpoint"
