@@ -124,6 +124,22 @@ for resume in "one tp2_resumed 2" "fsdp2_tp2 one_resumed 1"; do
   grep -q "resuming training after step 5" "$WORK/$name.log" || fail "$name did not resume"
   same_values one_tail "$name" loss 1e-6
 done
+# The diffusers folder written at the end of a TP 2 run (its packed weights gathered whole) holds
+# the one process's tensors.
+hf=("${cfg[@]}" --training.steps 3 --debug.seed 7 --training.global_batch_size 8
+  --training.local_batch_size 8 --checkpoint.enable true --checkpoint.interval 3
+  --checkpoint.last_save_in_hf true --checkpoint.last_save_model_only true)
+train_run hf_one 1 "${hf[@]}"
+train_run hf_tp2 2 "${hf[@]}" "${tp[@]}" --parallelism.data_parallel_shard_degree 1
+expect_exit 0 "$PY" -c "
+import sys
+from safetensors.torch import load_file
+a, b = (load_file(f'{sys.argv[1]}/{r}/checkpoint/step-3-hf/model.safetensors') for r in ('hf_one', 'hf_tp2'))
+assert a.keys() == b.keys() and len(a) > 100, (len(a), len(b))
+err = max((a[k] - b[k]).abs().max().item() for k in a)
+assert err < 1e-6, err
+print(f'diffusers folder of TP 2 == one process: {len(a)} tensors within {err:.1e}')" "$WORK"
+cat "$WORK/out"
 expect_exit 2 "$TITAN" run --nproc_per_node 3 -- train "${short[@]}" --job.dump_folder "$WORK/x" \
   --parallelism.tensor_parallel_degree 3
 grep -q "flux num_heads 4 is not divisible by tensor_parallel_degree 3 (4 % 3 = 1)" "$WORK/out" ||
