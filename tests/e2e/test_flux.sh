@@ -169,6 +169,9 @@ expect_exit 2 "$TITAN" train "${cfg[@]}" --job.dump_folder "$WORK/x" --training.
 grep -q 'training.dataset = "shapes"' "$WORK/out" || fail "a text dataset not refused"
 expect_exit 2 "$TITAN" train "${cfg[@]}" --job.dump_folder "$WORK/x" --training.img_size 40
 grep -q "multiple of 16" "$WORK/out" || fail "img_size 40 not refused"
+expect_exit 2 "$TITAN" train "${cfg[@]}" --job.dump_folder "$WORK/x" --model.converters lora
+grep -q "the flux model has none; its LoRA is not supported yet" "$WORK/out" ||
+  fail "LoRA on flux not refused"
 
 # Pretrained encoders (training.test_mode = false), loaded as TorchTitan loads them: T5 from a
 # diffusers FLUX folder (a whole T5 whose decoder is left out, its tokenizer the tokenizer_2

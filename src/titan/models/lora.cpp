@@ -236,6 +236,16 @@ nlohmann::json base_description(nlohmann::json description) {
 
 LoraApplied apply_lora(Model& model, const LoraSpec& spec, const nlohmann::json& description) {
   const ModelSpec& model_spec = spec_for_description(description);
+  bool has_blocks = false;
+  for (const auto& item : model.named_modules("", /*include_self=*/false)) {
+    has_blocks = has_blocks || item.key().rfind("layers.", 0) == 0;
+  }
+  TITAN_CONFIG_CHECK(has_blocks || model_spec.objective == ModelObjective::kNextToken,
+                     "LoRA adapts the linear layers of a decoder's transformer blocks "
+                     "(layers.N), and the ",
+                     model_spec.name,
+                     " model has none; its LoRA is not supported yet. HINT: fine-tune it "
+                     "without model.converters \"lora\"");
   const bool all = std::find(spec.target_modules.begin(), spec.target_modules.end(), kAllLinear) !=
                    spec.target_modules.end();
   std::set<std::string> unmatched(spec.target_modules.begin(), spec.target_modules.end());
