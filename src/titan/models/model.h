@@ -95,6 +95,9 @@ enum class TpStyle {
                       // linear attention, whose recurrence needs whole sequences)
   kHeadLocal,         // weight replicated; runs on this rank's heads (the q/k norms of an
                       // attention whose projections are split): its gradient is partial over tp
+  kColwiseGathered,   // weight rows sharded, the whole input in, the output all-gathered on the
+                      // feature dim (TpActivations::kWhole: a layer whose weight is large and
+                      // whose output small, FLUX's modulations); a bias stays whole
 };
 struct TpRule {
   std::string module;  // FQN; "*" matches one component ("layers.*.attention.wq")
@@ -111,8 +114,8 @@ enum class TpActivations {
   kSequenceSharded,
   // Whole on every rank (Megatron-LM without sequence parallelism): a column-wise layer takes
   // the whole input (its input gradient all-reduced), a row-wise layer's output is all-reduced;
-  // replicated weights compute whole gradients, except kHeadLocal ones. Only kColwise, kRowwise
-  // and kHeadLocal rules apply.
+  // replicated weights compute whole gradients, except kHeadLocal ones. Only kColwise, kRowwise,
+  // kColwiseGathered and kHeadLocal rules apply.
   kWhole,
 };
 

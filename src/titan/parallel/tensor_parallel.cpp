@@ -252,6 +252,19 @@ class WholeColwiseHook : public ForwardHook {
   dist::Group* g_;
 };
 
+// A gathered column-wise layer: its rows' outputs all-gathered (the gradient beyond is whole on
+// every rank; backward keeps this rank's slice), its input gradient all-reduced.
+class WholeColwiseGatheredHook : public ForwardHook {
+ public:
+  explicit WholeColwiseGatheredHook(dist::Group* g) : g_(g) {}
+  at::Tensor run(HookedModule&, const at::Tensor& x, const ForwardBody& body) override {
+    return AllGatherLastDim::apply(body(CopyToGroup::apply(x, g_)), g_);
+  }
+
+ private:
+  dist::Group* g_;
+};
+
 class WholeRowwiseHook : public ForwardHook {
  public:
   explicit WholeRowwiseHook(dist::Group* g) : g_(g) {}
@@ -412,9 +425,12 @@ TensorParallel::TensorParallel(Model& model, std::shared_ptr<dist::Group> group,
   std::set<std::string> head_local;  // parameters of kHeadLocal modules
   for (const TpRule& rule : plan) {
     TITAN_CHECK(!whole || rule.style == TpStyle::kColwise || rule.style == TpStyle::kRowwise ||
-                    rule.style == TpStyle::kHeadLocal,
-                "tensor-parallel plan: with whole activations only column-wise, row-wise and "
-                "head-local rules apply (",
+                    rule.style == TpStyle::kColwiseGathered || rule.style == TpStyle::kHeadLocal,
+                "tensor-parallel plan: with whole activations only column-wise, row-wise, "
+                "gathered column-wise and head-local rules apply (",
+                rule.module, ")");
+    TITAN_CHECK(whole || rule.style != TpStyle::kColwiseGathered,
+                "tensor-parallel plan: gathered column-wise layers need whole activations (",
                 rule.module, ")");
     TITAN_CHECK(
         rule.parts.empty() || rule.style == TpStyle::kColwise || rule.style == TpStyle::kRowwise,
@@ -471,6 +487,13 @@ TensorParallel::TensorParallel(Model& model, std::shared_ptr<dist::Group> group,
           } else {
             install_hook(*hooked, std::make_shared<RowwiseHook>(group_.get()));
           }
+          break;
+        case TpStyle::kColwiseGathered:
+          // The bias is added to the gathered output (affine.h): whole, with a whole gradient.
+          shard(name, *layer, 0, "output features");
+          shard_adapter(name, layer, /*colwise=*/true);
+          float8_over_group(layer, std::nullopt, 0, 1);
+          install_hook(*hooked, std::make_shared<WholeColwiseGatheredHook>(group_.get()));
           break;
         case TpStyle::kHeadLocal:
           for (const auto& item : module->named_parameters()) {

@@ -13,9 +13,9 @@ namespace titan {
 namespace flux_tp_test {
 
 using flux::FluxArgs;
+using flux::FluxTransformer;
 using test::run_ranks;
 using test::run_ranks_collect;
-using flux::FluxTransformer;
 
 // Double and single blocks, guidance, heads of 8: q, k, v parts of 16 rows, an MLP part of 64.
 FluxArgs tiny_args() {
@@ -107,7 +107,12 @@ TEST(FluxTensorParallel, TwoRanksMatchOneProcess) {
     EXPECT_EQ(linear2.packed_dim, 1);
     EXPECT_FALSE(tp.replicated("single_blocks.0.linear1.bias.weight"));
     EXPECT_TRUE(tp.replicated("single_blocks.0.linear2.bias.weight"));
-    EXPECT_TRUE(tp.replicated("double_blocks.0.img_mod.lin.weight"));
+    EXPECT_FALSE(tp.replicated("double_blocks.0.img_mod.lin.weight"));
+    EXPECT_EQ(tp.placements().at("double_blocks.0.img_mod.lin.weight").box.offsets[0],
+              rank * 48);  // 6 x 16 rows, a plain half
+    EXPECT_TRUE(tp.replicated("double_blocks.0.img_mod.lin.bias.weight"));
+    EXPECT_FALSE(tp.replicated("final_layer.adaLN_modulation.1.weight"));
+    EXPECT_TRUE(tp.replicated("final_layer.linear.weight"));
     EXPECT_TRUE(tp.replicated("single_blocks.0.norm.key_norm.weight"));
 
     const at::Tensor out = model.forward(batch.img, batch.inputs);

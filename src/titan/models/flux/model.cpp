@@ -236,13 +236,17 @@ std::vector<TpRule> FluxTransformer::tensor_parallel_plan() const {
       head_local(block + "_attn");
       plan.push_back({block + "_mlp.0", TpStyle::kColwise});
       plan.push_back({block + "_mlp.2", TpStyle::kRowwise});
+      plan.push_back({block + "_mod.lin", TpStyle::kColwiseGathered});
     }
   }
   if (!single_blocks.empty()) {
     plan.push_back({"single_blocks.*.linear1", TpStyle::kColwise, {h, h, h, m}});
     plan.push_back({"single_blocks.*.linear2", TpStyle::kRowwise, {h, m}});
     head_local("single_blocks.*");
+    plan.push_back({"single_blocks.*.modulation.lin", TpStyle::kColwiseGathered});
   }
+  // The modulations' weights are a quarter of FLUX.1's; their outputs are one vector per sample.
+  plan.push_back({"final_layer.adaLN_modulation.1", TpStyle::kColwiseGathered});
   return plan;
 }
 

@@ -47,8 +47,9 @@ class FluxTransformer : public Model {
   // block cuts the joint sequence into its streams): each stream's fused qkv column-wise by q, k
   // and v parts (whole heads per rank), its proj row-wise, its MLP column- then row-wise; the
   // single block's linear1 column-wise by [q, k, v, MLP input] and linear2 row-wise by
-  // [attention, MLP]; the q/k norms head-local; embedders, modulations and the final layer
-  // replicated (computed whole on every rank).
+  // [attention, MLP]; the q/k norms head-local; the modulations (a quarter of the weights)
+  // column-wise with their small outputs all-gathered; the embedders and the final layer's
+  // projection replicated (computed whole on every rank).
   std::vector<TpRule> tensor_parallel_plan() const override;
   TpActivations tensor_parallel_activations() const override { return TpActivations::kWhole; }
   std::vector<std::pair<std::string, int64_t>> tp_split_counts() const override;
