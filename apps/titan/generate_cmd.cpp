@@ -97,7 +97,8 @@ FlagTable generate_flags(GenerateOptions& opts) {
   flags
       .value("--checkpoint", "PATH",
              "a titan checkpoint (a step-N folder, or the checkpoint folder: its\n"
-             "latest complete step) or a Hugging Face model folder",
+             "latest complete step), a Hugging Face model folder, or a diffusers\n"
+             "FluxPipeline folder (FLUX.1-dev, FLUX.1-schnell)",
              text(opts.checkpoint))
       .value("--prompt", "TEXT", "text to continue; encoded with the tokenizer after a BOS token",
              optional_text(opts.prompt))
@@ -263,9 +264,10 @@ JobConfig recorded_job_config(const std::string& toml, const std::string& source
 }
 
 // An image for --prompt from a FLUX transformer, written to --output as a PNG.
+// `shift`: the shifted schedule (all but flux-schnell).
 int generate_image(const GenerateOptions& opts, Model& model, const std::string& description,
                    const std::string& tokenizer_path, const JobConfig& config,
-                   const std::string& flavor, const at::Device& device) {
+                   const std::string& flavor, bool shift, const at::Device& device) {
   TITAN_CONFIG_CHECK(!opts.output.empty(), "an image model writes a PNG: give --output PATH");
   TITAN_CONFIG_CHECK(opts.prompt.has_value(),
                      "an image model takes --prompt TEXT (a caption), "
@@ -290,7 +292,7 @@ int generate_image(const GenerateOptions& opts, Model& model, const std::string&
   o.steps = opts.steps;
   o.cfg_scale = opts.guidance_scale;
   o.guidance = opts.guidance;
-  o.shift = flavor != "flux-schnell";
+  o.shift = shift;
   o.seed = opts.generation.sampler.seed;
   std::fprintf(stderr, "generate: %s on %s; %s; %lld steps, guidance scale %g, %lldpx\n",
                description.c_str(), device.str().c_str(), encoders.describe().c_str(),
@@ -325,8 +327,13 @@ int run_generate(const std::vector<std::string>& args) {
   std::string tokenizer_path;
   std::string model_name = opts.model_name;
   std::string job_config_toml;
+  // A diffusers FluxPipeline folder: the transformer from its transformer/ folder, the encoders
+  // and the schedule from the rest.
+  const std::optional<FluxPipelineFolder> pipeline =
+      opts.checkpoint.empty() ? std::nullopt : read_flux_pipeline(opts.checkpoint);
   if (!opts.checkpoint.empty()) {
-    ckpt::LoadedModel loaded = ckpt::load_model(opts.checkpoint, dtype, opts.max_seq_len);
+    ckpt::LoadedModel loaded = ckpt::load_model(pipeline ? pipeline->transformer : opts.checkpoint,
+                                                dtype, opts.max_seq_len);
     model = loaded.model;
     description = loaded.model_name + " " + loaded.flavor + " from " + loaded.source;
     tokenizer_path = loaded.tokenizer_path;
@@ -348,9 +355,14 @@ int run_generate(const std::vector<std::string>& args) {
       select_device(opts.device, /*local_rank=*/0, /*local_world_size=*/1, "--device");
   if (!device.is_cpu()) model->to(device);  // parameters and buffers (RoPE tables)
   if (get_model_spec(model_name).objective == ModelObjective::kFlowMatching) {
+    if (pipeline) {
+      return generate_image(opts, *model, description, tokenizer_path, pipeline->config, "custom",
+                            pipeline->shift, device);
+    }
     const JobConfig config = recorded_job_config(job_config_toml, opts.checkpoint);
     const std::string flavor = opts.checkpoint.empty() ? opts.flavor : config.model.flavor;
-    return generate_image(opts, *model, description, tokenizer_path, config, flavor, device);
+    return generate_image(opts, *model, description, tokenizer_path, config, flavor,
+                          flavor != "flux-schnell", device);
   }
   // After the cast and the move: packing makes the projections views of one matrix each.
   const InferencePreparation prepared = prepare_for_inference(*model);

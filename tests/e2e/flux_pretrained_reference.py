@@ -11,6 +11,13 @@ tests/e2e/test_flux.sh with the project's Python).
         OUT_DIR/clip                  a whole CLIPModel (the vision tower must be left out),
                                       hidden 64, with CLIP's vocab.json + merges.txt beside it
         OUT_DIR/images                6 PNGs with captions.jsonl (capitals, accents, long ones)
+  flux_pretrained_reference.py pipeline OUT_DIR PIPE_DIR PROMPT SEED STEPS
+      diffusers FluxPipeline folders made of those encoders, tokenizers and autoencoder with a
+      tiny random transformer: PIPE_DIR/dev (guidance embedding, dynamically shifted schedule,
+      T5 length 512) and PIPE_DIR/schnell (neither, T5 length 256); and what FluxPipeline draws
+      for PROMPT at 64x64 in STEPS steps from the noise torch.randn((1, 16, 8, 8)) of a CPU
+      generator seeded with SEED: PIPE_DIR/dev.png (guidance 3.5, true_cfg_scale 2 against the
+      empty prompt) and PIPE_DIR/schnell.png (no guidance).
   flux_pretrained_reference.py check OUT_DIR ENCODED_DIR T5_LEN
       `titan flux encode`'s first shard against the references: T5 features of
       T5Tokenizer(caption, max_length=T5_LEN, padding="max_length", truncation=True) through
@@ -96,6 +103,63 @@ def write(corpus, out):
     return 0
 
 
+# Sized so that the prompt, classifier-free guidance and the guidance embedding each move most
+# pixels (test_flux.sh checks that a changed prompt does).
+VAE_GAIN = 12.0
+TRANSFORMER_STD = 0.25
+
+
+def pipeline(out, pipe_dir, prompt, seed, steps):
+    from diffusers import (AutoencoderKL, FlowMatchEulerDiscreteScheduler, FluxPipeline,
+                           FluxTransformer2DModel)
+    from transformers import CLIPTextModel, CLIPTokenizer, T5EncoderModel, T5Tokenizer
+    clip_dir = os.path.join(out, "clip")
+    vae = AutoencoderKL.from_pretrained(os.path.join(out, "FLUX", "vae")).eval()
+    # The random decoder's output barely varies; widened, the pixels show what the transformer
+    # did (a small change of its prediction moves many of them).
+    with torch.no_grad():
+        vae.decoder.conv_out.weight.mul_(VAE_GAIN)
+        vae.decoder.conv_out.bias.zero_()
+    parts = dict(
+        vae=vae,
+        text_encoder=CLIPTextModel.from_pretrained(clip_dir).eval(),
+        tokenizer=CLIPTokenizer(os.path.join(clip_dir, "vocab.json"),
+                                os.path.join(clip_dir, "merges.txt"), model_max_length=77),
+        text_encoder_2=T5EncoderModel.from_pretrained(
+            os.path.join(out, "FLUX", "text_encoder_2")).eval(),
+        tokenizer_2=T5Tokenizer.from_pretrained(os.path.join(out, "FLUX", "tokenizer_2")),
+    )
+    noise = torch.randn((1, 16, 8, 8), generator=torch.Generator().manual_seed(seed))
+    # diffusers' packing: 2 x 2 patches of the latent channels, row-major.
+    latents = noise.view(1, 16, 4, 2, 4, 2).permute(0, 2, 4, 1, 3, 5).reshape(1, 16, 64)
+    for name, guidance in (("dev", True), ("schnell", False)):
+        torch.manual_seed(10 + guidance)
+        transformer = FluxTransformer2DModel(
+            patch_size=1, in_channels=64, num_layers=1, num_single_layers=1,
+            attention_head_dim=16, num_attention_heads=2, joint_attention_dim=64,
+            pooled_projection_dim=64, guidance_embeds=guidance, axes_dims_rope=(4, 6, 6)).eval()
+        with torch.no_grad():
+            for p in transformer.parameters():
+                p.normal_(0.0, TRANSFORMER_STD)
+        scheduler = FlowMatchEulerDiscreteScheduler(
+            shift=3.0 if guidance else 1.0, use_dynamic_shifting=guidance, base_shift=0.5,
+            max_shift=1.15, base_image_seq_len=256, max_image_seq_len=4096)
+        pipe = FluxPipeline(scheduler=scheduler, transformer=transformer, **parts)
+        pipe.save_pretrained(os.path.join(pipe_dir, name))
+        extra = dict(guidance_scale=3.5, true_cfg_scale=2.0, negative_prompt="") if guidance \
+            else dict(guidance_scale=0.0)
+        with torch.no_grad():
+            image = pipe(prompt, height=64, width=64, num_inference_steps=steps,
+                         latents=latents.clone(), max_sequence_length=512 if guidance else 256,
+                         output_type="np", **extra).images[0]
+        pixels = (image * 255).round().astype(np.uint8)
+        Image.fromarray(pixels).save(os.path.join(pipe_dir, name + ".png"))
+        inside = float(((pixels > 0) & (pixels < 255)).mean())
+        print(f"FluxPipeline {name}: 64x64, {steps} steps, {inside:.0%} of the values unclipped, "
+              f"std {pixels.std():.1f}")
+    return 0
+
+
 def check(out, encoded, t5_len):
     from diffusers import AutoencoderKL
     from transformers import CLIPTextModel, CLIPTokenizer, T5EncoderModel, T5Tokenizer
@@ -140,4 +204,7 @@ def check(out, encoded, t5_len):
 if __name__ == "__main__":
     if sys.argv[1] == "write":
         sys.exit(write(sys.argv[2], sys.argv[3]))
+    if sys.argv[1] == "pipeline":
+        sys.exit(pipeline(sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5]),
+                          int(sys.argv[6])))
     sys.exit(check(sys.argv[2], sys.argv[3], int(sys.argv[4])))

@@ -215,4 +215,48 @@ expect_exit 2 "$TITAN" train "${pre[@]}" --job.dump_folder "$WORK/x" \
   --encoder.clip_encoder "$WORK/pre/FLUX/vae"
 grep -q "encoder.clip_encoder: '$WORK/pre/FLUX/vae' holds no tokenizer" "$WORK/out" ||
   fail "an encoder folder without a tokenizer not refused"
+
+# A diffusers FluxPipeline folder (as FLUX.1-dev and -schnell are published) samples as
+# diffusers' FluxPipeline does: the same PNG from the same noise (torch.randn of a CPU generator
+# seeded alike) for a guidance-distilled model with a shifted schedule and classifier-free
+# guidance against the empty prompt, and for a schnell-like one. A changed prompt moves most
+# pixels, so the agreement is the transformer's too.
+prompt="A Red Square, at the top"
+expect_exit 0 "$PY" "$(dirname "$0")/flux_pretrained_reference.py" pipeline "$WORK/pre" \
+  "$WORK/pipe" "$prompt" 5 4
+grep "^FluxPipeline" "$WORK/out"
+pipe_gen() {  # VARIANT OUTPUT PROMPT [FLAGS...]
+  local variant="$1" output="$2" text="$3"; shift 3
+  expect_exit 0 "$TITAN" generate --checkpoint "$WORK/pipe/$variant" --prompt "$text" --seed 5 \
+    --steps 4 --img_size 64 --output "$WORK/pipe/$output.png" "$@"
+}
+pipe_gen dev ours_dev "$prompt" --guidance 3.5 --guidance_scale 2
+grep -q "T5 from $WORK/pipe/dev/text_encoder_2, CLIP from $WORK/pipe/dev/text_encoder" \
+  "$WORK/out" || fail "the pipeline's encoders not used"
+pipe_gen schnell ours_schnell "$prompt"
+pipe_gen dev other_prompt "a green circle" --guidance 3.5 --guidance_scale 2
+expect_exit 0 "$PY" -c "
+import sys
+import numpy as np
+from PIL import Image
+png = lambda name: np.asarray(Image.open(f'{sys.argv[1]}/{name}.png').convert('RGB')).astype(int)
+for v in ('dev', 'schnell'):
+    d = np.abs(png(v) - png('ours_' + v))
+    print(f'{v}: titan vs FluxPipeline: max |diff| {d.max()}, {(d > 0).mean():.3%} of the values differ')
+    assert d.max() <= 1 and (d > 0).mean() < 0.005, v
+moved = (png('dev') != png('other_prompt')).mean()
+print(f'another prompt moves {moved:.0%} of the values')
+assert moved > 0.5, moved" "$WORK/pipe"
+cat "$WORK/out"
+# Pipelines the sampler does not draw are refused naming the reason.
+cp -r "$WORK/pipe/dev" "$WORK/pipe/karras"
+sed -i 's/"use_karras_sigmas": false/"use_karras_sigmas": true/' \
+  "$WORK/pipe/karras/scheduler/scheduler_config.json"
+expect_exit 2 "$TITAN" generate --checkpoint "$WORK/pipe/karras" --prompt x --output "$WORK/x.png"
+grep -q "use_karras_sigmas = true is a schedule titan's sampler does not draw" "$WORK/out" ||
+  fail "a Karras schedule not refused"
+sed -i 's/"FluxPipeline"/"StableDiffusionPipeline"/' "$WORK/pipe/karras/model_index.json"
+expect_exit 2 "$TITAN" generate --checkpoint "$WORK/pipe/karras" --prompt x --output "$WORK/x.png"
+grep -q "is a diffusers StableDiffusionPipeline pipeline; titan samples from FluxPipeline" \
+  "$WORK/out" || fail "another pipeline not refused"
 echo "PASS test_flux (training)"

@@ -4,6 +4,7 @@
 #include "titan/checkpoint/hf_folder.h"
 #include "titan/checkpoint/safetensors.h"
 #include "titan/common/check.h"
+#include "titan/common/file_io.h"
 #include "titan/components/tokenizer/tokenizer_files.h"
 #include "titan/models/encoders/load.h"
 
@@ -163,6 +164,93 @@ nlohmann::json flux_text_identity(const JobConfig& config) {
           {"t5_encoder", config.encoder.t5_encoder},
           {"clip_encoder", config.encoder.clip_encoder},
           {"autoencoder_path", config.encoder.autoencoder_path}};
+}
+
+namespace {
+
+nlohmann::json read_pipeline_json(const fs::path& path) {
+  const std::string text = read_regular_file(path.string(), "diffusers pipeline file");
+  try {
+    return nlohmann::json::parse(text);
+  } catch (const nlohmann::json::exception& e) {
+    throw DataError(path.string() + ": not valid JSON (" + e.what() + ")");
+  }
+}
+
+}  // namespace
+
+std::optional<FluxPipelineFolder> read_flux_pipeline(const std::string& dir) {
+  const fs::path root(dir);
+  std::error_code ec;
+  if (!fs::is_regular_file(root / "model_index.json", ec)) return std::nullopt;
+  const nlohmann::json index = read_pipeline_json(root / "model_index.json");
+  const std::string kind = index.is_object() ? index.value("_class_name", std::string()) : "";
+  if (kind != "FluxPipeline") {
+    throw ConfigError(
+        message("'", dir, "' is a diffusers ", kind.empty() ? std::string("(unnamed)") : kind,
+                " pipeline; titan samples from FluxPipeline folders (FLUX.1-dev, FLUX.1-schnell)"));
+  }
+  FluxPipelineFolder out;
+  const auto component = [&](const std::string& name) {
+    const fs::path path = root / name;
+    if (!fs::is_directory(path, ec)) {
+      throw ConfigError(message("the FluxPipeline folder '", dir, "' has no ", name,
+                                " folder (model_index.json lists the pipeline's parts: "
+                                "transformer, text_encoder, tokenizer, text_encoder_2, "
+                                "tokenizer_2, vae, scheduler)"));
+    }
+    return path.string();
+  };
+  out.transformer = component("transformer");
+  out.config.training.test_mode = false;
+  out.config.encoder.clip_encoder = component("text_encoder");
+  out.config.encoder.t5_encoder = component("text_encoder_2");
+  out.config.encoder.autoencoder_path = component("vae");
+  const nlohmann::json transformer = read_pipeline_json(fs::path(out.transformer) / "config.json");
+  const bool guidance = transformer.is_object() && transformer.value("guidance_embeds", false);
+  out.config.encoder.max_t5_encoding_len = guidance ? 512 : 256;
+  out.shift = guidance;
+  const fs::path scheduler = root / "scheduler" / "scheduler_config.json";
+  if (!fs::is_regular_file(scheduler, ec)) return out;
+  const nlohmann::json s = read_pipeline_json(scheduler);
+  const std::string where = scheduler.string();
+  const std::string cls = s.is_object() ? s.value("_class_name", std::string()) : "";
+  TITAN_CONFIG_CHECK(cls == "FlowMatchEulerDiscreteScheduler", where, ": the scheduler is ",
+                     cls.empty() ? std::string("unnamed") : cls,
+                     "; titan's sampler is FlowMatchEulerDiscreteScheduler's Euler steps");
+  const auto number = [&](const char* key, double fallback) {
+    const auto it = s.find(key);
+    return it != s.end() && it->is_number() ? it->get<double>() : fallback;
+  };
+  const auto flag = [&](const char* key) {
+    const auto it = s.find(key);
+    return it != s.end() && it->is_boolean() && it->get<bool>();
+  };
+  for (const char* key : {"use_karras_sigmas", "use_exponential_sigmas", "use_beta_sigmas",
+                          "invert_sigmas", "stochastic_sampling"}) {
+    TITAN_CONFIG_CHECK(!flag(key), where, ": ", key,
+                       " = true is a schedule titan's sampler does not draw");
+  }
+  TITAN_CONFIG_CHECK(s.value("time_shift_type", std::string("exponential")) == "exponential", where,
+                     ": time_shift_type must be \"exponential\" (black-forest-labs')");
+  TITAN_CONFIG_CHECK(number("shift_terminal", 0.0) == 0.0, where,
+                     ": shift_terminal is not drawn by titan's sampler");
+  out.shift = flag("use_dynamic_shifting");
+  if (out.shift) {
+    // black-forest-labs' line through (256 tokens, 0.5) and (4096 tokens, 1.15).
+    TITAN_CONFIG_CHECK(
+        number("base_image_seq_len", 256) == 256 && number("max_image_seq_len", 4096) == 4096 &&
+            number("base_shift", 0.5) == 0.5 && number("max_shift", 1.15) == 1.15,
+        where, ": dynamic shifting through (base_image_seq_len, base_shift) = (",
+        number("base_image_seq_len", 256), ", ", number("base_shift", 0.5),
+        ") and (max_image_seq_len, max_shift) = (", number("max_image_seq_len", 4096), ", ",
+        number("max_shift", 1.15), "); titan's sampler draws FLUX.1's (256, 0.5) and (4096, 1.15)");
+  } else {
+    TITAN_CONFIG_CHECK(number("shift", 1.0) == 1.0, where, ": a static shift of ",
+                       number("shift", 1.0),
+                       "; titan's sampler draws FLUX.1's dynamic shift or none (shift 1.0)");
+  }
+  return out;
 }
 
 }  // namespace titan

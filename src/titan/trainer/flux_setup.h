@@ -19,6 +19,7 @@
 #include <nlohmann/json.hpp>
 
 #include <memory>
+#include <optional>
 #include <string>
 
 namespace titan {
@@ -47,5 +48,24 @@ flux::FluxEncoders load_flux_encoders(const JobConfig& config, const std::string
 // What the captions' encodings depend on (test mode and the tokenizer, or the encoders' paths),
 // for the identity of precomputed encodings.
 nlohmann::json flux_text_identity(const JobConfig& config);
+
+// A diffusers FLUX pipeline folder (model_index.json naming FluxPipeline, as FLUX.1-dev and
+// FLUX.1-schnell are published): its transformer, text encoders, autoencoder and the schedule
+// its scheduler asks for.
+struct FluxPipelineFolder {
+  std::string transformer;  // FluxTransformer2DModel
+  // The [encoder] section (test_mode off) that loads text_encoder (CLIP), text_encoder_2 (T5),
+  // their tokenizer siblings and vae; max_t5_encoding_len as black-forest-labs' sampler takes
+  // for the model (512 with a guidance embedding, 256 without: schnell).
+  JobConfig config;
+  // FlowMatchEulerDiscreteScheduler with dynamic shifting (flux-dev: black-forest-labs' shifted
+  // schedule) or without a shift (flux-schnell).
+  bool shift = true;
+};
+
+// The pipeline at `dir`, or nullopt when `dir` has no model_index.json. ConfigError for another
+// pipeline class, a missing component folder, or a scheduler whose schedule the sampler does not
+// draw (the message names the setting).
+std::optional<FluxPipelineFolder> read_flux_pipeline(const std::string& dir);
 
 }  // namespace titan
