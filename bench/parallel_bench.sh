@@ -6,6 +6,8 @@
 # per step each rank spent blocked in collectives (communication not hidden behind compute) and
 # the peak memory of rank 0. A benchmark, not a test: it never fails on speed.
 #   bench/parallel_bench.sh [STEPS]
+#   MODEL=flux bench/parallel_bench.sh [STEPS]   # FLUX's debugmodel (FLAVOR=...: another), 64 px
+#                                                # shapes, 8 images a step; tokens are image tokens
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
@@ -19,6 +21,11 @@ common=(--job.config_file configs/llama3/debug_model.toml --model.flavor bench_s
   --training.seq_len 256 --training.global_batch_size 8 --training.steps "$steps"
   --validation.enable false --checkpoint.enable false --metrics.log_freq 1
   --lr_scheduler.warmup_steps 2)
+if [ "${MODEL:-llama3}" = flux ]; then
+  common=(--job.config_file configs/flux/debug_model.toml --model.flavor "${FLAVOR:-debugmodel}"
+    --training.global_batch_size 8 --training.steps "$steps" --validation.enable false
+    --checkpoint.enable false --metrics.log_freq 1 --lr_scheduler.warmup_steps 2)
+fi
 
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"  # mean_of, last_of
 

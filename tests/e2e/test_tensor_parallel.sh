@@ -25,7 +25,7 @@ for name in tp2 tp4 tp2_gathered_loss fsdp2_tp2 hsdp2x2_tp2 fsdp2_tp2_fused_loss
   same_losses single "$name" validation_loss
   same_params single "$name"
 done
-grep -q 'tensor parallel over 4 ranks (sequence parallel, 44 of 57 parameters sharded, loss parallel on)' \
+grep -q 'tensor parallel over 4 ranks (sequence parallel, 44 of 57 parameters sharded, 452.2K of 1.80M parameter elements per rank, loss parallel on)' \
   "$WORK/tp4.log" || fail "tp4 plan"
 grep -q 'loss parallel off' "$WORK/tp2_gathered_loss.log" || fail "disable_loss_parallel"
 grep -q 'loss: fused linear + cross-entropy' "$WORK/fsdp2_tp2_fused_loss.log" || fail "fused loss line"

@@ -2,6 +2,7 @@
 #include "titan/parallel/tensor_parallel.h"
 
 #include "titan/common/check.h"
+#include "titan/common/format.h"
 #include "titan/components/loss.h"
 #include "titan/kernels/cross_entropy.h"
 #include "titan/models/common/affine.h"
@@ -533,7 +534,10 @@ TensorParallel::TensorParallel(Model& model, std::shared_ptr<dist::Group> group,
   for (const auto& [name, place] : placements_) {
     if (whole && place.replicated && head_local.count(name) == 0) whole_grads_.insert(name);
   }
-  if (!split_experts) return;
+  if (!split_experts) {
+    count_elements();
+    return;
+  }
   for (const auto& [name, module] : modules) {
     auto* moe = dynamic_cast<MoE*>(module.get());
     if (moe == nullptr) continue;
@@ -578,6 +582,16 @@ TensorParallel::TensorParallel(Model& model, std::shared_ptr<dist::Group> group,
         "parallelism.expert_tensor_parallel_degree = ", t,
         " splits the experts of mixture-of-experts layers over tp, and this model has none. "
         "HINT: set it to 1"));
+  }
+  count_elements();
+}
+
+void TensorParallel::count_elements() {
+  for (const auto& item : model_.named_parameters()) {
+    held_elements_ += item.value().numel();
+    int64_t n = 1;
+    for (int64_t d : placements_.at(item.key()).box.global_shape) n *= d;
+    whole_elements_ += n;
   }
 }
 
@@ -668,7 +682,8 @@ std::string TensorParallel::describe() const {
                                  : "sequence parallel, ";
   return "tensor parallel over " + std::to_string(size()) + " ranks (" + layout +
          std::to_string(sharded) + " of " + std::to_string(placements_.size()) +
-         " parameters sharded" +
+         " parameters sharded, " + human_count(held_elements_) + " of " +
+         human_count(whole_elements_) + " parameter elements per rank" +
          (activations_ == TpActivations::kWhole
               ? std::string()
               : std::string(", loss parallel ") + (loss_parallel_ ? "on" : "off")) +

@@ -100,6 +100,7 @@ class TensorParallel : public ParallelPiece {
   bool loss_parallel_;
   TpActivations activations_;
   int64_t split_moe_layers_ = 0;
+  int64_t held_elements_ = 0, whole_elements_ = 0;  // of the parameters, after the split
   int64_t vocab_start_ = 0;  // first vocabulary id of this rank's output slice
   std::map<std::string, ParamPlacement> placements_;
   // Packed parameters: the split dimension and the sizes of the parts along it.
@@ -111,6 +112,7 @@ class TensorParallel : public ParallelPiece {
   std::vector<Linear*> vocab_sharded_;  // heads whose vocab_shard this instance set
 
   void install_hook(HookedModule& module, std::shared_ptr<ForwardHook> hook);
+  void count_elements();
 };
 
 }  // namespace titan
