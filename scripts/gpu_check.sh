@@ -16,6 +16,10 @@
 #   shared_parallel  FSDP 2, TP 2 and PP 2 as two processes sharing the GPU (TITAN_SHARED_DEVICE=1,
 #                Gloo over CUDA tensors) against the one-rank GPU run, the four jobs at once:
 #                every step's loss within 1e-4 relative                             ~25    90
+#   image_models FLUX's and the vision-language model's debug flavors, float32, 10 steps: one rank
+#                on the GPU against TP 2 as two processes sharing it (FLUX: whole activations,
+#                packed q/k/v; VLM: the decoder sequence-parallel), the four jobs at once:
+#                every step's loss within 1e-4 relative                             ~15    60
 #   titan_bf16   Llama 3 8B's shapes cut to 8 layers (flavor 8B_cut), bf16, batch 1 x seq 8192:
 #                tokens/s, TFLOP/s, MFU, device memory (from metrics.jsonl)         ~45    120
 #   ref_eager    the same model and step in plain PyTorch, eager (bench/torch_reference.py)
@@ -26,7 +30,7 @@
 #                compile.enable: only when at least 110 s of the budget are left (compiling
 #                takes most of it); else skipped, saying so                         ~100   150
 #
-# The estimates add up to about 420 s without ref_compile, 520 s with it: on a slower machine
+# The estimates add up to about 435 s without ref_compile, 535 s with it: on a slower machine
 # ref_compile is left out (run it alone with --stages ref_compile). Measured on one H200 with 16
 # cores (2026-12-04, torch 2.11): the whole default run took 180 s: build 94, unit 5, parity 6,
 # shared_parallel 5, titan_bf16 16, ref_eager 11, float8 16, ref_compile 22 (inductor, 8 s of
@@ -95,14 +99,14 @@ while (($#)); do
     *) die "unknown argument '$1' (see --help)" ;;
   esac
 done
-all_stages=(build unit parity shared_parallel titan_bf16 ref_eager float8 ref_compile)
+all_stages=(build unit parity shared_parallel image_models titan_bf16 ref_eager float8 ref_compile)
 for name in ${stages_arg//,/ }; do
   [[ " ${all_stages[*]} preflight " == *" $name "* ]] ||
     die "unknown stage '$name' in --stages; the stages are: ${all_stages[*]}"
 done
 # The stages that run titan need the build stage first (a fresh machine has no titan): --stages
 # adds it unless --skip-build says the titan in the build folder is to be used.
-titan_stages=(unit parity shared_parallel titan_bf16 float8)
+titan_stages=(unit parity shared_parallel image_models titan_bf16 float8)
 needs_titan=0
 for name in "${titan_stages[@]}"; do
   [[ -z "$stages_arg" || ",$stages_arg," == *",$name,"* ]] && needs_titan=1
@@ -554,6 +558,56 @@ shared_parallel() {
   return $rc
 }
 
+# FLUX (flow matching on the procedural shapes, random encoders) and the VLM (captions of them)
+# have not met a GPU otherwise: each debug flavor one rank on $DEVICE and TP 2 in the
+# shared-device mode, every step's loss within RTOL.
+image_models() {
+  ensure_data || return
+  local common=(--training.device "$DEVICE" --model.hf_assets_path "$TOKENIZER"
+    --validation.enable=false --checkpoint.enable=false --metrics.disable_color_printing
+    --training.num_threads "$SHARED_THREADS" --training.steps 10 --metrics.log_freq 1
+    --training.mixed_precision_param float32 --lr_scheduler.warmup_steps 2 --debug.seed 7
+    --training.global_batch_size 8 --training.local_batch_size 8)
+  local tp=(--parallelism.tensor_parallel_degree 2 --parallelism.data_parallel_shard_degree 1)
+  local left=$((STAGE_END - SECONDS)) model job code rc=0 failed=()
+  ((left > 0)) || return 124
+  local -A pids=()
+  echo "+ flux and vlm, one rank and TP 2 each, at once; logs: logs/image_*.log" >>"$STAGE_LOG"
+  for model in flux vlm; do
+    timeout -k 10 "$left" "$TITAN" train --job.config_file "configs/$model/debug_model.toml" \
+      "${common[@]}" --job.dump_folder "$work/image_${model}_one" \
+      >"$work/logs/image_${model}_one.log" 2>&1 &
+    pids[${model}_one]=$!
+    TITAN_SHARED_DEVICE=1 timeout -k 10 "$left" "$TITAN" run --nproc_per_node 2 -- train \
+      --job.config_file "configs/$model/debug_model.toml" "${common[@]}" "${tp[@]}" \
+      --job.dump_folder "$work/image_${model}_tp2" >"$work/logs/image_${model}_tp2.log" 2>&1 &
+    pids[${model}_tp2]=$!
+  done
+  for job in flux_one flux_tp2 vlm_one vlm_tp2; do
+    wait "${pids[$job]}"
+    code=$?
+    if ((code != 0)); then
+      failed+=("$job (exit $code)")
+      ((code == 124 || code == 137)) && rc=124
+      ((rc == 0)) && rc=1
+      tail -n 20 "$work/logs/image_$job.log" >>"$STAGE_LOG"
+    fi
+  done
+  if ((${#failed[@]} > 0)); then
+    NOTE="failed: ${failed[*]} (logs/image_*.log)"
+    return $rc
+  fi
+  NOTE="${DEVICE}, TP 2 vs 1 rank, max relative loss difference over 10 steps:"
+  for model in flux vlm; do
+    run_cmd "$PY" "$root/scripts/gpu_check_report.py" parity "$work/image_${model}_tp2/metrics.jsonl" \
+      "$work/image_${model}_one/metrics.jsonl" --steps 10 --rtol "$RTOL" || rc=1
+    tail -n 1 "$STAGE_LOG" >"$work/image_$model.json"
+    NOTE+=" $model $(json_get "$work/image_$model.json" max_rel .2e)"
+  done
+  NOTE+=" (tolerance $RTOL)"
+  return $rc
+}
+
 titan_speed() {  # titan_speed NAME OVERRIDES...: the speed run, figures in $work/NAME.json
   local name="$1"
   shift
@@ -646,6 +700,7 @@ fi
 stage unit 90 unit
 stage parity 90 parity
 stage shared_parallel 90 shared_parallel
+stage image_models 60 image_models
 stage titan_bf16 120 titan_bf16
 stage ref_eager 90 ref_eager
 stage float8 120 float8

@@ -80,7 +80,7 @@ echo "dry run: $((SECONDS - start)) s"
 summary="$WORK/dry.md"
 grep -q 'CPU DRY RUN: no GPU was used' "$summary" || fail "dry run: no bold CPU note"
 grep -q '| build | skipped | 0 | --skip-build' "$summary" || fail "dry run: build row"
-for name in unit parity shared_parallel titan_bf16 ref_eager float8 ref_compile; do
+for name in unit parity shared_parallel image_models titan_bf16 ref_eager float8 ref_compile; do
   grep -qE "^\| $name \| ok \|" "$summary" || { cat "$summary" >&2; fail "dry run: $name not ok"; }
 done
 grep -qE '^Shared-CPU parallelism .*fsdp2 [0-9.e+-]+ \(pass\), tp2 [0-9.e+-]+ \(pass\), pp2 [0-9.e+-]+ \(pass\)' \
