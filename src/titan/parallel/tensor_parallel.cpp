@@ -394,14 +394,18 @@ TensorParallel::TensorParallel(Model& model, std::shared_ptr<dist::Group> group,
   // A LoRA adapter (linear.h) splits with its layer: a column-wise layer's B by output rows (A
   // stays whole: its gradient is partial over tp, summed like the norms'), a row-wise layer's A
   // by input columns (B whole: it receives the partial sums before the layer's reduction).
+  // With whole activations too the whole half's gradient is partial (partial_whole below).
+  std::set<std::string> partial_whole;  // replicated, partial gradients under kWhole
   const auto shard_adapter = [&](const std::string& name, WeightLayer* layer, bool colwise,
                                  const std::vector<int64_t>& parts = {}) {
     auto* linear = dynamic_cast<Linear*>(layer);
     if (linear == nullptr || linear->lora_a == nullptr) return;
     if (colwise) {
       shard(name + ".lora_b", *linear->lora_b, 0, "output features", parts);
+      partial_whole.insert(name + ".lora_a.weight");
     } else {
       shard(name + ".lora_a", *linear->lora_a, 1, "input features", parts);
+      partial_whole.insert(name + ".lora_b.weight");
     }
   };
   // A float8 layer takes its scales over whole operands, as torchao does on DTensors: the split
@@ -423,7 +427,6 @@ TensorParallel::TensorParallel(Model& model, std::shared_ptr<dist::Group> group,
   };
   std::vector<std::pair<std::string, std::shared_ptr<torch::nn::Module>>> modules;
   for (const auto& item : model.named_modules()) modules.emplace_back(item.key(), item.value());
-  std::set<std::string> head_local;  // parameters of kHeadLocal modules
   for (const TpRule& rule : plan) {
     TITAN_CHECK(!whole || rule.style == TpStyle::kColwise || rule.style == TpStyle::kRowwise ||
                     rule.style == TpStyle::kColwiseGathered || rule.style == TpStyle::kHeadLocal,
@@ -498,7 +501,7 @@ TensorParallel::TensorParallel(Model& model, std::shared_ptr<dist::Group> group,
           break;
         case TpStyle::kHeadLocal:
           for (const auto& item : module->named_parameters()) {
-            head_local.insert(name + "." + item.key());
+            partial_whole.insert(name + "." + item.key());
           }
           break;
         case TpStyle::kSequenceParallel:
@@ -530,9 +533,9 @@ TensorParallel::TensorParallel(Model& model, std::shared_ptr<dist::Group> group,
     TITAN_CHECK(found, "tensor-parallel plan: no module matches '", rule.module, "'");
   }
   // With whole activations a replicated weight sees every token and the whole gradient reaching
-  // it; only the head-local ones' are partial.
+  // it; only the head-local ones' and the LoRA adapters' whole halves' are partial.
   for (const auto& [name, place] : placements_) {
-    if (whole && place.replicated && head_local.count(name) == 0) whole_grads_.insert(name);
+    if (whole && place.replicated && partial_whole.count(name) == 0) whole_grads_.insert(name);
   }
   if (!split_experts) {
     count_elements();

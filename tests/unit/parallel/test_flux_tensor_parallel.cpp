@@ -33,9 +33,25 @@ FluxArgs tiny_args() {
   return a;
 }
 
-// Every parameter random (the init's zero modulations would make each block the identity).
-std::shared_ptr<FluxTransformer> make_model() {
+// A rank-2 LoRA adapter on `layer` (as the LoRA converter adds one).
+void add_adapter(Linear& layer) {
+  const int64_t out = layer.weight.size(0), in = layer.weight.size(1);
+  layer.lora_a = layer.register_module("lora_a", std::make_shared<Linear>(in, 2));
+  layer.lora_b = layer.register_module("lora_b", std::make_shared<Linear>(2, out));
+  layer.lora_scaling = 0.5;
+}
+
+// Every parameter random (the init's zero modulations would make each block the identity); with
+// adapters on a column-wise packed, a row-wise, a gathered column-wise and a row-wise packed
+// layer.
+std::shared_ptr<FluxTransformer> make_model(bool adapters = false) {
   auto model = std::make_shared<FluxTransformer>(tiny_args());
+  if (adapters) {
+    add_adapter(*model->double_blocks[0]->img_attn->qkv);
+    add_adapter(*model->double_blocks[0]->txt_attn->proj);
+    add_adapter(*model->double_blocks[0]->img_mod->lin);
+    add_adapter(*model->single_blocks[1]->linear2);
+  }
   at::NoGradGuard no_grad;
   auto gen = at::make_generator<at::CPUGeneratorImpl>(11);
   for (auto& p : model->parameters()) p.normal_(0.0, 0.3, gen);
@@ -75,9 +91,9 @@ void expect_close(const at::Tensor& got, const at::Tensor& want, const std::stri
       << what << ": max diff " << (got - want).abs().max().item<double>();
 }
 
-TEST(FluxTensorParallel, TwoRanksMatchOneProcess) {
+void check_tp2(bool adapters) {
   const Batch batch = make_batch();
-  auto reference = make_model();
+  auto reference = make_model(adapters);
   const at::Tensor want = reference->forward(batch.img, batch.inputs);
   mse(want, batch.target).backward();
   std::map<std::string, at::Tensor> params, grads;
@@ -86,7 +102,8 @@ TEST(FluxTensorParallel, TwoRanksMatchOneProcess) {
     grads[item.key()] = item.value().grad();
   }
 
-  std::vector<std::shared_ptr<FluxTransformer>> models = {make_model(), make_model()};
+  std::vector<std::shared_ptr<FluxTransformer>> models = {make_model(adapters),
+                                                          make_model(adapters)};
   run_ranks(2, [&](int rank, std::shared_ptr<dist::Group> world) {
     FluxTransformer& model = *models[rank];
     TensorParallel tp(model, world, /*loss_parallel=*/false);
@@ -132,8 +149,19 @@ TEST(FluxTensorParallel, TwoRanksMatchOneProcess) {
       expect_close(tp.gather_whole(item.key(), item.value().detach()), params.at(item.key()),
                    item.key() + " gathered on rank " + std::to_string(rank));
     }
+    if (adapters) {
+      EXPECT_FALSE(tp.replicated("double_blocks.0.img_attn.qkv.lora_b.weight"));
+      EXPECT_TRUE(tp.placements().at("double_blocks.0.img_attn.qkv.lora_b.weight").box.packed());
+      EXPECT_FALSE(tp.replicated("single_blocks.1.linear2.lora_a.weight"));
+      EXPECT_TRUE(tp.replicated("double_blocks.0.txt_attn.proj.lora_b.weight"));
+    }
   });
 }
+
+TEST(FluxTensorParallel, TwoRanksMatchOneProcess) { check_tp2(false); }
+
+// LoRA adapters split with their layers; the halves they keep whole get partial gradients, summed.
+TEST(FluxTensorParallel, TwoRanksMatchOneProcessWithLoraAdapters) { check_tp2(true); }
 
 // A part that does not divide is refused naming the layer and the arithmetic.
 TEST(FluxTensorParallel, RefusesPartsThatDoNotDivide) {
