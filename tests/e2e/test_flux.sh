@@ -124,7 +124,8 @@ for resume in "one tp2_resumed 2" "fsdp2_tp2 one_resumed 1"; do
   grep -q "resuming training after step 5" "$WORK/$name.log" || fail "$name did not resume"
   same_values one_tail "$name" loss 1e-6
 done
-# The diffusers folder written at the end of a TP 2 run (its packed weights gathered whole) holds
+# The diffusers folder written at the end of a run (checkpoint.last_save_in_hf: diffusers' file
+# names, no tokenizer) loads in diffusers; a TP 2 run's (its packed weights gathered whole) holds
 # the one process's tensors.
 hf=("${cfg[@]}" --training.steps 3 --debug.seed 7 --training.global_batch_size 8
   --training.local_batch_size 8 --checkpoint.enable true --checkpoint.interval 3
@@ -132,14 +133,26 @@ hf=("${cfg[@]}" --training.steps 3 --debug.seed 7 --training.global_batch_size 8
 train_run hf_one 1 "${hf[@]}"
 train_run hf_tp2 2 "${hf[@]}" "${tp[@]}" --parallelism.data_parallel_shard_degree 1
 expect_exit 0 "$PY" -c "
-import sys
-from safetensors.torch import load_file
-a, b = (load_file(f'{sys.argv[1]}/{r}/checkpoint/step-3-hf/model.safetensors') for r in ('hf_one', 'hf_tp2'))
+import os, sys
+from diffusers import FluxTransformer2DModel
+folders = [f'{sys.argv[1]}/{r}/checkpoint/step-3-hf' for r in ('hf_one', 'hf_tp2')]
+assert sorted(os.listdir(folders[0])) == ['config.json', 'diffusion_pytorch_model.safetensors'], \
+    os.listdir(folders[0])
+a, b = (FluxTransformer2DModel.from_pretrained(f).state_dict() for f in folders)
 assert a.keys() == b.keys() and len(a) > 100, (len(a), len(b))
 err = max((a[k] - b[k]).abs().max().item() for k in a)
 assert err < 1e-6, err
-print(f'diffusers folder of TP 2 == one process: {len(a)} tensors within {err:.1e}')" "$WORK"
+print(f'diffusers loads the folder of TP 2 and of one process: {len(a)} tensors within {err:.1e}')" "$WORK"
 cat "$WORK/out"
+# Fine-tuning from a diffusers transformer folder (checkpoint.initial_load_in_hf) starts where the
+# titan checkpoint it was written from does.
+for init in hf_init:step-3-hf:true ckpt_init:step-3:false; do
+  IFS=: read -r name folder in_hf <<<"$init"
+  train_run "$name" 1 "${cfg[@]}" --training.steps 2 --debug.seed 7 --training.global_batch_size 8 \
+    --training.local_batch_size 8 --checkpoint.initial_load_path "$WORK/hf_one/checkpoint/$folder" \
+    --checkpoint.initial_load_in_hf "$in_hf"
+done
+same_values ckpt_init hf_init loss 1e-6
 expect_exit 2 "$TITAN" run --nproc_per_node 3 -- train "${short[@]}" --job.dump_folder "$WORK/x" \
   --parallelism.tensor_parallel_degree 3
 grep -q "flux num_heads 4 is not divisible by tensor_parallel_degree 3 (4 % 3 = 1)" "$WORK/out" ||
@@ -259,4 +272,9 @@ sed -i 's/"FluxPipeline"/"StableDiffusionPipeline"/' "$WORK/pipe/karras/model_in
 expect_exit 2 "$TITAN" generate --checkpoint "$WORK/pipe/karras" --prompt x --output "$WORK/x.png"
 grep -q "is a diffusers StableDiffusionPipeline pipeline; titan samples from FluxPipeline" \
   "$WORK/out" || fail "another pipeline not refused"
+# A pipeline's root folder where a model folder is expected is refused naming the transformer's.
+expect_exit 2 "$TITAN" train "${cfg[@]}" --job.dump_folder "$WORK/x" \
+  --checkpoint.initial_load_path "$WORK/pipe/dev" --checkpoint.initial_load_in_hf true
+grep -q "is a diffusers pipeline folder (model_index.json); .* e.g. $WORK/pipe/dev/transformer" \
+  "$WORK/out" || fail "a pipeline folder as initial_load_path not refused"
 echo "PASS test_flux (training)"

@@ -30,6 +30,14 @@ const HfAdapter& adapter_of(const ModelSpec& spec) {
   return spec.hf;
 }
 
+// How a folder for `adapter`'s library is written: its weight file name, and a diffusers model
+// folder (not "model") holds neither the tokenizer nor transformers' token ids.
+HfWriteOptions options_for(const HfAdapter& adapter, HfWriteOptions options) {
+  options.weights_name = adapter.weights_name;
+  if (options.weights_name != "model") options.tokenizer_path.clear();
+  return options;
+}
+
 // The buffers of `model` that are state (MoE expert biases, auxiliary-loss-free balancing),
 // carried with the parameters; DeepSeek-V3's Hugging Face models hold them too
 // (e_score_correction_bias).
@@ -243,10 +251,8 @@ void checkpoint_to_hf(const std::string& checkpoint_dir, const std::string& out_
   for (const auto& [name, buffer] : expert_biases(*empty_model(base))) {
     if (reader.has(name)) ours.emplace(name, reader.read(name));
   }
-  HfWriteOptions write = options;
-  write.weights_name = adapter.weights_name;
-  if (write.weights_name != "model") write.tokenizer_path.clear();  // a diffusers model folder
-  write_hf_folder(out_dir, adapter.to_hf_config(base), adapter.to_hf(ours, base), write);
+  write_hf_folder(out_dir, adapter.to_hf_config(base), adapter.to_hf(ours, base),
+                  options_for(adapter, options));
 }
 
 void checkpoint_to_peft(const std::string& checkpoint_dir, const std::string& out_dir) {
@@ -376,7 +382,7 @@ void save_hf_weights(const Model& model, const nlohmann::json& model_description
   for (const auto& [name, t] : model_tensors(model)) on_host.emplace(name, t.detach().cpu());
   for (const auto& [name, t] : expert_biases(model)) on_host.emplace(name, t.detach().cpu());
   write_hf_folder(out_dir, adapter.to_hf_config(model_description),
-                  adapter.to_hf(on_host, model_description), options);
+                  adapter.to_hf(on_host, model_description), options_for(adapter, options));
 }
 
 TensorMap read_hf_parameters(const std::string& hf_dir, const nlohmann::json& model_description) {

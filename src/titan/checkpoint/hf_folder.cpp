@@ -248,6 +248,12 @@ HfFolderReader::HfFolderReader(const std::string& dir)
         "). HINT: drop checkpoint.initial_load_in_hf to load it as a "
         "titan checkpoint; `titan convert to-hf` turns it into a Hugging Face folder"));
   }
+  if (!fs::exists(d / kConfigFile, ec) && fs::exists(d / "model_index.json", ec)) {
+    throw ConfigError(message("'", dir, "' is a diffusers pipeline folder (model_index.json); ",
+                              "its models are in its subfolders. HINT: point at the model's own "
+                              "folder, e.g. ",
+                              (d / "transformer").string(), " (FLUX's transformer)"));
+  }
   config_ = read_json(d / kConfigFile);
   if (!config_.is_object()) throw DataError((d / kConfigFile).string() + ": not a JSON object");
 
