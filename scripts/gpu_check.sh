@@ -491,6 +491,28 @@ parity() {
   return $rc_again
 }
 
+# The background jobs of a stage, by name (started with `&`, JOB_PIDS[name]=$!).
+declare -A JOB_PIDS=()
+# wait_jobs STEM NAME...: waits for each named job, whose log is logs/STEM_NAME.log; a failed
+# one's last lines go to the stage log and NOTE names it. Returns 124 when one ran out of time,
+# 1 when one failed otherwise.
+wait_jobs() {
+  local stem="$1" name code rc=0 failed=()
+  shift
+  for name in "$@"; do
+    wait "${JOB_PIDS[$name]}"
+    code=$?
+    if ((code != 0)); then
+      failed+=("$name (exit $code)")
+      ((code == 124 || code == 137)) && rc=124
+      ((rc == 0)) && rc=1
+      tail -n 20 "$work/logs/${stem}_$name.log" >>"$STAGE_LOG"
+    fi
+  done
+  ((${#failed[@]} == 0)) || NOTE="failed: ${failed[*]} (logs/${stem}_*.log)"
+  return $rc
+}
+
 # The shared-device test mode (TITAN_SHARED_DEVICE=1): FSDP 2, TP 2 and PP 2, each as two
 # processes on one GPU over Gloo (host copies of the CUDA tensors), so that FSDP's side streams
 # and the TP / PP exchanges run with real CUDA asynchrony; every step's loss within RTOL of the
@@ -513,35 +535,20 @@ shared_parallel() {
     [pp2]="--parallelism.pipeline_parallel_degree 2 --parallelism.data_parallel_shard_degree 1
       --training.local_batch_size $SHARED_BATCH"
   )
-  local names=(fsdp2 tp2 pp2) name left=$((STAGE_END - SECONDS))
-  local -A pids=()
+  local names=(fsdp2 tp2 pp2) name left=$((STAGE_END - SECONDS)) rc=0
   ((left > 0)) || return 124
   echo "+ the one-rank run and ${names[*]} at once; their logs: logs/shared_*.log" >>"$STAGE_LOG"
   timeout -k 10 "$left" "$TITAN" train "${common[@]}" --training.local_batch_size "$SHARED_BATCH" \
     --job.dump_folder "$work/shared_one" >"$work/logs/shared_one.log" 2>&1 &
-  pids[one]=$!
+  JOB_PIDS[one]=$!
   for name in "${names[@]}"; do
     # shellcheck disable=SC2086  # the layout's flags split on purpose
     TITAN_SHARED_DEVICE=1 timeout -k 10 "$left" "$TITAN" run --nproc_per_node 2 -- train \
       "${common[@]}" ${layouts[$name]} --job.dump_folder "$work/shared_$name" \
       >"$work/logs/shared_$name.log" 2>&1 &
-    pids[$name]=$!
+    JOB_PIDS[$name]=$!
   done
-  local rc=0 code failed=()
-  for name in one "${names[@]}"; do
-    wait "${pids[$name]}"
-    code=$?
-    if ((code != 0)); then
-      failed+=("$name (exit $code)")
-      ((code == 124 || code == 137)) && rc=124
-      ((rc == 0)) && rc=1
-      tail -n 20 "$work/logs/shared_$name.log" >>"$STAGE_LOG"
-    fi
-  done
-  if ((${#failed[@]} > 0)); then
-    NOTE="failed: ${failed[*]} (logs/shared_*.log)"
-    return $rc
-  fi
+  wait_jobs shared one "${names[@]}" || return
   if [[ "$DEVICE" == cuda ]] && ! grep -q "TEST MODE (TITAN_SHARED_DEVICE=1)" \
     "$work/logs/shared_fsdp2.log"; then
     NOTE="the FSDP 2 ranks did not report the shared-device test mode (logs/shared_fsdp2.log)"
@@ -569,34 +576,20 @@ image_models() {
     --training.mixed_precision_param float32 --lr_scheduler.warmup_steps 2 --debug.seed 7
     --training.global_batch_size 8 --training.local_batch_size 8)
   local tp=(--parallelism.tensor_parallel_degree 2 --parallelism.data_parallel_shard_degree 1)
-  local left=$((STAGE_END - SECONDS)) model job code rc=0 failed=()
+  local left=$((STAGE_END - SECONDS)) model rc=0
   ((left > 0)) || return 124
-  local -A pids=()
   echo "+ flux and vlm, one rank and TP 2 each, at once; logs: logs/image_*.log" >>"$STAGE_LOG"
   for model in flux vlm; do
     timeout -k 10 "$left" "$TITAN" train --job.config_file "configs/$model/debug_model.toml" \
       "${common[@]}" --job.dump_folder "$work/image_${model}_one" \
       >"$work/logs/image_${model}_one.log" 2>&1 &
-    pids[${model}_one]=$!
+    JOB_PIDS[${model}_one]=$!
     TITAN_SHARED_DEVICE=1 timeout -k 10 "$left" "$TITAN" run --nproc_per_node 2 -- train \
       --job.config_file "configs/$model/debug_model.toml" "${common[@]}" "${tp[@]}" \
       --job.dump_folder "$work/image_${model}_tp2" >"$work/logs/image_${model}_tp2.log" 2>&1 &
-    pids[${model}_tp2]=$!
+    JOB_PIDS[${model}_tp2]=$!
   done
-  for job in flux_one flux_tp2 vlm_one vlm_tp2; do
-    wait "${pids[$job]}"
-    code=$?
-    if ((code != 0)); then
-      failed+=("$job (exit $code)")
-      ((code == 124 || code == 137)) && rc=124
-      ((rc == 0)) && rc=1
-      tail -n 20 "$work/logs/image_$job.log" >>"$STAGE_LOG"
-    fi
-  done
-  if ((${#failed[@]} > 0)); then
-    NOTE="failed: ${failed[*]} (logs/image_*.log)"
-    return $rc
-  fi
+  wait_jobs image flux_one flux_tp2 vlm_one vlm_tp2 || return
   NOTE="${DEVICE}, TP 2 vs 1 rank, max relative loss difference over 10 steps:"
   for model in flux vlm; do
     run_cmd "$PY" "$root/scripts/gpu_check_report.py" parity "$work/image_${model}_tp2/metrics.jsonl" \

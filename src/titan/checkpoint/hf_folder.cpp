@@ -81,22 +81,13 @@ void write_text(const std::string& path, const std::string& text) {
   replace_file(path, text);  // checked write, sync and close; the errno text on failure
 }
 
-nlohmann::json read_json(const fs::path& path) {
-  const std::string text = read_regular_file(path.string(), "Hugging Face file");
-  try {
-    return nlohmann::json::parse(text);
-  } catch (const nlohmann::json::exception& e) {
-    throw DataError(path.string() + ": not valid JSON (" + e.what() + ")");
-  }
-}
-
 // A titan checkpoint: a step folder whose index.json says "format": "titan-checkpoint", or a
 // folder of step-N checkpoints.
 bool is_titan_checkpoint(const fs::path& d) {
   std::error_code ec;
   if (!fs::is_regular_file(d / "index.json", ec)) return !list_step_dirs(d.string()).empty();
   try {
-    const nlohmann::json index = read_json(d / "index.json");
+    const nlohmann::json index = read_hf_json(d / "index.json");
     return index.is_object() && index.value("format", std::string()) == "titan-checkpoint";
   } catch (const DataError&) {
     return false;
@@ -225,6 +216,15 @@ std::string hf_tokenizer_path(const std::string& dir) {
   return "";
 }
 
+nlohmann::json read_hf_json(const std::filesystem::path& path) {
+  const std::string text = read_regular_file(path.string(), "Hugging Face file");
+  try {
+    return nlohmann::json::parse(text);
+  } catch (const nlohmann::json::exception& e) {
+    throw DataError(path.string() + ": not valid JSON (" + e.what() + ")");
+  }
+}
+
 bool is_hf_folder(const std::string& dir) {
   std::error_code ec;
   return fs::is_regular_file(fs::path(dir) / kConfigFile, ec);
@@ -254,7 +254,7 @@ HfFolderReader::HfFolderReader(const std::string& dir)
                               "folder, e.g. ",
                               (d / "transformer").string(), " (FLUX's transformer)"));
   }
-  config_ = read_json(d / kConfigFile);
+  config_ = read_hf_json(d / kConfigFile);
   if (!config_.is_object()) throw DataError((d / kConfigFile).string() + ": not a JSON object");
 
   // transformers' names, or diffusers' (a model folder of a diffusers pipeline).
@@ -267,7 +267,7 @@ HfFolderReader::HfFolderReader(const std::string& dir)
   const std::string single = single_file(stem), index_name = index_file(stem);
   if (fs::is_regular_file(d / index_name, ec)) {
     const fs::path index_path = d / index_name;
-    const nlohmann::json index = read_json(index_path);
+    const nlohmann::json index = read_hf_json(index_path);
     if (!index.is_object() || !index.contains("weight_map") || !index["weight_map"].is_object()) {
       throw DataError(index_path.string() + ": no \"weight_map\" object");
     }

@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include <cstdint>
+#include <filesystem>
 #include <map>
 #include <memory>
 #include <string>
@@ -45,6 +46,10 @@ std::string hf_tokenizer_path(const std::string& dir);
 
 // True if `dir` holds a config.json.
 bool is_hf_folder(const std::string& dir);
+
+// A JSON file of a Hugging Face / diffusers folder (config.json, model_index.json, an index);
+// DataError naming the file when it cannot be read or is not JSON.
+nlohmann::json read_hf_json(const std::filesystem::path& path);
 
 // Reads an HF folder: config.json and the weights (single file or sharded; transformers' or
 // diffusers' file names). Files are mapped,

@@ -4,7 +4,6 @@
 #include "titan/checkpoint/hf_folder.h"
 #include "titan/checkpoint/safetensors.h"
 #include "titan/common/check.h"
-#include "titan/common/file_io.h"
 #include "titan/components/tokenizer/tokenizer_files.h"
 #include "titan/models/encoders/load.h"
 
@@ -166,24 +165,11 @@ nlohmann::json flux_text_identity(const JobConfig& config) {
           {"autoencoder_path", config.encoder.autoencoder_path}};
 }
 
-namespace {
-
-nlohmann::json read_pipeline_json(const fs::path& path) {
-  const std::string text = read_regular_file(path.string(), "diffusers pipeline file");
-  try {
-    return nlohmann::json::parse(text);
-  } catch (const nlohmann::json::exception& e) {
-    throw DataError(path.string() + ": not valid JSON (" + e.what() + ")");
-  }
-}
-
-}  // namespace
-
 std::optional<FluxPipelineFolder> read_flux_pipeline(const std::string& dir) {
   const fs::path root(dir);
   std::error_code ec;
   if (!fs::is_regular_file(root / "model_index.json", ec)) return std::nullopt;
-  const nlohmann::json index = read_pipeline_json(root / "model_index.json");
+  const nlohmann::json index = ckpt::read_hf_json(root / "model_index.json");
   const std::string kind = index.is_object() ? index.value("_class_name", std::string()) : "";
   if (kind != "FluxPipeline") {
     throw ConfigError(
@@ -206,13 +192,13 @@ std::optional<FluxPipelineFolder> read_flux_pipeline(const std::string& dir) {
   out.config.encoder.clip_encoder = component("text_encoder");
   out.config.encoder.t5_encoder = component("text_encoder_2");
   out.config.encoder.autoencoder_path = component("vae");
-  const nlohmann::json transformer = read_pipeline_json(fs::path(out.transformer) / "config.json");
+  const nlohmann::json transformer = ckpt::read_hf_json(fs::path(out.transformer) / "config.json");
   const bool guidance = transformer.is_object() && transformer.value("guidance_embeds", false);
   out.config.encoder.max_t5_encoding_len = guidance ? 512 : 256;
   out.shift = guidance;
   const fs::path scheduler = root / "scheduler" / "scheduler_config.json";
   if (!fs::is_regular_file(scheduler, ec)) return out;
-  const nlohmann::json s = read_pipeline_json(scheduler);
+  const nlohmann::json s = ckpt::read_hf_json(scheduler);
   const std::string where = scheduler.string();
   const std::string cls = s.is_object() ? s.value("_class_name", std::string()) : "";
   TITAN_CONFIG_CHECK(cls == "FlowMatchEulerDiscreteScheduler", where, ": the scheduler is ",
