@@ -36,45 +36,56 @@ struct Case {
   int64_t tokens, vocab, dim;
 };
 
+TEST(FusedLoss, BlocksAreDeeperForSmallerVocabularies) {
+  EXPECT_EQ(fused_loss_block_tokens(2048), 1024);
+  EXPECT_EQ(fused_loss_block_tokens(32000), 1024);
+  EXPECT_EQ(fused_loss_block_tokens(65536), 512);
+  EXPECT_EQ(fused_loss_block_tokens(128256), 261);
+  EXPECT_EQ(fused_loss_block_tokens(202048), 256);
+}
+
 TEST(FusedLoss, MatchesTheUnfusedHeadAndLoss) {
-  // 20,000 rows: blocks of 256 tokens (fused_loss_block_tokens), so 520 tokens span three, the
-  // last one of 8.
-  for (const Case c : {Case{at::kFloat, 520, 20000, 48}, Case{at::kFloat, 37, 1001, 19},
-                       Case{at::kBFloat16, 520, 20000, 48}, Case{at::kBFloat16, 37, 1001, 19}}) {
-    at::manual_seed(7);
-    const at::Tensor h0 = at::randn({c.dim, c.tokens}).t();  // non-contiguous
-    const at::Tensor w0 = at::randn({c.vocab, c.dim}) * 0.3;
-    at::Tensor labels = at::randint(c.vocab, {c.tokens}, at::kLong);
-    labels.index_put_({at::arange(0, c.tokens, 5)}, kernels::kIgnoreIndex);
-    const at::Tensor h = h0.to(c.dtype).requires_grad_();
-    const at::Tensor w = w0.to(c.dtype).requires_grad_();
-    const at::Tensor loss = fused_linear_cross_entropy(h, w, labels, c.dtype);
-    ASSERT_EQ(loss.dim(), 0);
-    ASSERT_EQ(loss.scalar_type(), at::kFloat);
-    (loss * 3.0).backward();
+  // In blocks of 256 tokens, 520 tokens span three, the last one of 8; with the default blocks
+  // (fused_loss_block_tokens: 1024 at 20,000 rows) one.
+  for (const int64_t block : {int64_t{256}, int64_t{0}}) {
+    for (const Case c : {Case{at::kFloat, 520, 20000, 48}, Case{at::kFloat, 37, 1001, 19},
+                         Case{at::kBFloat16, 520, 20000, 48}, Case{at::kBFloat16, 37, 1001, 19}}) {
+      at::manual_seed(7);
+      const at::Tensor h0 = at::randn({c.dim, c.tokens}).t();  // non-contiguous
+      const at::Tensor w0 = at::randn({c.vocab, c.dim}) * 0.3;
+      at::Tensor labels = at::randint(c.vocab, {c.tokens}, at::kLong);
+      labels.index_put_({at::arange(0, c.tokens, 5)}, kernels::kIgnoreIndex);
+      const at::Tensor h = h0.to(c.dtype).requires_grad_();
+      const at::Tensor w = w0.to(c.dtype).requires_grad_();
+      const at::Tensor loss = fused_linear_cross_entropy(h, w, labels, c.dtype, {}, block);
+      ASSERT_EQ(loss.dim(), 0);
+      ASSERT_EQ(loss.scalar_type(), at::kFloat);
+      (loss * 3.0).backward();
 
-    // The reference runs in float64 from the same rounded values.
-    const at::Tensor hr = h.detach().to(at::kDouble).requires_grad_();
-    const at::Tensor wr = w.detach().to(at::kDouble).requires_grad_();
-    const at::Tensor expected = reference_loss(hr, wr, labels);
-    (expected * 3.0).backward();
-    const double tol = c.dtype == at::kFloat ? 1e-5 : 1e-2;
-    const std::string what = std::string(c10::toString(c.dtype)) + " " + std::to_string(c.tokens) +
-                             "x" + std::to_string(c.vocab);
-    EXPECT_NEAR(loss.item<double>(), expected.item<double>(), tol * expected.item<double>())
-        << what;
-    ASSERT_EQ(h.grad().scalar_type(), c.dtype);
-    ASSERT_EQ(w.grad().scalar_type(), c.dtype);
-    EXPECT_LT(rel_error(h.grad(), hr.grad()), 2 * tol) << what << " grad h";
-    EXPECT_LT(rel_error(w.grad(), wr.grad()), 2 * tol) << what << " grad w";
-    // Ignored tokens get no gradient.
-    EXPECT_EQ(h.grad().select(0, 0).abs().max().item<double>(), 0.0) << what;
+      // The reference runs in float64 from the same rounded values.
+      const at::Tensor hr = h.detach().to(at::kDouble).requires_grad_();
+      const at::Tensor wr = w.detach().to(at::kDouble).requires_grad_();
+      const at::Tensor expected = reference_loss(hr, wr, labels);
+      (expected * 3.0).backward();
+      const double tol = c.dtype == at::kFloat ? 1e-5 : 1e-2;
+      const std::string what = std::string(c10::toString(c.dtype)) + " " +
+                               std::to_string(c.tokens) + "x" + std::to_string(c.vocab) +
+                               " block " + std::to_string(block);
+      EXPECT_NEAR(loss.item<double>(), expected.item<double>(), tol * expected.item<double>())
+          << what;
+      ASSERT_EQ(h.grad().scalar_type(), c.dtype);
+      ASSERT_EQ(w.grad().scalar_type(), c.dtype);
+      EXPECT_LT(rel_error(h.grad(), hr.grad()), 2 * tol) << what << " grad h";
+      EXPECT_LT(rel_error(w.grad(), wr.grad()), 2 * tol) << what << " grad w";
+      // Ignored tokens get no gradient.
+      EXPECT_EQ(h.grad().select(0, 0).abs().max().item<double>(), 0.0) << what;
 
-    // Without autograd: the same loss, no graph.
-    at::NoGradGuard no_grad;
-    const at::Tensor eval = fused_linear_cross_entropy(h, w, labels, c.dtype);
-    EXPECT_FALSE(eval.requires_grad());
-    EXPECT_NEAR(eval.item<double>(), loss.item<double>(), 1e-6 * loss.item<double>()) << what;
+      // Without autograd: the same loss, no graph.
+      at::NoGradGuard no_grad;
+      const at::Tensor eval = fused_linear_cross_entropy(h, w, labels, c.dtype, {}, block);
+      EXPECT_FALSE(eval.requires_grad());
+      EXPECT_NEAR(eval.item<double>(), loss.item<double>(), 1e-6 * loss.item<double>()) << what;
+    }
   }
 }
 
@@ -145,7 +156,8 @@ TEST(FusedLoss, VocabularyShardsGiveTheWholeLoss) {
         shard.all_reduce_max = [&, r](at::Tensor& t) { reducer.all_reduce(r, t, true); };
         const at::Tensor hs = h0.clone().requires_grad_();
         const at::Tensor ws = w0.narrow(0, shard.start, vocab / 2).clone().requires_grad_();
-        const at::Tensor loss = fused_linear_cross_entropy(hs, ws, labels, dtype, shard);
+        // Blocks of 64 tokens: 131 span three, each of them through the sharded second pass.
+        const at::Tensor loss = fused_linear_cross_entropy(hs, ws, labels, dtype, shard, 64);
         loss.backward();
         losses[r] = loss.item<double>();
         grad_h[r] = hs.grad();

@@ -60,7 +60,7 @@ struct Outcome {
 // h (tokens, dim) and w (rows, dim) contiguous in one dtype, labels (tokens) int64 on h's device.
 // grad_h comes back in h's dtype.
 Outcome compute(const at::Tensor& h_in, const at::Tensor& w_in, const at::Tensor& labels,
-                const VocabShard& shard, bool grads) {
+                const VocabShard& shard, int64_t block, bool grads) {
   // Where ATen's bf16 GEMMs run in a generic loop (cpu_has_fast_bf16_matmul), a bf16 head runs
   // its GEMMs in float32 (about 50x faster there), its gradients rounded once at the end.
   const bool widen = widens_reduced_matmul(h_in.scalar_type(), h_in.device());
@@ -90,7 +90,6 @@ Outcome compute(const at::Tensor& h_in, const at::Tensor& w_in, const at::Tensor
     }
   };
   const bool sharded = static_cast<bool>(shard.all_reduce_sum);
-  const int64_t block = fused_loss_block_tokens(rows);
   for (int64_t t0 = 0; t0 < tokens; t0 += block) {
     const int64_t n = std::min(block, tokens - t0);
     at::Tensor logits = at::mm(h.narrow(0, t0, n), w.t());
@@ -132,8 +131,8 @@ Outcome compute(const at::Tensor& h_in, const at::Tensor& w_in, const at::Tensor
 
 struct FusedLinearCrossEntropy : public torch::autograd::Function<FusedLinearCrossEntropy> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& h, const at::Tensor& w,
-                            const at::Tensor& labels, const VocabShard* shard) {
-    Outcome out = compute(h, w, labels, *shard, /*grads=*/true);
+                            const at::Tensor& labels, const VocabShard* shard, int64_t block) {
+    Outcome out = compute(h, w, labels, *shard, block, /*grads=*/true);
     ctx->saved_data["grad_h"] = out.grad_h;
     ctx->saved_data["grad_w"] = out.grad_w;
     ctx->saved_data["w_dtype"] = static_cast<int64_t>(w.scalar_type());
@@ -152,21 +151,23 @@ struct FusedLinearCrossEntropy : public torch::autograd::Function<FusedLinearCro
     const at::Tensor& g = grads[0];
     gh.mul_(g);
     gw.mul_(g);
-    return {gh, gw, at::Tensor(), at::Tensor()};
+    return {gh, gw, at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
 }  // namespace
 
 int64_t fused_loss_block_tokens(int64_t vocab) {
-  constexpr int64_t kBlockLogits = int64_t{1} << 20;
-  return std::max<int64_t>(256, kBlockLogits / std::max<int64_t>(vocab, 1));
+  constexpr int64_t kBlockLogits = int64_t{1} << 25;
+  return std::clamp<int64_t>(kBlockLogits / std::max<int64_t>(vocab, 1), 256, 1024);
 }
 
 at::Tensor fused_linear_cross_entropy(const at::Tensor& h, const at::Tensor& weight,
                                       const at::Tensor& labels, at::ScalarType compute_dtype,
-                                      const VocabShard& shard) {
+                                      const VocabShard& shard, int64_t block_tokens) {
   const TraceSpan span("loss");
+  TITAN_CHECK(block_tokens >= 0, "fused linear + cross-entropy: block_tokens ", block_tokens,
+              " < 0");
   TITAN_CHECK(weight.dim() == 2 && h.dim() >= 1 && h.size(-1) == weight.size(1),
               "fused linear + cross-entropy: h ", h.sizes(), " does not match weight ",
               weight.sizes(), " (rows, dim)");
@@ -179,10 +180,11 @@ at::Tensor fused_linear_cross_entropy(const at::Tensor& h, const at::Tensor& wei
               hc.scalar_type(), " and weight in ", wc.scalar_type(), " under compute dtype ",
               compute_dtype);
   const at::Tensor y = labels.reshape({-1}).to(hc.device(), at::kLong).contiguous();
+  const int64_t block = block_tokens > 0 ? block_tokens : fused_loss_block_tokens(wc.size(0));
   if (at::GradMode::is_enabled() && (hc.requires_grad() || wc.requires_grad())) {
-    return FusedLinearCrossEntropy::apply(hc, wc, y, &shard);
+    return FusedLinearCrossEntropy::apply(hc, wc, y, &shard, block);
   }
-  return compute(hc, wc, y, shard, /*grads=*/false).loss;
+  return compute(hc, wc, y, shard, block, /*grads=*/false).loss;
 }
 
 }  // namespace titan

@@ -34,16 +34,21 @@ struct VocabShard {
 // labels that are not kernels::kIgnoreIndex of cross_entropy(h @ weight^T, labels), the matmuls in
 // `compute_dtype` (as mixed_linear; in float32 on a CPU whose bf16 GEMMs are slow, see
 // cpu_has_fast_bf16_matmul), the softmax in float32 (as lm_cross_entropy_loss).
-// Differentiable in h and weight; its graph can be run backward once.
+// Differentiable in h and weight; its graph can be run backward once. `block_tokens` > 0 sets
+// the tokens per block (tests); 0 takes fused_loss_block_tokens of the weight's rows.
 at::Tensor fused_linear_cross_entropy(const at::Tensor& h, const at::Tensor& weight,
                                       const at::Tensor& labels, at::ScalarType compute_dtype,
-                                      const VocabShard& shard = {});
+                                      const VocabShard& shard = {}, int64_t block_tokens = 0);
 
-// Tokens per block for a vocabulary of `vocab` rows: about 2^20 logits (4 MiB in float32), at
-// least 256 tokens: the weight gradient is one GEMM per block with the block's tokens as its inner
-// dimension, reading and writing the whole float32 (vocab, dim) gradient each time (with 64-token
-// blocks a 32000-id head ran at 0.71x ATen's unfused head + loss, with 256 at 1.04x, 1.30x in
-// bf16).
+// Tokens per block for a vocabulary of `vocab` rows: up to 2^25 logits (128 MiB in float32), from
+// 256 to 1024 tokens. The weight gradient is one GEMM per block with the block's tokens as its
+// inner dimension, reading and writing the whole float32 (vocab, dim) gradient each time, so
+// deeper blocks are faster until the block's logits stop fitting the caches' reuse: with 64-token
+// blocks a 32000-id head ran at 0.71x ATen's unfused head + loss. Whole training steps with
+// compile.enable, float32, 2-core AVX-512 CPU (bench_small: vocab 8192, 2048 tokens; bench_medium:
+// vocab 32000, 2048 tokens), tokens/s of blocks of 256 / 1024 tokens: 3,029-3,232 / 3,157-3,441
+// and 529-566 / 570-587; whole 2048-token blocks 522-591 on bench_medium (more memory, no
+// faster). A 128k-id vocabulary keeps 256 tokens (128 MiB of logits per block).
 int64_t fused_loss_block_tokens(int64_t vocab);
 
 }  // namespace titan
