@@ -463,7 +463,10 @@ std::vector<std::string> ParallelizedModel::describe() const {
     lines.push_back(message(
         "loss: fused linear + cross-entropy (compile.components loss): no (tokens, vocab) logits, "
         "blocks of ",
-        fused_loss_block_tokens(parts_.back()->model->stats(1, 1).vocab_size), " tokens"));
+        // The head's GEMMs run over this rank's vocabulary rows (split over tp), as the loss
+        // sizes its blocks.
+        fused_loss_block_tokens(parts_.back()->model->stats(1, 1).vocab_size / dims_.tp()),
+        " tokens"));
   }
   if (pipeline_) lines.push_back(pipeline_->describe());
   for (const auto& part : parts_) {
