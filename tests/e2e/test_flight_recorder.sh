@@ -2,7 +2,8 @@
 # training rank frozen with SIGSTOP, each make the job end within comm.train_timeout_seconds;
 # the surviving rank dumps its buffer (on the timeout), the hung one too (SIGUSR1 from `titan
 # run`), and `titan fr analyze` names the rank that lags and the collective it never issued.
-# Every command runs under `timeout 60`.
+# Ranks that fail together may get the launcher's SIGUSR1 while already exiting: they still write
+# a real dump, and never write into the current directory. Every command runs under `timeout 60`.
 source "$(dirname "$0")/lib.sh"
 
 # --- selftest: rank 1 hangs after the all_reduce, rank 0 times out in the all_gather ---
@@ -21,6 +22,25 @@ expect_output 'all_gather_into_tensor #1 \(Long, numel 1\) was issued by ranks \
 expect_output 'rank 1 last issued all_reduce #0 \(Float, numel 4\), completed'
 expect_output 'lagging ranks: \[1\]'
 echo "selftest hang: job down in ${elapsed}s, analyzer names rank 1 and all_gather_into_tensor #1"
+
+# --- three ranks fail their config check at once, five times, from an empty directory ---
+# (Once, the dump thread of a rank in exit() read its recorder after static destruction and made
+# directories named with freed bytes here: 3 runs out of 3 did before the fix.)
+mkdir -p "$WORK/cwd"
+titan_abs=$(realpath "$TITAN"); root=$PWD
+for i in 1 2 3 4 5; do
+  (cd "$WORK/cwd" && expect_exit 2 timeout 60 "$titan_abs" run --nproc_per_node 3 -- train \
+    --job.config_file "$root/configs/llama3/debug_model.toml" --model.hf_assets_path ./missing \
+    --job.dump_folder "$WORK/fail$i")
+  expect_output "model.hf_assets_path: './missing' does not exist"
+  [ -z "$(ls -A "$WORK/cwd")" ] ||
+    fail "failing ranks wrote into the current directory: $(ls -Ab "$WORK/cwd" | tr '\n' ' ')"
+  if [ -d "$WORK/fail$i/comm_traces" ]; then  # the dumps the launcher asked for are whole
+    set +e; "$TITAN" fr analyze "$WORK/fail$i/comm_traces" >"$WORK/out" 2>&1; code=$?; set -e
+    [ "$code" -le 1 ] || { cat "$WORK/out" >&2; fail "run $i left an unreadable dump"; }
+  fi
+done
+echo "ranks failing together: nothing written to the current directory (5 runs)"
 
 # The analyzer on agreeing dumps (rank 0's first entry alone on both sides) and on bad input.
 mkdir -p "$WORK/bad"

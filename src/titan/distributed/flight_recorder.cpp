@@ -385,9 +385,20 @@ FlightDump parse_flight_dump(const std::string& json, const std::string& what) {
 
 namespace {
 
-std::mutex g_installed_mutex;
-std::shared_ptr<FlightRecorder> g_installed;
-int g_wake_pipe[2] = {-1, -1};
+// The installed recorder outlives static destruction on purpose: the dump thread is detached, and
+// the launcher's SIGUSR1 may reach a rank that is already inside exit() (for example one that
+// failed its config check at the same moment as a peer). A destroyed shared_ptr there would hand
+// the thread a freed recorder, whose path would be freed bytes: it once made directories with
+// such names in the current directory.
+struct Installed {
+  std::mutex mutex;
+  std::shared_ptr<FlightRecorder> recorder;
+};
+Installed& installed() {
+  static auto* state = new Installed;  // never destroyed (see above)
+  return *state;
+}
+int g_wake_pipe[2] = {-1, -1};  // plain ints: the signal handler reads them
 
 void on_sigusr1(int) {
   const int saved = errno;
@@ -409,8 +420,9 @@ void dump_thread() {
 }  // namespace
 
 void install_dump_on_sigusr1(std::shared_ptr<FlightRecorder> recorder) {
-  std::lock_guard<std::mutex> lock(g_installed_mutex);
-  g_installed = std::move(recorder);
+  Installed& state = installed();
+  std::lock_guard<std::mutex> lock(state.mutex);
+  state.recorder = std::move(recorder);
   if (g_wake_pipe[0] >= 0) return;
   if (::pipe(g_wake_pipe) != 0) {
     std::fprintf(stderr, "flight recorder: no SIGUSR1 dump (pipe: %s)\n", std::strerror(errno));
@@ -425,10 +437,11 @@ void install_dump_on_sigusr1(std::shared_ptr<FlightRecorder> recorder) {
 }
 
 void dump_installed_flight_recorder() {
+  Installed& state = installed();
   std::shared_ptr<FlightRecorder> fr;
   {
-    std::lock_guard<std::mutex> lock(g_installed_mutex);
-    fr = g_installed;
+    std::lock_guard<std::mutex> lock(state.mutex);
+    fr = state.recorder;
   }
   if (fr) fr->dump();
 }
