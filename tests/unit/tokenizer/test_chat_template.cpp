@@ -9,6 +9,7 @@
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
+#include <pthread.h>
 
 #include <cstdio>
 #include <cstdlib>
@@ -327,6 +328,34 @@ TEST(ChatTemplate, DeepNestingIsRefusedNotAStackOverflow) {
   EXPECT_EQ(render("{% macro c(n) %}{% if n > 0 %}{{ n }}{{ c(n - 1) }}{% endif %}{% endmacro %}"
                    "{{ c(50) | length }}"),
             "91");
+}
+
+// The stack bound follows the thread's own stack: on a thread of 1 MiB, part of it taken by
+// thread-local storage, the fixed 1 MiB bound this one replaced let runaway recursion overflow
+// the stack (a crash); now it is a DataError.
+TEST(ChatTemplate, RecursionOnASmallThreadStackIsRefused) {
+  struct Job {
+    std::string error;
+    std::string bounded;
+  } job;
+  pthread_attr_t attr;
+  ASSERT_EQ(pthread_attr_init(&attr), 0);
+  ASSERT_EQ(pthread_attr_setstacksize(&attr, size_t{1} << 20), 0);
+  pthread_t thread;
+  const auto body = [](void* arg) -> void* {
+    auto* j = static_cast<Job*>(arg);
+    j->error = error_of<DataError>(
+        "{% macro m(n) %}{% if true %}{{ (m(n) | trim) ~ 'x' }}{% endif %}"
+        "{% endmacro %}{{ m(1) }}");
+    j->bounded = render(
+        "{% macro c(n) %}{% if n > 0 %}{{ n }}{{ c(n - 1) }}{% endif %}{% endmacro %}{{ c(5) }}");
+    return nullptr;
+  };
+  ASSERT_EQ(pthread_create(&thread, &attr, body, &job), 0);
+  pthread_attr_destroy(&attr);
+  ASSERT_EQ(pthread_join(thread, nullptr), 0);
+  EXPECT_NE(job.error.find("maximum recursion depth exceeded"), std::string::npos) << job.error;
+  EXPECT_EQ(job.bounded, "54321");
 }
 
 TEST(ChatTemplate, ApplyChatTemplateNormalizesMessages) {

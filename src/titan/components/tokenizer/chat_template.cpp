@@ -8,6 +8,9 @@
 #include "titan/components/tokenizer/chat_template_ast.h"
 #include "titan/components/tokenizer/chat_template_builtins.h"
 
+#include <pthread.h>
+
+#include <algorithm>
 #include <cstdint>
 #include <unordered_map>
 
@@ -54,6 +57,7 @@ class JinjaRenderer {
     std::string out;
     char base = 0;
     stack_base_ = reinterpret_cast<std::uintptr_t>(&base);
+    stack_budget_ = stack_budget(stack_base_);
     exec_body(program.body, root, &out);
     return out;
   }
@@ -445,14 +449,28 @@ class JinjaRenderer {
   const std::string& name_;
   std::optional<std::time_t> now_;
   // Recursion (macros calling macros, expressions inside blocks inside macros) is bounded by the
-  // stack it takes, not only by a count: frames differ in size from build to build (several KB
-  // each under AddressSanitizer), and a thread's stack may be smaller than the main one's.
-  static constexpr std::uintptr_t kStackBudget = 1 << 20;  // bytes
+  // stack it takes, not only by a count: frames differ in size from build to build (several times
+  // larger under a sanitizer or without optimization), and threads' stacks differ in size. The
+  // budget is half of what this thread's stack has left where rendering starts, at most 64 MiB;
+  // 1 MiB where the stack's size cannot be read.
+  static std::uintptr_t stack_budget(std::uintptr_t here) {
+    constexpr std::uintptr_t kFallback = std::uintptr_t{1} << 20, kMax = std::uintptr_t{64} << 20;
+    pthread_attr_t attr;
+    if (pthread_getattr_np(pthread_self(), &attr) != 0) return kFallback;
+    void* low = nullptr;
+    size_t size = 0;
+    const bool known = pthread_attr_getstack(&attr, &low, &size) == 0;
+    pthread_attr_destroy(&attr);
+    const auto bottom = reinterpret_cast<std::uintptr_t>(low);
+    if (!known || here <= bottom || here - bottom > size) return kFallback;
+    return std::min((here - bottom) / 2, kMax);
+  }
   std::uintptr_t stack_base_ = 0;
+  std::uintptr_t stack_budget_ = 0;
   void check_stack(int line) {
     char here = 0;
     const std::uintptr_t at = reinterpret_cast<std::uintptr_t>(&here);
-    if (stack_base_ > at && stack_base_ - at > kStackBudget) {
+    if (stack_base_ > at && stack_base_ - at > stack_budget_) {
       fail_data(line,
                 "maximum recursion depth exceeded (the template nests or recurses too deeply)");
     }
