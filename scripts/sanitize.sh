@@ -67,13 +67,10 @@ status=0
 (cd "$build_dir" && ctest --output-on-failure -j "$(nproc)" --timeout 1800 "${ctest_args[@]}") ||
   status=1
 echo "[sanitize] $sanitizer tests: $((SECONDS - test_start)) s"
-reports=$(find "$logs" -type f | sort)
-if [ -n "$reports" ]; then
-  for f in $reports; do
-    echo "[sanitize] report $f:"
-    head -n 20 "$f"
-  done
+while IFS= read -r f; do
+  echo "[sanitize] report $f:"
+  head -n 20 "$f"
   status=1
-fi
+done < <(find "$logs" -type f | sort)
 [ "$status" = 0 ] && echo "[sanitize] $sanitizer: every case passed, no report"
 exit "$status"

@@ -455,15 +455,28 @@ class JinjaRenderer {
   // 1 MiB where the stack's size cannot be read.
   static std::uintptr_t stack_budget(std::uintptr_t here) {
     constexpr std::uintptr_t kFallback = std::uintptr_t{1} << 20, kMax = std::uintptr_t{64} << 20;
-    pthread_attr_t attr;
-    if (pthread_getattr_np(pthread_self(), &attr) != 0) return kFallback;
-    void* low = nullptr;
-    size_t size = 0;
-    const bool known = pthread_attr_getstack(&attr, &low, &size) == 0;
-    pthread_attr_destroy(&attr);
-    const auto bottom = reinterpret_cast<std::uintptr_t>(low);
-    if (!known || here <= bottom || here - bottom > size) return kFallback;
-    return std::min((here - bottom) / 2, kMax);
+    // Read once per thread: for the main thread glibc reads /proc/self/maps, and a data loader
+    // renders a template per sample.
+    struct Stack {
+      std::uintptr_t bottom = 0, size = 0;  // size 0: unknown
+    };
+    thread_local const Stack stack = [] {
+      Stack s;
+      pthread_attr_t attr;
+      if (pthread_getattr_np(pthread_self(), &attr) != 0) return s;
+      void* low = nullptr;
+      size_t size = 0;
+      if (pthread_attr_getstack(&attr, &low, &size) == 0) {
+        s.bottom = reinterpret_cast<std::uintptr_t>(low);
+        s.size = size;
+      }
+      pthread_attr_destroy(&attr);
+      return s;
+    }();
+    if (stack.size == 0 || here <= stack.bottom || here - stack.bottom > stack.size) {
+      return kFallback;
+    }
+    return std::min((here - stack.bottom) / 2, kMax);
   }
   std::uintptr_t stack_base_ = 0;
   std::uintptr_t stack_budget_ = 0;
