@@ -1,7 +1,8 @@
 # Hardening at the binary level (issue 12): a frozen rank is bounded by comm.train_timeout_seconds
 # and `titan run` takes the whole job down, including the frozen rank; start-up refuses what
 # cannot run (non-finite floats, an empty dump folder, absurd thread counts, sizes that cannot fit
-# in memory, a validation set smaller than one batch) naming the key; hints name the right key.
+# in memory, a validation set smaller than one batch) naming the key; hints name the right key;
+# an OpenMP thread limit or dynamic adjustment cannot make bf16 matmuls give NaN.
 source "$(dirname "$0")/lib.sh"
 
 debug=(--job.config_file configs/llama3/debug_model.toml)
@@ -90,6 +91,22 @@ echo "too short" >"$WORK/small_val/a.txt"
 refused "validation set 'text' yields no full batch of 8 x 33 tokens" train "${debug[@]}" "${fast[@]}" \
   --training.seq_len 32 --validation.enable --validation.dataset text \
   --validation.dataset_path "$WORK/small_val" --validation.seq_len 32
+
+# --- OpenMP running fewer threads than asked for: PyTorch's bf16 matmuls then give NaN ---
+# OMP_THREAD_LIMIT below the threads asked caps them; OMP_DYNAMIC is turned off. Each run made a
+# NaN loss at step 1 before (bf16 debug model, 2 threads asked); now both train and say why.
+omp_run() {  # omp_run TAG ENV...: 2 bf16 steps with 2 threads asked under ENV; finite losses
+  local tag="$1"; shift
+  expect_exit 0 env "$@" timeout 120 "$TITAN" train "${debug[@]}" "${fast[@]}" "${tiny[@]}" \
+    --training.steps 2 --training.num_threads 2 --metrics.log_freq 1
+  expect_output 'step: +2 +loss: +[0-9]+\.[0-9]+ '
+}
+omp_run limit OMP_THREAD_LIMIT=1
+expect_output "2 intra-op threads asked for, but OpenMP's thread limit \(OMP_THREAD_LIMIT\) is 1: using 1"
+expect_output 'threads: 1 intra-op thread \([0-9]+ cores, OMP_THREAD_LIMIT 1\)'
+omp_run dynamic OMP_DYNAMIC=true
+expect_output "OpenMP's dynamic thread adjustment \(OMP_DYNAMIC\) turned off"
+echo "OpenMP: OMP_THREAD_LIMIT 1 caps 2 threads to 1, OMP_DYNAMIC is turned off; both train"
 
 # --- hints that name what is really wrong ---
 mkdir -p "$WORK/titan_ckpt/step-2"

@@ -36,10 +36,37 @@ std::string configure_threads(int64_t num_threads, int64_t local_ranks) {
                 "slow every step. HINT: training.num_threads 0 (cores / local ranks) or at most ",
                 cores);
   }
+  // ATen's bfloat16 matmuls split their work for the threads asked for, and PyTorch 2.15 returns
+  // NaN when OpenMP runs fewer (a 256 x 512 x 384 product, 2 threads asked, 1 run). OpenMP runs
+  // fewer past its thread limit (OMP_THREAD_LIMIT), which therefore caps the threads asked for,
+  // and under dynamic adjustment (OMP_DYNAMIC), which is turned off (it gave 1 thread of 2 on a
+  // machine whose load average was 2).
+  using GetInt = int (*)();
+  using SetInt = void (*)(int);
+  auto get_dynamic = reinterpret_cast<GetInt>(dlsym(RTLD_DEFAULT, "omp_get_dynamic"));
+  auto set_dynamic = reinterpret_cast<SetInt>(dlsym(RTLD_DEFAULT, "omp_set_dynamic"));
+  if (get_dynamic != nullptr && set_dynamic != nullptr && get_dynamic() != 0) {
+    set_dynamic(0);
+    log_warning(
+        "OpenMP's dynamic thread adjustment (OMP_DYNAMIC) turned off: it may run fewer "
+        "threads than ATen splits work for, and bfloat16 matmuls then give NaN");
+  }
+  auto get_limit = reinterpret_cast<GetInt>(dlsym(RTLD_DEFAULT, "omp_get_thread_limit"));
+  const int64_t limit = get_limit != nullptr ? get_limit() : INT_MAX;
+  const bool capped = n > limit && limit > 0;
+  if (capped) {
+    log_warning(n, " intra-op threads asked for, but OpenMP's thread limit (OMP_THREAD_LIMIT) is ",
+                limit, ": using ", limit,
+                ", since bfloat16 matmuls split for more threads than run give NaN. HINT: raise "
+                "OMP_THREAD_LIMIT, or ask for at most ",
+                limit, " (training.num_threads, OMP_NUM_THREADS)");
+    n = limit;
+  }
   at::set_num_threads(static_cast<int>(n));
 
   std::ostringstream desc;
-  desc << n << " intra-op thread" << (n == 1 ? "" : "s") << " (" << cores << " cores)";
+  desc << n << " intra-op thread" << (n == 1 ? "" : "s") << " (" << cores << " cores"
+       << (capped ? ", OMP_THREAD_LIMIT " + std::to_string(limit) : std::string()) << ")";
   using GetParallel = int (*)();
   using SetThreads = void (*)(int);
   auto get_parallel = reinterpret_cast<GetParallel>(dlsym(RTLD_DEFAULT, "openblas_get_parallel"));
