@@ -17,10 +17,15 @@
 // AMD since Zen has): "avx2" alone compiles without FMA, so a * b + c rounded twice where ATen's
 // AVX2 kernels (built with -mfma) round once, and Adam's L2 term g + wd * p, which cancels, moved
 // the update by 0.2% against ATen's on an AVX2-only CPU.
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && \
-    !defined(__SANITIZE_ADDRESS__)
+// Sanitized builds compile one version (the baseline, without FMA): the ifunc resolver that picks
+// a clone runs while the program loads, and ThreadSanitizer's instrumented one crashed there,
+// before its runtime had started.
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#define TITAN_CPU_ONE_CLONE 1
+#endif
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(TITAN_CPU_ONE_CLONE)
 #define TITAN_CPU_CLONES __attribute__((target_clones("avx512f", "arch=x86-64-v3", "default")))
-#elif defined(__x86_64__) && defined(__clang__) && !defined(__SANITIZE_ADDRESS__)
+#elif defined(__x86_64__) && defined(__clang__) && !defined(TITAN_CPU_ONE_CLONE)
 #define TITAN_CPU_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
 #else
 #define TITAN_CPU_CLONES
