@@ -95,16 +95,15 @@ refused "validation set 'text' yields no full batch of 8 x 33 tokens" train "${d
 # --- OpenMP running fewer threads than asked for: PyTorch's bf16 matmuls then give NaN ---
 # OMP_THREAD_LIMIT below the threads asked caps them; OMP_DYNAMIC is turned off. Each run made a
 # NaN loss at step 1 before (bf16 debug model, 2 threads asked); now both train and say why.
-omp_run() {  # omp_run TAG ENV...: 2 bf16 steps with 2 threads asked under ENV; finite losses
-  local tag="$1"; shift
+omp_run() {  # omp_run ENV...: 2 bf16 steps with 2 threads asked under ENV; finite losses
   expect_exit 0 env "$@" timeout 120 "$TITAN" train "${debug[@]}" "${fast[@]}" "${tiny[@]}" \
     --training.steps 2 --training.num_threads 2 --metrics.log_freq 1
   expect_output 'step: +2 +loss: +[0-9]+\.[0-9]+ '
 }
-omp_run limit OMP_THREAD_LIMIT=1
+omp_run OMP_THREAD_LIMIT=1
 expect_output "2 intra-op threads asked for, but OpenMP's thread limit \(OMP_THREAD_LIMIT\) is 1: using 1"
 expect_output 'threads: 1 intra-op thread \([0-9]+ cores, OMP_THREAD_LIMIT 1\)'
-omp_run dynamic OMP_DYNAMIC=true
+omp_run OMP_DYNAMIC=true
 expect_output "OpenMP's dynamic thread adjustment \(OMP_DYNAMIC\) turned off"
 echo "OpenMP: OMP_THREAD_LIMIT 1 caps 2 threads to 1, OMP_DYNAMIC is turned off; both train"
 
