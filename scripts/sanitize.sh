@@ -17,11 +17,13 @@ set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 sanitizer="${1:-}"
+unit_threads=2  # the unit suites' OMP_NUM_THREADS under ctest (CMake's TITAN_UNIT_OMP_NUM_THREADS)
 case "$sanitizer" in
   address) flags="-fsanitize=address" ;;
   # vptr needs the type information of every polymorphic class, libtorch's too: left out.
   undefined) flags="-fsanitize=undefined -fno-sanitize=vptr" ;;
-  thread) flags="-fsanitize=thread" ;;  # OpenMP on one thread: see TSAN_OPTIONS below
+  # OpenMP on one thread: see TSAN_OPTIONS below.
+  thread) flags="-fsanitize=thread" unit_threads=1 ;;
   *)
     echo "usage: scripts/sanitize.sh address|undefined|thread [ctest arguments]" >&2
     exit 2
@@ -36,8 +38,6 @@ logs="$build_dir/sanitizer-logs"
 python="${TITAN_PYTHON:-$(bash "$root/scripts/python_env.sh" --print)}"
 
 # Configure when the folder is new or was configured otherwise (as setup.sh does).
-unit_threads=2
-[ "$sanitizer" = thread ] && unit_threads=1
 configured="python=${python} libtorch=${TITAN_LIBTORCH:-} flags=${flags} unit_threads=${unit_threads}"
 stamp="$build_dir/.titan-configured"
 if [ ! -f "$build_dir/build.ninja" ] || [ "$(cat "$stamp" 2>/dev/null)" != "$configured" ]; then
@@ -74,7 +74,7 @@ if [ "$sanitizer" = address ]; then
   export GTEST_FILTER="-PrepareDir.StreamingALargeCorpusKeepsMemoryBounded:$adam"
 fi
 if [ "$sanitizer" = thread ]; then
-  # One thread asked for as well as one run (the unit suites' is set at configure time): unit
+  # One thread asked for as well as one run (the unit suites' through unit_threads): unit
   # cases do not go through configure_threads, which caps the threads at the limit, and bf16
   # matmuls give NaN when fewer threads run than were asked for.
   export OMP_THREAD_LIMIT=1 OMP_NUM_THREADS=1
