@@ -79,3 +79,24 @@ grep -qi 'fingerprint' "$WORK/mismatch.0" "$WORK/mismatch.1" ||
   { cat "$WORK/mismatch.0" "$WORK/mismatch.1" >&2; fail "mismatch message"; }
 ! grep -qE 'step: +1 ' "$WORK/mismatch.0" || fail "mismatched ranks trained"
 echo "mismatched config refused"
+
+# Ranks agree on the CPU's bf16 matmul path: where one rank's bf16 GEMMs are slow (forced here:
+# rank 1 as if on an AVX2 host), every rank multiplies in float32 on the rounded operands, so that
+# the ranks compute alike; the run trains. (Ranks other than 0 log warnings only.)
+port=$(free_port)
+pids=()
+for r in 0 1; do
+  RANK=$r LOCAL_RANK=$r WORLD_SIZE=2 LOCAL_WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port \
+    TITAN_CPU_FAST_BF16_MATMUL=$((1 - r)) timeout 120 "$TITAN" train "${common[@]}" \
+    --training.mixed_precision_param bfloat16 --training.local_batch_size 4 --training.steps 2 \
+    --validation.enable false \
+    --checkpoint.enable false --job.dump_folder "$WORK/agree" >"$WORK/agree.$r" 2>&1 &
+  pids+=($!)
+done
+for r in 0 1; do
+  set +e; wait "${pids[$r]}"; code=$?; set -e
+  [ "$code" = 0 ] || { cat "$WORK/agree.$r" >&2; fail "bf16 path agreement: rank $r exit $code"; }
+done
+grep -q 'bfloat16 matmuls and attention in float32 on the rounded operands (TITAN_CPU_FAST_BF16_MATMUL=1; another rank.s bf16 GEMMs are slow' "$WORK/agree.0" ||
+  { cat "$WORK/agree.0" >&2; fail "rank 0 kept bf16 GEMMs that rank 1 measured slow"; }
+echo "ranks agree on the bf16 matmul path"

@@ -10,8 +10,10 @@ expect_output "model parameters: "
 # The config's tokenizer: the 2,048-id BPE trained on sotu by scripts/setup.sh, not the bytes.
 expect_output "tokenizer vocab 2048"
 expect_output "peak FLOP/s for MFU: .* measured"
-# The paths chosen for this CPU, with why (bf16 matmuls by ATen or widened; titan's kernels).
+# The paths chosen for this CPU, with why (bf16 matmuls by ATen or widened, by the GEMMs' measured
+# rates; titan's kernels).
 expect_output "CPU paths \(each measured fastest on this kind of CPU; same numbers\): bfloat16 matmuls"
+expect_output "bfloat16 matmuls (by ATen|and attention in float32 on the rounded operands) \((bf16 GEMMs measured [0-9.]+ GFLOP/s on this CPU, float32 [0-9.]+|TITAN_CPU_FAST_BF16_MATMUL=[01])\)"
 expect_output "step: 40 .*loss: .*grad_norm: .*lr: .*memory: .*GiB.*tps: .*tflops: .*mfu: .*%"
 expect_output "validation_loss: "
 metrics="$WORK/run/metrics.jsonl"

@@ -5,7 +5,9 @@
 #include "titan/common/check.h"
 #include "titan/common/logging.h"
 
+#include <ATen/ATen.h>
 #include <ATen/Parallel.h>
+#include <ATen/record_function.h>
 
 #include <dlfcn.h>
 #ifdef __GLIBC__
@@ -15,9 +17,12 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <climits>
 #include <cstdlib>
 #include <fstream>
+#include <iomanip>
+#include <mutex>
 #include <sstream>
 
 namespace titan {
@@ -114,29 +119,100 @@ std::string host_name() {
 }
 
 namespace {
-// -1: detect; 0 or 1: a test's override.
+
+// -1: not set; 0 or 1: a test's override, which wins over the choice below.
 std::atomic<int> fast_bf16_matmul_override{-1};
+// -1: not decided yet; 0 or 1: this process's choice (environment, measurement or agreement).
+std::atomic<int> fast_bf16_matmul_choice{-1};
+std::mutex fast_bf16_matmul_mutex;  // the first decision, and the reason below
+std::string fast_bf16_matmul_why;
+
+// ATen's best rate for an (n x n) @ (n x n) product in `dtype` over `reps` timed calls after one
+// untimed (the first bf16 call sets oneDNN up). Values need not be random: a GEMM's speed does
+// not depend on them, and the global generator must stay as the seed left it.
+double gemm_flops(at::ScalarType dtype, int64_t n, int reps) {
+  const auto opts = at::TensorOptions().dtype(dtype);
+  const at::Tensor a = at::full({n, n}, 0.5, opts), b = at::full({n, n}, 0.25, opts);
+  at::Tensor c = at::empty({n, n}, opts);
+  at::mm_out(c, a, b);
+  double best = 0.0;
+  for (int i = 0; i < reps; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    at::mm_out(c, a, b);
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    best = std::max(best, 2.0 * static_cast<double>(n * n * n) / std::max(s, 1e-9));
+  }
+  return best;
+}
+
+std::string gflops_text(double flops) {
+  std::ostringstream os;
+  os << std::fixed << std::setprecision(flops < 10e9 ? 1 : 0) << flops / 1e9;
+  return os.str();
+}
+
+// Decides once per process: TITAN_CPU_FAST_BF16_MATMUL, else the measurement.
+void decide_fast_bf16_matmul() {
+  std::lock_guard<std::mutex> lock(fast_bf16_matmul_mutex);
+  if (fast_bf16_matmul_choice.load(std::memory_order_acquire) >= 0) return;
+  const char* v = std::getenv("TITAN_CPU_FAST_BF16_MATMUL");
+  const std::string value = v == nullptr ? "" : v;
+  bool fast = true;
+  if (!value.empty()) {
+    if (value != "0" && value != "1") {
+      throw ConfigError(message("TITAN_CPU_FAST_BF16_MATMUL='", value,
+                                "' must be 0 or 1 (or unset: measured on this CPU)"));
+    }
+    fast = value == "1";
+    fast_bf16_matmul_why = "TITAN_CPU_FAST_BF16_MATMUL=" + value;
+  } else {
+    const Bf16MatmulMeasurement m = measure_bf16_matmul();
+    fast = m.fast;
+    fast_bf16_matmul_why = "bf16 GEMMs measured " + gflops_text(m.bf16_flops) +
+                           " GFLOP/s on this CPU, float32 " + gflops_text(m.float_flops);
+  }
+  fast_bf16_matmul_choice.store(fast ? 1 : 0, std::memory_order_release);
+}
+
 }  // namespace
+
+bool bf16_gemm_is_fast(double bf16_flops, double float_flops) {
+  return bf16_flops * kWidenWhenFloat32Faster >= float_flops;
+}
+
+Bf16MatmulMeasurement measure_bf16_matmul() {
+  // Neither the autograd graph nor an op recorder (a profiler, titan bench --breakdown, a test's
+  // op counter) sees the probe's products.
+  const at::NoGradGuard no_grad;
+  const at::RecordFunctionGuard no_recording(/*is_enabled=*/false);
+  Bf16MatmulMeasurement m;
+  m.float_flops = gemm_flops(at::kFloat, 512, 3);
+  // A generic loop (~1 GFLOP/s) is told apart on one 256^3 product (~30 ms there) instead of
+  // four 512^3 ones (~1 s).
+  m.bf16_flops = gemm_flops(at::kBFloat16, 256, 1);
+  if (m.bf16_flops * 8 >= m.float_flops) m.bf16_flops = gemm_flops(at::kBFloat16, 512, 3);
+  m.fast = bf16_gemm_is_fast(m.bf16_flops, m.float_flops);
+  return m;
+}
 
 bool cpu_has_fast_bf16_matmul() {
   const int forced = fast_bf16_matmul_override.load(std::memory_order_relaxed);
   if (forced >= 0) return forced == 1;
-  static const int from_env = [] {
-    const char* v = std::getenv("TITAN_CPU_FAST_BF16_MATMUL");
-    const std::string value = v == nullptr ? "" : v;
-    if (value.empty()) return -1;
-    if (value == "0" || value == "1") return value == "1" ? 1 : 0;
-    throw ConfigError(message("TITAN_CPU_FAST_BF16_MATMUL='", value,
-                              "' must be 0 or 1 (or unset: detected from the CPU)"));
-  }();
-  if (from_env >= 0) return from_env == 1;
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-  static const bool fast = __builtin_cpu_supports("avx512bw") &&
-                           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
-  return fast;
-#else
-  return true;
-#endif
+  if (fast_bf16_matmul_choice.load(std::memory_order_acquire) < 0) decide_fast_bf16_matmul();
+  return fast_bf16_matmul_choice.load(std::memory_order_acquire) == 1;
+}
+
+std::string fast_bf16_matmul_reason() {
+  if (fast_bf16_matmul_override.load(std::memory_order_relaxed) >= 0) return "a test's override";
+  cpu_has_fast_bf16_matmul();
+  std::lock_guard<std::mutex> lock(fast_bf16_matmul_mutex);
+  return fast_bf16_matmul_why;
+}
+
+void set_fast_bf16_matmul(bool fast, const std::string& why) {
+  std::lock_guard<std::mutex> lock(fast_bf16_matmul_mutex);
+  fast_bf16_matmul_why = why;
+  fast_bf16_matmul_choice.store(fast ? 1 : 0, std::memory_order_release);
 }
 
 void override_fast_bf16_matmul_for_testing(std::optional<bool> fast) {

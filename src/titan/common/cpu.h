@@ -15,13 +15,38 @@ namespace titan {
 // only stalls start-up spawning threads. Above the core count is allowed, with a warning.
 constexpr int64_t kMaxNumThreads = 1024;
 
-// Whether this CPU multiplies bfloat16 matrices at speed: ATen's bf16 matmuls go through oneDNN
-// only with AVX-512 (BW, VL, DQ: ATen's own test); without them (AVX2) a generic loop runs them
-// at about 1 GFLOP/s on 2 cores against 50 in float32. True off x86.
-// TITAN_CPU_FAST_BF16_MATMUL=0 or 1 overrides the detection (benchmarks that take another CPU's
-// paths here, e.g. an AVX2 machine's on an AVX-512 one).
+// Whether this CPU multiplies bfloat16 matrices at speed, measured once per process (the first
+// call; a few ms): ATen's bf16 and float32 GEMMs, a 512^3 product each on the intra-op threads
+// of the time. Fast unless float32 measured more than kWidenWhenFloat32Faster times faster. Without
+// AVX-512 (BW, VL, DQ: ATen's test for sending them to oneDNN) bf16 GEMMs are a generic loop at
+// about 1 GFLOP/s on 2 cores against 50-250 in float32 (told apart on one 256^3 product); and an
+// AVX-512 BF16 CPU may still multiply bf16 at half float32's speed (a 2-core Intel Xeon with
+// AVX-512 FP16: 150 against 265 GFLOP/s), so no feature flag decides. TITAN_CPU_FAST_BF16_MATMUL=0
+// or 1 overrides the measurement (benchmarks that take another CPU's paths here, runs that must
+// not depend on a timing); the trainer makes its ranks agree (set_fast_bf16_matmul).
 bool cpu_has_fast_bf16_matmul();
-// Tests take either path on any CPU: true or false overrides the detection, nullopt restores it.
+// Why cpu_has_fast_bf16_matmul says what it says, for the log, e.g. "bf16 GEMMs measured 150
+// GFLOP/s on this CPU, float32 265" or "TITAN_CPU_FAST_BF16_MATMUL=0".
+std::string fast_bf16_matmul_reason();
+// Makes `fast` this process's choice from now on, with `why` as its reason (the trainer, when one
+// of its ranks measured otherwise).
+void set_fast_bf16_matmul(bool fast, const std::string& why);
+
+// bf16 GEMMs count as slow when float32's run more than this many times faster. Widening costs
+// two casts per product: at 1.8x in the GEMM (the Intel Xeon above) the default bf16 job trained
+// 1.3-1.5x faster widened.
+constexpr double kWidenWhenFloat32Faster = 1.3;
+// The rule on two measured rates (FLOP/s).
+bool bf16_gemm_is_fast(double bf16_flops, double float_flops);
+struct Bf16MatmulMeasurement {
+  double bf16_flops = 0;
+  double float_flops = 0;
+  bool fast = true;  // bf16_gemm_is_fast(bf16_flops, float_flops)
+};
+// Times the two GEMMs now (what the first cpu_has_fast_bf16_matmul does), without changing the
+// choice, the random generators, autograd graphs or what an op recorder counts.
+Bf16MatmulMeasurement measure_bf16_matmul();
+// Tests take either path on any CPU: true or false overrides the choice, nullopt restores it.
 void override_fast_bf16_matmul_for_testing(std::optional<bool> fast);
 // Whether titan runs matmuls of `dtype` on `device` in float32 on the operands as rounded to
 // `dtype` (one rounding of the result at the end): 16-bit floats on a CPU without fast bf16

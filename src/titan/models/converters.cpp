@@ -205,12 +205,12 @@ int64_t apply_compile(torch::nn::Module& model, const CompileSection& config,
     return 0;
   }
   const std::string dtype_text = dtype_name(dtype);
+  const bool reduced = dtype == at::kBFloat16 || dtype == at::kHalf;
+  const std::string why = reduced ? " (" + fast_bf16_matmul_reason() + ")" : "";
   const std::string matmuls =
       widens_reduced_matmul(dtype, device)
-          ? dtype_text +
-                " matmuls and attention in float32 on the rounded operands (this CPU has "
-                "no fast bf16 GEMMs: no AVX-512 BW/VL/DQ)"
-          : dtype_text + " matmuls by ATen";
+          ? dtype_text + " matmuls and attention in float32 on the rounded operands" + why
+          : dtype_text + " matmuls by ATen" + why;
   if (aten_cpu_kernels_requested()) {
     log_info("CPU paths: ", matmuls,
              "; ATen's compositions for every layer (TITAN_CPU_KERNELS=aten)");

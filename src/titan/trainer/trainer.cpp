@@ -69,6 +69,7 @@ Trainer::Trainer(JobConfig config, const DistributedContext* dist) : config_(std
   if (config_.debug.deterministic)
     set_deterministic(device_, config_.debug.deterministic_warn_only);
   compute_dtype_ = training_compute_dtype(config_.training);
+  agree_cpu_matmul_path();
 
   const auto& t = config_.training;
   const int64_t per_step = t.local_batch_size * dp_size_;
@@ -128,6 +129,21 @@ void Trainer::build_parallelism(const DistributedContext* dist) {
                                options);
   dims_->build_groups(world_);
   log_info("parallelism: ", dims_->describe(), "; data-parallel rank ", dp_rank_, " of ", dp_size_);
+}
+
+// Each rank measured its CPU's bf16 GEMMs (cpu_has_fast_bf16_matmul); every rank takes one path,
+// so that ranks (and hosts) compute alike: widened where any rank measured them slow.
+void Trainer::agree_cpu_matmul_path() {
+  if (!world_ || !device_.is_cpu()) return;
+  if (compute_dtype_ != at::kBFloat16 && compute_dtype_ != at::kHalf) return;
+  const bool fast = cpu_has_fast_bf16_matmul();
+  const at::Tensor flag = at::full({1}, fast ? 1 : 0, at::kLong);
+  world_->all_reduce(flag, dist::ReduceOp::kMin).wait();
+  if (host_item<int64_t>(flag) == 0 && fast) {
+    set_fast_bf16_matmul(false, fast_bf16_matmul_reason() +
+                                    "; another rank's bf16 GEMMs are slow, and every rank "
+                                    "computes alike");
+  }
 }
 
 Trainer::~Trainer() = default;

@@ -140,6 +140,8 @@ class Trainer {
   // [profiling]: traces and memory snapshots (before the model, so that memory counts it).
   void build_profiling();
   void build_parallelism(const DistributedContext* dist);
+  // On the CPU in bf16: one matmul path for every rank (the slowest measurement decides).
+  void agree_cpu_matmul_path();
   // Rank 0 locks job.dump_folder (no second run may share it); every rank throws if it cannot.
   void lock_dump_folder();
   // This rank's rows of a global micro-batch from `loader` (batch dp_size * local), on the

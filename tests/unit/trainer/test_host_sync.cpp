@@ -99,7 +99,9 @@ void expect_budget(const Layout& layout, int64_t per_step, const std::string& ta
     }
     EXPECT_EQ(r.host_syncs, 1 + per_step);
     EXPECT_EQ(r.between, per_step);
-    if (comm_ops >= 0) EXPECT_EQ(r.comm_ops, comm_ops);
+    if (comm_ops >= 0) {
+      EXPECT_EQ(r.comm_ops, comm_ops);
+    }
   }
 }
 
