@@ -117,8 +117,17 @@ same_as_one() {
 # 10), one process (local batch 8), FSDP over 2 ranks (UNITS units) and DDP over 2 (local batch
 # 4): the 2-rank runs' losses and validation losses equal the one process's within 1e-5 relative
 # and their step-10 parameters within 3e-4 + 1e-4 relative; a run resumed from the one process's
-# step-5 checkpoint repeats its last 5 losses within 1e-6. Leaves the runs in $WORK/one, fsdp2,
-# ddp2, resumed.
+# step-5 checkpoint repeats its last 5 losses within 1e-5 (REPEAT_TOL). Leaves the runs in
+# $WORK/one, fsdp2, ddp2, resumed.
+#
+# REPEAT_TOL: runs that repeat another's steps in one process (a resume, the same weights from
+# another format, precomputed encodings) give the same bits on a quiet machine, but on a 2-core
+# Intel Xeon with AVX-512 (2026-12-07) a float32 FLUX run whose first step ran while another job
+# loaded both cores gave a first-step loss 3e-6 relative off (gradient norm 6e-7 off; 1 of 8
+# loaded runs in one trial, 0 of 15 in another; cause not found: titan issues these steps from
+# one host thread, so a library's split of work under load is suspected). A real fault (a lost
+# optimizer or scheduler state, the wrong generator or data position) moves losses by far more.
+REPEAT_TOL=1e-5
 data_parallel_parity() {
   local units="$1"; shift
   train_run one 1 "$@" --training.local_batch_size 8
@@ -134,5 +143,5 @@ data_parallel_parity() {
   grep -q "resuming training after step 5" "$WORK/resumed.log" || fail "no resume"
   grep '"loss":' "$WORK/one/metrics.jsonl" | tail -n 5 >"$WORK/tail5"
   mkdir -p "$WORK/one_tail" && mv "$WORK/tail5" "$WORK/one_tail/metrics.jsonl"
-  same_values one_tail resumed loss 1e-6
+  same_values one_tail resumed loss "$REPEAT_TOL"
 }
