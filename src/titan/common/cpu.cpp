@@ -3,6 +3,7 @@
 #include "titan/common/cpu.h"
 
 #include "titan/common/check.h"
+#include "titan/common/device.h"
 #include "titan/common/logging.h"
 
 #include <ATen/ATen.h>
@@ -17,7 +18,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <chrono>
 #include <climits>
 #include <cstdlib>
 #include <fstream>
@@ -127,22 +127,13 @@ std::atomic<int> fast_bf16_matmul_choice{-1};
 std::mutex fast_bf16_matmul_mutex;  // the first decision, and the reason below
 std::string fast_bf16_matmul_why;
 
-// ATen's best rate for an (n x n) @ (n x n) product in `dtype` over `reps` timed calls after one
-// untimed (the first bf16 call sets oneDNN up). Values need not be random: a GEMM's speed does
-// not depend on them, and the global generator must stay as the seed left it.
+// ATen's best rate for an (n x n) @ (n x n) product in `dtype` on the CPU. Values need not be
+// random: a GEMM's speed does not depend on them, and the global generator must stay as the seed
+// left it.
 double gemm_flops(at::ScalarType dtype, int64_t n, int reps) {
   const auto opts = at::TensorOptions().dtype(dtype);
   const at::Tensor a = at::full({n, n}, 0.5, opts), b = at::full({n, n}, 0.25, opts);
-  at::Tensor c = at::empty({n, n}, opts);
-  at::mm_out(c, a, b);
-  double best = 0.0;
-  for (int i = 0; i < reps; ++i) {
-    const auto t0 = std::chrono::steady_clock::now();
-    at::mm_out(c, a, b);
-    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    best = std::max(best, 2.0 * static_cast<double>(n * n * n) / std::max(s, 1e-9));
-  }
-  return best;
+  return best_matmul_flops(a, b, reps);
 }
 
 std::string gflops_text(double flops) {

@@ -6,9 +6,12 @@
 #include "titan/common/logging.h"
 #include "titan/common/torch_compat.h"
 
+#include <ATen/ATen.h>
 #include <ATen/Context.h>
 #include <ATen/detail/CUDAHooksInterface.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cstdlib>
 #include <fstream>
 #include <thread>
@@ -210,6 +213,24 @@ void synchronize_device(const at::Device& device) {
 #if TITAN_HAS_CUDA
   if (device.is_cuda()) c10::cuda::device_synchronize();
 #endif
+}
+
+double best_matmul_flops(const at::Tensor& a, const at::Tensor& b, int min_iters, double budget_s) {
+  at::Tensor c = at::empty({a.size(0), b.size(1)}, a.options());
+  at::mm_out(c, a, b);
+  synchronize_device(a.device());
+  const double flops = 2.0 * static_cast<double>(a.size(0) * a.size(1) * b.size(1));
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(budget_s);
+  double best = 0.0;
+  for (int iters = 0;
+       iters < 200 && (iters < min_iters || std::chrono::steady_clock::now() < deadline); ++iters) {
+    const auto t0 = std::chrono::steady_clock::now();
+    at::mm_out(c, a, b);
+    synchronize_device(a.device());
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    best = std::max(best, flops / std::max(s, 1e-9));
+  }
+  return best;
 }
 
 at::Tensor empty_staging(at::IntArrayRef sizes, at::ScalarType dtype, const at::Device& device) {

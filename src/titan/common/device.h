@@ -89,6 +89,12 @@ void reset_device_memory_stats(const at::Device& device);
 // Waits until all work queued on `device` is done (no-op on the CPU).
 void synchronize_device(const at::Device& device);
 
+// The best rate (FLOP/s) of ATen's product a @ b (2-D, on one device) over at least `min_iters`
+// timed products, more until `budget_s` has passed (at most 200), after one untimed product (the
+// first call sets BLAS, oneDNN or cuBLAS up); each is timed to the device's completion.
+double best_matmul_flops(const at::Tensor& a, const at::Tensor& b, int min_iters,
+                         double budget_s = 0.0);
+
 // Host memory whose copies to `device` can run asynchronously (page-locked) when `device` is a
 // CUDA device; ordinary memory otherwise (the CPU, or no driver).
 at::Tensor empty_staging(at::IntArrayRef sizes, at::ScalarType dtype, const at::Device& device);

@@ -46,22 +46,8 @@ double probe_peak_flops(at::ScalarType dtype, double budget_s, const at::Device&
   if (widens_reduced_matmul(dtype, device)) dtype = at::kFloat;
   const int64_t n = device.is_cpu() ? 1024 : 8192;
   auto opts = at::TensorOptions().dtype(dtype).device(device);
-  at::Tensor a = at::randn({n, n}, opts), b = at::randn({n, n}, opts), c = at::empty({n, n}, opts);
-  at::mm_out(c, a, b);  // warm-up (first call initialises BLAS / oneDNN / cuBLAS)
-  synchronize_device(device);
-  const double flops = 2.0 * n * n * n;
-  double best = 0.0;
-  auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(budget_s);
-  int iters = 0;
-  while (iters < 3 || std::chrono::steady_clock::now() < deadline) {
-    auto t0 = std::chrono::steady_clock::now();
-    at::mm_out(c, a, b);
-    synchronize_device(device);
-    double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    best = std::max(best, flops / dt);
-    if (++iters >= 200) break;
-  }
-  return best;
+  const at::Tensor a = at::randn({n, n}, opts), b = at::randn({n, n}, opts);
+  return best_matmul_flops(a, b, /*min_iters=*/3, budget_s);
 }
 
 namespace {
