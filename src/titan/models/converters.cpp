@@ -205,8 +205,7 @@ int64_t apply_compile(torch::nn::Module& model, const CompileSection& config,
     return 0;
   }
   const std::string dtype_text = dtype_name(dtype);
-  const bool reduced = dtype == at::kBFloat16 || dtype == at::kHalf;
-  const std::string why = reduced ? " (" + fast_bf16_matmul_reason() + ")" : "";
+  const std::string why = is_reduced_float(dtype) ? " (" + fast_bf16_matmul_reason() + ")" : "";
   const std::string matmuls =
       widens_reduced_matmul(dtype, device)
           ? dtype_text + " matmuls and attention in float32 on the rounded operands" + why

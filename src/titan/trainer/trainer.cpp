@@ -134,8 +134,7 @@ void Trainer::build_parallelism(const DistributedContext* dist) {
 // Each rank measured its CPU's bf16 GEMMs (cpu_has_fast_bf16_matmul); every rank takes one path,
 // so that ranks (and hosts) compute alike: widened where any rank measured them slow.
 void Trainer::agree_cpu_matmul_path() {
-  if (!world_ || !device_.is_cpu()) return;
-  if (compute_dtype_ != at::kBFloat16 && compute_dtype_ != at::kHalf) return;
+  if (!world_ || !device_.is_cpu() || !is_reduced_float(compute_dtype_)) return;
   const bool fast = cpu_has_fast_bf16_matmul();
   const at::Tensor flag = at::full({1}, fast ? 1 : 0, at::kLong);
   world_->all_reduce(flag, dist::ReduceOp::kMin).wait();
