@@ -108,6 +108,8 @@ int main(int argc, char** argv) {
     print_usage(argc < 2 ? stderr : stdout);
     return argc < 2 ? 2 : 0;
   }
+  // Before any command's parallel work (titan/common/cpu.h says why).
+  titan::warm_up_vector_math();
   const std::string command = argv[1];
   std::vector<std::string> args(argv + 2, argv + argc);
   try {

@@ -88,6 +88,27 @@ std::string configure_threads(int64_t num_threads, int64_t local_ranks) {
   return desc.str();
 }
 
+int64_t warm_up_vector_math() {
+  if (!at::hasMKL()) return 0;
+  // The functions ATen sends to VML (ATen/cpu/vml.h), each as ATen calls it: contiguous, in high
+  // accuracy. One element runs serially on this thread.
+  using Unary = at::Tensor (*)(const at::Tensor&);
+  static constexpr Unary kFunctions[] = {
+      &at::acos, &at::asin,  &at::atan, &at::cos, &at::erf,  &at::erfc, &at::erfinv, &at::exp,
+      &at::log,  &at::log10, &at::log2, &at::sin, &at::sqrt, &at::tan,  &at::tanh,   &at::trunc};
+  at::NoGradGuard no_grad;
+  at::RecordFunctionGuard unrecorded(false);
+  int64_t calls = 0;
+  for (const auto dtype : {at::kFloat, at::kDouble}) {
+    const at::Tensor x = at::full({1}, 0.5, at::TensorOptions().dtype(dtype));
+    for (const Unary f : kFunctions) {
+      (void)f(x);
+      ++calls;
+    }
+  }
+  return calls;
+}
+
 double machine_memory_bytes() {
   const long pages = sysconf(_SC_PHYS_PAGES);
   const long page_size = sysconf(_SC_PAGE_SIZE);

@@ -59,6 +59,17 @@ bool widens_reduced_matmul(c10::ScalarType dtype, const c10::Device& device);
 // Returns a one-line description for the log.
 std::string configure_threads(int64_t num_threads, int64_t local_ranks = 1);
 
+// Resolves the kernel choice of every MKL vector-math (VML) function that ATen's float and double
+// unary ops call (exp, log, sqrt, sin, cos, tanh, erf, erfinv, ...), by one serial one-element
+// call of each. oneMKL picks a function's kernel at its first call; the oneMKL in the pinned torch
+// wheel (2024.2) races when that first call runs on several intra-op threads at once, and one
+// thread then computes its whole chunk with a low-accuracy kernel although ATen asks for high
+// accuracy (measured here: the first exp of a FLUX step, on 8,192 elements, came out up to 1.5e-4
+// off, about 200 ulp, in its second half, in 1 to 4 runs of 100 on a loaded 2-core machine; the
+// next call is right). Call once at start-up, before any parallel work. Runs nothing on builds
+// without MKL; invisible to op recorders and to autograd. Returns how many calls it made.
+int64_t warm_up_vector_math();
+
 // This machine's memory for CPU runs in bytes: physical RAM, or the container's cgroup limit
 // when lower. 0 when unknown.
 double machine_memory_bytes();
