@@ -65,6 +65,7 @@ int main(int argc, char** argv) {
     if (std::strcmp(argv[i], "--threads") == 0) threads = std::atoi(argv[i + 1]);
     if (std::strcmp(argv[i], "--iters") == 0) iters = std::atoi(argv[i + 1]);
   }
+  titan::configure_cpu_allocator();  // as titan runs: large blocks reused from the heap
   std::printf("threads: %s\n", titan::configure_threads(threads).c_str());
   const std::vector<Shape> shapes = {{"(a)", 8, 256, 256, 8, 32, 768, 8192},
                                      {"(b)", 4, 512, 512, 8, 64, 1536, 32000}};
@@ -185,6 +186,44 @@ int main(int argc, char** argv) {
         row("head+ce", s, dtype, c, f, 5.0 * static_cast<double>(tokens * s.vocab) * esize);
       }
     }
+  }
+  // A bf16 model whose matmuls run in float32 on the rounded operands (widens_reduced_matmul), at
+  // the mixture of experts' sizes of qwen3 debugmodel_moe (seq 256 x 8 tokens, top 8 of 64
+  // experts: about 17,000 expert rows of 768; the experts' (64, 768, 256) weights): the widened
+  // SwiGLU against the casts and bf16 ops it replaces, and a weight rounded to bf16 in one pass
+  // against its two casts, forward + backward. GB/s: the fused op's reads and writes.
+  {
+    at::manual_seed(0);
+    const at::Tensor g1 = at::randn({17344, 768}).requires_grad_();
+    const at::Tensor g3 = at::randn({17344, 768}).requires_grad_();
+    const at::Tensor g = at::randn({17344, 768});
+    auto run = [&](bool fused) {
+      return median_ms(
+          [&] {
+            (fused ? titan::widened_swiglu(g1, g3)
+                   : (at::silu(g1.to(at::kBFloat16)) * g3.to(at::kBFloat16)).to(at::kFloat))
+                .backward(g);
+            g1.mutable_grad() = at::Tensor();
+            g3.mutable_grad() = at::Tensor();
+          },
+          iters);
+    };
+    const double c = run(false), f = run(true);
+    const Shape moe{"moe", 1, 17344, 0, 0, 0, 768, 0};
+    row("wswiglu", moe, at::kBFloat16, c, f, 32.0 * static_cast<double>(g1.numel()));
+    const at::Tensor w = at::randn({64, 768, 256}).requires_grad_();
+    const at::Tensor gw = at::randn({64, 768, 256});
+    auto run_w = [&](bool fused) {
+      return median_ms(
+          [&] {
+            (fused ? titan::widened_weight(w, at::kBFloat16) : w.to(at::kBFloat16).to(at::kFloat))
+                .backward(gw);
+            w.mutable_grad() = at::Tensor();
+          },
+          iters);
+    };
+    const double cw = run_w(false), fw = run_w(true);
+    row("wweight", moe, at::kBFloat16, cw, fw, 16.0 * static_cast<double>(w.numel()));
   }
   return 0;
 }

@@ -16,14 +16,15 @@ namespace titan {
 constexpr int64_t kMaxNumThreads = 1024;
 
 // Whether this CPU multiplies bfloat16 matrices at speed, measured once per process (the first
-// call; a few ms): ATen's bf16 and float32 GEMMs, a 512^3 product each on the intra-op threads
-// of the time. Fast unless float32 measured more than kWidenWhenFloat32Faster times faster. Without
-// AVX-512 (BW, VL, DQ: ATen's test for sending them to oneDNN) bf16 GEMMs are a generic loop at
-// about 1 GFLOP/s on 2 cores against 50-250 in float32 (told apart on one 256^3 product); and an
-// AVX-512 BF16 CPU may still multiply bf16 at half float32's speed (a 2-core Intel Xeon with
-// AVX-512 FP16: 150 against 265 GFLOP/s), so no feature flag decides. TITAN_CPU_FAST_BF16_MATMUL=0
-// or 1 overrides the measurement (benchmarks that take another CPU's paths here, runs that must
-// not depend on a timing); the trainer makes its ranks agree (set_fast_bf16_matmul).
+// call; about 50 ms): ATen's bf16 and float32 GEMMs, 512^3 products in alternation on the
+// intra-op threads of the time, the best of each. Fast unless float32 measured more than
+// kWidenWhenFloat32Faster times faster. Without AVX-512 (BW, VL, DQ: ATen's test for sending them
+// to oneDNN) bf16 GEMMs are a generic loop at about 1 GFLOP/s on 2 cores against 50-250 in float32
+// (told apart on one 256^3 product); and an AVX-512 BF16 CPU may still multiply bf16 at half
+// float32's speed (a 2-core Intel Xeon with AVX-512 FP16: 150 against 265 GFLOP/s), so no feature
+// flag decides. TITAN_CPU_FAST_BF16_MATMUL=0 or 1 overrides the measurement (benchmarks that take
+// another CPU's paths here, runs that must not depend on a timing); the trainer makes its ranks
+// agree (set_fast_bf16_matmul).
 bool cpu_has_fast_bf16_matmul();
 // Why cpu_has_fast_bf16_matmul says what it says, for the log, e.g. "bf16 GEMMs measured 150
 // GFLOP/s on this CPU, float32 265" or "TITAN_CPU_FAST_BF16_MATMUL=0".
@@ -33,8 +34,8 @@ std::string fast_bf16_matmul_reason();
 void set_fast_bf16_matmul(bool fast, const std::string& why);
 
 // bf16 GEMMs count as slow when float32's run more than this many times faster. Widening costs
-// two casts per product: at 1.8x in the GEMM (the Intel Xeon above) the default bf16 job trained
-// 1.3-1.5x faster widened.
+// casts around each product (the activations', and one pass over the weight each way): at 1.8x in
+// the GEMM (the Intel Xeon above) the default bf16 job trained 1.3-1.5x faster widened.
 constexpr double kWidenWhenFloat32Faster = 1.3;
 // The rule on two measured rates (FLOP/s).
 bool bf16_gemm_is_fast(double bf16_flops, double float_flops);

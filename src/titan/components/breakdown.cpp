@@ -50,7 +50,8 @@ OpFamily op_family_of_name(const std::string& full) {
   if (has("swiglu") || has("silu") || has("gelu")) return OpFamily::kActivation;
   if (has("loss") || has("cross_entropy") || has("softmax")) return OpFamily::kLoss;
   if (has("embedding")) return OpFamily::kEmbedding;
-  if (name == "to" || name == "_to_copy" || name == "tocopy" || name == "type_as") {
+  if (name == "to" || name == "_to_copy" || name == "tocopy" || name == "type_as" ||
+      has("round_to_bf16") || has("roundtobf16")) {
     return OpFamily::kCast;
   }
   if (has("accumulategrad")) return OpFamily::kAccumulate;

@@ -52,6 +52,18 @@ inline c10::BFloat16 float_to_bf16(float f) {
   return out;
 }
 
+// f rounded to the nearest bf16 value (ties to even; NaN stays NaN), kept a float:
+// bf16_to_float(float_to_bf16(f)) in 32-bit integer lanes only, which vectorize at full width.
+inline float round_bf16(float f) {
+  uint32_t bits;
+  std::memcpy(&bits, &f, sizeof(bits));
+  const uint32_t rounded = (bits + 0x7fffu + ((bits >> 16) & 1u)) & 0xffff0000u;
+  const uint32_t out = (bits & 0x7fffffffu) > 0x7f800000u ? 0x7fc00000u : rounded;
+  float r;
+  std::memcpy(&r, &out, sizeof(r));
+  return r;
+}
+
 inline float load(const float* p, int64_t i) { return p[i]; }
 inline float load(const c10::BFloat16* p, int64_t i) { return bf16_to_float(p[i]); }
 inline void store(float* p, int64_t i, float v) { p[i] = v; }

@@ -181,6 +181,50 @@ TITAN_CPU_CLONES void swiglu_backward_range_bf16(const BFloat16* g, const BFloat
   }
 }
 
+// --- Rounding to bf16 ----------------------------------------------------------------------
+
+TITAN_CPU_CLONES void round_to_bf16_range(const float* x, float* y, int64_t begin, int64_t end) {
+  for (int64_t i = begin; i < end; ++i) y[i] = round_bf16(x[i]);
+}
+
+// --- SwiGLU between widened matmuls --------------------------------------------------------
+
+TITAN_CPU_CLONES void widened_swiglu_range(const float* gate, const float* up, float* h,
+                                           BFloat16* a_out, BFloat16* b_out, int64_t begin,
+                                           int64_t end) {
+  alignas(64) float fa[kBlock], fb[kBlock];
+  for (int64_t start = begin; start < end; start += kBlock) {
+    const int64_t n = std::min(kBlock, end - start);
+    for (int64_t i = 0; i < n; ++i) {
+      const float a = round_bf16(gate[start + i]), b = round_bf16(up[start + i]);
+      fa[i] = a;
+      fb[i] = b;
+      h[start + i] = round_bf16(round_bf16(a * sigmoid_approx(a)) * b);
+    }
+    narrow(fa, a_out + start, n);
+    narrow(fb, b_out + start, n);
+  }
+}
+
+// ATen's bf16 backward of silu(a) * b: grad_b = bf16(g s), grad_s = bf16(g b), grad_a =
+// bf16(grad_s sig (1 + a (1 - sig))), with g = bf16(grad) and s = bf16(silu(a)).
+TITAN_CPU_CLONES void widened_swiglu_backward_range(const float* grad, const BFloat16* a_in,
+                                                    const BFloat16* b_in, float* ga, float* gb,
+                                                    int64_t begin, int64_t end) {
+  alignas(64) float fa[kBlock], fb[kBlock];
+  for (int64_t start = begin; start < end; start += kBlock) {
+    const int64_t n = std::min(kBlock, end - start);
+    widen(a_in + start, fa, n);
+    widen(b_in + start, fb, n);
+    for (int64_t i = 0; i < n; ++i) {
+      const float g = round_bf16(grad[start + i]), a = fa[i], b = fb[i];
+      const float sig = sigmoid_approx(a);
+      gb[start + i] = round_bf16(g * round_bf16(a * sig));
+      ga[start + i] = round_bf16(round_bf16(g * b) * sig * (1.0f + a * (1.0f - sig)));
+    }
+  }
+}
+
 // --- RoPE -------------------------------------------------------------------------------------
 
 // Rows are (b, s, h) triples in order; row r is at position (r / n_heads) % seqlen.
@@ -381,6 +425,58 @@ std::pair<at::Tensor, at::Tensor> swiglu_backward(const at::Tensor& grad_in,
     }
   });
   return {ga, gb};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> widened_swiglu_forward(const at::Tensor& gate_in,
+                                                                      const at::Tensor& up_in) {
+  TITAN_CHECK(gate_in.device().is_cpu() && gate_in.scalar_type() == at::kFloat &&
+                  up_in.device().is_cpu() && up_in.scalar_type() == at::kFloat &&
+                  gate_in.sizes() == up_in.sizes(),
+              "widened_swiglu: gate and up must be float32 CPU tensors of one shape, got ",
+              gate_in.scalar_type(), " ", gate_in.sizes(), " and ", up_in.scalar_type(), " ",
+              up_in.sizes());
+  const at::Tensor gate = gate_in.contiguous(), up = up_in.contiguous();
+  at::Tensor h = at::empty_like(gate);
+  at::Tensor a = at::empty_like(gate, gate.options().dtype(at::kBFloat16));
+  at::Tensor b = at::empty_like(a);
+  at::parallel_for(0, gate.numel(), kElementGrain, [&](int64_t begin, int64_t end) {
+    widened_swiglu_range(gate.const_data_ptr<float>(), up.const_data_ptr<float>(),
+                         h.data_ptr<float>(), a.data_ptr<BFloat16>(), b.data_ptr<BFloat16>(), begin,
+                         end);
+  });
+  return {h, a, b};
+}
+
+std::pair<at::Tensor, at::Tensor> widened_swiglu_backward(const at::Tensor& grad_in,
+                                                          const at::Tensor& a_in,
+                                                          const at::Tensor& b_in) {
+  TITAN_CHECK(grad_in.device().is_cpu() && grad_in.scalar_type() == at::kFloat &&
+                  a_in.scalar_type() == at::kBFloat16 && b_in.scalar_type() == at::kBFloat16 &&
+                  grad_in.sizes() == a_in.sizes() && a_in.sizes() == b_in.sizes(),
+              "widened_swiglu_backward: a float32 grad and the forward's bf16 a and b of one ",
+              "shape, got ", grad_in.scalar_type(), " ", grad_in.sizes(), ", ", a_in.scalar_type(),
+              " ", a_in.sizes(), ", ", b_in.scalar_type(), " ", b_in.sizes());
+  const at::Tensor g = grad_in.contiguous(), a = a_in.contiguous(), b = b_in.contiguous();
+  at::Tensor ga = at::empty_like(g), gb = at::empty_like(g);
+  at::parallel_for(0, g.numel(), kElementGrain, [&](int64_t begin, int64_t end) {
+    widened_swiglu_backward_range(g.const_data_ptr<float>(), a.const_data_ptr<BFloat16>(),
+                                  b.const_data_ptr<BFloat16>(), ga.data_ptr<float>(),
+                                  gb.data_ptr<float>(), begin, end);
+  });
+  return {ga, gb};
+}
+
+at::Tensor round_to_bf16(const at::Tensor& x_in) {
+  TITAN_CHECK(x_in.defined() && x_in.device().is_cpu() && x_in.scalar_type() == at::kFloat,
+              "round_to_bf16: a float32 CPU tensor, got ",
+              x_in.defined() ? c10::toString(x_in.scalar_type()) : "an undefined tensor");
+  const at::Tensor x = x_in.contiguous();
+  at::Tensor y = at::empty_like(x);
+  const float* xp = x.const_data_ptr<float>();
+  float* yp = y.data_ptr<float>();
+  at::parallel_for(0, x.numel(), kElementGrain,
+                   [&](int64_t begin, int64_t end) { round_to_bf16_range(xp, yp, begin, end); });
+  return y;
 }
 
 at::Tensor rope_rotate(const at::Tensor& x_in, const at::Tensor& cos_in, const at::Tensor& sin_in,

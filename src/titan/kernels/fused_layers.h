@@ -48,6 +48,26 @@ at::Tensor swiglu_forward(const at::Tensor& gate, const at::Tensor& up);
 std::pair<at::Tensor, at::Tensor> swiglu_backward(const at::Tensor& grad, const at::Tensor& gate,
                                                   const at::Tensor& up);
 
+// SwiGLU of a bf16 model whose matmuls run in float32 on the rounded operands
+// (widens_reduced_matmul), on the two float32 products: the roundings the bf16 ops between the
+// casts make, in one pass. a = bf16(gate), b = bf16(up), h = bf16(bf16(silu(a)) * b), as
+// at::silu(gate.to(bf16)) * up.to(bf16), then .to(kFloat), computes (up to titan's sigmoid, which
+// can move a product across a bf16 rounding boundary). gate and up float32 of one shape ->
+// {h float32, a and b in bf16 (what the backward reads)}.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> widened_swiglu_forward(const at::Tensor& gate,
+                                                                      const at::Tensor& up);
+// The gradients as the bf16 ops' backward gives them, with grad (float32, of the forward's h)
+// rounded to bf16 first and each result rounded to bf16: -> grad_gate, grad_up in float32.
+std::pair<at::Tensor, at::Tensor> widened_swiglu_backward(const at::Tensor& grad,
+                                                          const at::Tensor& a, const at::Tensor& b);
+
+// x (float32, any shape) rounded to the nearest bfloat16 (ties to even; NaN stays NaN) and kept
+// in float32: x.to(kBFloat16).to(kFloat) bit for bit (NaN for NaN), in one pass and one float32
+// allocation (the two casts take two passes and a bf16 tensor between them). For the weights of a
+// matmul that runs in float32 on bf16-rounded operands (widens_reduced_matmul), and for their
+// gradients.
+at::Tensor round_to_bf16(const at::Tensor& x);
+
 // RoPE on interleaved pairs (x[2i], x[2i+1]) of x (bs, seqlen, n_heads, head_dim), position s
 // rotated by the angle whose cos and sin are cos[s][i], sin[s][i] (tables (>= seqlen, head_dim /
 // 2), float32). inverse: rotate the other way (the backward: grad_x = rope(grad, -angle)).

@@ -29,6 +29,15 @@ TEST(Breakdown, OpNamesMapToFamilies) {
   EXPECT_EQ(op_family_of_name("aten::embedding"), OpFamily::kEmbedding);
   EXPECT_EQ(op_family_of_name("ToCopyBackward0"), OpFamily::kCast);
   EXPECT_EQ(op_family_of_name("aten::_to_copy"), OpFamily::kCast);
+  // titan's one-pass casts and widened SwiGLU (models/common/linear.cpp, fused_ops.cpp).
+  EXPECT_EQ(op_family_of_name("titan::round_to_bf16"), OpFamily::kCast);
+  EXPECT_EQ(
+      op_family_of_name("torch::autograd::CppNode<titan::(anonymous namespace)::RoundToBf16>"),
+      OpFamily::kCast);
+  EXPECT_EQ(op_family_of_name("titan::widened_swiglu"), OpFamily::kActivation);
+  EXPECT_EQ(
+      op_family_of_name("torch::autograd::CppNode<titan::(anonymous namespace)::WidenedSwiGLU>"),
+      OpFamily::kActivation);
   EXPECT_EQ(op_family_of_name("torch::autograd::AccumulateGrad"), OpFamily::kAccumulate);
   EXPECT_EQ(op_family_of_name("MulBackward0"), OpFamily::kOther);
   EXPECT_EQ(op_family_of_name("aten::mul"), OpFamily::kOther);

@@ -7,6 +7,7 @@
 // fast bf16 GEMMs the same step does run bf16 GEMMs (so the check sees them when they happen).
 #include "titan/common/cpu.h"
 #include "titan/config/job_config.h"
+#include "titan/models/common/linear.h"
 #include "titan/models/common/moe.h"
 #include "titan/models/converters.h"
 #include "titan/models/llama3/model.h"
@@ -15,6 +16,9 @@
 #include <ATen/record_function.h>
 #include <gtest/gtest.h>
 
+#include <cstdint>
+#include <cstring>
+#include <limits>
 #include <mutex>
 #include <set>
 #include <string>
@@ -142,6 +146,57 @@ TEST(CpuPaths, FastBf16GemmsStayInBf16) {
   EXPECT_TRUE(seen.count("aten::mm") || seen.count("aten::addmm")) << seen.size();
   EXPECT_TRUE(seen.count("aten::_grouped_mm"));
   EXPECT_TRUE(seen.count("aten::_scaled_dot_product_flash_attention_for_cpu"));
+}
+
+// Float32 values whose rounding to bf16 is a corner: ties to even both ways, the largest finite
+// float (rounds to infinity), infinities, NaN, signed zero, subnormals; then random values of
+// every magnitude.
+at::Tensor corner_and_random_floats(int64_t n) {
+  const uint32_t corners[] = {0x3f808000u, 0x3f818000u, 0x3f807fffu, 0x3f808001u, 0x7f7fffffu,
+                              0xff7fffffu, 0x7f800000u, 0xff800000u, 0x7fc00000u, 0x7f800001u,
+                              0x80000000u, 0x00000000u, 0x00000001u, 0x00008000u, 0x807fffffu};
+  at::Tensor out = at::randn({n}, at::kFloat) * at::pow(10.0, at::randint(-40, 38, {n}));
+  uint32_t* bits = reinterpret_cast<uint32_t*>(out.data_ptr<float>());
+  for (size_t i = 0; i < std::size(corners); ++i) bits[i * 7] = corners[i];
+  return out;
+}
+
+// The same tensor bit for bit, NaN for NaN (ATen's own casts give NaN more than one bit pattern:
+// 0xffff from its vector loop, 0x7fc0 from its scalar tail).
+void expect_same_bits(const at::Tensor& a, const at::Tensor& b, const std::string& what) {
+  ASSERT_EQ(a.sizes(), b.sizes()) << what;
+  ASSERT_EQ(a.scalar_type(), at::kFloat) << what;
+  ASSERT_EQ(b.scalar_type(), at::kFloat) << what;
+  EXPECT_TRUE(at::equal(a.isnan(), b.isnan())) << what;
+  const at::Tensor numbers = a.isnan().logical_not();
+  EXPECT_TRUE(
+      at::equal(a.masked_select(numbers).view(at::kInt), b.masked_select(numbers).view(at::kInt)))
+      << what;
+}
+
+// widened_weight computes and differentiates as the two casts it replaces, in one pass: the
+// values and the gradient bit for bit, for a weight of odd sizes, a transposed one, corners of
+// the rounding and random values.
+TEST(CpuPaths, WidenedWeightIsTheTwoCasts) {
+  at::manual_seed(5);
+  const at::Tensor base = corner_and_random_floats(37 * 129).view({37, 129});
+  const at::Tensor grad = corner_and_random_floats(37 * 129).view({37, 129});
+  for (const bool transposed : {false, true}) {
+    const std::string what = transposed ? "transposed" : "contiguous";
+    const at::Tensor w = (transposed ? base.t().contiguous().t() : base).detach().requires_grad_();
+    const at::Tensor ref_w = w.detach().clone().requires_grad_();
+    const at::Tensor out = widened_weight(w, at::kBFloat16);
+    const at::Tensor ref = ref_w.to(at::kBFloat16).to(at::kFloat);
+    expect_same_bits(out, ref, what + " forward");
+    out.backward(grad);
+    ref.backward(grad);
+    expect_same_bits(w.grad(), ref_w.grad(), what + " gradient");
+  }
+  // Other dtypes take the two casts: fp16 compute, and a weight already in bf16.
+  const at::Tensor w = base.narrow(0, 0, 4);
+  expect_same_bits(widened_weight(w, at::kHalf), w.to(at::kHalf).to(at::kFloat), "fp16");
+  const at::Tensor w16 = w.to(at::kBFloat16);
+  expect_same_bits(widened_weight(w16, at::kBFloat16), w16.to(at::kFloat), "bf16 weight");
 }
 
 }  // namespace test_cpu_paths

@@ -4,15 +4,18 @@
 // gradients (finite differences in float64), the grouped GEMM against the loop, and the
 // auxiliary-loss-free bias update.
 #include "titan/common/check.h"
+#include "titan/common/cpu.h"
 #include "titan/common/device.h"
 #include "titan/models/common/init.h"
 #include "titan/models/common/moe.h"
 
+#include "../op_counter.h"
 #include "finite_difference.h"
 
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <optional>
 #include <vector>
 
 namespace titan {
@@ -206,6 +209,48 @@ TEST(MoE, GroupedGemmGradientsMatchTheLoop) {
   for (size_t i = 0; i < grads[0].size(); ++i) {
     EXPECT_TRUE(at::allclose(grads[1][i], grads[0][i], 1e-5, 1e-5))
         << i << ": " << (grads[1][i] - grads[0][i]).abs().max();
+  }
+}
+
+// bf16 experts on a CPU without fast bf16 GEMMs: the grouped GEMMs run in float32 on the rounded
+// operands with the activation in between fused (widened_weight, widened_swiglu: no bf16 silu,
+// no pass that casts a whole weight to bf16); the loop runs the unfused casts and bf16 ops. The
+// two agree, forward and every gradient, within bf16 rounding.
+TEST(MoE, WidenedGroupedExpertsMatchTheLoop) {
+  override_fast_bf16_matmul_for_testing(false);
+  at::manual_seed(6);
+  const int64_t experts = 4, dim = 64, hidden = 32;
+  GroupedExperts ex(experts, dim, hidden, at::kBFloat16, /*use_grouped_mm=*/true);
+  for (auto* w : {ex.w1.get(), ex.w2.get(), ex.w3.get()}) {
+    w->weight.set_data(at::randn(w->weight.sizes()).mul_(0.2));
+  }
+  const std::vector<int64_t> counts = {37, 0, 90, 5};
+  const at::Tensor x0 = at::randn({132, dim}).to(at::kBFloat16);
+  const at::Tensor g = at::randn({132, dim}).to(at::kBFloat16);
+  std::vector<at::Tensor> results[2];
+  for (int grouped = 0; grouped < 2; ++grouped) {
+    ex.zero_grad();
+    const at::Tensor x = x0.clone().requires_grad_(true);
+    at::Tensor y;
+    {
+      const test::OpCounter silu("aten::silu");
+      try {
+        y = grouped ? ex.forward_grouped(x, counts) : ex.forward_loop(x, counts);
+      } catch (const c10::Error& e) {
+        override_fast_bf16_matmul_for_testing(std::nullopt);
+        GTEST_SKIP() << "this libtorch has no CPU grouped GEMM: " << e.what_without_backtrace();
+      }
+      EXPECT_EQ(silu.count(), grouped ? 0 : 3) << (grouped ? "grouped" : "loop");
+    }
+    y.backward(g);
+    results[grouped] = {y.to(at::kFloat), x.grad().to(at::kFloat), ex.w1->weight.grad().clone(),
+                        ex.w2->weight.grad().clone(), ex.w3->weight.grad().clone()};
+  }
+  override_fast_bf16_matmul_for_testing(std::nullopt);
+  const char* names[] = {"output", "grad x", "grad w1", "grad w2", "grad w3"};
+  for (size_t i = 0; i < results[0].size(); ++i) {
+    const double scale = results[0][i].abs().max().item<double>();
+    EXPECT_LT((results[1][i] - results[0][i]).abs().max().item<double>(), 2e-2 * scale) << names[i];
   }
 }
 

@@ -3,7 +3,10 @@
 
 #include "titan/kernels/fused_layers.h"
 
+#include <ATen/record_function.h>
 #include <torch/csrc/autograd/custom_function.h>
+
+#include <vector>
 
 namespace titan {
 namespace {
@@ -62,6 +65,21 @@ struct FusedSwiGLU : public torch::autograd::Function<FusedSwiGLU> {
   }
 };
 
+struct WidenedSwiGLU : public torch::autograd::Function<WidenedSwiGLU> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& gate, const at::Tensor& up) {
+    RECORD_FUNCTION("titan::widened_swiglu", std::vector<c10::IValue>());
+    auto [h, a, b] = kernels::widened_swiglu_forward(gate, up);
+    ctx->save_for_backward({a, b});
+    return h;
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    auto [grad_gate, grad_up] =
+        kernels::widened_swiglu_backward(grads[0].to(at::kFloat), saved[0], saved[1]);
+    return {grad_gate, grad_up};
+  }
+};
+
 struct FusedRope : public torch::autograd::Function<FusedRope> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& cos,
                             const at::Tensor& sin) {
@@ -91,6 +109,10 @@ std::pair<at::Tensor, at::Tensor> fused_add_rms_norm(const at::Tensor& x, const 
 
 at::Tensor fused_swiglu(const at::Tensor& gate, const at::Tensor& up) {
   return FusedSwiGLU::apply(gate, up);
+}
+
+at::Tensor widened_swiglu(const at::Tensor& gate, const at::Tensor& up) {
+  return WidenedSwiGLU::apply(gate, up);
 }
 
 at::Tensor fused_rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {

@@ -20,6 +20,11 @@ std::pair<at::Tensor, at::Tensor> fused_add_rms_norm(const at::Tensor& x, const 
                                                      const at::Tensor& weight, double eps);
 // silu(gate) * up.
 at::Tensor fused_swiglu(const at::Tensor& gate, const at::Tensor& up);
+// silu(gate) * up of a bf16 model whose matmuls run in float32 on the rounded operands, on the
+// float32 products (kernels::widened_swiglu_forward): -> float32 holding bf16 values, what
+// at::silu(gate.to(bf16)) * up.to(bf16) and a cast back to float32 compute, in one pass each way.
+// Keeps the two inputs rounded to bf16 for the backward.
+at::Tensor widened_swiglu(const at::Tensor& gate, const at::Tensor& up);
 // RoPE of x (bs, seqlen, n_heads, head_dim) with tables cos, sin (>= seqlen, head_dim / 2).
 at::Tensor fused_rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
 

@@ -1,6 +1,7 @@
 // Mixed-precision dense layers (see linear.h).
 #include "titan/models/common/linear.h"
 
+#include "titan/kernels/fused_layers.h"
 #include "titan/models/common/mx.h"
 
 #include "titan/common/check.h"
@@ -9,6 +10,7 @@
 #include "titan/models/common/savable_ops.h"
 
 #include <ATen/core/grad_mode.h>
+#include <ATen/record_function.h>
 #include <torch/csrc/autograd/custom_function.h>
 
 #include <algorithm>
@@ -65,6 +67,17 @@ struct DeferrableLinear : public torch::autograd::Function<DeferrableLinear> {
       }
     }
     return {grad_x, grad_weight, at::Tensor(), at::Tensor()};
+  }
+};
+
+// x rounded to bf16 and held in float32 (kernels::round_to_bf16), the gradient rounded alike.
+struct RoundToBf16 : public torch::autograd::Function<RoundToBf16> {
+  static at::Tensor forward(AutogradContext* /*ctx*/, const at::Tensor& x) {
+    RECORD_FUNCTION("titan::round_to_bf16", std::vector<c10::IValue>());
+    return kernels::round_to_bf16(x);
+  }
+  static variable_list backward(AutogradContext* /*ctx*/, variable_list grads) {
+    return {kernels::round_to_bf16(grads[0])};
   }
 };
 
@@ -233,9 +246,25 @@ std::vector<ParamSlot> parameter_slots(torch::nn::Module& root) {
   return slots;
 }
 
+at::Tensor widened_weight(const at::Tensor& weight, at::ScalarType compute_dtype) {
+  if (compute_dtype == at::kBFloat16 && weight.scalar_type() == at::kFloat &&
+      weight.device().is_cpu()) {
+    return RoundToBf16::apply(weight);
+  }
+  return to_compute(weight, compute_dtype).to(at::kFloat);
+}
+
 at::Tensor mixed_linear(const at::Tensor& x, const at::Tensor& weight,
                         at::ScalarType compute_dtype) {
   const at::Tensor xc = to_compute(x, compute_dtype);
+  if (widens_reduced_matmul(xc.scalar_type(), xc.device()) && !single_row(xc) &&
+      xc.numel() >= kMinRowsToWiden * xc.size(-1)) {
+    // ATen would run this bf16 GEMM in a generic loop (about 50x slower than float32 here). The
+    // operands as rounded to bf16, multiplied in float32 and rounded once: what a bf16 GEMM with
+    // float32 accumulation computes, and so do the gradients through the casts.
+    return savable_linear(xc.to(at::kFloat), widened_weight(weight, compute_dtype))
+        .to(compute_dtype);
+  }
   const at::Tensor wc = to_compute(weight, compute_dtype);
   if (single_row(xc)) {
     // A single row (a decode step of one sequence): a matrix-vector product. As a 1-row GEMM,
@@ -243,13 +272,6 @@ at::Tensor mixed_linear(const at::Tensor& x, const at::Tensor& weight,
     std::vector<int64_t> sizes = xc.sizes().vec();
     sizes.back() = wc.size(0);
     return at::mv(wc, xc.reshape({-1})).view(sizes);
-  }
-  if (widens_reduced_matmul(xc.scalar_type(), xc.device()) &&
-      xc.numel() >= kMinRowsToWiden * xc.size(-1)) {
-    // ATen would run this bf16 GEMM in a generic loop (about 50x slower than float32 here). The
-    // operands as rounded to bf16, multiplied in float32 and rounded once: what a bf16 GEMM with
-    // float32 accumulation computes, and so do the gradients through the casts.
-    return savable_linear(xc.to(at::kFloat), wc.to(at::kFloat)).to(compute_dtype);
   }
   return savable_linear(xc, wc);  // at::linear, unless a block is checkpointed op by op
 }

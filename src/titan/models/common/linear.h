@@ -42,6 +42,14 @@ inline at::Tensor to_compute(const at::Tensor& x, at::ScalarType compute_dtype) 
   return is_reduced_float(compute_dtype) ? x.to(compute_dtype) : x;
 }
 
+// `weight` as a matmul multiplies it where a 16-bit `compute_dtype` runs in float32 on the
+// rounded operands (widens_reduced_matmul): rounded to `compute_dtype` and held in float32, and its
+// gradient rounded the same way, as weight.to(compute_dtype).to(kFloat) computes and
+// differentiates. One pass each way for a float32 weight and bf16 on the CPU (the two casts take
+// two, which costs a mixture of experts, whose weights outweigh its activations, a tenth of its
+// step); the two casts otherwise.
+at::Tensor widened_weight(const at::Tensor& weight, at::ScalarType compute_dtype);
+
 // x @ weight^T with both operands in `compute_dtype` (see to_compute); the result stays in the
 // compute dtype. x (..., in), weight (out, in) -> (..., out).
 at::Tensor mixed_linear(const at::Tensor& x, const at::Tensor& weight,
