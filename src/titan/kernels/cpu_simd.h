@@ -41,19 +41,8 @@ inline float bf16_to_float(c10::BFloat16 v) {
   return f;
 }
 
-// Round to nearest even, as c10::BFloat16's constructor (NaN stays NaN).
-inline c10::BFloat16 float_to_bf16(float f) {
-  uint32_t bits;
-  std::memcpy(&bits, &f, sizeof(bits));
-  const uint32_t rounding = 0x7fffu + ((bits >> 16) & 1u);
-  const bool nan = (bits & 0x7fffffffu) > 0x7f800000u;
-  c10::BFloat16 out;
-  out.x = nan ? static_cast<uint16_t>(0x7fc0u) : static_cast<uint16_t>((bits + rounding) >> 16);
-  return out;
-}
-
-// f rounded to the nearest bf16 value (ties to even; NaN stays NaN), kept a float:
-// bf16_to_float(float_to_bf16(f)) in 32-bit integer lanes only, which vectorize at full width.
+// f rounded to the nearest bf16 value (ties to even, as c10::BFloat16's constructor; NaN stays
+// NaN), kept a float: in 32-bit integer lanes only, which vectorize at full width.
 inline float round_bf16(float f) {
   uint32_t bits;
   std::memcpy(&bits, &f, sizeof(bits));
@@ -62,6 +51,16 @@ inline float round_bf16(float f) {
   float r;
   std::memcpy(&r, &out, sizeof(r));
   return r;
+}
+
+// f as bf16: the top half of round_bf16(f).
+inline c10::BFloat16 float_to_bf16(float f) {
+  const float r = round_bf16(f);
+  uint32_t bits;
+  std::memcpy(&bits, &r, sizeof(bits));
+  c10::BFloat16 out;
+  out.x = static_cast<uint16_t>(bits >> 16);
+  return out;
 }
 
 inline float load(const float* p, int64_t i) { return p[i]; }

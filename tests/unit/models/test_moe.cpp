@@ -246,6 +246,13 @@ TEST(MoE, WidenedGroupedExpertsMatchTheLoop) {
     results[grouped] = {y.to(at::kFloat), x.grad().to(at::kFloat), ex.w1->weight.grad().clone(),
                         ex.w2->weight.grad().clone(), ex.w3->weight.grad().clone()};
   }
+  {
+    // fp16 widens too, but the fused SwiGLU rounds to bf16: fp16 experts take the casts.
+    GroupedExperts half(experts, dim, hidden, at::kHalf, /*use_grouped_mm=*/true);
+    const test::OpCounter silu("aten::silu");
+    half.forward_grouped(x0.to(at::kHalf), counts);
+    EXPECT_EQ(silu.count(), 1) << "fp16 grouped";
+  }
   override_fast_bf16_matmul_for_testing(std::nullopt);
   const char* names[] = {"output", "grad x", "grad w1", "grad w2", "grad w3"};
   for (size_t i = 0; i < results[0].size(); ++i) {

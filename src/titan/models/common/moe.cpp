@@ -225,10 +225,14 @@ at::Tensor GroupedExperts::forward_grouped(const at::Tensor& x, const at::Tensor
   offs = at::cat({offs.narrow(0, 0, experts() - 1), at::full({1}, buffer_rows, offs.options())});
   const at::ScalarType dtype = gemm_dtype(xc.scalar_type(), xc.device());
   const bool widen = dtype != xc.scalar_type();
-  const auto gmm = [&](const at::Tensor& in, const at::Tensor& w) {
+  // The grouped product in the GEMM dtype (float32 when widening); gmm's result in in's dtype.
+  const auto product = [&](const at::Tensor& in, const at::Tensor& w) {
     // w (experts, out, in) -> (experts, in, out): the layout _grouped_mm multiplies by.
     const at::Tensor wc = widen ? widened_weight(w, compute_dtype) : to_compute(w, compute_dtype);
-    return at::_grouped_mm(in.to(dtype), wc.transpose(-2, -1), offs).to(in.scalar_type());
+    return at::_grouped_mm(in.to(dtype), wc.transpose(-2, -1), offs);
+  };
+  const auto gmm = [&](const at::Tensor& in, const at::Tensor& w) {
+    return product(in, w).to(in.scalar_type());
   };
   // LoRA adapters' rank padded with zeros to a multiple of kRankAlign: the (rows, r) product
   // between A and B is an operand of the grouped kernel, whose rows CUDA wants 16-byte aligned.
@@ -246,15 +250,12 @@ at::Tensor GroupedExperts::forward_grouped(const at::Tensor& x, const at::Tensor
     if (quantization.gemm == ExpertGemm::kHighPrecision) return gmm(in, w);
     return float8_grouped_mm(in, to_compute(w, compute_dtype), offs, quantization.emulate);
   };
-  if (widen && quantization.gemm == ExpertGemm::kHighPrecision && swiglu_limit <= 0 &&
-      !gate_up_adapted() && !down_adapted() && !b1 && xp.device().is_cpu()) {
+  if (widen && compute_dtype == at::kBFloat16 && quantization.gemm == ExpertGemm::kHighPrecision &&
+      swiglu_limit <= 0 && !gate_up_adapted() && !down_adapted() && !b1) {
     // The widened products stay in float32 through the activation (the roundings the bf16 ops
     // would make happen inside widened_swiglu): two passes over the hidden activations instead
-    // of about ten.
+    // of about ten. fp16 compute takes the casts below (widened_swiglu rounds to bf16).
     const at::Tensor xw = xp.to(dtype);  // one cast for both w1 and w3
-    const auto product = [&](const at::Tensor& in, const at::Tensor& w) {
-      return at::_grouped_mm(in, widened_weight(w, compute_dtype).transpose(-2, -1), offs);
-    };
     const at::Tensor h = widened_swiglu(product(xw, w1->weight), product(xw, w3->weight));
     return product(h, w2->weight).to(xc.scalar_type()).index_select(0, dest);
   }
