@@ -12,6 +12,7 @@
 #include <dlfcn.h>
 #ifdef __GLIBC__
 #include <malloc.h>
+#include <time.h>
 #endif
 #include <unistd.h>
 
@@ -136,6 +137,12 @@ void configure_cpu_allocator() {
 #endif
 }
 
+double thread_cpu_seconds() {
+  timespec ts{};
+  ::clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
+
 std::string host_name() {
   char name[256] = {0};
   if (::gethostname(name, sizeof(name) - 1) != 0) return "?";
@@ -152,12 +159,14 @@ std::mutex fast_bf16_matmul_mutex;  // the first decision, and the reason below
 std::string fast_bf16_matmul_why;
 
 // The best rates of ATen's float32 and bf16 (n x n) @ (n x n) products on the CPU, timed in
-// alternation for at least `min_pairs` pairs and more until `budget_s` has passed: a shared
-// machine's slow spells last tens of ms, and alternating slows both alike where timing one dtype
-// after the other (best of 3 each) read float32 at 161-396 GFLOP/s over the starts of one 2-core
-// Xeon, once low enough beside a fast bf16 reading to choose its slow bf16 GEMMs. Values need not
-// be random: a GEMM's speed does not depend on them, and the global generator must stay as the
-// seed left it.
+// alternation for at least `min_pairs` pairs and more until `budget_s` has passed, each product by
+// the calling thread's CPU time (the caller runs them on one thread: measure_bf16_matmul). Wall
+// time misjudged a busy machine: beside a titan training on the same 2 cores, 2-thread products
+// timed by the clock read 21-43 GFLOP/s for both dtypes in 5 of 10 starts (float32 300 and bf16
+// 165 alone), and 4 of those chose the slow bf16 GEMMs; one thread's CPU time read a float32 /
+// bf16 ratio of 1.84-1.90 in every start, as alone. Alternating keeps slow spells alike for both.
+// Values need not be random: a GEMM's speed does not depend on them, and the global generator
+// must stay as the seed left it.
 std::pair<double, double> alternating_gemm_flops(int64_t n, int min_pairs, double budget_s) {
   const auto make = [n](at::ScalarType dtype) {
     const auto opts = at::TensorOptions().dtype(dtype);
@@ -169,10 +178,9 @@ std::pair<double, double> alternating_gemm_flops(int64_t n, int min_pairs, doubl
   at::mm_out(h[2], h[0], h[1]);
   const double flops = 2.0 * static_cast<double>(n * n * n);
   const auto rate = [flops](std::array<at::Tensor, 3>& t) {
-    const auto t0 = std::chrono::steady_clock::now();
+    const double t0 = thread_cpu_seconds();
     at::mm_out(t[2], t[0], t[1]);
-    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    return flops / std::max(s, 1e-9);
+    return flops / std::max(thread_cpu_seconds() - t0, 1e-9);
   };
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(budget_s);
   double best_float = 0.0, best_bf16 = 0.0;
@@ -208,7 +216,7 @@ void decide_fast_bf16_matmul() {
     const Bf16MatmulMeasurement m = measure_bf16_matmul();
     fast = m.fast;
     fast_bf16_matmul_why = "bf16 GEMMs measured " + gflops_text(m.bf16_flops) +
-                           " GFLOP/s on this CPU, float32 " + gflops_text(m.float_flops);
+                           " GFLOP/s per core on this CPU, float32 " + gflops_text(m.float_flops);
   }
   fast_bf16_matmul_choice.store(fast ? 1 : 0, std::memory_order_release);
 }
@@ -224,6 +232,13 @@ Bf16MatmulMeasurement measure_bf16_matmul() {
   // op counter) sees the probe's products.
   const at::NoGradGuard no_grad;
   const at::RecordFunctionGuard no_recording(/*is_enabled=*/false);
+  // One thread, so that its CPU time is the products' whole cost (MKL, oneDNN and ATen's own loop
+  // compute on the caller then); the intra-op threads as they were afterwards.
+  struct Threads {
+    int before = at::get_num_threads();
+    Threads() { at::set_num_threads(1); }
+    ~Threads() { at::set_num_threads(before); }
+  } one_thread;
   Bf16MatmulMeasurement m;
   // A generic loop (~1 GFLOP/s against 50-250 in float32) is told apart on one 256^3 product each
   // (~30 ms there) instead of 512^3 ones (~1 s each); otherwise 512^3 products in alternation,

@@ -16,18 +16,19 @@ namespace titan {
 constexpr int64_t kMaxNumThreads = 1024;
 
 // Whether this CPU multiplies bfloat16 matrices at speed, measured once per process (the first
-// call; about 50 ms): ATen's bf16 and float32 GEMMs, 512^3 products in alternation on the
-// intra-op threads of the time, the best of each. Fast unless float32 measured more than
-// kWidenWhenFloat32Faster times faster. Without AVX-512 (BW, VL, DQ: ATen's test for sending them
-// to oneDNN) bf16 GEMMs are a generic loop at about 1 GFLOP/s on 2 cores against 50-250 in float32
-// (told apart on one 256^3 product); and an AVX-512 BF16 CPU may still multiply bf16 at half
-// float32's speed (a 2-core Intel Xeon with AVX-512 FP16: 150 against 265 GFLOP/s), so no feature
-// flag decides. TITAN_CPU_FAST_BF16_MATMUL=0 or 1 overrides the measurement (benchmarks that take
+// call; about 50 ms): ATen's bf16 and float32 GEMMs, 512^3 products in alternation on one thread,
+// each timed by that thread's CPU time (so another busy process on the same cores does not
+// decide it), the best of each. Fast unless float32 measured more than kWidenWhenFloat32Faster
+// times faster. Without AVX-512 (BW, VL, DQ: ATen's test for sending them to oneDNN) bf16 GEMMs
+// are a generic loop at about 1 GFLOP/s on 2 cores against 50-250 in float32 (told apart on one
+// 256^3 product); and an AVX-512 BF16 CPU may still multiply bf16 at half float32's speed (a
+// 2-core Intel Xeon with AVX-512 FP16: 84 against 159 GFLOP/s per core), so no feature flag
+// decides. TITAN_CPU_FAST_BF16_MATMUL=0 or 1 overrides the measurement (benchmarks that take
 // another CPU's paths here, runs that must not depend on a timing); the trainer makes its ranks
 // agree (set_fast_bf16_matmul).
 bool cpu_has_fast_bf16_matmul();
-// Why cpu_has_fast_bf16_matmul says what it says, for the log, e.g. "bf16 GEMMs measured 150
-// GFLOP/s on this CPU, float32 265" or "TITAN_CPU_FAST_BF16_MATMUL=0".
+// Why cpu_has_fast_bf16_matmul says what it says, for the log, e.g. "bf16 GEMMs measured 84
+// GFLOP/s per core on this CPU, float32 159" or "TITAN_CPU_FAST_BF16_MATMUL=0".
 std::string fast_bf16_matmul_reason();
 // Makes `fast` this process's choice from now on, with `why` as its reason (the trainer, when one
 // of its ranks measured otherwise).
@@ -45,7 +46,8 @@ struct Bf16MatmulMeasurement {
   bool fast = true;  // bf16_gemm_is_fast(bf16_flops, float_flops)
 };
 // Times the two GEMMs now (what the first cpu_has_fast_bf16_matmul does), without changing the
-// choice, the random generators, autograd graphs or what an op recorder counts.
+// choice, the random generators, autograd graphs, what an op recorder counts or the intra-op
+// threads (one while it measures).
 Bf16MatmulMeasurement measure_bf16_matmul();
 // Tests take either path on any CPU: true or false overrides the choice, nullopt restores it.
 void override_fast_bf16_matmul_for_testing(std::optional<bool> fast);
@@ -74,6 +76,10 @@ int64_t warm_up_vector_math();
 // This machine's memory for CPU runs in bytes: physical RAM, or the container's cgroup limit
 // when lower. 0 when unknown.
 double machine_memory_bytes();
+
+// The CPU time the calling thread has used, in seconds (time it waits or is descheduled does
+// not count).
+double thread_cpu_seconds();
 
 // This machine's host name ("?" when unknown), for messages that name a process.
 std::string host_name();

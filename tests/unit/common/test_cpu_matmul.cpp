@@ -5,7 +5,11 @@
 #include "titan/common/cpu.h"
 
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 #include <gtest/gtest.h>
+
+#include <chrono>
+#include <thread>
 
 namespace titan {
 namespace test_cpu_matmul {
@@ -36,6 +40,30 @@ TEST(Bf16MatmulChoice, MeasurementLeavesNoTrace) {
   EXPECT_GT(m.bf16_flops, 0);
   EXPECT_GT(m.float_flops, 0);
   EXPECT_EQ(m.fast, bf16_gemm_is_fast(m.bf16_flops, m.float_flops));
+}
+
+// The products are timed by the measuring thread's CPU time, on one thread: time spent waiting
+// (another process's turn on the core) does not count, and the intra-op threads are as before.
+TEST(Bf16MatmulChoice, MeasuredByOneThreadsCpuTime) {
+  const double wall0 =
+      std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+  const double cpu0 = thread_cpu_seconds();
+  std::this_thread::sleep_for(std::chrono::milliseconds(40));
+  const double slept =
+      std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count() -
+      wall0;
+  EXPECT_GE(slept, 0.04);
+  EXPECT_LT(thread_cpu_seconds() - cpu0, 0.01) << "a sleeping thread's CPU time grew";
+  volatile double sink = 0;
+  const double cpu1 = thread_cpu_seconds();
+  for (int i = 0; i < 20000000; ++i) sink = sink + 1.0;
+  EXPECT_GT(thread_cpu_seconds() - cpu1, 0.0) << "a busy thread's CPU time did not grow";
+  const int threads = at::get_num_threads();
+  at::set_num_threads(2);
+  const Bf16MatmulMeasurement m = measure_bf16_matmul();
+  EXPECT_EQ(at::get_num_threads(), 2) << "the measurement left the intra-op threads changed";
+  at::set_num_threads(threads);
+  EXPECT_GT(m.float_flops, 0);
 }
 
 TEST(Bf16MatmulChoice, TheChoiceSaysWhyAndCanBeSetForEveryRank) {

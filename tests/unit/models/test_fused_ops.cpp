@@ -2,10 +2,14 @@
 // float64 compositions of ATen ops: forward and both gradients, float32 (1e-5 relative) and
 // bfloat16 (a bf16 rounding of the float64 result, one unit in the last place), odd sizes,
 // non-contiguous inputs; and the tiny Llama 3 with compile.enable's switches on against off.
+#include "titan/common/cpu.h"
 #include "titan/config/job_config.h"
+#include "titan/models/common/feed_forward.h"
 #include "titan/models/common/fused_ops.h"
 #include "titan/models/converters.h"
 #include "titan/models/llama3/model.h"
+
+#include "../op_counter.h"
 
 #include <gtest/gtest.h>
 
@@ -216,6 +220,61 @@ TEST(FusedOps, WidenedSwiGLUIsTheBf16Composition) {
   }
   EXPECT_THROW(widened_swiglu(at::randn({3}).to(at::kBFloat16), at::randn({3})), c10::Error);
   EXPECT_THROW(widened_swiglu(at::randn({3}), at::randn({4})), c10::Error);
+}
+
+// A bf16 feed-forward on a CPU whose bf16 GEMMs are slow keeps its float32 products through
+// widened_swiglu (no aten::silu): the output and w2's gradient are the cast-around-each-op path's
+// bit for bit, the other gradients agree but for a rare bf16 step (x's: its w1 and w3 parts are
+// now summed in float32 before one rounding). Few rows, a hook on a layer or the fused switch off
+// keep the casts.
+TEST(FusedOps, WidenedFeedForwardKeepsItsProductsInFloat32) {
+  override_fast_bf16_matmul_for_testing(false);
+  at::manual_seed(8);
+  FeedForward ffn(64, 96, at::kBFloat16);
+  for (auto* w : {ffn.w1.get(), ffn.w2.get(), ffn.w3.get()}) {
+    w->weight.set_data(at::randn(w->weight.sizes()).mul_(0.2));
+  }
+  const at::Tensor x0 = at::randn({2, 9, 64}).to(at::kBFloat16);
+  const at::Tensor g = at::randn({2, 9, 64}).to(at::kBFloat16);
+  // Runs the block (fused switch, input) and returns {y, grad x, grad w1, grad w2, grad w3} in
+  // float32 and the aten::silu calls its forward made.
+  const auto run = [&](bool fused, const at::Tensor& input) {
+    ffn.fused = fused;
+    ffn.zero_grad();
+    const at::Tensor x = input.clone().requires_grad_(true);
+    const test::OpCounter silu("aten::silu");
+    const at::Tensor y = ffn.forward(x);
+    const int64_t calls = silu.count();
+    y.backward(g.narrow(1, 0, input.size(1)));
+    return std::pair{std::vector<at::Tensor>{
+                         y.to(at::kFloat), x.grad().to(at::kFloat), ffn.w1->weight.grad().clone(),
+                         ffn.w2->weight.grad().clone(), ffn.w3->weight.grad().clone()},
+                     calls};
+  };
+  const auto [casts, casts_silu] = run(false, x0);
+  const auto [widened, widened_silu] = run(true, x0);
+  EXPECT_EQ(casts_silu, 1);
+  EXPECT_EQ(widened_silu, 0);
+  EXPECT_EQ(widened[0].scalar_type(), at::kFloat);
+  EXPECT_TRUE(at::equal(widened[0], casts[0])) << "output";
+  EXPECT_TRUE(at::equal(widened[3], casts[3])) << "grad w2";
+  const char* names[] = {"output", "grad x", "grad w1", "grad w2", "grad w3"};
+  for (size_t i = 1; i < casts.size(); ++i) {
+    EXPECT_LT(rel_error(widened[i], casts[i]), 1.0 / 128) << names[i];
+  }
+  EXPECT_EQ(run(true, x0.narrow(1, 0, 3)).second, 1) << "6 rows: below the rows that widen";
+  struct PassThrough : ForwardHook {
+    at::Tensor run(HookedModule&, const at::Tensor& x, const ForwardBody& body) override {
+      return body(x);
+    }
+  };
+  const auto hook = std::make_shared<PassThrough>();
+  ffn.w2->add_forward_hook(hook);
+  EXPECT_EQ(run(true, x0).second, 1) << "a hook on w2";
+  ffn.w2->remove_forward_hook(hook.get());
+  override_fast_bf16_matmul_for_testing(true);
+  EXPECT_EQ(run(true, x0).second, 1) << "fast bf16 GEMMs: nothing widens";
+  override_fast_bf16_matmul_for_testing(std::nullopt);
 }
 
 // RoPE on interleaved pairs, as models/common/rope.cpp's apply_rotary_emb.

@@ -17,7 +17,21 @@ FeedForward::FeedForward(int64_t dim, int64_t hidden_dim, at::ScalarType compute
 at::Tensor FeedForward::forward(const at::Tensor& x) {
   return hooked(x, [this](const at::Tensor& in) {
     const at::Tensor xc = to_compute(in, compute_dtype);  // one cast for both w1 and w3
-    at::Tensor hidden;                                    // (bs, seqlen, hidden_dim)
+    if (fused && !packed_w13.intact() && w1->widens_plainly(xc) && w2->widens_plainly(xc) &&
+        w3->widens_plainly(xc)) {
+      // bf16 products widened to float32 (a CPU with slow bf16 GEMMs): the products stay in
+      // float32 through the activation, whose bf16 roundings happen inside widened_swiglu (the
+      // same numbers as ATen's bf16 ops), instead of a cast to bf16 and back around each op.
+      const at::Tensor xw = xc.to(at::kFloat);
+      const at::Tensor gate = w1->widened_product(xw), up = w3->widened_product(xw);
+      at::Tensor hidden;
+      {
+        const TraceSpan span("swiglu");
+        hidden = widened_swiglu(gate, up);
+      }
+      return w2->widened_product(hidden).to(compute_dtype);
+    }
+    at::Tensor hidden;  // (bs, seqlen, hidden_dim)
     {
       at::Tensor gate, up;
       if (packed_w13.intact()) {  // inference (prepare_for_inference): one product for both

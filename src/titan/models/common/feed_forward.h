@@ -23,7 +23,9 @@ class FeedForward : public HookedModule {
   std::shared_ptr<Linear> w1, w2, w3;
   at::ScalarType compute_dtype;
   // silu(w1 x) * w3 x by the fused CPU kernel (titan/models/common/fused_ops.h) for CPU tensors
-  // of the dtypes where it is faster (kernels::fused_is_faster; compile.enable).
+  // of the dtypes where it is faster (kernels::fused_is_faster; compile.enable); in bf16 on a CPU
+  // whose bf16 GEMMs are slow, the three products kept in float32 around widened_swiglu (same
+  // numbers as the casts around each op; Linear::widens_plainly).
   bool fused = false;
   // w1 and w3 packed into one matrix for inference (prepare_for_inference); used while intact.
   PackedLinear packed_w13;

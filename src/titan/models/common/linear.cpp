@@ -39,6 +39,12 @@ bool single_row(const at::Tensor& xc) {
 // costs per row and is slower from about 2 rows on small weights, 8 to 24 on a 32000 x 512 head.
 constexpr int64_t kMinRowsToWiden = 8;
 
+// Whether mixed_linear multiplies xc (in the compute dtype) in float32 on the rounded operands.
+bool widens(const at::Tensor& xc) {
+  return widens_reduced_matmul(xc.scalar_type(), xc.device()) && !single_row(xc) &&
+         xc.numel() >= kMinRowsToWiden * xc.size(-1);
+}
+
 // x @ w^T of a Linear whose weight gradient may be deferred (deferred_grad.h). x (..., in) and
 // weight (out, in) in the compute dtype; `kept`: the output a per-op activation checkpoint kept,
 // or an empty tensor. Backward uses the formulas autograd runs for at::linear (rows folded,
@@ -257,8 +263,7 @@ at::Tensor widened_weight(const at::Tensor& weight, at::ScalarType compute_dtype
 at::Tensor mixed_linear(const at::Tensor& x, const at::Tensor& weight,
                         at::ScalarType compute_dtype) {
   const at::Tensor xc = to_compute(x, compute_dtype);
-  if (widens_reduced_matmul(xc.scalar_type(), xc.device()) && !single_row(xc) &&
-      xc.numel() >= kMinRowsToWiden * xc.size(-1)) {
+  if (widens(xc)) {
     // ATen would run this bf16 GEMM in a generic loop (about 50x slower than float32 here). The
     // operands as rounded to bf16, multiplied in float32 and rounded once: what a bf16 GEMM with
     // float32 accumulation computes, and so do the gradients through the casts.
@@ -374,6 +379,16 @@ at::Tensor Linear::forward(const at::Tensor& x) {
     if (lora_dropout > 0 && at::GradMode::is_enabled()) h = at::dropout(h, lora_dropout, true);
     return base_forward(in) + lora_b->forward(lora_a->forward(h)) * lora_scaling;
   });
+}
+
+bool Linear::widens_plainly(const at::Tensor& xc) const {
+  return compute_dtype == at::kBFloat16 && xc.scalar_type() == at::kBFloat16 &&
+         !has_forward_hooks() && lora_a == nullptr && !nf4_weight && !mx && !float8 &&
+         (deferral == nullptr || !at::GradMode::is_enabled()) && widens(xc);
+}
+
+at::Tensor Linear::widened_product(const at::Tensor& xw) {
+  return savable_linear(xw, widened_weight(weight, compute_dtype));
 }
 
 at::Tensor Linear::base_forward(const at::Tensor& in) {

@@ -152,6 +152,15 @@ class Linear : public WeightLayer {
   at::Tensor forward_loss(const at::Tensor& x, const at::Tensor& labels);
   // Whether forward_loss is running (for hooks that must not treat its result as logits).
   bool computing_loss() const { return loss_labels_ != nullptr; }
+  // Whether forward(xc), xc in bf16, would multiply in float32 on the rounded operands with
+  // nothing around the product: a bf16 layer on a CPU whose bf16 GEMMs are slow
+  // (widens_reduced_matmul), an input of enough rows, and no hook, adapter, float8, MX, NF4 or
+  // deferred weight gradient. Then widened_product(xc.to(float)).to(bf16) is forward(xc), and a
+  // caller may keep the float32 product for the next op instead (feed_forward.cpp).
+  bool widens_plainly(const at::Tensor& xc) const;
+  // xw (..., in_features) float32 holding bf16 values -> the float32 product by the weight rounded
+  // to bf16 (widened_weight), kept by per-op activation checkpointing like forward's.
+  at::Tensor widened_product(const at::Tensor& xw);
   // "titan::Linear(in_features=256, out_features=768, float8=tensorwise)".
   void pretty_print(std::ostream& stream) const override;
 
