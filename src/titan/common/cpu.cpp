@@ -12,8 +12,8 @@
 #include <dlfcn.h>
 #ifdef __GLIBC__
 #include <malloc.h>
-#include <time.h>
 #endif
+#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
