@@ -381,10 +381,13 @@ at::Tensor Linear::forward(const at::Tensor& x) {
   });
 }
 
+bool Linear::plain_product() const {
+  return !nf4_weight && !mx && !float8 && (deferral == nullptr || !at::GradMode::is_enabled());
+}
+
 bool Linear::widens_plainly(const at::Tensor& xc) const {
   return compute_dtype == at::kBFloat16 && xc.scalar_type() == at::kBFloat16 &&
-         !has_forward_hooks() && lora_a == nullptr && !nf4_weight && !mx && !float8 &&
-         (deferral == nullptr || !at::GradMode::is_enabled()) && widens(xc);
+         !has_forward_hooks() && lora_a == nullptr && plain_product() && widens(xc);
 }
 
 at::Tensor Linear::widened_product(const at::Tensor& xw) {
@@ -392,6 +395,7 @@ at::Tensor Linear::widened_product(const at::Tensor& xw) {
 }
 
 at::Tensor Linear::base_forward(const at::Tensor& in) {
+  if (plain_product()) return mixed_linear(in, weight, compute_dtype);
   if (nf4_weight) return nf4_linear(in, nf4_weight, compute_dtype);
   if (mx) return mx_linear(to_compute(in, compute_dtype), to_compute(weight, compute_dtype), *mx);
   if (float8) {
@@ -399,10 +403,7 @@ at::Tensor Linear::base_forward(const at::Tensor& in) {
                          float8_weight ? &*float8_weight : nullptr,
                          DeferTarget{deferral.get(), this});
   }
-  if (deferral == nullptr || !at::GradMode::is_enabled()) {
-    return mixed_linear(in, weight, compute_dtype);
-  }
-  const at::Tensor xc = to_compute(in, compute_dtype);
+  const at::Tensor xc = to_compute(in, compute_dtype);  // a deferred weight gradient
   const at::Tensor wc = to_compute(weight, compute_dtype);
   if (single_row(xc)) return mixed_linear(in, weight, compute_dtype);
   std::vector<int64_t> out_sizes = xc.sizes().vec();

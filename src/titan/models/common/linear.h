@@ -200,6 +200,9 @@ class Linear : public WeightLayer {
  private:
   // x @ weight^T alone (float8, deferred or plain), without the adapter.
   at::Tensor base_forward(const at::Tensor& in);
+  // Whether base_forward is mixed_linear: no NF4, MX or float8 weight, and no weight gradient
+  // deferred now.
+  bool plain_product() const;
 
   const at::Tensor* loss_labels_ = nullptr;  // during forward_loss
 };
